@@ -1,0 +1,214 @@
+/*
+ * pinpool — a thread-safe caching allocator for host staging memory.
+ *
+ * One public header. Every function returns an int: 0 on success or a
+ * negative PINPOOL_E* code; a function that fails changes nothing. The text
+ * of the most recent failure in the calling thread (naming the config key,
+ * the pointer, the backend errno...) is available from pinpool_last_error().
+ *
+ * Thread-safety: unless a function says otherwise, it may be called from any
+ * number of threads at once on the same pool. pinpool_destroy() is the one
+ * exception: no other thread may use the pool while, or after, it runs.
+ */
+#ifndef PINPOOL_H
+#define PINPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(PINPOOL_BUILDING) && defined(__GNUC__)
+#define PINPOOL_API __attribute__((visibility("default")))
+#else
+#define PINPOOL_API
+#endif
+
+/* ---- Version ------------------------------------------------------------ */
+#define PINPOOL_VERSION_MAJOR 0
+#define PINPOOL_VERSION_MINOR 1
+#define PINPOOL_VERSION_PATCH 0
+/* major * 10000 + minor * 100 + patch */
+#define PINPOOL_VERSION                                                        \
+  (PINPOOL_VERSION_MAJOR * 10000 + PINPOOL_VERSION_MINOR * 100 +               \
+   PINPOOL_VERSION_PATCH)
+#define PINPOOL_VERSION_STRING "0.1.0"
+
+/* The version of the library actually loaded, as "MAJOR.MINOR.PATCH". The
+ * string is static. Thread-safe. */
+PINPOOL_API const char *pinpool_version(void);
+
+/* ---- Errors ------------------------------------------------------------- */
+#define PINPOOL_OK 0
+#define PINPOOL_EINVAL (-1)      /* NULL pool or NULL out-pointer, bad flag */
+#define PINPOOL_ENOMEM (-2)      /* max_reserved reached after one retry, or
+                                    the backend (or metadata malloc) is out */
+#define PINPOOL_EZEROSIZE (-3)   /* pinpool_alloc with size 0 */
+#define PINPOOL_EOVERFLOW (-4)   /* size too large to round to a size class */
+#define PINPOOL_EDOUBLEFREE (-5) /* the block is not allocated (freed twice) */
+#define PINPOOL_ENOTOWNED (-6)   /* pointer not inside any segment of the pool */
+#define PINPOOL_EINTERIOR (-7)   /* pointer inside a block but not its start */
+#define PINPOOL_ECONFIG (-8)     /* unknown config key or bad value */
+#define PINPOOL_EBACKEND (-9)    /* the backend failed for a reason other than
+                                    lack of memory (see pinpool_last_error) */
+#define PINPOOL_ECORRUPT (-10)   /* the validator found an inconsistency */
+#define PINPOOL_EBUSY (-11)      /* operation refused in the current state */
+
+/* A static string naming the code ("PINPOOL_ENOMEM: out of memory ...").
+ * Unknown codes give "unknown pinpool error". Thread-safe. */
+PINPOOL_API const char *pinpool_strerror(int err);
+
+/* A description of the most recent failure of a pinpool call made by the
+ * calling thread (for example "config: unknown key 'max_cahced'"), or "" if
+ * none failed yet. The string is thread-local and valid until the next
+ * failing pinpool call in the same thread. */
+PINPOOL_API const char *pinpool_last_error(void);
+
+/* ---- Pools --------------------------------------------------------------- */
+typedef struct pinpool pinpool_t; /* opaque */
+
+/* Backend: where segments of memory come from. A table of function pointers
+ * (like sqlite3_mem_methods); pinpool calls it with no pool lock held, from
+ * whichever thread needs a segment, possibly from several threads at once.
+ *
+ * alloc: return `size` bytes (size is a multiple of 4096) aligned to at least
+ *        4096 bytes, in *out. Return 0, PINPOOL_ENOMEM, or PINPOOL_EBACKEND.
+ * free:  give back a range that alloc returned, with the same size.
+ *        Must not fail; errors are counted but the range is forgotten.
+ * ctx:   passed back to both functions.
+ * page_locked: nonzero if the memory is page-locked (reported in stats). */
+typedef struct pinpool_backend {
+  const char *name;
+  int (*alloc)(void *ctx, size_t size, void **out);
+  void (*free)(void *ctx, void *ptr, size_t size);
+  void *ctx;
+  int page_locked;
+} pinpool_backend_t;
+
+/* Create a pool. `config` is "key=value,key=value" (docs/configuration.md);
+ * NULL means: the environment variable PINPOOL_CONF if set, else defaults.
+ * An empty string means defaults. On success stores the pool in *out.
+ * Errors: PINPOOL_EINVAL (out is NULL), PINPOOL_ECONFIG (unknown key or bad
+ * value; pinpool_last_error names the key), PINPOOL_ENOMEM / PINPOOL_EBACKEND
+ * (the `reserve` could not be allocated). Thread-safe. */
+PINPOOL_API int pinpool_create(const char *config, pinpool_t **out);
+
+/* As pinpool_create, with a user-supplied backend (copied; the table's
+ * functions and ctx must stay valid until pinpool_destroy returns). The
+ * `backend` config key is then not allowed. */
+PINPOOL_API int pinpool_create_with_backend(const char *config,
+                                            const pinpool_backend_t *backend,
+                                            pinpool_t **out);
+
+/* Release every segment to the backend and free the pool. Blocks still
+ * allocated are released too (their pointers become invalid). NULL is a
+ * no-op. Not thread-safe: no other thread may use the pool during or after
+ * the call (join your threads first). Threads that used the pool may keep
+ * running; their per-thread caches for this pool are dropped. */
+PINPOOL_API void pinpool_destroy(pinpool_t *pool);
+
+/* ---- Allocation ------------------------------------------------------- */
+
+/* Allocate at least `size` bytes; *out receives the block. Blocks are 64-byte
+ * aligned; a block whose size class is a multiple of 4096 (4 KiB, 8 KiB and
+ * every class from 32 KiB up) is 4096-byte aligned. The memory is not
+ * zeroed. Errors: PINPOOL_EINVAL (pool or out NULL), PINPOOL_EZEROSIZE,
+ * PINPOOL_EOVERFLOW (size beyond the largest class, 2^61 bytes),
+ * PINPOOL_ENOMEM (max_reserved reached after releasing idle memory once, or
+ * the backend is out of memory), PINPOOL_EBACKEND. On error *out is left
+ * untouched. Thread-safe; the common case takes no lock. */
+PINPOOL_API int pinpool_alloc(pinpool_t *pool, size_t size, void **out);
+
+/* Return a block to the pool's cache. Any thread may free a block allocated
+ * by any other thread. Errors (nothing changes): PINPOOL_EINVAL (pool NULL,
+ * ptr NULL), PINPOOL_ENOTOWNED (not from this pool), PINPOOL_EINTERIOR (not
+ * the start of a block), PINPOOL_EDOUBLEFREE (not currently allocated).
+ * Thread-safe. */
+PINPOOL_API int pinpool_free(pinpool_t *pool, void *ptr);
+
+/* The usable size of an allocated block (its size class) in *out.
+ * Errors as pinpool_free. Thread-safe. */
+PINPOOL_API int pinpool_block_size(pinpool_t *pool, const void *ptr,
+                                   size_t *out);
+
+/* The size class a request of `size` bytes is rounded to, in *out, without
+ * allocating. Errors: PINPOOL_EINVAL, PINPOOL_EZEROSIZE, PINPOOL_EOVERFLOW. */
+PINPOOL_API int pinpool_size_class(size_t size, size_t *out);
+
+/* Return idle memory to the backend: the calling thread's cache is flushed,
+ * every other thread's cache is asked to flush at its next pinpool call, and
+ * every segment with no allocated block is released (except the `reserve`,
+ * which is kept). Thread-safe. */
+PINPOOL_API int pinpool_empty_cache(pinpool_t *pool);
+
+/* Flush the calling thread's cache for this pool into the shared bins (done
+ * automatically at thread exit). Thread-safe. */
+PINPOOL_API int pinpool_thread_flush(pinpool_t *pool);
+
+/* ---- Statistics ------------------------------------------------------- */
+typedef struct pinpool_stat {
+  uint64_t current;   /* now */
+  uint64_t peak;      /* highest `current` since create or reset_peak */
+  uint64_t allocated; /* accumulated increases since create */
+  uint64_t freed;     /* accumulated decreases since create */
+} pinpool_stat_t;
+
+typedef struct pinpool_duration {
+  uint64_t count;    /* calls */
+  uint64_t total_ns; /* summed wall time */
+  uint64_t max_ns;   /* longest call */
+} pinpool_duration_t;
+
+/* docs/stats.md explains each field and how exact it is. */
+typedef struct pinpool_stats {
+  pinpool_stat_t requests;       /* count of live allocations */
+  pinpool_stat_t requested_bytes;/* bytes asked for by the caller (exact) */
+  pinpool_stat_t blocks;         /* count of allocated blocks (== requests) */
+  pinpool_stat_t block_bytes;    /* bytes of allocated blocks (rounded) */
+  pinpool_stat_t reserved_bytes; /* bytes obtained from the backend */
+  pinpool_stat_t cached_bytes;   /* idle bytes inside reserved segments */
+  pinpool_stat_t segments;       /* count of segments held */
+  uint64_t pending_bytes;        /* awaiting device events (stream-ordered) */
+  uint64_t cache_hits;           /* allocations served without the backend */
+  uint64_t cache_misses;         /* allocations that needed a new segment */
+  uint64_t tcache_hits;          /* of cache_hits: from the thread cache */
+  uint64_t oom_count;            /* allocations that failed with ENOMEM */
+  uint64_t retries;              /* max_reserved hit, idle memory released */
+  uint64_t trimmed_segments;     /* segments released by max_cached/retry */
+  uint64_t mlock_failures;       /* segments that could not be locked */
+  uint64_t locked_bytes;         /* reserved bytes that are page-locked */
+  pinpool_duration_t backend_alloc; /* backend alloc calls */
+  pinpool_duration_t backend_free;  /* backend free calls */
+  uint64_t peak_slack_bytes; /* the block_bytes / requested_bytes peaks may be
+                                below the true peak by at most this much */
+  uint64_t reserve_bytes;    /* configured reserve kept for the pool's life */
+  uint64_t max_cached;       /* configured caps (0 = none) */
+  uint64_t max_reserved;
+} pinpool_stats_t;
+
+/* Fill *out. `current` values are exact when no other thread is inside a
+ * pinpool call on this pool; while others allocate, each field is a recent
+ * value (fields are not a single atomic picture). Thread-safe. */
+PINPOOL_API int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out);
+
+/* Set every peak to its current value. Thread-safe. */
+PINPOOL_API int pinpool_reset_peak_stats(pinpool_t *pool);
+
+/* Check every internal invariant (segment map, free lists, block states, the
+ * accounting identity reserved == allocated + cached + pending). Returns 0 or
+ * PINPOOL_ECORRUPT with the first problem in pinpool_last_error(). Call it
+ * only while no other thread uses the pool. */
+PINPOOL_API int pinpool_validate(pinpool_t *pool);
+
+/* Write the resolved configuration ("key=value,...") into buf (NUL
+ * terminated). Errors: PINPOOL_EINVAL, PINPOOL_EOVERFLOW (buffer too small;
+ * *needed says how many bytes). `needed` may be NULL. Thread-safe. */
+PINPOOL_API int pinpool_get_config(pinpool_t *pool, char *buf, size_t len,
+                                   size_t *needed);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PINPOOL_H */

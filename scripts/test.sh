@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317 # functions are called indirectly through step()
+# The project's test command (CI runs it through .ci/run).
+#
+#   scripts/test.sh
+#
+# 1. installs the Debian packages it needs (as root; otherwise checks them),
+# 2. for each preset release, debug, asan, tsan: configure, build, ctest,
+# 3. lint (scripts/lint.sh build/release),
+# 4. install-consumer test (tests/consumer/run.sh build/release),
+# 5. bench/run.sh --quick if present.
+# Every step runs even when an earlier one failed; a summary follows and the
+# exit status is non-zero if any step failed.
+#
+# Environment: PRESETS="release debug" to run a subset of the presets,
+# SKIP_APT=1 to skip the package step.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 2
+
+export DEBIAN_FRONTEND=noninteractive
+JOBS="$(nproc 2>/dev/null || echo 2)"
+PRESETS="${PRESETS:-release debug asan tsan}"
+
+PACKAGES=(build-essential cmake ninja-build clang clang-tidy clang-format
+  cppcheck pkg-config libcmocka-dev libjansson-dev libnuma-dev
+  libclang-rt-14-dev llvm)
+OPTIONAL_PACKAGES=(valgrind)
+
+declare -a RESULTS=()
+FAILED=0
+START_ALL=$SECONDS
+
+# step NAME COMMAND...: run, time and record one step.
+step() {
+  local name="$1" t0=$SECONDS rc
+  shift
+  echo
+  echo "==================== $name ===================="
+  "$@"
+  rc=$?
+  local dt=$((SECONDS - t0))
+  if ((rc == 0)); then
+    RESULTS+=("PASS  $name (${dt}s)")
+  else
+    RESULTS+=("FAIL  $name (exit $rc, ${dt}s)")
+    FAILED=1
+  fi
+  return "$rc"
+}
+
+missing_packages() {
+  local p
+  for p in "$@"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null |
+      grep -q "install ok installed"; then
+      echo "$p"
+    fi
+  done
+}
+
+install_packages() {
+  if [[ "${SKIP_APT:-0}" == 1 ]]; then
+    echo "SKIP_APT=1: not installing packages"
+    return 0
+  fi
+  if ! command -v dpkg-query >/dev/null; then
+    echo "no dpkg: cannot check packages; assuming the tools are present"
+    return 0
+  fi
+  local missing optional
+  mapfile -t missing < <(missing_packages "${PACKAGES[@]}")
+  mapfile -t optional < <(missing_packages "${OPTIONAL_PACKAGES[@]}")
+  if ((${#missing[@]} == 0 && ${#optional[@]} == 0)); then
+    echo "all packages present"
+    return 0
+  fi
+  if [[ "$(id -u)" != 0 ]]; then
+    if ((${#missing[@]})); then
+      echo "not root and packages are missing: ${missing[*]}" >&2
+      echo "install them with: apt-get install -y ${missing[*]}" >&2
+      return 1
+    fi
+    echo "not root: skipping optional packages (${optional[*]})"
+    return 0
+  fi
+  echo "installing: ${missing[*]} ${optional[*]}"
+  apt-get update -q || return 1
+  if ((${#missing[@]})); then
+    apt-get install -y -q --no-install-recommends "${missing[@]}" || return 1
+  fi
+  if ((${#optional[@]})); then
+    apt-get install -y -q --no-install-recommends "${optional[@]}" ||
+      echo "optional packages not installed: ${optional[*]} (continuing)"
+  fi
+  return 0
+}
+
+# Sanitizer runtimes of clang 14 cannot map their shadow memory when the
+# kernel randomizes mmap with more than 28 bits; run those tests without ASLR.
+NO_ASLR=()
+rnd_bits="$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo 0)"
+if ((rnd_bits > 28)) && command -v setarch >/dev/null; then
+  NO_ASLR=(setarch "$(uname -m)" -R)
+fi
+
+# run_preset NAME: configure, build and test one preset.
+run_preset() {
+  local p="$1"
+  cmake --preset "$p" || return 1
+  cmake --build --preset "$p" -j "$JOBS" || return 1
+  case "$p" in
+    tsan)
+      TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+        "${NO_ASLR[@]}" ctest --preset "$p" -j "$JOBS"
+      ;;
+    asan)
+      ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" \
+        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+        "${NO_ASLR[@]}" ctest --preset "$p" -j "$JOBS"
+      ;;
+    *)
+      ctest --preset "$p" -j "$JOBS"
+      ;;
+  esac
+}
+
+echo "pinpool tests in $ROOT ($JOBS jobs, presets: $PRESETS)"
+
+if ! step "packages" install_packages; then
+  echo "package installation failed; continuing with what is installed"
+fi
+
+for p in $PRESETS; do
+  step "preset $p" run_preset "$p"
+done
+
+step "lint" scripts/lint.sh build/release
+
+if [[ -f build/release/CMakeCache.txt ]]; then
+  step "install consumer" tests/consumer/run.sh build/release
+else
+  RESULTS+=("FAIL  install consumer (build/release not configured)")
+  FAILED=1
+fi
+
+if [[ -f bench/run.sh ]]; then
+  step "bench --quick" bash bench/run.sh --quick
+fi
+
+echo
+echo "==================== summary ===================="
+printf '%s\n' "${RESULTS[@]}"
+echo "total: $((SECONDS - START_ALL))s"
+if ((FAILED)); then
+  echo "RESULT: FAILED"
+  exit 1
+fi
+echo "RESULT: OK"
+exit 0

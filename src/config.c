@@ -1,0 +1,264 @@
+/*
+ * Configuration: "key=value,key=value" (docs/configuration.md). Parsing is
+ * all-or-nothing: the output is written only when every item is valid, and
+ * every error names the key it is about.
+ */
+#include "internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef enum { K_SIZE, K_BOOL, K_UINT, K_MLOCK, K_BACKEND } kind_t;
+
+typedef struct key_desc {
+  const char *name;
+  kind_t kind;
+  size_t offset;
+  unsigned long long lo, hi; /* K_UINT bounds */
+} key_desc_t;
+
+#define CFG_OFF(f) offsetof(pp_config_t, f)
+static const key_desc_t keys[] = {
+    {"backend", K_BACKEND, CFG_OFF(backend), 0, 0},
+    {"max_cached", K_SIZE, CFG_OFF(max_cached), 0, 0},
+    {"max_reserved", K_SIZE, CFG_OFF(max_reserved), 0, 0},
+    {"reserve", K_SIZE, CFG_OFF(reserve), 0, 0},
+    {"mlock", K_MLOCK, CFG_OFF(mlock), 0, 0},
+    {"hugepages", K_BOOL, CFG_OFF(hugepages), 0, 0},
+    {"populate", K_BOOL, CFG_OFF(populate), 0, 0},
+    {"populate_threads", K_UINT, CFG_OFF(populate_threads), 1, 64},
+    {"populate_parallel_min", K_SIZE, CFG_OFF(populate_parallel_min), 0, 0},
+    {"tcache_bytes", K_SIZE, CFG_OFF(tcache_bytes), 0, 0},
+    {"shards", K_UINT, CFG_OFF(shards), 1, 64},
+};
+#define NKEYS (sizeof keys / sizeof keys[0])
+
+static void config_defaults(pp_config_t *c) {
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  memset(c, 0, sizeof *c);
+  c->backend = PP_BACKEND_HOST;
+  c->mlock = PP_MLOCK_OFF;
+  c->populate = true;
+  c->populate_threads = ncpu < 1 ? 1u : ncpu > 8 ? 8u : (unsigned)ncpu;
+  c->populate_parallel_min = (uint64_t)64 << 20;
+  c->tcache_bytes = (uint64_t)64 << 20;
+  c->shards = 4;
+}
+
+/* Sizes: digits, then optional B, K/KiB, M/MiB, G/GiB, T/TiB (1024-based)
+ * or KB/MB/GB/TB (1000-based). Overflow is an error. */
+static int parse_size(const char *v, uint64_t *out) {
+  if (!isdigit((unsigned char)v[0]))
+    return -1;
+  errno = 0;
+  char *end;
+  unsigned long long n = strtoull(v, &end, 10);
+  if (errno == ERANGE)
+    return -1;
+  static const struct {
+    const char *suffix;
+    unsigned long long mult;
+  } units[] = {
+      {"", 1ull},           {"B", 1ull},           {"K", 1ull << 10},
+      {"KiB", 1ull << 10},  {"M", 1ull << 20},     {"MiB", 1ull << 20},
+      {"G", 1ull << 30},    {"GiB", 1ull << 30},   {"T", 1ull << 40},
+      {"TiB", 1ull << 40},  {"KB", 1000ull},       {"MB", 1000000ull},
+      {"GB", 1000000000ull}, {"TB", 1000000000000ull},
+  };
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+    if (strcmp(end, units[i].suffix) == 0) {
+      if (n > ULLONG_MAX / units[i].mult)
+        return -1;
+      *out = n * units[i].mult;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+static int parse_bool(const char *v, bool *out) {
+  static const char *yes[] = {"1", "true", "yes", "on"};
+  static const char *no[] = {"0", "false", "no", "off"};
+  for (size_t i = 0; i < 4; i++) {
+    if (strcasecmp(v, yes[i]) == 0) {
+      *out = true;
+      return 0;
+    }
+    if (strcasecmp(v, no[i]) == 0) {
+      *out = false;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+static int parse_uint(const char *v, unsigned long long lo,
+                      unsigned long long hi, unsigned *out) {
+  if (!isdigit((unsigned char)v[0]))
+    return -1;
+  errno = 0;
+  char *end;
+  unsigned long long n = strtoull(v, &end, 10);
+  if (errno == ERANGE || *end != '\0' || n < lo || n > hi)
+    return -1;
+  *out = (unsigned)n;
+  return 0;
+}
+
+/* Trim leading and trailing blanks in place; returns the new start. */
+static char *trim(char *s) {
+  while (isspace((unsigned char)*s))
+    s++;
+  size_t n = strlen(s);
+  while (n > 0 && isspace((unsigned char)s[n - 1]))
+    s[--n] = '\0';
+  return s;
+}
+
+static int apply(const key_desc_t *k, const char *v, bool user_backend,
+                 pp_config_t *c) {
+  char *field = (char *)c + k->offset;
+  bool b;
+  switch (k->kind) {
+  case K_SIZE: {
+    uint64_t n;
+    if (parse_size(v, &n) != 0)
+      return pp_fail(PINPOOL_ECONFIG,
+                     "config: bad value '%s' for key '%s' (expected a size "
+                     "such as 4096, 64MiB, 8GiB)",
+                     v, k->name);
+    memcpy(field, &n, sizeof n);
+    return 0;
+  }
+  case K_BOOL:
+    if (parse_bool(v, &b) != 0)
+      return pp_fail(PINPOOL_ECONFIG,
+                     "config: bad value '%s' for key '%s' (expected 0 or 1)",
+                     v, k->name);
+    memcpy(field, &b, sizeof b);
+    return 0;
+  case K_UINT: {
+    unsigned n;
+    if (parse_uint(v, k->lo, k->hi, &n) != 0)
+      return pp_fail(PINPOOL_ECONFIG,
+                     "config: bad value '%s' for key '%s' (expected an "
+                     "integer in %llu..%llu)",
+                     v, k->name, k->lo, k->hi);
+    memcpy(field, &n, sizeof n);
+    return 0;
+  }
+  case K_MLOCK: {
+    int m;
+    if (strcasecmp(v, "require") == 0)
+      m = PP_MLOCK_REQUIRE;
+    else if (parse_bool(v, &b) == 0)
+      m = b ? PP_MLOCK_TRY : PP_MLOCK_OFF;
+    else
+      return pp_fail(PINPOOL_ECONFIG,
+                     "config: bad value '%s' for key 'mlock' (expected 0, 1 "
+                     "or require)",
+                     v);
+    memcpy(field, &m, sizeof m);
+    return 0;
+  }
+  case K_BACKEND: {
+    int be;
+    if (user_backend)
+      return pp_fail(PINPOOL_ECONFIG,
+                     "config: key 'backend' cannot be used with "
+                     "pinpool_create_with_backend");
+    if (strcmp(v, "host") == 0)
+      be = PP_BACKEND_HOST;
+    else if (strcmp(v, "malloc") == 0)
+      be = PP_BACKEND_MALLOC;
+    else
+      return pp_fail(PINPOOL_ECONFIG,
+                     "config: bad value '%s' for key 'backend' (expected "
+                     "host or malloc)",
+                     v);
+    memcpy(field, &be, sizeof be);
+    return 0;
+  }
+  }
+  return pp_fail(PINPOOL_ECONFIG, "config: internal error on key '%s'",
+                 k->name);
+}
+
+int pp_config_parse(const char *text, bool user_backend, pp_config_t *out) {
+  pp_config_t c;
+  config_defaults(&c);
+  if (user_backend)
+    c.backend = PP_BACKEND_USER;
+  if (text == NULL)
+    text = "";
+  char *copy = strdup(text);
+  if (copy == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "config: out of memory");
+  bool seen[NKEYS] = {false};
+  int rc = 0;
+  char *save = NULL;
+  for (char *item = strtok_r(copy, ",", &save); item != NULL && rc == 0;
+       item = strtok_r(NULL, ",", &save)) {
+    char *it = trim(item);
+    if (*it == '\0')
+      continue; /* empty items (",,", trailing comma) are ignored */
+    char *eq = strchr(it, '=');
+    if (eq == NULL) {
+      rc = pp_fail(PINPOOL_ECONFIG,
+                   "config: item '%s' is not key=value", it);
+      break;
+    }
+    *eq = '\0';
+    char *key = trim(it), *val = trim(eq + 1);
+    size_t i = 0;
+    while (i < NKEYS && strcmp(keys[i].name, key) != 0)
+      i++;
+    if (i == NKEYS) {
+      rc = pp_fail(PINPOOL_ECONFIG, "config: unknown key '%s'", key);
+    } else if (seen[i]) {
+      rc = pp_fail(PINPOOL_ECONFIG, "config: key '%s' given twice", key);
+    } else if (*val == '\0') {
+      rc = pp_fail(PINPOOL_ECONFIG, "config: key '%s' has no value", key);
+    } else {
+      seen[i] = true;
+      rc = apply(&keys[i], val, user_backend, &c);
+    }
+  }
+  free(copy);
+  if (rc != 0)
+    return rc;
+  if (c.max_reserved != 0 && c.reserve > c.max_reserved)
+    return pp_fail(PINPOOL_ECONFIG,
+                   "config: key 'reserve' (%llu) exceeds 'max_reserved' "
+                   "(%llu)",
+                   (unsigned long long)c.reserve,
+                   (unsigned long long)c.max_reserved);
+  if (c.reserve > PP_MAX_REQUEST)
+    return pp_fail(PINPOOL_ECONFIG, "config: key 'reserve' is too large");
+  *out = c;
+  return 0;
+}
+
+size_t pp_config_format(const pp_config_t *c, const char *backend_name,
+                        char *buf, size_t len) {
+  static const char *mlock_names[] = {"0", "1", "require"};
+  /* A user backend has no name pinpool_create would accept: leave it out so
+   * the string can be fed back to pinpool_create_with_backend. */
+  int n = snprintf(
+      buf, len,
+      "%s%s%smax_cached=%llu,max_reserved=%llu,reserve=%llu,mlock=%s,"
+      "hugepages=%d,populate=%d,populate_threads=%u,populate_parallel_min=%"
+      "llu,tcache_bytes=%llu,shards=%u",
+      backend_name ? "backend=" : "", backend_name ? backend_name : "",
+      backend_name ? "," : "", (unsigned long long)c->max_cached,
+      (unsigned long long)c->max_reserved, (unsigned long long)c->reserve,
+      mlock_names[c->mlock], c->hugepages ? 1 : 0, c->populate ? 1 : 0,
+      c->populate_threads, (unsigned long long)c->populate_parallel_min,
+      (unsigned long long)c->tcache_bytes, c->shards);
+  return n < 0 ? 0 : (size_t)n;
+}

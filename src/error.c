@@ -1,0 +1,106 @@
+/*
+ * Error codes, the per-thread last-error message, and small utilities every
+ * file needs (clock, debug mutex, atomic max).
+ */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* The message of the last failing call, per thread: a failure in one thread
+ * never overwrites what another thread is about to read. */
+static _Thread_local char tls_last_error[256];
+
+const char *pinpool_version(void) { return PINPOOL_VERSION_STRING; }
+
+const char *pinpool_strerror(int err) {
+  switch (err) {
+  case PINPOOL_OK:
+    return "PINPOOL_OK: success";
+  case PINPOOL_EINVAL:
+    return "PINPOOL_EINVAL: invalid argument (NULL pool or pointer)";
+  case PINPOOL_ENOMEM:
+    return "PINPOOL_ENOMEM: out of memory (max_reserved or backend)";
+  case PINPOOL_EZEROSIZE:
+    return "PINPOOL_EZEROSIZE: size 0 requested";
+  case PINPOOL_EOVERFLOW:
+    return "PINPOOL_EOVERFLOW: size or buffer length out of range";
+  case PINPOOL_EDOUBLEFREE:
+    return "PINPOOL_EDOUBLEFREE: block is not allocated (double free)";
+  case PINPOOL_ENOTOWNED:
+    return "PINPOOL_ENOTOWNED: pointer was not allocated by this pool";
+  case PINPOOL_EINTERIOR:
+    return "PINPOOL_EINTERIOR: pointer is inside a block, not its start";
+  case PINPOOL_ECONFIG:
+    return "PINPOOL_ECONFIG: bad configuration key or value";
+  case PINPOOL_EBACKEND:
+    return "PINPOOL_EBACKEND: the memory backend failed";
+  case PINPOOL_ECORRUPT:
+    return "PINPOOL_ECORRUPT: internal inconsistency detected";
+  case PINPOOL_EBUSY:
+    return "PINPOOL_EBUSY: operation not allowed in the current state";
+  default:
+    return "unknown pinpool error";
+  }
+}
+
+const char *pinpool_last_error(void) { return tls_last_error; }
+
+int pp_fail(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  (void)vsnprintf(tls_last_error, sizeof tls_last_error, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+void pp_assert_fail(const char *expr, const char *file, int line) {
+  (void)fprintf(stderr, "pinpool: assertion failed: %s (%s:%d)\n", expr, file,
+                line);
+  abort();
+}
+
+uint64_t pp_now_ns(void) {
+  struct timespec ts;
+  (void)clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void pp_atomic_max_relaxed(pp_counter_t *p, uint64_t v) {
+  uint64_t cur = pp_load_relaxed(p);
+  while (cur < v && !atomic_compare_exchange_weak_explicit(
+                        p, &cur, v, memory_order_relaxed,
+                        memory_order_relaxed)) {
+  }
+}
+
+void pp_mutex_init(pp_mutex_t *m) {
+  (void)pthread_mutex_init(&m->m, NULL);
+#if PINPOOL_DEBUG >= 1
+  atomic_init(&m->owner, 0);
+#endif
+}
+
+void pp_mutex_destroy(pp_mutex_t *m) { (void)pthread_mutex_destroy(&m->m); }
+
+void pp_mutex_lock(pp_mutex_t *m) {
+  (void)pthread_mutex_lock(&m->m);
+#if PINPOOL_DEBUG >= 1
+  pp_store_relaxed(&m->owner, (unsigned long)pthread_self());
+#endif
+}
+
+void pp_mutex_unlock(pp_mutex_t *m) {
+#if PINPOOL_DEBUG >= 1
+  pp_store_relaxed(&m->owner, 0);
+#endif
+  (void)pthread_mutex_unlock(&m->m);
+}
+
+#if PINPOOL_DEBUG >= 1
+bool pp_mutex_held(pp_mutex_t *m) {
+  return pp_load_relaxed(&m->owner) == (unsigned long)pthread_self();
+}
+#endif

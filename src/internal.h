@@ -1,0 +1,356 @@
+/*
+ * Internal declarations shared by the files of src/. Nothing here is
+ * exported: cross-file names start with pp_, everything else is static.
+ *
+ * Layers (DESIGN.md): front end (pinpool.h) -> pool (pool.c, tcache.c,
+ * segmap.c, sizeclass.c, stats.c) -> providers (backend_*.c, reserve.c).
+ */
+#ifndef PP_INTERNAL_H
+#define PP_INTERNAL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include "pinpool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- Assertions ---------------------------------------------------------
+ * PINPOOL_DEBUG=1: cheap internal assertions; 2: also lock preconditions
+ * and the validator after slow-path operations. Release builds: none. */
+#ifndef PINPOOL_DEBUG
+#define PINPOOL_DEBUG 0
+#endif
+void pp_assert_fail(const char *expr, const char *file, int line);
+#if PINPOOL_DEBUG >= 1
+#define pp_assert(x)                                                           \
+  ((x) ? (void)0 : pp_assert_fail(#x, __FILE__, __LINE__))
+#else
+#define pp_assert(x) ((void)0)
+#endif
+#if PINPOOL_DEBUG >= 2
+#define pp_assert_expensive(x) pp_assert(x)
+#else
+#define pp_assert_expensive(x) ((void)0)
+#endif
+
+#define pp_likely(x) __builtin_expect(!!(x), 1)
+#define pp_unlikely(x) __builtin_expect(!!(x), 0)
+
+/* ---- Atomics: the memory order is part of the name (as mimalloc). ------- */
+#define pp_load_relaxed(p) atomic_load_explicit((p), memory_order_relaxed)
+#define pp_load_acquire(p) atomic_load_explicit((p), memory_order_acquire)
+#define pp_store_relaxed(p, v)                                                 \
+  atomic_store_explicit((p), (v), memory_order_relaxed)
+#define pp_store_release(p, v)                                                 \
+  atomic_store_explicit((p), (v), memory_order_release)
+#define pp_fetch_add_relaxed(p, v)                                             \
+  atomic_fetch_add_explicit((p), (v), memory_order_relaxed)
+#define pp_fetch_sub_relaxed(p, v)                                             \
+  atomic_fetch_sub_explicit((p), (v), memory_order_relaxed)
+#define pp_cas_acq_rel(p, expected, desired)                                   \
+  atomic_compare_exchange_strong_explicit((p), (expected), (desired),          \
+                                          memory_order_acq_rel,                \
+                                          memory_order_acquire)
+/* A counter with a single writer (its owning thread) and any number of
+ * readers: a load and a store, no read-modify-write. Readers see a value
+ * that some moment had; nobody else ever writes, so no update is lost. */
+#define pp_owner_add(p, v) pp_store_relaxed((p), pp_load_relaxed(p) + (v))
+
+typedef _Atomic(uint64_t) pp_counter_t;
+void pp_atomic_max_relaxed(pp_counter_t *p, uint64_t v);
+
+/* ---- Locks ---------------------------------------------------------------
+ * A pthread mutex that, in debug builds, records its owner so that every
+ * "caller holds lock X" precondition can be asserted (as SQLite does). */
+typedef struct pp_mutex {
+  pthread_mutex_t m;
+#if PINPOOL_DEBUG >= 1
+  _Atomic(unsigned long) owner;
+#endif
+} pp_mutex_t;
+void pp_mutex_init(pp_mutex_t *m);
+void pp_mutex_destroy(pp_mutex_t *m);
+void pp_mutex_lock(pp_mutex_t *m);
+void pp_mutex_unlock(pp_mutex_t *m);
+#if PINPOOL_DEBUG >= 1
+bool pp_mutex_held(pp_mutex_t *m);
+#define pp_assert_held(m) pp_assert(pp_mutex_held(m))
+#else
+#define pp_assert_held(m) ((void)0)
+#endif
+
+/* ---- Errors (error.c) ----------------------------------------------------
+ * pp_fail records a message for pinpool_last_error() and returns `code`. */
+int pp_fail(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+uint64_t pp_now_ns(void);
+
+/* ---- Size classes (sizeclass.c) ----------------------------------------- */
+#define PP_MIN_BLOCK 512u
+#define PP_MAX_REQUEST ((size_t)1 << 61)
+#define PP_NCLASSES 417 /* 512 .. 2^61, eight classes per doubling */
+#define PP_SLAB_SIZE ((size_t)2 << 20)
+#define PP_SLAB_MAX_BLOCK ((size_t)256 << 10) /* larger: own segment */
+#define PP_SLAB_MAX_BLOCKS (PP_SLAB_SIZE / PP_MIN_BLOCK)
+#define PP_PAGE 4096u
+unsigned pp_class_index(size_t size); /* size in 1..PP_MAX_REQUEST */
+size_t pp_class_size(unsigned idx);
+
+/* ---- Configuration (config.c) ------------------------------------------- */
+enum { PP_MLOCK_OFF = 0, PP_MLOCK_TRY = 1, PP_MLOCK_REQUIRE = 2 };
+enum { PP_BACKEND_HOST = 0, PP_BACKEND_MALLOC = 1, PP_BACKEND_USER = 2 };
+typedef struct pp_config {
+  int backend;
+  uint64_t max_cached;   /* 0: no cap */
+  uint64_t max_reserved; /* 0: no cap */
+  uint64_t reserve;
+  int mlock;
+  bool hugepages;
+  bool populate;
+  unsigned populate_threads;
+  uint64_t populate_parallel_min; /* segments this big populate in parallel */
+  uint64_t tcache_bytes;
+  unsigned shards;
+} pp_config_t;
+/* Parse `text` over defaults. `user_backend`: the backend key is refused. */
+int pp_config_parse(const char *text, bool user_backend, pp_config_t *out);
+/* Write "key=value,..." for cfg; returns the length it needs (excl. NUL). */
+size_t pp_config_format(const pp_config_t *cfg, const char *backend_name,
+                        char *buf, size_t len);
+
+/* ---- Providers (backend_host.c, backend_malloc.c) -----------------------
+ * Internal backends report per-segment facts through `flags`. */
+enum {
+  PP_SEG_LOCKED = 1u << 0,       /* page-locked */
+  PP_SEG_LOCK_FAILED = 1u << 1,  /* mlock was asked for and refused */
+  PP_SEG_HUGE = 1u << 2,         /* MADV_HUGEPAGE applied */
+  PP_SEG_FROM_RESERVE = 1u << 3, /* carved from the reserve region */
+};
+typedef struct pp_provider {
+  const char *name;
+  void *ctx;
+  int (*alloc)(void *ctx, size_t size, void **out, unsigned *flags);
+  void (*free)(void *ctx, void *ptr, size_t size);
+  void (*destroy)(void *ctx); /* may be NULL */
+} pp_provider_t;
+int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out);
+int pp_backend_malloc_open(const pp_config_t *cfg, pp_provider_t *out);
+int pp_backend_user_open(const pinpool_backend_t *user, pp_provider_t *out);
+
+/* ---- Reserve region (reserve.c): a first-fit range allocator over one
+ * backend allocation made at create and kept until destroy. ------------- */
+typedef struct pp_range pp_range_t;
+typedef struct pp_reserve {
+  pp_mutex_t lock;
+  uintptr_t base;      /* immutable after create */
+  size_t size;         /* immutable after create */
+  unsigned flags;      /* immutable: PP_SEG_* of the region */
+  pp_range_t *free;    /* sorted by address, coalesced; under lock */
+  size_t free_bytes;   /* under lock */
+} pp_reserve_t;
+void pp_reserve_init(pp_reserve_t *r, void *base, size_t size, unsigned flags);
+void pp_reserve_fini(pp_reserve_t *r);
+void *pp_reserve_take(pp_reserve_t *r, size_t size); /* NULL: no room */
+void pp_reserve_give(pp_reserve_t *r, void *ptr, size_t size);
+bool pp_reserve_contains(const pp_reserve_t *r, const void *ptr);
+size_t pp_reserve_free_bytes(pp_reserve_t *r);
+bool pp_reserve_validate(pp_reserve_t *r, char *why, size_t len);
+
+/* ---- Segments and blocks ------------------------------------------------
+ * A block's state word: (payload << 2) | state. Payload: the requested size
+ * while ALLOCATED (or PENDING); while CACHED in a central bin, the index+1 of
+ * the next free block of the segment (0: end of list). Every state change is
+ * one atomic store or CAS on this word, so a reader (free's double-free
+ * check, the validator) never sees a block in two states (invariant 2). */
+enum { PP_NEVER = 0, PP_ALLOCATED = 1, PP_CACHED = 2, PP_PENDING = 3 };
+#define PP_WORD(payload, state) (((uint64_t)(payload) << 2) | (state))
+#define PP_WORD_STATE(w) ((unsigned)((w)&3u))
+#define PP_WORD_PAYLOAD(w) ((w) >> 2)
+
+enum { PP_LIST_NONE = 0, PP_LIST_PARTIAL, PP_LIST_IDLE };
+
+typedef struct pp_segment pp_segment_t;
+struct pp_segment {
+  /* Read without a lock by pinpool_free's lookup. Descriptors are never
+   * freed while the pool lives (recycled per capacity), so a stale lookup
+   * reads a live descriptor; the fields are atomics because a recycle may
+   * rewrite them while such a reader looks (see segmap.c). */
+  _Atomic(uintptr_t) base;
+  _Atomic(size_t) size;
+  _Atomic(size_t) block_size;
+  _Atomic(uint32_t) nblocks;
+  uint32_t capacity; /* length of word[]; immutable for the descriptor */
+
+  /* Under the lock of bin (cls, shard). cls and shard are written before
+   * the segment is published and never change while it is live. */
+  unsigned cls, shard;
+  uint32_t carved;     /* blocks [0, carved) have been handed out once */
+  uint32_t free_count; /* blocks in this bin: listed free + never carved */
+  uint32_t free_head;  /* index+1 of the first listed free block */
+  int list;            /* PP_LIST_*: which list of the bin holds it */
+  pp_segment_t *prev, *next;
+
+  /* Under pool->idle_lock: the pool-wide LRU of idle segments. */
+  pp_segment_t *lru_prev, *lru_next;
+  bool in_lru;
+  uint64_t idle_since_ns;
+
+  /* Under pool->seg_lock: every live segment; descriptor free list. */
+  pp_segment_t *all_prev, *all_next;
+  unsigned flags; /* PP_SEG_*, written before publication */
+
+  _Atomic(uint64_t) word[];
+};
+
+/* ---- Segment map (segmap.c): pointer -> segment without a lock. -------- */
+typedef struct pp_segmap pp_segmap_t;
+int pp_segmap_create(pp_segmap_t **out);
+void pp_segmap_destroy(pp_segmap_t *map);
+int pp_segmap_insert(pp_segmap_t *map, pp_segment_t *seg); /* under seg_lock */
+void pp_segmap_remove(pp_segmap_t *map, pp_segment_t *seg);
+pp_segment_t *pp_segmap_find(pp_segmap_t *map, uintptr_t p);
+
+/* ---- Thread caches (tcache.c) ------------------------------------------ */
+typedef struct pp_tentry {
+  void *ptr;
+  pp_segment_t *seg;
+  uint32_t idx;
+} pp_tentry_t;
+
+typedef struct pp_tbin {
+  uint32_t n, cap, batch;
+  pp_tentry_t *items; /* allocated on first use */
+} pp_tbin_t;
+
+/* Counters of one thread for one pool: written only by the owning thread
+ * (pp_owner_add), read by pinpool_get_stats under pool->reg_lock. */
+typedef struct pp_tcounters {
+  pp_counter_t n_alloc, n_free;
+  pp_counter_t req_alloc, req_free;
+  pp_counter_t blk_alloc, blk_free;
+  pp_counter_t cached_in, cached_out; /* bytes into / out of this cache */
+  pp_counter_t tc_hits;
+} pp_tcounters_t;
+
+typedef struct pp_thread pp_thread_t;
+typedef struct pp_tcache {
+  struct pinpool *pool;
+  pp_thread_t *thread;
+  unsigned shard;
+  uint64_t epoch;       /* pool->flush_epoch seen last; owner only */
+  _Atomic(uint64_t) bytes; /* cached bytes held; owner writes */
+  pp_tcounters_t c;
+  /* pool->reg_lock: pool's list of caches. pp_global_lock: thread's list. */
+  struct pp_tcache *pool_prev, *pool_next;
+  struct pp_tcache *thr_next;
+  pp_tbin_t bins[PP_NCLASSES];
+} pp_tcache_t;
+
+pp_tcache_t *pp_tcache_get_slow(struct pinpool *pool);
+/* The calling thread's cache for the pool it used last: one TLS compare on
+ * the hot path. Pool ids are never reused, so a stale entry for a destroyed
+ * pool can never match a live one. */
+typedef struct pp_tls {
+  uint64_t pool_id;
+  pp_tcache_t *tc;
+} pp_tls_t;
+extern _Thread_local pp_tls_t pp_tls __attribute__((tls_model("initial-exec")));
+void pp_tcache_flush_bin(pp_tcache_t *tc, unsigned cls, uint32_t keep);
+void pp_tcache_flush_all(pp_tcache_t *tc);
+void pp_tcache_pool_destroy(struct pinpool *pool);
+
+/* ---- The pool ----------------------------------------------------------- */
+/* Cache-line aligned so that neighbouring bins never share a line. */
+typedef struct pp_bin {
+  _Alignas(64) pp_mutex_t lock;
+  pp_segment_t *partial; /* some free blocks, some in use */
+  pp_segment_t *idle;    /* every block free in this bin */
+} pp_bin_t;
+
+/* Accounting not owned by a thread cache; atomics updated on slow paths. */
+typedef struct pp_gstats {
+  pp_counter_t reserved_cur, reserved_peak, reserved_alloc, reserved_freed;
+  pp_counter_t segs_cur, segs_peak, segs_alloc, segs_freed;
+  pp_counter_t central_in, central_out; /* bytes into/out of central idle */
+  pp_counter_t misses, oom, retries, trimmed;
+  pp_counter_t mlock_failures, locked_bytes;
+  pp_counter_t ba_count, ba_total, ba_max, bf_count, bf_total, bf_max;
+} pp_gstats_t;
+
+/* Peaks and the counters of threads that have exited; under reg_lock. */
+typedef struct pp_rstats {
+  pp_tcounters_t dead;
+  uint64_t peak_requests, peak_req, peak_blocks, peak_blk, peak_cached;
+  unsigned ncaches, max_ncaches;
+} pp_rstats_t;
+
+struct pinpool {
+  uint64_t id; /* unique for the process lifetime; never reused */
+  pp_config_t cfg;
+  pp_provider_t prov;
+  char backend_name[32];
+
+  /* 8 classes per doubling * shards bins, cache-line separated */
+  pp_bin_t *bins;
+
+  pp_mutex_t seg_lock; /* all, desc_free_* */
+  pp_segment_t *all;
+  pp_segment_t *desc_free_slab, *desc_free_large;
+  pp_segmap_t *map;
+
+  pp_mutex_t trim_lock; /* serializes detaching idle segments for release */
+  pp_mutex_t idle_lock; /* LRU of idle segments */
+  pp_segment_t *lru_head, *lru_tail;
+
+  pp_reserve_t reserve;
+  bool has_reserve;
+
+  pp_mutex_t reg_lock; /* tcache list, rstats */
+  pp_tcache_t *caches;
+  pp_rstats_t rs;
+
+  _Atomic(uint64_t) flush_epoch;
+  _Atomic(unsigned) next_shard;
+  pp_gstats_t gs;
+};
+
+static inline pp_bin_t *pp_bin(struct pinpool *pool, unsigned cls,
+                               unsigned shard) {
+  return &pool->bins[(size_t)cls * pool->cfg.shards + shard];
+}
+
+/* pool.c: the central layer used by the thread caches. */
+/* Take up to `want` blocks of class `cls` into out[]; returns the count
+ * (>= 1) or a negative error. Creates a segment when every bin is empty. */
+int pp_central_take(struct pinpool *pool, unsigned cls, unsigned shard,
+                    pp_tentry_t *out, uint32_t want, bool *missed);
+/* Give `n` cached blocks of class `cls` back to their segments' bins. */
+void pp_central_give(struct pinpool *pool, unsigned cls, pp_tentry_t *in,
+                     uint32_t n);
+/* Release idle segments while cached bytes outside the reserve exceed the
+ * max_cached cap. Takes and drops locks itself; call with none held. */
+void pp_trim_to_cap(struct pinpool *pool);
+
+/* Release every idle segment (lru_only: only those in the LRU, i.e. not
+ * carved from the reserve). Call with no lock held. */
+void pp_release_idle(struct pinpool *pool, bool lru_only);
+void pp_segment_release_all(struct pinpool *pool); /* destroy only */
+
+/* stats.c */
+typedef struct pp_sums {
+  pp_tcounters_t t; /* summed over live and exited threads */
+  uint64_t tc_bytes;
+} pp_sums_t;
+void pp_stats_sum(struct pinpool *pool, pp_sums_t *out); /* reg_lock held */
+void pp_stats_fold_dead(struct pinpool *pool, pp_tcache_t *tc);
+void pp_stats_sample_peaks(struct pinpool *pool);
+void pp_backend_timed(pp_counter_t *count, pp_counter_t *total,
+                      pp_counter_t *max, uint64_t t0);
+
+#endif /* PP_INTERNAL_H */

@@ -1,0 +1,674 @@
+/*
+ * The pool's central layer: segments, the sharded central bins, limits,
+ * trimming, empty_cache, create and destroy.
+ *
+ * Locks and their order (a lock may only be taken while holding locks to
+ * its left): pp_global_lock (tcache.c) -> reg_lock -> seg_lock -> trim_lock
+ * -> bin locks (ascending index) -> idle_lock -> reserve.lock.
+ * No provider call (mmap, munmap, mlock, driver) happens under any of them
+ * (invariant 1): segments are created before their bin is locked, and
+ * detached from every list before they are released.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Atomic(uint64_t) next_pool_id = 1;
+
+/* ---- Descriptors -------------------------------------------------------- */
+
+static pp_segment_t *desc_get(pinpool_t *pool, bool slab) {
+  pp_segment_t *d;
+  pp_mutex_lock(&pool->seg_lock);
+  pp_segment_t **head = slab ? &pool->desc_free_slab : &pool->desc_free_large;
+  d = *head;
+  if (d != NULL)
+    *head = d->all_next;
+  pp_mutex_unlock(&pool->seg_lock);
+  if (d != NULL)
+    return d;
+  uint32_t cap = slab ? (uint32_t)PP_SLAB_MAX_BLOCKS : 1u;
+  d = calloc(1, sizeof *d + cap * sizeof(d->word[0]));
+  if (d != NULL)
+    d->capacity = cap;
+  return d;
+}
+
+/* The descriptor goes to a free list, never back to malloc while the pool
+ * lives: a lock-free lookup racing with the release may still read it. */
+static void desc_put_locked(pinpool_t *pool, pp_segment_t *d) {
+  pp_assert_held(&pool->seg_lock);
+  pp_segment_t **head =
+      d->capacity > 1 ? &pool->desc_free_slab : &pool->desc_free_large;
+  d->all_next = *head;
+  *head = d;
+}
+
+/* ---- Reserved-bytes accounting with the max_reserved cap --------------- */
+
+static bool reserve_bytes(pinpool_t *pool, size_t n) {
+  uint64_t cap = pool->cfg.max_reserved;
+  uint64_t cur = pp_load_relaxed(&pool->gs.reserved_cur);
+  do {
+    if (cap != 0 && (cur + n > cap || cur + n < cur))
+      return false;
+  } while (!atomic_compare_exchange_weak_explicit(
+      &pool->gs.reserved_cur, &cur, cur + n, memory_order_relaxed,
+      memory_order_relaxed));
+  pp_atomic_max_relaxed(&pool->gs.reserved_peak, cur + n);
+  return true;
+}
+
+static void account_backend_alloc(pinpool_t *pool, size_t n, unsigned flags) {
+  pp_fetch_add_relaxed(&pool->gs.reserved_alloc, n);
+  pp_fetch_add_relaxed(&pool->gs.central_in, n); /* new memory is idle */
+  if (flags & PP_SEG_LOCKED)
+    pp_fetch_add_relaxed(&pool->gs.locked_bytes, n);
+  if (flags & PP_SEG_LOCK_FAILED)
+    pp_fetch_add_relaxed(&pool->gs.mlock_failures, 1);
+}
+
+static int backend_alloc(pinpool_t *pool, size_t size, void **mem,
+                         unsigned *flags) {
+  if (!reserve_bytes(pool, size))
+    return pp_fail(PINPOOL_ENOMEM,
+                   "max_reserved (%llu bytes) reached: %llu reserved, %zu "
+                   "more needed",
+                   (unsigned long long)pool->cfg.max_reserved,
+                   (unsigned long long)pp_load_relaxed(&pool->gs.reserved_cur),
+                   size);
+  uint64_t t0 = pp_now_ns();
+  int rc = pool->prov.alloc(pool->prov.ctx, size, mem, flags);
+  pp_backend_timed(&pool->gs.ba_count, &pool->gs.ba_total, &pool->gs.ba_max,
+                   t0);
+  if (rc != 0) {
+    pp_fetch_sub_relaxed(&pool->gs.reserved_cur, size);
+    return rc;
+  }
+  account_backend_alloc(pool, size, *flags);
+  return 0;
+}
+
+static void backend_free(pinpool_t *pool, void *mem, size_t size,
+                         unsigned flags) {
+  uint64_t t0 = pp_now_ns();
+  pool->prov.free(pool->prov.ctx, mem, size);
+  pp_backend_timed(&pool->gs.bf_count, &pool->gs.bf_total, &pool->gs.bf_max,
+                   t0);
+  pp_fetch_sub_relaxed(&pool->gs.reserved_cur, size);
+  pp_fetch_add_relaxed(&pool->gs.reserved_freed, size);
+  pp_fetch_add_relaxed(&pool->gs.central_out, size);
+  if (flags & PP_SEG_LOCKED)
+    pp_fetch_sub_relaxed(&pool->gs.locked_bytes, size);
+}
+
+/* ---- Segments ----------------------------------------------------------- */
+
+static size_t seg_bytes_for(size_t bs) {
+  return bs <= PP_SLAB_MAX_BLOCK ? PP_SLAB_SIZE
+                                 : (bs + PP_PAGE - 1) & ~(size_t)(PP_PAGE - 1);
+}
+
+/* Create a segment for class `cls`, owned by bin (cls, shard). Called with
+ * no lock held; the segment is live and in the map but in no bin list. */
+static int seg_create(pinpool_t *pool, unsigned cls, unsigned shard,
+                      pp_segment_t **out) {
+  size_t bs = pp_class_size(cls);
+  bool slab = bs <= PP_SLAB_MAX_BLOCK;
+  size_t size = seg_bytes_for(bs);
+  uint32_t nblocks = slab ? (uint32_t)(size / bs) : 1u;
+  pp_segment_t *d = desc_get(pool, slab);
+  if (d == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "out of memory for segment metadata");
+
+  void *mem = NULL;
+  unsigned flags = 0;
+  if (pool->has_reserve && (mem = pp_reserve_take(&pool->reserve, size))) {
+    flags = pool->reserve.flags | PP_SEG_FROM_RESERVE;
+  } else {
+    int rc = backend_alloc(pool, size, &mem, &flags);
+    if (rc != 0) {
+      pp_mutex_lock(&pool->seg_lock);
+      desc_put_locked(pool, d);
+      pp_mutex_unlock(&pool->seg_lock);
+      return rc;
+    }
+  }
+
+  pp_store_relaxed(&d->base, (uintptr_t)mem);
+  pp_store_relaxed(&d->size, size);
+  pp_store_relaxed(&d->block_size, bs);
+  pp_store_relaxed(&d->nblocks, nblocks);
+  for (uint32_t i = 0; i < nblocks; i++)
+    pp_store_relaxed(&d->word[i], PP_WORD(0, PP_NEVER));
+  d->cls = cls;
+  d->shard = shard;
+  d->carved = 0;
+  d->free_count = nblocks;
+  d->free_head = 0;
+  d->list = PP_LIST_NONE;
+  d->prev = d->next = NULL;
+  d->lru_prev = d->lru_next = NULL;
+  d->in_lru = false;
+  d->flags = flags;
+
+  pp_mutex_lock(&pool->seg_lock);
+  int rc = pp_segmap_insert(pool->map, d); /* publishes d (release) */
+  if (rc == 0) {
+    d->all_prev = NULL;
+    d->all_next = pool->all;
+    if (pool->all != NULL)
+      pool->all->all_prev = d;
+    pool->all = d;
+  } else {
+    desc_put_locked(pool, d);
+  }
+  pp_mutex_unlock(&pool->seg_lock);
+  if (rc != 0) {
+    if (flags & PP_SEG_FROM_RESERVE)
+      pp_reserve_give(&pool->reserve, mem, size);
+    else
+      backend_free(pool, mem, size, flags);
+    return rc;
+  }
+  pp_fetch_add_relaxed(&pool->gs.segs_alloc, 1);
+  uint64_t n = pp_fetch_add_relaxed(&pool->gs.segs_cur, 1) + 1;
+  pp_atomic_max_relaxed(&pool->gs.segs_peak, n);
+  *out = d;
+  return 0;
+}
+
+/* Release a detached segment (in no bin list, not in the LRU, every block
+ * free). Called with no lock held. */
+static void seg_release(pinpool_t *pool, pp_segment_t *d) {
+  uintptr_t base = pp_load_relaxed(&d->base);
+  size_t size = pp_load_relaxed(&d->size);
+  unsigned flags = d->flags;
+  pp_mutex_lock(&pool->seg_lock);
+  pp_segmap_remove(pool->map, d);
+  if (d->all_prev != NULL)
+    d->all_prev->all_next = d->all_next;
+  else
+    pool->all = d->all_next;
+  if (d->all_next != NULL)
+    d->all_next->all_prev = d->all_prev;
+  desc_put_locked(pool, d);
+  pp_mutex_unlock(&pool->seg_lock);
+
+  if (flags & PP_SEG_FROM_RESERVE)
+    pp_reserve_give(&pool->reserve, (void *)base, size);
+  else
+    backend_free(pool, (void *)base, size, flags);
+  pp_fetch_sub_relaxed(&pool->gs.segs_cur, 1);
+  pp_fetch_add_relaxed(&pool->gs.segs_freed, 1);
+}
+
+static void release_batch(pinpool_t *pool, pp_segment_t *batch) {
+  while (batch != NULL) {
+    pp_segment_t *next = batch->next;
+    seg_release(pool, batch);
+    batch = next;
+  }
+}
+
+/* ---- Bin lists ------------------------------------------------------------ */
+
+static void list_remove(pp_segment_t **head, pp_segment_t *s) {
+  if (s->prev != NULL)
+    s->prev->next = s->next;
+  else
+    *head = s->next;
+  if (s->next != NULL)
+    s->next->prev = s->prev;
+  s->prev = s->next = NULL;
+}
+
+static void list_push(pp_segment_t **head, pp_segment_t *s) {
+  s->prev = NULL;
+  s->next = *head;
+  if (*head != NULL)
+    (*head)->prev = s;
+  *head = s;
+}
+
+static void lru_remove_locked(pinpool_t *pool, pp_segment_t *s) {
+  pp_assert_held(&pool->idle_lock);
+  if (!s->in_lru)
+    return;
+  if (s->lru_prev != NULL)
+    s->lru_prev->lru_next = s->lru_next;
+  else
+    pool->lru_head = s->lru_next;
+  if (s->lru_next != NULL)
+    s->lru_next->lru_prev = s->lru_prev;
+  else
+    pool->lru_tail = s->lru_prev;
+  s->lru_prev = s->lru_next = NULL;
+  s->in_lru = false;
+}
+
+/* Move s to the list matching its free count. Caller holds its bin lock. */
+static void seg_relist(pinpool_t *pool, pp_bin_t *bin, pp_segment_t *s) {
+  pp_assert_held(&bin->lock);
+  uint32_t nb = pp_load_relaxed(&s->nblocks);
+  int want = s->free_count == nb  ? PP_LIST_IDLE
+             : s->free_count == 0 ? PP_LIST_NONE
+                                  : PP_LIST_PARTIAL;
+  if (want == s->list)
+    return;
+  if (s->list == PP_LIST_PARTIAL)
+    list_remove(&bin->partial, s);
+  else if (s->list == PP_LIST_IDLE)
+    list_remove(&bin->idle, s);
+  bool from_reserve = (s->flags & PP_SEG_FROM_RESERVE) != 0;
+  if (s->list == PP_LIST_IDLE && !from_reserve) {
+    pp_mutex_lock(&pool->idle_lock);
+    lru_remove_locked(pool, s);
+    pp_mutex_unlock(&pool->idle_lock);
+  }
+  s->list = want;
+  if (want == PP_LIST_PARTIAL) {
+    list_push(&bin->partial, s);
+  } else if (want == PP_LIST_IDLE) {
+    list_push(&bin->idle, s);
+    if (!from_reserve) { /* the reserve is kept: never trimmed */
+      pp_mutex_lock(&pool->idle_lock);
+      s->idle_since_ns = pp_now_ns();
+      s->lru_next = NULL;
+      s->lru_prev = pool->lru_tail;
+      if (pool->lru_tail != NULL)
+        pool->lru_tail->lru_next = s;
+      else
+        pool->lru_head = s;
+      pool->lru_tail = s;
+      s->in_lru = true;
+      pp_mutex_unlock(&pool->idle_lock);
+    }
+  }
+}
+
+/* Pop one free block of s. Caller holds the bin lock; s->free_count > 0. */
+static pp_tentry_t seg_pop(pp_segment_t *s) {
+  uint32_t idx;
+  if (s->free_head != 0) {
+    idx = s->free_head - 1;
+    uint64_t w = pp_load_relaxed(&s->word[idx]);
+    pp_assert(PP_WORD_STATE(w) == PP_CACHED);
+    s->free_head = (uint32_t)PP_WORD_PAYLOAD(w);
+  } else {
+    idx = s->carved++;
+    pp_assert(idx < pp_load_relaxed(&s->nblocks));
+  }
+  /* The block stays CACHED (now in a thread's hands) until allocated. */
+  pp_store_relaxed(&s->word[idx], PP_WORD(0, PP_CACHED));
+  s->free_count--;
+  size_t bs = pp_load_relaxed(&s->block_size);
+  pp_tentry_t e = {(void *)(pp_load_relaxed(&s->base) + idx * bs), s, idx};
+  return e;
+}
+
+static void seg_push(pp_segment_t *s, uint32_t idx) {
+  pp_store_relaxed(&s->word[idx], PP_WORD(s->free_head, PP_CACHED));
+  s->free_head = idx + 1;
+  s->free_count++;
+}
+
+static uint32_t take_from_bin(pinpool_t *pool, pp_bin_t *bin, pp_tentry_t *out,
+                              uint32_t want) {
+  uint32_t n = 0;
+  size_t bytes = 0;
+  pp_mutex_lock(&bin->lock);
+  while (n < want) {
+    /* Partial segments first: keep idle ones whole so they can be trimmed. */
+    pp_segment_t *s = bin->partial != NULL ? bin->partial : bin->idle;
+    if (s == NULL)
+      break;
+    while (n < want && s->free_count > 0) {
+      out[n++] = seg_pop(s);
+      bytes += pp_load_relaxed(&s->block_size);
+    }
+    seg_relist(pool, bin, s);
+  }
+  pp_mutex_unlock(&bin->lock);
+  if (bytes != 0)
+    pp_fetch_add_relaxed(&pool->gs.central_out, bytes);
+  return n;
+}
+
+int pp_central_take(pinpool_t *pool, unsigned cls, unsigned shard,
+                    pp_tentry_t *out, uint32_t want, bool *missed) {
+  unsigned ns = pool->cfg.shards;
+  for (unsigned i = 0; i < ns; i++) {
+    uint32_t n =
+        take_from_bin(pool, pp_bin(pool, cls, (shard + i) % ns), out, want);
+    if (n > 0)
+      return (int)n;
+  }
+  pp_segment_t *s = NULL;
+  int rc = seg_create(pool, cls, shard, &s);
+  if (rc != 0)
+    return rc;
+  *missed = true;
+  pp_bin_t *bin = pp_bin(pool, cls, shard);
+  uint32_t n = 0;
+  size_t bs = pp_class_size(cls);
+  pp_mutex_lock(&bin->lock);
+  while (n < want && s->free_count > 0)
+    out[n++] = seg_pop(s);
+  seg_relist(pool, bin, s);
+  pp_mutex_unlock(&bin->lock);
+  pp_fetch_add_relaxed(&pool->gs.central_out, n * bs);
+  return (int)n;
+}
+
+void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
+                     uint32_t n) {
+  size_t bs = pp_class_size(cls);
+  unsigned ns = pool->cfg.shards;
+  /* Read every block's shard before the first push: once a block is back
+   * in its bin, its segment may go idle and be released (and its descriptor
+   * recycled for another bin) by another thread, so the entry must not be
+   * looked at again. */
+  uint8_t shard_of[64];
+  while (n > 0) {
+    uint32_t m = n < 64 ? n : 64;
+    uint64_t used = 0;
+    /* Counted before the pushes, so that a trimmer releasing one of these
+     * segments never sees more bytes leave the bins than entered them. */
+    pp_fetch_add_relaxed(&pool->gs.central_in, (uint64_t)m * bs);
+    for (uint32_t i = 0; i < m; i++) {
+      shard_of[i] = (uint8_t)in[i].seg->shard;
+      used |= (uint64_t)1 << shard_of[i];
+    }
+    /* One lock acquisition per shard that owns some of the blocks: a
+     * consumer returning a producer's blocks pays per batch, not per
+     * block. */
+    for (unsigned s = 0; s < ns; s++) {
+      if (!(used & ((uint64_t)1 << s)))
+        continue;
+      pp_bin_t *bin = pp_bin(pool, cls, s);
+      pp_mutex_lock(&bin->lock);
+      for (uint32_t i = 0; i < m; i++) {
+        if (shard_of[i] != s)
+          continue;
+        seg_push(in[i].seg, in[i].idx);
+        seg_relist(pool, bin, in[i].seg);
+      }
+      pp_mutex_unlock(&bin->lock);
+    }
+    in += m;
+    n -= m;
+  }
+}
+
+/* ---- Trimming and releasing idle memory --------------------------------- */
+
+/* Detach s, an idle segment of the LRU that the caller removed from the LRU
+ * under trim_lock, from its bin. Returns false if it was reused meanwhile. */
+static bool detach_idle(pinpool_t *pool, pp_segment_t *s) {
+  pp_assert_held(&pool->trim_lock);
+  pp_bin_t *bin = pp_bin(pool, s->cls, s->shard);
+  bool ok = false;
+  pp_mutex_lock(&bin->lock);
+  if (s->list == PP_LIST_IDLE) {
+    list_remove(&bin->idle, s);
+    s->list = PP_LIST_NONE;
+    /* s may have been reused and gone idle again after we took it off the
+     * LRU, which put it back on: take it off again, or the LRU would keep
+     * a released descriptor. */
+    pp_mutex_lock(&pool->idle_lock);
+    lru_remove_locked(pool, s);
+    pp_mutex_unlock(&pool->idle_lock);
+    ok = true;
+  }
+  pp_mutex_unlock(&bin->lock);
+  return ok;
+}
+
+static uint64_t central_cached(pinpool_t *pool) {
+  uint64_t in = pp_load_relaxed(&pool->gs.central_in);
+  uint64_t out = pp_load_relaxed(&pool->gs.central_out);
+  return in > out ? in - out : 0;
+}
+
+/* Detach up to the oldest idle segments from the LRU. `budget`: bytes to
+ * free (UINT64_MAX: all). Returns a batch linked through ->next. */
+static pp_segment_t *detach_oldest(pinpool_t *pool, uint64_t budget) {
+  pp_segment_t *batch = NULL;
+  uint64_t got = 0;
+  pp_mutex_lock(&pool->trim_lock);
+  while (got < budget) {
+    pp_mutex_lock(&pool->idle_lock);
+    pp_segment_t *s = pool->lru_head;
+    if (s != NULL)
+      lru_remove_locked(pool, s);
+    pp_mutex_unlock(&pool->idle_lock);
+    if (s == NULL)
+      break;
+    /* trim_lock keeps every other releaser away, so s stays live: it can
+     * only have been taken back into use, which detach_idle sees. */
+    if (detach_idle(pool, s)) {
+      s->next = batch;
+      batch = s;
+      got += pp_load_relaxed(&s->size);
+    }
+  }
+  pp_mutex_unlock(&pool->trim_lock);
+  return batch;
+}
+
+void pp_trim_to_cap(pinpool_t *pool) {
+  uint64_t cap = pool->cfg.max_cached;
+  if (cap == 0)
+    return;
+  uint64_t exempt = pool->has_reserve ? pool->reserve.size : 0;
+  uint64_t cached = central_cached(pool);
+  if (cached <= cap + exempt)
+    return;
+  pp_segment_t *batch = detach_oldest(pool, cached - cap - exempt);
+  uint64_t n = 0;
+  for (pp_segment_t *s = batch; s != NULL; s = s->next)
+    n++;
+  pp_fetch_add_relaxed(&pool->gs.trimmed, n);
+  release_batch(pool, batch);
+}
+
+void pp_release_idle(pinpool_t *pool, bool lru_only) {
+  pp_segment_t *batch = detach_oldest(pool, UINT64_MAX);
+  if (!lru_only) {
+    /* Segments carved from the reserve are not in the LRU: walk the bins.
+     * Giving them back coalesces the reserve for large requests. */
+    pp_mutex_lock(&pool->trim_lock);
+    size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
+    for (size_t i = 0; i < nbins; i++) {
+      pp_bin_t *bin = &pool->bins[i];
+      pp_mutex_lock(&bin->lock);
+      while (bin->idle != NULL) {
+        pp_segment_t *s = bin->idle;
+        list_remove(&bin->idle, s);
+        s->list = PP_LIST_NONE;
+        pp_mutex_lock(&pool->idle_lock);
+        lru_remove_locked(pool, s);
+        pp_mutex_unlock(&pool->idle_lock);
+        s->next = batch;
+        batch = s;
+      }
+      pp_mutex_unlock(&bin->lock);
+    }
+    pp_mutex_unlock(&pool->trim_lock);
+  }
+  release_batch(pool, batch);
+}
+
+void pp_segment_release_all(pinpool_t *pool) {
+  /* destroy: no other thread uses the pool; release without detaching. */
+  pp_segment_t *s = pool->all;
+  while (s != NULL) {
+    pp_segment_t *next = s->all_next;
+    uintptr_t base = pp_load_relaxed(&s->base);
+    size_t size = pp_load_relaxed(&s->size);
+    if (!(s->flags & PP_SEG_FROM_RESERVE))
+      backend_free(pool, (void *)base, size, s->flags);
+    free(s);
+    s = next;
+  }
+  pool->all = NULL;
+  pp_segment_t *lists[2] = {pool->desc_free_slab, pool->desc_free_large};
+  for (int i = 0; i < 2; i++) {
+    for (s = lists[i]; s != NULL;) {
+      pp_segment_t *next = s->all_next;
+      free(s);
+      s = next;
+    }
+  }
+  pool->desc_free_slab = pool->desc_free_large = NULL;
+}
+
+/* ---- Create and destroy -------------------------------------------------- */
+
+static void pool_free_struct(pinpool_t *pool) {
+  if (pool->bins != NULL) {
+    size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
+    for (size_t i = 0; i < nbins; i++)
+      pp_mutex_destroy(&pool->bins[i].lock);
+    free(pool->bins);
+  }
+  pp_segmap_destroy(pool->map);
+  pp_mutex_destroy(&pool->seg_lock);
+  pp_mutex_destroy(&pool->trim_lock);
+  pp_mutex_destroy(&pool->idle_lock);
+  pp_mutex_destroy(&pool->reg_lock);
+  if (pool->prov.destroy != NULL)
+    pool->prov.destroy(pool->prov.ctx);
+  free(pool);
+}
+
+static int pool_new(const pp_config_t *cfg, const pinpool_backend_t *user,
+                    pinpool_t **out) {
+  pinpool_t *pool = calloc(1, sizeof *pool);
+  if (pool == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "pinpool_create: out of memory");
+  pool->cfg = *cfg;
+  pp_mutex_init(&pool->seg_lock);
+  pp_mutex_init(&pool->trim_lock);
+  pp_mutex_init(&pool->idle_lock);
+  pp_mutex_init(&pool->reg_lock);
+  int rc;
+  if (user != NULL)
+    rc = pp_backend_user_open(user, &pool->prov);
+  else if (cfg->backend == PP_BACKEND_MALLOC)
+    rc = pp_backend_malloc_open(cfg, &pool->prov);
+  else
+    rc = pp_backend_host_open(cfg, &pool->prov);
+  if (rc == 0)
+    rc = pp_segmap_create(&pool->map);
+  size_t nbins = (size_t)PP_NCLASSES * cfg->shards;
+  if (rc == 0) {
+    pool->bins = aligned_alloc(64, nbins * sizeof(pp_bin_t));
+    if (pool->bins == NULL) {
+      rc = pp_fail(PINPOOL_ENOMEM, "pinpool_create: out of memory");
+    } else {
+      memset(pool->bins, 0, nbins * sizeof(pp_bin_t));
+      for (size_t i = 0; i < nbins; i++)
+        pp_mutex_init(&pool->bins[i].lock);
+    }
+  }
+  if (rc != 0) {
+    pool_free_struct(pool);
+    return rc;
+  }
+  (void)snprintf(pool->backend_name, sizeof pool->backend_name, "%s",
+                 pool->prov.name);
+  pool->id = pp_fetch_add_relaxed(&next_pool_id, 1);
+  if (cfg->reserve > 0) {
+    size_t size = (cfg->reserve + PP_PAGE - 1) & ~(uint64_t)(PP_PAGE - 1);
+    void *mem;
+    unsigned flags = 0;
+    rc = backend_alloc(pool, size, &mem, &flags);
+    if (rc != 0) {
+      pool_free_struct(pool);
+      return rc;
+    }
+    pp_reserve_init(&pool->reserve, mem, size, flags);
+    pool->has_reserve = true;
+  }
+  *out = pool;
+  return 0;
+}
+
+int pinpool_create(const char *config, pinpool_t **out) {
+  if (out == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_create: out is NULL");
+  if (config == NULL)
+    config = getenv("PINPOOL_CONF");
+  pp_config_t cfg;
+  int rc = pp_config_parse(config, false, &cfg);
+  if (rc != 0)
+    return rc;
+  return pool_new(&cfg, NULL, out);
+}
+
+int pinpool_create_with_backend(const char *config,
+                                const pinpool_backend_t *backend,
+                                pinpool_t **out) {
+  if (out == NULL || backend == NULL)
+    return pp_fail(PINPOOL_EINVAL,
+                   "pinpool_create_with_backend: backend or out is NULL");
+  if (backend->alloc == NULL || backend->free == NULL)
+    return pp_fail(PINPOOL_EINVAL,
+                   "pinpool_create_with_backend: alloc and free must be set");
+  if (config == NULL)
+    config = getenv("PINPOOL_CONF");
+  pp_config_t cfg;
+  int rc = pp_config_parse(config, true, &cfg);
+  if (rc != 0)
+    return rc;
+  return pool_new(&cfg, backend, out);
+}
+
+void pinpool_destroy(pinpool_t *pool) {
+  if (pool == NULL)
+    return;
+  pp_tcache_pool_destroy(pool);
+  pp_segment_release_all(pool);
+  if (pool->has_reserve) {
+    backend_free(pool, (void *)pool->reserve.base, pool->reserve.size,
+                 pool->reserve.flags);
+    pp_reserve_fini(&pool->reserve);
+  }
+  pool_free_struct(pool);
+}
+
+/* ---- Public maintenance calls ------------------------------------------ */
+
+int pinpool_empty_cache(pinpool_t *pool) {
+  if (pool == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_empty_cache: pool is NULL");
+  /* Other threads flush at their next call: their caches have no lock, so
+   * only their owners may touch them (tcache.c). */
+  atomic_fetch_add_explicit(&pool->flush_epoch, 1, memory_order_release);
+  int rc = pinpool_thread_flush(pool);
+  if (rc != 0)
+    return rc;
+  pp_release_idle(pool, false);
+  return 0;
+}
+
+int pinpool_get_config(pinpool_t *pool, char *buf, size_t len,
+                       size_t *needed) {
+  if (pool == NULL || (buf == NULL && len != 0))
+    return pp_fail(PINPOOL_EINVAL, "pinpool_get_config: NULL argument");
+  const char *name =
+      pool->cfg.backend == PP_BACKEND_USER ? NULL : pool->backend_name;
+  size_t n = pp_config_format(&pool->cfg, name, NULL, 0);
+  if (needed != NULL)
+    *needed = n + 1;
+  if (n + 1 > len)
+    return pp_fail(PINPOOL_EOVERFLOW,
+                   "pinpool_get_config: buffer of %zu bytes, %zu needed", len,
+                   n + 1);
+  (void)pp_config_format(&pool->cfg, name, buf, len);
+  return 0;
+}

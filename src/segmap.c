@@ -1,0 +1,118 @@
+/*
+ * The segment map: which segment holds a pointer, found without a lock on
+ * every pinpool_free. A two-level radix tree over 256 KiB chunks of the
+ * 48-bit address space. Every segment is larger than a chunk, so a chunk
+ * overlaps at most two segments: the one covering the chunk's first byte
+ * (slot 0) and one starting inside it (slot 1).
+ *
+ * Concurrency: insert and remove run under pool->seg_lock (one writer at a
+ * time); find runs concurrently with them. Entries are published with
+ * release stores after the descriptor is filled in, and read with acquire
+ * loads. A lookup that races with the removal of its segment (a stale or
+ * double free racing with empty_cache) can still read the descriptor: the
+ * pool never frees descriptors while it lives, only recycles them, and the
+ * range check then fails against the recycled descriptor's new bounds.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+
+#define CHUNK_SHIFT 18
+#define ADDR_BITS 48
+#define L2_BITS 15
+#define L1_BITS (ADDR_BITS - CHUNK_SHIFT - L2_BITS)
+#define L1_LEN ((size_t)1 << L1_BITS)
+#define L2_LEN ((size_t)1 << L2_BITS)
+
+typedef struct leaf_entry {
+  _Atomic(pp_segment_t *) slot[2];
+} leaf_entry_t;
+
+struct pp_segmap {
+  _Atomic(leaf_entry_t *) l1[L1_LEN];
+};
+
+int pp_segmap_create(pp_segmap_t **out) {
+  /* calloc of 256 KiB: untouched pages stay unbacked until used. */
+  pp_segmap_t *m = calloc(1, sizeof *m);
+  if (m == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "segment map: out of memory");
+  *out = m;
+  return 0;
+}
+
+void pp_segmap_destroy(pp_segmap_t *m) {
+  if (m == NULL)
+    return;
+  for (size_t i = 0; i < L1_LEN; i++)
+    free(pp_load_relaxed(&m->l1[i]));
+  free(m);
+}
+
+static leaf_entry_t *entry_for(pp_segmap_t *m, uintptr_t chunk, bool create) {
+  size_t i1 = (size_t)(chunk >> L2_BITS), i2 = (size_t)(chunk & (L2_LEN - 1));
+  leaf_entry_t *leaf = pp_load_acquire(&m->l1[i1]);
+  if (leaf == NULL) {
+    if (!create)
+      return NULL;
+    leaf = calloc(L2_LEN, sizeof *leaf);
+    if (leaf == NULL)
+      return NULL;
+    pp_store_release(&m->l1[i1], leaf);
+  }
+  return &leaf[i2];
+}
+
+int pp_segmap_insert(pp_segmap_t *m, pp_segment_t *seg) {
+  uintptr_t base = pp_load_relaxed(&seg->base);
+  size_t size = pp_load_relaxed(&seg->size);
+  pp_assert(size > ((size_t)1 << CHUNK_SHIFT));
+  if (base + size > ((uintptr_t)1 << ADDR_BITS) || base + size < base)
+    return pp_fail(PINPOOL_EBACKEND,
+                   "backend returned an address beyond 2^48: %p",
+                   (void *)base);
+  uintptr_t first = base >> CHUNK_SHIFT, last = (base + size - 1) >> CHUNK_SHIFT;
+  /* Create every leaf first so that a failure leaves nothing half-done. */
+  for (uintptr_t c = first; c <= last; c += (uintptr_t)L2_LEN) {
+    if (entry_for(m, c, true) == NULL)
+      return pp_fail(PINPOOL_ENOMEM, "segment map: out of memory");
+  }
+  if (entry_for(m, last, true) == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "segment map: out of memory");
+  for (uintptr_t c = first; c <= last; c++) {
+    leaf_entry_t *e = entry_for(m, c, false);
+    int slot = (base <= (c << CHUNK_SHIFT)) ? 0 : 1;
+    pp_assert(pp_load_relaxed(&e->slot[slot]) == NULL);
+    pp_store_release(&e->slot[slot], seg);
+  }
+  return 0;
+}
+
+void pp_segmap_remove(pp_segmap_t *m, pp_segment_t *seg) {
+  uintptr_t base = pp_load_relaxed(&seg->base);
+  size_t size = pp_load_relaxed(&seg->size);
+  uintptr_t first = base >> CHUNK_SHIFT, last = (base + size - 1) >> CHUNK_SHIFT;
+  for (uintptr_t c = first; c <= last; c++) {
+    leaf_entry_t *e = entry_for(m, c, false);
+    int slot = (base <= (c << CHUNK_SHIFT)) ? 0 : 1;
+    pp_assert(e != NULL && pp_load_relaxed(&e->slot[slot]) == seg);
+    pp_store_release(&e->slot[slot], NULL);
+  }
+}
+
+pp_segment_t *pp_segmap_find(pp_segmap_t *m, uintptr_t p) {
+  if (p >= ((uintptr_t)1 << ADDR_BITS))
+    return NULL;
+  leaf_entry_t *e = entry_for(m, p >> CHUNK_SHIFT, false);
+  if (e == NULL)
+    return NULL;
+  for (int i = 0; i < 2; i++) {
+    pp_segment_t *s = pp_load_acquire(&e->slot[i]);
+    if (s != NULL) {
+      uintptr_t b = pp_load_relaxed(&s->base);
+      if (p >= b && p - b < pp_load_relaxed(&s->size))
+        return s;
+    }
+  }
+  return NULL;
+}

@@ -1,0 +1,180 @@
+/*
+ * Statistics (docs/stats.md).
+ *
+ * Counters of the hot path live in each thread cache and have one writer;
+ * everything else is an atomic updated on slow paths. A reader sums them
+ * under pool->reg_lock, which also guards the list of caches, the counters
+ * of exited threads and the peaks.
+ *
+ * Peaks of allocated and cached bytes are sampled at every slow path and
+ * at every get_stats, with the exact sum. Between two samples a thread can
+ * raise its allocated bytes only by popping its own cache, so a peak is
+ * below the true one by at most (caches alive at once) * tcache_bytes,
+ * reported as peak_slack_bytes. Reserved bytes and segments are exact.
+ */
+#include "internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#define ALL_COUNTERS(X)                                                        \
+  X(n_alloc) X(n_free) X(req_alloc) X(req_free) X(blk_alloc) X(blk_free)       \
+      X(cached_in) X(cached_out) X(tc_hits)
+
+static void add_counters(pp_tcounters_t *dst, pp_tcounters_t *src) {
+#define ADD(f) pp_owner_add(&dst->f, pp_load_relaxed(&src->f));
+  ALL_COUNTERS(ADD)
+#undef ADD
+}
+
+void pp_stats_sum(pinpool_t *pool, pp_sums_t *out) {
+  pp_assert_held(&pool->reg_lock);
+  memset(out, 0, sizeof *out);
+  add_counters(&out->t, &pool->rs.dead);
+  for (pp_tcache_t *tc = pool->caches; tc != NULL; tc = tc->pool_next) {
+    add_counters(&out->t, &tc->c);
+    out->tc_bytes += pp_load_relaxed(&tc->bytes);
+  }
+}
+
+void pp_stats_fold_dead(pinpool_t *pool, pp_tcache_t *tc) {
+  pp_assert_held(&pool->reg_lock);
+  add_counters(&pool->rs.dead, &tc->c);
+}
+
+static uint64_t diff(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+/* The currents whose peaks are sampled. reg_lock held. */
+typedef struct currents {
+  uint64_t requests, req, blk, cached;
+} currents_t;
+
+static currents_t currents_of(pinpool_t *pool, const pp_sums_t *s) {
+  currents_t c;
+  c.requests = diff(pp_load_relaxed(&s->t.n_alloc), pp_load_relaxed(&s->t.n_free));
+  c.req = diff(pp_load_relaxed(&s->t.req_alloc), pp_load_relaxed(&s->t.req_free));
+  c.blk = diff(pp_load_relaxed(&s->t.blk_alloc), pp_load_relaxed(&s->t.blk_free));
+  c.cached = diff(pp_load_relaxed(&pool->gs.central_in),
+                  pp_load_relaxed(&pool->gs.central_out)) +
+             diff(pp_load_relaxed(&s->t.cached_in),
+                  pp_load_relaxed(&s->t.cached_out));
+  return c;
+}
+
+static void update_peaks(pinpool_t *pool, const currents_t *c) {
+  pp_rstats_t *r = &pool->rs;
+  if (c->requests > r->peak_requests)
+    r->peak_requests = c->requests;
+  if (c->req > r->peak_req)
+    r->peak_req = c->req;
+  if (c->blk > r->peak_blk)
+    r->peak_blk = c->blk;
+  if (c->cached > r->peak_cached)
+    r->peak_cached = c->cached;
+}
+
+void pp_stats_sample_peaks(pinpool_t *pool) {
+  pp_sums_t s;
+  pp_mutex_lock(&pool->reg_lock);
+  pp_stats_sum(pool, &s);
+  currents_t c = currents_of(pool, &s);
+  update_peaks(pool, &c);
+  pp_mutex_unlock(&pool->reg_lock);
+}
+
+void pp_backend_timed(pp_counter_t *count, pp_counter_t *total,
+                      pp_counter_t *max, uint64_t t0) {
+  uint64_t dt = pp_now_ns() - t0;
+  pp_fetch_add_relaxed(count, 1);
+  pp_fetch_add_relaxed(total, dt);
+  pp_atomic_max_relaxed(max, dt);
+}
+
+static pinpool_stat_t stat_of(uint64_t alloc, uint64_t freed, uint64_t cur,
+                              uint64_t peak) {
+  pinpool_stat_t s = {cur, peak < cur ? cur : peak, alloc, freed};
+  return s;
+}
+
+int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
+  if (pool == NULL || out == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_get_stats: pool or out is NULL");
+  pp_gstats_t *g = &pool->gs;
+  pinpool_stats_t st;
+  memset(&st, 0, sizeof st);
+  pp_sums_t s;
+  pp_mutex_lock(&pool->reg_lock);
+  pp_stats_sum(pool, &s);
+  currents_t c = currents_of(pool, &s);
+  update_peaks(pool, &c);
+  pp_rstats_t *r = &pool->rs;
+  uint64_t n_alloc = pp_load_relaxed(&s.t.n_alloc);
+  uint64_t n_free = pp_load_relaxed(&s.t.n_free);
+  uint64_t blk_alloc = pp_load_relaxed(&s.t.blk_alloc);
+  uint64_t blk_free = pp_load_relaxed(&s.t.blk_free);
+  st.requests = stat_of(n_alloc, n_free, c.requests, r->peak_requests);
+  st.blocks = st.requests;
+  st.requested_bytes = stat_of(pp_load_relaxed(&s.t.req_alloc),
+                               pp_load_relaxed(&s.t.req_free), c.req,
+                               r->peak_req);
+  st.block_bytes = stat_of(blk_alloc, blk_free, c.blk, r->peak_blk);
+  uint64_t res_alloc = pp_load_relaxed(&g->reserved_alloc);
+  uint64_t res_freed = pp_load_relaxed(&g->reserved_freed);
+  /* Cached bytes grow when the backend hands over memory or a block is
+   * freed, and shrink when a block is allocated or memory is released; the
+   * current value is summed independently from where bytes sit (central
+   * bins, thread caches), so current == allocated - freed is the
+   * accounting identity, not a tautology. */
+  st.cached_bytes = stat_of(res_alloc + blk_free, res_freed + blk_alloc,
+                            c.cached, r->peak_cached);
+  st.peak_slack_bytes = (uint64_t)r->max_ncaches * pool->cfg.tcache_bytes;
+  pp_mutex_unlock(&pool->reg_lock);
+
+  st.reserved_bytes =
+      stat_of(res_alloc, res_freed, pp_load_relaxed(&g->reserved_cur),
+              pp_load_relaxed(&g->reserved_peak));
+  st.segments = stat_of(pp_load_relaxed(&g->segs_alloc),
+                        pp_load_relaxed(&g->segs_freed),
+                        pp_load_relaxed(&g->segs_cur),
+                        pp_load_relaxed(&g->segs_peak));
+  st.pending_bytes = 0; /* stream-ordered frees: not yet implemented */
+  st.cache_misses = pp_load_relaxed(&g->misses);
+  st.cache_hits = diff(n_alloc, st.cache_misses);
+  st.tcache_hits = pp_load_relaxed(&s.t.tc_hits);
+  st.oom_count = pp_load_relaxed(&g->oom);
+  st.retries = pp_load_relaxed(&g->retries);
+  st.trimmed_segments = pp_load_relaxed(&g->trimmed);
+  st.mlock_failures = pp_load_relaxed(&g->mlock_failures);
+  st.locked_bytes = pp_load_relaxed(&g->locked_bytes);
+  st.backend_alloc = (pinpool_duration_t){pp_load_relaxed(&g->ba_count),
+                                          pp_load_relaxed(&g->ba_total),
+                                          pp_load_relaxed(&g->ba_max)};
+  st.backend_free = (pinpool_duration_t){pp_load_relaxed(&g->bf_count),
+                                         pp_load_relaxed(&g->bf_total),
+                                         pp_load_relaxed(&g->bf_max)};
+  st.reserve_bytes = pool->has_reserve ? pool->reserve.size : 0;
+  st.max_cached = pool->cfg.max_cached;
+  st.max_reserved = pool->cfg.max_reserved;
+  *out = st;
+  return 0;
+}
+
+int pinpool_reset_peak_stats(pinpool_t *pool) {
+  if (pool == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_reset_peak_stats: pool is NULL");
+  pp_sums_t s;
+  pp_mutex_lock(&pool->reg_lock);
+  pp_stats_sum(pool, &s);
+  currents_t c = currents_of(pool, &s);
+  pool->rs.peak_requests = c.requests;
+  pool->rs.peak_req = c.req;
+  pool->rs.peak_blk = c.blk;
+  pool->rs.peak_cached = c.cached;
+  pool->rs.max_ncaches = pool->rs.ncaches;
+  pp_mutex_unlock(&pool->reg_lock);
+  pp_store_relaxed(&pool->gs.reserved_peak,
+                   pp_load_relaxed(&pool->gs.reserved_cur));
+  pp_store_relaxed(&pool->gs.segs_peak, pp_load_relaxed(&pool->gs.segs_cur));
+  return 0;
+}

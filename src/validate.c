@@ -1,0 +1,239 @@
+/*
+ * The pool validator: recomputes every count from the structures and
+ * compares it with the counters (docs/verification.md). It takes every
+ * pool lock in the documented order, so it is race-free even if misused,
+ * but the thread caches it reads belong to their owners: call it only
+ * while no other thread is inside a pinpool call on this pool.
+ */
+#include "internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct vstate {
+  char why[256];
+  bool bad;
+  uint64_t alloc_bytes, alloc_req, alloc_count, cached_bytes, reserved;
+  uint64_t in_tcache_by_state; /* CACHED words not on a central list */
+} vstate_t;
+
+#define VFAIL(v, ...)                                                          \
+  do {                                                                         \
+    if (!(v)->bad)                                                             \
+      (void)snprintf((v)->why, sizeof (v)->why, __VA_ARGS__);                  \
+    (v)->bad = true;                                                           \
+  } while (0)
+
+static void check_segment(pinpool_t *pool, pp_segment_t *s, vstate_t *v) {
+  uintptr_t base = pp_load_relaxed(&s->base);
+  size_t size = pp_load_relaxed(&s->size);
+  size_t bs = pp_load_relaxed(&s->block_size);
+  uint32_t nb = pp_load_relaxed(&s->nblocks);
+  if (bs != pp_class_size(s->cls) || nb == 0 || nb * bs > size ||
+      nb > s->capacity) {
+    VFAIL(v, "segment %#lx: bad geometry", (unsigned long)base);
+    return;
+  }
+  if (pp_segmap_find(pool->map, base) != s ||
+      pp_segmap_find(pool->map, base + size - 1) != s)
+    VFAIL(v, "segment %#lx: not in the segment map", (unsigned long)base);
+  if (s->carved > nb)
+    VFAIL(v, "segment %#lx: carved %u > %u", (unsigned long)base, s->carved,
+          nb);
+  uint64_t cached = 0, allocated = 0;
+  for (uint32_t i = 0; i < nb; i++) {
+    uint64_t w = pp_load_relaxed(&s->word[i]);
+    unsigned st = PP_WORD_STATE(w);
+    if ((i >= s->carved) != (st == PP_NEVER)) {
+      VFAIL(v, "segment %#lx block %u: state %u vs carved %u",
+            (unsigned long)base, i, st, s->carved);
+    }
+    if (st == PP_ALLOCATED) {
+      allocated++;
+      v->alloc_req += PP_WORD_PAYLOAD(w);
+      if (PP_WORD_PAYLOAD(w) == 0 || PP_WORD_PAYLOAD(w) > bs)
+        VFAIL(v, "segment %#lx block %u: requested size %llu > block %zu",
+              (unsigned long)base, i, (unsigned long long)PP_WORD_PAYLOAD(w),
+              bs);
+    } else if (st == PP_CACHED) {
+      cached++;
+    } else if (st == PP_PENDING) {
+      VFAIL(v, "segment %#lx block %u: pending without events",
+            (unsigned long)base, i);
+    }
+  }
+  /* Walk the central free list: listed blocks must be CACHED, no cycle. */
+  uint32_t listed = 0;
+  for (uint32_t h = s->free_head; h != 0 && !v->bad;) {
+    if (h - 1 >= s->carved || ++listed > nb) {
+      VFAIL(v, "segment %#lx: free list broken", (unsigned long)base);
+      break;
+    }
+    uint64_t w = pp_load_relaxed(&s->word[h - 1]);
+    if (PP_WORD_STATE(w) != PP_CACHED)
+      VFAIL(v, "segment %#lx: listed block %u not cached", (unsigned long)base,
+            h - 1);
+    h = (uint32_t)PP_WORD_PAYLOAD(w);
+  }
+  if (listed + (nb - s->carved) != s->free_count)
+    VFAIL(v, "segment %#lx: free_count %u != listed %u + uncarved %u",
+          (unsigned long)base, s->free_count, listed, nb - s->carved);
+  if (listed > cached)
+    VFAIL(v, "segment %#lx: more listed than cached", (unsigned long)base);
+  v->in_tcache_by_state += cached - listed;
+  int want = s->free_count == nb  ? PP_LIST_IDLE
+             : s->free_count == 0 ? PP_LIST_NONE
+                                  : PP_LIST_PARTIAL;
+  if (want != s->list)
+    VFAIL(v, "segment %#lx: on list %d, expected %d", (unsigned long)base,
+          s->list, want);
+  if (s->list == PP_LIST_IDLE && !(s->flags & PP_SEG_FROM_RESERVE) &&
+      !s->in_lru)
+    VFAIL(v, "segment %#lx: idle but not in the LRU", (unsigned long)base);
+  if (s->list != PP_LIST_IDLE && s->in_lru)
+    VFAIL(v, "segment %#lx: in the LRU but not idle", (unsigned long)base);
+  v->alloc_count += allocated;
+  v->alloc_bytes += allocated * bs;
+  v->cached_bytes += size - allocated * bs;
+  if (!(s->flags & PP_SEG_FROM_RESERVE))
+    v->reserved += size;
+}
+
+static void check_bins(pinpool_t *pool, vstate_t *v) {
+  size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
+  for (size_t i = 0; i < nbins && !v->bad; i++) {
+    pp_bin_t *bin = &pool->bins[i];
+    pp_mutex_lock(&bin->lock);
+    pp_segment_t *lists[2] = {bin->partial, bin->idle};
+    int tags[2] = {PP_LIST_PARTIAL, PP_LIST_IDLE};
+    for (int l = 0; l < 2; l++) {
+      for (pp_segment_t *s = lists[l]; s != NULL; s = s->next) {
+        size_t idx = (size_t)s->cls * pool->cfg.shards + s->shard;
+        if (idx != i || s->list != tags[l]) {
+          VFAIL(v, "bin %zu: holds a segment of bin %zu (list %d)", i, idx,
+                s->list);
+          break;
+        }
+      }
+    }
+    pp_mutex_unlock(&bin->lock);
+  }
+}
+
+static void check_tcaches(pinpool_t *pool, vstate_t *v) {
+  uint64_t entries = 0;
+  for (pp_tcache_t *tc = pool->caches; tc != NULL; tc = tc->pool_next) {
+    uint64_t bytes = 0;
+    for (unsigned c = 0; c < PP_NCLASSES; c++) {
+      pp_tbin_t *b = &tc->bins[c];
+      if (b->n > b->cap)
+        VFAIL(v, "thread cache: class %u holds %u > cap %u", c, b->n, b->cap);
+      for (uint32_t i = 0; i < b->n; i++) {
+        pp_tentry_t *e = &b->items[i];
+        size_t bs = pp_load_relaxed(&e->seg->block_size);
+        uintptr_t want = pp_load_relaxed(&e->seg->base) + e->idx * bs;
+        if (bs != pp_class_size(c) || (uintptr_t)e->ptr != want ||
+            PP_WORD_STATE(pp_load_relaxed(&e->seg->word[e->idx])) != PP_CACHED)
+          VFAIL(v, "thread cache: bad entry %p in class %u", e->ptr, c);
+        bytes += bs;
+      }
+      entries += b->n;
+    }
+    if (bytes != pp_load_relaxed(&tc->bytes))
+      VFAIL(v, "thread cache: holds %llu bytes, counter says %llu",
+            (unsigned long long)bytes,
+            (unsigned long long)pp_load_relaxed(&tc->bytes));
+  }
+  if (entries != v->in_tcache_by_state)
+    VFAIL(v, "%llu blocks in thread caches, %llu cached but unlisted",
+          (unsigned long long)entries,
+          (unsigned long long)v->in_tcache_by_state);
+}
+
+int pinpool_validate(pinpool_t *pool) {
+  if (pool == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_validate: pool is NULL");
+  vstate_t *v = calloc(1, sizeof *v);
+  if (v == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "pinpool_validate: out of memory");
+  pp_mutex_lock(&pool->reg_lock);
+  pp_mutex_lock(&pool->seg_lock);
+  pp_mutex_lock(&pool->trim_lock);
+  /* One bin lock at a time (in the documented order under seg_lock and
+   * trim_lock): holding all of them at once would exceed what lock-order
+   * checkers such as TSAN's deadlock detector track. */
+  uint64_t nsegs = 0;
+  for (pp_segment_t *s = pool->all; s != NULL && !v->bad; s = s->all_next) {
+    pp_bin_t *bin = pp_bin(pool, s->cls, s->shard);
+    pp_mutex_lock(&bin->lock);
+    pp_mutex_lock(&pool->idle_lock);
+    check_segment(pool, s, v);
+    pp_mutex_unlock(&pool->idle_lock);
+    pp_mutex_unlock(&bin->lock);
+    nsegs++;
+  }
+  check_bins(pool, v);
+  check_tcaches(pool, v);
+  pp_mutex_lock(&pool->idle_lock);
+  uint64_t lru_n = 0;
+  for (pp_segment_t *s = pool->lru_head; s != NULL; s = s->lru_next)
+    if (++lru_n > nsegs) {
+      VFAIL(v, "LRU longer than the segment list");
+      break;
+    }
+  pp_mutex_unlock(&pool->idle_lock);
+  if (pool->has_reserve) {
+    char why[160];
+    if (!pp_reserve_validate(&pool->reserve, why, sizeof why))
+      VFAIL(v, "%s", why);
+    v->reserved += pool->reserve.size;
+    v->cached_bytes += pp_reserve_free_bytes(&pool->reserve);
+  }
+  pp_sums_t sums;
+  pp_stats_sum(pool, &sums);
+  pp_mutex_unlock(&pool->trim_lock);
+  pp_mutex_unlock(&pool->seg_lock);
+  pp_mutex_unlock(&pool->reg_lock);
+
+  pp_gstats_t *g = &pool->gs;
+  uint64_t reserved = pp_load_relaxed(&g->reserved_cur);
+  uint64_t blk = pp_load_relaxed(&sums.t.blk_alloc) -
+                 pp_load_relaxed(&sums.t.blk_free);
+  uint64_t req = pp_load_relaxed(&sums.t.req_alloc) -
+                 pp_load_relaxed(&sums.t.req_free);
+  uint64_t cnt =
+      pp_load_relaxed(&sums.t.n_alloc) - pp_load_relaxed(&sums.t.n_free);
+  uint64_t cached = pp_load_relaxed(&g->central_in) -
+                    pp_load_relaxed(&g->central_out) +
+                    pp_load_relaxed(&sums.t.cached_in) -
+                    pp_load_relaxed(&sums.t.cached_out);
+  if (!v->bad && nsegs != pp_load_relaxed(&g->segs_cur))
+    VFAIL(v, "%llu segments listed, counter says %llu",
+          (unsigned long long)nsegs,
+          (unsigned long long)pp_load_relaxed(&g->segs_cur));
+  if (!v->bad && v->reserved != reserved)
+    VFAIL(v, "reserved: segments hold %llu, counter says %llu",
+          (unsigned long long)v->reserved, (unsigned long long)reserved);
+  if (!v->bad && (v->alloc_bytes != blk || v->alloc_req != req ||
+                  v->alloc_count != cnt))
+    VFAIL(v,
+          "allocated: blocks hold %llu bytes (%llu requested, %llu blocks), "
+          "counters say %llu (%llu, %llu)",
+          (unsigned long long)v->alloc_bytes,
+          (unsigned long long)v->alloc_req,
+          (unsigned long long)v->alloc_count, (unsigned long long)blk,
+          (unsigned long long)req, (unsigned long long)cnt);
+  if (!v->bad && v->cached_bytes != cached)
+    VFAIL(v, "cached: structures hold %llu bytes, counters say %llu",
+          (unsigned long long)v->cached_bytes, (unsigned long long)cached);
+  if (!v->bad && reserved != blk + cached)
+    VFAIL(v, "identity broken: reserved %llu != allocated %llu + cached %llu",
+          (unsigned long long)reserved, (unsigned long long)blk,
+          (unsigned long long)cached);
+  int rc = 0;
+  if (v->bad)
+    rc = pp_fail(PINPOOL_ECORRUPT, "pinpool_validate: %s", v->why);
+  free(v);
+  return rc;
+}

@@ -1,0 +1,881 @@
+/* The backend interface, observed through a counting user backend: call
+ * balance, carving of small blocks from 2 MiB segments, exact-size segments
+ * for large blocks, caching, empty_cache, thread-cache flushing at exit, a
+ * backend that runs out of memory, no pool lock held during backend calls,
+ * metadata kept outside user memory, and the built-in backends/options. */
+#define _GNU_SOURCE
+#include "testutil.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SENTINEL_PTR ((void *)(uintptr_t)0xdeadbee0)
+
+static pinpool_t *create_cb_(const char *conf, counting_backend_t *cb,
+                             int page_locked, const char *file, int line) {
+  pinpool_backend_t t = cb_table(cb, page_locked);
+  pinpool_t *pool = NULL;
+  pp_check_rc_(pinpool_create_with_backend(conf, &t, &pool), 0,
+               "pinpool_create_with_backend", file, line);
+  return pool;
+}
+#define create_cb(conf, cb) create_cb_((conf), (cb), 0, __FILE__, __LINE__)
+
+/* The stats' view of the backend equals the backend's own counts. */
+static void check_backend_stats_(pinpool_t *pool, counting_backend_t *cb,
+                                 const char *file, int line) {
+  pinpool_stats_t st;
+  pp_get_stats_(pool, &st, file, line);
+  cb_counts_t c = cb_counts(cb);
+  int bad = 0;
+  if (st.backend_alloc.count != c.calls) {
+    print_error("ERROR: stats.backend_alloc.count %" PRIu64
+                " != backend alloc calls %" PRIu64 "\n",
+                st.backend_alloc.count, c.calls);
+    bad = 1;
+  }
+  if (st.backend_free.count != c.nfree) {
+    print_error("ERROR: stats.backend_free.count %" PRIu64
+                " != backend free calls %" PRIu64 "\n",
+                st.backend_free.count, c.nfree);
+    bad = 1;
+  }
+  if (st.reserved_bytes.current != c.live_bytes) {
+    print_error("ERROR: reserved_bytes.current %" PRIu64
+                " != bytes held from the backend %" PRIu64 "\n",
+                st.reserved_bytes.current, c.live_bytes);
+    bad = 1;
+  }
+  if (st.reserved_bytes.allocated != c.bytes_alloc ||
+      st.reserved_bytes.freed != c.bytes_freed) {
+    print_error("ERROR: reserved_bytes allocated/freed %" PRIu64 "/%" PRIu64
+                " != backend %" PRIu64 "/%" PRIu64 "\n",
+                st.reserved_bytes.allocated, st.reserved_bytes.freed,
+                c.bytes_alloc, c.bytes_freed);
+    bad = 1;
+  }
+  if (st.segments.current != c.live_count) {
+    print_error("ERROR: segments.current %" PRIu64
+                " != ranges held from the backend %" PRIu64 "\n",
+                st.segments.current, c.live_count);
+    bad = 1;
+  }
+  if (st.backend_alloc.max_ns > st.backend_alloc.total_ns ||
+      st.backend_free.max_ns > st.backend_free.total_ns) {
+    print_error("ERROR: backend duration max_ns above total_ns\n");
+    bad = 1;
+  }
+  if (bad)
+    _fail(file, line);
+  pp_check_cb_clean_(cb, file, line);
+}
+#define CHECK_BACKEND_STATS(pool, cb)                                          \
+  check_backend_stats_((pool), (cb), __FILE__, __LINE__)
+
+/* ---- Carving and exact-size segments ------------------------------------ */
+static void test_carving_small_blocks(void **state) {
+  (void)state;
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb("", &cb);
+  cb_counts_t c = cb_counts(&cb);
+  PP_ASSERT(c.calls == 0, "%" PRIu64 " backend calls at create (reserve=0)",
+            c.calls);
+
+  void *p[100];
+  for (int i = 0; i < 100; i++)
+    PP_OK(pinpool_alloc(pool, 4096, &p[i]));
+  c = cb_counts(&cb);
+  PP_ASSERT(c.calls == 1 && c.nalloc == 1,
+            "100 allocations of 4 KiB made %" PRIu64 " backend calls, want 1",
+            c.calls);
+  size_t n = 0;
+  cb_rec_t *r = cb_records(&cb, &n);
+  PP_ASSERT(n == 1 && r[0].size == 2 * MiB,
+            "small blocks' segment has %zu bytes, want 2 MiB", r[0].size);
+  for (int i = 0; i < 100; i++) {
+    uintptr_t a = (uintptr_t)p[i];
+    PP_ASSERT(
+        a >= (uintptr_t)r[0].ptr && a + 4096 <= (uintptr_t)r[0].ptr + r[0].size,
+        "block %d (%p) outside the segment [%p, +2MiB)", i, p[i], r[0].ptr);
+    PP_ASSERT(a % 4096 == 0, "block %p not 4096-aligned", p[i]);
+  }
+  free(r);
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.segments.current == 1, "segments %" PRIu64, st.segments.current);
+  PP_ASSERT(st.reserved_bytes.current == 2 * MiB, "reserved %" PRIu64,
+            st.reserved_bytes.current);
+  PP_ASSERT(st.cache_misses >= 1, "cache_misses %" PRIu64, st.cache_misses);
+  CHECK_BACKEND_STATS(pool, &cb);
+  PP_CHECK_CONSISTENT(pool);
+
+  /* 256 KiB is still a small class; 256 KiB + 1 gets its own segment of
+   * exactly its class size; so do larger ones. */
+  void *q256 = NULL, *q257 = NULL, *q4m = NULL, *q1m = NULL;
+  PP_OK(pinpool_alloc(pool, 256 * KiB, &q256));
+  c = cb_counts(&cb);
+  PP_ASSERT(c.nalloc == 1 ||
+                (c.nalloc == 2 && cb_find_live(&cb, q256).size == 2 * MiB),
+            "a 256 KiB block needed a non-2MiB segment");
+  uint64_t before = cb_counts(&cb).nalloc;
+  PP_OK(pinpool_alloc(pool, 256 * KiB + 1, &q257));
+  PP_ASSERT(cb_counts(&cb).nalloc == before + 1, "no new segment for 256KiB+1");
+  cb_rec_t seg = cb_find_live(&cb, q257);
+  PP_ASSERT(seg.ptr == q257 && seg.size == 288 * KiB,
+            "a 256KiB+1 request got segment %p of %zu bytes (block %p), want "
+            "its own of 294912",
+            seg.ptr, seg.size, q257);
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &q4m));
+  seg = cb_find_live(&cb, q4m);
+  PP_ASSERT(seg.ptr == q4m && seg.size == 4 * MiB,
+            "4 MiB request: segment %p of %zu bytes", seg.ptr, seg.size);
+  PP_OK(pinpool_alloc(pool, MiB + 1, &q1m));
+  seg = cb_find_live(&cb, q1m);
+  PP_ASSERT(seg.ptr == q1m && seg.size == pp_ref_class(MiB + 1),
+            "1MiB+1 request: segment of %zu bytes, want %zu", seg.size,
+            pp_ref_class(MiB + 1));
+  CHECK_BACKEND_STATS(pool, &cb);
+  PP_CHECK_CONSISTENT(pool);
+
+  /* Destroy with live blocks: every segment goes back exactly once. */
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+}
+
+/* Many small classes: one 2 MiB segment per (class, ...) at most; a
+ * thousand 512 B blocks fit into a single segment. */
+static void test_carving_many_512(void **state) {
+  (void)state;
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb("", &cb);
+  void *p[1000];
+  for (int i = 0; i < 1000; i++)
+    PP_OK(pinpool_alloc(pool, (size_t)(i % 512) + 1, &p[i]));
+  cb_counts_t c = cb_counts(&cb);
+  PP_ASSERT(c.nalloc == 1, "1000 blocks of 512 B took %" PRIu64 " segments",
+            c.nalloc);
+  for (int i = 0; i < 1000; i++)
+    PP_OK(pinpool_free(pool, p[i]));
+  PP_CHECK_CONSISTENT(pool);
+  PP_OK(pinpool_empty_cache(pool));
+  CHECK_BACKEND_STATS(pool, &cb);
+  c = cb_counts(&cb);
+  PP_ASSERT(c.live_count == 0, "%" PRIu64 " segments kept after empty_cache",
+            c.live_count);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+}
+
+/* ---- Caching --------------------------------------------------------------
+ */
+static void reuse_with(const char *conf) {
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb(conf, &cb);
+  static const size_t sizes[] = {100,       4096,    70000,      256 * KiB,
+                                 300 * KiB, 4 * MiB, 6 * MiB + 3};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    void *a = NULL, *b = NULL;
+    PP_OK(pinpool_alloc(pool, sizes[i], &a));
+    uint64_t calls = cb_counts(&cb).calls;
+    pinpool_stats_t s0, s1;
+    PP_STATS(pool, &s0);
+    PP_OK(pinpool_free(pool, a));
+    PP_OK(pinpool_alloc(pool, sizes[i], &b));
+    PP_STATS(pool, &s1);
+    PP_ASSERT(cb_counts(&cb).calls == calls,
+              "[%s] free+alloc of %zu bytes called the backend", conf,
+              sizes[i]);
+    PP_ASSERT(s1.cache_hits == s0.cache_hits + 1,
+              "[%s] reuse of %zu bytes: cache_hits %" PRIu64 " -> %" PRIu64,
+              conf, sizes[i], s0.cache_hits, s1.cache_hits);
+    PP_ASSERT(s1.cache_misses == s0.cache_misses,
+              "[%s] reuse counted as a miss", conf);
+    PP_ASSERT(s1.tcache_hits <= s1.cache_hits, "tcache_hits > cache_hits");
+    PP_OK(pinpool_free(pool, b));
+    CHECK_BACKEND_STATS(pool, &cb);
+    PP_CHECK_CONSISTENT(pool);
+  }
+  /* Free everything, then empty_cache from this (the freeing) thread:
+   * every segment goes back. */
+  PP_OK(pinpool_empty_cache(pool));
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.reserved_bytes.current == 0 && st.segments.current == 0 &&
+                st.cached_bytes.current == 0,
+            "[%s] after empty_cache: reserved %" PRIu64 ", segments %" PRIu64
+            ", cached %" PRIu64,
+            conf, st.reserved_bytes.current, st.segments.current,
+            st.cached_bytes.current);
+  cb_counts_t c = cb_counts(&cb);
+  PP_ASSERT(c.live_count == 0 && c.nfree == c.nalloc,
+            "[%s] backend still holds %" PRIu64 " ranges", conf, c.live_count);
+  CHECK_BACKEND_STATS(pool, &cb);
+  PP_CHECK_CONSISTENT(pool);
+  /* The pool works after releasing everything. */
+  void *p = NULL;
+  PP_OK(pinpool_alloc(pool, 5000, &p));
+  PP_OK(pinpool_free(pool, p));
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+}
+
+static void test_reuse_default(void **state) {
+  (void)state;
+  reuse_with("");
+}
+static void test_reuse_no_tcache(void **state) {
+  (void)state;
+  reuse_with("tcache_bytes=0");
+}
+static void test_reuse_one_shard(void **state) {
+  (void)state;
+  reuse_with("shards=1,tcache_bytes=64KiB");
+}
+
+/* ---- Thread caches: flushed at exit and on request ---------------------- */
+struct worker {
+  pinpool_t *pool;
+  int rc;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int stage; /* 0 start, 1 worker allocated+freed, 2 main says flush,
+                3 worker flushed, 4 main says exit */
+};
+
+static void worker_wait(struct worker *w, int stage) {
+  pthread_mutex_lock(&w->mu);
+  while (w->stage < stage)
+    pthread_cond_wait(&w->cv, &w->mu);
+  pthread_mutex_unlock(&w->mu);
+}
+static void worker_set(struct worker *w, int stage) {
+  pthread_mutex_lock(&w->mu);
+  w->stage = stage;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+static int churn(pinpool_t *pool) {
+  void *p[40];
+  static const size_t sizes[] = {64, 600, 4096, 9000, 200 * KiB};
+  for (int i = 0; i < 40; i++) {
+    int rc = pinpool_alloc(pool, sizes[i % 5], &p[i]);
+    if (rc)
+      return rc;
+    memset(p[i], i, sizes[i % 5]);
+  }
+  for (int i = 0; i < 40; i++) {
+    int rc = pinpool_free(pool, p[i]);
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
+
+static void *exit_worker(void *arg) {
+  struct worker *w = arg;
+  w->rc = churn(w->pool);
+  return NULL;
+}
+
+static void test_thread_exit_flushes_cache(void **state) {
+  (void)state;
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb("", &cb);
+  struct worker w;
+  memset(&w, 0, sizeof w);
+  w.pool = pool;
+  pthread_t t;
+  PP_ASSERT(pthread_create(&t, NULL, exit_worker, &w) == 0, "pthread_create");
+  pthread_join(t, NULL);
+  PP_CHECK_RC(w.rc, 0);
+  PP_CHECK_CONSISTENT(pool);
+  PP_OK(pinpool_empty_cache(pool));
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.reserved_bytes.current == 0,
+            "reserved %" PRIu64 " after the worker exited and empty_cache",
+            st.reserved_bytes.current);
+  cb_counts_t c = cb_counts(&cb);
+  PP_ASSERT(c.live_count == 0 && c.nalloc == c.nfree,
+            "backend: %" PRIu64 " allocs, %" PRIu64 " frees", c.nalloc,
+            c.nfree);
+  CHECK_BACKEND_STATS(pool, &cb);
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+}
+
+static void *flush_worker(void *arg) {
+  struct worker *w = arg;
+  w->rc = churn(w->pool);
+  worker_set(w, 1);
+  worker_wait(w, 2);
+  int rc = pinpool_thread_flush(w->pool);
+  if (w->rc == 0)
+    w->rc = rc;
+  worker_set(w, 3);
+  worker_wait(w, 4);
+  return NULL;
+}
+
+static void test_thread_flush_then_empty(void **state) {
+  (void)state;
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb("", &cb);
+  struct worker w;
+  memset(&w, 0, sizeof w);
+  pthread_mutex_init(&w.mu, NULL);
+  pthread_cond_init(&w.cv, NULL);
+  w.pool = pool;
+  pthread_t t;
+  PP_ASSERT(pthread_create(&t, NULL, flush_worker, &w) == 0, "pthread_create");
+  worker_wait(&w, 1);
+  /* The worker is alive and idle (not inside a call): stats are exact. */
+  PP_CHECK_CONSISTENT(pool);
+  PP_OK(pinpool_empty_cache(pool));
+  PP_CHECK_CONSISTENT(pool);
+  worker_set(&w, 2);
+  worker_wait(&w, 3);
+  PP_CHECK_RC(w.rc, 0);
+  PP_OK(pinpool_empty_cache(pool));
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.reserved_bytes.current == 0,
+            "reserved %" PRIu64 " after the worker flushed and empty_cache",
+            st.reserved_bytes.current);
+  PP_ASSERT(cb_counts(&cb).live_count == 0, "backend ranges still held");
+  CHECK_BACKEND_STATS(pool, &cb);
+  worker_set(&w, 4);
+  pthread_join(t, NULL);
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  pthread_mutex_destroy(&w.mu);
+  pthread_cond_destroy(&w.cv);
+  cb_fini(&cb);
+}
+
+/* Destroy while a thread that used the pool is still running: its cache
+ * for the pool is dropped and every segment still goes back at destroy. */
+static void *survivor(void *arg) {
+  struct worker *w = arg;
+  void *keep = NULL;
+  w->rc = churn(w->pool);
+  if (w->rc == 0)
+    w->rc = pinpool_alloc(w->pool, 12345, &keep); /* left allocated */
+  worker_set(w, 1);
+  worker_wait(w, 2); /* main destroys the pool meanwhile */
+  /* Keep using pinpool with another pool, then exit (thread-exit cleanup
+   * must not touch the destroyed pool). */
+  pinpool_t *other = NULL;
+  int rc = pinpool_create("", &other);
+  if (rc == 0) {
+    rc = churn(other);
+    pinpool_destroy(other);
+  }
+  if (w->rc == 0)
+    w->rc = rc;
+  worker_set(w, 3);
+  return NULL;
+}
+
+static void test_destroy_while_user_thread_alive(void **state) {
+  (void)state;
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb("", &cb);
+  struct worker w;
+  memset(&w, 0, sizeof w);
+  pthread_mutex_init(&w.mu, NULL);
+  pthread_cond_init(&w.cv, NULL);
+  w.pool = pool;
+  pthread_t t;
+  PP_ASSERT(pthread_create(&t, NULL, survivor, &w) == 0, "pthread_create");
+  worker_wait(&w, 1);
+  pinpool_destroy(pool);
+  /* Before the thread exits, everything is back. */
+  PP_CHECK_CB_BALANCED(&cb);
+  worker_set(&w, 2);
+  pthread_join(t, NULL);
+  PP_CHECK_RC(w.rc, 0);
+  PP_CHECK_CB_BALANCED(&cb);
+  pthread_mutex_destroy(&w.mu);
+  pthread_cond_destroy(&w.cv);
+  cb_fini(&cb);
+}
+
+/* ---- A backend out of memory ----------------------------------------------
+ */
+static void failing_backend_with(int code) {
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb("tcache_bytes=0", &cb);
+
+  /* Fresh pool, backend failing: small and large allocations fail. */
+  cb_set_fail(&cb, code);
+  void *out = SENTINEL_PTR;
+  pinpool_stats_t s0, s1;
+  PP_STATS(pool, &s0);
+  PP_CHECK_RC(pinpool_alloc(pool, 100, &out), code);
+  PP_ASSERT(pinpool_last_error()[0] != '\0', "no message");
+  PP_CHECK_RC(pinpool_alloc(pool, 4 * MiB, &out), code);
+  PP_ASSERT(out == SENTINEL_PTR, "*out changed on failure");
+  PP_STATS(pool, &s1);
+  PP_ASSERT(s1.requests.current == 0 && s1.requests.allocated == 0 &&
+                s1.reserved_bytes.current == 0 && s1.block_bytes.allocated == 0,
+            "a failed allocation was counted");
+  if (code == PINPOOL_ENOMEM)
+    PP_ASSERT(s1.oom_count >= s0.oom_count + 2,
+              "oom_count %" PRIu64 " -> %" PRIu64, s0.oom_count, s1.oom_count);
+  CHECK_BACKEND_STATS(pool, &cb);
+  PP_CHECK_CONSISTENT(pool);
+
+  /* Recovery. */
+  cb_set_fail(&cb, 0);
+  void *small = NULL, *large = NULL;
+  PP_OK(pinpool_alloc(pool, 100, &small));
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &large));
+  PP_CHECK_CONSISTENT(pool);
+
+  /* Failing again: what fits in held segments still works, a new segment
+   * fails cleanly, and freeing works. */
+  cb_set_fail(&cb, code);
+  void *small2 = NULL;
+  PP_OK(pinpool_alloc(pool, 100, &small2));
+  PP_OK(pinpool_free(pool, large));
+  void *large2 = NULL;
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &large2)); /* the cached one */
+  PP_STATS(pool, &s0);
+  out = SENTINEL_PTR;
+  PP_CHECK_RC(pinpool_alloc(pool, 5 * MiB, &out), code);
+  PP_ASSERT(out == SENTINEL_PTR, "*out changed on failure");
+  PP_STATS(pool, &s1);
+  PP_ASSERT(s1.requests.current == s0.requests.current &&
+                s1.requested_bytes.current == s0.requested_bytes.current &&
+                s1.reserved_bytes.current == s0.reserved_bytes.current,
+            "a failed allocation changed the accounting");
+  CHECK_BACKEND_STATS(pool, &cb);
+  PP_CHECK_CONSISTENT(pool);
+  cb_set_fail(&cb, 0);
+  PP_OK(pinpool_alloc(pool, 5 * MiB, &out));
+  PP_OK(pinpool_free(pool, out));
+  PP_OK(pinpool_free(pool, large2));
+  PP_OK(pinpool_free(pool, small));
+  PP_OK(pinpool_free(pool, small2));
+  PP_OK(pinpool_empty_cache(pool));
+  CHECK_BACKEND_STATS(pool, &cb);
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+
+  /* A reserve that cannot be allocated fails create, leaking nothing. */
+  cb_set_fail(&cb, code);
+  pinpool_backend_t t = cb_table(&cb, 0);
+  pinpool_t *p2 = (pinpool_t *)SENTINEL_PTR;
+  PP_CHECK_RC(pinpool_create_with_backend("reserve=4MiB", &t, &p2), code);
+  PP_ASSERT(p2 == (pinpool_t *)SENTINEL_PTR, "*out changed on failure");
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_set_fail(&cb, 0);
+  cb_fini(&cb);
+}
+
+static void test_backend_enomem(void **state) {
+  (void)state;
+  failing_backend_with(PINPOOL_ENOMEM);
+}
+static void test_backend_ebackend(void **state) {
+  (void)state;
+  failing_backend_with(PINPOOL_EBACKEND);
+}
+
+/* ---- No pool lock is held while the backend runs --------------------------
+ * From inside alloc/free, a second thread uses the pool (stats, an
+ * allocation served from the bins, block_size, free). If the pool held a
+ * lock around the backend call, that thread would block: we wait 20 s, then
+ * report and exit (the test process cannot recover from a deadlock). */
+struct probe {
+  _Atomic(pinpool_t *) pool;
+  atomic_int armed;
+  atomic_int busy;
+  atomic_int probes;
+  atomic_int failures;
+  void *existing; /* a live block, set before arming */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int done;
+  _Atomic(const char *) where;
+};
+
+static void *probe_thread(void *arg) {
+  struct probe *pr = arg;
+  pinpool_t *pool = atomic_load(&pr->pool);
+  pinpool_stats_t st;
+  size_t sz = 0;
+  void *p = NULL;
+  int bad = 0;
+  if (pinpool_get_stats(pool, &st) != 0)
+    bad = 1;
+  if (pinpool_alloc(pool, 700, &p) != 0)
+    bad = 1;
+  else if (pinpool_free(pool, p) != 0)
+    bad = 1;
+  if (pinpool_block_size(pool, pr->existing, &sz) != 0)
+    bad = 1;
+  if (bad)
+    atomic_fetch_add(&pr->failures, 1);
+  pthread_mutex_lock(&pr->mu);
+  pr->done = 1;
+  pthread_cond_broadcast(&pr->cv);
+  pthread_mutex_unlock(&pr->mu);
+  return NULL;
+}
+
+static void probe_hook(counting_backend_t *cb, int is_alloc, size_t size,
+                       void *arg) {
+  (void)cb;
+  struct probe *pr = arg;
+  if (!atomic_load(&pr->armed) || atomic_load(&pr->pool) == NULL)
+    return;
+  if (atomic_exchange(&pr->busy, 1))
+    return; /* a nested call made by the probe itself */
+  pthread_mutex_lock(&pr->mu);
+  pr->done = 0;
+  pthread_mutex_unlock(&pr->mu);
+  pthread_t t;
+  if (pthread_create(&t, NULL, probe_thread, pr) != 0) {
+    atomic_fetch_add(&pr->failures, 1);
+    atomic_store(&pr->busy, 0);
+    return;
+  }
+  struct timespec dl;
+  clock_gettime(CLOCK_REALTIME, &dl);
+  dl.tv_sec += 20;
+  pthread_mutex_lock(&pr->mu);
+  int rc = 0;
+  while (!pr->done && rc != ETIMEDOUT)
+    rc = pthread_cond_timedwait(&pr->cv, &pr->mu, &dl);
+  int done = pr->done;
+  pthread_mutex_unlock(&pr->mu);
+  if (!done) {
+    fprintf(stderr,
+            "FATAL: backend %s(%zu) during %s: another thread could not use "
+            "the pool for 20 s: the pool holds a lock while calling its "
+            "backend\n",
+            is_alloc ? "alloc" : "free", size, atomic_load(&pr->where));
+    fflush(stderr);
+    _exit(3);
+  }
+  pthread_join(t, NULL);
+  atomic_fetch_add(&pr->probes, 1);
+  atomic_store(&pr->busy, 0);
+}
+
+static struct probe *probe_new(void) {
+  static struct probe pr; /* outlives the pools */
+  memset(&pr, 0, sizeof pr);
+  pthread_mutex_init(&pr.mu, NULL);
+  pthread_cond_init(&pr.cv, NULL);
+  return &pr;
+}
+
+/* Creates the pool, a live block for the probe and a cached 700 B block so
+ * that the probe's allocation is served from the bins (tcache off, one
+ * shard), then arms the probe. */
+static pinpool_t *probe_pool(struct probe *pr, counting_backend_t *cb,
+                             const char *conf) {
+  cb_init(cb);
+  cb->hook = probe_hook;
+  cb->hook_arg = pr;
+  pinpool_t *pool = create_cb(conf, cb);
+  void *prime = NULL, *existing = NULL;
+  PP_OK(pinpool_alloc(pool, 700, &existing));
+  PP_OK(pinpool_alloc(pool, 700, &prime));
+  PP_OK(pinpool_free(pool, prime));
+  pr->existing = existing;
+  atomic_store(&pr->pool, pool);
+  atomic_store(&pr->armed, 1);
+  return pool;
+}
+
+static void probe_finish(struct probe *pr, counting_backend_t *cb,
+                         pinpool_t *pool) {
+  PP_ASSERT(atomic_load(&pr->failures) == 0,
+            "%d probe calls failed while the backend ran",
+            atomic_load(&pr->failures));
+  atomic_store(&pr->armed, 0);
+  atomic_store(&pr->pool, NULL);
+  PP_OK(pinpool_free(pool, pr->existing));
+  CHECK_BACKEND_STATS(pool, cb);
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(cb);
+  cb_fini(cb);
+  pthread_mutex_destroy(&pr->mu);
+  pthread_cond_destroy(&pr->cv);
+}
+
+/* Every path that reaches the backend: a new segment, empty_cache, the
+ * max_cached trim (inside free) and the max_reserved retry (inside alloc). */
+static void test_no_lock_held_during_backend_calls(void **state) {
+  (void)state;
+  struct probe *pr = probe_new();
+  counting_backend_t cb;
+
+  /* New segments and empty_cache. */
+  pinpool_t *pool = probe_pool(pr, &cb, "tcache_bytes=0,shards=1");
+  void *a = NULL, *b = NULL, *c = NULL;
+  atomic_store(&pr->where, "alloc (new segment)");
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &a));
+  PP_OK(pinpool_alloc(pool, 3 * MiB, &b));
+  PP_ASSERT(atomic_load(&pr->probes) >= 2, "%d probes for 2 new segments",
+            atomic_load(&pr->probes));
+  atomic_store(&pr->where, "empty_cache");
+  int before = atomic_load(&pr->probes);
+  PP_OK(pinpool_free(pool, a));
+  PP_OK(pinpool_free(pool, b));
+  PP_OK(pinpool_empty_cache(pool));
+  PP_ASSERT(atomic_load(&pr->probes) >= before + 2,
+            "empty_cache did not release the two idle segments");
+  probe_finish(pr, &cb, pool);
+
+  /* The max_cached trim, inside pinpool_free. */
+  pr = probe_new();
+  pool = probe_pool(pr, &cb, "tcache_bytes=0,shards=1,max_cached=4MiB");
+  atomic_store(&pr->where, "alloc (new segment)");
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &a));
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &b));
+  atomic_store(&pr->where, "free (max_cached trim)");
+  before = atomic_load(&pr->probes);
+  PP_OK(pinpool_free(pool, a));
+  PP_OK(pinpool_free(pool, b)); /* 8 MiB idle > max_cached: trims */
+  PP_ASSERT(atomic_load(&pr->probes) > before,
+            "no backend free during the max_cached trim");
+  probe_finish(pr, &cb, pool);
+
+  /* The max_reserved retry, inside pinpool_alloc: 2 MiB (small segment) +
+   * 8 MiB idle + 6 MiB new > 12 MiB: the idle segment is released, the
+   * allocation retried. */
+  pr = probe_new();
+  pool = probe_pool(pr, &cb, "tcache_bytes=0,shards=1,max_reserved=12MiB");
+  atomic_store(&pr->where, "alloc (new segment)");
+  PP_OK(pinpool_alloc(pool, 8 * MiB, &a));
+  PP_OK(pinpool_free(pool, a));
+  atomic_store(&pr->where, "alloc (max_reserved retry)");
+  before = atomic_load(&pr->probes);
+  PP_OK(pinpool_alloc(pool, 6 * MiB, &c));
+  PP_ASSERT(atomic_load(&pr->probes) >= before + 2,
+            "the retry did not free the idle segment and allocate");
+  PP_OK(pinpool_free(pool, c));
+  probe_finish(pr, &cb, pool);
+}
+
+/* ---- Metadata lives outside user memory ------------------------------------
+ * The backend fills each new range with a pattern; the test never writes
+ * into the blocks, so the pool must never change a byte of any segment
+ * (no headers, no free-list links, no footers in pinned memory). */
+static void check_pattern(counting_backend_t *cb, unsigned char pat) {
+  static unsigned char ref[64 * 1024];
+  memset(ref, pat, sizeof ref);
+  size_t n = 0;
+  cb_rec_t *r = cb_records(cb, &n);
+  for (size_t i = 0; i < n; i++) {
+    if (r[i].free_seq != 0)
+      continue;
+    const unsigned char *b = r[i].ptr;
+    for (size_t off = 0; off < r[i].size; off += sizeof ref) {
+      size_t len = r[i].size - off < sizeof ref ? r[i].size - off : sizeof ref;
+      if (memcmp(b + off, ref, len) == 0)
+        continue;
+      size_t k = off;
+      while (b[k] == pat)
+        k++;
+      uintptr_t at = (uintptr_t)(b + k);
+      unsigned v = b[k];
+      free(r);
+      PP_FAIL("the pool wrote into user memory: segment %p+%zu (%p) holds "
+              "0x%02x",
+              (const void *)b, k, (void *)at, v);
+    }
+  }
+  free(r);
+}
+
+static void metadata_outside_with(const char *conf) {
+  counting_backend_t cb;
+  cb_init(&cb);
+  cb.fill = 0xA5;
+  pinpool_t *pool = create_cb(conf, &cb);
+  void *p[300];
+  uint64_t s = pp_seed(99);
+  for (int i = 0; i < 300; i++)
+    PP_OK(pinpool_alloc(
+        pool, pp_rand_size(&s, 1, (i % 10 == 0) ? 3 * MiB : 64 * KiB), &p[i]));
+  check_pattern(&cb, 0xA5);
+  for (int i = 0; i < 300; i += 2)
+    PP_OK(pinpool_free(pool, p[i]));
+  check_pattern(&cb, 0xA5);
+  PP_OK(pinpool_thread_flush(pool));
+  check_pattern(&cb, 0xA5);
+  for (int i = 0; i < 300; i += 2)
+    PP_OK(pinpool_alloc(pool, pp_rand_size(&s, 1, 64 * KiB), &p[i]));
+  check_pattern(&cb, 0xA5);
+  for (int i = 0; i < 300; i++)
+    PP_OK(pinpool_free(pool, p[i]));
+  check_pattern(&cb, 0xA5);
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+}
+
+static void test_metadata_outside_user_memory(void **state) {
+  (void)state;
+  metadata_outside_with("populate=0");
+  metadata_outside_with("populate=0,tcache_bytes=0,shards=1");
+}
+
+/* ---- page_locked is reported ----------------------------------------------
+ */
+static void test_page_locked_reported(void **state) {
+  (void)state;
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb_("", &cb, 1, __FILE__, __LINE__);
+  void *a = NULL, *b = NULL;
+  PP_OK(pinpool_alloc(pool, 1000, &a));
+  PP_OK(pinpool_alloc(pool, 3 * MiB, &b));
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.locked_bytes == st.reserved_bytes.current,
+            "page_locked backend: locked_bytes %" PRIu64
+            " != reserved %" PRIu64,
+            st.locked_bytes, st.reserved_bytes.current);
+  PP_OK(pinpool_free(pool, a));
+  PP_OK(pinpool_free(pool, b));
+  PP_OK(pinpool_empty_cache(pool));
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.locked_bytes == 0 && st.reserved_bytes.current == 0,
+            "locked %" PRIu64 " reserved %" PRIu64 " after empty_cache",
+            st.locked_bytes, st.reserved_bytes.current);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+
+  /* Not page-locked and mlock off: nothing counts as locked. */
+  cb_init(&cb);
+  pool = create_cb_("mlock=0", &cb, 0, __FILE__, __LINE__);
+  PP_OK(pinpool_alloc(pool, 3 * MiB, &b));
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.locked_bytes == 0, "locked_bytes %" PRIu64, st.locked_bytes);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+}
+
+/* ---- Built-in backends and options: a small workload ----------------------
+ */
+static void workload_with(const char *conf) {
+  pinpool_t *pool = NULL;
+  int rc = pinpool_create(conf, &pool);
+  if (rc != 0)
+    PP_FAIL("pinpool_create(\"%s\") = %d (%s): %s", conf, rc, pp_code_name(rc),
+            pinpool_last_error());
+  uint64_t s = pp_seed(1234);
+  enum { LIVE = 32 };
+  void *p[LIVE] = {0};
+  size_t sz[LIVE] = {0};
+  for (int step = 0; step < 400; step++) {
+    int i = (int)(pp_rand(&s) % LIVE);
+    if (p[i] == NULL) {
+      size_t n = pp_rand_size(&s, 1, 8 * MiB);
+      rc = pinpool_alloc(pool, n, &p[i]);
+      if (rc != 0)
+        PP_FAIL("[%s] alloc(%zu) = %d (%s): %s", conf, n, rc, pp_code_name(rc),
+                pinpool_last_error());
+      sz[i] = n;
+      unsigned char *b = p[i];
+      b[n - 1] = (unsigned char)~i;
+      b[0] = (unsigned char)i; /* for n == 1, b[0] is the one that counts */
+    } else {
+      unsigned char *b = p[i];
+      PP_ASSERT(b[0] == (unsigned char)i &&
+                    (sz[i] == 1 || b[sz[i] - 1] == (unsigned char)~i),
+                "[%s] block contents changed", conf);
+      PP_OK(pinpool_free(pool, p[i]));
+      p[i] = NULL;
+    }
+    if (step % 20 == 0)
+      PP_CHECK_CONSISTENT(pool);
+  }
+  for (int i = 0; i < LIVE; i++)
+    if (p[i])
+      PP_OK(pinpool_free(pool, p[i]));
+  PP_CHECK_CONSISTENT(pool);
+  PP_OK(pinpool_empty_cache(pool));
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.reserved_bytes.current == 0 && st.segments.current == 0,
+            "[%s] reserved %" PRIu64 " segments %" PRIu64
+            " after freeing all + empty_cache",
+            conf, st.reserved_bytes.current, st.segments.current);
+  PP_ASSERT(
+      st.backend_alloc.count >= 1 && st.backend_free.count == st.segments.freed,
+      "[%s] backend_alloc %" PRIu64 ", backend_free %" PRIu64
+      ", segments freed %" PRIu64,
+      conf, st.backend_alloc.count, st.backend_free.count, st.segments.freed);
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+static void test_builtin_backends_and_options(void **state) {
+  (void)state;
+  static const char *confs[] = {
+      "",
+      "backend=host",
+      "backend=malloc",
+      "hugepages=1",
+      "populate=0",
+      "populate=1,populate_threads=4",
+      "mlock=1",
+      "hugepages=1,populate=0,backend=malloc",
+      "backend=malloc,tcache_bytes=0,shards=64",
+      "backend=host,hugepages=1,populate=1,populate_threads=3,shards=2",
+  };
+  for (size_t i = 0; i < sizeof confs / sizeof confs[0]; i++)
+    workload_with(confs[i]);
+}
+
+int main(void) {
+  pp_clean_env();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_carving_small_blocks),
+      cmocka_unit_test(test_carving_many_512),
+      cmocka_unit_test(test_reuse_default),
+      cmocka_unit_test(test_reuse_no_tcache),
+      cmocka_unit_test(test_reuse_one_shard),
+      cmocka_unit_test(test_thread_exit_flushes_cache),
+      cmocka_unit_test(test_thread_flush_then_empty),
+      cmocka_unit_test(test_destroy_while_user_thread_alive),
+      cmocka_unit_test(test_backend_enomem),
+      cmocka_unit_test(test_backend_ebackend),
+      cmocka_unit_test(test_no_lock_held_during_backend_calls),
+      cmocka_unit_test(test_metadata_outside_user_memory),
+      cmocka_unit_test(test_page_locked_reported),
+      cmocka_unit_test(test_builtin_backends_and_options),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,569 @@
+/* Limits: max_reserved (release idle memory, retry once, then ENOMEM; never
+ * above the cap), max_cached (idle large segments trimmed oldest first),
+ * reserve (allocated at create, served from, kept by empty_cache), and mlock
+ * (fallback, mlock=require) in a forked child without CAP_IPC_LOCK. */
+#define _GNU_SOURCE
+#include "testutil.h"
+
+#include <grp.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SENTINEL_PTR ((void *)(uintptr_t)0xdeadbee0)
+
+static pinpool_t *create_cb_(const char *conf, counting_backend_t *cb,
+                             const char *file, int line) {
+  pinpool_backend_t t = cb_table(cb, 0);
+  pinpool_t *pool = NULL;
+  pp_check_rc_(pinpool_create_with_backend(conf, &t, &pool), 0,
+               "pinpool_create_with_backend", file, line);
+  return pool;
+}
+#define create_cb(conf, cb) create_cb_((conf), (cb), __FILE__, __LINE__)
+
+/* ---- max_reserved
+ * ------------------------------------------------------------ */
+static void test_max_reserved_large(void **state) {
+  (void)state;
+  const uint64_t cap = 8 * MiB;
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb("max_reserved=8MiB,tcache_bytes=0", &cb);
+  pinpool_stats_t st, st2;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.max_reserved == cap, "max_reserved %" PRIu64, st.max_reserved);
+
+  void *a = NULL, *b = NULL, *c = SENTINEL_PTR;
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &a));
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &b));
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.reserved_bytes.current == cap, "reserved %" PRIu64,
+            st.reserved_bytes.current);
+
+  /* Nothing idle to release: fails cleanly. */
+  PP_CHECK_RC(pinpool_alloc(pool, 4 * MiB, &c), PINPOOL_ENOMEM);
+  PP_ASSERT(c == SENTINEL_PTR, "*out changed on ENOMEM");
+  PP_ASSERT(pinpool_last_error()[0] != '\0', "no message");
+  PP_STATS(pool, &st2);
+  PP_ASSERT(st2.oom_count == st.oom_count + 1,
+            "oom_count %" PRIu64 " -> %" PRIu64, st.oom_count, st2.oom_count);
+  PP_ASSERT(st2.requests.current == st.requests.current &&
+                st2.requested_bytes.allocated == st.requested_bytes.allocated &&
+                st2.reserved_bytes.current == st.reserved_bytes.current &&
+                st2.block_bytes.allocated == st.block_bytes.allocated,
+            "a failed allocation changed the accounting");
+  PP_CHECK_CONSISTENT(pool);
+  /* Also small requests: a new 2 MiB segment does not fit either. */
+  PP_CHECK_RC(pinpool_alloc(pool, 100, &c), PINPOOL_ENOMEM);
+  PP_ASSERT(c == SENTINEL_PTR, "*out changed on ENOMEM");
+  PP_CHECK_CONSISTENT(pool);
+
+  /* Free one: the same size is served from the cache. */
+  uint64_t calls = cb_counts(&cb).calls;
+  PP_OK(pinpool_free(pool, a));
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &c));
+  PP_ASSERT(cb_counts(&cb).calls == calls, "cached block not reused");
+  PP_OK(pinpool_free(pool, c));
+
+  /* A different size: the idle 4 MiB segment is released and the allocation
+   * retried. */
+  PP_STATS(pool, &st);
+  void *d = NULL;
+  PP_OK(pinpool_alloc(pool, 2 * MiB + 1, &d));
+  PP_STATS(pool, &st2);
+  PP_ASSERT(st2.retries >= st.retries + 1, "retries %" PRIu64 " -> %" PRIu64,
+            st.retries, st2.retries);
+  const uint64_t trimmed_before = st.trimmed_segments;
+  const uint64_t trimmed_after = st2.trimmed_segments;
+  PP_ASSERT(st2.reserved_bytes.current <= cap, "reserved %" PRIu64 " > cap",
+            st2.reserved_bytes.current);
+  PP_ASSERT(st2.reserved_bytes.peak <= cap, "reserved peak %" PRIu64 " > cap",
+            st2.reserved_bytes.peak);
+  cb_counts_t cc = cb_counts(&cb);
+  PP_ASSERT(cc.peak_live_bytes <= cap,
+            "the backend held %" PRIu64 " bytes at once, above max_reserved",
+            cc.peak_live_bytes);
+  PP_ASSERT(st2.reserved_bytes.current == cc.live_bytes,
+            "reserved %" PRIu64 " != backend-held %" PRIu64,
+            st2.reserved_bytes.current, cc.live_bytes);
+  PP_CHECK_CONSISTENT(pool);
+
+  PP_OK(pinpool_free(pool, b));
+  PP_OK(pinpool_free(pool, d));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cc = cb_counts(&cb);
+  PP_ASSERT(cc.peak_live_bytes <= cap, "backend peak %" PRIu64 " > cap",
+            cc.peak_live_bytes);
+  cb_fini(&cb);
+  /* The segment released for the retry counts as trimmed (stats.h: "segments
+   * released by max_cached/retry"). Checked last so that the checks above
+   * still run when this one fails. */
+  PP_ASSERT(trimmed_after >= trimmed_before + 1,
+            "max_reserved retry released a segment but trimmed_segments went "
+            "%" PRIu64 " -> %" PRIu64,
+            trimmed_before, trimmed_after);
+}
+
+static void test_max_reserved_small(void **state) {
+  (void)state;
+  const uint64_t cap = 3 * MiB;
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb("max_reserved=3MiB", &cb);
+  enum { MAXN = 4000 };
+  static void *p[MAXN];
+  int n = 0, rc = 0;
+  while (n < MAXN) {
+    void *q = SENTINEL_PTR;
+    rc = pinpool_alloc(pool, 4096, &q);
+    if (rc != 0) {
+      PP_ASSERT(q == SENTINEL_PTR, "*out changed on failure");
+      break;
+    }
+    p[n++] = q;
+  }
+  PP_CHECK_RC(rc, PINPOOL_ENOMEM);
+  PP_ASSERT(n >= 256, "only %d blocks of 4 KiB under a 3 MiB cap", n);
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.oom_count >= 1, "oom_count %" PRIu64, st.oom_count);
+  PP_ASSERT(st.reserved_bytes.peak <= cap && st.reserved_bytes.current <= cap,
+            "reserved %" PRIu64 " (peak %" PRIu64 ") above the cap",
+            st.reserved_bytes.current, st.reserved_bytes.peak);
+  PP_ASSERT(cb_counts(&cb).peak_live_bytes <= cap, "backend above the cap");
+  PP_CHECK_CONSISTENT(pool);
+  /* Still usable: free one, allocate one. */
+  PP_OK(pinpool_free(pool, p[n - 1]));
+  PP_OK(pinpool_alloc(pool, 4096, &p[n - 1]));
+  PP_CHECK_CONSISTENT(pool);
+  for (int i = 0; i < n; i++)
+    PP_OK(pinpool_free(pool, p[i]));
+  PP_OK(pinpool_empty_cache(pool));
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.reserved_bytes.current == 0, "reserved %" PRIu64,
+            st.reserved_bytes.current);
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+}
+
+/* A random workload under a cap: every result is 0 or ENOMEM, and neither
+ * the stats nor the backend ever go above the cap. */
+static void test_max_reserved_random(void **state) {
+  (void)state;
+  const uint64_t cap = 16 * MiB;
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb("max_reserved=16MiB,max_cached=8MiB", &cb);
+  enum { LIVE = 48 };
+  void *p[LIVE] = {0};
+  uint64_t s = pp_seed(5);
+  int ooms = 0;
+  for (int step = 0; step < 3000; step++) {
+    int i = (int)(pp_rand(&s) % LIVE);
+    if (p[i] == NULL) {
+      size_t n = pp_rand_size(&s, 1, 8 * MiB);
+      int rc = pinpool_alloc(pool, n, &p[i]);
+      if (rc == PINPOOL_ENOMEM) {
+        ooms++;
+        p[i] = NULL;
+      } else {
+        PP_CHECK_RC(rc, 0);
+      }
+    } else {
+      PP_OK(pinpool_free(pool, p[i]));
+      p[i] = NULL;
+    }
+    if (step % 50 == 0) {
+      pinpool_stats_t st;
+      PP_STATS(pool, &st);
+      PP_ASSERT(st.reserved_bytes.peak <= cap, "reserved peak %" PRIu64,
+                st.reserved_bytes.peak);
+      PP_ASSERT(st.oom_count == (uint64_t)ooms,
+                "oom_count %" PRIu64 " but %d ENOMEM results", st.oom_count,
+                ooms);
+      PP_CHECK_CONSISTENT(pool);
+    }
+  }
+  PP_ASSERT(ooms > 0, "the workload never reached the cap");
+  PP_ASSERT(cb_counts(&cb).peak_live_bytes <= cap, "backend above the cap");
+  for (int i = 0; i < LIVE; i++)
+    if (p[i])
+      PP_OK(pinpool_free(pool, p[i]));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+}
+
+/* ---- max_cached
+ * -------------------------------------------------------------- */
+static void max_cached_order(const int order[10]) {
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb("max_cached=8MiB,tcache_bytes=0", &cb);
+  void *p[10];
+  for (int i = 0; i < 10; i++)
+    PP_OK(pinpool_alloc(pool, 4 * MiB, &p[i]));
+  for (int i = 0; i < 10; i++) {
+    cb_rec_t r = cb_find_live(&cb, p[i]);
+    PP_ASSERT(r.ptr == p[i] && r.size == 4 * MiB,
+              "block %d has no segment of its own", i);
+  }
+  for (int k = 0; k < 10; k++) {
+    PP_OK(pinpool_free(pool, p[order[k]]));
+    pinpool_stats_t st;
+    PP_STATS(pool, &st);
+    PP_ASSERT(st.cached_bytes.current <= 8 * MiB,
+              "after %d frees cached_bytes %" PRIu64 " > max_cached 8 MiB",
+              k + 1, st.cached_bytes.current);
+    PP_CHECK_CONSISTENT(pool);
+  }
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.trimmed_segments >= 8, "trimmed_segments %" PRIu64,
+            st.trimmed_segments);
+  PP_ASSERT(st.reserved_bytes.current == 8 * MiB,
+            "reserved %" PRIu64 ", want the 2 newest idle segments (8 MiB)",
+            st.reserved_bytes.current);
+  /* The released segments are the 8 freed first, released in that order;
+   * the last two freed are kept. */
+  size_t n = 0;
+  cb_rec_t *r = cb_records(&cb, &n);
+  uint64_t last_seq = 0;
+  for (int k = 0; k < 10; k++) {
+    const cb_rec_t *rec = NULL;
+    for (size_t j = 0; j < n; j++)
+      if (r[j].ptr == p[order[k]] && r[j].size == 4 * MiB &&
+          (rec == NULL || r[j].alloc_seq > rec->alloc_seq))
+        rec = &r[j];
+    PP_ASSERT(rec != NULL, "no record for block %d", order[k]);
+    if (k < 8) {
+      PP_ASSERT(rec->free_seq != 0,
+                "block %d, freed %d-th, was kept; an older one should go "
+                "first",
+                order[k], k + 1);
+      PP_ASSERT(rec->free_seq > last_seq,
+                "segments not released oldest-first (block %d)", order[k]);
+      last_seq = rec->free_seq;
+    } else {
+      PP_ASSERT(rec->free_seq == 0,
+                "block %d, among the 2 freed last, was released", order[k]);
+    }
+  }
+  free(r);
+  /* The kept ones are reused without a backend call. */
+  uint64_t calls = cb_counts(&cb).calls;
+  void *x = NULL, *y = NULL;
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &x));
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &y));
+  PP_ASSERT(cb_counts(&cb).calls == calls, "kept segments not reused");
+  PP_OK(pinpool_free(pool, x));
+  PP_OK(pinpool_free(pool, y));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+}
+
+static void test_max_cached_in_order(void **state) {
+  (void)state;
+  static const int order[10] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  max_cached_order(order);
+}
+
+static void test_max_cached_shuffled(void **state) {
+  (void)state;
+  static const int order[10] = {5, 2, 9, 0, 7, 3, 8, 1, 6, 4};
+  max_cached_order(order);
+}
+
+static void test_max_cached_below_one_segment(void **state) {
+  (void)state;
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb("max_cached=1MiB,tcache_bytes=0", &cb);
+  void *p = NULL;
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &p));
+  PP_OK(pinpool_free(pool, p));
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.cached_bytes.current <= MiB,
+            "cached %" PRIu64 " above max_cached 1 MiB",
+            st.cached_bytes.current);
+  PP_ASSERT(cb_counts(&cb).live_count == 0,
+            "the idle 4 MiB segment was kept under max_cached=1MiB");
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+}
+
+/* ---- reserve
+ * ------------------------------------------------------------------ */
+static void test_reserve(void **state) {
+  (void)state;
+  const uint64_t R = 16 * MiB;
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb("reserve=16MiB", &cb);
+  cb_counts_t c0 = cb_counts(&cb);
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(c0.nalloc >= 1 && c0.live_bytes >= R,
+            "reserve not allocated at create: %" PRIu64 " calls, %" PRIu64
+            " bytes",
+            c0.nalloc, c0.live_bytes);
+  PP_ASSERT(st.reserved_bytes.current >= R, "reserved %" PRIu64,
+            st.reserved_bytes.current);
+  PP_ASSERT(st.reserve_bytes == R, "reserve_bytes %" PRIu64, st.reserve_bytes);
+  PP_CHECK_CONSISTENT(pool);
+
+  /* Served from the reserve: no backend call while it fits. */
+  void *p[103];
+  for (int i = 0; i < 100; i++)
+    PP_OK(pinpool_alloc(pool, 4096, &p[i]));
+  PP_OK(pinpool_alloc(pool, MiB, &p[100]));
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &p[101]));
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &p[102]));
+  cb_counts_t c1 = cb_counts(&cb);
+  PP_ASSERT(c1.calls == c0.calls,
+            "allocations that fit in the reserve called the backend (%" PRIu64
+            " -> %" PRIu64 ")",
+            c0.calls, c1.calls);
+  PP_CHECK_CONSISTENT(pool);
+  for (int i = 0; i < 103; i++)
+    PP_OK(pinpool_free(pool, p[i]));
+
+  /* empty_cache keeps the reserve. */
+  PP_OK(pinpool_empty_cache(pool));
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.reserved_bytes.current >= R,
+            "empty_cache released the reserve: reserved %" PRIu64,
+            st.reserved_bytes.current);
+  PP_ASSERT(cb_counts(&cb).nfree == 0, "empty_cache gave reserve memory back");
+  PP_CHECK_CONSISTENT(pool);
+
+  /* Beyond the reserve: a backend call, released again by empty_cache. */
+  void *big = NULL;
+  PP_OK(pinpool_alloc(pool, 20 * MiB, &big));
+  PP_ASSERT(cb_counts(&cb).calls > c1.calls, "20 MiB did not need the backend");
+  PP_OK(pinpool_free(pool, big));
+  PP_OK(pinpool_empty_cache(pool));
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.reserved_bytes.current >= R &&
+                st.reserved_bytes.current == cb_counts(&cb).live_bytes,
+            "reserved %" PRIu64 ", backend-held %" PRIu64,
+            st.reserved_bytes.current, cb_counts(&cb).live_bytes);
+  PP_ASSERT(cb_counts(&cb).live_bytes == c0.live_bytes,
+            "after empty_cache the pool holds %" PRIu64 " bytes, want the "
+            "reserve's %" PRIu64,
+            cb_counts(&cb).live_bytes, c0.live_bytes);
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+
+  /* The default backend, too. */
+  pinpool_t *hp = NULL;
+  PP_OK(pinpool_create("reserve=8MiB", &hp));
+  PP_STATS(hp, &st);
+  PP_ASSERT(st.reserved_bytes.current >= 8 * MiB && st.reserve_bytes == 8 * MiB,
+            "host reserve: reserved %" PRIu64 ", reserve_bytes %" PRIu64,
+            st.reserved_bytes.current, st.reserve_bytes);
+  PP_OK(pinpool_empty_cache(hp));
+  PP_STATS(hp, &st);
+  PP_ASSERT(st.reserved_bytes.current >= 8 * MiB, "reserve released");
+  PP_CHECK_CONSISTENT(hp);
+  pinpool_destroy(hp);
+}
+
+/* ---- mlock
+ * -------------------------------------------------------------------- */
+/* In the child: no cmocka (a failed assertion would longjmp into the
+ * parent's copy of the runner). Exit codes: 0 ok, 77 skip, else failure. */
+#define CHILD_CHECK(cond, ...)                                                 \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "child: %s:%d: `%s` failed: ", __FILE__, __LINE__,       \
+              #cond);                                                          \
+      fprintf(stderr, __VA_ARGS__);                                            \
+      fprintf(stderr, " (last_error: %s)\n", pinpool_last_error());            \
+      fflush(stderr);                                                          \
+      _exit(1);                                                                \
+    }                                                                          \
+  } while (0)
+
+static int child_consistent(pinpool_t *pool) {
+  pinpool_stats_t st;
+  if (pinpool_get_stats(pool, &st) != 0)
+    return 0;
+  if (st.reserved_bytes.current !=
+      st.block_bytes.current + st.cached_bytes.current + st.pending_bytes)
+    return 0;
+  return pinpool_validate(pool) == 0;
+}
+
+static void mlock_child(void) {
+  struct rlimit rl = {64 * 1024, 64 * 1024};
+  if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) {
+    fprintf(stderr, "child: setrlimit failed\n");
+    _exit(77);
+  }
+  if (geteuid() == 0) {
+    if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0) {
+      fprintf(stderr, "child: cannot drop root\n");
+      _exit(77);
+    }
+  }
+  /* Make sure locking really fails here. */
+  size_t probe_len = 4 * MiB;
+  void *probe = mmap(NULL, probe_len, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (probe == MAP_FAILED)
+    _exit(77);
+  if (mlock(probe, probe_len) == 0) {
+    fprintf(stderr, "child: mlock still succeeds; cannot test\n");
+    _exit(77);
+  }
+  munmap(probe, probe_len);
+
+  /* mlock=1: falls back to unlocked memory and counts the failures. */
+  pinpool_t *pool = NULL;
+  int rc = pinpool_create("mlock=1", &pool);
+  CHILD_CHECK(rc == 0, "create mlock=1: %d", rc);
+  void *a = NULL, *b = NULL;
+  rc = pinpool_alloc(pool, 4 * MiB, &a);
+  CHILD_CHECK(rc == 0, "mlock=1 alloc 4 MiB: %d", rc);
+  rc = pinpool_alloc(pool, 4096, &b);
+  CHILD_CHECK(rc == 0, "mlock=1 alloc 4 KiB: %d", rc);
+  memset(a, 1, 4 * MiB);
+  memset(b, 2, 4096);
+  pinpool_stats_t st;
+  CHILD_CHECK(pinpool_get_stats(pool, &st) == 0, "stats");
+  CHILD_CHECK(st.mlock_failures > 0, "mlock_failures %" PRIu64,
+              st.mlock_failures);
+  CHILD_CHECK(st.locked_bytes < st.reserved_bytes.current,
+              "locked %" PRIu64 " of %" PRIu64 " although mlock failed",
+              st.locked_bytes, st.reserved_bytes.current);
+  CHILD_CHECK(child_consistent(pool), "inconsistent");
+  CHILD_CHECK(pinpool_free(pool, a) == 0 && pinpool_free(pool, b) == 0, "free");
+  pinpool_destroy(pool);
+
+  /* mlock=require: the allocation fails, cleanly. */
+  rc = pinpool_create("mlock=require", &pool);
+  CHILD_CHECK(rc == 0, "create mlock=require: %d", rc);
+  static const size_t sizes[] = {4 * MiB, 4096, 100};
+  for (size_t i = 0; i < 3; i++) {
+    void *c = SENTINEL_PTR;
+    rc = pinpool_alloc(pool, sizes[i], &c);
+    CHILD_CHECK(rc == PINPOOL_ENOMEM || rc == PINPOOL_EBACKEND,
+                "mlock=require alloc %zu without lockable memory returned %d",
+                sizes[i], rc);
+    CHILD_CHECK(c == SENTINEL_PTR, "*out changed on failure");
+    CHILD_CHECK(pinpool_last_error()[0] != '\0', "no message");
+    CHILD_CHECK(pinpool_get_stats(pool, &st) == 0, "stats");
+    CHILD_CHECK(st.reserved_bytes.current == 0 && st.requests.current == 0 &&
+                    st.locked_bytes == 0,
+                "a failed allocation left reserved %" PRIu64
+                ", requests %" PRIu64 ", locked %" PRIu64,
+                st.reserved_bytes.current, st.requests.current,
+                st.locked_bytes);
+    CHILD_CHECK(child_consistent(pool), "inconsistent");
+  }
+  pinpool_destroy(pool);
+
+  /* mlock=require with a reserve: create fails. */
+  pool = (pinpool_t *)SENTINEL_PTR;
+  rc = pinpool_create("mlock=require,reserve=4MiB", &pool);
+  CHILD_CHECK(rc == PINPOOL_ENOMEM || rc == PINPOOL_EBACKEND,
+              "create mlock=require,reserve=4MiB returned %d", rc);
+  CHILD_CHECK(pool == (pinpool_t *)SENTINEL_PTR, "*out changed on failure");
+  _exit(0);
+}
+
+static void test_mlock_fallback_and_require(void **state) {
+  (void)state;
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  PP_ASSERT(pid >= 0, "fork");
+  if (pid == 0)
+    mlock_child(); /* never returns */
+  int status = 0;
+  PP_ASSERT(waitpid(pid, &status, 0) == pid, "waitpid");
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+    print_message("mlock test skipped: cannot make mlock fail here\n");
+    skip();
+  }
+  PP_ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "child failed (status %#x)", status);
+}
+
+/* Where locking works (root with CAP_IPC_LOCK, or a large enough limit),
+ * mlock=1 locks everything it reserves. */
+static void test_mlock_success_locks_all(void **state) {
+  (void)state;
+  size_t len = 8 * MiB;
+  void *probe = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  PP_ASSERT(probe != MAP_FAILED, "mmap");
+  int can_lock = mlock(probe, len) == 0;
+  if (can_lock)
+    munlock(probe, len);
+  munmap(probe, len);
+
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("mlock=1", &pool));
+  void *a = NULL, *b = NULL;
+  PP_OK(pinpool_alloc(pool, 3 * MiB, &a));
+  PP_OK(pinpool_alloc(pool, 5000, &b));
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  if (can_lock)
+    PP_ASSERT(st.mlock_failures == 0,
+              "mlock works here but the pool counted %" PRIu64 " failures",
+              st.mlock_failures);
+  if (st.mlock_failures == 0)
+    PP_ASSERT(st.locked_bytes == st.reserved_bytes.current,
+              "mlock=1 succeeded: locked_bytes %" PRIu64
+              " != reserved %" PRIu64,
+              st.locked_bytes, st.reserved_bytes.current);
+  PP_OK(pinpool_free(pool, a));
+  PP_OK(pinpool_free(pool, b));
+  PP_OK(pinpool_empty_cache(pool));
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.locked_bytes == 0 && st.reserved_bytes.current == 0,
+            "after empty_cache: locked %" PRIu64 ", reserved %" PRIu64,
+            st.locked_bytes, st.reserved_bytes.current);
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  if (!can_lock) {
+    print_message("mlock not permitted here: locked == reserved unchecked\n");
+    skip();
+  }
+}
+
+int main(void) {
+  pp_clean_env();
+  const struct CMUnitTest tests[] = {
+      /* First, while the process has a single thread (fork). */
+      cmocka_unit_test(test_mlock_fallback_and_require),
+      cmocka_unit_test(test_mlock_success_locks_all),
+      cmocka_unit_test(test_max_reserved_large),
+      cmocka_unit_test(test_max_reserved_small),
+      cmocka_unit_test(test_max_reserved_random),
+      cmocka_unit_test(test_max_cached_in_order),
+      cmocka_unit_test(test_max_cached_shuffled),
+      cmocka_unit_test(test_max_cached_below_one_segment),
+      cmocka_unit_test(test_reserve),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,172 @@
+/*
+ * Shared helpers for the pinpool unit tests (cmocka).
+ *
+ * - PP_* check macros that report the pinpool error text on failure,
+ * - a deterministic xorshift PRNG,
+ * - a reference size-class function,
+ * - stats checks (the accounting identity, current == allocated - freed,
+ *   peak >= current, validate() == 0) and a field-by-field stats comparison,
+ * - a counting user backend (aligned_alloc based) that records every call.
+ *
+ * Everything here is race-free: the counting backend guards its state with a
+ * mutex, because the pool may call it from several threads at once.
+ */
+#ifndef PP_TESTUTIL_H
+#define PP_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "pinpool.h"
+
+#define KiB ((size_t)1024)
+#define MiB ((size_t)1024 * KiB)
+#define GiB ((size_t)1024 * MiB)
+
+/* Fail the current test with a formatted message, reported at the caller. */
+#define PP_FAIL(...)                                                           \
+  do {                                                                         \
+    print_error("ERROR: " __VA_ARGS__);                                        \
+    print_error("\n");                                                         \
+    _fail(__FILE__, __LINE__);                                                 \
+  } while (0)
+
+#define PP_ASSERT(cond, ...)                                                   \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      print_error("ERROR: assertion `%s` failed: ", #cond);                    \
+      print_error(__VA_ARGS__);                                                \
+      print_error("\n");                                                       \
+      _fail(__FILE__, __LINE__);                                               \
+    }                                                                          \
+  } while (0)
+
+/* Evaluate a pinpool call and require the given return code. */
+#define PP_CHECK_RC(expr, expected)                                            \
+  pp_check_rc_((expr), (expected), #expr, __FILE__, __LINE__)
+#define PP_OK(expr) PP_CHECK_RC(expr, 0)
+
+void pp_check_rc_(int got, int expected, const char *expr, const char *file,
+                  int line);
+
+/* Name of an error code ("PINPOOL_ENOMEM"), for messages. */
+const char *pp_code_name(int code);
+
+/* ---- PRNG (xorshift64*) ------------------------------------------------- */
+static inline uint64_t pp_rand(uint64_t *s) {
+  uint64_t x = *s;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  *s = x;
+  return x * UINT64_C(2685821657736338717);
+}
+
+static inline uint64_t pp_seed(uint64_t v) {
+  /* splitmix64 so that small seeds give well-mixed states (never 0). */
+  uint64_t z = v + UINT64_C(0x9E3779B97F4A7C15);
+  z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+  z ^= z >> 31;
+  return z ? z : 1;
+}
+
+/* A size in [lo, hi], roughly log-uniform. lo >= 1. */
+size_t pp_rand_size(uint64_t *s, size_t lo, size_t hi);
+
+/* ---- Size classes (the documented formula) ----------------------------- */
+/* < 512 -> 512; for 2^e <= s < 2^(e+1), e >= 9: round up to a multiple of
+ * 2^(e-3). Valid for 1 <= s <= 2^62. */
+size_t pp_ref_class(size_t s);
+
+/* ---- Stats ----------------------------------------------------------------
+ */
+void pp_get_stats_(pinpool_t *pool, pinpool_stats_t *st, const char *file,
+                   int line);
+#define PP_STATS(pool, st) pp_get_stats_((pool), (st), __FILE__, __LINE__)
+
+/* Checks on a quiescent pool: the accounting identity
+ * reserved == block_bytes + cached + pending, current == allocated - freed and
+ * peak >= current for every pinpool_stat_t, requests == blocks, and
+ * pinpool_validate() == 0. */
+void pp_check_consistent_(pinpool_t *pool, const char *file, int line);
+#define PP_CHECK_CONSISTENT(pool)                                              \
+  pp_check_consistent_((pool), __FILE__, __LINE__)
+
+/* Field-by-field equality of two stats snapshots (every field). */
+void pp_check_stats_equal_(const pinpool_stats_t *a, const pinpool_stats_t *b,
+                           const char *what, const char *file, int line);
+#define PP_CHECK_STATS_EQUAL(a, b, what)                                       \
+  pp_check_stats_equal_((a), (b), (what), __FILE__, __LINE__)
+
+/* ---- Counting user backend ------------------------------------------------
+ */
+typedef struct cb_rec {
+  void *ptr;
+  size_t size;
+  uint64_t alloc_seq; /* 1-based order of successful allocs */
+  uint64_t free_seq;  /* 0 while live, else 1-based order of frees */
+} cb_rec_t;
+
+typedef struct cb_counts {
+  uint64_t calls;           /* alloc calls, failed ones included */
+  uint64_t nalloc;          /* successful alloc calls */
+  uint64_t nfree;           /* free calls */
+  uint64_t bytes_alloc;     /* sum of sizes of successful allocs */
+  uint64_t bytes_freed;     /* sum of sizes passed to free */
+  uint64_t live_count;      /* nalloc - nfree */
+  uint64_t live_bytes;      /* bytes_alloc - bytes_freed */
+  uint64_t peak_live_bytes; /* highest live_bytes ever */
+  uint64_t errors;          /* contract violations seen by the backend */
+} cb_counts_t;
+
+typedef struct counting_backend counting_backend_t;
+/* Called (with no backend lock held) at the start of every alloc / free. */
+typedef void (*cb_hook_fn)(counting_backend_t *cb, int is_alloc, size_t size,
+                           void *arg);
+
+struct counting_backend {
+  pthread_mutex_t mu;
+  cb_rec_t *recs;
+  size_t nrecs, cap;
+  uint64_t alloc_seq, free_seq;
+  cb_counts_t c;
+  char first_error[256];
+  int fail_code;   /* nonzero: alloc returns it (and allocates nothing) */
+  int fill;        /* >= 0: fill new memory with this byte value */
+  cb_hook_fn hook; /* set before the pool is created, not changed later */
+  void *hook_arg;
+};
+
+void cb_init(counting_backend_t *cb);
+/* Frees any memory the pool never returned and the records. */
+void cb_fini(counting_backend_t *cb);
+pinpool_backend_t cb_table(counting_backend_t *cb, int page_locked);
+cb_counts_t cb_counts(counting_backend_t *cb);
+void cb_set_fail(counting_backend_t *cb, int code);
+/* Copy of the records (caller frees); *n receives the count. */
+cb_rec_t *cb_records(counting_backend_t *cb, size_t *n);
+/* The record of the live range containing p, or a zeroed record. */
+cb_rec_t cb_find_live(counting_backend_t *cb, const void *p);
+
+/* After destroy: every alloc freed exactly once with the same size, and the
+ * backend saw no contract violation (misaligned/odd sizes, unknown or double
+ * frees, size mismatches). */
+void pp_check_cb_balanced_(counting_backend_t *cb, const char *file, int line);
+#define PP_CHECK_CB_BALANCED(cb) pp_check_cb_balanced_((cb), __FILE__, __LINE__)
+/* The backend saw no contract violation so far. */
+void pp_check_cb_clean_(counting_backend_t *cb, const char *file, int line);
+#define PP_CHECK_CB_CLEAN(cb) pp_check_cb_clean_((cb), __FILE__, __LINE__)
+
+/* Unset PINPOOL_CONF so that an outer environment cannot change defaults. */
+void pp_clean_env(void);
+
+#endif /* PP_TESTUTIL_H */
