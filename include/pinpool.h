@@ -41,20 +41,31 @@ extern "C" {
 PINPOOL_API const char *pinpool_version(void);
 
 /* ---- Errors ------------------------------------------------------------- */
+/* Every failing call returns one of these (and sets pinpool_last_error()).
+ *  PINPOOL_EINVAL      NULL pool or NULL out-pointer, or another bad argument
+ *  PINPOOL_ENOMEM      max_reserved reached after one retry, or the backend
+ *                      (or a metadata malloc) is out of memory
+ *  PINPOOL_EZEROSIZE   pinpool_alloc with size 0
+ *  PINPOOL_EOVERFLOW   size beyond the largest class, or buffer too small
+ *  PINPOOL_EDOUBLEFREE the block is not allocated (freed twice)
+ *  PINPOOL_ENOTOWNED   the pointer is not a block this pool handed out
+ *  PINPOOL_EINTERIOR   the pointer is inside a block but not its start
+ *  PINPOOL_ECONFIG     unknown config key or bad value (the message names it)
+ *  PINPOOL_EBACKEND    the backend failed for a reason other than memory
+ *  PINPOOL_ECORRUPT    pinpool_validate found an inconsistency
+ *  PINPOOL_EBUSY       the operation is refused in the current state */
 #define PINPOOL_OK 0
-#define PINPOOL_EINVAL (-1)      /* NULL pool or NULL out-pointer, bad flag */
-#define PINPOOL_ENOMEM (-2)      /* max_reserved reached after one retry, or
-                                    the backend (or metadata malloc) is out */
-#define PINPOOL_EZEROSIZE (-3)   /* pinpool_alloc with size 0 */
-#define PINPOOL_EOVERFLOW (-4)   /* size too large to round to a size class */
-#define PINPOOL_EDOUBLEFREE (-5) /* the block is not allocated (freed twice) */
-#define PINPOOL_ENOTOWNED (-6)   /* pointer not inside any segment of the pool */
-#define PINPOOL_EINTERIOR (-7)   /* pointer inside a block but not its start */
-#define PINPOOL_ECONFIG (-8)     /* unknown config key or bad value */
-#define PINPOOL_EBACKEND (-9)    /* the backend failed for a reason other than
-                                    lack of memory (see pinpool_last_error) */
-#define PINPOOL_ECORRUPT (-10)   /* the validator found an inconsistency */
-#define PINPOOL_EBUSY (-11)      /* operation refused in the current state */
+#define PINPOOL_EINVAL (-1)
+#define PINPOOL_ENOMEM (-2)
+#define PINPOOL_EZEROSIZE (-3)
+#define PINPOOL_EOVERFLOW (-4)
+#define PINPOOL_EDOUBLEFREE (-5)
+#define PINPOOL_ENOTOWNED (-6)
+#define PINPOOL_EINTERIOR (-7)
+#define PINPOOL_ECONFIG (-8)
+#define PINPOOL_EBACKEND (-9)
+#define PINPOOL_ECORRUPT (-10)
+#define PINPOOL_EBUSY (-11)
 
 /* A static string naming the code ("PINPOOL_ENOMEM: out of memory ...").
  * Unknown codes give "unknown pinpool error". Thread-safe. */
@@ -163,22 +174,22 @@ typedef struct pinpool_duration {
 
 /* docs/stats.md explains each field and how exact it is. */
 typedef struct pinpool_stats {
-  pinpool_stat_t requests;       /* count of live allocations */
-  pinpool_stat_t requested_bytes;/* bytes asked for by the caller (exact) */
-  pinpool_stat_t blocks;         /* count of allocated blocks (== requests) */
-  pinpool_stat_t block_bytes;    /* bytes of allocated blocks (rounded) */
-  pinpool_stat_t reserved_bytes; /* bytes obtained from the backend */
-  pinpool_stat_t cached_bytes;   /* idle bytes inside reserved segments */
-  pinpool_stat_t segments;       /* count of segments held */
-  uint64_t pending_bytes;        /* awaiting device events (stream-ordered) */
-  uint64_t cache_hits;           /* allocations served without the backend */
-  uint64_t cache_misses;         /* allocations that needed a new segment */
-  uint64_t tcache_hits;          /* of cache_hits: from the thread cache */
-  uint64_t oom_count;            /* allocations that failed with ENOMEM */
-  uint64_t retries;              /* max_reserved hit, idle memory released */
-  uint64_t trimmed_segments;     /* segments released by max_cached/retry */
-  uint64_t mlock_failures;       /* segments that could not be locked */
-  uint64_t locked_bytes;         /* reserved bytes that are page-locked */
+  pinpool_stat_t requests;        /* count of live allocations */
+  pinpool_stat_t requested_bytes; /* bytes asked for by the caller (exact) */
+  pinpool_stat_t blocks;          /* count of allocated blocks (== requests) */
+  pinpool_stat_t block_bytes;     /* bytes of allocated blocks (rounded) */
+  pinpool_stat_t reserved_bytes;  /* bytes obtained from the backend */
+  pinpool_stat_t cached_bytes;    /* idle bytes inside reserved segments */
+  pinpool_stat_t segments;        /* count of segments held */
+  uint64_t pending_bytes;         /* awaiting device events (stream-ordered) */
+  uint64_t cache_hits;            /* allocations served without the backend */
+  uint64_t cache_misses;          /* allocations that needed a new segment */
+  uint64_t tcache_hits;           /* of cache_hits: from the thread cache */
+  uint64_t oom_count;             /* allocations that failed with ENOMEM */
+  uint64_t retries;               /* max_reserved hit, idle memory released */
+  uint64_t trimmed_segments;      /* segments released by max_cached/retry */
+  uint64_t mlock_failures;        /* segments that could not be locked */
+  uint64_t locked_bytes;          /* reserved bytes that are page-locked */
   pinpool_duration_t backend_alloc; /* backend alloc calls */
   pinpool_duration_t backend_free;  /* backend free calls */
   uint64_t peak_slack_bytes; /* the block_bytes / requested_bytes peaks may be

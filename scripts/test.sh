@@ -24,7 +24,7 @@ JOBS="$(nproc 2>/dev/null || echo 2)"
 PRESETS="${PRESETS:-release debug asan tsan}"
 
 PACKAGES=(build-essential cmake ninja-build clang clang-tidy clang-format
-  cppcheck pkg-config libcmocka-dev libjansson-dev libnuma-dev
+  cppcheck pkg-config libcmocka-dev
   libclang-rt-14-dev llvm)
 OPTIONAL_PACKAGES=(valgrind)
 

@@ -59,7 +59,7 @@ static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
      * idle, ours included, and retry exactly once. */
     pp_fetch_add_relaxed(&pool->gs.retries, 1);
     pp_tcache_flush_all(tc);
-    pp_release_idle(pool, true);
+    pp_fetch_add_relaxed(&pool->gs.trimmed, pp_release_idle(pool, true));
     n = pp_central_take(pool, cls, tc->shard, out, want, missed);
   }
   if (n == PINPOOL_ENOMEM)
@@ -90,12 +90,11 @@ static int alloc_slow(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
     if (n < 0)
       return n;
     b->n = (uint32_t)n;
-    pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) + (uint64_t)n * bs);
-    pp_owner_add(&tc->c.cached_in, (uint64_t)n * bs);
+    pp_store_relaxed(&tc->bytes,
+                     pp_load_relaxed(&tc->bytes) + (uint64_t)n * bs);
     pp_tentry_t e = b->items[--b->n];
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
     pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) - bs);
-    pp_owner_add(&tc->c.cached_out, bs);
     account_alloc(tc, size, bs);
     *out = e.ptr;
   }
@@ -131,7 +130,6 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
      * snapshot) also sees the requested size stored with it. */
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
     pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) - bs);
-    pp_owner_add(&tc->c.cached_out, bs);
     pp_owner_add(&tc->c.tc_hits, 1);
     account_alloc(tc, size, bs);
     *out = e.ptr;
@@ -141,8 +139,9 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
 }
 
 /* Find the block that starts at p; on success *seg_out and *idx_out. */
-static int lookup_block(pinpool_t *pool, const void *p, const char *fn,
-                        pp_segment_t **seg_out, uint32_t *idx_out) {
+static inline __attribute__((always_inline)) int
+lookup_block(pinpool_t *pool, const void *p, const char *fn,
+             pp_segment_t **seg_out, uint32_t *idx_out) {
   uintptr_t a = (uintptr_t)p;
   pp_segment_t *seg = pp_segmap_find(pool->map, a);
   if (seg == NULL)
@@ -150,8 +149,11 @@ static int lookup_block(pinpool_t *pool, const void *p, const char *fn,
                    fn, p);
   uintptr_t off = a - pp_load_relaxed(&seg->base);
   size_t bs = pp_load_relaxed(&seg->block_size);
-  size_t idx = bs <= PP_SLAB_MAX_BLOCK ? (uint32_t)off / (uint32_t)bs : off / bs;
-  if (idx >= pp_load_relaxed(&seg->nblocks))
+  uint32_t nb = pp_load_relaxed(&seg->nblocks);
+  size_t idx = nb == 1
+                   ? (off >= bs ? 1u : 0u)
+                   : (size_t)((off * pp_load_relaxed(&seg->div_magic)) >> 42);
+  if (idx >= nb)
     return pp_fail(PINPOOL_ENOTOWNED,
                    "%s: %p is in a segment's unused tail, never allocated", fn,
                    p);
@@ -174,8 +176,8 @@ static int state_error(const void *p, const char *fn, uint64_t w) {
 int pinpool_free(pinpool_t *pool, void *ptr) {
   if (pp_unlikely(pool == NULL || ptr == NULL))
     return pp_fail(PINPOOL_EINVAL, "pinpool_free: pool or ptr is NULL");
-  pp_segment_t *seg;
-  uint32_t idx;
+  pp_segment_t *seg = NULL;
+  uint32_t idx = 0;
   int rc = lookup_block(pool, ptr, "pinpool_free", &seg, &idx);
   if (rc != 0)
     return rc;
@@ -200,7 +202,6 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
   if (pp_likely(b->n < b->cap)) {
     b->items[b->n++] = e;
     pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) + bs);
-    pp_owner_add(&tc->c.cached_in, bs);
     if (pp_likely(pp_load_relaxed(&tc->bytes) <= pool->cfg.tcache_bytes))
       return 0;
     pp_tcache_flush_all(tc);
@@ -210,7 +211,6 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
     pp_tcache_flush_bin(tc, cls, b->cap / 2);
     b->items[b->n++] = e;
     pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) + bs);
-    pp_owner_add(&tc->c.cached_in, bs);
   }
   pp_trim_to_cap(pool);
   pp_stats_sample_peaks(pool);
@@ -220,8 +220,8 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
 int pinpool_block_size(pinpool_t *pool, const void *ptr, size_t *out) {
   if (pool == NULL || ptr == NULL || out == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_block_size: NULL argument");
-  pp_segment_t *seg;
-  uint32_t idx;
+  pp_segment_t *seg = NULL;
+  uint32_t idx = 0;
   int rc = lookup_block(pool, ptr, "pinpool_block_size", &seg, &idx);
   if (rc != 0)
     return rc;

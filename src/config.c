@@ -64,11 +64,20 @@ static int parse_size(const char *v, uint64_t *out) {
     const char *suffix;
     unsigned long long mult;
   } units[] = {
-      {"", 1ull},           {"B", 1ull},           {"K", 1ull << 10},
-      {"KiB", 1ull << 10},  {"M", 1ull << 20},     {"MiB", 1ull << 20},
-      {"G", 1ull << 30},    {"GiB", 1ull << 30},   {"T", 1ull << 40},
-      {"TiB", 1ull << 40},  {"KB", 1000ull},       {"MB", 1000000ull},
-      {"GB", 1000000000ull}, {"TB", 1000000000000ull},
+      {"", 1ull},
+      {"B", 1ull},
+      {"K", 1ull << 10},
+      {"KiB", 1ull << 10},
+      {"M", 1ull << 20},
+      {"MiB", 1ull << 20},
+      {"G", 1ull << 30},
+      {"GiB", 1ull << 30},
+      {"T", 1ull << 40},
+      {"TiB", 1ull << 40},
+      {"KB", 1000ull},
+      {"MB", 1000000ull},
+      {"GB", 1000000000ull},
+      {"TB", 1000000000000ull},
   };
   for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
     if (strcmp(end, units[i].suffix) == 0) {
@@ -138,8 +147,8 @@ static int apply(const key_desc_t *k, const char *v, bool user_backend,
   case K_BOOL:
     if (parse_bool(v, &b) != 0)
       return pp_fail(PINPOOL_ECONFIG,
-                     "config: bad value '%s' for key '%s' (expected 0 or 1)",
-                     v, k->name);
+                     "config: bad value '%s' for key '%s' (expected 0 or 1)", v,
+                     k->name);
     memcpy(field, &b, sizeof b);
     return 0;
   case K_UINT: {
@@ -209,8 +218,7 @@ int pp_config_parse(const char *text, bool user_backend, pp_config_t *out) {
       continue; /* empty items (",,", trailing comma) are ignored */
     char *eq = strchr(it, '=');
     if (eq == NULL) {
-      rc = pp_fail(PINPOOL_ECONFIG,
-                   "config: item '%s' is not key=value", it);
+      rc = pp_fail(PINPOOL_ECONFIG, "config: item '%s' is not key=value", it);
       break;
     }
     *eq = '\0';

@@ -70,9 +70,9 @@ uint64_t pp_now_ns(void) {
 
 void pp_atomic_max_relaxed(pp_counter_t *p, uint64_t v) {
   uint64_t cur = pp_load_relaxed(p);
-  while (cur < v && !atomic_compare_exchange_weak_explicit(
-                        p, &cur, v, memory_order_relaxed,
-                        memory_order_relaxed)) {
+  while (cur < v &&
+         !atomic_compare_exchange_weak_explicit(
+             p, &cur, v, memory_order_relaxed, memory_order_relaxed)) {
   }
 }
 

@@ -28,8 +28,7 @@
 #endif
 void pp_assert_fail(const char *expr, const char *file, int line);
 #if PINPOOL_DEBUG >= 1
-#define pp_assert(x)                                                           \
-  ((x) ? (void)0 : pp_assert_fail(#x, __FILE__, __LINE__))
+#define pp_assert(x) ((x) ? (void)0 : pp_assert_fail(#x, __FILE__, __LINE__))
 #else
 #define pp_assert(x) ((void)0)
 #endif
@@ -54,9 +53,8 @@ void pp_assert_fail(const char *expr, const char *file, int line);
 #define pp_fetch_sub_relaxed(p, v)                                             \
   atomic_fetch_sub_explicit((p), (v), memory_order_relaxed)
 #define pp_cas_acq_rel(p, expected, desired)                                   \
-  atomic_compare_exchange_strong_explicit((p), (expected), (desired),          \
-                                          memory_order_acq_rel,                \
-                                          memory_order_acquire)
+  atomic_compare_exchange_strong_explicit(                                     \
+      (p), (expected), (desired), memory_order_acq_rel, memory_order_acquire)
 /* A counter with a single writer (its owning thread) and any number of
  * readers: a load and a store, no read-modify-write. Readers see a value
  * that some moment had; nobody else ever writes, so no update is lost. */
@@ -99,8 +97,21 @@ uint64_t pp_now_ns(void);
 #define PP_SLAB_MAX_BLOCK ((size_t)256 << 10) /* larger: own segment */
 #define PP_SLAB_MAX_BLOCKS (PP_SLAB_SIZE / PP_MIN_BLOCK)
 #define PP_PAGE 4096u
-unsigned pp_class_index(size_t size); /* size in 1..PP_MAX_REQUEST */
-size_t pp_class_size(unsigned idx);
+/* Inline: both run on every allocation and free. */
+static inline unsigned pp_class_index(size_t size) {
+  if (size <= PP_MIN_BLOCK)
+    return 0;
+  /* x in [2^e, 2^(e+1)); m = top four bits of x, in 8..15. The class is
+   * (m + 1) << (e - 3): the smallest class >= size. */
+  size_t x = size - 1;
+  unsigned e = 63u - (unsigned)__builtin_clzll((unsigned long long)x);
+  unsigned m = (unsigned)(x >> (e - 3));
+  return (e - 9) * 8 + (m - 8) + 1;
+}
+static inline size_t pp_class_size(unsigned idx) {
+  unsigned e = 9 + idx / 8, k = idx % 8;
+  return ((size_t)1 << e) + (size_t)k * ((size_t)1 << (e - 3));
+}
 
 /* ---- Configuration (config.c) ------------------------------------------- */
 enum { PP_MLOCK_OFF = 0, PP_MLOCK_TRY = 1, PP_MLOCK_REQUIRE = 2 };
@@ -148,11 +159,11 @@ int pp_backend_user_open(const pinpool_backend_t *user, pp_provider_t *out);
 typedef struct pp_range pp_range_t;
 typedef struct pp_reserve {
   pp_mutex_t lock;
-  uintptr_t base;      /* immutable after create */
-  size_t size;         /* immutable after create */
-  unsigned flags;      /* immutable: PP_SEG_* of the region */
-  pp_range_t *free;    /* sorted by address, coalesced; under lock */
-  size_t free_bytes;   /* under lock */
+  uintptr_t base;    /* immutable after create */
+  size_t size;       /* immutable after create */
+  unsigned flags;    /* immutable: PP_SEG_* of the region */
+  pp_range_t *free;  /* sorted by address, coalesced; under lock */
+  size_t free_bytes; /* under lock */
 } pp_reserve_t;
 void pp_reserve_init(pp_reserve_t *r, void *base, size_t size, unsigned flags);
 void pp_reserve_fini(pp_reserve_t *r);
@@ -185,6 +196,10 @@ struct pp_segment {
   _Atomic(size_t) size;
   _Atomic(size_t) block_size;
   _Atomic(uint32_t) nblocks;
+  /* ceil(2^42 / block_size): offset / block_size by a multiply. Exact for
+   * offsets below 2^21 (every multi-block segment is <= 2 MiB) and blocks
+   * up to 2^18 bytes: 42 >= 21 + 18 bits. */
+  _Atomic(uint64_t) div_magic;
   uint32_t capacity; /* length of word[]; immutable for the descriptor */
 
   /* Under the lock of bin (cls, shard). cls and shard are written before
@@ -209,12 +224,42 @@ struct pp_segment {
 };
 
 /* ---- Segment map (segmap.c): pointer -> segment without a lock. -------- */
-typedef struct pp_segmap pp_segmap_t;
+#define PP_MAP_CHUNK_SHIFT 18
+#define PP_MAP_ADDR_BITS 48
+#define PP_MAP_L2_BITS 15
+#define PP_MAP_L1_LEN                                                          \
+  ((size_t)1 << (PP_MAP_ADDR_BITS - PP_MAP_CHUNK_SHIFT - PP_MAP_L2_BITS))
+#define PP_MAP_L2_LEN ((size_t)1 << PP_MAP_L2_BITS)
+typedef struct pp_map_entry {
+  _Atomic(pp_segment_t *) slot[2];
+} pp_map_entry_t;
+typedef struct pp_segmap {
+  _Atomic(pp_map_entry_t *) l1[PP_MAP_L1_LEN];
+} pp_segmap_t;
 int pp_segmap_create(pp_segmap_t **out);
 void pp_segmap_destroy(pp_segmap_t *map);
 int pp_segmap_insert(pp_segmap_t *map, pp_segment_t *seg); /* under seg_lock */
 void pp_segmap_remove(pp_segmap_t *map, pp_segment_t *seg);
-pp_segment_t *pp_segmap_find(pp_segmap_t *map, uintptr_t p);
+/* Inline: pinpool_free's lookup. Acquire pairs with the release store that
+ * published the descriptor (segmap.c explains the stale-lookup case). */
+static inline pp_segment_t *pp_segmap_find(pp_segmap_t *m, uintptr_t p) {
+  if (p >= ((uintptr_t)1 << PP_MAP_ADDR_BITS))
+    return NULL;
+  uintptr_t chunk = p >> PP_MAP_CHUNK_SHIFT;
+  pp_map_entry_t *leaf = pp_load_acquire(&m->l1[chunk >> PP_MAP_L2_BITS]);
+  if (leaf == NULL)
+    return NULL;
+  pp_map_entry_t *e = &leaf[chunk & (PP_MAP_L2_LEN - 1)];
+  for (int i = 0; i < 2; i++) {
+    pp_segment_t *s = pp_load_acquire(&e->slot[i]);
+    if (s != NULL) {
+      uintptr_t b = pp_load_relaxed(&s->base);
+      if (p >= b && p - b < pp_load_relaxed(&s->size))
+        return s;
+    }
+  }
+  return NULL;
+}
 
 /* ---- Thread caches (tcache.c) ------------------------------------------ */
 typedef struct pp_tentry {
@@ -229,12 +274,12 @@ typedef struct pp_tbin {
 } pp_tbin_t;
 
 /* Counters of one thread for one pool: written only by the owning thread
- * (pp_owner_add), read by pinpool_get_stats under pool->reg_lock. */
+ * (pp_owner_add), read by pinpool_get_stats under pool->reg_lock. Only
+ * pp_counter_t fields: stats.c sums the struct as an array. */
 typedef struct pp_tcounters {
   pp_counter_t n_alloc, n_free;
   pp_counter_t req_alloc, req_free;
   pp_counter_t blk_alloc, blk_free;
-  pp_counter_t cached_in, cached_out; /* bytes into / out of this cache */
   pp_counter_t tc_hits;
 } pp_tcounters_t;
 
@@ -243,7 +288,7 @@ typedef struct pp_tcache {
   struct pinpool *pool;
   pp_thread_t *thread;
   unsigned shard;
-  uint64_t epoch;       /* pool->flush_epoch seen last; owner only */
+  uint64_t epoch;          /* pool->flush_epoch seen last; owner only */
   _Atomic(uint64_t) bytes; /* cached bytes held; owner writes */
   pp_tcounters_t c;
   /* pool->reg_lock: pool's list of caches. pp_global_lock: thread's list. */
@@ -339,7 +384,7 @@ void pp_trim_to_cap(struct pinpool *pool);
 
 /* Release every idle segment (lru_only: only those in the LRU, i.e. not
  * carved from the reserve). Call with no lock held. */
-void pp_release_idle(struct pinpool *pool, bool lru_only);
+unsigned pp_release_idle(struct pinpool *pool, bool lru_only);
 void pp_segment_release_all(struct pinpool *pool); /* destroy only */
 
 /* stats.c */

@@ -54,9 +54,9 @@ static bool reserve_bytes(pinpool_t *pool, size_t n) {
   do {
     if (cap != 0 && (cur + n > cap || cur + n < cur))
       return false;
-  } while (!atomic_compare_exchange_weak_explicit(
-      &pool->gs.reserved_cur, &cur, cur + n, memory_order_relaxed,
-      memory_order_relaxed));
+  } while (!atomic_compare_exchange_weak_explicit(&pool->gs.reserved_cur, &cur,
+                                                  cur + n, memory_order_relaxed,
+                                                  memory_order_relaxed));
   pp_atomic_max_relaxed(&pool->gs.reserved_peak, cur + n);
   return true;
 }
@@ -106,9 +106,16 @@ static void backend_free(pinpool_t *pool, void *mem, size_t size,
 
 /* ---- Segments ----------------------------------------------------------- */
 
+/* Small classes share a segment: 2 MiB up to 64 KiB blocks (at most 2%
+ * of it lost to the tail), eight blocks (no tail) up to 256 KiB. Larger
+ * classes get a segment of their own. Every segment is larger than a
+ * segment-map chunk (256 KiB), which segmap.c relies on. */
 static size_t seg_bytes_for(size_t bs) {
-  return bs <= PP_SLAB_MAX_BLOCK ? PP_SLAB_SIZE
-                                 : (bs + PP_PAGE - 1) & ~(size_t)(PP_PAGE - 1);
+  if (bs <= ((size_t)64 << 10))
+    return PP_SLAB_SIZE;
+  if (bs <= PP_SLAB_MAX_BLOCK)
+    return 8 * bs;
+  return (bs + PP_PAGE - 1) & ~(size_t)(PP_PAGE - 1);
 }
 
 /* Create a segment for class `cls`, owned by bin (cls, shard). Called with
@@ -118,7 +125,7 @@ static int seg_create(pinpool_t *pool, unsigned cls, unsigned shard,
   size_t bs = pp_class_size(cls);
   bool slab = bs <= PP_SLAB_MAX_BLOCK;
   size_t size = seg_bytes_for(bs);
-  uint32_t nblocks = slab ? (uint32_t)(size / bs) : 1u;
+  uint32_t nblocks = (uint32_t)(size / bs);
   pp_segment_t *d = desc_get(pool, slab);
   if (d == NULL)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for segment metadata");
@@ -141,6 +148,7 @@ static int seg_create(pinpool_t *pool, unsigned cls, unsigned shard,
   pp_store_relaxed(&d->size, size);
   pp_store_relaxed(&d->block_size, bs);
   pp_store_relaxed(&d->nblocks, nblocks);
+  pp_store_relaxed(&d->div_magic, (((uint64_t)1 << 42) + bs - 1) / bs);
   for (uint32_t i = 0; i < nblocks; i++)
     pp_store_relaxed(&d->word[i], PP_WORD(0, PP_NEVER));
   d->cls = cls;
@@ -205,15 +213,19 @@ static void seg_release(pinpool_t *pool, pp_segment_t *d) {
   pp_fetch_add_relaxed(&pool->gs.segs_freed, 1);
 }
 
-static void release_batch(pinpool_t *pool, pp_segment_t *batch) {
+static unsigned release_batch(pinpool_t *pool, pp_segment_t *batch) {
+  unsigned n = 0;
   while (batch != NULL) {
     pp_segment_t *next = batch->next;
     seg_release(pool, batch);
     batch = next;
+    n++;
   }
+  return n;
 }
 
-/* ---- Bin lists ------------------------------------------------------------ */
+/* ---- Bin lists ------------------------------------------------------------
+ */
 
 static void list_remove(pp_segment_t **head, pp_segment_t *s) {
   if (s->prev != NULL)
@@ -468,14 +480,10 @@ void pp_trim_to_cap(pinpool_t *pool) {
   if (cached <= cap + exempt)
     return;
   pp_segment_t *batch = detach_oldest(pool, cached - cap - exempt);
-  uint64_t n = 0;
-  for (pp_segment_t *s = batch; s != NULL; s = s->next)
-    n++;
-  pp_fetch_add_relaxed(&pool->gs.trimmed, n);
-  release_batch(pool, batch);
+  pp_fetch_add_relaxed(&pool->gs.trimmed, release_batch(pool, batch));
 }
 
-void pp_release_idle(pinpool_t *pool, bool lru_only) {
+unsigned pp_release_idle(pinpool_t *pool, bool lru_only) {
   pp_segment_t *batch = detach_oldest(pool, UINT64_MAX);
   if (!lru_only) {
     /* Segments carved from the reserve are not in the LRU: walk the bins.
@@ -499,7 +507,7 @@ void pp_release_idle(pinpool_t *pool, bool lru_only) {
     }
     pp_mutex_unlock(&pool->trim_lock);
   }
-  release_batch(pool, batch);
+  return release_batch(pool, batch);
 }
 
 void pp_segment_release_all(pinpool_t *pool) {
@@ -584,7 +592,7 @@ static int pool_new(const pp_config_t *cfg, const pinpool_backend_t *user,
   pool->id = pp_fetch_add_relaxed(&next_pool_id, 1);
   if (cfg->reserve > 0) {
     size_t size = (cfg->reserve + PP_PAGE - 1) & ~(uint64_t)(PP_PAGE - 1);
-    void *mem;
+    void *mem = NULL;
     unsigned flags = 0;
     rc = backend_alloc(pool, size, &mem, &flags);
     if (rc != 0) {
@@ -652,12 +660,11 @@ int pinpool_empty_cache(pinpool_t *pool) {
   int rc = pinpool_thread_flush(pool);
   if (rc != 0)
     return rc;
-  pp_release_idle(pool, false);
+  (void)pp_release_idle(pool, false);
   return 0;
 }
 
-int pinpool_get_config(pinpool_t *pool, char *buf, size_t len,
-                       size_t *needed) {
+int pinpool_get_config(pinpool_t *pool, char *buf, size_t len, size_t *needed) {
   if (pool == NULL || (buf == NULL && len != 0))
     return pp_fail(PINPOOL_EINVAL, "pinpool_get_config: NULL argument");
   const char *name =

@@ -19,8 +19,7 @@ struct pp_range {
   pp_range_t *next;
 };
 
-void pp_reserve_init(pp_reserve_t *r, void *base, size_t size,
-                     unsigned flags) {
+void pp_reserve_init(pp_reserve_t *r, void *base, size_t size, unsigned flags) {
   pp_mutex_init(&r->lock);
   r->base = (uintptr_t)base;
   r->size = size;

@@ -17,20 +17,12 @@
 
 #include <stdlib.h>
 
-#define CHUNK_SHIFT 18
-#define ADDR_BITS 48
-#define L2_BITS 15
-#define L1_BITS (ADDR_BITS - CHUNK_SHIFT - L2_BITS)
-#define L1_LEN ((size_t)1 << L1_BITS)
-#define L2_LEN ((size_t)1 << L2_BITS)
-
-typedef struct leaf_entry {
-  _Atomic(pp_segment_t *) slot[2];
-} leaf_entry_t;
-
-struct pp_segmap {
-  _Atomic(leaf_entry_t *) l1[L1_LEN];
-};
+#define CHUNK_SHIFT PP_MAP_CHUNK_SHIFT
+#define ADDR_BITS PP_MAP_ADDR_BITS
+#define L2_BITS PP_MAP_L2_BITS
+#define L1_LEN PP_MAP_L1_LEN
+#define L2_LEN PP_MAP_L2_LEN
+typedef pp_map_entry_t leaf_entry_t;
 
 int pp_segmap_create(pp_segmap_t **out) {
   /* calloc of 256 KiB: untouched pages stay unbacked until used. */
@@ -69,9 +61,9 @@ int pp_segmap_insert(pp_segmap_t *m, pp_segment_t *seg) {
   pp_assert(size > ((size_t)1 << CHUNK_SHIFT));
   if (base + size > ((uintptr_t)1 << ADDR_BITS) || base + size < base)
     return pp_fail(PINPOOL_EBACKEND,
-                   "backend returned an address beyond 2^48: %p",
-                   (void *)base);
-  uintptr_t first = base >> CHUNK_SHIFT, last = (base + size - 1) >> CHUNK_SHIFT;
+                   "backend returned an address beyond 2^48: %p", (void *)base);
+  uintptr_t first = base >> CHUNK_SHIFT,
+            last = (base + size - 1) >> CHUNK_SHIFT;
   /* Create every leaf first so that a failure leaves nothing half-done. */
   for (uintptr_t c = first; c <= last; c += (uintptr_t)L2_LEN) {
     if (entry_for(m, c, true) == NULL)
@@ -91,28 +83,12 @@ int pp_segmap_insert(pp_segmap_t *m, pp_segment_t *seg) {
 void pp_segmap_remove(pp_segmap_t *m, pp_segment_t *seg) {
   uintptr_t base = pp_load_relaxed(&seg->base);
   size_t size = pp_load_relaxed(&seg->size);
-  uintptr_t first = base >> CHUNK_SHIFT, last = (base + size - 1) >> CHUNK_SHIFT;
+  uintptr_t first = base >> CHUNK_SHIFT,
+            last = (base + size - 1) >> CHUNK_SHIFT;
   for (uintptr_t c = first; c <= last; c++) {
     leaf_entry_t *e = entry_for(m, c, false);
     int slot = (base <= (c << CHUNK_SHIFT)) ? 0 : 1;
     pp_assert(e != NULL && pp_load_relaxed(&e->slot[slot]) == seg);
     pp_store_release(&e->slot[slot], NULL);
   }
-}
-
-pp_segment_t *pp_segmap_find(pp_segmap_t *m, uintptr_t p) {
-  if (p >= ((uintptr_t)1 << ADDR_BITS))
-    return NULL;
-  leaf_entry_t *e = entry_for(m, p >> CHUNK_SHIFT, false);
-  if (e == NULL)
-    return NULL;
-  for (int i = 0; i < 2; i++) {
-    pp_segment_t *s = pp_load_acquire(&e->slot[i]);
-    if (s != NULL) {
-      uintptr_t b = pp_load_relaxed(&s->base);
-      if (p >= b && p - b < pp_load_relaxed(&s->size))
-        return s;
-    }
-  }
-  return NULL;
 }

@@ -5,24 +5,6 @@
  */
 #include "internal.h"
 
-unsigned pp_class_index(size_t size) {
-  pp_assert(size >= 1 && size <= PP_MAX_REQUEST);
-  if (size <= PP_MIN_BLOCK)
-    return 0;
-  /* x in [2^e, 2^(e+1)); m = top four bits of x, in 8..15. The class is
-   * (m + 1) << (e - 3): the smallest class >= size. */
-  size_t x = size - 1;
-  unsigned e = 63u - (unsigned)__builtin_clzll((unsigned long long)x);
-  unsigned m = (unsigned)(x >> (e - 3));
-  return (e - 9) * 8 + (m - 8) + 1;
-}
-
-size_t pp_class_size(unsigned idx) {
-  pp_assert(idx < PP_NCLASSES);
-  unsigned e = 9 + idx / 8, k = idx % 8;
-  return ((size_t)1 << e) + (size_t)k * ((size_t)1 << (e - 3));
-}
-
 int pinpool_size_class(size_t size, size_t *out) {
   if (out == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_size_class: out is NULL");

@@ -18,14 +18,12 @@
 #include <stdio.h>
 #include <string.h>
 
-#define ALL_COUNTERS(X)                                                        \
-  X(n_alloc) X(n_free) X(req_alloc) X(req_free) X(blk_alloc) X(blk_free)       \
-      X(cached_in) X(cached_out) X(tc_hits)
-
 static void add_counters(pp_tcounters_t *dst, pp_tcounters_t *src) {
-#define ADD(f) pp_owner_add(&dst->f, pp_load_relaxed(&src->f));
-  ALL_COUNTERS(ADD)
-#undef ADD
+  /* Each field is a single-writer counter; a plain sum of loads. */
+  pp_counter_t *d = &dst->n_alloc, *sv = &src->n_alloc;
+  size_t n = sizeof(pp_tcounters_t) / sizeof(pp_counter_t);
+  for (size_t i = 0; i < n; i++)
+    pp_owner_add(&d[i], pp_load_relaxed(&sv[i]));
 }
 
 void pp_stats_sum(pinpool_t *pool, pp_sums_t *out) {
@@ -52,13 +50,15 @@ typedef struct currents {
 
 static currents_t currents_of(pinpool_t *pool, const pp_sums_t *s) {
   currents_t c;
-  c.requests = diff(pp_load_relaxed(&s->t.n_alloc), pp_load_relaxed(&s->t.n_free));
-  c.req = diff(pp_load_relaxed(&s->t.req_alloc), pp_load_relaxed(&s->t.req_free));
-  c.blk = diff(pp_load_relaxed(&s->t.blk_alloc), pp_load_relaxed(&s->t.blk_free));
+  c.requests =
+      diff(pp_load_relaxed(&s->t.n_alloc), pp_load_relaxed(&s->t.n_free));
+  c.req =
+      diff(pp_load_relaxed(&s->t.req_alloc), pp_load_relaxed(&s->t.req_free));
+  c.blk =
+      diff(pp_load_relaxed(&s->t.blk_alloc), pp_load_relaxed(&s->t.blk_free));
   c.cached = diff(pp_load_relaxed(&pool->gs.central_in),
                   pp_load_relaxed(&pool->gs.central_out)) +
-             diff(pp_load_relaxed(&s->t.cached_in),
-                  pp_load_relaxed(&s->t.cached_out));
+             s->tc_bytes;
   return c;
 }
 
@@ -115,9 +115,9 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   uint64_t blk_free = pp_load_relaxed(&s.t.blk_free);
   st.requests = stat_of(n_alloc, n_free, c.requests, r->peak_requests);
   st.blocks = st.requests;
-  st.requested_bytes = stat_of(pp_load_relaxed(&s.t.req_alloc),
-                               pp_load_relaxed(&s.t.req_free), c.req,
-                               r->peak_req);
+  st.requested_bytes =
+      stat_of(pp_load_relaxed(&s.t.req_alloc), pp_load_relaxed(&s.t.req_free),
+              c.req, r->peak_req);
   st.block_bytes = stat_of(blk_alloc, blk_free, c.blk, r->peak_blk);
   uint64_t res_alloc = pp_load_relaxed(&g->reserved_alloc);
   uint64_t res_freed = pp_load_relaxed(&g->reserved_freed);
@@ -134,10 +134,9 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   st.reserved_bytes =
       stat_of(res_alloc, res_freed, pp_load_relaxed(&g->reserved_cur),
               pp_load_relaxed(&g->reserved_peak));
-  st.segments = stat_of(pp_load_relaxed(&g->segs_alloc),
-                        pp_load_relaxed(&g->segs_freed),
-                        pp_load_relaxed(&g->segs_cur),
-                        pp_load_relaxed(&g->segs_peak));
+  st.segments =
+      stat_of(pp_load_relaxed(&g->segs_alloc), pp_load_relaxed(&g->segs_freed),
+              pp_load_relaxed(&g->segs_cur), pp_load_relaxed(&g->segs_peak));
   st.pending_bytes = 0; /* stream-ordered frees: not yet implemented */
   st.cache_misses = pp_load_relaxed(&g->misses);
   st.cache_hits = diff(n_alloc, st.cache_misses);

@@ -50,7 +50,6 @@ void pp_tcache_flush_bin(pp_tcache_t *tc, unsigned cls, uint32_t keep) {
   memmove(b->items, b->items + give, keep * sizeof b->items[0]);
   b->n = keep;
   pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) - bytes);
-  pp_owner_add(&tc->c.cached_out, bytes);
 }
 
 void pp_tcache_flush_all(pp_tcache_t *tc) {
@@ -99,7 +98,9 @@ static void thread_exit(void *arg) {
   free(thr);
 }
 
-static void make_key(void) { (void)pthread_key_create(&thread_key, thread_exit); }
+static void make_key(void) {
+  (void)pthread_key_create(&thread_key, thread_exit);
+}
 
 pp_tcache_t *pp_tcache_get_slow(pinpool_t *pool) {
   pp_thread_t *thr = tls_thread;
@@ -169,8 +170,8 @@ void pp_tcache_pool_destroy(pinpool_t *pool) {
 int pinpool_thread_flush(pinpool_t *pool) {
   if (pool == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_thread_flush: pool is NULL");
-  pp_tcache_t *tc = pp_tls.pool_id == pool->id ? pp_tls.tc
-                                               : pp_tcache_get_slow(pool);
+  pp_tcache_t *tc =
+      pp_tls.pool_id == pool->id ? pp_tls.tc : pp_tcache_get_slow(pool);
   if (tc == NULL)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
   pp_tcache_flush_all(tc);

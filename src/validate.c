@@ -21,7 +21,7 @@ typedef struct vstate {
 #define VFAIL(v, ...)                                                          \
   do {                                                                         \
     if (!(v)->bad)                                                             \
-      (void)snprintf((v)->why, sizeof (v)->why, __VA_ARGS__);                  \
+      (void)snprintf((v)->why, sizeof(v)->why, __VA_ARGS__);                   \
     (v)->bad = true;                                                           \
   } while (0)
 
@@ -198,16 +198,14 @@ int pinpool_validate(pinpool_t *pool) {
 
   pp_gstats_t *g = &pool->gs;
   uint64_t reserved = pp_load_relaxed(&g->reserved_cur);
-  uint64_t blk = pp_load_relaxed(&sums.t.blk_alloc) -
-                 pp_load_relaxed(&sums.t.blk_free);
-  uint64_t req = pp_load_relaxed(&sums.t.req_alloc) -
-                 pp_load_relaxed(&sums.t.req_free);
+  uint64_t blk =
+      pp_load_relaxed(&sums.t.blk_alloc) - pp_load_relaxed(&sums.t.blk_free);
+  uint64_t req =
+      pp_load_relaxed(&sums.t.req_alloc) - pp_load_relaxed(&sums.t.req_free);
   uint64_t cnt =
       pp_load_relaxed(&sums.t.n_alloc) - pp_load_relaxed(&sums.t.n_free);
   uint64_t cached = pp_load_relaxed(&g->central_in) -
-                    pp_load_relaxed(&g->central_out) +
-                    pp_load_relaxed(&sums.t.cached_in) -
-                    pp_load_relaxed(&sums.t.cached_out);
+                    pp_load_relaxed(&g->central_out) + sums.tc_bytes;
   if (!v->bad && nsegs != pp_load_relaxed(&g->segs_cur))
     VFAIL(v, "%llu segments listed, counter says %llu",
           (unsigned long long)nsegs,
@@ -215,13 +213,12 @@ int pinpool_validate(pinpool_t *pool) {
   if (!v->bad && v->reserved != reserved)
     VFAIL(v, "reserved: segments hold %llu, counter says %llu",
           (unsigned long long)v->reserved, (unsigned long long)reserved);
-  if (!v->bad && (v->alloc_bytes != blk || v->alloc_req != req ||
-                  v->alloc_count != cnt))
+  if (!v->bad &&
+      (v->alloc_bytes != blk || v->alloc_req != req || v->alloc_count != cnt))
     VFAIL(v,
           "allocated: blocks hold %llu bytes (%llu requested, %llu blocks), "
           "counters say %llu (%llu, %llu)",
-          (unsigned long long)v->alloc_bytes,
-          (unsigned long long)v->alloc_req,
+          (unsigned long long)v->alloc_bytes, (unsigned long long)v->alloc_req,
           (unsigned long long)v->alloc_count, (unsigned long long)blk,
           (unsigned long long)req, (unsigned long long)cnt);
   if (!v->bad && v->cached_bytes != cached)
