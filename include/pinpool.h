@@ -53,7 +53,10 @@ PINPOOL_API const char *pinpool_version(void);
  *  PINPOOL_ECONFIG     unknown config key or bad value (the message names it)
  *  PINPOOL_EBACKEND    the backend failed for a reason other than memory
  *  PINPOOL_ECORRUPT    pinpool_validate found an inconsistency
- *  PINPOOL_EBUSY       the operation is refused in the current state */
+ *  PINPOOL_EBUSY       the operation is refused in the current state
+ *  PINPOOL_ENODRIVER   CUDA requested but unusable: no driver library, the
+ *                      toolkit's stub library, no device, or no context
+ *  PINPOOL_EDEVICE     an event provider reported a device error */
 #define PINPOOL_OK 0
 #define PINPOOL_EINVAL (-1)
 #define PINPOOL_ENOMEM (-2)
@@ -66,6 +69,8 @@ PINPOOL_API const char *pinpool_version(void);
 #define PINPOOL_EBACKEND (-9)
 #define PINPOOL_ECORRUPT (-10)
 #define PINPOOL_EBUSY (-11)
+#define PINPOOL_ENODRIVER (-12)
+#define PINPOOL_EDEVICE (-13)
 
 /* A static string naming the code ("PINPOOL_ENOMEM: out of memory ...").
  * Unknown codes give "unknown pinpool error". Thread-safe. */
@@ -98,6 +103,44 @@ typedef struct pinpool_backend {
   int page_locked;
 } pinpool_backend_t;
 
+/* A stream: an ordered queue of device work. For the cuda event provider it
+ * is a CUstream (0: the legacy default stream); for the simulated provider
+ * any value names a simulated stream; for callbacks, whatever they expect. */
+typedef uintptr_t pinpool_stream_t;
+
+/* Event provider: how the pool learns that device work on a stream that
+ * used a block has finished. A table of function pointers, called with no
+ * pool lock held, possibly from several threads at once.
+ * record:      record an event after the work queued on `stream` so far;
+ *              store it in *event. Return 0 or a negative PINPOOL_E* code.
+ * query:       1 if the event completed, 0 if not yet, < 0 on a device
+ *              error (the block stays PENDING forever: never reused).
+ * synchronize: wait for the event; 0 or < 0 on a device error.
+ * release:     the pool is done with the event (providers pool them). */
+typedef struct pinpool_events {
+  const char *name;
+  int (*record)(void *ctx, pinpool_stream_t stream, void **event);
+  int (*query)(void *ctx, void *event);
+  int (*synchronize)(void *ctx, void *event);
+  void (*release)(void *ctx, void *event);
+  void *ctx;
+} pinpool_events_t;
+
+/* Called (from the thread that found it) when an event reports an error:
+ * `err` is the code, `msg` a description, `block` the block that stays
+ * pending. Must not call back into the pool. */
+typedef void (*pinpool_error_fn)(void *arg, int err, const char *msg,
+                                 void *block);
+
+/* Everything pinpool_create_ex can be given besides the config string.
+ * NULL members mean: as the config says. */
+typedef struct pinpool_hooks {
+  const struct pinpool_backend *backend;
+  const pinpool_events_t *events;
+  pinpool_error_fn on_error;
+  void *error_arg;
+} pinpool_hooks_t;
+
 /* Create a pool. `config` is "key=value,key=value" (docs/configuration.md);
  * NULL means: the environment variable PINPOOL_CONF if set, else defaults.
  * An empty string means defaults. On success stores the pool in *out.
@@ -113,6 +156,14 @@ PINPOOL_API int pinpool_create_with_backend(const char *config,
                                             const pinpool_backend_t *backend,
                                             pinpool_t **out);
 
+/* As pinpool_create, with any of a user backend, a user event provider
+ * (the `events` key is then not allowed) and an error callback. The tables
+ * are copied; their functions and contexts must stay valid until
+ * pinpool_destroy returns. hooks may be NULL. */
+PINPOOL_API int pinpool_create_ex(const char *config,
+                                  const pinpool_hooks_t *hooks,
+                                  pinpool_t **out);
+
 /* Release every segment to the backend and free the pool. Blocks still
  * allocated are released too (their pointers become invalid). NULL is a
  * no-op. Not thread-safe: no other thread may use the pool during or after
@@ -126,7 +177,7 @@ PINPOOL_API void pinpool_destroy(pinpool_t *pool);
  * aligned; a block whose size class is a multiple of 4096 (4 KiB, 8 KiB and
  * every class from 32 KiB up) is 4096-byte aligned. The memory is not
  * zeroed. Errors: PINPOOL_EINVAL (pool or out NULL), PINPOOL_EZEROSIZE,
- * PINPOOL_EOVERFLOW (size beyond the largest class, 2^61 bytes),
+ * PINPOOL_EOVERFLOW (size beyond the largest class, 2^60 bytes),
  * PINPOOL_ENOMEM (max_reserved reached after releasing idle memory once, or
  * the backend is out of memory), PINPOOL_EBACKEND. On error *out is left
  * untouched. Thread-safe; the common case takes no lock. */
@@ -158,6 +209,38 @@ PINPOOL_API int pinpool_empty_cache(pinpool_t *pool);
  * automatically at thread exit). Thread-safe. */
 PINPOOL_API int pinpool_thread_flush(pinpool_t *pool);
 
+/* ---- Stream-ordered frees ---------------------------------------------
+ * A block used by device work on streams is freed at once by the caller but
+ * handed out again only after that work completed: pinpool_free records one
+ * event per stream the block was recorded on and the block stays PENDING
+ * until every one of them has completed (docs/streams.md). */
+
+/* Mark that work queued on `stream` uses the allocated block `ptr`. Any
+ * number of streams per block; the same stream twice counts once.
+ * Errors: PINPOOL_EINVAL, PINPOOL_ENOTOWNED, PINPOOL_EINTERIOR,
+ * PINPOOL_EDOUBLEFREE (block not allocated), PINPOOL_EBUSY (the pool has
+ * no event provider: events=none), PINPOOL_ENOMEM. Thread-safe. */
+PINPOOL_API int pinpool_record_stream(pinpool_t *pool, void *ptr,
+                                      pinpool_stream_t stream);
+
+/* Reclaim pending blocks whose events have completed (each stream is
+ * polled in order, and a slow stream never holds back another). Returns 0;
+ * device errors are counted and reported through the error callback.
+ * Thread-safe. */
+PINPOOL_API int pinpool_process_events(pinpool_t *pool);
+
+/* Wait until no block is pending (except blocks whose events failed, which
+ * stay pending forever). Thread-safe. */
+PINPOOL_API int pinpool_synchronize(pinpool_t *pool);
+
+/* events=simulated only: queue fn(arg) on the simulated stream, to run on
+ * its worker thread after `duration_ns` of simulated device time, after
+ * everything queued on that stream before. fn may be NULL. Errors:
+ * PINPOOL_EINVAL, PINPOOL_EBUSY (not a simulated pool), PINPOOL_ENOMEM. */
+PINPOOL_API int pinpool_sim_submit(pinpool_t *pool, pinpool_stream_t stream,
+                                   uint64_t duration_ns, void (*fn)(void *),
+                                   void *arg);
+
 /* ---- Statistics ------------------------------------------------------- */
 typedef struct pinpool_stat {
   uint64_t current;   /* now */
@@ -182,6 +265,11 @@ typedef struct pinpool_stats {
   pinpool_stat_t cached_bytes;    /* idle bytes inside reserved segments */
   pinpool_stat_t segments;        /* count of segments held */
   uint64_t pending_bytes;         /* awaiting device events (stream-ordered) */
+  uint64_t pending_blocks;        /* blocks awaiting device events */
+  uint64_t events_recorded;       /* events recorded by pinpool_free */
+  uint64_t events_completed;      /* of those, seen complete */
+  uint64_t event_errors;          /* of those, failed: block kept pending */
+  pinpool_duration_t reclaim;     /* free of a stream-used block -> cached */
   uint64_t cache_hits;            /* allocations served without the backend */
   uint64_t cache_misses;          /* allocations that needed a new segment */
   uint64_t tcache_hits;           /* of cache_hits: from the thread cache */

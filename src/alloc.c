@@ -53,6 +53,9 @@ static void account_free(pp_tcache_t *tc, size_t req, size_t bs) {
 
 static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
                            pp_tentry_t *out, uint32_t want, bool *missed) {
+  /* Bounded reclaim of completed stream-ordered frees before the bins are
+   * searched: cheap (one load) when nothing is pending. */
+  pp_process(pool, 64, false);
   int n = pp_central_take(pool, cls, tc->shard, out, want, missed);
   if (n == PINPOOL_ENOMEM) {
     /* max_reserved reached (or the backend is out): give back what is
@@ -114,7 +117,7 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
   if (pp_unlikely(size > PP_MAX_REQUEST))
     return pp_fail(PINPOOL_EOVERFLOW,
                    "pinpool_alloc: %zu bytes is beyond the largest class "
-                   "(2^61)",
+                   "(2^60)",
                    size);
   pp_tcache_t *tc = tcache_get(pool);
   if (pp_unlikely(tc == NULL))
@@ -189,6 +192,8 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
   do {
     if (PP_WORD_STATE(w) != PP_ALLOCATED)
       return state_error(ptr, "pinpool_free", w);
+    if (w & PP_WORD_STREAMS) /* used on streams: stream-ordered free */
+      return pp_stream_free(pool, tc, seg, idx, w);
   } while (!pp_cas_acq_rel(&seg->word[idx], &w, PP_WORD(0, PP_CACHED)));
 
   size_t req = (size_t)PP_WORD_PAYLOAD(w);

@@ -14,6 +14,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
@@ -47,12 +49,13 @@ static void *populate_main(void *arg) {
   return NULL;
 }
 
-static void populate(const host_ctx_t *h, char *p, size_t size) {
-  unsigned nt = h->cfg.populate_threads;
-  if (nt <= 1 || size < h->cfg.populate_parallel_min) {
+static void populate(char *p, size_t size, unsigned nt) {
+  if (nt <= 1) {
     populate_range(p, size);
     return;
   }
+  if (nt > 64)
+    nt = 64;
   populate_job_t jobs[64];
   size_t pages = size / PP_PAGE, per = (pages + nt - 1) / nt;
   for (unsigned i = 0; i < nt; i++) {
@@ -75,9 +78,42 @@ static void populate(const host_ctx_t *h, char *p, size_t size) {
       (void)pthread_join(jobs[i].tid, NULL);
 }
 
-static int host_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
-  const host_ctx_t *h = ctx;
-  bool huge = h->cfg.hugepages;
+/* The pool's accounting must not depend on how a host segment was
+ * populated: populate() and mlock() only change residency. */
+int pp_numa_check(int node) {
+  if (node < 0)
+    return 0;
+  char path[64];
+  (void)snprintf(path, sizeof path, "/sys/devices/system/node/node%d", node);
+  /* A kernel without NUMA has no such directory but one node: node 0. */
+  if (access(path, F_OK) == 0 ||
+      (node == 0 && access("/sys/devices/system/node", F_OK) != 0))
+    return 0;
+  return pp_fail(PINPOOL_ECONFIG,
+                 "config: key 'numa_node': node %d does "
+                 "not exist on this machine",
+                 node);
+}
+
+/* Bind [p, p+size) to one node before the first touch, so populating
+ * allocates the pages there. */
+static int bind_node(char *p, size_t size, int node) {
+  unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {0};
+  if (node < 0)
+    return 0;
+  mask[node / (8 * sizeof(unsigned long))] |=
+      1ul << (node % (8 * sizeof(unsigned long)));
+  /* MPOL_BIND = 2; maxnode counts bits, plus one (kernel convention). */
+  if (syscall(SYS_mbind, p, size, 2, mask, 1024 + 1, 0) != 0 &&
+      !(errno == ENOSYS && node == 0))
+    return pp_fail(PINPOOL_EBACKEND, "host backend: mbind to node %d: %s", node,
+                   strerror(errno));
+  return 0;
+}
+
+int pp_host_map(const pp_config_t *cfg, size_t size, unsigned nthreads,
+                void **out, unsigned *flags) {
+  bool huge = cfg->hugepages;
   size_t map = huge ? size + HUGE_ALIGN : size;
   char *p = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                  -1, 0);
@@ -101,8 +137,26 @@ static int host_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
     if (madvise(p, size, MADV_HUGEPAGE) == 0)
       *flags |= PP_SEG_HUGE;
   }
-  if (h->cfg.populate)
-    populate(h, p, size);
+  int rc = bind_node(p, size, cfg->numa_node);
+  if (rc != 0) {
+    (void)munmap(p, size);
+    return rc;
+  }
+  if (cfg->populate)
+    populate(p, size, size >= cfg->populate_parallel_min ? nthreads : 1u);
+  *out = p;
+  return 0;
+}
+
+void pp_host_unmap(void *p, size_t size) { (void)munmap(p, size); }
+
+static int host_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
+  const host_ctx_t *h = ctx;
+  char *p = NULL;
+  int rc =
+      pp_host_map(&h->cfg, size, h->cfg.populate_threads, (void **)&p, flags);
+  if (rc != 0)
+    return rc;
   if (h->cfg.mlock != PP_MLOCK_OFF) {
     if (mlock(p, size) == 0) {
       *flags |= PP_SEG_LOCKED;

@@ -13,13 +13,22 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef enum { K_SIZE, K_BOOL, K_UINT, K_MLOCK, K_BACKEND } kind_t;
+typedef enum {
+  K_SIZE,
+  K_BOOL,
+  K_UINT,
+  K_INT,
+  K_MLOCK,
+  K_BACKEND,
+  K_EVENTS,
+  K_CUDA_FLAGS
+} kind_t;
 
 typedef struct key_desc {
   const char *name;
   kind_t kind;
   size_t offset;
-  unsigned long long lo, hi; /* K_UINT bounds */
+  long long lo, hi; /* K_UINT / K_INT bounds */
 } key_desc_t;
 
 #define CFG_OFF(f) offsetof(pp_config_t, f)
@@ -35,6 +44,14 @@ static const key_desc_t keys[] = {
     {"populate_parallel_min", K_SIZE, CFG_OFF(populate_parallel_min), 0, 0},
     {"tcache_bytes", K_SIZE, CFG_OFF(tcache_bytes), 0, 0},
     {"shards", K_UINT, CFG_OFF(shards), 1, 64},
+    {"events", K_EVENTS, CFG_OFF(events), 0, 0},
+    {"background", K_BOOL, CFG_OFF(background), 0, 0},
+    {"poll_us", K_UINT, CFG_OFF(poll_us), 1, 1000000},
+    {"sim_delay_us", K_UINT, CFG_OFF(sim_delay_us), 0, 10000000},
+    {"cuda_flags", K_CUDA_FLAGS, CFG_OFF(cuda_flags), 0, 0},
+    {"register_threads", K_UINT, CFG_OFF(register_threads), 1, 64},
+    {"device", K_INT, CFG_OFF(device), -1, 1024},
+    {"numa_node", K_INT, CFG_OFF(numa_node), -1, 1023},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 
@@ -48,6 +65,13 @@ static void config_defaults(pp_config_t *c) {
   c->populate_parallel_min = (uint64_t)64 << 20;
   c->tcache_bytes = (uint64_t)64 << 20;
   c->shards = 4;
+  c->events = PP_EVENTS_NONE;
+  c->poll_us = 100;
+  c->sim_delay_us = 100;
+  c->cuda_flags = PP_CUDA_PORTABLE;
+  c->register_threads = c->populate_threads;
+  c->device = -1;
+  c->numa_node = -1;
 }
 
 /* Sizes: digits, then optional B, K/KiB, M/MiB, G/GiB, T/TiB (1024-based)
@@ -106,16 +130,43 @@ static int parse_bool(const char *v, bool *out) {
   return -1;
 }
 
-static int parse_uint(const char *v, unsigned long long lo,
-                      unsigned long long hi, unsigned *out) {
-  if (!isdigit((unsigned char)v[0]))
+static int parse_int(const char *v, long long lo, long long hi,
+                     long long *out) {
+  if (!isdigit((unsigned char)v[0]) &&
+      !(v[0] == '-' && isdigit((unsigned char)v[1])))
     return -1;
   errno = 0;
   char *end;
-  unsigned long long n = strtoull(v, &end, 10);
+  long long n = strtoll(v, &end, 10);
   if (errno == ERANGE || *end != '\0' || n < lo || n > hi)
     return -1;
-  *out = (unsigned)n;
+  *out = n;
+  return 0;
+}
+
+/* "portable+devicemap+writecombined", any subset, or "0" / "none". */
+static int parse_cuda_flags(const char *v, unsigned *out) {
+  if (strcmp(v, "0") == 0 || strcmp(v, "none") == 0) {
+    *out = 0;
+    return 0;
+  }
+  unsigned f = 0;
+  const char *p = v;
+  while (*p != '\0') {
+    size_t n = strcspn(p, "+");
+    if (n == 8 && strncmp(p, "portable", n) == 0)
+      f |= PP_CUDA_PORTABLE;
+    else if (n == 9 && strncmp(p, "devicemap", n) == 0)
+      f |= PP_CUDA_DEVICEMAP;
+    else if (n == 13 && strncmp(p, "writecombined", n) == 0)
+      f |= PP_CUDA_WRITECOMBINED;
+    else
+      return -1;
+    p += n;
+    if (*p == '+' && *++p == '\0')
+      return -1;
+  }
+  *out = f;
   return 0;
 }
 
@@ -130,7 +181,7 @@ static char *trim(char *s) {
 }
 
 static int apply(const key_desc_t *k, const char *v, bool user_backend,
-                 pp_config_t *c) {
+                 bool user_events, pp_config_t *c) {
   char *field = (char *)c + k->offset;
   bool b;
   switch (k->kind) {
@@ -151,14 +202,50 @@ static int apply(const key_desc_t *k, const char *v, bool user_backend,
                      k->name);
     memcpy(field, &b, sizeof b);
     return 0;
-  case K_UINT: {
-    unsigned n;
-    if (parse_uint(v, k->lo, k->hi, &n) != 0)
+  case K_UINT:
+  case K_INT: {
+    long long n;
+    if (parse_int(v, k->lo, k->hi, &n) != 0 ||
+        (k->kind == K_UINT && v[0] == '-'))
       return pp_fail(PINPOOL_ECONFIG,
                      "config: bad value '%s' for key '%s' (expected an "
-                     "integer in %llu..%llu)",
+                     "integer in %lld..%lld)",
                      v, k->name, k->lo, k->hi);
-    memcpy(field, &n, sizeof n);
+    if (k->kind == K_UINT) {
+      unsigned u = (unsigned)n;
+      memcpy(field, &u, sizeof u);
+    } else {
+      int i = (int)n;
+      memcpy(field, &i, sizeof i);
+    }
+    return 0;
+  }
+  case K_EVENTS: {
+    static const char *names[] = {"none", "simulated", "cuda"};
+    if (user_events)
+      return pp_fail(PINPOOL_ECONFIG,
+                     "config: key 'events' cannot be used with an event "
+                     "provider given to pinpool_create_ex");
+    for (int i = 0; i < 3; i++) {
+      if (strcmp(v, names[i]) == 0) {
+        memcpy(field, &i, sizeof i);
+        return 0;
+      }
+    }
+    return pp_fail(PINPOOL_ECONFIG,
+                   "config: bad value '%s' for key 'events' (expected none, "
+                   "simulated or cuda)",
+                   v);
+  }
+  case K_CUDA_FLAGS: {
+    unsigned f;
+    if (parse_cuda_flags(v, &f) != 0)
+      return pp_fail(PINPOOL_ECONFIG,
+                     "config: bad value '%s' for key 'cuda_flags' (expected "
+                     "portable, devicemap, writecombined joined by '+', or "
+                     "none)",
+                     v);
+    memcpy(field, &f, sizeof f);
     return 0;
   }
   case K_MLOCK: {
@@ -185,10 +272,14 @@ static int apply(const key_desc_t *k, const char *v, bool user_backend,
       be = PP_BACKEND_HOST;
     else if (strcmp(v, "malloc") == 0)
       be = PP_BACKEND_MALLOC;
+    else if (strcmp(v, "cuda") == 0)
+      be = PP_BACKEND_CUDA;
+    else if (strcmp(v, "cuda-register") == 0)
+      be = PP_BACKEND_CUDA_REGISTER;
     else
       return pp_fail(PINPOOL_ECONFIG,
                      "config: bad value '%s' for key 'backend' (expected "
-                     "host or malloc)",
+                     "host, malloc, cuda or cuda-register)",
                      v);
     memcpy(field, &be, sizeof be);
     return 0;
@@ -198,11 +289,14 @@ static int apply(const key_desc_t *k, const char *v, bool user_backend,
                  k->name);
 }
 
-int pp_config_parse(const char *text, bool user_backend, pp_config_t *out) {
+int pp_config_parse(const char *text, bool user_backend, bool user_events,
+                    pp_config_t *out) {
   pp_config_t c;
   config_defaults(&c);
   if (user_backend)
     c.backend = PP_BACKEND_USER;
+  if (user_events)
+    c.events = PP_EVENTS_USER;
   if (text == NULL)
     text = "";
   char *copy = strdup(text);
@@ -234,7 +328,7 @@ int pp_config_parse(const char *text, bool user_backend, pp_config_t *out) {
       rc = pp_fail(PINPOOL_ECONFIG, "config: key '%s' has no value", key);
     } else {
       seen[i] = true;
-      rc = apply(&keys[i], val, user_backend, &c);
+      rc = apply(&keys[i], val, user_backend, user_events, &c);
     }
   }
   free(copy);
@@ -252,21 +346,42 @@ int pp_config_parse(const char *text, bool user_backend, pp_config_t *out) {
   return 0;
 }
 
+static void format_cuda_flags(unsigned f, char *buf, size_t len) {
+  if (f == 0) {
+    (void)snprintf(buf, len, "none");
+    return;
+  }
+  (void)snprintf(
+      buf, len, "%s%s%s%s%s", (f & PP_CUDA_PORTABLE) ? "portable" : "",
+      (f & PP_CUDA_PORTABLE) && (f & ~PP_CUDA_PORTABLE) ? "+" : "",
+      (f & PP_CUDA_DEVICEMAP) ? "devicemap" : "",
+      (f & PP_CUDA_DEVICEMAP) && (f & PP_CUDA_WRITECOMBINED) ? "+" : "",
+      (f & PP_CUDA_WRITECOMBINED) ? "writecombined" : "");
+}
+
 size_t pp_config_format(const pp_config_t *c, const char *backend_name,
                         char *buf, size_t len) {
   static const char *mlock_names[] = {"0", "1", "require"};
-  /* A user backend has no name pinpool_create would accept: leave it out so
-   * the string can be fed back to pinpool_create_with_backend. */
+  static const char *event_names[] = {"none", "simulated", "cuda", NULL};
+  char flags[48];
+  format_cuda_flags(c->cuda_flags, flags, sizeof flags);
+  /* A user backend (or event provider) has no name pinpool_create would
+   * accept: leave it out so the string can be fed back. */
+  const char *ev = c->events < 3 ? event_names[c->events] : NULL;
   int n = snprintf(
       buf, len,
       "%s%s%smax_cached=%llu,max_reserved=%llu,reserve=%llu,mlock=%s,"
       "hugepages=%d,populate=%d,populate_threads=%u,populate_parallel_min=%"
-      "llu,tcache_bytes=%llu,shards=%u",
+      "llu,tcache_bytes=%llu,shards=%u%s%s,background=%d,poll_us=%u,"
+      "sim_delay_us=%u,cuda_flags=%s,register_threads=%u,device=%d,"
+      "numa_node=%d",
       backend_name ? "backend=" : "", backend_name ? backend_name : "",
       backend_name ? "," : "", (unsigned long long)c->max_cached,
       (unsigned long long)c->max_reserved, (unsigned long long)c->reserve,
       mlock_names[c->mlock], c->hugepages ? 1 : 0, c->populate ? 1 : 0,
       c->populate_threads, (unsigned long long)c->populate_parallel_min,
-      (unsigned long long)c->tcache_bytes, c->shards);
+      (unsigned long long)c->tcache_bytes, c->shards, ev ? ",events=" : "",
+      ev ? ev : "", c->background ? 1 : 0, c->poll_us, c->sim_delay_us, flags,
+      c->register_threads, c->device, c->numa_node);
   return n < 0 ? 0 : (size_t)n;
 }

@@ -91,8 +91,8 @@ uint64_t pp_now_ns(void);
 
 /* ---- Size classes (sizeclass.c) ----------------------------------------- */
 #define PP_MIN_BLOCK 512u
-#define PP_MAX_REQUEST ((size_t)1 << 61)
-#define PP_NCLASSES 417 /* 512 .. 2^61, eight classes per doubling */
+#define PP_MAX_REQUEST ((size_t)1 << 60)
+#define PP_NCLASSES 409 /* 512 .. 2^60, eight classes per doubling */
 #define PP_SLAB_SIZE ((size_t)2 << 20)
 #define PP_SLAB_MAX_BLOCK ((size_t)256 << 10) /* larger: own segment */
 #define PP_SLAB_MAX_BLOCKS (PP_SLAB_SIZE / PP_MIN_BLOCK)
@@ -115,7 +115,25 @@ static inline size_t pp_class_size(unsigned idx) {
 
 /* ---- Configuration (config.c) ------------------------------------------- */
 enum { PP_MLOCK_OFF = 0, PP_MLOCK_TRY = 1, PP_MLOCK_REQUIRE = 2 };
-enum { PP_BACKEND_HOST = 0, PP_BACKEND_MALLOC = 1, PP_BACKEND_USER = 2 };
+enum {
+  PP_BACKEND_HOST = 0,
+  PP_BACKEND_MALLOC = 1,
+  PP_BACKEND_USER = 2,
+  PP_BACKEND_CUDA = 3,          /* cuMemHostAlloc / cuMemFreeHost */
+  PP_BACKEND_CUDA_REGISTER = 4, /* mmap + populate + cuMemHostRegister */
+};
+enum {
+  PP_EVENTS_NONE = 0, /* record_stream is refused */
+  PP_EVENTS_SIMULATED = 1,
+  PP_EVENTS_CUDA = 2,
+  PP_EVENTS_USER = 3, /* callbacks given to pinpool_create_ex */
+};
+/* cuda_flags bits: the CU_MEMHOSTALLOC_* values of the driver API. */
+enum {
+  PP_CUDA_PORTABLE = 0x01,
+  PP_CUDA_DEVICEMAP = 0x02,
+  PP_CUDA_WRITECOMBINED = 0x04,
+};
 typedef struct pp_config {
   int backend;
   uint64_t max_cached;   /* 0: no cap */
@@ -128,9 +146,19 @@ typedef struct pp_config {
   uint64_t populate_parallel_min; /* segments this big populate in parallel */
   uint64_t tcache_bytes;
   unsigned shards;
+  int events;                /* PP_EVENTS_* */
+  bool background;           /* a thread reclaims completed events */
+  unsigned poll_us;          /* its poll interval */
+  unsigned sim_delay_us;     /* simulated streams: time each event takes */
+  unsigned cuda_flags;       /* PP_CUDA_* for backend=cuda */
+  unsigned register_threads; /* populate threads for backend=cuda-register */
+  int device;                /* -1: the context current at create */
+  int numa_node;             /* -1: no placement */
 } pp_config_t;
-/* Parse `text` over defaults. `user_backend`: the backend key is refused. */
-int pp_config_parse(const char *text, bool user_backend, pp_config_t *out);
+/* Parse `text` over defaults. user_backend / user_events: hooks were given,
+ * and the backend / events key is refused. */
+int pp_config_parse(const char *text, bool user_backend, bool user_events,
+                    pp_config_t *out);
 /* Write "key=value,..." for cfg; returns the length it needs (excl. NUL). */
 size_t pp_config_format(const pp_config_t *cfg, const char *backend_name,
                         char *buf, size_t len);
@@ -151,8 +179,50 @@ typedef struct pp_provider {
   void (*destroy)(void *ctx); /* may be NULL */
 } pp_provider_t;
 int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out);
+/* backend_host.c, shared with backend=cuda-register: anonymous mmap of
+ * `size` bytes, 2 MiB-aligned with MADV_HUGEPAGE if cfg->hugepages, bound
+ * to cfg->numa_node with mbind if >= 0, populated by `nthreads` threads
+ * if cfg->populate. No mlock. */
+int pp_host_map(const pp_config_t *cfg, size_t size, unsigned nthreads,
+                void **out, unsigned *flags);
+void pp_host_unmap(void *p, size_t size);
+/* 0 if NUMA node `node` exists (node 0 always does), else ECONFIG. */
+int pp_numa_check(int node);
 int pp_backend_malloc_open(const pp_config_t *cfg, pp_provider_t *out);
 int pp_backend_user_open(const pinpool_backend_t *user, pp_provider_t *out);
+
+/* ---- Event providers -----------------------------------------------------
+ * Same contract as pinpool_events_t, plus destroy. Called with no pool lock
+ * held (invariant 1). */
+typedef struct pp_events {
+  const char *name;
+  void *ctx;
+  int (*record)(void *ctx, pinpool_stream_t stream, void **event);
+  int (*query)(void *ctx, void *event); /* 1 done, 0 not yet, < 0 error */
+  int (*synchronize)(void *ctx, void *event);
+  void (*release)(void *ctx, void *event);
+  void (*destroy)(void *ctx); /* may be NULL */
+} pp_events_t;
+int pp_events_sim_open(const pp_config_t *cfg, pp_events_t *out);
+int pp_events_sim_submit(void *ctx, pinpool_stream_t stream,
+                         uint64_t duration_ns, void (*fn)(void *), void *arg);
+int pp_events_user_open(const pinpool_events_t *user, pp_events_t *out);
+
+/* ---- CUDA (cuda_driver.c, backend_cuda.c, events_cuda.c) ----------------
+ * The driver is loaded with dlopen("libcuda.so.1") (or $PINPOOL_LIBCUDA) at
+ * pinpool_create; nothing CUDA is needed to build. One pp_cuda_t per pool,
+ * shared by the cuda backends and the cuda event provider. */
+typedef struct pp_cuda pp_cuda_t;
+/* Load and initialize the driver and pick the context (cfg->device, or the
+ * one current at create). Errors: PINPOOL_ENODRIVER with a message that
+ * says which: driver not found, stub library, no device, no context. */
+int pp_cuda_open(const pp_config_t *cfg, pp_cuda_t **out);
+void pp_cuda_close(pp_cuda_t *cuda);
+/* backend=cuda or backend=cuda-register, by cfg->backend. */
+int pp_backend_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
+                         pp_provider_t *out);
+int pp_events_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
+                        pp_events_t *out);
 
 /* ---- Reserve region (reserve.c): a first-fit range allocator over one
  * backend allocation made at create and kept until destroy. ------------- */
@@ -174,15 +244,18 @@ size_t pp_reserve_free_bytes(pp_reserve_t *r);
 bool pp_reserve_validate(pp_reserve_t *r, char *why, size_t len);
 
 /* ---- Segments and blocks ------------------------------------------------
- * A block's state word: (payload << 2) | state. Payload: the requested size
- * while ALLOCATED (or PENDING); while CACHED in a central bin, the index+1 of
- * the next free block of the segment (0: end of list). Every state change is
- * one atomic store or CAS on this word, so a reader (free's double-free
- * check, the validator) never sees a block in two states (invariant 2). */
+ * A block's state word: (payload << 3) | streams bit | state. Payload: the
+ * requested size while ALLOCATED or PENDING; while CACHED in a central bin,
+ * the index+1 of the next free block of the segment (0: end of list). The
+ * streams bit (ALLOCATED only) says pinpool_record_stream attached streams.
+ * Every state change is one atomic store or CAS on this word, so a reader
+ * (free's double-free check, the validator, a snapshot) never sees a block
+ * in two states (invariant 2). */
 enum { PP_NEVER = 0, PP_ALLOCATED = 1, PP_CACHED = 2, PP_PENDING = 3 };
-#define PP_WORD(payload, state) (((uint64_t)(payload) << 2) | (state))
+#define PP_WORD_STREAMS ((uint64_t)4)
+#define PP_WORD(payload, state) (((uint64_t)(payload) << 3) | (state))
 #define PP_WORD_STATE(w) ((unsigned)((w)&3u))
-#define PP_WORD_PAYLOAD(w) ((w) >> 2)
+#define PP_WORD_PAYLOAD(w) ((w) >> 3)
 
 enum { PP_LIST_NONE = 0, PP_LIST_PARTIAL, PP_LIST_IDLE };
 
@@ -219,6 +292,11 @@ struct pp_segment {
   /* Under pool->seg_lock: every live segment; descriptor free list. */
   pp_segment_t *all_prev, *all_next;
   unsigned flags; /* PP_SEG_*, written before publication */
+
+  /* Streams recorded on each block (stream.c): one pointer per block,
+   * installed once with a CAS, then read and written under the stripe
+   * lock of (segment, block). Kept across recycling. */
+  _Atomic(_Atomic(struct pp_sset *) *) ssets;
 
   _Atomic(uint64_t) word[];
 };
@@ -363,6 +441,25 @@ struct pinpool {
   _Atomic(uint64_t) flush_epoch;
   _Atomic(unsigned) next_shard;
   pp_gstats_t gs;
+
+  /* Stream-ordered frees (stream.c). */
+  pp_events_t ev;
+  bool has_events;
+  pinpool_error_fn on_error;
+  void *error_arg;
+  pp_cuda_t *cuda;
+  pp_mutex_t sset_locks[64];
+  pp_mutex_t streams_lock; /* the list of stream queues */
+  struct pp_squeue *squeues;
+  pp_counter_t pending_bytes, pending_blocks;
+  pp_counter_t pending_live; /* pending blocks still waiting for events */
+  pp_counter_t ev_recorded, ev_completed, ev_errors;
+  pp_counter_t rc_count, rc_total, rc_max; /* reclaim latency */
+  pthread_t bg_thread;
+  bool bg_running;
+  pthread_mutex_t bg_mutex;
+  pthread_cond_t bg_cond;
+  bool bg_stop; /* under bg_mutex */
 };
 
 static inline pp_bin_t *pp_bin(struct pinpool *pool, unsigned cls,
@@ -386,6 +483,15 @@ void pp_trim_to_cap(struct pinpool *pool);
  * carved from the reserve). Call with no lock held. */
 unsigned pp_release_idle(struct pinpool *pool, bool lru_only);
 void pp_segment_release_all(struct pinpool *pool); /* destroy only */
+
+/* stream.c */
+int pp_streams_init(struct pinpool *pool); /* after ev is set */
+void pp_streams_fini(struct pinpool *pool);
+/* The free of an ALLOCATED block with the streams bit: word `w` as read. */
+int pp_stream_free(struct pinpool *pool, pp_tcache_t *tc, pp_segment_t *seg,
+                   uint32_t idx, uint64_t w);
+/* Poll stream queues; up to `budget` completions. wait: synchronize. */
+void pp_process(struct pinpool *pool, unsigned budget, bool wait);
 
 /* stats.c */
 typedef struct pp_sums {

@@ -510,6 +510,16 @@ unsigned pp_release_idle(pinpool_t *pool, bool lru_only) {
   return release_batch(pool, batch);
 }
 
+static void free_desc(pp_segment_t *s) {
+  _Atomic(struct pp_sset *) *arr = pp_load_relaxed(&s->ssets);
+  if (arr != NULL) {
+    for (uint32_t i = 0; i < s->capacity; i++)
+      free(pp_load_relaxed(&arr[i]));
+    free(arr);
+  }
+  free(s);
+}
+
 void pp_segment_release_all(pinpool_t *pool) {
   /* destroy: no other thread uses the pool; release without detaching. */
   pp_segment_t *s = pool->all;
@@ -519,7 +529,7 @@ void pp_segment_release_all(pinpool_t *pool) {
     size_t size = pp_load_relaxed(&s->size);
     if (!(s->flags & PP_SEG_FROM_RESERVE))
       backend_free(pool, (void *)base, size, s->flags);
-    free(s);
+    free_desc(s);
     s = next;
   }
   pool->all = NULL;
@@ -527,7 +537,7 @@ void pp_segment_release_all(pinpool_t *pool) {
   for (int i = 0; i < 2; i++) {
     for (s = lists[i]; s != NULL;) {
       pp_segment_t *next = s->all_next;
-      free(s);
+      free_desc(s);
       s = next;
     }
   }
@@ -536,7 +546,9 @@ void pp_segment_release_all(pinpool_t *pool) {
 
 /* ---- Create and destroy -------------------------------------------------- */
 
-static void pool_free_struct(pinpool_t *pool) {
+static void pool_free_struct(pinpool_t *pool, bool streams_ready) {
+  if (streams_ready)
+    pp_streams_fini(pool);
   if (pool->bins != NULL) {
     size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
     for (size_t i = 0; i < nbins; i++)
@@ -548,12 +560,48 @@ static void pool_free_struct(pinpool_t *pool) {
   pp_mutex_destroy(&pool->trim_lock);
   pp_mutex_destroy(&pool->idle_lock);
   pp_mutex_destroy(&pool->reg_lock);
+  if (pool->has_events && pool->ev.destroy != NULL)
+    pool->ev.destroy(pool->ev.ctx);
   if (pool->prov.destroy != NULL)
     pool->prov.destroy(pool->prov.ctx);
+  if (pool->cuda != NULL)
+    pp_cuda_close(pool->cuda);
   free(pool);
 }
 
-static int pool_new(const pp_config_t *cfg, const pinpool_backend_t *user,
+static int open_providers(pinpool_t *pool, const pinpool_hooks_t *hooks) {
+  const pp_config_t *cfg = &pool->cfg;
+  int rc = pp_numa_check(cfg->numa_node);
+  if (rc == 0 && (cfg->backend == PP_BACKEND_CUDA ||
+                  cfg->backend == PP_BACKEND_CUDA_REGISTER ||
+                  cfg->events == PP_EVENTS_CUDA))
+    rc = pp_cuda_open(cfg, &pool->cuda);
+  if (rc != 0)
+    return rc;
+  if (hooks != NULL && hooks->backend != NULL)
+    rc = pp_backend_user_open(hooks->backend, &pool->prov);
+  else if (cfg->backend == PP_BACKEND_MALLOC)
+    rc = pp_backend_malloc_open(cfg, &pool->prov);
+  else if (cfg->backend == PP_BACKEND_CUDA ||
+           cfg->backend == PP_BACKEND_CUDA_REGISTER)
+    rc = pp_backend_cuda_open(cfg, pool->cuda, &pool->prov);
+  else
+    rc = pp_backend_host_open(cfg, &pool->prov);
+  if (rc != 0)
+    return rc;
+  if (hooks != NULL && hooks->events != NULL)
+    rc = pp_events_user_open(hooks->events, &pool->ev);
+  else if (cfg->events == PP_EVENTS_SIMULATED)
+    rc = pp_events_sim_open(cfg, &pool->ev);
+  else if (cfg->events == PP_EVENTS_CUDA)
+    rc = pp_events_cuda_open(cfg, pool->cuda, &pool->ev);
+  else
+    return 0;
+  pool->has_events = rc == 0;
+  return rc;
+}
+
+static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
                     pinpool_t **out) {
   pinpool_t *pool = calloc(1, sizeof *pool);
   if (pool == NULL)
@@ -563,13 +611,11 @@ static int pool_new(const pp_config_t *cfg, const pinpool_backend_t *user,
   pp_mutex_init(&pool->trim_lock);
   pp_mutex_init(&pool->idle_lock);
   pp_mutex_init(&pool->reg_lock);
-  int rc;
-  if (user != NULL)
-    rc = pp_backend_user_open(user, &pool->prov);
-  else if (cfg->backend == PP_BACKEND_MALLOC)
-    rc = pp_backend_malloc_open(cfg, &pool->prov);
-  else
-    rc = pp_backend_host_open(cfg, &pool->prov);
+  if (hooks != NULL) {
+    pool->on_error = hooks->on_error;
+    pool->error_arg = hooks->error_arg;
+  }
+  int rc = open_providers(pool, hooks);
   if (rc == 0)
     rc = pp_segmap_create(&pool->map);
   size_t nbins = (size_t)PP_NCLASSES * cfg->shards;
@@ -584,19 +630,24 @@ static int pool_new(const pp_config_t *cfg, const pinpool_backend_t *user,
     }
   }
   if (rc != 0) {
-    pool_free_struct(pool);
+    pool_free_struct(pool, false);
     return rc;
   }
   (void)snprintf(pool->backend_name, sizeof pool->backend_name, "%s",
                  pool->prov.name);
   pool->id = pp_fetch_add_relaxed(&next_pool_id, 1);
+  rc = pp_streams_init(pool);
+  if (rc != 0) {
+    pool_free_struct(pool, true);
+    return rc;
+  }
   if (cfg->reserve > 0) {
     size_t size = (cfg->reserve + PP_PAGE - 1) & ~(uint64_t)(PP_PAGE - 1);
     void *mem = NULL;
     unsigned flags = 0;
     rc = backend_alloc(pool, size, &mem, &flags);
     if (rc != 0) {
-      pool_free_struct(pool);
+      pool_free_struct(pool, true);
       return rc;
     }
     pp_reserve_init(&pool->reserve, mem, size, flags);
@@ -607,46 +658,58 @@ static int pool_new(const pp_config_t *cfg, const pinpool_backend_t *user,
 }
 
 int pinpool_create(const char *config, pinpool_t **out) {
-  if (out == NULL)
-    return pp_fail(PINPOOL_EINVAL, "pinpool_create: out is NULL");
-  if (config == NULL)
-    config = getenv("PINPOOL_CONF");
-  pp_config_t cfg;
-  int rc = pp_config_parse(config, false, &cfg);
-  if (rc != 0)
-    return rc;
-  return pool_new(&cfg, NULL, out);
+  return pinpool_create_ex(config, NULL, out);
 }
 
 int pinpool_create_with_backend(const char *config,
                                 const pinpool_backend_t *backend,
                                 pinpool_t **out) {
-  if (out == NULL || backend == NULL)
+  if (backend == NULL)
     return pp_fail(PINPOOL_EINVAL,
-                   "pinpool_create_with_backend: backend or out is NULL");
-  if (backend->alloc == NULL || backend->free == NULL)
+                   "pinpool_create_with_backend: backend is NULL");
+  pinpool_hooks_t hooks = {backend, NULL, NULL, NULL};
+  return pinpool_create_ex(config, &hooks, out);
+}
+
+int pinpool_create_ex(const char *config, const pinpool_hooks_t *hooks,
+                      pinpool_t **out) {
+  if (out == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_create: out is NULL");
+  bool ub = hooks != NULL && hooks->backend != NULL;
+  bool ue = hooks != NULL && hooks->events != NULL;
+  if (ub && (hooks->backend->alloc == NULL || hooks->backend->free == NULL))
     return pp_fail(PINPOOL_EINVAL,
-                   "pinpool_create_with_backend: alloc and free must be set");
+                   "pinpool_create: backend alloc and free must be set");
+  if (ue &&
+      (hooks->events->record == NULL || hooks->events->query == NULL ||
+       hooks->events->synchronize == NULL || hooks->events->release == NULL))
+    return pp_fail(PINPOOL_EINVAL, "pinpool_create: event provider "
+                                   "record, query, synchronize and release "
+                                   "must be set");
   if (config == NULL)
     config = getenv("PINPOOL_CONF");
   pp_config_t cfg;
-  int rc = pp_config_parse(config, true, &cfg);
+  int rc = pp_config_parse(config, ub, ue, &cfg);
   if (rc != 0)
     return rc;
-  return pool_new(&cfg, backend, out);
+  return pool_new(&cfg, hooks, out);
 }
 
 void pinpool_destroy(pinpool_t *pool) {
   if (pool == NULL)
     return;
+  /* Wait for the device before the memory goes back to the backend: a
+   * stream may still be reading a pending block. */
+  (void)pinpool_synchronize(pool);
   pp_tcache_pool_destroy(pool);
+  pp_streams_fini(pool);
   pp_segment_release_all(pool);
   if (pool->has_reserve) {
     backend_free(pool, (void *)pool->reserve.base, pool->reserve.size,
                  pool->reserve.flags);
     pp_reserve_fini(&pool->reserve);
   }
-  pool_free_struct(pool);
+  pool_free_struct(pool, false);
 }
 
 /* ---- Public maintenance calls ------------------------------------------ */
@@ -657,6 +720,7 @@ int pinpool_empty_cache(pinpool_t *pool) {
   /* Other threads flush at their next call: their caches have no lock, so
    * only their owners may touch them (tcache.c). */
   atomic_fetch_add_explicit(&pool->flush_epoch, 1, memory_order_release);
+  pp_process(pool, UINT32_MAX, false); /* reclaim what has completed */
   int rc = pinpool_thread_flush(pool);
   if (rc != 0)
     return rc;

@@ -13,7 +13,7 @@ int pinpool_size_class(size_t size, size_t *out) {
   if (size > PP_MAX_REQUEST)
     return pp_fail(PINPOOL_EOVERFLOW,
                    "pinpool_size_class: %zu bytes is beyond the largest "
-                   "class (2^61)",
+                   "class (2^60)",
                    size);
   *out = pp_class_size(pp_class_index(size));
   return PINPOOL_OK;

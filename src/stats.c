@@ -137,7 +137,14 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   st.segments =
       stat_of(pp_load_relaxed(&g->segs_alloc), pp_load_relaxed(&g->segs_freed),
               pp_load_relaxed(&g->segs_cur), pp_load_relaxed(&g->segs_peak));
-  st.pending_bytes = 0; /* stream-ordered frees: not yet implemented */
+  st.pending_bytes = pp_load_relaxed(&pool->pending_bytes);
+  st.pending_blocks = pp_load_relaxed(&pool->pending_blocks);
+  st.events_recorded = pp_load_relaxed(&pool->ev_recorded);
+  st.events_completed = pp_load_relaxed(&pool->ev_completed);
+  st.event_errors = pp_load_relaxed(&pool->ev_errors);
+  st.reclaim = (pinpool_duration_t){pp_load_relaxed(&pool->rc_count),
+                                    pp_load_relaxed(&pool->rc_total),
+                                    pp_load_relaxed(&pool->rc_max)};
   st.cache_misses = pp_load_relaxed(&g->misses);
   st.cache_hits = diff(n_alloc, st.cache_misses);
   st.tcache_hits = pp_load_relaxed(&s.t.tc_hits);

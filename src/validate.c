@@ -16,6 +16,7 @@ typedef struct vstate {
   bool bad;
   uint64_t alloc_bytes, alloc_req, alloc_count, cached_bytes, reserved;
   uint64_t in_tcache_by_state; /* CACHED words not on a central list */
+  uint64_t pending_count, pending_bytes;
 } vstate_t;
 
 #define VFAIL(v, ...)                                                          \
@@ -41,7 +42,7 @@ static void check_segment(pinpool_t *pool, pp_segment_t *s, vstate_t *v) {
   if (s->carved > nb)
     VFAIL(v, "segment %#lx: carved %u > %u", (unsigned long)base, s->carved,
           nb);
-  uint64_t cached = 0, allocated = 0;
+  uint64_t cached = 0, allocated = 0, pending = 0;
   for (uint32_t i = 0; i < nb; i++) {
     uint64_t w = pp_load_relaxed(&s->word[i]);
     unsigned st = PP_WORD_STATE(w);
@@ -59,9 +60,11 @@ static void check_segment(pinpool_t *pool, pp_segment_t *s, vstate_t *v) {
     } else if (st == PP_CACHED) {
       cached++;
     } else if (st == PP_PENDING) {
-      VFAIL(v, "segment %#lx block %u: pending without events",
-            (unsigned long)base, i);
+      pending++;
     }
+    if ((w & PP_WORD_STREAMS) && st != PP_ALLOCATED)
+      VFAIL(v, "segment %#lx block %u: streams bit on a free block",
+            (unsigned long)base, i);
   }
   /* Walk the central free list: listed blocks must be CACHED, no cycle. */
   uint32_t listed = 0;
@@ -95,7 +98,9 @@ static void check_segment(pinpool_t *pool, pp_segment_t *s, vstate_t *v) {
     VFAIL(v, "segment %#lx: in the LRU but not idle", (unsigned long)base);
   v->alloc_count += allocated;
   v->alloc_bytes += allocated * bs;
-  v->cached_bytes += size - allocated * bs;
+  v->cached_bytes += size - (allocated + pending) * bs;
+  v->pending_count += pending;
+  v->pending_bytes += pending * bs;
   if (!(s->flags & PP_SEG_FROM_RESERVE))
     v->reserved += size;
 }
@@ -224,10 +229,20 @@ int pinpool_validate(pinpool_t *pool) {
   if (!v->bad && v->cached_bytes != cached)
     VFAIL(v, "cached: structures hold %llu bytes, counters say %llu",
           (unsigned long long)v->cached_bytes, (unsigned long long)cached);
-  if (!v->bad && reserved != blk + cached)
-    VFAIL(v, "identity broken: reserved %llu != allocated %llu + cached %llu",
+  uint64_t pend = pp_load_relaxed(&pool->pending_bytes);
+  if (!v->bad && (v->pending_bytes != pend ||
+                  v->pending_count != pp_load_relaxed(&pool->pending_blocks)))
+    VFAIL(v,
+          "pending: %llu blocks of %llu bytes in segments, counters say "
+          "%llu bytes",
+          (unsigned long long)v->pending_count,
+          (unsigned long long)v->pending_bytes, (unsigned long long)pend);
+  if (!v->bad && reserved != blk + cached + pend)
+    VFAIL(v,
+          "identity broken: reserved %llu != allocated %llu + cached %llu + "
+          "pending %llu",
           (unsigned long long)reserved, (unsigned long long)blk,
-          (unsigned long long)cached);
+          (unsigned long long)cached, (unsigned long long)pend);
   int rc = 0;
   if (v->bad)
     rc = pp_fail(PINPOOL_ECORRUPT, "pinpool_validate: %s", v->why);

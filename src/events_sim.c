@@ -1,0 +1,223 @@
+/*
+ * The simulated event provider: each stream is a worker thread that runs
+ * the work queued on it in order, each item after its simulated duration.
+ * An event is an item too: it completes when the worker reaches it (after
+ * sim_delay_us), so it completes after everything queued before it on the
+ * same stream — the ordering a device stream gives. Used by the tests, the
+ * demo and the benchmarks; pinpool_sim_submit queues work ("a copy").
+ *
+ * One mutex per provider guards every queue and the event free list; a
+ * condition variable per stream wakes its worker, one per provider wakes
+ * waiters in synchronize. The worker never runs user work under the lock.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct sim_event {
+  _Atomic(int) done;
+  struct sim_event *next_free; /* under sim->lock */
+} sim_event_t;
+
+typedef struct sim_item {
+  uint64_t duration_ns;
+  void (*fn)(void *);
+  void *arg;
+  sim_event_t *event; /* NULL for plain work */
+  struct sim_item *next;
+} sim_item_t;
+
+typedef struct sim_stream {
+  pinpool_stream_t id;
+  pthread_t thread;
+  pthread_cond_t wake;
+  sim_item_t *head, *tail; /* under sim->lock */
+  struct sim_stream *next;
+  struct sim *sim;
+} sim_stream_t;
+
+typedef struct sim {
+  pthread_mutex_t lock;
+  pthread_cond_t done_cv; /* broadcast when any event completes */
+  sim_stream_t *streams;
+  sim_event_t *free_events;
+  uint64_t delay_ns;
+  bool stop;
+} sim_t;
+
+static void sleep_ns(uint64_t ns) {
+  struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static void *worker(void *arg) {
+  sim_stream_t *st = arg;
+  sim_t *sim = st->sim;
+  pthread_mutex_lock(&sim->lock);
+  for (;;) {
+    while (st->head == NULL && !sim->stop)
+      pthread_cond_wait(&st->wake, &sim->lock);
+    if (st->head == NULL) /* stop, and everything queued has run */
+      break;
+    sim_item_t *it = st->head;
+    pthread_mutex_unlock(&sim->lock);
+    if (it->duration_ns > 0)
+      sleep_ns(it->duration_ns);
+    if (it->fn != NULL)
+      it->fn(it->arg);
+    pthread_mutex_lock(&sim->lock);
+    st->head = it->next;
+    if (st->head == NULL)
+      st->tail = NULL;
+    if (it->event != NULL) {
+      /* Release: a thread that sees done also sees what fn wrote. */
+      pp_store_release(&it->event->done, 1);
+      pthread_cond_broadcast(&sim->done_cv);
+    }
+    free(it);
+  }
+  pthread_mutex_unlock(&sim->lock);
+  return NULL;
+}
+
+/* The stream's worker, started on first use. Caller holds sim->lock. */
+static sim_stream_t *stream_locked(sim_t *sim, pinpool_stream_t id) {
+  sim_stream_t *st = sim->streams;
+  while (st != NULL && st->id != id)
+    st = st->next;
+  if (st != NULL)
+    return st;
+  st = calloc(1, sizeof *st);
+  if (st == NULL)
+    return NULL;
+  st->id = id;
+  st->sim = sim;
+  (void)pthread_cond_init(&st->wake, NULL);
+  if (pthread_create(&st->thread, NULL, worker, st) != 0) {
+    (void)pthread_cond_destroy(&st->wake);
+    free(st);
+    return NULL;
+  }
+  st->next = sim->streams;
+  sim->streams = st;
+  return st;
+}
+
+static int enqueue(sim_t *sim, pinpool_stream_t id, sim_item_t *it) {
+  pthread_mutex_lock(&sim->lock);
+  sim_stream_t *st = stream_locked(sim, id);
+  if (st == NULL) {
+    pthread_mutex_unlock(&sim->lock);
+    return pp_fail(PINPOOL_ENOMEM, "simulated stream: cannot start a worker");
+  }
+  if (st->tail != NULL)
+    st->tail->next = it;
+  else
+    st->head = it;
+  st->tail = it;
+  pthread_cond_signal(&st->wake);
+  pthread_mutex_unlock(&sim->lock);
+  return 0;
+}
+
+int pp_events_sim_submit(void *ctx, pinpool_stream_t stream,
+                         uint64_t duration_ns, void (*fn)(void *), void *arg) {
+  sim_item_t *it = malloc(sizeof *it);
+  if (it == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "pinpool_sim_submit: out of memory");
+  *it = (sim_item_t){duration_ns, fn, arg, NULL, NULL};
+  int rc = enqueue(ctx, stream, it);
+  if (rc != 0)
+    free(it);
+  return rc;
+}
+
+static int sim_record(void *ctx, pinpool_stream_t stream, void **event) {
+  sim_t *sim = ctx;
+  sim_item_t *it = malloc(sizeof *it);
+  if (it == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "simulated event: out of memory");
+  pthread_mutex_lock(&sim->lock);
+  sim_event_t *ev = sim->free_events;
+  if (ev != NULL)
+    sim->free_events = ev->next_free;
+  pthread_mutex_unlock(&sim->lock);
+  if (ev == NULL && (ev = malloc(sizeof *ev)) == NULL) {
+    free(it);
+    return pp_fail(PINPOOL_ENOMEM, "simulated event: out of memory");
+  }
+  atomic_init(&ev->done, 0);
+  *it = (sim_item_t){sim->delay_ns, NULL, NULL, ev, NULL};
+  int rc = enqueue(sim, stream, it);
+  if (rc != 0) {
+    free(it);
+    free(ev);
+    return rc;
+  }
+  *event = ev;
+  return 0;
+}
+
+static int sim_query(void *ctx, void *event) {
+  (void)ctx;
+  return pp_load_acquire(&((sim_event_t *)event)->done) ? 1 : 0;
+}
+
+static int sim_synchronize(void *ctx, void *event) {
+  sim_t *sim = ctx;
+  sim_event_t *ev = event;
+  pthread_mutex_lock(&sim->lock);
+  while (!pp_load_acquire(&ev->done))
+    pthread_cond_wait(&sim->done_cv, &sim->lock);
+  pthread_mutex_unlock(&sim->lock);
+  return 0;
+}
+
+static void sim_release(void *ctx, void *event) {
+  sim_t *sim = ctx;
+  sim_event_t *ev = event;
+  /* An event is released only once its worker is done with it, or at
+   * destroy after the workers stopped. */
+  pthread_mutex_lock(&sim->lock);
+  ev->next_free = sim->free_events;
+  sim->free_events = ev;
+  pthread_mutex_unlock(&sim->lock);
+}
+
+static void sim_destroy(void *ctx) {
+  sim_t *sim = ctx;
+  pthread_mutex_lock(&sim->lock);
+  sim->stop = true;
+  for (sim_stream_t *st = sim->streams; st != NULL; st = st->next)
+    pthread_cond_signal(&st->wake);
+  pthread_mutex_unlock(&sim->lock);
+  for (sim_stream_t *st = sim->streams, *next; st != NULL; st = next) {
+    next = st->next;
+    (void)pthread_join(st->thread, NULL);
+    (void)pthread_cond_destroy(&st->wake);
+    free(st);
+  }
+  for (sim_event_t *ev = sim->free_events, *next; ev != NULL; ev = next) {
+    next = ev->next_free;
+    free(ev);
+  }
+  (void)pthread_cond_destroy(&sim->done_cv);
+  (void)pthread_mutex_destroy(&sim->lock);
+  free(sim);
+}
+
+int pp_events_sim_open(const pp_config_t *cfg, pp_events_t *out) {
+  sim_t *sim = calloc(1, sizeof *sim);
+  if (sim == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "simulated events: out of memory");
+  (void)pthread_mutex_init(&sim->lock, NULL);
+  (void)pthread_cond_init(&sim->done_cv, NULL);
+  sim->delay_ns = (uint64_t)cfg->sim_delay_us * 1000u;
+  *out = (pp_events_t){"simulated",     sim,         sim_record, sim_query,
+                       sim_synchronize, sim_release, sim_destroy};
+  return 0;
+}
