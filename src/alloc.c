@@ -194,7 +194,14 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
       return state_error(ptr, "pinpool_free", w);
     if (w & PP_WORD_STREAMS) /* used on streams: stream-ordered free */
       return pp_stream_free(pool, tc, seg, idx, w);
+#ifdef PINPOOL_MUTANT_FREE_NO_CAS
+    /* Race mutant (docs/verification.md): a load and a store instead of
+     * the CAS; two concurrent frees can both succeed. */
+    pp_store_release(&seg->word[idx], PP_WORD(0, PP_CACHED));
+  } while (0);
+#else
   } while (!pp_cas_acq_rel(&seg->word[idx], &w, PP_WORD(0, PP_CACHED)));
+#endif
 
   size_t req = (size_t)PP_WORD_PAYLOAD(w);
   size_t bs = pp_load_relaxed(&seg->block_size);

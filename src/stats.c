@@ -122,11 +122,13 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   uint64_t res_alloc = pp_load_relaxed(&g->reserved_alloc);
   uint64_t res_freed = pp_load_relaxed(&g->reserved_freed);
   /* Cached bytes grow when the backend hands over memory or a block is
-   * freed, and shrink when a block is allocated or memory is released; the
+   * freed (or its events complete), and shrink when a block is allocated or memory is released; the
    * current value is summed independently from where bytes sit (central
    * bins, thread caches), so current == allocated - freed is the
    * accounting identity, not a tautology. */
-  st.cached_bytes = stat_of(res_alloc + blk_free, res_freed + blk_alloc,
+  /* Freed blocks still pending have not entered the cache yet. */
+  uint64_t pend = pp_load_relaxed(&pool->pending_bytes);
+  st.cached_bytes = stat_of(res_alloc + blk_free - pend, res_freed + blk_alloc,
                             c.cached, r->peak_cached);
   st.peak_slack_bytes = (uint64_t)r->max_ncaches * pool->cfg.tcache_bytes;
   pp_mutex_unlock(&pool->reg_lock);
