@@ -70,12 +70,17 @@ static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
   return n;
 }
 
-static int alloc_slow(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
-                      size_t size, void **out) {
+/* Out of line, so that the hit path needs no stack frame. */
+__attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
+                                                pp_tcache_t *tc, unsigned cls,
+                                                size_t size, void **out) {
+  if (tc->epoch != pp_load_relaxed(&pool->flush_epoch))
+    pp_tcache_flush_all(tc); /* pinpool_empty_cache asked for it */
   size_t bs = pp_class_size(cls);
   pp_tbin_t *b = &tc->bins[cls];
   bool missed = false;
   int n;
+  pp_owner_add(&tc->c.slow_allocs, 1);
   if (b->items == NULL && !tbin_init(pool, b, bs)) {
     /* Bypass: straight from the central bin to the caller. */
     pp_tentry_t e;
@@ -122,18 +127,15 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
   pp_tcache_t *tc = tcache_get(pool);
   if (pp_unlikely(tc == NULL))
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
-  if (pp_unlikely(tc->epoch != pp_load_relaxed(&pool->flush_epoch)))
-    pp_tcache_flush_all(tc);
   unsigned cls = pp_class_index(size);
   pp_tbin_t *b = &tc->bins[cls];
-  if (pp_likely(b->n > 0)) {
+  if (pp_likely(b->n > 0 && tc->epoch == pp_load_relaxed(&pool->flush_epoch))) {
     size_t bs = pp_class_size(cls);
     pp_tentry_t e = b->items[--b->n];
     /* Release: whoever later reads ALLOCATED (a free on another thread, a
      * snapshot) also sees the requested size stored with it. */
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
     pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) - bs);
-    pp_owner_add(&tc->c.tc_hits, 1);
     account_alloc(tc, size, bs);
     *out = e.ptr;
     return 0;
@@ -166,6 +168,29 @@ lookup_block(pinpool_t *pool, const void *p, const char *fn,
                    (size_t)(off - idx * bs), bs);
   *seg_out = seg;
   *idx_out = (uint32_t)idx;
+  return 0;
+}
+
+/* The freed block does not fit the thread cache as it is: flush first (or
+ * bypass it), then trim and sample the peaks. Out of line: see alloc_slow. */
+__attribute__((noinline)) static int
+free_push_slow(pinpool_t *pool, pp_tcache_t *tc, pp_tentry_t e, unsigned cls) {
+  size_t bs = pp_class_size(cls);
+  pp_tbin_t *b = &tc->bins[cls];
+  if (tc->epoch != pp_load_relaxed(&pool->flush_epoch))
+    pp_tcache_flush_all(tc); /* pinpool_empty_cache asked for it */
+  if (b->items == NULL && !tbin_init(pool, b, bs)) {
+    pp_central_give(pool, cls, &e, 1); /* no thread cache for this class */
+  } else {
+    if (b->n == b->cap)
+      pp_tcache_flush_bin(tc, cls, b->cap / 2);
+    b->items[b->n++] = e;
+    pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) + bs);
+    if (pp_load_relaxed(&tc->bytes) > pool->cfg.tcache_bytes)
+      pp_tcache_flush_all(tc);
+  }
+  pp_trim_to_cap(pool);
+  pp_stats_sample_peaks(pool);
   return 0;
 }
 
@@ -205,28 +230,17 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
 
   size_t req = (size_t)PP_WORD_PAYLOAD(w);
   size_t bs = pp_load_relaxed(&seg->block_size);
-  unsigned cls = pp_class_index(bs);
+  unsigned cls = pp_load_relaxed(&seg->cls_index);
   account_free(tc, req, bs);
-  if (pp_unlikely(tc->epoch != pp_load_relaxed(&pool->flush_epoch)))
-    pp_tcache_flush_all(tc);
   pp_tbin_t *b = &tc->bins[cls];
-  pp_tentry_t e = {ptr, seg, idx};
-  if (pp_likely(b->n < b->cap)) {
-    b->items[b->n++] = e;
-    pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) + bs);
-    if (pp_likely(pp_load_relaxed(&tc->bytes) <= pool->cfg.tcache_bytes))
-      return 0;
-    pp_tcache_flush_all(tc);
-  } else if (b->items == NULL && !tbin_init(pool, b, bs)) {
-    pp_central_give(pool, cls, &e, 1);
-  } else {
-    pp_tcache_flush_bin(tc, cls, b->cap / 2);
-    b->items[b->n++] = e;
-    pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) + bs);
+  uint64_t bytes = pp_load_relaxed(&tc->bytes) + bs;
+  if (pp_likely(b->n < b->cap && bytes <= pool->cfg.tcache_bytes &&
+                tc->epoch == pp_load_relaxed(&pool->flush_epoch))) {
+    b->items[b->n++] = (pp_tentry_t){ptr, seg, idx};
+    pp_store_relaxed(&tc->bytes, bytes);
+    return 0;
   }
-  pp_trim_to_cap(pool);
-  pp_stats_sample_peaks(pool);
-  return 0;
+  return free_push_slow(pool, tc, (pp_tentry_t){ptr, seg, idx}, cls);
 }
 
 int pinpool_block_size(pinpool_t *pool, const void *ptr, size_t *out) {

@@ -26,14 +26,14 @@ typedef struct cuda_ctx {
   unsigned reg_flags;    /* CU_MEMHOSTREGISTER_* */
 } cuda_ctx_t;
 
-static int cuda_error(const cuda_ctx_t *b, pp_cu_result_t cr,
-                      const char *call, size_t size) {
+static int cuda_error(const cuda_ctx_t *b, pp_cu_result_t cr, const char *call,
+                      size_t size) {
   char err[128];
   return pp_fail(cr == PP_CU_ERROR_OUT_OF_MEMORY ? PINPOOL_ENOMEM
                                                  : PINPOOL_EBACKEND,
-                 "%s backend: %s of %zu bytes failed: %s", b->cfg.backend ==
-                 PP_BACKEND_CUDA ? "cuda" : "cuda-register", call, size,
-                 pp_cuda_strerror(b->cuda, cr, err, sizeof err));
+                 "%s backend: %s of %zu bytes failed: %s",
+                 b->cfg.backend == PP_BACKEND_CUDA ? "cuda" : "cuda-register",
+                 call, size, pp_cuda_strerror(b->cuda, cr, err, sizeof err));
 }
 
 static int cuda_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
@@ -72,8 +72,7 @@ static void cuda_free(void *ctx, void *ptr, size_t size) {
   pp_cuda_pop(b->cuda);
 }
 
-static int register_alloc(void *ctx, size_t size, void **out,
-                          unsigned *flags) {
+static int register_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
   const cuda_ctx_t *b = ctx;
   void *p = NULL;
   unsigned f = 0;

@@ -30,7 +30,8 @@ typedef struct entry {
   size_t off;       /* member of pp_cuda_t */
 } entry_t;
 
-#define ENTRY(fn, sym) {#fn, sym, offsetof(pp_cuda_t, fn)}
+#define ENTRY(fn, sym)                                                         \
+  { #fn, sym, offsetof(pp_cuda_t, fn) }
 static const entry_t entries[] = {
     ENTRY(cuDeviceGetCount, "cuDeviceGetCount"),
     ENTRY(cuDeviceGet, "cuDeviceGet"),

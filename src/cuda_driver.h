@@ -11,11 +11,11 @@
 
 #include "internal.h"
 
-typedef int pp_cu_result_t;        /* CUresult */
-typedef int pp_cu_device_t;        /* CUdevice */
-typedef void *pp_cu_ctx_t;         /* CUcontext */
-typedef void *pp_cu_stream_t;      /* CUstream */
-typedef void *pp_cu_event_t;       /* CUevent */
+typedef int pp_cu_result_t;             /* CUresult */
+typedef int pp_cu_device_t;             /* CUdevice */
+typedef void *pp_cu_ctx_t;              /* CUcontext */
+typedef void *pp_cu_stream_t;           /* CUstream */
+typedef void *pp_cu_event_t;            /* CUevent */
 typedef unsigned long long pp_cu_u64_t; /* cuuint64_t */
 
 enum {

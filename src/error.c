@@ -41,6 +41,10 @@ const char *pinpool_strerror(int err) {
     return "PINPOOL_ECORRUPT: internal inconsistency detected";
   case PINPOOL_EBUSY:
     return "PINPOOL_EBUSY: operation not allowed in the current state";
+  case PINPOOL_ENODRIVER:
+    return "PINPOOL_ENODRIVER: CUDA driver, device or context unavailable";
+  case PINPOOL_EDEVICE:
+    return "PINPOOL_EDEVICE: the device reported an error for an event";
   default:
     return "unknown pinpool error";
   }

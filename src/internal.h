@@ -273,6 +273,7 @@ struct pp_segment {
    * offsets below 2^21 (every multi-block segment is <= 2 MiB) and blocks
    * up to 2^18 bytes: 42 >= 21 + 18 bits. */
   _Atomic(uint64_t) div_magic;
+  _Atomic(uint32_t) cls_index; /* == cls, readable without the bin lock */
   uint32_t capacity; /* length of word[]; immutable for the descriptor */
 
   /* Under the lock of bin (cls, shard). cls and shard are written before
@@ -358,7 +359,7 @@ typedef struct pp_tcounters {
   pp_counter_t n_alloc, n_free;
   pp_counter_t req_alloc, req_free;
   pp_counter_t blk_alloc, blk_free;
-  pp_counter_t tc_hits;
+  pp_counter_t slow_allocs; /* allocations that left the thread cache */
 } pp_tcounters_t;
 
 typedef struct pp_thread pp_thread_t;

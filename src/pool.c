@@ -149,6 +149,7 @@ static int seg_create(pinpool_t *pool, unsigned cls, unsigned shard,
   pp_store_relaxed(&d->block_size, bs);
   pp_store_relaxed(&d->nblocks, nblocks);
   pp_store_relaxed(&d->div_magic, (((uint64_t)1 << 42) + bs - 1) / bs);
+  pp_store_relaxed(&d->cls_index, cls);
   for (uint32_t i = 0; i < nblocks; i++)
     pp_store_relaxed(&d->word[i], PP_WORD(0, PP_NEVER));
   d->cls = cls;

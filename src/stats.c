@@ -122,10 +122,10 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   uint64_t res_alloc = pp_load_relaxed(&g->reserved_alloc);
   uint64_t res_freed = pp_load_relaxed(&g->reserved_freed);
   /* Cached bytes grow when the backend hands over memory or a block is
-   * freed (or its events complete), and shrink when a block is allocated or memory is released; the
-   * current value is summed independently from where bytes sit (central
-   * bins, thread caches), so current == allocated - freed is the
-   * accounting identity, not a tautology. */
+   * freed (or its events complete), and shrink when a block is allocated or
+   * memory is released; the current value is summed independently from where
+   * bytes sit (central bins, thread caches), so current == allocated - freed is
+   * the accounting identity, not a tautology. */
   /* Freed blocks still pending have not entered the cache yet. */
   uint64_t pend = pp_load_relaxed(&pool->pending_bytes);
   st.cached_bytes = stat_of(res_alloc + blk_free - pend, res_freed + blk_alloc,
@@ -149,7 +149,7 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
                                     pp_load_relaxed(&pool->rc_max)};
   st.cache_misses = pp_load_relaxed(&g->misses);
   st.cache_hits = diff(n_alloc, st.cache_misses);
-  st.tcache_hits = pp_load_relaxed(&s.t.tc_hits);
+  st.tcache_hits = diff(n_alloc, pp_load_relaxed(&s.t.slow_allocs));
   st.oom_count = pp_load_relaxed(&g->oom);
   st.retries = pp_load_relaxed(&g->retries);
   st.trimmed_segments = pp_load_relaxed(&g->trimmed);

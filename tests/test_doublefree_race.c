@@ -12,7 +12,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-enum { ROUNDS = 3000 };
+/* Rounds: PINPOOL_RACE_ROUNDS, default 3000 (the load/store mutant fails
+ * within a few hundred on two cores). */
+static int g_rounds = 3000;
 
 static pinpool_t *g_pool;
 static void *_Atomic g_ptr;
@@ -20,7 +22,7 @@ static _Atomic(int) g_round, g_arrived, g_ok, g_double;
 
 static void *racer(void *arg) {
   (void)arg;
-  for (int r = 1; r <= ROUNDS; r++) {
+  for (int r = 1; r <= g_rounds; r++) {
     while (atomic_load(&g_round) < r) /* wait for the block of round r */
       sched_yield();
     atomic_fetch_add(&g_arrived, 1);
@@ -43,7 +45,7 @@ static void test_concurrent_double_free(void **state) {
   pthread_t t[2];
   for (int i = 0; i < 2; i++)
     pthread_create(&t[i], NULL, racer, NULL);
-  for (int r = 1; r <= ROUNDS; r++) {
+  for (int r = 1; r <= g_rounds; r++) {
     void *p;
     PP_OK(pinpool_alloc(g_pool, 4096, &p));
     atomic_store(&g_ptr, p);
@@ -56,7 +58,7 @@ static void test_concurrent_double_free(void **state) {
   }
   for (int i = 0; i < 2; i++)
     pthread_join(t[i], NULL);
-  PP_ASSERT(atomic_load(&g_double) == ROUNDS, "%d double frees reported",
+  PP_ASSERT(atomic_load(&g_double) == g_rounds, "%d double frees reported",
             atomic_load(&g_double));
   /* A block cached twice would come out twice among live allocations. */
   void *live[64];
@@ -73,6 +75,9 @@ static void test_concurrent_double_free(void **state) {
 
 int main(void) {
   pp_clean_env();
+  const char *r = getenv("PINPOOL_RACE_ROUNDS");
+  if (r != NULL && atoi(r) > 0)
+    g_rounds = atoi(r);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_concurrent_double_free),
   };

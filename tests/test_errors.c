@@ -52,7 +52,8 @@ static void test_strerror(void **state) {
       PINPOOL_OK,        PINPOOL_EINVAL,    PINPOOL_ENOMEM,
       PINPOOL_EZEROSIZE, PINPOOL_EOVERFLOW, PINPOOL_EDOUBLEFREE,
       PINPOOL_ENOTOWNED, PINPOOL_EINTERIOR, PINPOOL_ECONFIG,
-      PINPOOL_EBACKEND,  PINPOOL_ECORRUPT,  PINPOOL_EBUSY};
+      PINPOOL_EBACKEND,  PINPOOL_ECORRUPT,  PINPOOL_EBUSY,
+      PINPOOL_ENODRIVER, PINPOOL_EDEVICE};
   enum { N = sizeof codes / sizeof codes[0] };
   const char *msg[N];
   for (int i = 0; i < N; i++) {
@@ -71,7 +72,7 @@ static void test_strerror(void **state) {
       PP_ASSERT(strcmp(msg[i], msg[j]) != 0,
                 "codes %d and %d share the text \"%s\"", codes[i], codes[j],
                 msg[i]);
-  static const int unknown[] = {12345,      -12345,         1, -12, -100,
+  static const int unknown[] = {12345,      -12345,         1, -14, -100,
                                 2147483647, -2147483647 - 1};
   for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
     const char *m = pinpool_strerror(unknown[i]);
@@ -155,6 +156,7 @@ static void test_create_errors(void **state) {
   PP_CHECK_RC(pinpool_create(NULL, NULL), PINPOOL_EINVAL);
   pinpool_backend_t be = {"user", be_alloc, be_free, NULL, 0};
   PP_CHECK_RC(pinpool_create_with_backend("", &be, NULL), PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_create_ex("", NULL, NULL), PINPOOL_EINVAL);
   pinpool_t *pool = (pinpool_t *)SENTINEL_PTR;
   PP_CHECK_RC(pinpool_create_with_backend("", NULL, &pool), PINPOOL_EINVAL);
   PP_ASSERT(pool == (pinpool_t *)SENTINEL_PTR, "*out changed on failure");
@@ -199,6 +201,13 @@ static void test_null_arguments(void **state) {
                   PINPOOL_EINVAL);
   EXPECT_NOCHANGE(pool, pinpool_get_config(pool, NULL, 64, &needed),
                   PINPOOL_EINVAL);
+  /* Stream-ordered entry points. */
+  EXPECT_NOCHANGE(pool, pinpool_record_stream(NULL, live, 0), PINPOOL_EINVAL);
+  EXPECT_NOCHANGE(pool, pinpool_record_stream(pool, NULL, 0), PINPOOL_EINVAL);
+  EXPECT_NOCHANGE(pool, pinpool_process_events(NULL), PINPOOL_EINVAL);
+  EXPECT_NOCHANGE(pool, pinpool_synchronize(NULL), PINPOOL_EINVAL);
+  EXPECT_NOCHANGE(pool, pinpool_sim_submit(NULL, 0, 0, NULL, NULL),
+                  PINPOOL_EINVAL);
 
   PP_OK(pinpool_free(pool, live));
   PP_CHECK_CONSISTENT(pool);
@@ -215,6 +224,8 @@ static void test_bad_sizes(void **state) {
   EXPECT_NOCHANGE(pool, pinpool_alloc(pool, 0, &out), PINPOOL_EZEROSIZE);
   EXPECT_NOCHANGE(pool, pinpool_alloc(pool, SIZE_MAX, &out), PINPOOL_EOVERFLOW);
   EXPECT_NOCHANGE(pool, pinpool_alloc(pool, SIZE_MAX - 100, &out),
+                  PINPOOL_EOVERFLOW);
+  EXPECT_NOCHANGE(pool, pinpool_alloc(pool, ((size_t)1 << 60) + 1, &out),
                   PINPOOL_EOVERFLOW);
   EXPECT_NOCHANGE(pool, pinpool_alloc(pool, ((size_t)1 << 62) + 1, &out),
                   PINPOOL_EOVERFLOW);

@@ -1,12 +1,14 @@
 /* Size classes: the documented formula, monotonicity, the 12.5% spacing bound
- * over every class up to 2^40, limits (0, 2^62, SIZE_MAX) and the alignment
+ * over every class up to 2^40, limits (0, 2^60, SIZE_MAX) and the alignment
  * and non-overlap of returned blocks. */
 #define _GNU_SOURCE
 #include "testutil.h"
 
 #include <stdlib.h>
 
-#define TWO62 ((size_t)1 << 62)
+/* The largest class (include/pinpool.h: "size beyond the largest class,
+ * 2^60 bytes"). */
+#define MAXCLASS ((size_t)1 << 60)
 
 static size_t klass(size_t s) {
   size_t out = 0;
@@ -72,16 +74,16 @@ static void check_formula_range(int lo_e, int hi_e, size_t lo, size_t max,
     check_formula_at(pp_rand_size(&rs, lo, max));
 }
 
-/* Around every class boundary up to 2^61, and at random sizes. */
+/* Around every class boundary up to 2^59, and at random sizes. */
 static void test_formula_boundaries_and_random(void **state) {
   (void)state;
-  check_formula_range(9, 61, 1, (size_t)1 << 61, 42);
+  check_formula_range(9, 59, 1, (size_t)1 << 59, 42);
 }
 
-/* The top of the range: every class up to the largest, 2^62. */
+/* The top of the range: every class up to the largest, 2^60. */
 static void test_formula_top_range(void **state) {
   (void)state;
-  check_formula_range(61, 62, ((size_t)1 << 61) + 1, TWO62, 43);
+  check_formula_range(59, 60, ((size_t)1 << 59) + 1, MAXCLASS, 43);
 }
 
 /* class() is monotone, idempotent on classes, and consecutive classes are at
@@ -137,22 +139,27 @@ static void test_limits_and_errors(void **state) {
   PP_ASSERT(out == 12345, "out changed to %zu on error", out);
   PP_CHECK_RC(pinpool_size_class(SIZE_MAX, &out), PINPOOL_EOVERFLOW);
   PP_CHECK_RC(pinpool_size_class(SIZE_MAX - 100, &out), PINPOOL_EOVERFLOW);
-  PP_CHECK_RC(pinpool_size_class(TWO62 + 1, &out), PINPOOL_EOVERFLOW);
+  PP_CHECK_RC(pinpool_size_class(MAXCLASS + 1, &out), PINPOOL_EOVERFLOW);
+  PP_CHECK_RC(pinpool_size_class(MAXCLASS + MAXCLASS / 8, &out),
+              PINPOOL_EOVERFLOW);
+  PP_CHECK_RC(pinpool_size_class((size_t)1 << 62, &out), PINPOOL_EOVERFLOW);
   PP_CHECK_RC(pinpool_size_class((size_t)1 << 63, &out), PINPOOL_EOVERFLOW);
   PP_ASSERT(out == 12345, "out changed to %zu on error", out);
   PP_CHECK_RC(pinpool_size_class(16, NULL), PINPOOL_EINVAL);
 }
 
-static void test_largest_class_is_2_62(void **state) {
+static void test_largest_class(void **state) {
   (void)state;
   size_t out = 0;
-  /* The largest class is 2^62 itself. */
-  PP_OK(pinpool_size_class(TWO62, &out));
-  PP_ASSERT(out == TWO62, "class(2^62) = %zu", out);
-  PP_OK(pinpool_size_class(TWO62 - 1, &out));
-  PP_ASSERT(out == TWO62, "class(2^62-1) = %zu", out);
-  PP_OK(pinpool_size_class((size_t)7 << 59, &out));
-  PP_ASSERT(out == ((size_t)7 << 59), "class(7*2^59) = %zu", out);
+  /* The largest class is 2^60 itself. */
+  PP_OK(pinpool_size_class(MAXCLASS, &out));
+  PP_ASSERT(out == MAXCLASS, "class(2^60) = %zu", out);
+  PP_OK(pinpool_size_class(MAXCLASS - 1, &out));
+  PP_ASSERT(out == MAXCLASS, "class(2^60-1) = %zu", out);
+  PP_OK(pinpool_size_class((MAXCLASS / 8) * 7 + 1, &out));
+  PP_ASSERT(out == (MAXCLASS / 16) * 15, "class(7*2^57+1) = %zu", out);
+  PP_OK(pinpool_size_class(MAXCLASS / 2 + 1, &out));
+  PP_ASSERT(out == MAXCLASS / 2 + MAXCLASS / 16, "class(2^59+1) = %zu", out);
 }
 
 struct blk {
@@ -170,10 +177,10 @@ static void check_alignment_with(const char *conf) {
   pinpool_t *pool = NULL;
   PP_OK(pinpool_create(conf, &pool));
   static const size_t sizes[] = {
-      1,      63,     64,     65,      100,     511,         512,
-      513,    1000,   2048,   3000,    4000,    4095,        4096,
-      4097,   4608,   5000,   8191,    12345,   65536,       100000,
-      262144, 262145, 300000, MiB + 1, 2 * MiB, 3 * MiB + 5, 4 * MiB};
+      1,      63,     64,     65,     100,     511,     512,         513,
+      1000,   2048,   3000,   4000,   4095,    4096,    4097,        4608,
+      5000,   8191,   12345,  12000,  20000,   24000,   40000,       65536,
+      100000, 262144, 262145, 300000, MiB + 1, 2 * MiB, 3 * MiB + 5, 4 * MiB};
   enum { NS = sizeof sizes / sizeof sizes[0], REP = 24 };
   struct blk blocks[NS * REP];
   size_t n = 0;
@@ -191,7 +198,9 @@ static void check_alignment_with(const char *conf) {
                 s, bs, cls);
       PP_ASSERT((uintptr_t)p % 64 == 0, "block %p of %zu bytes not 64-aligned",
                 p, s);
-      if (cls >= 4096)
+      /* include/pinpool.h: a block whose size class is a multiple of 4096
+       * is 4096-byte aligned. */
+      if (cls % 4096 == 0)
         PP_ASSERT((uintptr_t)p % 4096 == 0,
                   "block %p of class %zu not 4096-aligned", p, cls);
       /* The whole class is usable. */
@@ -240,7 +249,7 @@ int main(void) {
       cmocka_unit_test(test_spacing_up_to_2_40),
       cmocka_unit_test(test_monotone_random_pairs),
       cmocka_unit_test(test_limits_and_errors),
-      cmocka_unit_test(test_largest_class_is_2_62),
+      cmocka_unit_test(test_largest_class),
       cmocka_unit_test(test_alignment_default),
       cmocka_unit_test(test_alignment_malloc_backend),
       cmocka_unit_test(test_alignment_no_tcache),

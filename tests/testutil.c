@@ -30,6 +30,10 @@ const char *pp_code_name(int code) {
     return "PINPOOL_ECORRUPT";
   case PINPOOL_EBUSY:
     return "PINPOOL_EBUSY";
+  case PINPOOL_ENODRIVER:
+    return "PINPOOL_ENODRIVER";
+  case PINPOOL_EDEVICE:
+    return "PINPOOL_EDEVICE";
   default:
     return "(unknown code)";
   }
@@ -153,6 +157,13 @@ void pp_check_stats_equal_(const pinpool_stats_t *a, const pinpool_stats_t *b,
     bad = 1;                                                                   \
   }
   CMP_U64(pending_bytes)
+  CMP_U64(pending_blocks)
+  CMP_U64(events_recorded)
+  CMP_U64(events_completed)
+  CMP_U64(event_errors)
+  CMP_U64(reclaim.count)
+  CMP_U64(reclaim.total_ns)
+  CMP_U64(reclaim.max_ns)
   CMP_U64(cache_hits)
   CMP_U64(cache_misses)
   CMP_U64(tcache_hits)

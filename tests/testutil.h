@@ -14,6 +14,12 @@
 #ifndef PP_TESTUTIL_H
 #define PP_TESTUTIL_H
 
+/* POSIX and GNU declarations (pthread barriers, setenv, nanosleep, ...) for
+ * tests built with -std=c11: include this header first. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,0 +1,398 @@
+/* The cuda and cuda-register backends through the public API: every
+ * segment the pool reserves is one cuMemHostAlloc (or one mmap +
+ * cuMemHostRegister) given back exactly once; cuda_flags reach the driver;
+ * driver errors become PINPOOL_ENOMEM / PINPOOL_EBACKEND with the driver's
+ * error name and leave the pool usable; threads that never touched CUDA can
+ * allocate, and a caller's own context stack is left as it was.
+ *
+ * Runs against the fake driver (counts checked) and, from
+ * scripts/gpu-check.sh, against a real one (the fake-only checks skip). */
+#define _GNU_SOURCE
+#include "cudatest.h"
+
+#include <stdlib.h>
+
+static pinpool_t *create_(const char *conf, const char *file, int line) {
+  pinpool_t *pool = NULL;
+  ct_rc_(pinpool_create(conf, &pool), 0, conf, file, line);
+  return pool;
+}
+#define CREATE(conf) create_((conf), __FILE__, __LINE__)
+
+static pinpool_stats_t stats(pinpool_t *pool) {
+  pinpool_stats_t st;
+  memset(&st, 0, sizeof st);
+  CT_OK(pinpool_get_stats(pool, &st));
+  return st;
+}
+
+/* Allocate a mix of sizes, write them, free them; check the driver holds
+ * exactly the pool's segments, all of them page-locked. */
+static void churn(pinpool_t *pool, bool reg) {
+  static const size_t sizes[] = {1,      512,     4096,   5000,
+                                 100000, 1 << 20, 3 << 20, 9 << 20};
+  enum { N = sizeof sizes / sizeof sizes[0] };
+  void *p[N];
+  for (int i = 0; i < N; i++) {
+    CT_OK(pinpool_alloc(pool, sizes[i], &p[i]));
+    CT_ASSERT(((uintptr_t)p[i] & 63) == 0, "block %p not 64-byte aligned",
+              p[i]);
+    memset(p[i], i + 1, sizes[i]);
+  }
+  for (int i = 0; i < N; i++)
+    CT_ASSERT(((unsigned char *)p[i])[sizes[i] - 1] == i + 1,
+              "block %d overwritten", i);
+  pinpool_stats_t st = stats(pool);
+  CT_ASSERT(st.locked_bytes == st.reserved_bytes.current,
+            "locked %llu of %llu reserved bytes",
+            (unsigned long long)st.locked_bytes,
+            (unsigned long long)st.reserved_bytes.current);
+  CT_FAKE_EQ(reg ? "live_registrations" : "live_host_allocs",
+             (long long)st.segments.current);
+  CT_FAKE_EQ(reg ? "registered_bytes" : "host_alloc_bytes",
+             (long long)st.reserved_bytes.current);
+  CT_FAKE_EQ(reg ? "live_host_allocs" : "live_registrations", 0);
+  for (int i = 0; i < N; i++)
+    CT_OK(pinpool_free(pool, p[i]));
+  CT_OK(pinpool_validate(pool));
+  CT_FAKE_CLEAN();
+}
+
+static void check_released(pinpool_t *pool, bool reg) {
+  CT_OK(pinpool_empty_cache(pool));
+  pinpool_stats_t st = stats(pool);
+  CT_ASSERT(st.reserved_bytes.current == 0, "%llu bytes still reserved",
+            (unsigned long long)st.reserved_bytes.current);
+  CT_FAKE_EQ(reg ? "live_registrations" : "live_host_allocs", 0);
+  CT_FAKE_EQ(reg ? "calls:cuMemHostUnregister" : "calls:cuMemFreeHost",
+             (long long)st.segments.allocated);
+}
+
+static void test_cuda_alloc_free(void **state) {
+  (void)state;
+  CT_REQUIRE_DRIVER();
+  pinpool_t *pool = CREATE("backend=cuda,device=0");
+  char cfg[1024];
+  CT_OK(pinpool_get_config(pool, cfg, sizeof cfg, NULL));
+  CT_ASSERT(strstr(cfg, "backend=cuda,") != NULL, "config: %s", cfg);
+  churn(pool, false);
+  /* Cached: the same sizes again cost no driver call. */
+  long long before = ct_is_fake ? ct_fake.get("calls:cuMemHostAlloc") : 0;
+  churn(pool, false);
+  CT_FAKE_EQ("calls:cuMemHostAlloc", before);
+  check_released(pool, false);
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+}
+
+static void test_register_alloc_free(void **state) {
+  (void)state;
+  CT_REQUIRE_DRIVER();
+  pinpool_t *pool = CREATE("backend=cuda-register,device=0,register_threads=4,"
+                           "populate_parallel_min=1MiB");
+  churn(pool, true);
+  /* Registered memory is portable (any context may use it). */
+  CT_FAKE_EQ("last_register_flags", CU_MEMHOSTREGISTER_PORTABLE);
+  CT_FAKE_EQ("calls:cuMemHostAlloc", 0);
+  check_released(pool, true);
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+}
+
+static void test_destroy_releases_live_blocks(void **state) {
+  (void)state;
+  CT_REQUIRE_DRIVER();
+  const char *confs[] = {"backend=cuda,device=0",
+                         "backend=cuda-register,device=0",
+                         "backend=cuda,device=0,reserve=8MiB"};
+  for (size_t i = 0; i < 3; i++) {
+    pinpool_t *pool = CREATE(confs[i]);
+    void *p = NULL, *q = NULL;
+    CT_OK(pinpool_alloc(pool, 777, &p));
+    CT_OK(pinpool_alloc(pool, 5 * MiB, &q));
+    pinpool_destroy(pool); /* with both blocks still allocated */
+    CT_FAKE_BALANCED();
+  }
+}
+
+static void test_reserve(void **state) {
+  (void)state;
+  CT_REQUIRE_FAKE();
+  pinpool_t *pool = CREATE("backend=cuda,device=0,reserve=8MiB");
+  /* The reserve is one backend allocation made at create. */
+  CT_FAKE_EQ("live_host_allocs", 1);
+  CT_FAKE_EQ("host_alloc_bytes", 8 << 20);
+  void *p = NULL;
+  CT_OK(pinpool_alloc(pool, MiB, &p));
+  CT_FAKE_EQ("live_host_allocs", 1);
+  CT_OK(pinpool_free(pool, p));
+  CT_OK(pinpool_empty_cache(pool));
+  CT_FAKE_EQ("live_host_allocs", 1); /* kept for the pool's life */
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+}
+
+static void test_cuda_flags(void **state) {
+  (void)state;
+  CT_REQUIRE_FAKE();
+  static const struct {
+    const char *conf;
+    const char *key;
+    long long want;
+  } cases[] = {
+      {"backend=cuda,device=0", "last_host_alloc_flags",
+       CU_MEMHOSTALLOC_PORTABLE},
+      {"backend=cuda,device=0,cuda_flags=none", "last_host_alloc_flags", 0},
+      {"backend=cuda,device=0,cuda_flags=devicemap", "last_host_alloc_flags",
+       CU_MEMHOSTALLOC_DEVICEMAP},
+      {"backend=cuda,device=0,cuda_flags=portable+devicemap+writecombined",
+       "last_host_alloc_flags",
+       CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+           CU_MEMHOSTALLOC_WRITECOMBINED},
+      {"backend=cuda-register,device=0,cuda_flags=none", "last_register_flags",
+       CU_MEMHOSTREGISTER_PORTABLE},
+      {"backend=cuda-register,device=0,cuda_flags=devicemap",
+       "last_register_flags",
+       CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP},
+      /* write-combining has no register form */
+      {"backend=cuda-register,device=0,cuda_flags=writecombined",
+       "last_register_flags", CU_MEMHOSTREGISTER_PORTABLE},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ct_fake.reset();
+    pinpool_t *pool = CREATE(cases[i].conf);
+    void *p = NULL;
+    CT_OK(pinpool_alloc(pool, 4096, &p));
+    long long got = ct_fake.get(cases[i].key);
+    CT_ASSERT(got == cases[i].want, "%s: %s = %lld, expected %lld",
+              cases[i].conf, cases[i].key, got, cases[i].want);
+    CT_OK(pinpool_free(pool, p));
+    pinpool_destroy(pool);
+    CT_FAKE_BALANCED();
+  }
+}
+
+static void test_out_of_memory(void **state) {
+  (void)state;
+  CT_REQUIRE_FAKE();
+  const char *confs[] = {"backend=cuda,device=0",
+                         "backend=cuda-register,device=0"};
+  const char *calls[] = {"cuMemHostAlloc", "cuMemHostRegister"};
+  for (int i = 0; i < 2; i++) {
+    ct_fake.reset();
+    pinpool_t *pool = CREATE(confs[i]);
+    void *keep = NULL, *p = (void *)(uintptr_t)0x1234;
+    CT_OK(pinpool_alloc(pool, 1000, &keep));
+    /* One failure: the pool releases idle memory and retries, once. */
+    CT_ASSERT(ct_fake.inject(calls[i], 1, CUDA_ERROR_OUT_OF_MEMORY) == 0,
+              "arm");
+    CT_OK(pinpool_alloc(pool, 3 * MiB, &p));
+    CT_OK(pinpool_free(pool, p));
+    pinpool_stats_t st = stats(pool);
+    CT_ASSERT(st.retries == 1 && st.oom_count == 0, "retries %llu, oom %llu",
+              (unsigned long long)st.retries,
+              (unsigned long long)st.oom_count);
+    /* Two: the allocation fails cleanly with the driver's reason. */
+    p = (void *)(uintptr_t)0x1234;
+    CT_ASSERT(ct_fake.inject(calls[i], 1, CUDA_ERROR_OUT_OF_MEMORY) == 0 &&
+                  ct_fake.inject(calls[i], 2, CUDA_ERROR_OUT_OF_MEMORY) == 0,
+              "arm");
+    CT_RC(pinpool_alloc(pool, 5 * MiB, &p), PINPOOL_ENOMEM);
+    CT_ERROR_HAS(calls[i]);
+    CT_ERROR_HAS("CUDA_ERROR_OUT_OF_MEMORY");
+    CT_ASSERT(p == (void *)(uintptr_t)0x1234, "*out changed on failure");
+    st = stats(pool);
+    CT_ASSERT(st.oom_count == 1, "oom_count %llu",
+              (unsigned long long)st.oom_count);
+    CT_OK(pinpool_validate(pool));
+    /* Still usable: the next call reaches the driver again. */
+    CT_OK(pinpool_alloc(pool, 5 * MiB, &p));
+    memset(p, 7, 5 * MiB);
+    CT_OK(pinpool_free(pool, p));
+    CT_OK(pinpool_free(pool, keep));
+    CT_OK(pinpool_validate(pool));
+    pinpool_destroy(pool);
+    CT_FAKE_BALANCED();
+  }
+}
+
+static void test_backend_errors(void **state) {
+  (void)state;
+  CT_REQUIRE_FAKE();
+  pinpool_t *pool = CREATE("backend=cuda,device=0");
+  void *p = NULL;
+  CT_ASSERT(ct_fake.inject("cuMemHostAlloc", 1, CUDA_ERROR_UNKNOWN) == 0, "arm");
+  CT_RC(pinpool_alloc(pool, 4096, &p), PINPOOL_EBACKEND);
+  CT_ERROR_HAS("CUDA_ERROR_UNKNOWN");
+  CT_OK(pinpool_alloc(pool, 4096, &p));
+  CT_OK(pinpool_free(pool, p));
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+
+  /* A failed register gives the mapping back and is not retried. */
+  ct_fake.reset();
+  pool = CREATE("backend=cuda-register,device=0");
+  CT_ASSERT(ct_fake.inject("cuMemHostRegister", 1,
+                         CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) == 0,
+            "arm");
+  CT_RC(pinpool_alloc(pool, 3 * MiB, &p), PINPOOL_EBACKEND);
+  CT_ERROR_HAS("cuMemHostRegister");
+  CT_ERROR_HAS("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED");
+  CT_FAKE_EQ("calls:cuMemHostRegister", 1);
+  CT_FAKE_EQ("live_registrations", 0);
+  pinpool_stats_t st = stats(pool);
+  CT_ASSERT(st.reserved_bytes.current == 0, "reserved after failure");
+  CT_OK(pinpool_alloc(pool, 3 * MiB, &p));
+  CT_OK(pinpool_free(pool, p));
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+
+  /* A context that cannot be made current fails the call, cleanly. */
+  ct_fake.reset();
+  pool = CREATE("backend=cuda,device=0");
+  CT_ASSERT(ct_fake.inject("cuCtxPushCurrent", 1, CUDA_ERROR_INVALID_CONTEXT) ==
+                0,
+            "arm");
+  CT_RC(pinpool_alloc(pool, 4096, &p), PINPOOL_EBACKEND);
+  CT_ERROR_HAS("CUDA_ERROR_INVALID_CONTEXT");
+  CT_OK(pinpool_alloc(pool, 4096, &p));
+  CT_OK(pinpool_free(pool, p));
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+}
+
+static void test_misaligned_driver_memory(void **state) {
+  (void)state;
+  CT_REQUIRE_FAKE();
+  pinpool_t *pool = CREATE("backend=cuda,device=0");
+  CT_ASSERT(ct_fake.set("misalign", 1) == 0, "set");
+  void *p = NULL;
+  CT_RC(pinpool_alloc(pool, 4096, &p), PINPOOL_EBACKEND);
+  CT_ERROR_HAS("not aligned");
+  CT_FAKE_EQ("live_host_allocs", 0); /* given back */
+  CT_ASSERT(ct_fake.set("misalign", 0) == 0, "set");
+  CT_OK(pinpool_alloc(pool, 4096, &p));
+  CT_OK(pinpool_free(pool, p));
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+}
+
+/* ---- Threads without a context ------------------------------------------ */
+typedef struct worker {
+  pinpool_t *pool;
+  pthread_t tid;
+  unsigned seed;
+  int failures;
+  bool ctx_leaked; /* a context was current after a pool call */
+} worker_t;
+
+static void *worker_main(void *arg) {
+  worker_t *w = arg;
+  void *held[16] = {0};
+  for (int it = 0; it < 400; it++) {
+    int slot = (int)(rand_r(&w->seed) % 16);
+    if (held[slot] != NULL) {
+      if (pinpool_free(w->pool, held[slot]) != 0)
+        w->failures++;
+      held[slot] = NULL;
+    } else {
+      size_t size = (size_t)1 << (rand_r(&w->seed) % 22);
+      if (pinpool_alloc(w->pool, size, &held[slot]) != 0) {
+        w->failures++;
+        held[slot] = NULL;
+      } else {
+        memset(held[slot], slot, size);
+      }
+    }
+    if (it % 64 == 0 && ct_cu.get_current != NULL) {
+      CUcontext c = (CUcontext)(uintptr_t)1;
+      if (ct_cu.get_current(&c) != CUDA_SUCCESS || c != NULL)
+        w->ctx_leaked = true;
+    }
+  }
+  for (int i = 0; i < 16; i++)
+    if (held[i] != NULL && pinpool_free(w->pool, held[i]) != 0)
+      w->failures++;
+  return NULL;
+}
+
+static void run_threads(const char *conf) {
+  pinpool_t *pool = CREATE(conf);
+  worker_t w[4];
+  for (int i = 0; i < 4; i++) {
+    w[i] = (worker_t){pool, 0, (unsigned)i * 7919u + 1, 0, false};
+    CT_ASSERT(pthread_create(&w[i].tid, NULL, worker_main, &w[i]) == 0,
+              "pthread_create");
+  }
+  for (int i = 0; i < 4; i++)
+    (void)pthread_join(w[i].tid, NULL);
+  for (int i = 0; i < 4; i++) {
+    CT_ASSERT(w[i].failures == 0, "%s: thread %d: %d failed calls", conf, i,
+              w[i].failures);
+    CT_ASSERT(!w[i].ctx_leaked, "%s: thread %d was left with a context", conf,
+              i);
+  }
+  /* Every driver call from those threads ran with the pool's context. */
+  CT_FAKE_CLEAN();
+  CT_OK(pinpool_empty_cache(pool));
+  CT_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+}
+
+static void test_threads_without_context(void **state) {
+  (void)state;
+  CT_REQUIRE_DRIVER();
+  run_threads("backend=cuda,device=0,tcache_bytes=256KiB,max_cached=8MiB");
+  run_threads("backend=cuda-register,device=0,tcache_bytes=256KiB,"
+              "max_cached=8MiB,register_threads=2");
+}
+
+static void test_caller_context_preserved(void **state) {
+  (void)state;
+  CT_REQUIRE_FAKE();
+  CT_ASSERT(ct_fake.set("device_count", 2) == 0, "set");
+  ct_ctx_enter(); /* device 0's context, current here */
+  CUcontext mine = NULL;
+  CT_ASSERT(ct_cu.get_current(&mine) == CUDA_SUCCESS && mine != NULL, "ctx");
+  /* The pool works in device 1's context. */
+  pinpool_t *pool = CREATE("backend=cuda,device=1");
+  void *p = NULL;
+  CT_OK(pinpool_alloc(pool, 3 * MiB, &p));
+  CT_OK(pinpool_free(pool, p));
+  CT_OK(pinpool_empty_cache(pool));
+  CUcontext now = NULL;
+  CT_ASSERT(ct_cu.get_current(&now) == CUDA_SUCCESS && now == mine,
+            "the caller's context was changed");
+  pinpool_destroy(pool);
+  CT_ASSERT(ct_cu.get_current(&now) == CUDA_SUCCESS && now == mine,
+            "destroy changed the caller's context");
+  CT_FAKE_BALANCED();
+  ct_ctx_leave();
+  CT_FAKE_BALANCED();
+}
+
+int main(void) {
+  ct_init();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_cuda_alloc_free, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_register_alloc_free, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_destroy_releases_live_blocks,
+                                      ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_reserve, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_cuda_flags, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_out_of_memory, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_backend_errors, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_misaligned_driver_memory, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_threads_without_context, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_caller_context_preserved, ct_setup,
+                                      ct_teardown),
+  };
+  return cmocka_run_group_tests_name("cuda_backend", tests, NULL, NULL);
+}

@@ -1,0 +1,1143 @@
+/*
+ * A fake CUDA driver on host memory, for testing pinpool without a GPU
+ * (fake_cuda.h describes the control API).
+ *
+ * It is strict where pinpool could go wrong unnoticed on a real driver:
+ * calls without a current context fail (and are counted), every pointer
+ * freed or unregistered must be one it handed out, and contexts must be
+ * retained while used. It is race-free (one mutex guards all state) so that
+ * it can run under ThreadSanitizer with the library.
+ *
+ * Build with -DFAKE_NO_PROC_ADDRESS to leave out cuGetProcAddress, which
+ * makes pinpool fall back to dlsym of the exported names.
+ */
+#define _GNU_SOURCE
+#include "fake_cuda.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#define MAX_DEVICES 8
+#define MAX_DEPTH 32
+#define MAX_INJECT 16
+
+/* Every entry point, by exported name. */
+#define FAKE_ENTRIES(X)                                                        \
+  X(cuInit)                                                                    \
+  X(cuDriverGetVersion)                                                        \
+  X(cuGetErrorString)                                                          \
+  X(cuGetErrorName)                                                            \
+  X(cuGetProcAddress)                                                          \
+  X(cuDeviceGetCount)                                                          \
+  X(cuDeviceGet)                                                               \
+  X(cuDeviceGetName)                                                           \
+  X(cuDevicePrimaryCtxRetain)                                                  \
+  X(cuDevicePrimaryCtxRelease_v2)                                              \
+  X(cuCtxGetCurrent)                                                           \
+  X(cuCtxSetCurrent)                                                           \
+  X(cuCtxPushCurrent_v2)                                                       \
+  X(cuCtxPopCurrent_v2)                                                        \
+  X(cuCtxSynchronize)                                                          \
+  X(cuMemHostAlloc)                                                            \
+  X(cuMemFreeHost)                                                             \
+  X(cuMemHostRegister_v2)                                                      \
+  X(cuMemHostUnregister)                                                       \
+  X(cuMemAlloc_v2)                                                             \
+  X(cuMemFree_v2)                                                              \
+  X(cuMemcpyHtoDAsync_v2)                                                      \
+  X(cuMemcpyDtoHAsync_v2)                                                      \
+  X(cuStreamCreate)                                                            \
+  X(cuStreamDestroy_v2)                                                        \
+  X(cuStreamSynchronize)                                                       \
+  X(cuEventCreate)                                                             \
+  X(cuEventRecord)                                                             \
+  X(cuEventQuery)                                                              \
+  X(cuEventSynchronize)                                                        \
+  X(cuEventDestroy_v2)
+
+#define AS_ENUM(n) E_##n,
+enum { FAKE_ENTRIES(AS_ENUM) E_COUNT };
+#define AS_NAME(n) #n,
+static const char *const entry_names[] = {FAKE_ENTRIES(AS_NAME)};
+
+/* ---- State ---------------------------------------------------------------
+ * All of it under g.mu, except the per-thread context stack. */
+typedef struct fstream fstream_t;
+
+typedef struct fctx {
+  int device;
+  int refs;               /* primary context retains */
+  fstream_t *null_stream; /* stream 0, started on first use */
+} fctx_t;
+
+typedef struct fevent {
+  fctx_t *ctx;
+  uint64_t recorded;  /* records so far */
+  uint64_t completed; /* highest record whose marker the stream reached */
+  int error;          /* the latest completed record failed with this */
+  int pending_ops;    /* markers still queued: freed after the last */
+  bool destroyed;
+} fevent_t;
+
+enum { OP_MARKER, OP_COPY, OP_FN, OP_STOP };
+typedef struct op {
+  struct op *next;
+  int kind;
+  unsigned extra_us;
+  fevent_t *ev; /* OP_MARKER */
+  uint64_t seq;
+  int err;
+  void *dst; /* OP_COPY */
+  const void *src;
+  size_t n;
+  void (*fn)(void *); /* OP_FN */
+  void *arg;
+} op_t;
+
+struct fstream {
+  fctx_t *ctx;
+  pthread_t thread;
+  pthread_cond_t wake;
+  op_t *head, *tail;
+  uint64_t queued, done;
+  int delay_us; /* < 0: g.delay_us */
+};
+
+typedef struct range {
+  uintptr_t base; /* what the caller got */
+  size_t size;
+  void *map; /* what to unmap / free */
+  size_t map_size;
+} range_t;
+
+typedef struct ranges {
+  range_t *v;
+  size_t n, cap;
+} ranges_t;
+
+typedef struct inject {
+  int entry; /* -1: free slot; E_cuEventRecord + async for event faults */
+  unsigned countdown;
+  int code;
+  bool async_event;
+} inject_t;
+
+static struct {
+  pthread_mutex_t mu;
+  pthread_cond_t done_cv; /* broadcast whenever a stream operation ends */
+  bool initialized;
+  int init_result;
+  int device_count;
+  int delay_us;
+  int driver_version;
+  int misalign;
+  fctx_t ctxs[MAX_DEVICES];
+  long long calls[E_COUNT];
+  long long ctx_errors, bad_calls, pushes, pops;
+  long long live_events, live_streams;
+  long long last_host_alloc_flags, last_register_flags, last_event_flags;
+  long long last_proc_flags;
+  long long ops_pending;
+  ranges_t host, reg, dev;
+  inject_t inj[MAX_INJECT];
+  char hidden[1024]; /* ",a,b," for substring search */
+} g = {
+    .mu = PTHREAD_MUTEX_INITIALIZER,
+    .done_cv = PTHREAD_COND_INITIALIZER,
+    .device_count = 1,
+    .driver_version = 12080,
+    .last_host_alloc_flags = -1,
+    .last_register_flags = -1,
+    .last_event_flags = -1,
+    .last_proc_flags = -1,
+};
+
+static _Thread_local fctx_t *tl_stack[MAX_DEPTH];
+static _Thread_local int tl_depth;
+
+static void lock(void) { (void)pthread_mutex_lock(&g.mu); }
+static void unlock(void) { (void)pthread_mutex_unlock(&g.mu); }
+
+static void set_hidden_locked(const char *names) {
+  g.hidden[0] = '\0';
+  if (names != NULL && names[0] != '\0')
+    (void)snprintf(g.hidden, sizeof g.hidden, ",%s,", names);
+}
+
+__attribute__((constructor)) static void fake_init(void) {
+  for (int i = 0; i < MAX_INJECT; i++)
+    g.inj[i].entry = -1;
+  for (int i = 0; i < MAX_DEVICES; i++)
+    g.ctxs[i].device = i;
+  const char *d = getenv("FAKE_CUDA_DELAY_US");
+  if (d != NULL)
+    g.delay_us = atoi(d);
+  set_hidden_locked(getenv("FAKE_CUDA_HIDE"));
+}
+
+/* ---- Ranges ----------------------------------------------------------- */
+static int ranges_add(ranges_t *r, range_t x) {
+  if (r->n == r->cap) {
+    size_t cap = r->cap ? r->cap * 2 : 64;
+    range_t *v = realloc(r->v, cap * sizeof *v);
+    if (v == NULL)
+      return -1;
+    r->v = v;
+    r->cap = cap;
+  }
+  r->v[r->n++] = x;
+  return 0;
+}
+
+/* Index of the range starting at p, or -1. */
+static long ranges_find(const ranges_t *r, uintptr_t p) {
+  for (size_t i = 0; i < r->n; i++)
+    if (r->v[i].base == p)
+      return (long)i;
+  return -1;
+}
+
+/* Index of a range containing [p, p+n), or -1. */
+static long ranges_containing(const ranges_t *r, uintptr_t p, size_t n) {
+  for (size_t i = 0; i < r->n; i++)
+    if (p >= r->v[i].base && n <= r->v[i].size &&
+        p - r->v[i].base <= r->v[i].size - n)
+      return (long)i;
+  return -1;
+}
+
+static bool ranges_overlap(const ranges_t *r, uintptr_t p, size_t n) {
+  for (size_t i = 0; i < r->n; i++)
+    if (p < r->v[i].base + r->v[i].size && r->v[i].base < p + n)
+      return true;
+  return false;
+}
+
+static range_t ranges_take(ranges_t *r, long i) {
+  range_t x = r->v[i];
+  r->v[i] = r->v[--r->n];
+  return x;
+}
+
+static long long ranges_bytes(const ranges_t *r) {
+  long long b = 0;
+  for (size_t i = 0; i < r->n; i++)
+    b += (long long)r->v[i].size;
+  return b;
+}
+
+/* ---- Entry bookkeeping -------------------------------------------------- */
+enum { NEED_INIT = 1, NEED_CTX = 2 };
+
+static fctx_t *current(void) {
+  return tl_depth > 0 ? tl_stack[tl_depth - 1] : NULL;
+}
+
+static bool valid_ctx_locked(const fctx_t *c) {
+  for (int i = 0; i < g.device_count && i < MAX_DEVICES; i++)
+    if (c == &g.ctxs[i])
+      return c->refs > 0;
+  return false;
+}
+
+/* Count the call, then fail it if injected, before cuInit, or without a
+ * usable current context. Returns with g.mu held. */
+static CUresult enter_locked(int id, int need) {
+  lock();
+  g.calls[id]++;
+  /* Every armed injection counts this call, even when one fires. */
+  CUresult injected = CUDA_SUCCESS;
+  for (int i = 0; i < MAX_INJECT; i++) {
+    inject_t *in = &g.inj[i];
+    if (in->entry == id && !in->async_event && --in->countdown == 0) {
+      in->entry = -1;
+      if (injected == CUDA_SUCCESS)
+        injected = in->code;
+    }
+  }
+  if (injected != CUDA_SUCCESS)
+    return injected;
+  if ((need & NEED_INIT) && !g.initialized)
+    return CUDA_ERROR_NOT_INITIALIZED;
+  if ((need & NEED_CTX) && (current() == NULL || !valid_ctx_locked(current()))) {
+    g.ctx_errors++;
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  return CUDA_SUCCESS;
+}
+
+/* enter_locked, for calls that need nothing more under the lock. */
+static CUresult enter(int id, int need) {
+  CUresult rc = enter_locked(id, need);
+  unlock();
+  return rc;
+}
+
+/* ---- Streams ------------------------------------------------------------ */
+static void sleep_us(unsigned us) {
+  if (us == 0)
+    return;
+  struct timespec ts = {(time_t)(us / 1000000u), (long)(us % 1000000u) * 1000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static void complete_marker_locked(op_t *o) {
+  fevent_t *ev = o->ev;
+  if (o->seq > ev->completed)
+    ev->completed = o->seq;
+  if (o->seq == ev->recorded)
+    ev->error = o->err;
+  if (--ev->pending_ops == 0 && ev->destroyed)
+    free(ev);
+}
+
+static void *stream_main(void *arg) {
+  fstream_t *s = arg;
+  lock();
+  for (;;) {
+    while (s->head == NULL)
+      (void)pthread_cond_wait(&s->wake, &g.mu);
+    op_t *o = s->head;
+    s->head = o->next;
+    if (s->head == NULL)
+      s->tail = NULL;
+    if (o->kind == OP_STOP) {
+      free(o);
+      break;
+    }
+    unsigned us = (unsigned)(s->delay_us >= 0 ? s->delay_us : g.delay_us) +
+                  o->extra_us;
+    unlock();
+    sleep_us(us);
+    /* The "DMA": outside the lock, as a device would not wait for us. */
+    if (o->kind == OP_COPY)
+      memcpy(o->dst, o->src, o->n);
+    else if (o->kind == OP_FN && o->fn != NULL)
+      o->fn(o->arg);
+    lock();
+    if (o->kind == OP_MARKER)
+      complete_marker_locked(o);
+    s->done++;
+    g.ops_pending--;
+    (void)pthread_cond_broadcast(&g.done_cv);
+    free(o);
+  }
+  unlock();
+  return NULL;
+}
+
+static fstream_t *stream_new_locked(fctx_t *ctx) {
+  fstream_t *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return NULL;
+  s->ctx = ctx;
+  s->delay_us = -1;
+  (void)pthread_cond_init(&s->wake, NULL);
+  if (pthread_create(&s->thread, NULL, stream_main, s) != 0) {
+    (void)pthread_cond_destroy(&s->wake);
+    free(s);
+    return NULL;
+  }
+  return s;
+}
+
+/* Stream 0 of ctx. Never stopped: it lives as long as the process (the
+ * library is linked -z nodelete, so its code does too). */
+static fstream_t *null_stream_locked(fctx_t *ctx) {
+  if (ctx->null_stream == NULL)
+    ctx->null_stream = stream_new_locked(ctx);
+  return ctx->null_stream;
+}
+
+static fstream_t *resolve_stream_locked(CUstream stream) {
+  if (stream != NULL)
+    return (fstream_t *)(void *)stream;
+  fctx_t *c = current();
+  return null_stream_locked(c != NULL ? c : &g.ctxs[0]);
+}
+
+static void push_op_locked(fstream_t *s, op_t *o) {
+  o->next = NULL;
+  if (s->tail != NULL)
+    s->tail->next = o;
+  else
+    s->head = o;
+  s->tail = o;
+  if (o->kind != OP_STOP) {
+    s->queued++;
+    g.ops_pending++;
+  }
+  (void)pthread_cond_signal(&s->wake);
+}
+
+/* ---- Errors ------------------------------------------------------------- */
+typedef struct err_desc {
+  int code;
+  const char *name, *text;
+} err_desc_t;
+static const err_desc_t errors[] = {
+    {0, "CUDA_SUCCESS", "no error"},
+    {1, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {2, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {3, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {34, "CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"},
+    {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {600, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {700, "CUDA_ERROR_ILLEGAL_ADDRESS",
+     "an illegal memory access was encountered"},
+    {712, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+     "part or all of the requested memory range is already mapped"},
+    {713, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+     "pointer does not correspond to a registered memory region"},
+    {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+    {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+static const err_desc_t *find_error(CUresult rc) {
+  for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
+    if (errors[i].code == rc)
+      return &errors[i];
+  return NULL;
+}
+
+CUresult cuGetErrorString(CUresult rc, const char **s) {
+  (void)enter(E_cuGetErrorString, 0);
+  const err_desc_t *e = find_error(rc);
+  *s = e != NULL ? e->text : NULL;
+  return e != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorName(CUresult rc, const char **s) {
+  (void)enter(E_cuGetErrorName, 0);
+  const err_desc_t *e = find_error(rc);
+  *s = e != NULL ? e->name : NULL;
+  return e != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- Init, devices, contexts ------------------------------------------ */
+CUresult cuInit(unsigned flags) {
+  CUresult rc = enter_locked(E_cuInit, 0);
+  if (rc == CUDA_SUCCESS && flags != 0)
+    rc = CUDA_ERROR_INVALID_VALUE;
+  if (rc == CUDA_SUCCESS)
+    rc = g.init_result;
+  if (rc == CUDA_SUCCESS)
+    g.initialized = true;
+  unlock();
+  return rc;
+}
+
+CUresult cuDriverGetVersion(int *version) {
+  CUresult rc = enter_locked(E_cuDriverGetVersion, 0);
+  if (rc == CUDA_SUCCESS)
+    *version = g.driver_version;
+  unlock();
+  return rc;
+}
+
+CUresult cuDeviceGetCount(int *count) {
+  CUresult rc = enter_locked(E_cuDeviceGetCount, NEED_INIT);
+  if (rc == CUDA_SUCCESS)
+    *count = g.device_count;
+  unlock();
+  return rc;
+}
+
+CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
+  CUresult rc = enter_locked(E_cuDeviceGet, NEED_INIT);
+  if (rc == CUDA_SUCCESS && (ordinal < 0 || ordinal >= g.device_count))
+    rc = CUDA_ERROR_INVALID_DEVICE;
+  if (rc == CUDA_SUCCESS)
+    *dev = ordinal;
+  unlock();
+  return rc;
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+  CUresult rc = enter_locked(E_cuDeviceGetName, NEED_INIT);
+  if (rc == CUDA_SUCCESS && (dev < 0 || dev >= g.device_count || len <= 0))
+    rc = CUDA_ERROR_INVALID_VALUE;
+  if (rc == CUDA_SUCCESS)
+    (void)snprintf(name, (size_t)len, "pinpool fake CUDA device %d", dev);
+  unlock();
+  return rc;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
+  CUresult rc = enter_locked(E_cuDevicePrimaryCtxRetain, NEED_INIT);
+  if (rc == CUDA_SUCCESS && (dev < 0 || dev >= g.device_count))
+    rc = CUDA_ERROR_INVALID_DEVICE;
+  if (rc == CUDA_SUCCESS) {
+    g.ctxs[dev].refs++;
+    *ctx = (CUcontext)(void *)&g.ctxs[dev];
+  }
+  unlock();
+  return rc;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  CUresult rc = enter_locked(E_cuDevicePrimaryCtxRelease_v2, NEED_INIT);
+  if (rc == CUDA_SUCCESS && (dev < 0 || dev >= MAX_DEVICES))
+    rc = CUDA_ERROR_INVALID_DEVICE;
+  if (rc == CUDA_SUCCESS && g.ctxs[dev].refs == 0) {
+    g.bad_calls++;
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  }
+  if (rc == CUDA_SUCCESS)
+    g.ctxs[dev].refs--;
+  unlock();
+  return rc;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *ctx) {
+  CUresult rc = enter(E_cuCtxGetCurrent, NEED_INIT);
+  if (rc == CUDA_SUCCESS)
+    *ctx = (CUcontext)(void *)current();
+  return rc;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+  fctx_t *c = (fctx_t *)(void *)ctx;
+  CUresult rc = enter_locked(E_cuCtxSetCurrent, NEED_INIT);
+  if (rc == CUDA_SUCCESS && c != NULL && !valid_ctx_locked(c)) {
+    g.ctx_errors++;
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  }
+  unlock();
+  if (rc != CUDA_SUCCESS)
+    return rc;
+  /* As the driver: replace the top of the stack (NULL empties that slot). */
+  if (c == NULL) {
+    if (tl_depth > 0)
+      tl_depth--;
+  } else if (tl_depth > 0) {
+    tl_stack[tl_depth - 1] = c;
+  } else {
+    tl_stack[tl_depth++] = c;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  fctx_t *c = (fctx_t *)(void *)ctx;
+  CUresult rc = enter_locked(E_cuCtxPushCurrent_v2, NEED_INIT);
+  if (rc == CUDA_SUCCESS && (c == NULL || !valid_ctx_locked(c))) {
+    g.ctx_errors++;
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  }
+  if (rc == CUDA_SUCCESS && tl_depth == MAX_DEPTH) {
+    g.bad_calls++;
+    rc = CUDA_ERROR_INVALID_VALUE;
+  }
+  if (rc == CUDA_SUCCESS) {
+    g.pushes++;
+    tl_stack[tl_depth++] = c;
+  }
+  unlock();
+  return rc;
+}
+
+CUresult cuCtxPopCurrent_v2(CUcontext *ctx) {
+  CUresult rc = enter_locked(E_cuCtxPopCurrent_v2, NEED_INIT);
+  if (rc == CUDA_SUCCESS && tl_depth == 0) {
+    g.bad_calls++;
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  }
+  if (rc == CUDA_SUCCESS) {
+    g.pops++;
+    fctx_t *c = tl_stack[--tl_depth];
+    if (ctx != NULL)
+      *ctx = (CUcontext)(void *)c;
+  }
+  unlock();
+  return rc;
+}
+
+/* Wait until every stream of the current context has run dry. */
+CUresult cuCtxSynchronize(void) {
+  CUresult rc = enter_locked(E_cuCtxSynchronize, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS)
+    while (g.ops_pending > 0)
+      (void)pthread_cond_wait(&g.done_cv, &g.mu);
+  unlock();
+  return rc;
+}
+
+/* ---- Host memory ------------------------------------------------------- */
+CUresult cuMemHostAlloc(void **p, size_t size, unsigned flags) {
+  CUresult rc = enter_locked(E_cuMemHostAlloc, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && (p == NULL || size == 0 || (flags & ~7u) != 0))
+    rc = CUDA_ERROR_INVALID_VALUE;
+  if (rc == CUDA_SUCCESS) {
+    g.last_host_alloc_flags = flags;
+    size_t off = g.misalign ? 64 : 0;
+    size_t len = (size + off + 4095) & ~(size_t)4095;
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+      rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      range_t r = {(uintptr_t)m + off, size, m, len};
+      if (ranges_add(&g.host, r) != 0) {
+        (void)munmap(m, len);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+      } else {
+        *p = (void *)r.base;
+      }
+    }
+  }
+  unlock();
+  return rc;
+}
+
+CUresult cuMemFreeHost(void *p) {
+  CUresult rc = enter_locked(E_cuMemFreeHost, NEED_INIT | NEED_CTX);
+  range_t r = {0, 0, NULL, 0};
+  if (rc == CUDA_SUCCESS) {
+    long i = ranges_find(&g.host, (uintptr_t)p);
+    if (i < 0) {
+      g.bad_calls++;
+      rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+      r = ranges_take(&g.host, i);
+    }
+  }
+  unlock();
+  if (r.map != NULL)
+    (void)munmap(r.map, r.map_size);
+  return rc;
+}
+
+CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags) {
+  CUresult rc = enter_locked(E_cuMemHostRegister_v2, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && (p == NULL || size == 0 || (flags & ~0xfu) != 0))
+    rc = CUDA_ERROR_INVALID_VALUE;
+  if (rc == CUDA_SUCCESS && ranges_overlap(&g.reg, (uintptr_t)p, size)) {
+    g.bad_calls++;
+    rc = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  }
+  if (rc == CUDA_SUCCESS) {
+    g.last_register_flags = flags;
+    range_t r = {(uintptr_t)p, size, NULL, 0};
+    if (ranges_add(&g.reg, r) != 0)
+      rc = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  unlock();
+  return rc;
+}
+
+CUresult cuMemHostUnregister(void *p) {
+  CUresult rc = enter_locked(E_cuMemHostUnregister, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS) {
+    long i = ranges_find(&g.reg, (uintptr_t)p);
+    if (i < 0) {
+      g.bad_calls++;
+      rc = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    } else {
+      (void)ranges_take(&g.reg, i);
+    }
+  }
+  unlock();
+  return rc;
+}
+
+/* ---- Device memory and copies ------------------------------------------ */
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+  CUresult rc = enter_locked(E_cuMemAlloc_v2, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && (dptr == NULL || size == 0))
+    rc = CUDA_ERROR_INVALID_VALUE;
+  if (rc == CUDA_SUCCESS) {
+    void *m = malloc(size);
+    range_t r = {(uintptr_t)m, size, m, size};
+    if (m == NULL || ranges_add(&g.dev, r) != 0) {
+      free(m);
+      rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      *dptr = (CUdeviceptr)r.base;
+    }
+  }
+  unlock();
+  return rc;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  CUresult rc = enter_locked(E_cuMemFree_v2, NEED_INIT | NEED_CTX);
+  void *m = NULL;
+  if (rc == CUDA_SUCCESS) {
+    long i = ranges_find(&g.dev, (uintptr_t)dptr);
+    if (i < 0) {
+      g.bad_calls++;
+      rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+      m = ranges_take(&g.dev, i).map;
+    }
+  }
+  unlock();
+  free(m);
+  return rc;
+}
+
+static CUresult copy_async(int id, void *dst, const void *src, size_t n,
+                           uintptr_t dev_side, CUstream stream) {
+  CUresult rc = enter_locked(id, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && ranges_containing(&g.dev, dev_side, n) < 0)
+    rc = CUDA_ERROR_INVALID_VALUE;
+  op_t *o = NULL;
+  fstream_t *s = NULL;
+  if (rc == CUDA_SUCCESS) {
+    s = resolve_stream_locked(stream);
+    o = calloc(1, sizeof *o);
+    if (s == NULL || o == NULL)
+      rc = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (rc == CUDA_SUCCESS && s->ctx != current()) {
+    g.ctx_errors++;
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  }
+  if (rc == CUDA_SUCCESS) {
+    *o = (op_t){.kind = OP_COPY, .dst = dst, .src = src, .n = n};
+    push_op_locked(s, o);
+    o = NULL;
+  }
+  unlock();
+  free(o);
+  return rc;
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n,
+                              CUstream stream) {
+  return copy_async(E_cuMemcpyHtoDAsync_v2, (void *)(uintptr_t)dst, src, n,
+                    (uintptr_t)dst, stream);
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n,
+                              CUstream stream) {
+  return copy_async(E_cuMemcpyDtoHAsync_v2, dst, (const void *)(uintptr_t)src,
+                    n, (uintptr_t)src, stream);
+}
+
+/* ---- Streams ------------------------------------------------------------- */
+CUresult cuStreamCreate(CUstream *stream, unsigned flags) {
+  CUresult rc = enter_locked(E_cuStreamCreate, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && (stream == NULL || (flags & ~1u) != 0))
+    rc = CUDA_ERROR_INVALID_VALUE;
+  if (rc == CUDA_SUCCESS) {
+    fstream_t *s = stream_new_locked(current());
+    if (s == NULL) {
+      rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      g.live_streams++;
+      *stream = (CUstream)(void *)s;
+    }
+  }
+  unlock();
+  return rc;
+}
+
+CUresult cuStreamDestroy_v2(CUstream stream) {
+  fstream_t *s = (fstream_t *)(void *)stream;
+  op_t *stop = calloc(1, sizeof *stop);
+  CUresult rc = enter_locked(E_cuStreamDestroy_v2, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && (s == NULL || stop == NULL))
+    rc = s == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_OUT_OF_MEMORY;
+  if (rc == CUDA_SUCCESS) {
+    /* Queued work still runs, as on a device; the worker stops after. */
+    stop->kind = OP_STOP;
+    push_op_locked(s, stop);
+    stop = NULL;
+    g.live_streams--;
+  }
+  unlock();
+  free(stop);
+  if (rc == CUDA_SUCCESS) {
+    (void)pthread_join(s->thread, NULL);
+    (void)pthread_cond_destroy(&s->wake);
+    free(s);
+  }
+  return rc;
+}
+
+CUresult cuStreamSynchronize(CUstream stream) {
+  CUresult rc = enter_locked(E_cuStreamSynchronize, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS) {
+    fstream_t *s = resolve_stream_locked(stream);
+    if (s == NULL)
+      rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else
+      while (s->done < s->queued)
+        (void)pthread_cond_wait(&g.done_cv, &g.mu);
+  }
+  unlock();
+  return rc;
+}
+
+/* ---- Events ------------------------------------------------------------ */
+CUresult cuEventCreate(CUevent *ev, unsigned flags) {
+  CUresult rc = enter_locked(E_cuEventCreate, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && (ev == NULL || (flags & ~0xfu) != 0))
+    rc = CUDA_ERROR_INVALID_VALUE;
+  if (rc == CUDA_SUCCESS) {
+    fevent_t *e = calloc(1, sizeof *e);
+    if (e == NULL) {
+      rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      e->ctx = current();
+      g.last_event_flags = flags;
+      g.live_events++;
+      *ev = (CUevent)(void *)e;
+    }
+  }
+  unlock();
+  return rc;
+}
+
+static bool event_usable_locked(const fevent_t *e) {
+  if (e != NULL && !e->destroyed)
+    return true;
+  g.bad_calls++;
+  return false;
+}
+
+CUresult cuEventRecord(CUevent ev, CUstream stream) {
+  fevent_t *e = (fevent_t *)(void *)ev;
+  op_t *o = calloc(1, sizeof *o);
+  CUresult rc = enter_locked(E_cuEventRecord, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && !event_usable_locked(e))
+    rc = CUDA_ERROR_INVALID_HANDLE;
+  fstream_t *s = NULL;
+  if (rc == CUDA_SUCCESS) {
+    s = resolve_stream_locked(stream);
+    if (s == NULL || o == NULL)
+      rc = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  /* The event, the stream and the current context must agree. */
+  if (rc == CUDA_SUCCESS && (s->ctx != current() || e->ctx != current())) {
+    g.ctx_errors++;
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  }
+  if (rc == CUDA_SUCCESS) {
+    int err = 0;
+    for (int i = 0; i < MAX_INJECT; i++) {
+      inject_t *in = &g.inj[i];
+      if (in->entry == E_cuEventRecord && in->async_event &&
+          --in->countdown == 0) {
+        in->entry = -1;
+        if (err == 0)
+          err = in->code;
+      }
+    }
+    *o = (op_t){.kind = OP_MARKER, .ev = e, .seq = ++e->recorded, .err = err};
+    e->error = 0;
+    e->pending_ops++;
+    push_op_locked(s, o);
+    o = NULL;
+  }
+  unlock();
+  free(o);
+  return rc;
+}
+
+CUresult cuEventQuery(CUevent ev) {
+  fevent_t *e = (fevent_t *)(void *)ev;
+  CUresult rc = enter_locked(E_cuEventQuery, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && !event_usable_locked(e))
+    rc = CUDA_ERROR_INVALID_HANDLE;
+  if (rc == CUDA_SUCCESS) {
+    if (e->completed < e->recorded)
+      rc = CUDA_ERROR_NOT_READY;
+    else
+      rc = e->error;
+  }
+  unlock();
+  return rc;
+}
+
+CUresult cuEventSynchronize(CUevent ev) {
+  fevent_t *e = (fevent_t *)(void *)ev;
+  CUresult rc = enter_locked(E_cuEventSynchronize, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && !event_usable_locked(e))
+    rc = CUDA_ERROR_INVALID_HANDLE;
+  if (rc == CUDA_SUCCESS) {
+    while (e->completed < e->recorded)
+      (void)pthread_cond_wait(&g.done_cv, &g.mu);
+    rc = e->error;
+  }
+  unlock();
+  return rc;
+}
+
+CUresult cuEventDestroy_v2(CUevent ev) {
+  fevent_t *e = (fevent_t *)(void *)ev;
+  CUresult rc = enter_locked(E_cuEventDestroy_v2, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && !event_usable_locked(e))
+    rc = CUDA_ERROR_INVALID_HANDLE;
+  bool free_now = false;
+  if (rc == CUDA_SUCCESS) {
+    /* As the driver: a pending record still completes; the memory goes
+     * when its last marker is done. */
+    e->destroyed = true;
+    free_now = e->pending_ops == 0;
+    g.live_events--;
+  }
+  unlock();
+  if (free_now)
+    free(e);
+  return rc;
+}
+
+/* ---- cuGetProcAddress ------------------------------------------------- */
+#ifndef FAKE_NO_PROC_ADDRESS
+/* Function pointers travel as void * (as through the real
+ * cuGetProcAddress); void (*)(void) is the generic function type. */
+static void *fnp(void (*f)(void)) {
+  void *p;
+  memcpy(&p, &f, sizeof p);
+  return p;
+}
+
+static void *lookup(const char *name) {
+#define L(base, f)                                                             \
+  if (strcmp(name, base) == 0)                                                 \
+    return fnp((void (*)(void))f);
+  L("cuInit", cuInit)
+  L("cuDriverGetVersion", cuDriverGetVersion)
+  L("cuGetErrorString", cuGetErrorString)
+  L("cuGetErrorName", cuGetErrorName)
+  L("cuDeviceGetCount", cuDeviceGetCount)
+  L("cuDeviceGet", cuDeviceGet)
+  L("cuDeviceGetName", cuDeviceGetName)
+  L("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain)
+  L("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2)
+  L("cuCtxGetCurrent", cuCtxGetCurrent)
+  L("cuCtxSetCurrent", cuCtxSetCurrent)
+  L("cuCtxPushCurrent", cuCtxPushCurrent_v2)
+  L("cuCtxPopCurrent", cuCtxPopCurrent_v2)
+  L("cuCtxSynchronize", cuCtxSynchronize)
+  L("cuMemHostAlloc", cuMemHostAlloc)
+  L("cuMemFreeHost", cuMemFreeHost)
+  L("cuMemHostRegister", cuMemHostRegister_v2)
+  L("cuMemHostUnregister", cuMemHostUnregister)
+  L("cuMemAlloc", cuMemAlloc_v2)
+  L("cuMemFree", cuMemFree_v2)
+  L("cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2)
+  L("cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2)
+  L("cuStreamCreate", cuStreamCreate)
+  L("cuStreamDestroy", cuStreamDestroy_v2)
+  L("cuStreamSynchronize", cuStreamSynchronize)
+  L("cuEventCreate", cuEventCreate)
+  L("cuEventRecord", cuEventRecord)
+  L("cuEventQuery", cuEventQuery)
+  L("cuEventSynchronize", cuEventSynchronize)
+  L("cuEventDestroy", cuEventDestroy_v2)
+#undef L
+  return NULL;
+}
+
+static CUresult get_proc(const char *symbol, void **pfn, int version,
+                         cuuint64_t flags, int *status) {
+  CUresult rc = enter_locked(E_cuGetProcAddress, 0);
+  void *fn = NULL;
+  if (rc == CUDA_SUCCESS && (symbol == NULL || pfn == NULL || version < 1000))
+    rc = CUDA_ERROR_INVALID_VALUE;
+  if (rc == CUDA_SUCCESS) {
+    g.last_proc_flags = (long long)flags;
+    char key[128];
+    (void)snprintf(key, sizeof key, ",%s,", symbol);
+    if (strstr(g.hidden, key) == NULL)
+      fn = lookup(symbol);
+    if (fn == NULL)
+      rc = CUDA_ERROR_NOT_FOUND;
+  }
+  unlock();
+  if (pfn != NULL)
+    *pfn = fn;
+  if (status != NULL)
+    *status = fn != NULL ? 0 : 1;
+  return rc;
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+                          cuuint64_t flags) {
+  return get_proc(symbol, pfn, version, flags, NULL);
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                             cuuint64_t flags, int *status) {
+  return get_proc(symbol, pfn, version, flags, status);
+}
+#endif
+
+/* ---- Control API --------------------------------------------------------- */
+static int find_entry(const char *name) {
+  for (int i = 0; i < E_COUNT; i++) {
+    size_t n = strlen(name);
+    if (strcmp(entry_names[i], name) == 0 ||
+        (strncmp(entry_names[i], name, n) == 0 &&
+         strcmp(entry_names[i] + n, "_v2") == 0))
+      return i;
+  }
+  return -1;
+}
+
+int fake_cuda_set(const char *key, long long value) {
+  int rc = 0;
+  lock();
+  if (strcmp(key, "init_result") == 0)
+    g.init_result = (int)value;
+  else if (strcmp(key, "device_count") == 0 && value >= 0 &&
+           value <= MAX_DEVICES)
+    g.device_count = (int)value;
+  else if (strcmp(key, "delay_us") == 0 && value >= 0 && value < 10000000)
+    g.delay_us = (int)value;
+  else if (strcmp(key, "driver_version") == 0)
+    g.driver_version = (int)value;
+  else if (strcmp(key, "misalign") == 0)
+    g.misalign = value != 0;
+  else
+    rc = -1;
+  unlock();
+  return rc;
+}
+
+long long fake_cuda_get(const char *key) {
+  long long v = -1;
+  lock();
+  if (strncmp(key, "calls:", 6) == 0) {
+    int i = find_entry(key + 6);
+    if (i >= 0)
+      v = g.calls[i];
+  } else if (strcmp(key, "live_host_allocs") == 0) {
+    v = (long long)g.host.n;
+  } else if (strcmp(key, "live_registrations") == 0) {
+    v = (long long)g.reg.n;
+  } else if (strcmp(key, "live_device_allocs") == 0) {
+    v = (long long)g.dev.n;
+  } else if (strcmp(key, "host_alloc_bytes") == 0) {
+    v = ranges_bytes(&g.host);
+  } else if (strcmp(key, "registered_bytes") == 0) {
+    v = ranges_bytes(&g.reg);
+  } else if (strcmp(key, "live_events") == 0) {
+    v = g.live_events;
+  } else if (strcmp(key, "live_streams") == 0) {
+    v = g.live_streams;
+  } else if (strcmp(key, "ctx_errors") == 0) {
+    v = g.ctx_errors;
+  } else if (strcmp(key, "bad_calls") == 0) {
+    v = g.bad_calls;
+  } else if (strcmp(key, "pushes") == 0) {
+    v = g.pushes;
+  } else if (strcmp(key, "pops") == 0) {
+    v = g.pops;
+  } else if (strcmp(key, "unpopped") == 0) {
+    v = g.pushes - g.pops;
+  } else if (strcmp(key, "primary_refs") == 0) {
+    v = 0;
+    for (int i = 0; i < MAX_DEVICES; i++)
+      v += g.ctxs[i].refs;
+  } else if (strcmp(key, "last_host_alloc_flags") == 0) {
+    v = g.last_host_alloc_flags;
+  } else if (strcmp(key, "last_register_flags") == 0) {
+    v = g.last_register_flags;
+  } else if (strcmp(key, "last_event_flags") == 0) {
+    v = g.last_event_flags;
+  } else if (strcmp(key, "last_proc_flags") == 0) {
+    v = g.last_proc_flags;
+  } else if (strcmp(key, "has_proc_address") == 0) {
+#ifdef FAKE_NO_PROC_ADDRESS
+    v = 0;
+#else
+    v = 1;
+#endif
+  } else if (strcmp(key, "ops_pending") == 0) {
+    v = g.ops_pending;
+  }
+  unlock();
+  return v;
+}
+
+static int arm(int entry, unsigned nth, int code, bool async_event) {
+  if (entry < 0 || nth == 0)
+    return -1;
+  int rc = -1;
+  lock();
+  for (int i = 0; i < MAX_INJECT; i++) {
+    if (g.inj[i].entry < 0) {
+      g.inj[i] = (inject_t){entry, nth, code, async_event};
+      rc = 0;
+      break;
+    }
+  }
+  unlock();
+  return rc;
+}
+
+int fake_cuda_fail(const char *entry, unsigned nth, int code) {
+  return arm(find_entry(entry), nth, code, false);
+}
+
+int fake_cuda_fail_event(unsigned nth, int code) {
+  return arm(E_cuEventRecord, nth, code, true);
+}
+
+int fake_cuda_hide(const char *names) {
+  lock();
+  set_hidden_locked(names);
+  unlock();
+  return 0;
+}
+
+int fake_cuda_enqueue(CUstream stream, void (*fn)(void *), void *arg,
+                      unsigned delay_us) {
+  op_t *o = calloc(1, sizeof *o);
+  if (o == NULL)
+    return -1;
+  *o = (op_t){.kind = OP_FN, .fn = fn, .arg = arg, .extra_us = delay_us};
+  lock();
+  fstream_t *s = resolve_stream_locked(stream);
+  if (s != NULL)
+    push_op_locked(s, o);
+  unlock();
+  if (s == NULL) {
+    free(o);
+    return -1;
+  }
+  return 0;
+}
+
+int fake_cuda_stream_delay(CUstream stream, int delay_us) {
+  lock();
+  fstream_t *s = resolve_stream_locked(stream);
+  if (s != NULL)
+    s->delay_us = delay_us < 0 ? -1 : delay_us;
+  unlock();
+  return s != NULL ? 0 : -1;
+}
+
+void fake_cuda_reset(void) {
+  lock();
+  for (int i = 0; i < MAX_INJECT; i++)
+    g.inj[i].entry = -1;
+  g.hidden[0] = '\0';
+  g.init_result = 0;
+  g.device_count = 1;
+  g.delay_us = 0;
+  g.misalign = 0;
+  g.driver_version = 12080;
+  memset(g.calls, 0, sizeof g.calls);
+  g.ctx_errors = g.bad_calls = 0;
+  g.last_host_alloc_flags = g.last_register_flags = -1;
+  g.last_event_flags = g.last_proc_flags = -1;
+  unlock();
+}
