@@ -137,9 +137,11 @@ int pp_backend_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
                  ((cfg->cuda_flags & PP_CUDA_DEVICEMAP)
                       ? (unsigned)PP_CU_MEMHOSTREGISTER_DEVICEMAP
                       : 0u);
-  // cppcheck-suppress memleak ; ownership passes to *out (ctx)
-  *out = (pp_provider_t){reg ? "cuda-register" : "cuda", b,
-                         reg ? register_alloc : cuda_alloc,
-                         reg ? register_free : cuda_free, cuda_destroy};
+  if (reg)
+    *out = (pp_provider_t){"cuda-register", b, register_alloc, register_free,
+                           cuda_destroy};
+  else
+    *out = (pp_provider_t){"cuda", b, cuda_alloc, cuda_free, cuda_destroy};
+  // cppcheck-suppress memleak ; ownership passed to *out (ctx)
   return 0;
 }

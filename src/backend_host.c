@@ -191,7 +191,10 @@ int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out) {
   if (h == NULL)
     return pp_fail(PINPOOL_ENOMEM, "host backend: out of memory");
   h->cfg = *cfg;
-  // cppcheck-suppress memleak ; ownership passes to *out (ctx)
-  *out = (pp_provider_t){"host", h, host_alloc, host_free, host_destroy};
+  out->name = "host";
+  out->ctx = h; /* freed by host_destroy */
+  out->alloc = host_alloc;
+  out->free = host_free;
+  out->destroy = host_destroy;
   return 0;
 }

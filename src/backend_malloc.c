@@ -29,7 +29,6 @@ static void malloc_free(void *ctx, void *ptr, size_t size) {
 
 int pp_backend_malloc_open(const pp_config_t *cfg, pp_provider_t *out) {
   (void)cfg;
-  // cppcheck-suppress memleak ; ownership passes to *out (ctx)
   *out = (pp_provider_t){"malloc", NULL, malloc_alloc, malloc_free, NULL};
   return 0;
 }
@@ -79,6 +78,10 @@ int pp_backend_user_open(const pinpool_backend_t *user, pp_provider_t *out) {
   u->b = *user;
   if (u->b.name == NULL)
     u->b.name = "user";
-  *out = (pp_provider_t){u->b.name, u, user_alloc, user_free, user_destroy};
+  out->name = u->b.name;
+  out->ctx = u; /* freed by user_destroy */
+  out->alloc = user_alloc;
+  out->free = user_free;
+  out->destroy = user_destroy;
   return 0;
 }

@@ -107,11 +107,19 @@ static sim_stream_t *stream_locked(sim_t *sim, pinpool_stream_t id) {
   return st;
 }
 
-static int enqueue(sim_t *sim, pinpool_stream_t id, sim_item_t *it) {
+/* Queue an item (work, or an event if ev != NULL) on stream `id`. The
+ * queue owns the item; the worker frees it. */
+static int enqueue(sim_t *sim, pinpool_stream_t id, uint64_t duration_ns,
+                   void (*fn)(void *), void *arg, sim_event_t *ev) {
+  sim_item_t *it = malloc(sizeof *it);
+  if (it == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "simulated stream: out of memory");
+  *it = (sim_item_t){duration_ns, fn, arg, ev, NULL};
   pthread_mutex_lock(&sim->lock);
   sim_stream_t *st = stream_locked(sim, id);
   if (st == NULL) {
     pthread_mutex_unlock(&sim->lock);
+    free(it);
     return pp_fail(PINPOOL_ENOMEM, "simulated stream: cannot start a worker");
   }
   if (st->tail != NULL)
@@ -126,35 +134,21 @@ static int enqueue(sim_t *sim, pinpool_stream_t id, sim_item_t *it) {
 
 int pp_events_sim_submit(void *ctx, pinpool_stream_t stream,
                          uint64_t duration_ns, void (*fn)(void *), void *arg) {
-  sim_item_t *it = malloc(sizeof *it);
-  if (it == NULL)
-    return pp_fail(PINPOOL_ENOMEM, "pinpool_sim_submit: out of memory");
-  *it = (sim_item_t){duration_ns, fn, arg, NULL, NULL};
-  int rc = enqueue(ctx, stream, it);
-  if (rc != 0)
-    free(it);
-  return rc;
+  return enqueue(ctx, stream, duration_ns, fn, arg, NULL);
 }
 
 static int sim_record(void *ctx, pinpool_stream_t stream, void **event) {
   sim_t *sim = ctx;
-  sim_item_t *it = malloc(sizeof *it);
-  if (it == NULL)
-    return pp_fail(PINPOOL_ENOMEM, "simulated event: out of memory");
   pthread_mutex_lock(&sim->lock);
   sim_event_t *ev = sim->free_events;
   if (ev != NULL)
     sim->free_events = ev->next_free;
   pthread_mutex_unlock(&sim->lock);
-  if (ev == NULL && (ev = malloc(sizeof *ev)) == NULL) {
-    free(it);
+  if (ev == NULL && (ev = malloc(sizeof *ev)) == NULL)
     return pp_fail(PINPOOL_ENOMEM, "simulated event: out of memory");
-  }
   atomic_init(&ev->done, 0);
-  *it = (sim_item_t){sim->delay_ns, NULL, NULL, ev, NULL};
-  int rc = enqueue(sim, stream, it);
+  int rc = enqueue(sim, stream, sim->delay_ns, NULL, NULL, ev);
   if (rc != 0) {
-    free(it);
     free(ev);
     return rc;
   }

@@ -53,8 +53,12 @@ int pp_events_user_open(const pinpool_events_t *user, pp_events_t *out) {
   e->u = *user;
   if (e->u.name == NULL)
     e->u.name = "callbacks";
-  *out = (pp_events_t){
-      e->u.name,    e,           user_record, user_query, user_synchronize,
-      user_release, user_destroy};
+  out->name = e->u.name;
+  out->ctx = e; /* freed by user_destroy */
+  out->record = user_record;
+  out->query = user_query;
+  out->synchronize = user_synchronize;
+  out->release = user_release;
+  out->destroy = user_destroy;
   return 0;
 }

@@ -361,7 +361,7 @@ int pp_central_take(pinpool_t *pool, unsigned cls, unsigned shard,
   }
   pp_segment_t *s = NULL;
   int rc = seg_create(pool, cls, shard, &s);
-  if (rc != 0)
+  if (rc != 0 || s == NULL)
     return rc;
   *missed = true;
   pp_bin_t *bin = pp_bin(pool, cls, shard);

@@ -107,7 +107,7 @@ int pinpool_record_stream(pinpool_t *pool, void *ptr, pinpool_stream_t stream) {
   pp_segment_t *seg = NULL;
   uint32_t idx = 0;
   int rc = lookup(pool, ptr, &seg, &idx);
-  if (rc != 0)
+  if (rc != 0 || seg == NULL)
     return rc;
   _Atomic(pp_sset_t *) *slot = sset_slot(seg, idx);
   if (slot == NULL)
@@ -261,6 +261,7 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
    * is queued, however fast the streams are. */
   atomic_init(&p->remaining, n + 1);
   atomic_init(&p->failed, false);
+  uint32_t dropped = 0; /* events that could not be recorded */
   for (uint32_t i = 0; i < n; i++) {
     void *ev = NULL;
     int rc = pool->ev.record(pool->ev.ctx, set->s[i], &ev);
@@ -275,7 +276,7 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
       /* An event we could not record: we cannot know when the stream is
        * done with the block, so it is never reused. */
       report_error(pool, rc, p);
-      event_done(pool, p);
+      dropped++;
       continue;
     }
     pp_fetch_add_relaxed(&pool->ev_recorded, 1);
@@ -289,6 +290,8 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
     pp_mutex_unlock(&q->lock);
   }
   free(set);
+  /* Our +1 is still held, so this cannot reach zero. */
+  atomic_fetch_sub_explicit(&p->remaining, dropped, memory_order_acq_rel);
   event_done(pool, p); /* drop our +1; caches the block if all are done */
   return 0;
 }

@@ -15,8 +15,7 @@
 #define MPOL_F_ADDR (1 << 1)
 
 static int policy_of(void *addr, int *mode, unsigned long *mask) {
-  return (int)syscall(SYS_get_mempolicy, mode, mask, 64 + 1, addr,
-                      MPOL_F_ADDR);
+  return (int)syscall(SYS_get_mempolicy, mode, mask, 64 + 1, addr, MPOL_F_ADDR);
 }
 
 static int node_of(void *addr) {

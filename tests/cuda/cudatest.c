@@ -58,7 +58,9 @@ void ct_init(void) {
                    ct_cu.stream_destroy != NULL && ct_cu.stream_sync != NULL;
   print_message("CUDA driver: %s (%s)\n",
                 orig_libcuda != NULL ? orig_libcuda : "libcuda.so.1",
-                ct_is_fake ? "fake" : ct_have_driver ? "real" : "unusable");
+                ct_is_fake       ? "fake"
+                : ct_have_driver ? "real"
+                                 : "unusable");
 }
 
 void ct_rc_(int got, int expected, const char *expr, const char *file,
@@ -79,8 +81,7 @@ void ct_error_has_(const char *needle, const char *file, int line) {
   _fail(file, line);
 }
 
-void ct_fake_eq_(const char *key, long long want, const char *file,
-                 int line) {
+void ct_fake_eq_(const char *key, long long want, const char *file, int line) {
   if (!ct_is_fake)
     return;
   long long got = ct_fake.get(key);

@@ -106,8 +106,7 @@ void ct_error_has_(const char *needle, const char *file, int line);
 
 /* Fake counter `key` (fake_cuda_get) must equal `want`. */
 #define CT_FAKE_EQ(key, want) ct_fake_eq_((key), (want), __FILE__, __LINE__)
-void ct_fake_eq_(const char *key, long long want, const char *file,
-                 int line);
+void ct_fake_eq_(const char *key, long long want, const char *file, int line);
 
 /* With the fake: no call without a context, no bad call, every context
  * push popped (but ct_ctx_enter's). Without it: nothing. Call it when no

@@ -40,7 +40,7 @@
 #define CU_ENTRIES(X)                                                          \
   X(init, cuInit, "cuInit")                                                    \
   X(version, cuDriverGetVersion, "cuDriverGetVersion")                         \
-  X(err_name, cuGetErrorName, "cuGetErrorName")                               \
+  X(err_name, cuGetErrorName, "cuGetErrorName")                                \
   X(device_get, cuDeviceGet, "cuDeviceGet")                                    \
   X(device_name, cuDeviceGetName, "cuDeviceGetName")                           \
   X(retain, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")              \
@@ -88,7 +88,7 @@ static const char *cu_err(CUresult rc) {
   do {                                                                         \
     CUresult cu_rc_ = (call);                                                  \
     if (cu_rc_ != CUDA_SUCCESS) {                                              \
-      fprintf(stderr, "FAIL: %s: %s (%d)\n", #call, cu_err(cu_rc_), cu_rc_);  \
+      fprintf(stderr, "FAIL: %s: %s (%d)\n", #call, cu_err(cu_rc_), cu_rc_);   \
       failures++;                                                              \
       return -1;                                                               \
     }                                                                          \
@@ -97,8 +97,8 @@ static const char *cu_err(CUresult rc) {
   do {                                                                         \
     int pp_rc_ = (call);                                                       \
     if (pp_rc_ != 0) {                                                         \
-      fprintf(stderr, "FAIL: %s: %s (%s)\n", #call,                           \
-              pinpool_strerror(pp_rc_), pinpool_last_error());                 \
+      fprintf(stderr, "FAIL: %s: %s (%s)\n", #call, pinpool_strerror(pp_rc_),  \
+              pinpool_last_error());                                           \
       failures++;                                                              \
       return -1;                                                               \
     }                                                                          \
@@ -215,8 +215,8 @@ static int bench_segment(const char *backend, size_t size) {
 }
 
 /* ---- 3. bandwidth -------------------------------------------------------- */
-static int copy_rate(CUstream s, CUdeviceptr d, void *h, size_t size,
-                     bool htod, int reps, double *gbs) {
+static int copy_rate(CUstream s, CUdeviceptr d, void *h, size_t size, bool htod,
+                     int reps, double *gbs) {
   /* One untimed copy: first-touch and mapping costs are not bandwidth. */
   if (htod)
     CU(cu.htod(d, h, size, s));

@@ -29,7 +29,7 @@ static pinpool_stats_t stats(pinpool_t *pool) {
 /* Allocate a mix of sizes, write them, free them; check the driver holds
  * exactly the pool's segments, all of them page-locked. */
 static void churn(pinpool_t *pool, bool reg) {
-  static const size_t sizes[] = {1,      512,     4096,   5000,
+  static const size_t sizes[] = {1,      512,     4096,    5000,
                                  100000, 1 << 20, 3 << 20, 9 << 20};
   enum { N = sizeof sizes / sizeof sizes[0] };
   void *p[N];
@@ -190,8 +190,7 @@ static void test_out_of_memory(void **state) {
     CT_OK(pinpool_free(pool, p));
     pinpool_stats_t st = stats(pool);
     CT_ASSERT(st.retries == 1 && st.oom_count == 0, "retries %llu, oom %llu",
-              (unsigned long long)st.retries,
-              (unsigned long long)st.oom_count);
+              (unsigned long long)st.retries, (unsigned long long)st.oom_count);
     /* Two: the allocation fails cleanly with the driver's reason. */
     p = (void *)(uintptr_t)0x1234;
     CT_ASSERT(ct_fake.inject(calls[i], 1, CUDA_ERROR_OUT_OF_MEMORY) == 0 &&
@@ -221,7 +220,8 @@ static void test_backend_errors(void **state) {
   CT_REQUIRE_FAKE();
   pinpool_t *pool = CREATE("backend=cuda,device=0");
   void *p = NULL;
-  CT_ASSERT(ct_fake.inject("cuMemHostAlloc", 1, CUDA_ERROR_UNKNOWN) == 0, "arm");
+  CT_ASSERT(ct_fake.inject("cuMemHostAlloc", 1, CUDA_ERROR_UNKNOWN) == 0,
+            "arm");
   CT_RC(pinpool_alloc(pool, 4096, &p), PINPOOL_EBACKEND);
   CT_ERROR_HAS("CUDA_ERROR_UNKNOWN");
   CT_OK(pinpool_alloc(pool, 4096, &p));
@@ -233,7 +233,7 @@ static void test_backend_errors(void **state) {
   ct_fake.reset();
   pool = CREATE("backend=cuda-register,device=0");
   CT_ASSERT(ct_fake.inject("cuMemHostRegister", 1,
-                         CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) == 0,
+                           CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) == 0,
             "arm");
   CT_RC(pinpool_alloc(pool, 3 * MiB, &p), PINPOOL_EBACKEND);
   CT_ERROR_HAS("cuMemHostRegister");

@@ -88,16 +88,14 @@ static bool pending_is(pinpool_t *pool, void *arg) {
 /* Allocate BLOCK-sized blocks until `want` comes back (up to 256), failing
  * if one of avoid[0..navoid) does; free them all. Returns whether `want`
  * came back. */
-static bool alloc_until_(pinpool_t *pool, const void *want,
-                         void *const *avoid, int navoid, const char *file,
-                         int line) {
+static bool alloc_until_(pinpool_t *pool, const void *want, void *const *avoid,
+                         int navoid, const char *file, int line) {
   enum { MAX = 256 };
   void *got[MAX];
   bool found = false;
   int n = 0;
   for (; n < MAX && !found; n++) {
-    ct_rc_(pinpool_alloc(pool, BLOCK, &got[n]), 0, "pinpool_alloc", file,
-           line);
+    ct_rc_(pinpool_alloc(pool, BLOCK, &got[n]), 0, "pinpool_alloc", file, line);
     for (int i = 0; i < navoid; i++)
       if (got[n] == avoid[i]) {
         print_error("ERROR: block %p handed out while it must not be\n",
@@ -305,8 +303,8 @@ static void event_error(void (*arm)(void), const char *needle) {
   errlog_t log = {.calls = 0};
   pthread_mutex_init(&log.mu, NULL);
   pinpool_hooks_t hooks = {NULL, NULL, on_error, &log};
-  pinpool_t *pool = create_("backend=cuda,device=0,events=cuda", &hooks,
-                            __FILE__, __LINE__);
+  pinpool_t *pool =
+      create_("backend=cuda,device=0,events=cuda", &hooks, __FILE__, __LINE__);
   void *blk = NULL, *ok = NULL;
   CT_OK(pinpool_alloc(pool, BLOCK, &blk));
   CT_OK(pinpool_alloc(pool, BLOCK, &ok));

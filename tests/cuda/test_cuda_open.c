@@ -17,9 +17,8 @@
 /* pinpool_create(conf) fails with `code`, mentions `needle`, touches
  * nothing. */
 static void expect_create_fails_(const char *lib, bool set_lib,
-                                 const char *conf, int code,
-                                 const char *needle, const char *file,
-                                 int line) {
+                                 const char *conf, int code, const char *needle,
+                                 const char *file, int line) {
   pinpool_t *pool = SENTINEL;
   int rc = set_lib ? ct_create_with_lib(lib, conf, &pool)
                    : pinpool_create(conf, &pool);
@@ -40,10 +39,10 @@ static void expect_create_fails_(const char *lib, bool set_lib,
   ct_fake_clean_(file, line);
 }
 #define EXPECT_FAILS(conf, code, needle)                                       \
-  expect_create_fails_(NULL, false, (conf), (code), (needle), __FILE__,       \
+  expect_create_fails_(NULL, false, (conf), (code), (needle), __FILE__,        \
                        __LINE__)
 #define EXPECT_FAILS_WITH(lib, conf, code, needle)                             \
-  expect_create_fails_((lib), true, (conf), (code), (needle), __FILE__,       \
+  expect_create_fails_((lib), true, (conf), (code), (needle), __FILE__,        \
                        __LINE__)
 
 static void test_no_driver(void **state) {
@@ -52,8 +51,8 @@ static void test_no_driver(void **state) {
                          "backend=cuda-register,device=0",
                          "events=cuda,device=0", "backend=cuda"};
   for (size_t i = 0; i < sizeof confs / sizeof confs[0]; i++) {
-    EXPECT_FAILS_WITH("/nonexistent/libcuda.so.1", confs[i],
-                      PINPOOL_ENODRIVER, "CUDA driver not found");
+    EXPECT_FAILS_WITH("/nonexistent/libcuda.so.1", confs[i], PINPOOL_ENODRIVER,
+                      "CUDA driver not found");
     /* dlerror's reason is passed on. */
     CT_ERROR_HAS("/nonexistent/libcuda.so.1");
   }
@@ -205,12 +204,28 @@ static void test_proc_address_asked_for_legacy_stream(void **state) {
   CT_FAKE_BALANCED();
 }
 
+static void test_older_driver(void **state) {
+  (void)state;
+  CT_REQUIRE_FAKE();
+  /* cuGetProcAddress refuses versions newer than the driver: pinpool must
+   * ask for no more than the driver's own version. */
+  CT_ASSERT(ct_fake.set("driver_version", 11040) == 0, "set");
+  pinpool_t *pool = NULL;
+  CT_OK(pinpool_create("backend=cuda,device=0,events=cuda", &pool));
+  void *p = NULL;
+  CT_OK(pinpool_alloc(pool, 4096, &p));
+  CT_OK(pinpool_free(pool, p));
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+}
+
 static void test_numa_node_with_cuda_backend(void **state) {
   (void)state;
   /* Refused whatever the machine: no driver needed to say so. */
   EXPECT_FAILS_WITH("/nonexistent/libcuda.so.1", "backend=cuda,numa_node=0",
-                    PINPOOL_ECONFIG, "numa_node requires backend=host or "
-                                     "cuda-register");
+                    PINPOOL_ECONFIG,
+                    "numa_node requires backend=host or "
+                    "cuda-register");
   CT_REQUIRE_DRIVER();
   EXPECT_FAILS("backend=cuda,device=0,numa_node=0", PINPOOL_ECONFIG,
                "numa_node");
@@ -244,8 +259,7 @@ int main(void) {
   ct_init();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_no_driver, ct_setup, ct_teardown),
-      cmocka_unit_test_setup_teardown(test_stub_library, ct_setup,
-                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_stub_library, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_init_fails, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_no_device, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_device_out_of_range, ct_setup,
@@ -254,12 +268,13 @@ int main(void) {
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_missing_entry_point, ct_setup,
                                       ct_teardown),
-      cmocka_unit_test_setup_teardown(
-          test_proc_address_asked_for_legacy_stream, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_proc_address_asked_for_legacy_stream,
+                                      ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_older_driver, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_numa_node_with_cuda_backend,
                                       ct_setup, ct_teardown),
-      cmocka_unit_test_setup_teardown(test_errors_leave_driver_usable,
-                                      ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_errors_leave_driver_usable, ct_setup,
+                                      ct_teardown),
   };
   return cmocka_run_group_tests_name("cuda_open", tests, NULL, NULL);
 }

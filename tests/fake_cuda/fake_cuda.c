@@ -266,7 +266,8 @@ static CUresult enter_locked(int id, int need) {
     return injected;
   if ((need & NEED_INIT) && !g.initialized)
     return CUDA_ERROR_NOT_INITIALIZED;
-  if ((need & NEED_CTX) && (current() == NULL || !valid_ctx_locked(current()))) {
+  if ((need & NEED_CTX) &&
+      (current() == NULL || !valid_ctx_locked(current()))) {
     g.ctx_errors++;
     return CUDA_ERROR_INVALID_CONTEXT;
   }
@@ -313,8 +314,8 @@ static void *stream_main(void *arg) {
       free(o);
       break;
     }
-    unsigned us = (unsigned)(s->delay_us >= 0 ? s->delay_us : g.delay_us) +
-                  o->extra_us;
+    unsigned us =
+        (unsigned)(s->delay_us >= 0 ? s->delay_us : g.delay_us) + o->extra_us;
     unlock();
     sleep_us(us);
     /* The "DMA": outside the lock, as a device would not wait for us. */
@@ -565,7 +566,8 @@ CUresult cuCtxPopCurrent_v2(CUcontext *ctx) {
   return rc;
 }
 
-/* Wait until every stream of the current context has run dry. */
+/* Wait until every stream has run dry (the fake does not track which
+ * context queued what: stricter than the driver, never looser). */
 CUresult cuCtxSynchronize(void) {
   CUresult rc = enter_locked(E_cuCtxSynchronize, NEED_INIT | NEED_CTX);
   if (rc == CUDA_SUCCESS)
@@ -949,7 +951,10 @@ static CUresult get_proc(const char *symbol, void **pfn, int version,
                          cuuint64_t flags, int *status) {
   CUresult rc = enter_locked(E_cuGetProcAddress, 0);
   void *fn = NULL;
-  if (rc == CUDA_SUCCESS && (symbol == NULL || pfn == NULL || version < 1000))
+  /* As the driver (cuda.h): a version newer than the driver is an error,
+   * an unknown symbol is not (success, NULL, status "not found"). */
+  if (rc == CUDA_SUCCESS && (symbol == NULL || pfn == NULL || version < 1000 ||
+                             version > g.driver_version))
     rc = CUDA_ERROR_INVALID_VALUE;
   if (rc == CUDA_SUCCESS) {
     g.last_proc_flags = (long long)flags;
@@ -957,8 +962,6 @@ static CUresult get_proc(const char *symbol, void **pfn, int version,
     (void)snprintf(key, sizeof key, ",%s,", symbol);
     if (strstr(g.hidden, key) == NULL)
       fn = lookup(symbol);
-    if (fn == NULL)
-      rc = CUDA_ERROR_NOT_FOUND;
   }
   unlock();
   if (pfn != NULL)
