@@ -74,8 +74,15 @@ static void *worker(void *arg) {
     if (st->head == NULL)
       st->tail = NULL;
     if (it->event != NULL) {
+#ifdef PINPOOL_MUTANT_SIM_DONE_PLAIN
+      /* Race mutant: the completion flag without release/acquire (the
+       * cuda-python lazy-attribute race): a reader may see "done" before
+       * what the work wrote. */
+      *(int *)&it->event->done = 1;
+#else
       /* Release: a thread that sees done also sees what fn wrote. */
       pp_store_release(&it->event->done, 1);
+#endif
       pthread_cond_broadcast(&sim->done_cv);
     }
     free(it);

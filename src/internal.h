@@ -58,7 +58,13 @@ void pp_assert_fail(const char *expr, const char *file, int line);
 /* A counter with a single writer (its owning thread) and any number of
  * readers: a load and a store, no read-modify-write. Readers see a value
  * that some moment had; nobody else ever writes, so no update is lost. */
+#ifdef PINPOOL_MUTANT_COUNTER_PLAIN
+/* Race mutant (docs/verification.md): the counters as plain fields, read
+ * by pinpool_get_stats on another thread. */
+#define pp_owner_add(p, v) ((void)(*(uint64_t *)(p) += (v)))
+#else
 #define pp_owner_add(p, v) pp_store_relaxed((p), pp_load_relaxed(p) + (v))
+#endif
 
 typedef _Atomic(uint64_t) pp_counter_t;
 void pp_atomic_max_relaxed(pp_counter_t *p, uint64_t v);

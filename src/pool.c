@@ -332,7 +332,9 @@ static uint32_t take_from_bin(pinpool_t *pool, pp_bin_t *bin, pp_tentry_t *out,
                               uint32_t want) {
   uint32_t n = 0;
   size_t bytes = 0;
+#ifndef PINPOOL_MUTANT_BIN_NO_LOCK
   pp_mutex_lock(&bin->lock);
+#endif
   while (n < want) {
     /* Partial segments first: keep idle ones whole so they can be trimmed. */
     pp_segment_t *s = bin->partial != NULL ? bin->partial : bin->idle;
@@ -344,7 +346,11 @@ static uint32_t take_from_bin(pinpool_t *pool, pp_bin_t *bin, pp_tentry_t *out,
     }
     seg_relist(pool, bin, s);
   }
+#ifndef PINPOOL_MUTANT_BIN_NO_LOCK
   pp_mutex_unlock(&bin->lock);
+#else
+  /* Race mutant: a refill that forgets the bin lock. */
+#endif
   if (bytes != 0)
     pp_fetch_add_relaxed(&pool->gs.central_out, bytes);
   return n;
@@ -718,9 +724,23 @@ void pinpool_destroy(pinpool_t *pool) {
 int pinpool_empty_cache(pinpool_t *pool) {
   if (pool == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_empty_cache: pool is NULL");
-  /* Other threads flush at their next call: their caches have no lock, so
-   * only their owners may touch them (tcache.c). */
+    /* Other threads flush at their next call: their caches have no lock, so
+     * only their owners may touch them (tcache.c). */
+#ifdef PINPOOL_MUTANT_EPOCH_PLAIN
+  /* Race mutant: the flag every hot path reads, written as a plain field
+   * (PyTorch's record_history_ race). */
+  (*(uint64_t *)&pool->flush_epoch)++;
+#else
   atomic_fetch_add_explicit(&pool->flush_epoch, 1, memory_order_release);
+#endif
+#ifdef PINPOOL_MUTANT_REMOTE_DRAIN
+  /* Race mutant: drain every thread's cache from here, without the owners
+   * knowing. */
+  pp_mutex_lock(&pool->reg_lock);
+  for (pp_tcache_t *tc = pool->caches; tc != NULL; tc = tc->pool_next)
+    pp_tcache_flush_all(tc);
+  pp_mutex_unlock(&pool->reg_lock);
+#endif
   pp_process(pool, UINT32_MAX, false); /* reclaim what has completed */
   int rc = pinpool_thread_flush(pool);
   if (rc != 0)

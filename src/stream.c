@@ -281,13 +281,17 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
     }
     pp_fetch_add_relaxed(&pool->ev_recorded, 1);
     *it = (pp_qitem_t){ev, p, NULL};
+#ifndef PINPOOL_MUTANT_QUEUE_NO_LOCK
     pp_mutex_lock(&q->lock);
+#endif
     if (q->tail != NULL)
       q->tail->next = it;
     else
       q->head = it;
     q->tail = it;
+#ifndef PINPOOL_MUTANT_QUEUE_NO_LOCK
     pp_mutex_unlock(&q->lock);
+#endif
   }
   free(set);
   /* Our +1 is still held, so this cannot reach zero. */

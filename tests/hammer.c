@@ -1,0 +1,280 @@
+/*
+ * The hammer: public entry points run concurrently by several threads for
+ * a bounded time, with deterministic seeds. Cookies are written into every
+ * block and checked before its free; blocks are handed between threads;
+ * at the end (quiescent) the validator and the accounting identity run.
+ *
+ *   hammer [PARTS] [SECONDS] [THREADS]
+ *
+ * PARTS is a comma list of: alloc (alloc/free, same and other thread),
+ * stats (get_stats, reset_peak_stats, get_config, block_size), empty
+ * (empty_cache, thread_flush), streams (record_stream, sim_submit,
+ * process_events, synchronize), trim (a small max_cached and
+ * max_reserved, so segments are released and retried all the time), or
+ * all (the default). The race-mutant tests (tests/mutants) run the part
+ * that exercises their race under ThreadSanitizer and expect a report.
+ *
+ * Exit status: 0 when every check passed, 1 otherwise.
+ */
+#define _GNU_SOURCE
+#include "pinpool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum {
+  P_ALLOC = 1,
+  P_STATS = 2,
+  P_EMPTY = 4,
+  P_STREAMS = 8,
+  P_TRIM = 16,
+  P_ALL = 31
+};
+
+#define SLOTS 64                     /* live blocks per thread */
+#define EXCHANGE 16                  /* blocks in flight between threads */
+#define COOKIE 0x48414d4d45524b59ull /* "HAMMERKY" */
+
+typedef struct block {
+  unsigned char *p;
+  size_t n;
+  uint64_t tag;
+} block_t;
+
+static pinpool_t *g_pool;
+static unsigned g_parts;
+static double g_seconds;
+static _Atomic(int) g_failures;
+
+/* Blocks handed from one thread to another, freed by the receiver. */
+static pthread_mutex_t g_xlock = PTHREAD_MUTEX_INITIALIZER;
+static block_t g_exchange[EXCHANGE];
+static int g_xcount;
+
+static uint64_t rnd(uint64_t *s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void fail(const char *what, int rc) {
+  if (atomic_fetch_add(&g_failures, 1) < 10)
+    fprintf(stderr, "hammer: %s: %s (%s)\n", what, pinpool_strerror(rc),
+            pinpool_last_error());
+}
+
+static void write_cookie(block_t *b) {
+  uint64_t c = COOKIE ^ b->tag;
+  memcpy(b->p, &c, sizeof c);
+  memcpy(b->p + b->n - sizeof c, &c, sizeof c);
+}
+
+static void check_and_free(block_t *b) {
+  uint64_t c = COOKIE ^ b->tag, h, t;
+  memcpy(&h, b->p, sizeof h);
+  memcpy(&t, b->p + b->n - sizeof t, sizeof t);
+  if (h != c || t != c)
+    fail("cookie overwritten while the block was live", 0);
+  int rc = pinpool_free(g_pool, b->p);
+  if (rc != 0)
+    fail("pinpool_free", rc);
+  b->p = NULL;
+}
+
+static void copy_done(void *arg) { (void)arg; }
+
+static void op_alloc(uint64_t *s, block_t *slots, unsigned tid) {
+  block_t *b = &slots[rnd(s) % SLOTS];
+  if (b->p != NULL) {
+    if (rnd(s) % 4 == 0) { /* hand it to another thread */
+      pthread_mutex_lock(&g_xlock);
+      if (g_xcount < EXCHANGE) {
+        g_exchange[g_xcount++] = *b;
+        b->p = NULL;
+      }
+      pthread_mutex_unlock(&g_xlock);
+      if (b->p == NULL)
+        return;
+    }
+    if ((g_parts & P_STREAMS) && rnd(s) % 3 == 0) {
+      pinpool_stream_t st = 1 + rnd(s) % 3;
+      int rc = pinpool_sim_submit(g_pool, st, rnd(s) % 20000, copy_done, NULL);
+      if (rc == 0)
+        rc = pinpool_record_stream(g_pool, b->p, st);
+      if (rc != 0)
+        fail("record_stream", rc);
+    }
+    check_and_free(b);
+    return;
+  }
+  /* 16 B .. 4 MiB, log-uniform-ish */
+  size_t n = (size_t)16 << (rnd(s) % 19);
+  n += rnd(s) % n;
+  void *p;
+  int rc = pinpool_alloc(g_pool, n, &p);
+  if (rc == PINPOOL_ENOMEM && (g_parts & P_TRIM))
+    return; /* max_reserved is part of this workload */
+  if (rc != 0) {
+    fail("pinpool_alloc", rc);
+    return;
+  }
+  *b = (block_t){p, n, rnd(s) ^ tid};
+  write_cookie(b);
+}
+
+static void op_receive(void) {
+  block_t b = {NULL, 0, 0};
+  pthread_mutex_lock(&g_xlock);
+  if (g_xcount > 0)
+    b = g_exchange[--g_xcount];
+  pthread_mutex_unlock(&g_xlock);
+  if (b.p != NULL)
+    check_and_free(&b);
+}
+
+static void op_stats(uint64_t *s, block_t *slots) {
+  pinpool_stats_t st;
+  int rc = pinpool_get_stats(g_pool, &st);
+  if (rc != 0)
+    fail("get_stats", rc);
+  if (rnd(s) % 16 == 0 && (rc = pinpool_reset_peak_stats(g_pool)) != 0)
+    fail("reset_peak_stats", rc);
+  char buf[64];
+  size_t need;
+  rc = pinpool_get_config(g_pool, buf, sizeof buf, &need);
+  if (rc != 0 && rc != PINPOOL_EOVERFLOW)
+    fail("get_config", rc);
+  block_t *b = &slots[rnd(s) % SLOTS];
+  size_t bs;
+  if (b->p != NULL && (rc = pinpool_block_size(g_pool, b->p, &bs)) != 0)
+    fail("block_size", rc);
+}
+
+static void op_empty(uint64_t *s) {
+  int rc =
+      rnd(s) % 2 ? pinpool_empty_cache(g_pool) : pinpool_thread_flush(g_pool);
+  if (rc != 0)
+    fail("empty_cache/thread_flush", rc);
+}
+
+static void op_streams(uint64_t *s) {
+  int rc =
+      rnd(s) % 8 ? pinpool_process_events(g_pool) : pinpool_synchronize(g_pool);
+  if (rc != 0)
+    fail("process_events/synchronize", rc);
+}
+
+static void *worker(void *arg) {
+  unsigned tid = (unsigned)(uintptr_t)arg;
+  uint64_t s = 0x9e3779b97f4a7c15ull * (tid + 1);
+  block_t slots[SLOTS];
+  memset(slots, 0, sizeof slots);
+  double end = now_s() + g_seconds;
+  for (unsigned i = 0;; i++) {
+    if ((i & 255) == 0 && now_s() > end)
+      break;
+    unsigned r = (unsigned)(rnd(&s) % 100);
+    /* Every part needs blocks in flight; the other calls by part. */
+    if (r < 70)
+      op_alloc(&s, slots, tid);
+    else if (r < 80)
+      op_receive();
+    else if (r < 88 && (g_parts & P_STATS))
+      op_stats(&s, slots);
+    else if (r < 90 && (g_parts & (P_EMPTY | P_TRIM)))
+      op_empty(&s);
+    else if (r >= 90 && r < 96 && (g_parts & P_STREAMS))
+      op_streams(&s);
+  }
+  for (int i = 0; i < SLOTS; i++)
+    if (slots[i].p != NULL)
+      check_and_free(&slots[i]);
+  return NULL;
+}
+
+static unsigned parse_parts(const char *arg) {
+  static const struct {
+    const char *name;
+    unsigned bit;
+  } names[] = {{"alloc", P_ALLOC},     {"stats", P_STATS}, {"empty", P_EMPTY},
+               {"streams", P_STREAMS}, {"trim", P_TRIM},   {"all", P_ALL}};
+  unsigned parts = 0;
+  char *copy = strdup(arg), *save = NULL;
+  for (char *t = strtok_r(copy, ",", &save); t;
+       t = strtok_r(NULL, ",", &save)) {
+    size_t i = 0;
+    while (i < sizeof names / sizeof names[0] && strcmp(names[i].name, t) != 0)
+      i++;
+    if (i == sizeof names / sizeof names[0]) {
+      fprintf(stderr, "hammer: unknown part '%s'\n", t);
+      free(copy);
+      exit(2);
+    }
+    parts |= names[i].bit;
+  }
+  free(copy);
+  return parts;
+}
+
+int main(int argc, char **argv) {
+  g_parts = parse_parts(argc > 1 ? argv[1] : "all");
+  g_seconds = argc > 2 ? atof(argv[2]) : 2.0;
+  unsigned nthreads = argc > 3 ? (unsigned)atoi(argv[3]) : 4;
+  if (nthreads < 1 || nthreads > 64)
+    nthreads = 4;
+  char config[200];
+  snprintf(config, sizeof config, "%s%s",
+           (g_parts & P_STREAMS) ? "events=simulated,sim_delay_us=20,"
+                                   "background=1,poll_us=200,"
+                                 : "",
+           (g_parts & P_TRIM) ? "max_cached=4MiB,max_reserved=96MiB,"
+                                "tcache_bytes=1MiB,shards=2"
+                              : "tcache_bytes=4MiB");
+  int rc = pinpool_create(config, &g_pool);
+  if (rc != 0) {
+    fail("pinpool_create", rc);
+    return 1;
+  }
+  pthread_t t[64];
+  for (unsigned i = 0; i < nthreads; i++)
+    pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)i);
+  for (unsigned i = 0; i < nthreads; i++)
+    pthread_join(t[i], NULL);
+  for (int i = 0; i < g_xcount; i++)
+    check_and_free(&g_exchange[i]);
+  g_xcount = 0;
+  if ((rc = pinpool_synchronize(g_pool)) != 0)
+    fail("synchronize", rc);
+  if ((rc = pinpool_validate(g_pool)) != 0)
+    fail("validate", rc);
+  pinpool_stats_t st;
+  if ((rc = pinpool_get_stats(g_pool, &st)) != 0)
+    fail("get_stats", rc);
+  else if (st.reserved_bytes.current != st.block_bytes.current +
+                                            st.cached_bytes.current +
+                                            st.pending_bytes ||
+           st.blocks.current != 0)
+    fail("accounting identity after the run", 0);
+  if ((rc = pinpool_empty_cache(g_pool)) != 0 ||
+      (rc = pinpool_validate(g_pool)) != 0)
+    fail("empty_cache + validate", rc);
+  printf("hammer: parts %#x, %u threads, %.1f s: %llu allocations, %s\n",
+         g_parts, nthreads, g_seconds,
+         (unsigned long long)st.requests.allocated,
+         atomic_load(&g_failures) ? "FAILED" : "ok");
+  pinpool_destroy(g_pool);
+  return atomic_load(&g_failures) ? 1 : 0;
+}
