@@ -32,28 +32,32 @@ typedef struct populate_job {
   size_t len;
   pthread_t tid;
   int started;
+  int err; /* populate_range's answer */
 } populate_job_t;
 
-static void populate_range(char *p, size_t len) {
+/* 0, or the errno of a failed populate (ENOMEM: no memory to back it). */
+static int populate_range(char *p, size_t len) {
   if (madvise(p, len, MADV_POPULATE_WRITE) == 0)
-    return;
-  /* Older kernels: fault each page in by writing to it. The memory is fresh
-   * and zero, so writing a zero changes nothing a caller could see. */
+    return 0;
+  if (errno != EINVAL)
+    return errno; /* touching would only fault (or be OOM-killed) instead */
+  /* Kernels before 5.14: fault each page in by writing to it. The memory is
+   * fresh and zero, so writing a zero changes nothing a caller could see. */
   for (size_t off = 0; off < len; off += PP_PAGE)
     ((volatile char *)p)[off] = 0;
+  return 0;
 }
 
 static void *populate_main(void *arg) {
   populate_job_t *j = arg;
-  populate_range(j->p, j->len);
+  j->err = populate_range(j->p, j->len);
   return NULL;
 }
 
-static void populate(char *p, size_t size, unsigned nt) {
-  if (nt <= 1) {
-    populate_range(p, size);
-    return;
-  }
+/* 0 or the errno of the first range that failed. */
+static int populate(char *p, size_t size, unsigned nt) {
+  if (nt <= 1)
+    return populate_range(p, size);
   if (nt > 64)
     nt = 64;
   populate_job_t jobs[64];
@@ -61,7 +65,7 @@ static void populate(char *p, size_t size, unsigned nt) {
   for (unsigned i = 0; i < nt; i++) {
     size_t first = (size_t)i * per;
     size_t n = first >= pages ? 0 : (pages - first < per ? pages - first : per);
-    jobs[i] = (populate_job_t){p + first * PP_PAGE, n * PP_PAGE, 0, 0};
+    jobs[i] = (populate_job_t){p + first * PP_PAGE, n * PP_PAGE, 0, 0, 0};
   }
   /* Job 0 runs on this thread; a thread that cannot start runs inline. */
   for (unsigned i = 1; i < nt; i++) {
@@ -70,12 +74,17 @@ static void populate(char *p, size_t size, unsigned nt) {
     if (pthread_create(&jobs[i].tid, NULL, populate_main, &jobs[i]) == 0)
       jobs[i].started = 1;
     else
-      populate_range(jobs[i].p, jobs[i].len);
+      jobs[i].err = populate_range(jobs[i].p, jobs[i].len);
   }
-  populate_range(jobs[0].p, jobs[0].len);
-  for (unsigned i = 1; i < nt; i++)
+  jobs[0].err = populate_range(jobs[0].p, jobs[0].len);
+  int err = jobs[0].err;
+  for (unsigned i = 1; i < nt; i++) {
     if (jobs[i].started)
       (void)pthread_join(jobs[i].tid, NULL);
+    if (err == 0)
+      err = jobs[i].err;
+  }
+  return err;
 }
 
 /* The pool's accounting must not depend on how a host segment was
@@ -142,8 +151,19 @@ int pp_host_map(const pp_config_t *cfg, size_t size, unsigned nthreads,
     (void)munmap(p, size);
     return rc;
   }
-  if (cfg->populate)
-    populate(p, size, size >= cfg->populate_parallel_min ? nthreads : 1u);
+  if (cfg->populate) {
+    int err =
+        pp_fault_hit(cfg, PP_FAULT_POPULATE)
+            ? ENOMEM
+            : populate(p, size,
+                       size >= cfg->populate_parallel_min ? nthreads : 1u);
+    if (err != 0) {
+      (void)munmap(p, size);
+      return pp_fail(err == ENOMEM ? PINPOOL_ENOMEM : PINPOOL_EBACKEND,
+                     "host backend: populating %zu bytes failed: %s", size,
+                     strerror(err));
+    }
+  }
   *out = p;
   return 0;
 }
@@ -158,7 +178,11 @@ static int host_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
   if (rc != 0)
     return rc;
   if (h->cfg.mlock != PP_MLOCK_OFF) {
-    if (mlock(p, size) == 0) {
+    bool injected = pp_fault_hit(&h->cfg, PP_FAULT_MLOCK);
+    bool locked = !injected && mlock(p, size) == 0;
+    if (injected)
+      errno = EPERM; /* as RLIMIT_MEMLOCK would refuse */
+    if (locked) {
       *flags |= PP_SEG_LOCKED;
     } else {
       int e = errno;

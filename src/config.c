@@ -21,7 +21,8 @@ typedef enum {
   K_MLOCK,
   K_BACKEND,
   K_EVENTS,
-  K_CUDA_FLAGS
+  K_CUDA_FLAGS,
+  K_FAULT
 } kind_t;
 
 typedef struct key_desc {
@@ -52,7 +53,53 @@ static const key_desc_t keys[] = {
     {"register_threads", K_UINT, CFG_OFF(register_threads), 1, 64},
     {"device", K_INT, CFG_OFF(device), -1, 1024},
     {"numa_node", K_INT, CFG_OFF(numa_node), -1, 1023},
+    {"fault", K_FAULT, CFG_OFF(fault_site), 0, 0},
 };
+
+static const char *fault_sites[PP_FAULT_SITES] = {"none",  "alloc",  "populate",
+                                                  "mlock", "record", "query"};
+
+bool pp_fault_hit(const pp_config_t *cfg, int site) {
+  if (pp_likely(cfg->fault_site != site || cfg->fault == NULL))
+    return false;
+  uint64_t k = pp_fetch_add_relaxed(&cfg->fault->calls, 1) + 1;
+  if (k < cfg->fault_n || k - cfg->fault_n >= cfg->fault_count)
+    return false;
+  pp_fetch_add_relaxed(&cfg->fault->fired, 1);
+  return true;
+}
+
+/* SITE:N or SITE:N:COUNT, N >= 1, COUNT >= 1 (default 1). */
+static int parse_fault(const char *v, pp_config_t *c) {
+  const char *colon = strchr(v, ':');
+  if (colon == NULL)
+    return -1;
+  int site = 0;
+  for (int i = 1; i < PP_FAULT_SITES; i++)
+    if (strlen(fault_sites[i]) == (size_t)(colon - v) &&
+        strncmp(v, fault_sites[i], (size_t)(colon - v)) == 0)
+      site = i;
+  if (site == 0 || !isdigit((unsigned char)colon[1]))
+    return -1;
+  char *end;
+  errno = 0;
+  unsigned long long n = strtoull(colon + 1, &end, 10), count = 1;
+  if (errno == ERANGE || n == 0)
+    return -1;
+  if (*end == ':') {
+    if (!isdigit((unsigned char)end[1]))
+      return -1;
+    count = strtoull(end + 1, &end, 10);
+    if (errno == ERANGE || count == 0)
+      return -1;
+  }
+  if (*end != '\0')
+    return -1;
+  c->fault_site = site;
+  c->fault_n = n;
+  c->fault_count = count;
+  return 0;
+}
 #define NKEYS (sizeof keys / sizeof keys[0])
 
 static void config_defaults(pp_config_t *c) {
@@ -237,6 +284,14 @@ static int apply(const key_desc_t *k, const char *v, bool user_backend,
                    "simulated or cuda)",
                    v);
   }
+  case K_FAULT:
+    if (parse_fault(v, c) != 0)
+      return pp_fail(PINPOOL_ECONFIG,
+                     "config: bad value '%s' for key 'fault' (expected "
+                     "SITE:N[:COUNT], SITE one of alloc, populate, mlock, "
+                     "record, query)",
+                     v);
+    return 0;
   case K_CUDA_FLAGS: {
     unsigned f;
     if (parse_cuda_flags(v, &f) != 0)
@@ -383,5 +438,13 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
       (unsigned long long)c->tcache_bytes, c->shards, ev ? ",events=" : "",
       ev ? ev : "", c->background ? 1 : 0, c->poll_us, c->sim_delay_us, flags,
       c->register_threads, c->device, c->numa_node);
+  if (n >= 0 && c->fault_site != PP_FAULT_NONE) {
+    size_t used = (size_t)n;
+    int m = snprintf(used < len ? buf + used : NULL,
+                     used < len ? len - used : 0, ",fault=%s:%llu:%llu",
+                     fault_sites[c->fault_site], (unsigned long long)c->fault_n,
+                     (unsigned long long)c->fault_count);
+    n = m < 0 ? m : n + m;
+  }
   return n < 0 ? 0 : (size_t)n;
 }

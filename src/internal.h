@@ -160,7 +160,29 @@ typedef struct pp_config {
   unsigned register_threads; /* populate threads for backend=cuda-register */
   int device;                /* -1: the context current at create */
   int numa_node;             /* -1: no placement */
+  /* fault=SITE:N[:COUNT] (tests): fail calls N .. N+COUNT-1 at SITE. The
+   * call counter lives in the pool and is shared, through this pointer, by
+   * the providers' copies of the config. */
+  int fault_site; /* PP_FAULT_*, 0: none */
+  uint64_t fault_n, fault_count;
+  struct pp_fault *fault;
 } pp_config_t;
+enum {
+  PP_FAULT_NONE = 0,
+  PP_FAULT_ALLOC,    /* a backend allocation */
+  PP_FAULT_POPULATE, /* host backend: populating a segment */
+  PP_FAULT_MLOCK,    /* host backend: mlock */
+  PP_FAULT_RECORD,   /* an event record */
+  PP_FAULT_QUERY,    /* an event query */
+  PP_FAULT_SITES
+};
+typedef struct pp_fault {
+  _Atomic(uint64_t) calls; /* calls seen at the configured site */
+  _Atomic(uint64_t) fired;
+} pp_fault_t;
+/* True if this call at `site` must fail (fault injection; one compare when
+ * no fault is configured). */
+bool pp_fault_hit(const pp_config_t *cfg, int site);
 /* Parse `text` over defaults. user_backend / user_events: hooks were given,
  * and the backend / events key is refused. */
 int pp_config_parse(const char *text, bool user_backend, bool user_events,
@@ -448,6 +470,8 @@ struct pinpool {
   _Atomic(uint64_t) flush_epoch;
   _Atomic(unsigned) next_shard;
   pp_gstats_t gs;
+
+  pp_fault_t fault; /* fault injection counters (config key fault) */
 
   /* Stream-ordered frees (stream.c). */
   pp_events_t ev;

@@ -80,7 +80,12 @@ static int backend_alloc(pinpool_t *pool, size_t size, void **mem,
                    (unsigned long long)pp_load_relaxed(&pool->gs.reserved_cur),
                    size);
   uint64_t t0 = pp_now_ns();
-  int rc = pool->prov.alloc(pool->prov.ctx, size, mem, flags);
+  int rc = pp_fault_hit(&pool->cfg, PP_FAULT_ALLOC)
+               ? pp_fail(PINPOOL_ENOMEM,
+                         "backend '%s': injected failure of "
+                         "an allocation of %zu bytes",
+                         pool->prov.name, size)
+               : pool->prov.alloc(pool->prov.ctx, size, mem, flags);
   pp_backend_timed(&pool->gs.ba_count, &pool->gs.ba_total, &pool->gs.ba_max,
                    t0);
   if (rc != 0) {
@@ -614,6 +619,7 @@ static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
   if (pool == NULL)
     return pp_fail(PINPOOL_ENOMEM, "pinpool_create: out of memory");
   pool->cfg = *cfg;
+  pool->cfg.fault = cfg->fault_site != PP_FAULT_NONE ? &pool->fault : NULL;
   pp_mutex_init(&pool->seg_lock);
   pp_mutex_init(&pool->trim_lock);
   pp_mutex_init(&pool->idle_lock);

@@ -264,7 +264,10 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
   uint32_t dropped = 0; /* events that could not be recorded */
   for (uint32_t i = 0; i < n; i++) {
     void *ev = NULL;
-    int rc = pool->ev.record(pool->ev.ctx, set->s[i], &ev);
+    int rc = pp_fault_hit(&pool->cfg, PP_FAULT_RECORD)
+                 ? pp_fail(PINPOOL_EDEVICE, "injected failure of an event "
+                                            "record")
+                 : pool->ev.record(pool->ev.ctx, set->s[i], &ev);
     pp_squeue_t *q = rc == 0 ? queue_for(pool, set->s[i]) : NULL;
     pp_qitem_t *it = q != NULL ? malloc(sizeof *it) : NULL;
     if (it == NULL) {
@@ -322,7 +325,9 @@ void pp_process(pinpool_t *pool, unsigned budget, bool wait) {
     q->polling = true;
     pp_mutex_unlock(&q->lock);
     int r = wait ? pool->ev.synchronize(pool->ev.ctx, it->event)
-                 : pool->ev.query(pool->ev.ctx, it->event);
+            : pp_fault_hit(&pool->cfg, PP_FAULT_QUERY)
+                ? pp_fail(PINPOOL_EDEVICE, "injected failure of an event query")
+                : pool->ev.query(pool->ev.ctx, it->event);
     if (wait && r == 0)
       r = 1;
     pp_mutex_lock(&q->lock);
