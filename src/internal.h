@@ -443,7 +443,8 @@ typedef struct pp_rstats {
 } pp_rstats_t;
 
 struct pinpool {
-  uint64_t id; /* unique for the process lifetime; never reused */
+  uint64_t id;       /* unique for the process lifetime; never reused */
+  pp_counter_t refs; /* owner + objects that outlive pinpool_destroy */
   pp_config_t cfg;
   pp_provider_t prov;
   char backend_name[32];
@@ -514,6 +515,10 @@ void pp_trim_to_cap(struct pinpool *pool);
  * carved from the reserve). Call with no lock held. */
 unsigned pp_release_idle(struct pinpool *pool, bool lru_only);
 void pp_segment_release_all(struct pinpool *pool); /* destroy only */
+
+/* pool.c: keep the pool alive past pinpool_destroy (buffers, exports). */
+void pp_pool_ref(struct pinpool *pool);
+void pp_pool_unref(struct pinpool *pool);
 
 /* stream.c */
 int pp_streams_init(struct pinpool *pool); /* after ev is set */

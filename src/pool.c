@@ -649,6 +649,7 @@ static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
   (void)snprintf(pool->backend_name, sizeof pool->backend_name, "%s",
                  pool->prov.name);
   pool->id = pp_fetch_add_relaxed(&next_pool_id, 1);
+  atomic_init(&pool->refs, 1); /* the owner's: pinpool_destroy drops it */
   rc = pp_streams_init(pool);
   if (rc != 0) {
     pool_free_struct(pool, true);
@@ -708,9 +709,26 @@ int pinpool_create_ex(const char *config, const pinpool_hooks_t *hooks,
   return pool_new(&cfg, hooks, out);
 }
 
+/* The pool is torn down when its last reference goes: the owner's (given
+ * up by pinpool_destroy) or one held by an object that must outlive it,
+ * such as a buffer (pp_pool_ref). */
+void pp_pool_ref(pinpool_t *pool) { pp_fetch_add_relaxed(&pool->refs, 1); }
+
+static void pool_teardown(pinpool_t *pool);
+
+void pp_pool_unref(pinpool_t *pool) {
+  /* acq_rel: the thread that tears down sees every other holder's writes. */
+  if (atomic_fetch_sub_explicit(&pool->refs, 1, memory_order_acq_rel) == 1)
+    pool_teardown(pool);
+}
+
 void pinpool_destroy(pinpool_t *pool) {
   if (pool == NULL)
     return;
+  pp_pool_unref(pool);
+}
+
+static void pool_teardown(pinpool_t *pool) {
   /* Wait for the device before the memory goes back to the backend: a
    * stream may still be reading a pending block. */
   (void)pinpool_synchronize(pool);
