@@ -21,8 +21,10 @@
 #include <stdint.h>
 
 /* ---- Assertions ---------------------------------------------------------
- * PINPOOL_DEBUG=1: cheap internal assertions; 2: also lock preconditions
- * and the validator after slow-path operations. Release builds: none. */
+ * PINPOOL_DEBUG=1: internal assertions and lock-held preconditions
+ * (pp_assert_held); 2: also the expensive ones. Release builds: none. The
+ * validator (pinpool_validate) needs a quiescent pool, so the tests call
+ * it at quiescent points rather than the slow paths. */
 #ifndef PINPOOL_DEBUG
 #define PINPOOL_DEBUG 0
 #endif

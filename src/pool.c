@@ -327,7 +327,19 @@ static pp_tentry_t seg_pop(pp_segment_t *s) {
   return e;
 }
 
+#if PINPOOL_DEBUG >= 2
+/* A block pushed twice would later be handed out twice. O(free list). */
+static bool seg_listed(pp_segment_t *s, uint32_t idx) {
+  for (uint32_t h = s->free_head; h != 0;
+       h = (uint32_t)PP_WORD_PAYLOAD(pp_load_relaxed(&s->word[h - 1])))
+    if (h == idx + 1)
+      return true;
+  return false;
+}
+#endif
+
 static void seg_push(pp_segment_t *s, uint32_t idx) {
+  pp_assert_expensive(!seg_listed(s, idx));
   pp_store_relaxed(&s->word[idx], PP_WORD(s->free_head, PP_CACHED));
   s->free_head = idx + 1;
   s->free_count++;
