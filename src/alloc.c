@@ -35,6 +35,7 @@ static bool tbin_init(pinpool_t *pool, pp_tbin_t *b, size_t bs) {
   if (b->items == NULL)
     return false;
   b->cap = (uint32_t)cap;
+  b->bs = bs;
   b->batch = (uint32_t)(cap + 1) / 2;
   return true;
 }
@@ -130,7 +131,7 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
   unsigned cls = pp_class_index(size);
   pp_tbin_t *b = &tc->bins[cls];
   if (pp_likely(b->n > 0 && tc->epoch == pp_load_relaxed(&pool->flush_epoch))) {
-    size_t bs = pp_class_size(cls);
+    size_t bs = b->bs;
     pp_tentry_t e = b->items[--b->n];
     /* Release: whoever later reads ALLOCATED (a free on another thread, a
      * snapshot) also sees the requested size stored with it. */

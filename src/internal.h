@@ -379,6 +379,7 @@ typedef struct pp_tentry {
 
 typedef struct pp_tbin {
   uint32_t n, cap, batch;
+  size_t bs; /* the class size, so the hot path need not recompute it */
   pp_tentry_t *items; /* allocated on first use */
 } pp_tbin_t;
 
