@@ -307,6 +307,175 @@ PINPOOL_API int pinpool_validate(pinpool_t *pool);
 PINPOOL_API int pinpool_get_config(pinpool_t *pool, char *buf, size_t len,
                                    size_t *needed);
 
+/* ---- Buffers -----------------------------------------------------------
+ * A buffer is a reference-counted handle to one block of a pool: the
+ * pointer, the block size, the size asked for, the pool, and the memory's
+ * attributes. Its block goes back to the pool (through pinpool_free, so
+ * stream-ordered when streams were recorded) when the buffer is closed and
+ * its last export is released; closing happens explicitly
+ * (pinpool_buffer_close) or when the last reference is released. This
+ * happens on whichever thread drops the last hold: any thread may release
+ * a buffer or an export that another thread created.
+ *
+ * References and exports:
+ *  - pinpool_buffer_alloc returns a buffer with one reference. Every
+ *    reference is given up with pinpool_buffer_release.
+ *  - An export (pinpool_buffer_export) is a consumer's hold on the memory,
+ *    with its own immutable descriptor (pointer, size, shape, strides):
+ *    while it exists the memory stays valid even if the owner closes the
+ *    buffer or releases its last reference.
+ *  - Close is once-only and never frees memory that an export still holds:
+ *    it refuses new exports at once and returns the block when the last
+ *    export goes (a deferred free, never a use after free).
+ *  References, exports and the closed flag live in one atomic word, so two
+ *  threads dropping the last reference and the last export at once free
+ *  the block exactly once, and an export can never slip in after close.
+ *
+ * Buffers and pinpool_destroy: every buffer (and so every export) holds a
+ * reference on its pool. pinpool_destroy(pool) gives up the owner's
+ * reference; the pool is torn down (segments released to the backend)
+ * only when that AND the last buffer/export of the pool are gone, on the
+ * thread that drops the last one. Between the two, buffers and exports
+ * stay fully usable (release, export, attributes, record_stream); the
+ * owner must not make any other call on the pool after pinpool_destroy.
+ *
+ * Thread-safety: every function below may be called from any number of
+ * threads at once on the same buffer, as long as the caller holds a
+ * reference (or, for pinpool_export_release, the export) for the duration
+ * of the call. Errors: PINPOOL_EINVAL for a NULL argument or bad flags; a
+ * function that fails changes nothing. Using a buffer after its last
+ * reference and export are released is undefined (it is freed). */
+typedef struct pinpool_buffer pinpool_buffer_t; /* opaque */
+
+/* Allocate `size` bytes from `pool` as a buffer with one reference.
+ * Errors: as pinpool_alloc (PINPOOL_EINVAL, PINPOOL_EZEROSIZE,
+ * PINPOOL_EOVERFLOW, PINPOOL_ENOMEM, PINPOOL_EBACKEND). *out is untouched
+ * on error. Thread-safe. */
+PINPOOL_API int pinpool_buffer_alloc(pinpool_t *pool, size_t size,
+                                     pinpool_buffer_t **out);
+
+/* Add a reference. Errors: PINPOOL_EINVAL (NULL, or no reference left: the
+ * buffer is kept alive only by exports), PINPOOL_EOVERFLOW (2^31 - 1
+ * references). Retaining a closed buffer is allowed. */
+PINPOOL_API int pinpool_buffer_retain(pinpool_buffer_t *buf);
+
+/* Give up a reference. The last one closes the buffer (as
+ * pinpool_buffer_close); the buffer itself is freed when no reference and
+ * no export remain. Errors: PINPOOL_EINVAL (NULL, or no reference left). */
+PINPOOL_API int pinpool_buffer_release(pinpool_buffer_t *buf);
+
+/* Close: refuse new exports from now on and give the block back to the pool
+ * now, or when the last export is released. Idempotent: closing a closed
+ * buffer returns 0 and does nothing. The references stay (release them as
+ * usual); accessors still work, but the memory must no longer be touched
+ * except through an export obtained before the close. */
+PINPOOL_API int pinpool_buffer_close(pinpool_buffer_t *buf);
+
+/* pinpool_record_stream for the buffer's block: its free (at close) waits
+ * for the work queued on `stream` so far. The block is held for the
+ * duration of the call, so a concurrent close cannot free it under us.
+ * Errors: PINPOOL_EINVAL, PINPOOL_EBUSY (closed, or the pool has no event
+ * provider), PINPOOL_ENOMEM. */
+PINPOOL_API int pinpool_buffer_record_stream(pinpool_buffer_t *buf,
+                                             pinpool_stream_t stream);
+
+/* Accessors: immutable facts, valid for the life of the buffer (also after
+ * close). ptr: the block's first byte. size: the block's usable size (its
+ * size class). requested_size: the size given to pinpool_buffer_alloc.
+ * pool: the pool it came from (valid while the buffer is held, even after
+ * pinpool_destroy; make no call on it then except through the buffer).
+ * Errors: PINPOOL_EINVAL (a NULL argument). */
+PINPOOL_API int pinpool_buffer_ptr(const pinpool_buffer_t *buf, void **out);
+PINPOOL_API int pinpool_buffer_size(const pinpool_buffer_t *buf, size_t *out);
+PINPOOL_API int pinpool_buffer_requested_size(const pinpool_buffer_t *buf,
+                                              size_t *out);
+PINPOOL_API int pinpool_buffer_pool(const pinpool_buffer_t *buf,
+                                    pinpool_t **out);
+
+/* State queries, each a single atomic read (a value the buffer had at some
+ * moment of the call): the number of live exports (including the short
+ * internal holds of record_stream and attribute queries in progress),
+ * and whether the buffer is closed (1) or open (0). Errors: PINPOOL_EINVAL. */
+PINPOOL_API int pinpool_buffer_exports(const pinpool_buffer_t *buf,
+                                       size_t *out);
+PINPOOL_API int pinpool_buffer_closed(const pinpool_buffer_t *buf, int *out);
+
+/* Memory attributes. Those the pool knows at allocation are set then
+ * (host_accessible, page_locked, huge_advised, backend, and numa_node for
+ * a pool placed with numa_node=N; device_accessible and device_id for a
+ * pool without a CUDA driver). The others are computed on the first query,
+ * once, by whichever thread asks first; threads asking meanwhile wait for
+ * that result (never a half-written one). A query that fails (a driver
+ * error) leaves them uncomputed, to be tried again by the next query.
+ *   host_accessible    1: the CPU can access it (every backend)
+ *   device_accessible  1: a CUDA device can access it (pinned through the
+ *                      driver: backend=cuda or cuda-register); 0: no;
+ *                      -1: unknown (a user backend)
+ *   device_id          CUDA device ordinal of the pool's context (queried
+ *                      with cuPointerGetAttribute where the driver has it,
+ *                      else the `device` key); -1: none or unknown
+ *   page_locked        1: the segment is page-locked (mlock, or pinned by
+ *                      the driver, or a user backend that says so)
+ *   numa_node          node of the page holding the block's first byte;
+ *                      -1: unknown, or no page there yet (not cached: the
+ *                      next query looks again once memory is touched)
+ *   huge_pages         1: the page holding the block's first byte is a
+ *                      huge page (transparent or hugetlbfs; asked with
+ *                      PAGEMAP_SCAN, or /proc/self/smaps for the whole
+ *                      mapping before Linux 6.7); 0: a base page; -1:
+ *                      unknown, or no page there yet (as numa_node)
+ *   huge_advised       1: MADV_HUGEPAGE was applied (hugepages=1)
+ *   backend            the pool's backend name ("host", "malloc", "cuda",
+ *                      "cuda-register", or a user backend's name); valid
+ *                      while the buffer is held */
+typedef struct pinpool_mem_attrs {
+  int host_accessible;
+  int device_accessible;
+  int device_id;
+  int page_locked;
+  int numa_node;
+  int huge_pages;
+  int huge_advised;
+  const char *backend;
+} pinpool_mem_attrs_t;
+
+/* Fill *out. Errors: PINPOOL_EINVAL, PINPOOL_EBUSY (the buffer is closed
+ * and the lazy attributes were never computed), PINPOOL_EBACKEND (the
+ * driver query failed; retried by the next call). Thread-safe; the first
+ * call makes a few system calls (and asks the driver for a CUDA pool),
+ * later ones are a few loads. */
+PINPOOL_API int pinpool_buffer_attrs(pinpool_buffer_t *buf,
+                                     pinpool_mem_attrs_t *out);
+
+/* An export: one consumer's hold on the memory of a buffer, with its own
+ * descriptor, allocated for this export alone and never written after
+ * pinpool_buffer_export returns (no scratch space shared between exports:
+ * two consumers can never see each other's shape or flags). Describes the
+ * requested bytes as a 1-D array of bytes. */
+typedef struct pinpool_export {
+  void *ptr;          /* first byte (the block's) */
+  size_t size;        /* bytes: the buffer's requested size */
+  int readonly;       /* 1 if exported with PINPOOL_EXPORT_READONLY */
+  int ndim;           /* 1 */
+  int64_t shape[1];   /* {size} */
+  int64_t strides[1]; /* {1}: in elements of one byte (DLPack convention) */
+  pinpool_buffer_t *buffer; /* the exported buffer (not a reference) */
+} pinpool_export_t;
+
+/* The consumer promises not to write through this export. */
+#define PINPOOL_EXPORT_READONLY 1u
+
+/* Create an export of `buf` (flags: 0 or PINPOOL_EXPORT_READONLY) in *out.
+ * Errors: PINPOOL_EINVAL (NULL, unknown flags), PINPOOL_EBUSY (the buffer
+ * is closed), PINPOOL_EOVERFLOW (2^31 - 1 exports), PINPOOL_ENOMEM. */
+PINPOOL_API int pinpool_buffer_export(pinpool_buffer_t *buf, unsigned flags,
+                                      const pinpool_export_t **out);
+
+/* Release an export, from any thread, exactly once: the descriptor is
+ * freed, and so are the block and the buffer if this was their last hold.
+ * Errors: PINPOOL_EINVAL (NULL). */
+PINPOOL_API int pinpool_export_release(const pinpool_export_t *exp);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,7 +5,9 @@
 #   scripts/test.sh
 #
 # 1. installs the Debian packages it needs (as root; otherwise checks them),
-# 2. for each preset release, debug, asan, tsan: configure, build, ctest,
+# 2. for each preset release, debug, asan, tsan: configure, build, ctest
+#    (in release and debug this includes the Python module's pytest suite,
+#    tests/python, whose result line is printed after ctest),
 # 3. lint (scripts/lint.sh build/release),
 # 4. install-consumer test (tests/consumer/run.sh build/release),
 # 5. bench/run.sh --quick if present.
@@ -25,7 +27,8 @@ PRESETS="${PRESETS:-release debug asan tsan}"
 
 PACKAGES=(build-essential cmake ninja-build clang clang-tidy clang-format
   cppcheck pkg-config libcmocka-dev
-  libclang-rt-14-dev llvm)
+  libclang-rt-14-dev llvm
+  python3-dev python3-numpy python3-pytest python3-torch)
 OPTIONAL_PACKAGES=(valgrind)
 
 declare -a RESULTS=()
@@ -121,9 +124,25 @@ run_preset() {
         "${NO_ASLR[@]}" ctest --preset "$p" -j "$JOBS"
       ;;
     *)
-      ctest --preset "$p" -j "$JOBS"
+      local rc=0
+      ctest --preset "$p" -j "$JOBS" || rc=$?
+      show_pytest_line "$p"
+      return "$rc"
       ;;
   esac
+}
+
+# The Python tests run inside ctest (test python_tests), which shows their
+# output only on failure: print pytest's result line in any case.
+show_pytest_line() {
+  local log="build/$1/Testing/Temporary/LastTest.log" line
+  if [[ ! -f "$log" ]] || ! grep -q "python_tests" "$log"; then
+    echo "pytest ($1): not run (no Python module or pytest; see python/)"
+    return 0
+  fi
+  line="$(grep -E '^(=+ )?[0-9]+ (passed|failed|error|skipped)' "$log" |
+    tail -n 1)"
+  echo "pytest ($1): ${line:-no result line (see $log)}"
 }
 
 echo "pinpool tests in $ROOT ($JOBS jobs, presets: $PRESETS)"
@@ -143,6 +162,12 @@ if [[ -f build/release/CMakeCache.txt ]]; then
 else
   RESULTS+=("FAIL  install consumer (build/release not configured)")
   FAILED=1
+fi
+
+# Fuzzing: libFuzzer on the asan build for FUZZ_SECONDS (default 60) from
+# the seed corpus; crash inputs land in build/fuzz-artifacts/ (tests/fuzz).
+if [[ " $PRESETS " == *" asan "* && -x tests/fuzz/run.sh ]]; then
+  step "fuzz" tests/fuzz/run.sh "${FUZZ_SECONDS:-60}"
 fi
 
 if [[ -f bench/run.sh ]]; then

@@ -10,8 +10,11 @@
  * stats (get_stats, reset_peak_stats, get_config, block_size), empty
  * (empty_cache, thread_flush), streams (record_stream, sim_submit,
  * process_events, synchronize), trim (a small max_cached and
- * max_reserved, so segments are released and retried all the time), or
- * all (the default). The race-mutant tests (tests/mutants) run the part
+ * max_reserved, so segments are released and retried all the time),
+ * buffers (pinpool_buffer_*: retain, release, close, exports and their
+ * release, attribute queries on a few buffers shared by every thread,
+ * replaced all the time so that first attribute queries race), or all
+ * (the default). The race-mutant tests (tests/mutants) run the part
  * that exercises their race under ThreadSanitizer and expect a report.
  *
  * Exit status: 0 when every check passed, 1 otherwise.
@@ -34,7 +37,8 @@ enum {
   P_EMPTY = 4,
   P_STREAMS = 8,
   P_TRIM = 16,
-  P_ALL = 31
+  P_BUFFERS = 32,
+  P_ALL = 63
 };
 
 #define SLOTS 64                     /* live blocks per thread */
@@ -177,16 +181,99 @@ static void op_streams(uint64_t *s) {
     fail("process_events/synchronize", rc);
 }
 
+/* Buffers shared by every thread; a slot owns one reference. */
+#define BUFSLOTS 4
+#define HELD 4 /* exports a thread keeps */
+static pthread_mutex_t g_block = PTHREAD_MUTEX_INITIALIZER;
+static pinpool_buffer_t *g_bufs[BUFSLOTS];
+
+static void replace_slot(uint64_t *s, unsigned k) {
+  pinpool_buffer_t *nb = NULL;
+  int rc = pinpool_buffer_alloc(g_pool, 64 + rnd(s) % 100000, &nb);
+  if (rc == PINPOOL_ENOMEM && (g_parts & P_TRIM))
+    return;
+  if (rc != 0) {
+    fail("buffer_alloc", rc);
+    return;
+  }
+  pthread_mutex_lock(&g_block);
+  pinpool_buffer_t *old = g_bufs[k];
+  g_bufs[k] = nb;
+  pthread_mutex_unlock(&g_block);
+  if (old != NULL && (rc = pinpool_buffer_release(old)) != 0)
+    fail("buffer_release (slot)", rc);
+}
+
+static void op_buffers(uint64_t *s, const pinpool_export_t **held,
+                       unsigned tid) {
+  unsigned k = (unsigned)(rnd(s) % BUFSLOTS);
+  pthread_mutex_lock(&g_block);
+  pinpool_buffer_t *b = g_bufs[k];
+  int rc = b != NULL ? pinpool_buffer_retain(b) : 0;
+  pthread_mutex_unlock(&g_block);
+  if (rc != 0) {
+    fail("buffer_retain", rc);
+    return;
+  }
+  if (b == NULL) {
+    replace_slot(s, k);
+    return;
+  }
+  unsigned op = (unsigned)(rnd(s) % 16);
+  unsigned h = (unsigned)(rnd(s) % HELD);
+  if (op < 5) { /* export (dropping an older one) and write through it */
+    if (held[h] != NULL && (rc = pinpool_export_release(held[h])) != 0)
+      fail("export_release", rc);
+    held[h] = NULL;
+    rc = pinpool_buffer_export(b, 0, &held[h]);
+    if (rc == 0) /* each thread writes its own byte: exports share memory */
+      ((volatile unsigned char *)held[h]->ptr)[tid % held[h]->size] =
+          (unsigned char)h;
+    else if (rc != PINPOOL_EBUSY) /* EBUSY: closed */
+      fail("buffer_export", rc);
+  } else if (op < 11) { /* attributes: the first query races */
+    pinpool_mem_attrs_t a;
+    rc = pinpool_buffer_attrs(b, &a);
+    if (rc == 0 && (a.host_accessible != 1 || a.backend == NULL))
+      fail("buffer_attrs: partial result", 0);
+    else if (rc != 0 && rc != PINPOOL_EBUSY)
+      fail("buffer_attrs", rc);
+  } else if (op < 13) {
+    replace_slot(s, k);
+  } else if (op == 13) {
+    if ((rc = pinpool_buffer_close(b)) != 0)
+      fail("buffer_close", rc);
+  } else if (op == 14 && (g_parts & P_STREAMS)) {
+    rc = pinpool_buffer_record_stream(b, 1 + rnd(s) % 3);
+    if (rc != 0 && rc != PINPOOL_EBUSY)
+      fail("buffer_record_stream", rc);
+  } else {
+    size_t n;
+    int closed;
+    if ((rc = pinpool_buffer_exports(b, &n)) != 0 ||
+        (rc = pinpool_buffer_closed(b, &closed)) != 0)
+      fail("buffer_exports/closed", rc);
+  }
+  if ((rc = pinpool_buffer_release(b)) != 0)
+    fail("buffer_release", rc);
+}
+
 static void *worker(void *arg) {
   unsigned tid = (unsigned)(uintptr_t)arg;
   uint64_t s = 0x9e3779b97f4a7c15ull * (tid + 1);
   block_t slots[SLOTS];
   memset(slots, 0, sizeof slots);
+  const pinpool_export_t *held[HELD] = {NULL};
   double end = now_s() + g_seconds;
   for (unsigned i = 0;; i++) {
     if ((i & 255) == 0 && now_s() > end)
       break;
     unsigned r = (unsigned)(rnd(&s) % 100);
+    /* Buffers: half the calls when alone (the mutant tests), else 4%. */
+    if ((g_parts & P_BUFFERS) && r >= (g_parts == P_BUFFERS ? 50u : 96u)) {
+      op_buffers(&s, held, tid);
+      continue;
+    }
     /* Every part needs blocks in flight; the other calls by part. */
     if (r < 70)
       op_alloc(&s, slots, tid);
@@ -202,6 +289,11 @@ static void *worker(void *arg) {
   for (int i = 0; i < SLOTS; i++)
     if (slots[i].p != NULL)
       check_and_free(&slots[i]);
+  for (int i = 0; i < HELD; i++) {
+    int rc;
+    if (held[i] != NULL && (rc = pinpool_export_release(held[i])) != 0)
+      fail("export_release", rc);
+  }
   return NULL;
 }
 
@@ -209,8 +301,10 @@ static unsigned parse_parts(const char *arg) {
   static const struct {
     const char *name;
     unsigned bit;
-  } names[] = {{"alloc", P_ALLOC},     {"stats", P_STATS}, {"empty", P_EMPTY},
-               {"streams", P_STREAMS}, {"trim", P_TRIM},   {"all", P_ALL}};
+  } names[] = {{"alloc", P_ALLOC}, {"stats", P_STATS},
+               {"empty", P_EMPTY}, {"streams", P_STREAMS},
+               {"trim", P_TRIM},   {"buffers", P_BUFFERS},
+               {"all", P_ALL}};
   unsigned parts = 0;
   char *copy = strdup(arg), *save = NULL;
   for (char *t = strtok_r(copy, ",", &save); t;
@@ -256,6 +350,11 @@ int main(int argc, char **argv) {
   for (int i = 0; i < g_xcount; i++)
     check_and_free(&g_exchange[i]);
   g_xcount = 0;
+  for (int k = 0; k < BUFSLOTS; k++) {
+    if (g_bufs[k] != NULL && (rc = pinpool_buffer_release(g_bufs[k])) != 0)
+      fail("buffer_release (end)", rc);
+    g_bufs[k] = NULL;
+  }
   if ((rc = pinpool_synchronize(g_pool)) != 0)
     fail("synchronize", rc);
   if ((rc = pinpool_validate(g_pool)) != 0)

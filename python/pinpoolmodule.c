@@ -1,0 +1,998 @@
+/*
+ * The `pinpool` Python module (docs/python.md): Pool and Buffer over the C
+ * API of include/pinpool.h, with the buffer protocol and DLPack exports.
+ *
+ * Free-threading: no mutable Python-level state. A Pool's pinpool_t and a
+ * Buffer's pinpool_buffer_t (and the Pool object it keeps alive) are set
+ * when the object is created and never change; everything that does
+ * change (references, exports, close, lazy attributes) is a C atomic in
+ * the library. The module-level default pool is published with one
+ * compare-and-swap. So the module declares Py_MOD_GIL_NOT_USED where the
+ * Python supports it, and needs no critical section.
+ *
+ * Exports (the rules of CPython's bf_getbuffer contract, python/cpython
+ * #130409, and the exporter races of JAX, NumPy and CPython):
+ * - bf_getbuffer never detaches: it takes the export (non-blocking), then
+ *   fills *view, and sets view->obj last; on failure view->obj = NULL and
+ *   BufferError. Shape and strides point into the view itself (per export).
+ * - bf_releasebuffer releases the C export and never touches view->obj.
+ * - A DLPack capsule owns one C export; its deleter touches no Python
+ *   object, so it runs from any thread, with or without the GIL, even
+ *   after the interpreter finalized.
+ * Memory stays valid while any export exists, whatever happens to the
+ * Buffer (close(), garbage collection) or to the Pool.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "dlpack.h"
+#include "pinpool.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- Errors ---------------------------------------------------------------
+ * MemoryError for PINPOOL_ENOMEM, ValueError for bad arguments and config,
+ * BufferError for export problems (raised by the callers), RuntimeError
+ * otherwise; the message is pinpool_last_error() of this thread. */
+static PyObject *raise_rc(int rc, const char *what) {
+  PyObject *type = PyExc_RuntimeError;
+  switch (rc) {
+  case PINPOOL_ENOMEM:
+    type = PyExc_MemoryError;
+    break;
+  case PINPOOL_EINVAL:
+  case PINPOOL_EZEROSIZE:
+  case PINPOOL_EOVERFLOW:
+  case PINPOOL_ECONFIG:
+    type = PyExc_ValueError;
+    break;
+  default:
+    break;
+  }
+  const char *msg = pinpool_last_error();
+  if (msg == NULL || msg[0] == '\0')
+    msg = pinpool_strerror(rc);
+  PyErr_Format(type, "%s: %s", what, msg);
+  return NULL;
+}
+
+/* ---- Types ------------------------------------------------------------- */
+
+typedef struct {
+  PyObject ob_base; /* PyObject_HEAD */
+  pinpool_t *pool;  /* immutable; destroyed in dealloc */
+  int device_type;  /* DLPack device of its memory, immutable */
+} PoolObject;
+
+typedef struct {
+  PyObject ob_base;      /* PyObject_HEAD */
+  pinpool_buffer_t *buf; /* one reference, immutable */
+  PyObject *pool;        /* the Pool (strong), immutable */
+  void *ptr;             /* immutable copies of C facts */
+  size_t nbytes, block_size;
+  int device_type; /* kDLCPU or kDLCUDAHost */
+} BufferObject;
+
+static PyTypeObject PoolType;
+static PyTypeObject BufferType;
+
+/* ---- Pool ---------------------------------------------------------------- */
+
+static PyObject *Pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"config", NULL};
+  PyObject *config = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:Pool", kwlist, &config))
+    return NULL;
+  const char *text = NULL;
+  if (config != Py_None) {
+    if (!PyUnicode_Check(config)) {
+      PyErr_Format(PyExc_TypeError, "config must be a str or None, not %s",
+                   Py_TYPE(config)->tp_name);
+      return NULL;
+    }
+    text = PyUnicode_AsUTF8(config);
+    if (text == NULL)
+      return NULL;
+  }
+  PoolObject *self = (PoolObject *)type->tp_alloc(type, 0);
+  if (self == NULL)
+    return NULL;
+  pinpool_t *pool = NULL;
+  /* A configured reserve is allocated (and maybe pinned) here. */
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc = pinpool_create(text, &pool);
+  PyEval_RestoreThread(ts);
+  if (rc != 0) {
+    Py_DECREF(self);
+    return raise_rc(rc, "pinpool.Pool");
+  }
+  self->pool = pool;
+  /* Memory pinned through the CUDA driver is kDLCUDAHost; any other host
+   * memory (page-locked or not) is plain CPU memory to DLPack. */
+  char cfg[1024] = "";
+  (void)pinpool_get_config(pool, cfg, sizeof cfg, NULL);
+  self->device_type = kDLCPU;
+  if (strncmp(cfg, "backend=cuda,", 13) == 0 ||
+      strncmp(cfg, "backend=cuda-register,", 22) == 0)
+    self->device_type = kDLCUDAHost;
+  return (PyObject *)self;
+}
+
+static void Pool_dealloc(PoolObject *self) {
+  pinpool_t *pool = self->pool;
+  self->pool = NULL;
+  if (pool != NULL) {
+    /* Buffers keep their Pool alive, so none is left here; exports may
+     * be, and keep the C pool until they are released. Tearing down waits
+     * for pending stream work: without the GIL. */
+    PyThreadState *ts = PyEval_SaveThread();
+    pinpool_destroy(pool);
+    PyEval_RestoreThread(ts);
+  }
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *new_buffer(PyObject *pool_obj, pinpool_buffer_t *buf);
+
+/* nbytes as a size: an int >= 1 (the library checks the upper bound). */
+static int parse_size(PyObject *arg, size_t *out) {
+  PyObject *n = PyNumber_Index(arg);
+  if (n == NULL)
+    return -1;
+  Py_ssize_t v = PyLong_AsSsize_t(n);
+  Py_DECREF(n);
+  if (v == -1 && PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+      return -1;
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "nbytes is out of range");
+    return -1;
+  }
+  if (v <= 0) {
+    PyErr_Format(PyExc_ValueError, "nbytes must be positive, not %zd", v);
+    return -1;
+  }
+  *out = (size_t)v;
+  return 0;
+}
+
+static PyObject *pool_alloc(PyObject *pool_obj, PyObject *arg) {
+  PoolObject *self = (PoolObject *)pool_obj;
+  size_t n;
+  if (parse_size(arg, &n) != 0)
+    return NULL;
+  pinpool_buffer_t *buf = NULL;
+  /* May call the backend (mmap, mlock, cuMemHostAlloc: milliseconds). */
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc = pinpool_buffer_alloc(self->pool, n, &buf);
+  PyEval_RestoreThread(ts);
+  if (rc != 0)
+    return raise_rc(rc, "Pool.alloc");
+  return new_buffer(pool_obj, buf);
+}
+
+static PyObject *Pool_alloc(PyObject *self, PyObject *arg) {
+  return pool_alloc(self, arg);
+}
+
+/* A call that may block, made with the GIL released. */
+static PyObject *pool_call(PoolObject *self, int (*fn)(pinpool_t *),
+                           const char *what) {
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc = fn(self->pool);
+  PyEval_RestoreThread(ts);
+  if (rc != 0)
+    return raise_rc(rc, what);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Pool_empty_cache(PyObject *self, PyObject *unused) {
+  (void)unused;
+  return pool_call((PoolObject *)self, pinpool_empty_cache, "Pool.empty_cache");
+}
+
+static PyObject *Pool_process_events(PyObject *self, PyObject *unused) {
+  (void)unused;
+  return pool_call((PoolObject *)self, pinpool_process_events,
+                   "Pool.process_events");
+}
+
+static PyObject *Pool_synchronize(PyObject *self, PyObject *unused) {
+  (void)unused;
+  return pool_call((PoolObject *)self, pinpool_synchronize, "Pool.synchronize");
+}
+
+static PyObject *Pool_reset_peak_stats(PyObject *self, PyObject *unused) {
+  (void)unused;
+  return pool_call((PoolObject *)self, pinpool_reset_peak_stats,
+                   "Pool.reset_peak_stats");
+}
+
+static int set_u64(PyObject *d, const char *key, uint64_t v) {
+  PyObject *o = PyLong_FromUnsignedLongLong(v);
+  if (o == NULL)
+    return -1;
+  int rc = PyDict_SetItemString(d, key, o);
+  Py_DECREF(o);
+  return rc;
+}
+
+static int set_obj(PyObject *d, const char *key, PyObject *o) {
+  if (o == NULL)
+    return -1;
+  int rc = PyDict_SetItemString(d, key, o);
+  Py_DECREF(o);
+  return rc;
+}
+
+static PyObject *stat_dict(const pinpool_stat_t *s) {
+  PyObject *d = PyDict_New();
+  if (d == NULL || set_u64(d, "current", s->current) ||
+      set_u64(d, "peak", s->peak) || set_u64(d, "allocated", s->allocated) ||
+      set_u64(d, "freed", s->freed)) {
+    Py_XDECREF(d);
+    return NULL;
+  }
+  return d;
+}
+
+static PyObject *duration_dict(const pinpool_duration_t *s) {
+  PyObject *d = PyDict_New();
+  if (d == NULL || set_u64(d, "count", s->count) ||
+      set_u64(d, "total_ns", s->total_ns) || set_u64(d, "max_ns", s->max_ns)) {
+    Py_XDECREF(d);
+    return NULL;
+  }
+  return d;
+}
+
+static PyObject *Pool_stats(PyObject *obj, PyObject *unused) {
+  (void)unused;
+  PoolObject *self = (PoolObject *)obj;
+  pinpool_stats_t st;
+  int rc = pinpool_get_stats(self->pool, &st);
+  if (rc != 0)
+    return raise_rc(rc, "Pool.stats");
+  PyObject *d = PyDict_New();
+  if (d == NULL)
+    return NULL;
+  const struct {
+    const char *name;
+    const pinpool_stat_t *s;
+  } stats[] = {{"requests", &st.requests},
+               {"requested_bytes", &st.requested_bytes},
+               {"blocks", &st.blocks},
+               {"block_bytes", &st.block_bytes},
+               {"reserved_bytes", &st.reserved_bytes},
+               {"cached_bytes", &st.cached_bytes},
+               {"segments", &st.segments}};
+  const struct {
+    const char *name;
+    uint64_t v;
+  } counts[] = {{"pending_bytes", st.pending_bytes},
+                {"pending_blocks", st.pending_blocks},
+                {"events_recorded", st.events_recorded},
+                {"events_completed", st.events_completed},
+                {"event_errors", st.event_errors},
+                {"cache_hits", st.cache_hits},
+                {"cache_misses", st.cache_misses},
+                {"tcache_hits", st.tcache_hits},
+                {"oom_count", st.oom_count},
+                {"retries", st.retries},
+                {"trimmed_segments", st.trimmed_segments},
+                {"mlock_failures", st.mlock_failures},
+                {"locked_bytes", st.locked_bytes},
+                {"peak_slack_bytes", st.peak_slack_bytes},
+                {"reserve_bytes", st.reserve_bytes},
+                {"max_cached", st.max_cached},
+                {"max_reserved", st.max_reserved}};
+  for (size_t i = 0; i < sizeof stats / sizeof stats[0]; i++)
+    if (set_obj(d, stats[i].name, stat_dict(stats[i].s)) != 0)
+      goto fail;
+  for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+    if (set_u64(d, counts[i].name, counts[i].v) != 0)
+      goto fail;
+  if (set_obj(d, "reclaim", duration_dict(&st.reclaim)) != 0 ||
+      set_obj(d, "backend_alloc", duration_dict(&st.backend_alloc)) != 0 ||
+      set_obj(d, "backend_free", duration_dict(&st.backend_free)) != 0)
+    goto fail;
+  return d;
+fail:
+  Py_DECREF(d);
+  return NULL;
+}
+
+static PyObject *Pool_get_config(PyObject *obj, void *closure) {
+  (void)closure;
+  PoolObject *self = (PoolObject *)obj;
+  char small[512];
+  size_t need = 0;
+  int rc = pinpool_get_config(self->pool, small, sizeof small, &need);
+  if (rc == 0)
+    return PyUnicode_FromString(small);
+  if (rc != PINPOOL_EOVERFLOW)
+    return raise_rc(rc, "Pool.config");
+  char *big = PyMem_Malloc(need);
+  if (big == NULL)
+    return PyErr_NoMemory();
+  rc = pinpool_get_config(self->pool, big, need, NULL);
+  PyObject *s =
+      rc == 0 ? PyUnicode_FromString(big) : raise_rc(rc, "Pool.config");
+  PyMem_Free(big);
+  return s;
+}
+
+static PyObject *Pool_record_history(PyObject *self, PyObject *args,
+                                     PyObject *kw) {
+  (void)self;
+  (void)args;
+  (void)kw;
+  PyErr_SetString(PyExc_NotImplementedError,
+                  "Pool.record_history: allocation history is not part of "
+                  "this pinpool version (see docs/python.md)");
+  return NULL;
+}
+
+static PyObject *Pool_snapshot(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  (void)args;
+  (void)kw;
+  PyErr_SetString(PyExc_NotImplementedError,
+                  "Pool.snapshot: memory snapshots are not part of this "
+                  "pinpool version (see docs/python.md)");
+  return NULL;
+}
+
+static PyObject *Pool_enter(PyObject *self, PyObject *unused) {
+  (void)unused;
+  return Py_NewRef(self);
+}
+
+static PyObject *Pool_exit(PyObject *self, PyObject *args) {
+  (void)args;
+  PyObject *r = Pool_empty_cache(self, NULL);
+  if (r == NULL)
+    return NULL;
+  Py_DECREF(r);
+  Py_RETURN_FALSE;
+}
+
+static PyObject *Pool_repr(PyObject *self) {
+  PyObject *cfg = Pool_get_config(self, NULL);
+  if (cfg == NULL)
+    return NULL;
+  PyObject *r = PyUnicode_FromFormat("<pinpool.Pool %U>", cfg);
+  Py_DECREF(cfg);
+  return r;
+}
+
+static PyMethodDef Pool_methods[] = {
+    {"alloc", Pool_alloc, METH_O,
+     "alloc(nbytes) -> Buffer: nbytes bytes of the pool's memory."},
+    {"empty_cache", Pool_empty_cache, METH_NOARGS,
+     "Return idle memory to the backend (the GIL is released)."},
+    {"stats", Pool_stats, METH_NOARGS, "The pool's statistics, as a dict."},
+    {"reset_peak_stats", Pool_reset_peak_stats, METH_NOARGS,
+     "Set every peak to its current value."},
+    {"process_events", Pool_process_events, METH_NOARGS,
+     "Reclaim blocks whose stream work completed (GIL released)."},
+    {"synchronize", Pool_synchronize, METH_NOARGS,
+     "Wait until no block is pending on a stream (GIL released)."},
+    {"record_history", (PyCFunction)(void (*)(void))Pool_record_history,
+     METH_VARARGS | METH_KEYWORDS, "Not implemented: NotImplementedError."},
+    {"snapshot", (PyCFunction)(void (*)(void))Pool_snapshot,
+     METH_VARARGS | METH_KEYWORDS, "Not implemented: NotImplementedError."},
+    {"__enter__", Pool_enter, METH_NOARGS, "Returns the pool."},
+    {"__exit__", Pool_exit, METH_VARARGS, "Empties the cache."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef Pool_getset[] = {
+    {"config", Pool_get_config, NULL,
+     "The resolved configuration, 'key=value,...'.", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject PoolType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pinpool.Pool",
+    .tp_basicsize = sizeof(PoolObject),
+    .tp_dealloc = (destructor)Pool_dealloc,
+    .tp_repr = Pool_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Pool(config=None): a caching allocator of pinned host memory.\n"
+              "config is 'key=value,...' (docs/configuration.md); None reads "
+              "PINPOOL_CONF.",
+    .tp_methods = Pool_methods,
+    .tp_getset = Pool_getset,
+    .tp_new = Pool_new,
+};
+
+/* ---- The default pool ---------------------------------------------------- */
+
+/* Created on first use from PINPOOL_CONF, published with one CAS: racing
+ * first calls each build a pool, one wins, the others drop theirs. */
+static _Atomic(PyObject *) default_pool_obj;
+
+static PyObject *get_default_pool(void) {
+  PyObject *p = atomic_load_explicit(&default_pool_obj, memory_order_acquire);
+  if (p != NULL)
+    return Py_NewRef(p);
+  PyObject *fresh = PyObject_CallNoArgs((PyObject *)&PoolType);
+  if (fresh == NULL)
+    return NULL;
+  PyObject *expected = NULL;
+  if (atomic_compare_exchange_strong_explicit(&default_pool_obj, &expected,
+                                              fresh, memory_order_acq_rel,
+                                              memory_order_acquire))
+    return Py_NewRef(fresh); /* the module keeps `fresh`'s reference */
+  Py_DECREF(fresh);
+  return Py_NewRef(expected);
+}
+
+static PyObject *mod_default_pool(PyObject *m, PyObject *unused) {
+  (void)m;
+  (void)unused;
+  return get_default_pool();
+}
+
+static PyObject *mod_alloc(PyObject *m, PyObject *arg) {
+  (void)m;
+  PyObject *pool = get_default_pool();
+  if (pool == NULL)
+    return NULL;
+  PyObject *r = pool_alloc(pool, arg);
+  Py_DECREF(pool);
+  return r;
+}
+
+/* ---- Buffer ---------------------------------------------------------------
+ */
+
+static PyObject *new_buffer(PyObject *pool_obj, pinpool_buffer_t *buf) {
+  BufferObject *self = PyObject_New(BufferObject, &BufferType);
+  if (self == NULL) {
+    (void)pinpool_buffer_release(buf);
+    return NULL;
+  }
+  self->buf = buf;
+  self->pool = Py_NewRef(pool_obj);
+  (void)pinpool_buffer_ptr(buf, &self->ptr);
+  (void)pinpool_buffer_requested_size(buf, &self->nbytes);
+  (void)pinpool_buffer_size(buf, &self->block_size);
+  self->device_type = ((PoolObject *)pool_obj)->device_type;
+  return (PyObject *)self;
+}
+
+static void Buffer_dealloc(BufferObject *self) {
+  /* Our reference: the last one closes the buffer; exports keep the
+   * memory. The Pool goes after (it may be the pool's last owner). */
+  (void)pinpool_buffer_release(self->buf);
+  Py_DECREF(self->pool);
+  PyObject_Free(self);
+}
+
+static int buffer_closed(BufferObject *self) {
+  int closed = 1;
+  (void)pinpool_buffer_closed(self->buf, &closed);
+  return closed;
+}
+
+/* The buffer protocol. The export is taken first (non-blocking: we never
+ * detach while the view is being filled), then the view is filled, and
+ * view->obj set last. */
+static int Buffer_getbuffer(PyObject *obj, Py_buffer *view, int flags) {
+  BufferObject *self = (BufferObject *)obj;
+  const pinpool_export_t *e = NULL;
+  int rc = pinpool_buffer_export(self->buf, 0, &e);
+  if (rc != 0) {
+    view->obj = NULL;
+    if (rc == PINPOOL_EBUSY)
+      PyErr_SetString(PyExc_BufferError, "pinpool.Buffer is closed");
+    else if (rc == PINPOOL_ENOMEM)
+      PyErr_NoMemory();
+    else
+      PyErr_Format(PyExc_BufferError, "pinpool.Buffer: %s",
+                   pinpool_last_error());
+    return -1;
+  }
+  view->buf = e->ptr;
+  view->len = (Py_ssize_t)e->size;
+  view->readonly = e->readonly;
+  view->itemsize = 1;
+  view->format = (flags & PyBUF_FORMAT) ? "B" : NULL;
+  view->ndim = 1;
+  /* Per export: they point into this view, not into shared storage. */
+  view->shape = (flags & PyBUF_ND) ? &view->len : NULL;
+  view->strides =
+      (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? &view->itemsize : NULL;
+  view->suboffsets = NULL;
+  view->internal = (void *)(uintptr_t)e;
+  view->obj = Py_NewRef(obj); /* last */
+  return 0;
+}
+
+static void Buffer_releasebuffer(PyObject *obj, Py_buffer *view) {
+  (void)obj; /* view->obj is the caller's to release */
+  (void)pinpool_export_release((const pinpool_export_t *)view->internal);
+}
+
+static PyBufferProcs Buffer_as_buffer = {Buffer_getbuffer,
+                                         Buffer_releasebuffer};
+
+/* ---- DLPack ------------------------------------------------------------ */
+
+typedef struct dl_ctx {
+  DLManagedTensorVersioned v; /* one of v and l is handed out */
+  DLManagedTensor l;
+  const pinpool_export_t *exp;
+  int64_t shape[1], strides[1];
+} dl_ctx_t;
+
+/* The deleters: no Python object is touched, so any thread may call them,
+ * holding the GIL or not, during or after interpreter finalization. */
+static void dl_delete_versioned(DLManagedTensorVersioned *m) {
+  dl_ctx_t *c = m->manager_ctx;
+  (void)pinpool_export_release(c->exp);
+  free(c);
+}
+
+static void dl_delete_legacy(DLManagedTensor *m) {
+  dl_ctx_t *c = m->manager_ctx;
+  (void)pinpool_export_release(c->exp);
+  free(c);
+}
+
+static const char DL_NAME[] = "dltensor";
+static const char DL_USED[] = "used_dltensor";
+static const char DLV_NAME[] = "dltensor_versioned";
+static const char DLV_USED[] = "used_dltensor_versioned";
+
+/* A capsule nobody consumed: delete the tensor. Keeps any pending error. */
+static void dl_capsule_destructor(PyObject *capsule) {
+  if (PyCapsule_IsValid(capsule, DL_USED) ||
+      PyCapsule_IsValid(capsule, DLV_USED))
+    return;
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  if (PyCapsule_IsValid(capsule, DLV_NAME)) {
+    DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, DLV_NAME);
+    if (m != NULL && m->deleter != NULL)
+      m->deleter(m);
+  } else if (PyCapsule_IsValid(capsule, DL_NAME)) {
+    DLManagedTensor *m = PyCapsule_GetPointer(capsule, DL_NAME);
+    if (m != NULL && m->deleter != NULL)
+      m->deleter(m);
+  }
+  if (PyErr_Occurred())
+    PyErr_WriteUnraisable(capsule);
+  PyErr_Restore(type, value, tb);
+}
+
+/* Parse a 2-tuple of ints. 0, or -1 with TypeError naming `what`. */
+static int parse_pair(PyObject *o, const char *what, long *a, long *b) {
+  if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2) {
+    PyErr_Format(PyExc_TypeError, "%s must be a tuple of two ints", what);
+    return -1;
+  }
+  *a = PyLong_AsLong(PyTuple_GET_ITEM(o, 0));
+  if (*a == -1 && PyErr_Occurred())
+    return -1;
+  *b = PyLong_AsLong(PyTuple_GET_ITEM(o, 1));
+  if (*b == -1 && PyErr_Occurred())
+    return -1;
+  return 0;
+}
+
+/* A copy of the buffer's bytes in a new buffer of the same pool. */
+static int copy_buffer(BufferObject *self, pinpool_buffer_t **out) {
+  pinpool_t *pool = ((PoolObject *)self->pool)->pool;
+  pinpool_buffer_t *copy = NULL;
+  const pinpool_export_t *src = NULL;
+  int rc = pinpool_buffer_export(self->buf, PINPOOL_EXPORT_READONLY, &src);
+  if (rc != 0) {
+    PyErr_SetString(PyExc_BufferError, "pinpool.Buffer is closed");
+    return -1;
+  }
+  PyThreadState *ts = PyEval_SaveThread();
+  rc = pinpool_buffer_alloc(pool, self->nbytes, &copy);
+  if (rc == 0) {
+    void *dst = NULL;
+    (void)pinpool_buffer_ptr(copy, &dst);
+    memcpy(dst, src->ptr, src->size);
+  }
+  PyEval_RestoreThread(ts);
+  (void)pinpool_export_release(src);
+  if (rc != 0) {
+    raise_rc(rc, "Buffer.__dlpack__(copy=True)");
+    return -1;
+  }
+  *out = copy;
+  return 0;
+}
+
+static PyObject *Buffer_dlpack(PyObject *obj, PyObject *args, PyObject *kw) {
+  BufferObject *self = (BufferObject *)obj;
+  static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
+  PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None;
+  PyObject *copy = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOO:__dlpack__", kwlist,
+                                   &stream, &max_version, &dl_device, &copy))
+    return NULL;
+  /* stream: host memory needs no producer-side synchronization: None, or
+   * -1 ("no synchronization"). Anything else is refused (use
+   * record_stream() to make the block's reuse wait for a stream). */
+  if (stream != Py_None) {
+    if (!PyLong_Check(stream)) {
+      PyErr_SetString(PyExc_TypeError, "stream must be an int or None");
+      return NULL;
+    }
+    long s = PyLong_AsLong(stream);
+    if (s == -1 && PyErr_Occurred())
+      return NULL;
+    if (s != -1) {
+      PyErr_Format(PyExc_BufferError,
+                   "stream=%ld: pinpool buffers are host memory and take "
+                   "only stream=None or -1 (see Buffer.record_stream)",
+                   s);
+      return NULL;
+    }
+  }
+  bool versioned = false;
+  if (max_version != Py_None) {
+    long major, minor;
+    if (parse_pair(max_version, "max_version", &major, &minor) != 0)
+      return NULL;
+    versioned = major >= 1;
+  }
+  int32_t dev_type = self->device_type;
+  if (dl_device != Py_None) {
+    long type, id;
+    if (parse_pair(dl_device, "dl_device", &type, &id) != 0)
+      return NULL;
+    /* Pinned memory is also CPU memory: kDLCPU needs no copy. */
+    if (id == 0 && (type == dev_type || type == kDLCPU)) {
+      dev_type = (int32_t)type;
+    } else {
+      PyErr_Format(PyExc_BufferError,
+                   "dl_device=(%ld, %ld): a pinpool buffer is host memory "
+                   "(device (%d, 0)) and is not copied to other devices",
+                   type, id, (int)self->device_type);
+      return NULL;
+    }
+  }
+  int want_copy = 0;
+  if (copy != Py_None) {
+    want_copy = PyObject_IsTrue(copy);
+    if (want_copy < 0)
+      return NULL;
+  }
+
+  dl_ctx_t *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    return PyErr_NoMemory();
+  pinpool_buffer_t *src = self->buf;
+  if (want_copy && copy_buffer(self, &src) != 0) {
+    free(c);
+    return NULL;
+  }
+  int rc = pinpool_buffer_export(src, 0, &c->exp);
+  if (want_copy) /* the export holds the copy from now on */
+    (void)pinpool_buffer_release(src);
+  if (rc != 0) {
+    free(c);
+    if (rc == PINPOOL_EBUSY)
+      PyErr_SetString(PyExc_BufferError, "pinpool.Buffer is closed");
+    else
+      raise_rc(rc, "Buffer.__dlpack__");
+    return NULL;
+  }
+  c->shape[0] = c->exp->shape[0];
+  c->strides[0] = 1;
+  DLTensor t = {
+      .data = c->exp->ptr,
+      .device = {dev_type, 0},
+      .ndim = 1,
+      .dtype = {kDLUInt, 8, 1},
+      .shape = c->shape,
+      .strides = c->strides,
+      .byte_offset = 0,
+  };
+  void *tensor;
+  const char *name;
+  if (versioned) {
+    c->v.version = (DLPackVersion){PP_DLPACK_MAJOR, PP_DLPACK_MINOR};
+    c->v.manager_ctx = c;
+    c->v.deleter = dl_delete_versioned;
+    c->v.flags = want_copy ? DLPACK_FLAG_BITMASK_IS_COPIED : 0;
+    c->v.dl_tensor = t;
+    tensor = &c->v;
+    name = DLV_NAME;
+  } else {
+    c->l.manager_ctx = c;
+    c->l.deleter = dl_delete_legacy;
+    c->l.dl_tensor = t;
+    tensor = &c->l;
+    name = DL_NAME;
+  }
+  PyObject *capsule = PyCapsule_New(tensor, name, dl_capsule_destructor);
+  if (capsule == NULL) {
+    (void)pinpool_export_release(c->exp);
+    free(c);
+  }
+  return capsule;
+}
+
+static PyObject *Buffer_dlpack_device(PyObject *obj, PyObject *unused) {
+  (void)unused;
+  return Py_BuildValue("(ii)", ((BufferObject *)obj)->device_type, 0);
+}
+
+static PyObject *Buffer_close(PyObject *obj, PyObject *unused) {
+  (void)unused;
+  BufferObject *self = (BufferObject *)obj;
+  int rc = pinpool_buffer_close(self->buf);
+  if (rc != 0)
+    return raise_rc(rc, "Buffer.close");
+  Py_RETURN_NONE;
+}
+
+static PyObject *Buffer_record_stream(PyObject *obj, PyObject *arg) {
+  BufferObject *self = (BufferObject *)obj;
+  if (!PyLong_Check(arg)) {
+    PyErr_SetString(PyExc_TypeError, "stream must be an int (a handle)");
+    return NULL;
+  }
+  unsigned long long s = PyLong_AsUnsignedLongLong(arg);
+  if (s == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "stream must be an int >= 0");
+    return NULL;
+  }
+  int rc = pinpool_buffer_record_stream(self->buf, (pinpool_stream_t)s);
+  if (rc == PINPOOL_EBUSY && buffer_closed(self)) {
+    PyErr_SetString(PyExc_ValueError, "Buffer.record_stream: closed buffer");
+    return NULL;
+  }
+  if (rc != 0)
+    return raise_rc(rc, "Buffer.record_stream");
+  Py_RETURN_NONE;
+}
+
+static PyObject *Buffer_enter(PyObject *self, PyObject *unused) {
+  (void)unused;
+  return Py_NewRef(self);
+}
+
+static PyObject *Buffer_exit(PyObject *self, PyObject *args) {
+  (void)args;
+  PyObject *r = Buffer_close(self, NULL);
+  if (r == NULL)
+    return NULL;
+  Py_DECREF(r);
+  Py_RETURN_FALSE;
+}
+
+static Py_ssize_t Buffer_len(PyObject *obj) {
+  return (Py_ssize_t)((BufferObject *)obj)->nbytes;
+}
+
+static PyObject *Buffer_get_nbytes(PyObject *obj, void *closure) {
+  (void)closure;
+  return PyLong_FromSize_t(((BufferObject *)obj)->nbytes);
+}
+
+static PyObject *Buffer_get_block_size(PyObject *obj, void *closure) {
+  (void)closure;
+  return PyLong_FromSize_t(((BufferObject *)obj)->block_size);
+}
+
+static PyObject *Buffer_get_ptr(PyObject *obj, void *closure) {
+  (void)closure;
+  BufferObject *self = (BufferObject *)obj;
+  if (buffer_closed(self)) {
+    PyErr_SetString(PyExc_ValueError, "Buffer.ptr: closed buffer");
+    return NULL;
+  }
+  return PyLong_FromVoidPtr(self->ptr);
+}
+
+static PyObject *Buffer_get_pool(PyObject *obj, void *closure) {
+  (void)closure;
+  return Py_NewRef(((BufferObject *)obj)->pool);
+}
+
+static PyObject *Buffer_get_closed(PyObject *obj, void *closure) {
+  (void)closure;
+  return PyBool_FromLong(buffer_closed((BufferObject *)obj));
+}
+
+static PyObject *Buffer_get_exports(PyObject *obj, void *closure) {
+  (void)closure;
+  size_t n = 0;
+  (void)pinpool_buffer_exports(((BufferObject *)obj)->buf, &n);
+  return PyLong_FromSize_t(n);
+}
+
+static int get_attrs(PyObject *obj, pinpool_mem_attrs_t *a) {
+  BufferObject *self = (BufferObject *)obj;
+  int rc = pinpool_buffer_attrs(self->buf, a);
+  if (rc == PINPOOL_EBUSY) {
+    PyErr_SetString(PyExc_ValueError,
+                    "Buffer attributes: closed buffer (never queried)");
+    return -1;
+  }
+  if (rc != 0) {
+    raise_rc(rc, "Buffer attributes");
+    return -1;
+  }
+  return 0;
+}
+
+/* 1/0 as bool, -1 (unknown) as None. */
+static PyObject *tri(int v) {
+  if (v < 0)
+    Py_RETURN_NONE;
+  return PyBool_FromLong(v);
+}
+
+static PyObject *attrs_dict(const pinpool_mem_attrs_t *a) {
+  PyObject *d = PyDict_New();
+  if (d == NULL || set_obj(d, "host_accessible", tri(a->host_accessible)) ||
+      set_obj(d, "device_accessible", tri(a->device_accessible)) ||
+      set_obj(d, "device_id", PyLong_FromLong(a->device_id)) ||
+      set_obj(d, "page_locked", tri(a->page_locked)) ||
+      set_obj(d, "numa_node", PyLong_FromLong(a->numa_node)) ||
+      set_obj(d, "huge_pages", tri(a->huge_pages)) ||
+      set_obj(d, "huge_advised", tri(a->huge_advised)) ||
+      set_obj(d, "backend", PyUnicode_FromString(a->backend))) {
+    Py_XDECREF(d);
+    return NULL;
+  }
+  return d;
+}
+
+enum {
+  A_ALL,
+  A_HOST,
+  A_DEVICE,
+  A_DEVICE_ID,
+  A_LOCKED,
+  A_NUMA,
+  A_HUGE,
+  A_BACKEND
+};
+
+static PyObject *Buffer_get_attr(PyObject *obj, void *closure) {
+  pinpool_mem_attrs_t a;
+  if (get_attrs(obj, &a) != 0)
+    return NULL;
+  switch ((int)(intptr_t)closure) {
+  case A_HOST:
+    return tri(a.host_accessible);
+  case A_DEVICE:
+    return tri(a.device_accessible);
+  case A_DEVICE_ID:
+    return PyLong_FromLong(a.device_id);
+  case A_LOCKED:
+    return tri(a.page_locked);
+  case A_NUMA:
+    return PyLong_FromLong(a.numa_node);
+  case A_HUGE:
+    return tri(a.huge_pages);
+  case A_BACKEND:
+    return PyUnicode_FromString(a.backend);
+  default:
+    return attrs_dict(&a);
+  }
+}
+
+static PyObject *Buffer_repr(PyObject *obj) {
+  BufferObject *self = (BufferObject *)obj;
+  return PyUnicode_FromFormat("<pinpool.Buffer nbytes=%zu ptr=%p%s>",
+                              self->nbytes, self->ptr,
+                              buffer_closed(self) ? " closed" : "");
+}
+
+static PyMethodDef Buffer_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))Buffer_dlpack,
+     METH_VARARGS | METH_KEYWORDS,
+     "__dlpack__(*, stream=None, max_version=None, dl_device=None, "
+     "copy=None): a DLPack capsule of the bytes (1-D uint8)."},
+    {"__dlpack_device__", Buffer_dlpack_device, METH_NOARGS,
+     "(kDLCUDAHost, 0) for CUDA-pinned memory, else (kDLCPU, 0)."},
+    {"close", Buffer_close, METH_NOARGS,
+     "Give the block back to the pool, now or when the last export goes. "
+     "Idempotent."},
+    {"record_stream", Buffer_record_stream, METH_O,
+     "record_stream(handle): the block's reuse waits for work queued on "
+     "the stream so far."},
+    {"__enter__", Buffer_enter, METH_NOARGS, "Returns the buffer."},
+    {"__exit__", Buffer_exit, METH_VARARGS, "Closes the buffer."},
+    {NULL, NULL, 0, NULL}};
+
+#define ATTR(name, id, doc)                                                    \
+  { name, Buffer_get_attr, NULL, doc, (void *)(intptr_t)(id) }
+static PyGetSetDef Buffer_getset[] = {
+    {"nbytes", Buffer_get_nbytes, NULL, "Bytes asked for (== len()).", NULL},
+    {"block_size", Buffer_get_block_size, NULL,
+     "Usable bytes of the block (its size class).", NULL},
+    {"ptr", Buffer_get_ptr, NULL, "Address of the first byte.", NULL},
+    {"pool", Buffer_get_pool, NULL, "The Pool it came from.", NULL},
+    {"closed", Buffer_get_closed, NULL, "True after close().", NULL},
+    {"exports", Buffer_get_exports, NULL,
+     "Live exports (memoryviews, DLPack capsules and their consumers).", NULL},
+    ATTR("attributes", A_ALL, "Every memory attribute, as a dict."),
+    ATTR("host_accessible", A_HOST, "True: the CPU can access it."),
+    ATTR("device_accessible", A_DEVICE,
+         "True: a CUDA device can access it; None: unknown."),
+    ATTR("device_id", A_DEVICE_ID, "CUDA device ordinal, -1 if none."),
+    ATTR("page_locked", A_LOCKED, "True: page-locked (pinned)."),
+    ATTR("numa_node", A_NUMA, "NUMA node of the first page, -1 if unknown."),
+    ATTR("huge_pages", A_HUGE,
+         "True: the first page is a huge page; None: unknown."),
+    ATTR("backend", A_BACKEND, "The pool's backend name."),
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PySequenceMethods Buffer_as_sequence = {.sq_length = Buffer_len};
+
+static PyTypeObject BufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pinpool.Buffer",
+    .tp_basicsize = sizeof(BufferObject),
+    .tp_dealloc = (destructor)Buffer_dealloc,
+    .tp_repr = Buffer_repr,
+    .tp_as_sequence = &Buffer_as_sequence,
+    .tp_as_buffer = &Buffer_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A block of a Pool (Pool.alloc): the buffer protocol, DLPack, "
+              "memory attributes. Not created directly.",
+    .tp_methods = Buffer_methods,
+    .tp_getset = Buffer_getset,
+};
+
+/* ---- Module ---------------------------------------------------------------
+ */
+
+static PyMethodDef module_methods[] = {
+    {"default_pool", mod_default_pool, METH_NOARGS,
+     "The module's default Pool (created on first use from PINPOOL_CONF)."},
+    {"alloc", mod_alloc, METH_O,
+     "alloc(nbytes) -> Buffer from the default pool."},
+    {NULL, NULL, 0, NULL}};
+
+static int module_exec(PyObject *m) {
+  if (PyType_Ready(&PoolType) < 0 || PyType_Ready(&BufferType) < 0)
+    return -1;
+  if (PyModule_AddObjectRef(m, "Pool", (PyObject *)&PoolType) < 0 ||
+      PyModule_AddObjectRef(m, "Buffer", (PyObject *)&BufferType) < 0 ||
+      PyModule_AddStringConstant(m, "__version__", pinpool_version()) < 0 ||
+      PyModule_AddIntConstant(m, "kDLCPU", kDLCPU) < 0 ||
+      PyModule_AddIntConstant(m, "kDLCUDAHost", kDLCUDAHost) < 0)
+    return -1;
+  return 0;
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, (void *)module_exec},
+#if PY_VERSION_HEX >= 0x030C0000
+    /* Static types and a process-wide default pool: one interpreter. */
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+#if PY_VERSION_HEX >= 0x030D0000
+    /* Free-threaded builds: no GIL needed (see the top of this file). */
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
+    {0, NULL}};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "pinpool",
+    .m_doc = "pinpool: a thread-safe caching allocator of pinned host "
+             "memory, with buffer-protocol and DLPack exports.",
+    .m_size = 0,
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+};
+
+PyMODINIT_FUNC PyInit_pinpool(void);
+PyMODINIT_FUNC PyInit_pinpool(void) { return PyModuleDef_Init(&module_def); }

@@ -1,0 +1,162 @@
+"""pinpool.Pool: creation, allocation, stats, maintenance calls, errors."""
+
+import threading
+
+import pytest
+
+import pinpool
+from conftest import live_blocks
+
+
+def test_module():
+    assert pinpool.__version__.count(".") == 2
+    assert pinpool.kDLCPU == 1 and pinpool.kDLCUDAHost == 3
+    with pytest.raises(TypeError):
+        pinpool.Buffer()
+
+
+def test_create_and_config():
+    p = pinpool.Pool("max_cached=64MiB,tcache_bytes=1MiB")
+    assert "max_cached=67108864" in p.config
+    assert p.config.startswith("backend=host,")
+    assert "pinpool.Pool" in repr(p)
+    assert pinpool.Pool().config  # None: PINPOOL_CONF or defaults
+
+
+@pytest.mark.parametrize(
+    "config", ["max_cahced=1", "max_cached=lots", "backend=nope", "a"])
+def test_bad_config(config):
+    with pytest.raises(ValueError) as e:
+        pinpool.Pool(config)
+    assert "config" in str(e.value)
+
+
+def test_bad_config_types():
+    with pytest.raises(TypeError):
+        pinpool.Pool(42)
+    with pytest.raises(TypeError):
+        pinpool.Pool(b"max_cached=1")
+
+
+def test_alloc_and_stats(pool):
+    b = pool.alloc(1000)
+    st = pool.stats()
+    assert st["requests"]["current"] == 1
+    assert st["requested_bytes"]["current"] == 1000
+    assert st["block_bytes"]["current"] == 1024
+    assert st["reserved_bytes"]["current"] == (
+        st["block_bytes"]["current"] + st["cached_bytes"]["current"]
+        + st["pending_bytes"])
+    assert set(st["reclaim"]) == {"count", "total_ns", "max_ns"}
+    b.close()
+    assert live_blocks(pool) == 0
+    pool.reset_peak_stats()
+    assert pool.stats()["blocks"]["peak"] == 0
+
+
+@pytest.mark.parametrize("n,exc", [(0, ValueError), (-1, ValueError),
+                                   (2**61, ValueError), (2**70, ValueError),
+                                   (1.5, TypeError), ("10", TypeError),
+                                   (None, TypeError)])
+def test_alloc_bad_sizes(pool, n, exc):
+    with pytest.raises(exc):
+        pool.alloc(n)
+    assert live_blocks(pool) == 0
+
+
+def test_out_of_memory_is_memoryerror():
+    p = pinpool.Pool("max_reserved=4MiB")
+    keep = p.alloc(2 << 20)
+    with pytest.raises(MemoryError) as e:
+        p.alloc(8 << 20)
+    assert "max_reserved" in str(e.value) or "memory" in str(e.value)
+    keep.close()
+
+
+def test_maintenance_calls(pool):
+    b = pool.alloc(4096)
+    b.close()
+    pool.empty_cache()
+    assert pool.stats()["reserved_bytes"]["current"] == 0
+    pool.process_events()
+    pool.synchronize()
+
+
+def test_not_implemented(pool):
+    with pytest.raises(NotImplementedError, match="history"):
+        pool.record_history(enabled=True)
+    with pytest.raises(NotImplementedError, match="snapshot"):
+        pool.snapshot("/tmp/x.json")
+
+
+def test_context_manager_empties_cache():
+    with pinpool.Pool() as p:
+        for n in (1000, 1 << 20, 5 << 20):
+            p.alloc(n).close()
+        assert p.stats()["reserved_bytes"]["current"] > 0
+    assert p.stats()["reserved_bytes"]["current"] == 0
+
+
+def test_default_pool_is_shared_and_race_free():
+    pools = []
+    barrier = threading.Barrier(8)
+
+    def get():
+        barrier.wait()
+        pools.append(pinpool.default_pool())
+
+    threads = [threading.Thread(target=get) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(p) for p in pools}) == 1
+    b = pinpool.alloc(100)
+    assert b.pool is pinpool.default_pool()
+    b.close()
+
+
+def test_record_stream_and_synchronize():
+    p = pinpool.Pool("events=simulated,sim_delay_us=2000")
+    b = p.alloc(8192)
+    b.record_stream(1)
+    b.record_stream(2)
+    b.close()
+    assert p.stats()["pending_blocks"] == 1
+    p.synchronize()
+    st = p.stats()
+    assert st["pending_blocks"] == 0 and st["blocks"]["current"] == 0
+    assert st["events_completed"] == 2
+
+
+def test_record_stream_errors(pool):
+    b = pool.alloc(100)
+    with pytest.raises(RuntimeError, match="event provider|EBUSY|events"):
+        b.record_stream(1)  # events=none
+    with pytest.raises(TypeError):
+        b.record_stream("1")
+    with pytest.raises(ValueError):
+        b.record_stream(-5)
+    b.close()
+    with pytest.raises(ValueError, match="closed"):
+        b.record_stream(1)
+
+
+def test_allocations_from_many_threads(pool):
+    """alloc releases the GIL around the library; every buffer distinct."""
+    out = []
+    lock = threading.Lock()
+
+    def work(i):
+        mine = [pool.alloc(100 + i * 7 + k) for k in range(200)]
+        with lock:
+            out.extend(b.ptr for b in mine)
+        for b in mine:
+            b.close()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(out) == 1600
