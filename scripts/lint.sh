@@ -39,7 +39,8 @@ mapfile -t FORMAT_FILES < <(
   shopt -s nullglob
   collect include/*.h src/*.c src/*.h tools/*.c tools/*.h \
     tests/*.c tests/*.h tests/consumer/*.c tests/cuda/*.c tests/cuda/*.h \
-    tests/fake_cuda/*.c tests/fake_cuda/*.h tests/fuzz/*.c bench/*.c bench/*.h \
+    tests/fake_cuda/*.c tests/fake_cuda/*.h tests/fuzz/*.c tests/fuzz/*.h \
+    bench/*.c bench/*.h \
     python/*.c python/*.h
 )
 echo "== clang-format (${#FORMAT_FILES[@]} files)"

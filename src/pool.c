@@ -676,6 +676,13 @@ static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
       pool_free_struct(pool, true);
       return rc;
     }
+    if ((uintptr_t)mem + size > ((uintptr_t)1 << PP_MAP_ADDR_BITS)) {
+      /* Segments carved from it could never be mapped (segmap.c). */
+      backend_free(pool, mem, size, flags);
+      pool_free_struct(pool, true);
+      return pp_fail(PINPOOL_EBACKEND,
+                     "backend returned the reserve at %p, beyond 2^48", mem);
+    }
     pp_reserve_init(&pool->reserve, mem, size, flags);
     pool->has_reserve = true;
   }

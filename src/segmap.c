@@ -36,8 +36,11 @@ int pp_segmap_create(pp_segmap_t **out) {
 void pp_segmap_destroy(pp_segmap_t *m) {
   if (m == NULL)
     return;
-  for (size_t i = 0; i < L1_LEN; i++)
-    free(pp_load_relaxed(&m->l1[i]));
+  for (size_t i = 0; i < L1_LEN; i++) {
+    leaf_entry_t *leaf = pp_load_relaxed(&m->l1[i]);
+    if (leaf != NULL) /* most slots are empty: skip 32768 free(NULL) */
+      free(leaf);
+  }
   free(m);
 }
 

@@ -69,12 +69,13 @@ static int lookup(pinpool_t *pool, void *ptr, pp_segment_t **seg_out,
                    ptr);
   uintptr_t off = a - pp_load_relaxed(&seg->base);
   size_t bs = pp_load_relaxed(&seg->block_size);
-  if (off % bs != 0)
-    return pp_fail(PINPOOL_EINTERIOR,
-                   "pinpool_record_stream: %p is inside a block", ptr);
+  /* Same order and codes as pinpool_free: the tail first, then interior. */
   if (off / bs >= pp_load_relaxed(&seg->nblocks))
     return pp_fail(PINPOOL_ENOTOWNED,
                    "pinpool_record_stream: %p was never handed out", ptr);
+  if (off % bs != 0)
+    return pp_fail(PINPOOL_EINTERIOR,
+                   "pinpool_record_stream: %p is inside a block", ptr);
   *seg_out = seg;
   *idx_out = (uint32_t)(off / bs);
   return 0;
@@ -122,6 +123,9 @@ int pinpool_record_stream(pinpool_t *pool, void *ptr, pinpool_stream_t stream) {
   do {
     if (PP_WORD_STATE(w) != PP_ALLOCATED) {
       pp_mutex_unlock(lk);
+      if (PP_WORD_STATE(w) == PP_NEVER)
+        return pp_fail(PINPOOL_ENOTOWNED,
+                       "pinpool_record_stream: %p was never handed out", ptr);
       return pp_fail(PINPOOL_EDOUBLEFREE,
                      "pinpool_record_stream: %p is not allocated", ptr);
     }
