@@ -1,123 +1,346 @@
 #!/usr/bin/env bash
-# Run the benchmark suite and write bench/results/latest.{json,md}.
+# Run the benchmark suite (issue 7) and write the results.
 #
-#   bench/run.sh [--quick] [--full]
+#   bench/run.sh [--quick] [--reps N] [--workloads "W1 W4"] [--out DIR]
 #
-#   --quick   short time budgets (the whole run takes well under 2 minutes)
-#   --full    also the 1 GiB size of W1
+#   --quick       small sizes and counts (well under 2 minutes); writes to
+#                 bench/results/quick/ (not committed) unless --out is given
+#   --reps N      repetitions of every workload (default: full 5 for W1 and
+#                 W4, 3 for the others; quick 3)
+#   --workloads   a subset of W1..W7 (the report then covers only those)
+#   --out DIR     where latest.json, latest.md and the charts go
+#                 (default bench/results, or bench/results/quick)
 #
-# Builds the release preset first (configure only if build/release does not
-# exist yet). Each benchmark writes its own JSON and markdown into a temporary
-# directory; the script merges them, checks the JSON's shape and only then
-# replaces latest.json and latest.md. Exits non-zero if a benchmark fails or
-# its JSON is missing or malformed.
+# Steps: install the peers and gnuplot (Debian packages, as root; without
+# root, whatever is missing is skipped with a note), build the release
+# preset's bench targets, run every case of every workload as its own
+# process, the implementations interleaved (the order rotates every
+# repetition), merge the runs with pp_report (medians, ratios to pinpool,
+# goals), draw the charts with gnuplot, check the JSON's shape, and only
+# then replace latest.json / latest.md / *.png.
 #
-# Workloads (the suite of issue 7; W1..W8):
-#   W1 hot reuse    build/release/bench/pp_hotloop
-# To add one: build it in bench/CMakeLists.txt and add a run_bench line below.
+# Exits non-zero if a benchmark run failed or latest.json is missing or
+# malformed. W8 (snapshots) is reported as not available.
+#
+# Environment: BENCH_BUILD_DIR=DIR builds and runs from an already
+# configured build directory instead of the release preset's build/release;
+# BENCH_RAW=FILE keeps a copy of the raw records (pp_report's input).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BUILD="$ROOT/build/release"
-RESULTS="$ROOT/bench/results"
+BUILD="${BENCH_BUILD_DIR:-$ROOT/build/release}"
+QUICK=0
+REPS_OVERRIDE=""
+WORKLOADS="W1 W2 W3 W4 W5 W6 W7"
+OUT=""
 
-MODE_ARGS=()
-for arg in "$@"; do
-  case "$arg" in
-    --quick | --full) MODE_ARGS+=("$arg") ;;
+usage() {
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+}
+
+while (($#)); do
+  case "$1" in
+    --quick) QUICK=1 ;;
+    --reps)
+      REPS_OVERRIDE="${2:?--reps needs a number}"
+      shift
+      ;;
+    --workloads)
+      WORKLOADS="${2:?--workloads needs a list}"
+      shift
+      ;;
+    --out)
+      OUT="${2:?--out needs a directory}"
+      shift
+      ;;
     -h | --help)
-      awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+      usage
       exit 0
       ;;
     *)
-      echo "bench/run.sh: unknown option '$arg' (try --help)" >&2
+      echo "bench/run.sh: unknown option '$1' (try --help)" >&2
       exit 2
       ;;
   esac
+  shift
 done
+if [[ -n "$REPS_OVERRIDE" && ! "$REPS_OVERRIDE" =~ ^[1-9][0-9]*$ ]]; then
+  echo "bench/run.sh: --reps must be a positive number" >&2
+  exit 2
+fi
+if [[ -z "$OUT" ]]; then
+  OUT="$ROOT/bench/results"
+  ((QUICK)) && OUT="$ROOT/bench/results/quick"
+fi
+MODE=full
+QUICK_ARG=()
+if ((QUICK)); then
+  MODE=quick
+  QUICK_ARG=(--quick)
+fi
+START=$SECONDS
 
-# ---- Build ----------------------------------------------------------------------
-cd "$ROOT"
-if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
-  if [[ -f "$ROOT/CMakePresets.json" ]]; then
-    cmake --preset release >&2
-  else
-    cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >&2
+# ---- Packages -------------------------------------------------------------------
+PEER_PKGS=(libjemalloc-dev libmimalloc-dev libgoogle-perftools-dev)
+TOOL_PKGS=(gnuplot-nox)
+
+missing_pkgs() {
+  local p
+  for p in "$@"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null |
+      grep -q "install ok installed"; then
+      echo "$p"
+    fi
+  done
+}
+
+install_packages() {
+  if ! command -v dpkg-query >/dev/null; then
+    echo "bench/run.sh: no dpkg: using whatever peers are installed" >&2
+    return 0
   fi
+  local missing
+  mapfile -t missing < <(missing_pkgs "${PEER_PKGS[@]}" "${TOOL_PKGS[@]}")
+  ((${#missing[@]})) || return 0
+  if [[ "$(id -u)" != 0 ]]; then
+    echo "bench/run.sh: NOTE: not root; missing packages are skipped:" \
+      "${missing[*]} (their peers or the charts will be left out)" >&2
+    return 0
+  fi
+  echo "bench/run.sh: installing ${missing[*]}" >&2
+  if ! { DEBIAN_FRONTEND=noninteractive apt-get update -q >&2 &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+      --no-install-recommends "${missing[@]}" >&2; }; then
+    echo "bench/run.sh: NOTE: apt-get failed; continuing without" \
+      "${missing[*]}" >&2
+  fi
+}
+
+install_packages
+
+# ---- Build ------------------------------------------------------------------------
+cd "$ROOT"
+cache_lacks_peer() { # a peer library exists but the cache did not find it
+  local var="$1" lib="$2"
+  grep -q "^$var:FILEPATH=.*NOTFOUND" "$BUILD/CMakeCache.txt" &&
+    compgen -G "/usr/lib/*/lib$lib.so" >/dev/null
+}
+if [[ -n "${BENCH_BUILD_DIR:-}" ]]; then
+  [[ -f "$BUILD/CMakeCache.txt" ]] || {
+    echo "bench/run.sh: $BUILD is not a configured build directory" >&2
+    exit 2
+  }
+elif [[ ! -f "$BUILD/CMakeCache.txt" ]] ||
+  cache_lacks_peer PP_JEMALLOC_LIB jemalloc ||
+  cache_lacks_peer PP_MIMALLOC_LIB mimalloc ||
+  cache_lacks_peer PP_TCMALLOC_LIB tcmalloc_minimal; then
+  cmake --preset release >&2
 fi
-if [[ -f "$ROOT/CMakePresets.json" ]]; then
-  cmake --build --preset release --target pp_hotloop >&2
+
+declare -A PEER_VAR=([jemalloc]=PP_JEMALLOC_LIB [mimalloc]=PP_MIMALLOC_LIB
+  [tcmalloc]=PP_TCMALLOC_LIB)
+declare -A PEER_DEB=([jemalloc]=libjemalloc2 [mimalloc]=libmimalloc2.0
+  [tcmalloc]=libtcmalloc-minimal4)
+declare -A PEER_DEV=([jemalloc]=libjemalloc-dev [mimalloc]=libmimalloc-dev
+  [tcmalloc]=libgoogle-perftools-dev)
+TARGETS=(pp_bench pp_report)
+PEERS=()
+for p in jemalloc mimalloc tcmalloc; do
+  if grep -q "^${PEER_VAR[$p]}:FILEPATH=/" "$BUILD/CMakeCache.txt"; then
+    TARGETS+=("pp_bench_$p")
+    PEERS+=("$p")
+  fi
+done
+if [[ -n "${BENCH_BUILD_DIR:-}" ]]; then
+  cmake --build "$BUILD" --target "${TARGETS[@]}" >&2
 else
-  cmake --build "$BUILD" --target pp_hotloop >&2
+  cmake --build --preset release --target "${TARGETS[@]}" >&2
 fi
+
+pkg_version() {
+  dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo unknown
+}
+REPORT_PEERS=(--peer "glibc=$(pkg_version libc6)")
+for p in "${PEERS[@]}"; do
+  REPORT_PEERS+=(--peer "$p=$(pkg_version "${PEER_DEB[$p]}")")
+done
+for p in jemalloc mimalloc tcmalloc; do
+  if [[ ! " ${PEERS[*]} " =~ \ $p\  ]]; then
+    REPORT_PEERS+=(--missing "$p=${PEER_DEV[$p]} not installed")
+    echo "bench/run.sh: NOTE: peer $p left out (${PEER_DEV[$p]} not" \
+      "installed)" >&2
+  fi
+done
 
 REV="$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
 if [[ "$REV" != unknown ]] &&
-  [[ -n "$(git --no-optional-locks -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
+  [[ -n "$(git --no-optional-locks -C "$ROOT" status --porcelain \
+    --untracked-files=no 2>/dev/null)" ]]; then
   REV="$REV-dirty"
 fi
 
-mkdir -p "$RESULTS"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/pinpool-bench.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
+RAW="$WORK/raw.tsv"
+: >"$RAW"
+LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
 
-# ---- Run ------------------------------------------------------------------------
-BENCHES=()
+# tcmalloc reports every allocation of 1 GiB or more on stderr by default.
+export TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=1099511627776
 
-# run_bench NAME BINARY [ARGS...]: writes $WORK/NAME.json and $WORK/NAME.md
-run_bench() {
-  local name="$1" bin="$2"
-  shift 2
-  echo "== $name: $bin $*" >&2
-  "$bin" "$@" --json "$WORK/$name.json" --markdown "$WORK/$name.md" \
-    --rev "$REV"
-  BENCHES+=("$name")
+# ---- Run ------------------------------------------------------------------------------
+# An implementation: binary:impl:mode
+impls_for() { # workload
+  local w="$1" p
+  local list=("pp_bench:pinpool:resident")
+  [[ "$w" == W1 ]] && list+=("pp_bench:pinpool-tc:resident")
+  [[ "$w" == W2 ]] && list+=("pp_bench:pinpool-cap:resident")
+  list+=("pp_bench:refpool:resident" "pp_bench:naive:resident"
+    "pp_bench:malloc:touch" "pp_bench:malloc:alloc")
+  for p in "${PEERS[@]}"; do
+    list+=("pp_bench_$p:malloc:touch" "pp_bench_$p:malloc:alloc")
+  done
+  printf '%s\n' "${list[@]}"
 }
 
-run_bench hotloop "$BUILD/bench/pp_hotloop" "${MODE_ARGS[@]}"
+reps_for() { # workload
+  if [[ -n "$REPS_OVERRIDE" ]]; then
+    echo "$REPS_OVERRIDE"
+  elif ((QUICK)); then
+    echo 3
+  else
+    case "$1" in
+      W1 | W4) echo 5 ;;
+      *) echo 3 ;;
+    esac
+  fi
+}
 
-# ---- Check and publish ------------------------------------------------------------
-PY=/usr/bin/python3
-[[ -x "$PY" ]] || PY="$(command -v python3 || true)"
+FAILED=0
+RUNS=0
+for w in $WORKLOADS; do
+  case "$w" in
+    W[1-7]) ;;
+    *)
+      echo "bench/run.sh: unknown workload '$w' (W1..W7)" >&2
+      exit 2
+      ;;
+  esac
+  mapfile -t IMPLS < <(impls_for "$w")
+  nimpl=${#IMPLS[@]}
+  reps="$(reps_for "$w")"
+  for threads in 1 2; do
+    ncases="$("$BUILD/bench/pp_bench" --list "$w" --threads "$threads" \
+      "${QUICK_ARG[@]}")"
+    [[ -n "$ncases" ]] || continue
+    t0=$SECONDS
+    for ((rep = 1; rep <= reps; rep++)); do
+      for ((c = 0; c < ncases; c++)); do
+        for ((k = 0; k < nimpl; k++)); do
+          spec="${IMPLS[$(((k + rep + c) % nimpl))]}"
+          IFS=: read -r bin impl mode <<<"$spec"
+          RUNS=$((RUNS + 1))
+          rc=0
+          us0="${EPOCHREALTIME/./}"
+          timeout 600 "$BUILD/bench/$bin" --workload "$w" --impl "$impl" \
+            --mode "$mode" --threads "$threads" --case "$c" --rep "$rep" \
+            "${QUICK_ARG[@]}" >>"$RAW" 2>"$WORK/stderr" || rc=$?
+          printf 'T\t%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\n' "$w" "$c" "$bin" \
+            "$impl" "$mode" "$threads" "$rep" \
+            "$((${EPOCHREALTIME/./} - us0))" >>"$RAW"
+          if ((rc != 0)); then
+            FAILED=1
+            why="$(tail -n 1 "$WORK/stderr" | tr '\t' ' ')"
+            printf 'F\t%s case %d, %s %s/%s, %d thread(s), rep %d: exit %d: %s\n' \
+              "$w" "$c" "$bin" "$impl" "$mode" "$threads" "$rep" "$rc" \
+              "$why" >>"$RAW"
+            echo "bench/run.sh: FAILED: $w case $c $bin $impl/$mode" \
+              "threads=$threads rep=$rep: exit $rc: $why" >&2
+          fi
+        done
+      done
+    done
+    echo "bench/run.sh: $w, $threads thread(s): $ncases case(s) ×" \
+      "$nimpl implementations × $reps reps in $((SECONDS - t0)) s" >&2
+  done
+done
+LOAD_END="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
+[[ -n "${BENCH_RAW:-}" ]] && cp "$RAW" "$BENCH_RAW"
+
+# ---- Report, charts, check ------------------------------------------------------------
+mkdir -p "$OUT" "$WORK/plots" "$WORK/png"
+CHARTS=0
+command -v gnuplot >/dev/null && CHARTS=1
+"$BUILD/bench/pp_report" --raw "$RAW" --json "$WORK/latest.json" \
+  --markdown "$WORK/latest.md" --plots "$WORK/plots" --rev "$REV" \
+  --mode "$MODE" --elapsed "$((SECONDS - START))" \
+  --load-start "$LOAD_START" --load-end "$LOAD_END" --charts "$CHARTS" \
+  "${REPORT_PEERS[@]}"
+if ((CHARTS)); then
+  if ! (cd "$WORK/plots" && gnuplot -e "outdir='$WORK/png'" plots.gp \
+    2>"$WORK/gnuplot.err"); then
+    echo "bench/run.sh: NOTE: gnuplot failed; charts not updated:" >&2
+    cat "$WORK/gnuplot.err" >&2
+    CHARTS=0
+  fi
+else
+  echo "bench/run.sh: NOTE: gnuplot not installed; charts not drawn" >&2
+fi
 
 check_json() {
-  local file="$1"
+  local file="$1" py
   [[ -s "$file" ]] || {
     echo "bench/run.sh: $file is missing or empty" >&2
     return 1
   }
-  if [[ -n "$PY" ]]; then
-    "$PY" - "$file" <<'EOF'
+  py="$(command -v python3 || true)"
+  [[ -x /usr/bin/python3 ]] && py=/usr/bin/python3
+  if [[ -n "$py" ]]; then
+    "$py" - "$file" "$WORKLOADS" <<'EOF'
 import json, sys
-path = sys.argv[1]
+path, workloads = sys.argv[1], sys.argv[2].split()
 try:
     with open(path) as f:
         doc = json.load(f)
     assert isinstance(doc, dict), "top level is not an object"
-    for key in ("git_revision", "machine", "results"):
+    for key in ("schema", "git_revision", "date", "mode", "machine", "peers",
+                "results", "unavailable", "goals"):
         assert key in doc, "no '%s'" % key
-    m = doc["machine"]
     for key in ("uname", "nproc", "cpu_model"):
-        assert key in m, "machine has no '%s'" % key
+        assert key in doc["machine"], "machine has no '%s'" % key
     res = doc["results"]
     assert isinstance(res, list) and res, "no results"
+    num = (int, float)
+    seen = set()
     for r in res:
-        for key, kind in (("workload", str), ("size", int), ("impl", str),
-                          ("threads", int), ("ns_per_pair_median", float),
-                          ("ns_per_pair_p99", float), ("iterations", int)):
-            v = r.get(key)
-            ok = isinstance(v, (int, float)) if kind is float \
-                else isinstance(v, kind)
-            assert ok, "record %r: bad '%s'" % (r, key)
-        assert r["ns_per_pair_median"] > 0 and r["iterations"] > 0, \
-            "record %r: empty measurement" % (r,)
-except Exception as e:  # report any failure as malformed
+        for key, kind in (("workload", str), ("case", str), ("impl", str),
+                          ("mode", str), ("threads", int), ("reps", int),
+                          ("ns_per_op_median", num), ("ops_per_s", num),
+                          ("metrics", dict)):
+            assert isinstance(r.get(key), kind), \
+                "record %s/%s/%s: bad '%s'" % (r.get("workload"),
+                                               r.get("impl"), r.get("case"),
+                                               key)
+        assert r["ns_per_op_median"] > 0 and r["ops_per_s"] > 0, \
+            "record %s/%s: empty measurement" % (r["workload"], r["impl"])
+        assert r["reps"] >= 1 and r["threads"] in (1, 2)
+        seen.add(r["workload"])
+    for w in workloads:
+        assert w in seen, "no results for %s" % w
+    assert "pinpool" in {r["impl"] for r in res}, "no pinpool results"
+    assert any(u.get("workload") == "W8" for u in doc["unavailable"]), \
+        "W8 is not reported as unavailable"
+    assert isinstance(doc["goals"], list) and doc["goals"], "no goals"
+    for g in doc["goals"]:
+        assert g.get("status") in ("met", "missed", "partly", "n/a"), \
+            "goal %r: bad status" % g.get("goal")
+except Exception as e:  # any failure means malformed
     sys.exit("bench/run.sh: %s is malformed: %s" % (path, e))
 EOF
   else
     # No Python: a coarse check of the shape.
     if ! { grep -q '"git_revision"' "$file" && grep -q '"machine"' "$file" &&
-      grep -q '"ns_per_pair_median"' "$file" &&
+      grep -q '"ns_per_op_median"' "$file" && grep -q '"W8"' "$file" &&
       tail -n 1 "$file" | grep -q '^}$'; }; then
       echo "bench/run.sh: $file is malformed" >&2
       return 1
@@ -125,20 +348,21 @@ EOF
   fi
 }
 
-for name in "${BENCHES[@]}"; do
-  check_json "$WORK/$name.json"
-done
-
-# One workload so far: its files are the suite's. With several, merge the
-# "results" arrays here (and concatenate the markdown sections).
-cp "$WORK/hotloop.json" "$RESULTS/latest.json.tmp"
-{
-  for name in "${BENCHES[@]}"; do
-    cat "$WORK/$name.md"
-    echo
+check_json "$WORK/latest.json"
+cp "$WORK/latest.json" "$OUT/latest.json.tmp"
+cp "$WORK/latest.md" "$OUT/latest.md.tmp"
+mv "$OUT/latest.json.tmp" "$OUT/latest.json"
+mv "$OUT/latest.md.tmp" "$OUT/latest.md"
+if ((CHARTS)); then
+  for png in "$WORK"/png/*.png; do
+    [[ -f "$png" ]] && cp "$png" "$OUT/"
   done
-} >"$RESULTS/latest.md.tmp"
-check_json "$RESULTS/latest.json.tmp"
-mv "$RESULTS/latest.json.tmp" "$RESULTS/latest.json"
-mv "$RESULTS/latest.md.tmp" "$RESULTS/latest.md"
-echo "bench/run.sh: wrote bench/results/latest.json and latest.md (rev $REV)" >&2
+fi
+check_json "$OUT/latest.json"
+echo "bench/run.sh: $MODE run: $RUNS runs in $((SECONDS - START)) s;" \
+  "wrote ${OUT#"$ROOT"/}/latest.json, latest.md$( ((CHARTS)) &&
+    echo ' and charts') (rev $REV)" >&2
+if ((FAILED)); then
+  echo "bench/run.sh: some runs failed (listed in latest.md)" >&2
+  exit 1
+fi

@@ -1,0 +1,2251 @@
+/*
+ * pp_bench — one run of one benchmark case (issue 7).
+ *
+ * The same source is built once per malloc peer: pp_bench (glibc malloc),
+ * pp_bench_jemalloc, pp_bench_mimalloc, pp_bench_tcmalloc; each links its
+ * allocator so that malloc() in the whole process is that allocator and no
+ * two peers share a process. Every binary also holds pinpool, the reference
+ * pool (refpool.c: PyTorch's policy) and the naive baseline; bench/run.sh
+ * runs those from pp_bench.
+ *
+ * One invocation measures one (workload, case, implementation, mode,
+ * thread count) once and prints one record; bench/run.sh interleaves the
+ * implementations, repeats, and pp_report takes the medians. One case per
+ * process keeps the peak RSS (VmHWM) of a case free of the others.
+ *
+ *   pp_bench --workload W1..W7 --impl NAME [--mode alloc|touch]
+ *            [--threads 1|2] [--case N] [--rep N] [--quick]
+ *   pp_bench --list W [--threads N] [--quick]   case names, one a line
+ *
+ * Implementations (--impl):
+ *   pinpool  pinpool (mlock=1; workload-specific settings in the record)
+ *   pinpool-tc  W1 only: pinpool with tcache_bytes=8GiB (every size in the
+ *            thread cache)
+ *   pinpool-cap  W2 only: pinpool with max_cached=128MiB (quick: 16MiB)
+ *   refpool  the PyTorch-policy reference pool
+ *   naive    mmap(MAP_POPULATE) + mlock per allocation, munlock + munmap
+ *            per free: the CPU analogue of cudaHostAlloc / cudaFreeHost
+ *   malloc   this binary's malloc (glibc, jemalloc, mimalloc or tcmalloc)
+ * Modes: pools and naive hand out resident (populated, locked) memory and
+ * write one byte of each block ("resident"); malloc runs "alloc" (one byte
+ * written) or "touch" (one byte written in every 4 KiB page of every block
+ * it hands out: the fair comparison, as pinned memory is resident).
+ *
+ * Output lines (tab-separated):
+ *   R <workload> <case> <impl> <mode> <threads> <rep> <config> k=v ...
+ *   N <workload> <case> <impl> <mode> <threads> <note>
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdalign.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pinpool.h"
+#include "refpool.h"
+
+#ifndef PEER_NAME
+#define PEER_NAME "glibc"
+#endif
+/* A substring of the path of the shared object malloc must come from. */
+#ifndef PEER_LIB
+#define PEER_LIB "libc.so"
+#endif
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+#define GIB ((size_t)1 << 30)
+#define PAGE ((size_t)4096)
+#define MAX_THREADS 2
+
+/* ---- Small utilities ----------------------------------------------------- */
+
+static void die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "pp_bench: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  exit(1);
+}
+
+static void die_pp(const char *call, int rc) {
+  die("%s failed: %s: %s", call, pinpool_strerror(rc), pinpool_last_error());
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void *xmalloc(size_t n) {
+  void *p = calloc(1, n ? n : 1);
+  if (p == NULL)
+    die("out of memory (%zu bytes of bookkeeping)", n);
+  return p;
+}
+
+/* splitmix64: a small deterministic generator, seeded per workload/thread. */
+typedef struct rng {
+  uint64_t s;
+} rng_t;
+
+static uint64_t rng_next(rng_t *r) {
+  uint64_t z = (r->s += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+static double rng_unit(rng_t *r) { /* [0, 1) */
+  return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static size_t rng_below(rng_t *r, size_t n) {
+  return (size_t)(rng_unit(r) * (double)n);
+}
+
+/* A log-uniform size in [lo, hi]. */
+static size_t log_uniform(rng_t *r, size_t lo, size_t hi) {
+  double l = log((double)lo), h = log((double)hi);
+  size_t s = (size_t)exp(l + (h - l) * rng_unit(r));
+  return s < lo ? lo : s > hi ? hi : s;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Samples (nanoseconds), per thread. */
+typedef struct samples {
+  uint64_t *v;
+  size_t n, cap;
+} samples_t;
+
+static void samples_init(samples_t *s, size_t cap) {
+  s->v = xmalloc((cap ? cap : 1) * sizeof *s->v);
+  s->n = 0;
+  s->cap = cap ? cap : 1;
+}
+
+static void samples_add(samples_t *s, uint64_t x) {
+  if (s->n == s->cap) {
+    size_t ncap = s->cap * 2;
+    uint64_t *nv = realloc(s->v, ncap * sizeof *nv);
+    if (nv == NULL)
+      die("out of memory (samples)");
+    s->v = nv;
+    s->cap = ncap;
+  }
+  s->v[s->n++] = x;
+}
+
+static void samples_merge(samples_t *into, const samples_t *from) {
+  for (size_t i = 0; i < from->n; i++)
+    samples_add(into, from->v[i]);
+}
+
+/* Sorts the samples; q in [0, 1]; nearest rank. */
+static double samples_quantile(samples_t *s, double q) {
+  if (s->n == 0)
+    return 0.0;
+  qsort(s->v, s->n, sizeof s->v[0], cmp_u64);
+  size_t rank = (size_t)ceil(q * (double)s->n);
+  if (rank < 1)
+    rank = 1;
+  if (rank > s->n)
+    rank = s->n;
+  return (double)s->v[rank - 1];
+}
+
+static double samples_mean(const samples_t *s) {
+  double t = 0;
+  for (size_t i = 0; i < s->n; i++)
+    t += (double)s->v[i];
+  return s->n ? t / (double)s->n : 0.0;
+}
+
+static void samples_free(samples_t *s) {
+  free(s->v);
+  s->v = NULL;
+  s->n = s->cap = 0;
+}
+
+/* ---- Process measurements: faults, RSS, CPUs ----------------------------- */
+
+static uint64_t minflt_now(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (uint64_t)ru.ru_minflt;
+}
+
+/* A "VmXXX:" field of /proc/self/status, in bytes (0 if unreadable). */
+static uint64_t proc_status_kib(const char *field) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  uint64_t v = 0;
+  size_t len = strlen(field);
+  if (f == NULL)
+    return 0;
+  while (fgets(line, sizeof line, f) != NULL) {
+    if (strncmp(line, field, len) == 0 && line[len] == ':') {
+      v = strtoull(line + len + 1, NULL, 10) * 1024u;
+      break;
+    }
+  }
+  fclose(f);
+  return v;
+}
+
+static uint64_t g_rss_base;
+static bool g_hwm_reset;
+
+/* Reset the peak RSS to the current RSS (Linux clear_refs "5"). */
+static void rss_begin(void) {
+  FILE *f = fopen("/proc/self/clear_refs", "w");
+  g_hwm_reset = false;
+  if (f != NULL) {
+    g_hwm_reset = fputs("5", f) >= 0;
+    if (fclose(f) != 0)
+      g_hwm_reset = false;
+  }
+  g_rss_base = proc_status_kib("VmRSS");
+}
+
+/* Peak RSS since rss_begin, above the RSS at rss_begin. */
+static uint64_t rss_peak_delta(void) {
+  uint64_t hwm = proc_status_kib("VmHWM");
+  return hwm > g_rss_base ? hwm - g_rss_base : 0;
+}
+
+static int g_cpus[64];
+static int g_ncpus;
+
+static void cpus_init(void) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0)
+    return;
+  for (int c = 0; c < CPU_SETSIZE && g_ncpus < 64; c++)
+    if (CPU_ISSET(c, &set))
+      g_cpus[g_ncpus++] = c;
+}
+
+/* Pin the calling thread to the idx-th CPU it may run on. */
+static void pin_self(int idx) {
+  if (g_ncpus == 0)
+    return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(g_cpus[idx % g_ncpus], &set);
+  (void)sched_setaffinity(0, sizeof set, &set);
+}
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+/* ---- Options ------------------------------------------------------------- */
+
+typedef struct options {
+  const char *workload;
+  const char *impl;
+  bool touch;
+  int threads;
+  int case_idx;
+  int rep;
+  bool quick;
+  const char *config; /* overrides the workload's pinpool config */
+} options_t;
+
+static options_t g_opt = {NULL, NULL, false, 1, 0, 1, false, NULL};
+
+/* ---- Implementations ----------------------------------------------------- */
+
+typedef enum kind { K_PINPOOL, K_REFPOOL, K_NAIVE, K_MALLOC } kind_t;
+
+typedef struct impl {
+  kind_t kind;
+  const char *name; /* as reported */
+  const char *mode; /* resident, alloc, touch */
+  bool touch;
+  char config[256];
+  pinpool_t *pool;
+  refpool_t *ref;
+  atomic_uint_fast64_t nv_reserved, nv_peak, nv_calls, nv_mlock_fail;
+} impl_t;
+
+static impl_t g_im;
+/* Per thread: a shared sink would be a data race and bounce a cache line
+ * between the threads of a 2-thread run. */
+static _Thread_local void *volatile g_sink;
+
+/* Write to the block: its first byte, or one byte per page (touch mode). */
+static inline void use_block(void *p, size_t size) {
+  unsigned char *b = p;
+  if (g_im.touch) {
+    for (size_t off = 0; off < size; off += PAGE)
+      b[off] = (unsigned char)off;
+  } else {
+    b[0] = 1;
+  }
+  g_sink = p;
+}
+
+static void *naive_alloc(size_t size) {
+  size_t len = (size + PAGE - 1) & ~(PAGE - 1);
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED)
+    die("naive: mmap(%zu) failed: %s", len, strerror(errno));
+  if (mlock(p, len) != 0)
+    atomic_fetch_add_explicit(&g_im.nv_mlock_fail, 1, memory_order_relaxed);
+  uint64_t r =
+      atomic_fetch_add_explicit(&g_im.nv_reserved, len, memory_order_relaxed) +
+      len;
+  uint64_t pk = atomic_load_explicit(&g_im.nv_peak, memory_order_relaxed);
+  while (r > pk && !atomic_compare_exchange_weak_explicit(
+                       &g_im.nv_peak, &pk, r, memory_order_relaxed,
+                       memory_order_relaxed)) {
+  }
+  atomic_fetch_add_explicit(&g_im.nv_calls, 1, memory_order_relaxed);
+  return p;
+}
+
+static void naive_free(void *p, size_t size) {
+  size_t len = (size + PAGE - 1) & ~(PAGE - 1);
+  (void)munlock(p, len);
+  if (munmap(p, len) != 0)
+    die("naive: munmap failed: %s", strerror(errno));
+  atomic_fetch_sub_explicit(&g_im.nv_reserved, len, memory_order_relaxed);
+  atomic_fetch_add_explicit(&g_im.nv_calls, 1, memory_order_relaxed);
+}
+
+/* Allocate and use a block; *ctx gets the refpool block handle. */
+static void *im_alloc(size_t size, void **ctx) {
+  void *p = NULL;
+  switch (g_im.kind) {
+  case K_PINPOOL: {
+    int rc = pinpool_alloc(g_im.pool, size, &p);
+    if (rc != PINPOOL_OK)
+      die_pp("pinpool_alloc", rc);
+    break;
+  }
+  case K_REFPOOL:
+    p = refpool_alloc(g_im.ref, size, ctx);
+    if (p == NULL)
+      die("refpool_alloc(%zu) failed", size);
+    break;
+  case K_NAIVE:
+    p = naive_alloc(size);
+    break;
+  case K_MALLOC:
+    p = malloc(size);
+    if (p == NULL)
+      die("malloc(%zu) failed", size);
+    break;
+  }
+  use_block(p, size);
+  return p;
+}
+
+static void im_free(void *p, size_t size, void *ctx) {
+  switch (g_im.kind) {
+  case K_PINPOOL: {
+    int rc = pinpool_free(g_im.pool, p);
+    if (rc != PINPOOL_OK)
+      die_pp("pinpool_free", rc);
+    break;
+  }
+  case K_REFPOOL:
+    refpool_free(g_im.ref, ctx);
+    break;
+  case K_NAIVE:
+    naive_free(p, size);
+    break;
+  case K_MALLOC:
+    free(p);
+    break;
+  }
+}
+
+/* Counters of the implementation itself (pools and naive). */
+typedef struct im_counters {
+  bool known;
+  uint64_t backend_calls;
+  uint64_t reserved_peak;
+  uint64_t reserved_now;
+  uint64_t requested_peak; /* pinpool only (its own exact tracking) */
+  uint64_t mlock_failures;
+} im_counters_t;
+
+static void im_get_counters(im_counters_t *c) {
+  memset(c, 0, sizeof *c);
+  switch (g_im.kind) {
+  case K_PINPOOL: {
+    pinpool_stats_t s;
+    int rc = pinpool_get_stats(g_im.pool, &s);
+    if (rc != PINPOOL_OK)
+      die_pp("pinpool_get_stats", rc);
+    c->known = true;
+    c->backend_calls = s.backend_alloc.count + s.backend_free.count;
+    c->reserved_peak = s.reserved_bytes.peak;
+    c->reserved_now = s.reserved_bytes.current;
+    c->requested_peak = s.requested_bytes.peak;
+    c->mlock_failures = s.mlock_failures;
+    break;
+  }
+  case K_REFPOOL: {
+    refpool_stats_t s;
+    refpool_get_stats(g_im.ref, &s);
+    c->known = true;
+    c->backend_calls = s.backend_allocs + s.backend_frees;
+    c->reserved_peak = s.reserved_peak;
+    c->reserved_now = s.reserved_bytes;
+    c->mlock_failures = s.mlock_failures;
+    break;
+  }
+  case K_NAIVE:
+    c->known = true;
+    c->backend_calls = atomic_load(&g_im.nv_calls);
+    c->reserved_peak = atomic_load(&g_im.nv_peak);
+    c->reserved_now = atomic_load(&g_im.nv_reserved);
+    c->mlock_failures = atomic_load(&g_im.nv_mlock_fail);
+    break;
+  case K_MALLOC:
+    break;
+  }
+}
+
+/* ---- Simulated streams (W4) ------------------------------------------------
+ * Every implementation sees the same device model: pinpool's simulated
+ * streams (events=simulated), one worker thread per stream running queued
+ * "copies" in order. pinpool uses its own pool's streams and its event
+ * provider; the others use a second pinpool pool only as a stream clock,
+ * and learn completion from a counter the copy's callback increments. */
+
+typedef struct wstream {
+  pinpool_stream_t id;
+  uint64_t copy_ns;
+  uint64_t submitted; /* producer thread only */
+  alignas(64) atomic_uint_fast64_t completed;
+} wstream_t;
+
+#define W4_STREAMS_PER_THREAD 2
+static wstream_t g_streams[MAX_THREADS * W4_STREAMS_PER_THREAD + 1];
+static pinpool_t *g_clock; /* the stream clock for non-pinpool impls */
+
+static pinpool_t *stream_pool(void) {
+  return g_im.kind == K_PINPOOL ? g_im.pool : g_clock;
+}
+
+/* refpool's events are simulated-stream items too, recorded the way
+ * pinpool's simulated provider records them (a zero-length item queued on
+ * the stream, complete when the stream's worker reaches it), so that both
+ * pools pay the same per-event cost. */
+static atomic_uchar *g_ref_events; /* done flags, one per event */
+static atomic_uint_fast64_t g_ref_next;
+static uint64_t g_ref_cap;
+
+static void ref_event_done(void *arg) {
+  atomic_store_explicit((atomic_uchar *)arg, 1, memory_order_release);
+}
+
+static int ref_record(void *ctx, uintptr_t stream, refpool_event_t *ev) {
+  (void)ctx;
+  uint64_t i = atomic_fetch_add_explicit(&g_ref_next, 1, memory_order_relaxed);
+  if (i >= g_ref_cap)
+    die("refpool: more events than planned");
+  atomic_init(&g_ref_events[i], 0);
+  int rc = pinpool_sim_submit(g_clock, (pinpool_stream_t)stream, 0,
+                              ref_event_done, &g_ref_events[i]);
+  if (rc != PINPOOL_OK)
+    die_pp("pinpool_sim_submit(event)", rc);
+  ev->stream = stream;
+  ev->ticket = i;
+  return 0;
+}
+
+static int ref_query(void *ctx, const refpool_event_t *ev) {
+  (void)ctx;
+  return atomic_load_explicit(&g_ref_events[ev->ticket],
+                              memory_order_acquire) != 0;
+}
+
+/* ---- Setup --------------------------------------------------------------- */
+
+/* variant: NULL, or the name of a pinpool variant and its extra config. */
+static void im_setup(const char *pool_config, const char *variant,
+                     const char *variant_config) {
+  memset(&g_im, 0, sizeof g_im);
+  const char *impl = g_opt.impl;
+  bool var = variant != NULL && strcmp(impl, variant) == 0;
+  if (strcmp(impl, "pinpool") == 0 || var) {
+    g_im.kind = K_PINPOOL;
+    g_im.name = var ? variant : "pinpool";
+    g_im.mode = "resident";
+    snprintf(g_im.config, sizeof g_im.config, "%s%s", pool_config,
+             var ? variant_config : "");
+    int rc = pinpool_create(g_im.config, &g_im.pool);
+    if (rc != PINPOOL_OK)
+      die_pp("pinpool_create", rc);
+  } else if (strcmp(impl, "refpool") == 0) {
+    static const refpool_events_t ev = {ref_record, ref_query, NULL};
+    g_im.kind = K_REFPOOL;
+    g_im.name = "refpool";
+    g_im.mode = "resident";
+    snprintf(g_im.config, sizeof g_im.config,
+             "pow2, no split, global event FIFO");
+    if (refpool_create(&ev, &g_im.ref) != 0)
+      die("refpool_create failed");
+  } else if (strcmp(impl, "naive") == 0) {
+    g_im.kind = K_NAIVE;
+    g_im.name = "naive";
+    g_im.mode = "resident";
+    snprintf(g_im.config, sizeof g_im.config,
+             "mmap+MAP_POPULATE+mlock / munlock+munmap per block");
+  } else if (strcmp(impl, "malloc") == 0) {
+    g_im.kind = K_MALLOC;
+    g_im.name = PEER_NAME;
+    g_im.touch = g_opt.touch;
+    g_im.mode = g_opt.touch ? "touch" : "alloc";
+    snprintf(g_im.config, sizeof g_im.config, "%s malloc/free, defaults",
+             PEER_NAME);
+  } else {
+    die("unknown --impl '%s'", impl);
+  }
+}
+
+static void im_teardown(void) {
+  if (g_im.kind == K_PINPOOL) {
+    pinpool_destroy(g_im.pool);
+    g_im.pool = NULL;
+  } else if (g_im.kind == K_REFPOOL) {
+    refpool_destroy(g_im.ref);
+    g_im.ref = NULL;
+  }
+}
+
+/* Check that malloc really is this binary's peer (not glibc by accident).
+ * Sanitizer builds replace malloc themselves: nothing to check. */
+static void check_peer(void) {
+#ifdef PP_BENCH_SANITIZED
+  return;
+#endif
+  Dl_info info;
+  void *(*fn)(size_t) = malloc;
+  if (dladdr((void *)(uintptr_t)fn, &info) == 0 || info.dli_fname == NULL)
+    return; /* cannot tell */
+  if (strstr(info.dli_fname, PEER_LIB) == NULL)
+    die("malloc comes from %s, expected %s (%s)", info.dli_fname, PEER_LIB,
+        PEER_NAME);
+}
+
+/* ---- Requested bytes, tracked by the harness for every implementation ---- */
+
+typedef struct tcount {
+  alignas(64) atomic_uint_fast64_t allocated;
+  atomic_uint_fast64_t freed;
+  uint64_t peak_seen; /* owner only */
+  unsigned tick;      /* owner only */
+} tcount_t;
+
+static tcount_t g_req[MAX_THREADS];
+static int g_req_n = 1;
+
+static void req_reset(int nthreads) {
+  for (int i = 0; i < MAX_THREADS; i++) {
+    atomic_store(&g_req[i].allocated, 0);
+    atomic_store(&g_req[i].freed, 0);
+    g_req[i].peak_seen = 0;
+    g_req[i].tick = 0;
+  }
+  g_req_n = nthreads;
+}
+
+static uint64_t req_live(void) {
+  uint64_t a = 0, f = 0;
+  for (int i = 0; i < g_req_n; i++) {
+    a += atomic_load_explicit(&g_req[i].allocated, memory_order_relaxed);
+    f += atomic_load_explicit(&g_req[i].freed, memory_order_relaxed);
+  }
+  return a - f;
+}
+
+/* Thread t allocated `size` bytes. The live total is sampled on every
+ * allocation with one thread, every 8th with two (reading the other
+ * thread's counters costs a cache miss). */
+static void req_alloc(int t, size_t size) {
+  tcount_t *c = &g_req[t];
+  atomic_store_explicit(
+      &c->allocated,
+      atomic_load_explicit(&c->allocated, memory_order_relaxed) + size,
+      memory_order_relaxed);
+  if (g_req_n == 1 || (++c->tick & 7) == 0) {
+    uint64_t live = req_live();
+    if (live > c->peak_seen)
+      c->peak_seen = live;
+  }
+}
+
+static void req_free(int t, size_t size) {
+  tcount_t *c = &g_req[t];
+  atomic_store_explicit(
+      &c->freed, atomic_load_explicit(&c->freed, memory_order_relaxed) + size,
+      memory_order_relaxed);
+}
+
+static uint64_t req_peak(void) {
+  uint64_t pk = 0;
+  for (int i = 0; i < g_req_n; i++)
+    if (g_req[i].peak_seen > pk)
+      pk = g_req[i].peak_seen;
+  return pk;
+}
+
+/* ---- Records ------------------------------------------------------------- */
+
+typedef struct rec {
+  char workload[8];
+  char kase[96];
+  char text[4096];
+  size_t len;
+} rec_t;
+
+static rec_t g_rec;
+
+static void rec_begin(const char *workload, const char *kase) {
+  memset(&g_rec, 0, sizeof g_rec);
+  snprintf(g_rec.workload, sizeof g_rec.workload, "%s", workload);
+  snprintf(g_rec.kase, sizeof g_rec.kase, "%s", kase);
+}
+
+static void rec_num(const char *key, double v) {
+  if (!isfinite(v))
+    return;
+  if (g_rec.len + 64 + strlen(key) >= sizeof g_rec.text)
+    return;
+  g_rec.len +=
+      (size_t)snprintf(g_rec.text + g_rec.len, sizeof g_rec.text - g_rec.len,
+                       "\t%s=%.9g", key, v);
+}
+
+static void note(const char *fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  for (char *c = buf; *c; c++)
+    if (*c == '\t' || *c == '\n')
+      *c = ' ';
+  printf("N\t%s\t%s\t%s\t%s\t%d\t%s\n", g_rec.workload, g_rec.kase, g_im.name,
+         g_im.mode, g_opt.threads, buf);
+}
+
+static void rec_end(void) {
+  printf("R\t%s\t%s\t%s\t%s\t%d\t%d\t%s%s\n", g_rec.workload, g_rec.kase,
+         g_im.name, g_im.mode, g_opt.threads, g_opt.rep, g_im.config,
+         g_rec.text);
+  fflush(stdout);
+}
+
+/* Metrics every workload reports. ns: per-operation samples (sorted here).
+ * ops over wall_ns; faults over the measured phase; memory over the case. */
+typedef struct common {
+  samples_t *ns;
+  uint64_t ops;
+  uint64_t wall_ns;
+  uint64_t minflt;
+  uint64_t backend_calls; /* measured phase */
+  bool backend_known;
+} common_t;
+
+static void rec_common(const common_t *c) {
+  im_counters_t ic;
+  im_get_counters(&ic);
+  rec_num("ns_med", samples_quantile(c->ns, 0.5));
+  rec_num("ns_p99", samples_quantile(c->ns, 0.99));
+  rec_num("ns_mean", samples_mean(c->ns));
+  rec_num("ops", (double)c->ops);
+  rec_num("ops_per_s",
+          c->wall_ns ? (double)c->ops * 1e9 / (double)c->wall_ns : 0.0);
+  rec_num("minflt_per_op", c->ops ? (double)c->minflt / (double)c->ops : 0.0);
+  if (c->backend_known)
+    rec_num("backend_calls", (double)c->backend_calls);
+  if (ic.known)
+    rec_num("backend_calls_total", (double)ic.backend_calls);
+
+  uint64_t req = req_peak();
+  uint64_t rss = rss_peak_delta();
+  if (g_im.kind == K_PINPOOL && ic.requested_peak > 0)
+    req = ic.requested_peak; /* the pool's own exact tracking */
+  rec_num("requested_peak_mib", (double)req / (double)MIB);
+  if (g_hwm_reset)
+    rec_num("rss_peak_mib", (double)rss / (double)MIB);
+  if (ic.known) {
+    rec_num("reserved_peak_mib", (double)ic.reserved_peak / (double)MIB);
+    if (req > 0)
+      rec_num("overhead", (double)ic.reserved_peak / (double)req);
+    if (ic.mlock_failures > 0)
+      note("%llu mlock failures (RLIMIT_MEMLOCK?): memory not locked",
+           (unsigned long long)ic.mlock_failures);
+  } else if (req > 0 && g_hwm_reset) {
+    rec_num("overhead", (double)rss / (double)req);
+  }
+  if (req > 0 && g_hwm_reset)
+    rec_num("rss_overhead", (double)rss / (double)req);
+}
+
+/* ---- Threads ------------------------------------------------------------- */
+
+static pthread_barrier_t g_barrier;
+
+typedef struct worker {
+  int idx;
+  pthread_t th;
+  void *(*fn)(struct worker *);
+  void *arg;
+  samples_t ns;
+  samples_t ns2;
+  uint64_t ops;
+  uint64_t t_start, t_end;
+  double extra[12];
+} worker_t;
+
+static void *worker_main(void *arg) {
+  worker_t *w = arg;
+  if (g_opt.threads > 1)
+    pin_self(w->idx);
+  return w->fn(w);
+}
+
+/* Run fn on n threads (pinned to distinct CPUs when n > 1); the workers
+ * meet at g_barrier (count n + 1: the caller waits there too). */
+static void run_workers(worker_t *ws, int n, void *(*fn)(worker_t *),
+                        void *arg) {
+  pthread_barrier_init(&g_barrier, NULL, (unsigned)n + 1);
+  for (int i = 0; i < n; i++) {
+    ws[i].idx = i;
+    ws[i].fn = fn;
+    ws[i].arg = arg;
+    if (pthread_create(&ws[i].th, NULL, worker_main, &ws[i]) != 0)
+      die("pthread_create failed");
+  }
+}
+
+static void join_workers(worker_t *ws, int n) {
+  for (int i = 0; i < n; i++)
+    pthread_join(ws[i].th, NULL);
+  pthread_barrier_destroy(&g_barrier);
+}
+
+/* Wall time from the earliest start to the latest end. */
+static uint64_t workers_wall(const worker_t *ws, int n) {
+  uint64_t s = UINT64_MAX, e = 0;
+  for (int i = 0; i < n; i++) {
+    if (ws[i].t_start < s)
+      s = ws[i].t_start;
+    if (ws[i].t_end > e)
+      e = ws[i].t_end;
+  }
+  return e > s ? e - s : 1;
+}
+
+static const char *size_str(size_t size, char *buf, size_t len) {
+  if (size >= GIB && size % GIB == 0)
+    snprintf(buf, len, "%zuGiB", size / GIB);
+  else if (size >= MIB && size % MIB == 0)
+    snprintf(buf, len, "%zuMiB", size / MIB);
+  else if (size >= MIB)
+    snprintf(buf, len, "%.1fMiB", (double)size / (double)MIB);
+  else if (size >= KIB && size % KIB == 0)
+    snprintf(buf, len, "%zuKiB", size / KIB);
+  else
+    snprintf(buf, len, "%zuB", size);
+  return buf;
+}
+
+/* ==== W1: hot reuse =========================================================
+ * Each thread allocates and frees one size in a loop. Pairs are timed in
+ * groups of k (a group lasts >= 4 us, so the clock's cost is amortized;
+ * k = 1 for slow pairs); ns_med is the median of the groups' ns per pair,
+ * ns_p99 their 99th percentile. */
+
+static const size_t w1_sizes[] = {4 * KIB, 64 * KIB, 1 * MIB, 64 * MIB,
+                                  1 * GIB};
+
+static int w1_ncases(void) {
+  if (g_opt.threads > 1)
+    return g_opt.quick ? 3 : 4; /* quick: up to 1 MiB; full: up to 64 MiB */
+  return g_opt.quick ? 4 : 5;   /* 1 GiB in full runs only */
+}
+
+static void w1_pairs(size_t size, uint64_t n) {
+  switch (g_im.kind) {
+  case K_PINPOOL:
+    for (uint64_t i = 0; i < n; i++) {
+      void *p;
+      int rc = pinpool_alloc(g_im.pool, size, &p);
+      if (rc != PINPOOL_OK)
+        die_pp("pinpool_alloc", rc);
+      *(volatile unsigned char *)p = (unsigned char)i;
+      g_sink = p;
+      rc = pinpool_free(g_im.pool, p);
+      if (rc != PINPOOL_OK)
+        die_pp("pinpool_free", rc);
+    }
+    break;
+  case K_REFPOOL:
+    for (uint64_t i = 0; i < n; i++) {
+      void *ctx = NULL;
+      void *p = refpool_alloc(g_im.ref, size, &ctx);
+      if (p == NULL)
+        die("refpool_alloc failed");
+      *(volatile unsigned char *)p = (unsigned char)i;
+      g_sink = p;
+      refpool_free(g_im.ref, ctx);
+    }
+    break;
+  case K_NAIVE:
+    for (uint64_t i = 0; i < n; i++) {
+      void *p = naive_alloc(size);
+      *(volatile unsigned char *)p = (unsigned char)i;
+      g_sink = p;
+      naive_free(p, size);
+    }
+    break;
+  case K_MALLOC:
+    for (uint64_t i = 0; i < n; i++) {
+      unsigned char *p = malloc(size);
+      if (p == NULL)
+        die("malloc(%zu) failed", size);
+      if (g_im.touch) {
+        for (size_t off = 0; off < size; off += PAGE)
+          ((volatile unsigned char *)p)[off] = (unsigned char)i;
+      } else {
+        *(volatile unsigned char *)p = (unsigned char)i;
+      }
+      g_sink = p;
+      free(p);
+    }
+    break;
+  }
+}
+
+typedef struct w1_arg {
+  size_t size;
+  double budget_ns;
+} w1_arg_t;
+
+static void *w1_thread(worker_t *w) {
+  const w1_arg_t *a = w->arg;
+  uint64_t n = 1, t = 0;
+  /* Warm-up (the pool's first miss), then calibrate for ~2 ms, unless the
+   * warm-up pair alone took longer than 20 ms (1 GiB without a cache):
+   * then a second pair is the estimate. */
+  uint64_t tw = now_ns();
+  w1_pairs(a->size, 1);
+  tw = now_ns() - tw;
+  for (;;) {
+    uint64_t t0 = now_ns();
+    w1_pairs(a->size, n);
+    t = now_ns() - t0;
+    if (t >= 2000000 || n >= ((uint64_t)1 << 24) || tw > 20000000)
+      break;
+    n *= 4;
+  }
+  double est = (double)t / (double)n;
+  if (est < 0.5)
+    est = 0.5;
+  uint64_t per_rep = (uint64_t)(a->budget_ns / est);
+  uint64_t min_pairs = est > 200e6 ? 1 : est > 20e6 ? 2 : 5;
+  if (per_rep < min_pairs)
+    per_rep = min_pairs;
+  if (per_rep > ((uint64_t)1 << 26))
+    per_rep = (uint64_t)1 << 26;
+  uint64_t group = est >= 4000.0 ? 1 : (uint64_t)(4000.0 / est) + 1;
+  if (group > per_rep)
+    group = per_rep;
+  uint64_t groups = per_rep / group;
+  samples_init(&w->ns, groups);
+  pthread_barrier_wait(&g_barrier);
+  w->t_start = now_ns();
+  for (uint64_t g = 0; g < groups; g++) {
+    uint64_t t0 = now_ns();
+    w1_pairs(a->size, group);
+    samples_add(&w->ns, (now_ns() - t0 + group / 2) / group);
+  }
+  w->t_end = now_ns();
+  w->ops = groups * group;
+  w->extra[0] = (double)group;
+  return NULL;
+}
+
+static void w1_run(int ci) {
+  worker_t ws[MAX_THREADS];
+  char sz[32];
+  w1_arg_t a = {w1_sizes[ci], g_opt.quick ? 10e6 : 60e6};
+  memset(ws, 0, sizeof ws);
+  size_str(a.size, sz, sizeof sz);
+  rec_begin("W1", sz);
+  req_reset(g_opt.threads);
+  rss_begin();
+  run_workers(ws, g_opt.threads, w1_thread, &a);
+  pthread_barrier_wait(&g_barrier);
+  im_counters_t c0;
+  im_get_counters(&c0);
+  uint64_t f0 = minflt_now();
+  join_workers(ws, g_opt.threads);
+  uint64_t f1 = minflt_now();
+  im_counters_t c1;
+  im_get_counters(&c1);
+
+  samples_t all;
+  samples_init(&all, 1024);
+  uint64_t ops = 0;
+  for (int i = 0; i < g_opt.threads; i++) {
+    samples_merge(&all, &ws[i].ns);
+    ops += ws[i].ops;
+  }
+  for (int i = 0; i < g_opt.threads; i++)
+    g_req[i].peak_seen = a.size * (uint64_t)g_opt.threads;
+  common_t c = {&all,
+                ops,
+                workers_wall(ws, g_opt.threads),
+                f1 - f0,
+                c1.backend_calls - c0.backend_calls,
+                c0.known};
+  rec_common(&c);
+  rec_num("size", (double)a.size);
+  rec_num("pairs_per_sample", ws[0].extra[0]);
+  if (g_im.kind == K_PINPOOL) {
+    pinpool_stats_t s;
+    pinpool_get_stats(g_im.pool, &s);
+    uint64_t allocs = s.cache_hits + s.cache_misses;
+    rec_num("tcache_hit_pct",
+            allocs ? 100.0 * (double)s.tcache_hits / (double)allocs : 0.0);
+  }
+  rec_end();
+  samples_free(&all);
+  for (int i = 0; i < g_opt.threads; i++)
+    samples_free(&ws[i].ns);
+}
+
+/* ==== Measured phases ========================================================
+ * A measured phase lasts at least min_ops operations and at least min_ns
+ * (so that fast implementations are timed long enough for a preemption not
+ * to dominate), and at most max_ops operations. */
+
+typedef struct span {
+  uint64_t min_ops, max_ops, min_ns;
+} span_t;
+
+static bool span_done(const span_t *s, uint64_t done, uint64_t elapsed_ns) {
+  return done >= s->max_ops || (done >= s->min_ops && elapsed_ns >= s->min_ns);
+}
+
+static uint64_t min_phase_ns(void) {
+  return g_opt.quick ? 10000000u : 200000000u;
+}
+
+typedef struct lblock {
+  void *p;
+  void *ctx;
+  size_t size;
+} lblock_t;
+
+/* ==== W2: log-uniform sizes, live set capped =================================
+ * Each thread keeps a live set under cap / threads bytes (full: 1 GiB in
+ * all, sizes 4 KiB - 64 MiB; quick: 64 MiB, 4 KiB - 16 MiB): per operation
+ * it draws a log-uniform size, frees random live blocks until the new one
+ * fits, and allocates it. An operation (frees + allocation + use) is timed
+ * after a warm-up. */
+
+typedef struct w2_arg {
+  size_t cap;
+  size_t lo, hi;
+  uint64_t warm;
+  span_t span;
+} w2_arg_t;
+
+static void *w2_thread(worker_t *w) {
+  const w2_arg_t *a = w->arg;
+  size_t maxlive = a->cap / a->lo + 1;
+  lblock_t *live = xmalloc(maxlive * sizeof *live);
+  size_t nlive = 0, bytes = 0;
+  rng_t r = {0x5eed0002u + (uint64_t)w->idx * 7919u};
+  uint64_t i, t1 = 0;
+  samples_init(&w->ns, a->span.min_ops * 2);
+  pthread_barrier_wait(&g_barrier); /* start */
+  for (i = 0;; i++) {
+    if (i == a->warm) {
+      pthread_barrier_wait(&g_barrier); /* warm-up done */
+      pthread_barrier_wait(&g_barrier); /* counters taken */
+      w->t_start = t1 = now_ns();
+    }
+    if (i >= a->warm && span_done(&a->span, i - a->warm, t1 - w->t_start))
+      break;
+    size_t s = log_uniform(&r, a->lo, a->hi);
+    uint64_t t0 = now_ns();
+    while (bytes + s > a->cap && nlive > 0) {
+      size_t k = rng_below(&r, nlive);
+      im_free(live[k].p, live[k].size, live[k].ctx);
+      req_free(w->idx, live[k].size);
+      bytes -= live[k].size;
+      live[k] = live[--nlive];
+    }
+    void *ctx = NULL;
+    void *p = im_alloc(s, &ctx);
+    t1 = now_ns();
+    req_alloc(w->idx, s);
+    live[nlive++] = (lblock_t){p, ctx, s};
+    bytes += s;
+    if (i >= a->warm)
+      samples_add(&w->ns, t1 - t0);
+  }
+  w->t_end = t1;
+  w->ops = i - a->warm;
+  pthread_barrier_wait(&g_barrier); /* measured phase done */
+  for (size_t k = 0; k < nlive; k++)
+    im_free(live[k].p, live[k].size, live[k].ctx);
+  free(live);
+  return NULL;
+}
+
+static void w2_run(int ci) {
+  (void)ci;
+  worker_t ws[MAX_THREADS];
+  w2_arg_t a;
+  memset(ws, 0, sizeof ws);
+  a.cap = (g_opt.quick ? 64 * MIB : 1 * GIB) / (size_t)g_opt.threads;
+  a.lo = 4 * KIB;
+  a.hi = g_opt.quick ? 16 * MIB : 64 * MIB;
+  /* Operation counts are per thread: the totals do not grow with threads. */
+  a.warm = (g_opt.quick ? 30u : 150u) / (unsigned)g_opt.threads;
+  a.span = (span_t){(g_opt.quick ? 60u : 300u) / (unsigned)g_opt.threads,
+                    200000, min_phase_ns()};
+  rec_begin("W2",
+            g_opt.quick ? "4KiB-16MiB live<=64MiB" : "4KiB-64MiB live<=1GiB");
+  req_reset(g_opt.threads);
+  rss_begin();
+  run_workers(ws, g_opt.threads, w2_thread, &a);
+  pthread_barrier_wait(&g_barrier); /* start */
+  pthread_barrier_wait(&g_barrier); /* warm-up done */
+  im_counters_t c0;
+  im_get_counters(&c0);
+  uint64_t f0 = minflt_now();
+  pthread_barrier_wait(&g_barrier); /* go */
+  pthread_barrier_wait(&g_barrier); /* measured phase done */
+  uint64_t f1 = minflt_now();
+  im_counters_t c1;
+  im_get_counters(&c1);
+  join_workers(ws, g_opt.threads);
+
+  samples_t all;
+  samples_init(&all, 1024);
+  uint64_t ops = 0;
+  for (int i = 0; i < g_opt.threads; i++) {
+    samples_merge(&all, &ws[i].ns);
+    ops += ws[i].ops;
+    samples_free(&ws[i].ns);
+  }
+  common_t c = {&all,
+                ops,
+                workers_wall(ws, g_opt.threads),
+                f1 - f0,
+                c1.backend_calls - c0.backend_calls,
+                c0.known};
+  rec_common(&c);
+  rec_num("live_cap_mib", (double)(a.cap * (size_t)g_opt.threads) / MIB);
+  rec_end();
+  samples_free(&all);
+}
+
+/* ==== W3: data-loader batches ================================================
+ * The producer allocates a batch (uint8 256x3x224x224 at depth 2 and 4, fp32
+ * at depth 2; quick: uint8 256x3x112x112) and, in touch mode, writes every
+ * page, and queues it; the
+ * consumer takes the oldest and frees it; at most `depth` batches are
+ * queued. One thread: both roles in turn. Two threads: producer and
+ * consumer on their own CPUs (cross-thread frees). The producer decides
+ * when the measured phase ends; the consumer drains the queue. */
+
+typedef struct w3_arg {
+  size_t size;
+  unsigned depth;
+  uint64_t warm;
+  span_t span;
+  lblock_t ring[8];                      /* SPSC ring (two threads) */
+  alignas(64) atomic_uint_fast64_t head; /* consumer */
+  alignas(64) atomic_uint_fast64_t tail; /* producer */
+  atomic_bool done;
+} w3_arg_t;
+
+static void *w3_single(worker_t *w) {
+  w3_arg_t *a = w->arg;
+  lblock_t q[8];
+  unsigned qh = 0, qn = 0;
+  uint64_t i, t1 = 0;
+  samples_init(&w->ns, a->span.min_ops * 2);
+  samples_init(&w->ns2, a->span.min_ops * 2);
+  pthread_barrier_wait(&g_barrier);
+  for (i = 0;; i++) {
+    if (i == a->warm) {
+      pthread_barrier_wait(&g_barrier);
+      pthread_barrier_wait(&g_barrier);
+      w->t_start = t1 = now_ns();
+    }
+    if (i >= a->warm && span_done(&a->span, i - a->warm, t1 - w->t_start))
+      break;
+    if (qn == a->depth) {
+      uint64_t t0 = now_ns();
+      im_free(q[qh].p, q[qh].size, q[qh].ctx);
+      uint64_t tf = now_ns();
+      req_free(0, q[qh].size);
+      if (i >= a->warm)
+        samples_add(&w->ns2, tf - t0);
+      qh = (qh + 1) % 8;
+      qn--;
+    }
+    void *ctx = NULL;
+    uint64_t t0 = now_ns();
+    void *p = im_alloc(a->size, &ctx);
+    t1 = now_ns();
+    req_alloc(0, a->size);
+    if (i >= a->warm)
+      samples_add(&w->ns, t1 - t0);
+    q[(qh + qn) % 8] = (lblock_t){p, ctx, a->size};
+    qn++;
+  }
+  w->t_end = now_ns();
+  w->ops = i - a->warm;
+  pthread_barrier_wait(&g_barrier);
+  while (qn > 0) {
+    im_free(q[qh].p, q[qh].size, q[qh].ctx);
+    qh = (qh + 1) % 8;
+    qn--;
+  }
+  return NULL;
+}
+
+static void w3_producer(worker_t *w, w3_arg_t *a) {
+  uint64_t i, t1 = 0;
+  for (i = 0;; i++) {
+    if (i == a->warm) {
+      pthread_barrier_wait(&g_barrier);
+      pthread_barrier_wait(&g_barrier);
+      w->t_start = t1 = now_ns();
+    }
+    if (i >= a->warm && span_done(&a->span, i - a->warm, t1 - w->t_start))
+      break;
+    void *ctx = NULL;
+    uint64_t t0 = now_ns();
+    void *p = im_alloc(a->size, &ctx);
+    t1 = now_ns();
+    req_alloc(0, a->size);
+    if (i >= a->warm)
+      samples_add(&w->ns, t1 - t0);
+    uint64_t tail = atomic_load_explicit(&a->tail, memory_order_relaxed);
+    while (tail - atomic_load_explicit(&a->head, memory_order_acquire) >=
+           a->depth)
+      cpu_relax();
+    a->ring[tail % 8] = (lblock_t){p, ctx, a->size};
+    atomic_store_explicit(&a->tail, tail + 1, memory_order_release);
+  }
+  atomic_store_explicit(&a->done, true, memory_order_release);
+  while (atomic_load_explicit(&a->head, memory_order_acquire) !=
+         atomic_load_explicit(&a->tail, memory_order_relaxed))
+    cpu_relax();
+  w->t_end = now_ns();
+  w->ops = i - a->warm;
+}
+
+static void w3_consumer(worker_t *w, w3_arg_t *a) {
+  uint64_t consumed = 0;
+  bool warmed = false;
+  for (;;) {
+    if (consumed == a->warm && !warmed) {
+      warmed = true;
+      pthread_barrier_wait(&g_barrier);
+      pthread_barrier_wait(&g_barrier);
+      w->t_start = now_ns();
+    }
+    uint64_t head = atomic_load_explicit(&a->head, memory_order_relaxed);
+    if (atomic_load_explicit(&a->tail, memory_order_acquire) == head) {
+      if (atomic_load_explicit(&a->done, memory_order_acquire) &&
+          atomic_load_explicit(&a->tail, memory_order_acquire) == head)
+        break;
+      cpu_relax();
+      continue;
+    }
+    lblock_t b = a->ring[head % 8];
+    uint64_t t0 = now_ns();
+    im_free(b.p, b.size, b.ctx);
+    uint64_t t1 = now_ns();
+    req_free(1, b.size);
+    if (consumed >= a->warm)
+      samples_add(&w->ns2, t1 - t0);
+    consumed++;
+    atomic_store_explicit(&a->head, head + 1, memory_order_release);
+  }
+  w->t_end = now_ns();
+}
+
+static void *w3_pair(worker_t *w) {
+  w3_arg_t *a = w->arg;
+  samples_init(&w->ns, a->span.min_ops * 2);
+  samples_init(&w->ns2, a->span.min_ops * 2);
+  pthread_barrier_wait(&g_barrier);
+  if (w->idx == 0)
+    w3_producer(w, a);
+  else
+    w3_consumer(w, a);
+  pthread_barrier_wait(&g_barrier);
+  return NULL;
+}
+
+typedef struct w3_case {
+  size_t size;
+  unsigned depth;
+} w3_case_t;
+
+static const w3_case_t w3_full[] = {
+    {38535168, 2}, {38535168, 4}, {154140672, 2}};
+static const w3_case_t w3_quick[] = {{9633792, 2}, {9633792, 4}};
+
+static int w3_ncases(void) { return g_opt.quick ? 2 : 3; }
+
+static void w3_run(int ci) {
+  worker_t ws[MAX_THREADS];
+  static w3_arg_t a;
+  char name[96], sz[32];
+  const w3_case_t *wc = g_opt.quick ? &w3_quick[ci] : &w3_full[ci];
+  memset(ws, 0, sizeof ws);
+  memset(&a, 0, sizeof a);
+  a.size = wc->size;
+  a.depth = wc->depth;
+  a.warm = 3 * a.depth + 4; /* every block in flight allocated once */
+  a.span = (span_t){g_opt.quick ? 6 : (a.size > 64 * MIB ? 8 : 20), 1000000,
+                    min_phase_ns()};
+  atomic_init(&a.head, 0);
+  atomic_init(&a.tail, 0);
+  atomic_init(&a.done, false);
+  snprintf(name, sizeof name, "%s batch, depth %u",
+           size_str(a.size, sz, sizeof sz), a.depth);
+  rec_begin("W3", name);
+  req_reset(g_opt.threads);
+  rss_begin();
+  run_workers(ws, g_opt.threads, g_opt.threads > 1 ? w3_pair : w3_single, &a);
+  pthread_barrier_wait(&g_barrier);
+  pthread_barrier_wait(&g_barrier);
+  im_counters_t c0;
+  im_get_counters(&c0);
+  uint64_t f0 = minflt_now();
+  pthread_barrier_wait(&g_barrier);
+  pthread_barrier_wait(&g_barrier);
+  uint64_t f1 = minflt_now();
+  im_counters_t c1;
+  im_get_counters(&c1);
+  join_workers(ws, g_opt.threads);
+
+  samples_t alloc_ns, free_ns;
+  samples_init(&alloc_ns, 64);
+  samples_init(&free_ns, 64);
+  for (int i = 0; i < g_opt.threads; i++) {
+    samples_merge(&alloc_ns, &ws[i].ns);
+    samples_merge(&free_ns, &ws[i].ns2);
+    samples_free(&ws[i].ns);
+    samples_free(&ws[i].ns2);
+  }
+  common_t c = {&alloc_ns,
+                ws[0].ops,
+                workers_wall(ws, g_opt.threads),
+                f1 - f0,
+                c1.backend_calls - c0.backend_calls,
+                c0.known};
+  rec_common(&c);
+  rec_num("free_ns_med", samples_quantile(&free_ns, 0.5));
+  rec_num("free_ns_p99", samples_quantile(&free_ns, 0.99));
+  rec_num("batch_mib", (double)a.size / MIB);
+  rec_num("depth", a.depth);
+  rec_end();
+  samples_free(&alloc_ns);
+  samples_free(&free_ns);
+}
+
+/* ==== W4: stream-ordered frees ===============================================
+ * Each thread stages 1 MiB blocks through two simulated streams: a fast one
+ * (each copy 50 us) and a slow one (2 ms). Per block: allocate, use, queue
+ * a copy on a stream, free it at once (stream-ordered): pinpool records the
+ * stream (pinpool_record_stream, events=simulated); refpool records its
+ * event (an item on the same simulated stream, as pinpool's provider does)
+ * on its global FIFO; malloc peers and naive go through a shim that keeps
+ * the block on a per-stream queue and frees it when the stream's completion
+ * counter passes the copy. At most 4 copies are in flight per stream (the
+ * producer prefers the streams in turn and waits when both are full).
+ * Timed per op: the shim's drain + allocation + use, and record + free (or
+ * the shim's queueing); not the copy's submission nor the waits.
+ *
+ * Reuse lag: when an allocation returns an address whose last copy
+ * completed at time T, lag = now - T, attributed to that copy's stream.
+ * An address handed out before its copy completed is an early reuse (a
+ * correctness failure; must be 0). "need" = bytes allocated and not yet
+ * freed or whose copy has not completed; overhead = reserved (RSS for
+ * malloc) peak / need peak. */
+
+#define W4_DEPTH 4
+#define W4_SIZE (1 * MIB)
+
+typedef struct w4_op {
+  void *p;
+  int stream;      /* index in g_streams */
+  uint64_t t_free; /* when the producer's free returned */
+  atomic_uint_fast64_t t_done;
+} w4_op_t;
+
+typedef struct w4_copy {
+  w4_op_t *op;
+  wstream_t *st;
+} w4_copy_t;
+
+typedef struct shim_item {
+  void *p;
+  uint64_t ticket;
+  const atomic_uint_fast64_t *t_done; /* of the block's copy */
+} shim_item_t;
+
+typedef struct w4_arg {
+  uint64_t ops; /* per thread */
+} w4_arg_t;
+
+static atomic_uint_fast64_t g_w4_allocs, g_w4_done;
+
+static void w4_copy_done(void *arg) {
+  w4_copy_t *c = arg;
+  atomic_store_explicit(&c->op->t_done, now_ns(), memory_order_relaxed);
+  atomic_fetch_add_explicit(&g_w4_done, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&c->st->completed, 1, memory_order_release);
+}
+
+/* Address -> index of the op that last used it (open addressing). */
+typedef struct addrmap {
+  uintptr_t *key;
+  uint64_t *val;
+  size_t cap;
+} addrmap_t;
+
+static size_t addr_hash(uintptr_t a, size_t cap) {
+  uint64_t x = (uint64_t)a * 0x9e3779b97f4a7c15ULL;
+  return (size_t)(x >> 17) & (cap - 1);
+}
+
+static void addrmap_put(addrmap_t *m, uintptr_t a, uint64_t v) {
+  size_t i = addr_hash(a, m->cap);
+  while (m->key[i] != 0 && m->key[i] != a)
+    i = (i + 1) & (m->cap - 1);
+  m->key[i] = a;
+  m->val[i] = v;
+}
+
+static bool addrmap_get(const addrmap_t *m, uintptr_t a, uint64_t *v) {
+  size_t i = addr_hash(a, m->cap);
+  while (m->key[i] != 0) {
+    if (m->key[i] == a) {
+      *v = m->val[i];
+      return true;
+    }
+    i = (i + 1) & (m->cap - 1);
+  }
+  return false;
+}
+
+typedef struct shimq {
+  shim_item_t *v;
+  size_t head, n, cap;
+  uint64_t reclaimed, reclaim_ns; /* copy done -> handed back to malloc */
+} shimq_t;
+
+static void shim_push(shimq_t *q, shim_item_t it) {
+  if (q->n == q->cap) {
+    size_t ncap = q->cap ? q->cap * 2 : 64;
+    shim_item_t *nv = xmalloc(ncap * sizeof *nv);
+    for (size_t i = 0; i < q->n; i++)
+      nv[i] = q->v[(q->head + i) % q->cap];
+    free(q->v);
+    q->v = nv;
+    q->cap = ncap;
+    q->head = 0;
+  }
+  q->v[(q->head + q->n) % q->cap] = it;
+  q->n++;
+}
+
+/* Free (to malloc / naive) every queued block whose copy completed. */
+static void shim_drain(shimq_t *q, wstream_t *st, bool count) {
+  uint64_t done = atomic_load_explicit(&st->completed, memory_order_acquire);
+  uint64_t now = count && q->n > 0 ? now_ns() : 0;
+  while (q->n > 0 && q->v[q->head].ticket <= done) {
+    if (count) {
+      uint64_t td =
+          atomic_load_explicit(q->v[q->head].t_done, memory_order_relaxed);
+      q->reclaimed++;
+      q->reclaim_ns += now > td ? now - td : 0;
+    }
+    im_free(q->v[q->head].p, W4_SIZE, NULL);
+    q->head = (q->head + 1) % q->cap;
+    q->n--;
+  }
+}
+
+static void *w4_thread(worker_t *w) {
+  const w4_arg_t *a = w->arg;
+  int s0 = 1 + w->idx * W4_STREAMS_PER_THREAD; /* fast; s0 + 1 is slow */
+  w4_op_t *ops = xmalloc(a->ops * sizeof *ops);
+  w4_copy_t *copies = xmalloc(a->ops * sizeof *copies);
+  addrmap_t map;
+  shimq_t shq[W4_STREAMS_PER_THREAD];
+  samples_t lag[W4_STREAMS_PER_THREAD];
+  uint64_t early = 0, need_peak = 0, waits = 0;
+  bool shim = g_im.kind == K_MALLOC || g_im.kind == K_NAIVE;
+  memset(shq, 0, sizeof shq);
+  map.cap = 1;
+  while (map.cap < a->ops * 4)
+    map.cap <<= 1;
+  map.key = xmalloc(map.cap * sizeof *map.key);
+  map.val = xmalloc(map.cap * sizeof *map.val);
+  for (int k = 0; k < W4_STREAMS_PER_THREAD; k++)
+    samples_init(&lag[k], a->ops);
+  samples_init(&w->ns, a->ops);
+  pthread_barrier_wait(&g_barrier);
+  w->t_start = now_ns();
+  for (uint64_t i = 0; i < a->ops; i++) {
+    /* Pick a stream with room: alternate, fall back to the other. */
+    int pick = -1;
+    for (;;) {
+      for (int k = 0; k < W4_STREAMS_PER_THREAD && pick < 0; k++) {
+        int s = s0 + (int)((i + (uint64_t)k) % W4_STREAMS_PER_THREAD);
+        wstream_t *st = &g_streams[s];
+        if (st->submitted -
+                atomic_load_explicit(&st->completed, memory_order_acquire) <
+            W4_DEPTH)
+          pick = s;
+      }
+      if (pick >= 0)
+        break;
+      waits++;
+      sched_yield();
+    }
+    wstream_t *st = &g_streams[pick];
+    uint64_t t0 = now_ns();
+    if (shim)
+      for (int k = 0; k < W4_STREAMS_PER_THREAD; k++)
+        shim_drain(&shq[k], &g_streams[s0 + k], true);
+    void *ctx = NULL;
+    void *p = im_alloc(W4_SIZE, &ctx);
+    uint64_t ta = now_ns();
+    atomic_fetch_add_explicit(&g_w4_allocs, 1, memory_order_relaxed);
+    uint64_t need = (atomic_load_explicit(&g_w4_allocs, memory_order_relaxed) -
+                     atomic_load_explicit(&g_w4_done, memory_order_relaxed)) *
+                    W4_SIZE;
+    if (need > need_peak)
+      need_peak = need;
+    uint64_t prev;
+    if (addrmap_get(&map, (uintptr_t)p, &prev)) {
+      uint64_t td =
+          atomic_load_explicit(&ops[prev].t_done, memory_order_relaxed);
+      if (td == 0)
+        early++;
+      else
+        samples_add(&lag[ops[prev].stream - s0], ta > td ? ta - td : 0);
+    }
+    ops[i].p = p;
+    ops[i].stream = pick;
+    atomic_init(&ops[i].t_done, 0);
+    addrmap_put(&map, (uintptr_t)p, i);
+    copies[i] = (w4_copy_t){&ops[i], st};
+    int rc = pinpool_sim_submit(stream_pool(), st->id, st->copy_ns,
+                                w4_copy_done, &copies[i]);
+    if (rc != PINPOOL_OK)
+      die_pp("pinpool_sim_submit", rc);
+    st->submitted++;
+    uint64_t t1 = now_ns();
+    switch (g_im.kind) {
+    case K_PINPOOL:
+      rc = pinpool_record_stream(g_im.pool, p, st->id);
+      if (rc != PINPOOL_OK)
+        die_pp("pinpool_record_stream", rc);
+      rc = pinpool_free(g_im.pool, p);
+      if (rc != PINPOOL_OK)
+        die_pp("pinpool_free", rc);
+      break;
+    case K_REFPOOL:
+      if (refpool_record_stream(g_im.ref, p, ctx, (uintptr_t)pick) != 0)
+        die("refpool_record_stream failed");
+      refpool_free(g_im.ref, ctx);
+      break;
+    case K_NAIVE:
+    case K_MALLOC:
+      shim_push(&shq[pick - s0],
+                (shim_item_t){p, st->submitted, &ops[i].t_done});
+      break;
+    }
+    uint64_t t2 = now_ns();
+    ops[i].t_free = t2;
+    samples_add(&w->ns, (ta - t0) + (t2 - t1));
+  }
+  w->t_end = now_ns();
+  w->ops = a->ops;
+  /* Wait for every copy, then hand the shims' blocks back. */
+  for (int k = 0; k < W4_STREAMS_PER_THREAD; k++) {
+    wstream_t *st = &g_streams[s0 + k];
+    while (atomic_load_explicit(&st->completed, memory_order_acquire) <
+           st->submitted)
+      sched_yield();
+    if (shim)
+      shim_drain(&shq[k], st, false);
+  }
+  /* Copy latency: from the free to the copy's completion, on average over
+   * the copies that completed while the producer ran (the blocks a pool
+   * could have reclaimed). */
+  double lat = 0, nlat = 0;
+  for (uint64_t i = 0; i < a->ops; i++) {
+    uint64_t td = atomic_load_explicit(&ops[i].t_done, memory_order_relaxed);
+    if (td > w->t_end)
+      continue;
+    lat += td > ops[i].t_free ? (double)(td - ops[i].t_free) : 0.0;
+    nlat++;
+  }
+  w->extra[8] = lat;
+  w->extra[9] = nlat;
+  w->extra[10] = 0;
+  w->extra[11] = 0;
+  for (int k = 0; k < W4_STREAMS_PER_THREAD; k++) {
+    w->extra[10] += (double)shq[k].reclaimed;
+    w->extra[11] += (double)shq[k].reclaim_ns;
+    free(shq[k].v);
+  }
+  w->extra[0] = (double)early;
+  w->extra[1] = (double)need_peak;
+  w->extra[2] = (double)waits;
+  w->extra[3] = samples_quantile(&lag[0], 0.5);
+  w->extra[4] = samples_quantile(&lag[0], 0.99);
+  w->extra[5] = samples_quantile(&lag[1], 0.5);
+  w->extra[6] = (double)lag[0].n;
+  w->extra[7] = (double)lag[1].n;
+  for (int k = 0; k < W4_STREAMS_PER_THREAD; k++)
+    samples_free(&lag[k]);
+  free(map.key);
+  free(map.val);
+  free(copies);
+  free(ops);
+  return NULL;
+}
+
+static void w4_run(int ci) {
+  (void)ci;
+  worker_t ws[MAX_THREADS];
+  w4_arg_t a = {g_opt.quick ? 400 : 2000};
+  memset(ws, 0, sizeof ws);
+  rec_begin("W4", "1MiB blocks, fast 50us + slow 2ms streams, 4 in flight");
+  atomic_init(&g_w4_allocs, 0);
+  atomic_init(&g_w4_done, 0);
+  if (g_im.kind != K_PINPOOL) {
+    int rc = pinpool_create("events=simulated,sim_delay_us=0", &g_clock);
+    if (rc != PINPOOL_OK)
+      die_pp("pinpool_create(clock)", rc);
+  }
+  if (g_im.kind == K_REFPOOL) {
+    g_ref_cap = a.ops * (uint64_t)g_opt.threads + 16;
+    g_ref_events = xmalloc(g_ref_cap * sizeof *g_ref_events);
+    atomic_init(&g_ref_next, 0);
+  }
+  /* Start every stream's worker from this (unpinned) thread. */
+  for (int i = 1; i <= g_opt.threads * W4_STREAMS_PER_THREAD; i++) {
+    g_streams[i].id = (pinpool_stream_t)i;
+    g_streams[i].copy_ns = (i % 2) ? 50000 : 2000000;
+    g_streams[i].submitted = 0;
+    atomic_init(&g_streams[i].completed, 0);
+    int rc = pinpool_sim_submit(stream_pool(), g_streams[i].id, 0, NULL, NULL);
+    if (rc != PINPOOL_OK)
+      die_pp("pinpool_sim_submit", rc);
+  }
+  req_reset(g_opt.threads);
+  rss_begin();
+  im_counters_t c0;
+  im_get_counters(&c0);
+  uint64_t f0 = minflt_now();
+  run_workers(ws, g_opt.threads, w4_thread, &a);
+  pthread_barrier_wait(&g_barrier);
+  join_workers(ws, g_opt.threads);
+  uint64_t f1 = minflt_now();
+  im_counters_t c1;
+  im_get_counters(&c1);
+
+  samples_t all;
+  samples_init(&all, 1024);
+  uint64_t ops = 0;
+  double early = 0, need = 0, waits = 0, lf = 0, lf99 = 0, ls = 0, nf = 0,
+         ns = 0, lat = 0, nlat = 0, shim_n = 0, shim_ns = 0;
+  for (int i = 0; i < g_opt.threads; i++) {
+    samples_merge(&all, &ws[i].ns);
+    samples_free(&ws[i].ns);
+    ops += ws[i].ops;
+    early += ws[i].extra[0];
+    if (ws[i].extra[1] > need) /* global counts: the threads' max */
+      need = ws[i].extra[1];
+    waits += ws[i].extra[2];
+    lf += ws[i].extra[3] / g_opt.threads;
+    lf99 += ws[i].extra[4] / g_opt.threads;
+    ls += ws[i].extra[5] / g_opt.threads;
+    nf += ws[i].extra[6];
+    ns += ws[i].extra[7];
+    lat += ws[i].extra[8];
+    nlat += ws[i].extra[9];
+    shim_n += ws[i].extra[10];
+    shim_ns += ws[i].extra[11];
+  }
+  /* Reclaim lag: from a block's copy completing to the block being
+   * reusable, on average. Pools: (mean free -> cached, from their
+   * statistics) - (mean free -> copy done); the shim: measured per block. */
+  double rec_n = 0, rec_ns = 0;
+  if (g_im.kind == K_PINPOOL) {
+    pinpool_stats_t st;
+    int rc = pinpool_get_stats(g_im.pool, &st);
+    if (rc != PINPOOL_OK)
+      die_pp("pinpool_get_stats", rc);
+    rec_n = (double)st.reclaim.count;
+    rec_ns = (double)st.reclaim.total_ns;
+  } else if (g_im.kind == K_REFPOOL) {
+    refpool_stats_t st;
+    refpool_get_stats(g_im.ref, &st);
+    rec_n = (double)st.reclaim_count;
+    rec_ns = (double)st.reclaim_total_ns;
+  } else {
+    rec_n = shim_n;
+    rec_ns = shim_ns;
+  }
+  if (rec_n > 0 && nlat > 0) {
+    double l =
+        rec_ns / rec_n - (c0.known && g_im.kind != K_NAIVE ? lat / nlat : 0.0);
+    rec_num("reclaim_lag_us", (l > 0 ? l : 0) / 1e3);
+    rec_num("copy_latency_us", lat / nlat / 1e3);
+  }
+  if (need > 0) /* the harness's requested peak: live + in flight */
+    g_req[0].peak_seen = (uint64_t)need;
+  common_t c = {&all,
+                ops,
+                workers_wall(ws, g_opt.threads),
+                f1 - f0,
+                c1.backend_calls - c0.backend_calls,
+                c0.known};
+  /* For pinpool, "overhead" is reserved over need too (not over its own
+   * requested peak, which excludes the pending blocks). */
+  rec_num("need_peak_mib", need / MIB);
+  if (g_im.kind == K_PINPOOL) {
+    im_counters_t ic;
+    im_get_counters(&ic);
+    rec_num("reserved_over_need", (double)ic.reserved_peak / need);
+  } else if (c0.known) {
+    rec_num("reserved_over_need", (double)c1.reserved_peak / need);
+  } else if (g_hwm_reset) {
+    rec_num("reserved_over_need", (double)rss_peak_delta() / need);
+  }
+  rec_common(&c);
+  rec_num("lag_fast_us_med", lf / 1e3);
+  rec_num("lag_fast_us_p99", lf99 / 1e3);
+  rec_num("lag_slow_us_med", ls / 1e3);
+  rec_num("reuses_fast", nf);
+  rec_num("reuses_slow", ns);
+  rec_num("early_reuse", early);
+  rec_num("producer_waits", waits);
+  if (early > 0)
+    note("%.0f blocks handed out before their copy completed", early);
+  if (g_im.kind == K_NAIVE)
+    note("naive: reuse lag measures address reuse by mmap, not caching");
+  rec_end();
+  samples_free(&all);
+  if (g_clock != NULL) { /* joins the stream workers: every event ran */
+    pinpool_destroy(g_clock);
+    g_clock = NULL;
+  }
+}
+
+/* ==== W5: producer / consumer (cross-thread frees) ===========================
+ * xmalloc-test style: the producer allocates log-uniform 4 KiB - 4 MiB
+ * blocks in batches of 64 and hands each batch to the consumer, which frees
+ * it (at most 4 batches queued). One thread: allocate 64, free 64. */
+
+#define W5_BATCH 64
+#define W5_QUEUE 4
+
+typedef struct w5_arg {
+  uint64_t warm; /* batches */
+  span_t span;   /* blocks */
+  lblock_t q[W5_QUEUE][W5_BATCH];
+  alignas(64) atomic_uint_fast64_t head; /* batches consumed */
+  alignas(64) atomic_uint_fast64_t tail; /* batches produced */
+  atomic_bool done;
+  uint64_t rss_mid, rss_end;
+} w5_arg_t;
+
+static void w5_wait_drained(w5_arg_t *a) {
+  while (atomic_load_explicit(&a->head, memory_order_acquire) !=
+         atomic_load_explicit(&a->tail, memory_order_relaxed))
+    cpu_relax();
+}
+
+static void *w5_producer(worker_t *w) {
+  w5_arg_t *a = w->arg;
+  rng_t r = {0x5eed0005u};
+  lblock_t local[W5_BATCH];
+  bool single = g_opt.threads == 1;
+  uint64_t b, t1 = 0;
+  samples_init(&w->ns, a->span.min_ops * 2);
+  samples_init(&w->ns2, a->span.min_ops / W5_BATCH + 1);
+  pthread_barrier_wait(&g_barrier);
+  for (b = 0;; b++) {
+    if (b == a->warm) {
+      if (!single)
+        w5_wait_drained(a);
+      pthread_barrier_wait(&g_barrier);
+      pthread_barrier_wait(&g_barrier);
+      w->t_start = t1 = now_ns();
+    }
+    if (b >= a->warm &&
+        span_done(&a->span, (b - a->warm) * W5_BATCH, t1 - w->t_start))
+      break;
+    if (a->rss_mid == 0 && b >= a->warm + a->span.min_ops / W5_BATCH / 4)
+      a->rss_mid = proc_status_kib("VmRSS");
+    lblock_t *dst = local;
+    if (!single) {
+      uint64_t tail = atomic_load_explicit(&a->tail, memory_order_relaxed);
+      while (tail - atomic_load_explicit(&a->head, memory_order_acquire) >=
+             W5_QUEUE)
+        cpu_relax();
+      dst = a->q[tail % W5_QUEUE];
+    }
+    for (unsigned k = 0; k < W5_BATCH; k++) {
+      size_t s = log_uniform(&r, 4 * KIB, 4 * MIB);
+      void *ctx = NULL;
+      uint64_t t0 = now_ns();
+      void *p = im_alloc(s, &ctx);
+      t1 = now_ns();
+      req_alloc(0, s);
+      if (b >= a->warm)
+        samples_add(&w->ns, t1 - t0);
+      dst[k] = (lblock_t){p, ctx, s};
+    }
+    if (single) {
+      uint64_t t0 = now_ns();
+      for (unsigned k = 0; k < W5_BATCH; k++)
+        im_free(local[k].p, local[k].size, local[k].ctx);
+      t1 = now_ns();
+      for (unsigned k = 0; k < W5_BATCH; k++)
+        req_free(0, local[k].size);
+      if (b >= a->warm)
+        samples_add(&w->ns2, (t1 - t0) / W5_BATCH);
+    } else {
+      atomic_store_explicit(
+          &a->tail, atomic_load_explicit(&a->tail, memory_order_relaxed) + 1,
+          memory_order_release);
+    }
+  }
+  if (!single) {
+    atomic_store_explicit(&a->done, true, memory_order_release);
+    w5_wait_drained(a);
+  }
+  w->t_end = now_ns();
+  a->rss_end = proc_status_kib("VmRSS");
+  w->ops = (b - a->warm) * W5_BATCH;
+  pthread_barrier_wait(&g_barrier);
+  return NULL;
+}
+
+static void *w5_consumer(worker_t *w) {
+  w5_arg_t *a = w->arg;
+  uint64_t consumed = 0;
+  bool warmed = false;
+  samples_init(&w->ns2, a->span.min_ops / W5_BATCH + 1);
+  pthread_barrier_wait(&g_barrier);
+  for (;;) {
+    if (consumed == a->warm && !warmed) {
+      warmed = true;
+      pthread_barrier_wait(&g_barrier);
+      pthread_barrier_wait(&g_barrier);
+      w->t_start = now_ns();
+    }
+    uint64_t head = atomic_load_explicit(&a->head, memory_order_relaxed);
+    if (atomic_load_explicit(&a->tail, memory_order_acquire) == head) {
+      if (atomic_load_explicit(&a->done, memory_order_acquire) &&
+          atomic_load_explicit(&a->tail, memory_order_acquire) == head)
+        break;
+      cpu_relax();
+      continue;
+    }
+    lblock_t *src = a->q[head % W5_QUEUE];
+    uint64_t t0 = now_ns();
+    for (unsigned k = 0; k < W5_BATCH; k++) {
+      im_free(src[k].p, src[k].size, src[k].ctx);
+      req_free(1, src[k].size); /* a relaxed store: keeps "live" exact */
+    }
+    uint64_t t1 = now_ns();
+    if (consumed >= a->warm)
+      samples_add(&w->ns2, (t1 - t0) / W5_BATCH);
+    consumed++;
+    atomic_store_explicit(&a->head, head + 1, memory_order_release);
+  }
+  w->t_end = now_ns();
+  pthread_barrier_wait(&g_barrier);
+  return NULL;
+}
+
+static void *w5_thread(worker_t *w) {
+  return w->idx == 0 ? w5_producer(w) : w5_consumer(w);
+}
+
+static void w5_run(int ci) {
+  (void)ci;
+  worker_t ws[MAX_THREADS];
+  static w5_arg_t a;
+  memset(ws, 0, sizeof ws);
+  memset(&a, 0, sizeof a);
+  a.warm = g_opt.quick ? 2 : 10;
+  a.span = (span_t){(g_opt.quick ? 6 : 60) * W5_BATCH, 4000000, min_phase_ns()};
+  atomic_init(&a.head, 0);
+  atomic_init(&a.tail, 0);
+  atomic_init(&a.done, false);
+  rec_begin("W5", "4KiB-4MiB log-uniform, batches of 64");
+  req_reset(g_opt.threads);
+  rss_begin();
+  run_workers(ws, g_opt.threads, w5_thread, &a);
+  pthread_barrier_wait(&g_barrier);
+  pthread_barrier_wait(&g_barrier);
+  im_counters_t c0;
+  im_get_counters(&c0);
+  uint64_t f0 = minflt_now();
+  pthread_barrier_wait(&g_barrier);
+  pthread_barrier_wait(&g_barrier);
+  uint64_t f1 = minflt_now();
+  im_counters_t c1;
+  im_get_counters(&c1);
+  join_workers(ws, g_opt.threads);
+
+  samples_t alloc_ns, free_ns;
+  samples_init(&alloc_ns, 1024);
+  samples_init(&free_ns, 64);
+  for (int i = 0; i < g_opt.threads; i++) {
+    samples_merge(&alloc_ns, &ws[i].ns);
+    samples_merge(&free_ns, &ws[i].ns2);
+    samples_free(&ws[i].ns);
+    samples_free(&ws[i].ns2);
+  }
+  common_t c = {&alloc_ns,
+                ws[0].ops,
+                workers_wall(ws, g_opt.threads),
+                f1 - f0,
+                c1.backend_calls - c0.backend_calls,
+                c0.known};
+  rec_common(&c);
+  rec_num("free_ns_med", samples_quantile(&free_ns, 0.5));
+  if (a.rss_mid > 0)
+    rec_num("rss_growth_mib",
+            ((double)a.rss_end - (double)a.rss_mid) / (double)MIB);
+  rec_end();
+  samples_free(&alloc_ns);
+  samples_free(&free_ns);
+}
+
+/* ==== W6: backend churn ======================================================
+ * Large blocks (256 MiB - 1 GiB; quick: 16 - 64 MiB) in a cycle, two live
+ * at a time; pinpool's cache is capped below the working set
+ * (max_cached=512MiB; quick: 32MiB), so most requests reach the backend.
+ * Reported: ms per GiB to acquire (allocate + use) and to release. */
+
+static void w6_run(int ci) {
+  (void)ci;
+  static const size_t full_sizes[] = {256 * MIB, 512 * MIB, 768 * MIB,
+                                      1024 * MIB};
+  static const size_t quick_sizes[] = {16 * MIB, 32 * MIB, 48 * MIB, 64 * MIB};
+  const size_t *sizes = g_opt.quick ? quick_sizes : full_sizes;
+  unsigned nops = 4;
+  lblock_t live[2];
+  unsigned nlive = 0;
+  samples_t acq, rel;
+  double acq_ns = 0, rel_ns = 0, gib_acq = 0, gib_rel = 0;
+  samples_init(&acq, nops);
+  samples_init(&rel, nops);
+  rec_begin("W6", g_opt.quick ? "16-64MiB cycle, 2 live, cap 32MiB"
+                              : "256MiB-1GiB cycle, 2 live, cap 512MiB");
+  req_reset(1);
+  rss_begin();
+  im_counters_t c0;
+  im_get_counters(&c0);
+  uint64_t f0 = minflt_now();
+  uint64_t w0 = now_ns();
+  for (unsigned i = 0; i < nops; i++) {
+    size_t s = sizes[i % 4];
+    void *ctx = NULL;
+    uint64_t t0 = now_ns();
+    void *p = im_alloc(s, &ctx);
+    uint64_t t1 = now_ns();
+    req_alloc(0, s);
+    samples_add(&acq, t1 - t0);
+    acq_ns += (double)(t1 - t0);
+    gib_acq += (double)s / (double)GIB;
+    if (nlive == 2) {
+      uint64_t t2 = now_ns();
+      im_free(live[0].p, live[0].size, live[0].ctx);
+      uint64_t t3 = now_ns();
+      req_free(0, live[0].size);
+      samples_add(&rel, t3 - t2);
+      rel_ns += (double)(t3 - t2);
+      gib_rel += (double)live[0].size / (double)GIB;
+      live[0] = live[1];
+      nlive = 1;
+    }
+    live[nlive++] = (lblock_t){p, ctx, s};
+  }
+  uint64_t w1 = now_ns();
+  uint64_t f1 = minflt_now();
+  im_counters_t c1;
+  im_get_counters(&c1);
+  common_t c = {
+      &acq,    nops, w1 - w0, f1 - f0, c1.backend_calls - c0.backend_calls,
+      c0.known};
+  rec_common(&c);
+  rec_num("acquire_ms_per_gib", gib_acq > 0 ? acq_ns / 1e6 / gib_acq : 0);
+  rec_num("release_ms_per_gib", gib_rel > 0 ? rel_ns / 1e6 / gib_rel : 0);
+  rec_num("gib_per_s", gib_acq / ((double)(w1 - w0) / 1e9));
+  rec_end();
+  for (unsigned k = 0; k < nlive; k++)
+    im_free(live[k].p, live[k].size, live[k].ctx);
+  samples_free(&acq);
+  samples_free(&rel);
+}
+
+/* ==== W7: KV-cache offload ===================================================
+ * Fixed-size 2 MiB pages allocated in bursts (uniform between 1/16 and 1/4
+ * of the capacity), least recently used pages freed to stay under the live
+ * cap (1 GiB; quick 64 MiB; split between threads); after each burst a
+ * random tenth of the live pages is accessed (moved to most recently used).
+ * Timed per page: the LRU free it needs + allocation + use. */
+
+typedef struct w7_arg {
+  size_t page;
+  size_t cap;
+  uint64_t warm;
+  span_t span;
+} w7_arg_t;
+
+typedef struct lru_node {
+  void *p;
+  void *ctx;
+  uint32_t prev, next;
+} lru_node_t;
+
+#define LRU_NIL UINT32_MAX
+
+typedef struct lru {
+  lru_node_t *n;
+  uint32_t head, tail; /* head = most recent */
+  uint32_t *free_slots;
+  uint32_t nfree;
+  uint32_t *live; /* slot ids of live pages (for random access) */
+  uint32_t *pos;  /* slot -> index in live */
+  uint32_t nlive;
+} lru_t;
+
+static void lru_unlink(lru_t *l, uint32_t s) {
+  lru_node_t *x = &l->n[s];
+  if (x->prev != LRU_NIL)
+    l->n[x->prev].next = x->next;
+  else
+    l->head = x->next;
+  if (x->next != LRU_NIL)
+    l->n[x->next].prev = x->prev;
+  else
+    l->tail = x->prev;
+}
+
+static void lru_push_front(lru_t *l, uint32_t s) {
+  l->n[s].prev = LRU_NIL;
+  l->n[s].next = l->head;
+  if (l->head != LRU_NIL)
+    l->n[l->head].prev = s;
+  l->head = s;
+  if (l->tail == LRU_NIL)
+    l->tail = s;
+}
+
+static void *w7_thread(worker_t *w) {
+  const w7_arg_t *a = w->arg;
+  uint32_t cap = (uint32_t)(a->cap / a->page);
+  lru_t l;
+  rng_t r = {0x5eed0007u + (uint64_t)w->idx * 104729u};
+  uint64_t i, t1 = 0, burst_left = 0;
+  bool first = true;
+  l.n = xmalloc(cap * sizeof *l.n);
+  l.free_slots = xmalloc(cap * sizeof *l.free_slots);
+  l.live = xmalloc(cap * sizeof *l.live);
+  l.pos = xmalloc(cap * sizeof *l.pos);
+  l.head = l.tail = LRU_NIL;
+  l.nfree = cap;
+  l.nlive = 0;
+  for (uint32_t k = 0; k < cap; k++)
+    l.free_slots[k] = cap - 1 - k;
+  samples_init(&w->ns, a->span.min_ops * 2);
+  pthread_barrier_wait(&g_barrier);
+  for (i = 0;; i++) {
+    if (i == a->warm) {
+      pthread_barrier_wait(&g_barrier);
+      pthread_barrier_wait(&g_barrier);
+      w->t_start = t1 = now_ns();
+    }
+    if (i >= a->warm && span_done(&a->span, i - a->warm, t1 - w->t_start))
+      break;
+    if (burst_left == 0) {
+      if (!first) { /* attention reads between bursts */
+        for (uint32_t k = 0; k < l.nlive / 10; k++) {
+          uint32_t s = l.live[rng_below(&r, l.nlive)];
+          lru_unlink(&l, s);
+          lru_push_front(&l, s);
+        }
+      }
+      first = false;
+      burst_left = cap / 16 + rng_below(&r, cap / 4 - cap / 16 + 1);
+      if (burst_left < 1)
+        burst_left = 1;
+    }
+    burst_left--;
+    uint64_t t0 = now_ns();
+    if (l.nfree == 0) { /* evict the least recently used page */
+      uint32_t s = l.tail;
+      lru_unlink(&l, s);
+      im_free(l.n[s].p, a->page, l.n[s].ctx);
+      req_free(w->idx, a->page);
+      uint32_t at = l.pos[s];
+      l.live[at] = l.live[--l.nlive];
+      l.pos[l.live[at]] = at;
+      l.free_slots[l.nfree++] = s;
+    }
+    void *ctx = NULL;
+    void *p = im_alloc(a->page, &ctx);
+    t1 = now_ns();
+    req_alloc(w->idx, a->page);
+    uint32_t s = l.free_slots[--l.nfree];
+    l.n[s].p = p;
+    l.n[s].ctx = ctx;
+    lru_push_front(&l, s);
+    l.pos[s] = l.nlive;
+    l.live[l.nlive++] = s;
+    if (i >= a->warm)
+      samples_add(&w->ns, t1 - t0);
+  }
+  w->t_end = t1;
+  w->ops = i - a->warm;
+  pthread_barrier_wait(&g_barrier);
+  for (uint32_t s = l.head; s != LRU_NIL; s = l.n[s].next)
+    im_free(l.n[s].p, a->page, l.n[s].ctx);
+  free(l.n);
+  free(l.free_slots);
+  free(l.live);
+  free(l.pos);
+  return NULL;
+}
+
+static void w7_run(int ci) {
+  worker_t ws[MAX_THREADS];
+  w7_arg_t a;
+  char name[96], sz[32];
+  (void)ci;
+  memset(ws, 0, sizeof ws);
+  a.page = 2 * MIB;
+  a.cap = (g_opt.quick ? 64 * MIB : 1 * GIB) / (size_t)g_opt.threads;
+  a.warm = a.cap / a.page;
+  a.span = (span_t){a.cap / a.page, 10000000, min_phase_ns()};
+  snprintf(name, sizeof name, "%s pages, live<=%s",
+           size_str(a.page, sz, sizeof sz), g_opt.quick ? "64MiB" : "1GiB");
+  rec_begin("W7", name);
+  req_reset(g_opt.threads);
+  rss_begin();
+  run_workers(ws, g_opt.threads, w7_thread, &a);
+  pthread_barrier_wait(&g_barrier);
+  pthread_barrier_wait(&g_barrier);
+  im_counters_t c0;
+  im_get_counters(&c0);
+  uint64_t f0 = minflt_now();
+  pthread_barrier_wait(&g_barrier);
+  pthread_barrier_wait(&g_barrier);
+  uint64_t f1 = minflt_now();
+  im_counters_t c1;
+  im_get_counters(&c1);
+  join_workers(ws, g_opt.threads);
+  samples_t all;
+  samples_init(&all, 1024);
+  uint64_t ops = 0;
+  for (int i = 0; i < g_opt.threads; i++) {
+    samples_merge(&all, &ws[i].ns);
+    samples_free(&ws[i].ns);
+    ops += ws[i].ops;
+  }
+  common_t c = {&all,
+                ops,
+                workers_wall(ws, g_opt.threads),
+                f1 - f0,
+                c1.backend_calls - c0.backend_calls,
+                c0.known};
+  rec_common(&c);
+  if (c1.known)
+    rec_num("reserved_end_mib", (double)c1.reserved_now / MIB);
+  rec_num("page_kib", (double)a.page / KIB);
+  rec_end();
+  samples_free(&all);
+}
+
+/* ==== Dispatch ============================================================ */
+
+typedef struct workload {
+  const char *name;
+  const char *pool_config;
+  const char *variant; /* a pinpool variant measured too, or NULL */
+  const char *variant_config;
+  int (*ncases)(void);
+  void (*run)(int ci);
+  int max_threads;
+} workload_t;
+
+static int one_case(void) { return 1; }
+
+static const workload_t g_workloads[] = {
+    {"W1", "mlock=1", "pinpool-tc", ",tcache_bytes=8GiB", w1_ncases, w1_run, 2},
+    {"W2", "mlock=1", "pinpool-cap", ",max_cached=128MiB", one_case, w2_run, 2},
+    {"W3", "mlock=1", NULL, NULL, w3_ncases, w3_run, 2},
+    {"W4", "mlock=1,events=simulated,sim_delay_us=0", NULL, NULL, one_case,
+     w4_run, 2},
+    {"W5", "mlock=1", NULL, NULL, one_case, w5_run, 2},
+    {"W6", "mlock=1,max_cached=512MiB", NULL, NULL, one_case, w6_run, 1},
+    {"W7", "mlock=1", NULL, NULL, one_case, w7_run, 2},
+};
+
+static const workload_t *find_workload(const char *name) {
+  for (size_t i = 0; i < sizeof g_workloads / sizeof g_workloads[0]; i++)
+    if (strcmp(g_workloads[i].name, name) == 0)
+      return &g_workloads[i];
+  return NULL;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: pp_bench --workload W1..W7 --impl NAME [--mode alloc|touch]\n"
+          "                [--threads 1|2] [--case N] [--rep N] [--quick]\n"
+          "                [--config PINPOOL_CONFIG]\n"
+          "       pp_bench --list W1..W7 [--threads N] [--quick]\n"
+          "impls: pinpool, pinpool-tc (W1), pinpool-cap (W2), refpool, naive,\n"
+          "       malloc (%s)\n",
+          PEER_NAME);
+}
+
+static long parse_int(const char *s, const char *what) {
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (*s == '\0' || *end != '\0')
+    die("%s: bad number '%s'", what, s);
+  return v;
+}
+
+int main(int argc, char **argv) {
+  const char *list = NULL;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(a, "--quick") == 0) {
+      g_opt.quick = true;
+      continue;
+    }
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      usage(stdout);
+      return 0;
+    }
+    if (v == NULL) {
+      usage(stderr);
+      die("option %s needs a value", a);
+    }
+    i++;
+    if (strcmp(a, "--workload") == 0)
+      g_opt.workload = v;
+    else if (strcmp(a, "--list") == 0)
+      list = v;
+    else if (strcmp(a, "--impl") == 0)
+      g_opt.impl = v;
+    else if (strcmp(a, "--mode") == 0)
+      g_opt.touch = strcmp(v, "touch") == 0;
+    else if (strcmp(a, "--threads") == 0)
+      g_opt.threads = (int)parse_int(v, "--threads");
+    else if (strcmp(a, "--case") == 0)
+      g_opt.case_idx = (int)parse_int(v, "--case");
+    else if (strcmp(a, "--rep") == 0)
+      g_opt.rep = (int)parse_int(v, "--rep");
+    else if (strcmp(a, "--config") == 0)
+      g_opt.config = v;
+    else
+      die("unknown option '%s' (try --help)", a);
+  }
+  if (g_opt.threads < 1 || g_opt.threads > MAX_THREADS)
+    die("--threads must be 1..%d", MAX_THREADS);
+  if (list != NULL) {
+    const workload_t *wl = find_workload(list);
+    if (wl == NULL)
+      die("unknown workload '%s'", list);
+    if (g_opt.threads > wl->max_threads)
+      return 0; /* no cases */
+    printf("%d\n", wl->ncases());
+    return 0;
+  }
+  if (g_opt.workload == NULL || g_opt.impl == NULL) {
+    usage(stderr);
+    return 2;
+  }
+  const workload_t *wl = find_workload(g_opt.workload);
+  if (wl == NULL)
+    die("unknown workload '%s'", g_opt.workload);
+  if (g_opt.threads > wl->max_threads)
+    die("%s runs with at most %d thread(s)", wl->name, wl->max_threads);
+  if (g_opt.case_idx < 0 || g_opt.case_idx >= wl->ncases())
+    die("%s has cases 0..%d", wl->name, wl->ncases() - 1);
+  if (strncmp(g_opt.impl, "pinpool-", 8) == 0 &&
+      (wl->variant == NULL || strcmp(g_opt.impl, wl->variant) != 0))
+    die("%s is not a variant measured in %s", g_opt.impl, wl->name);
+  cpus_init();
+  if (strcmp(g_opt.impl, "malloc") == 0)
+    check_peer();
+  const char *cfg = wl->pool_config, *vcfg = wl->variant_config;
+  if (g_opt.quick && strcmp(wl->name, "W6") == 0)
+    cfg = "mlock=1,max_cached=32MiB";
+  if (g_opt.quick && strcmp(wl->name, "W2") == 0)
+    vcfg = ",max_cached=16MiB";
+  if (g_opt.config != NULL)
+    cfg = g_opt.config;
+  im_setup(cfg, wl->variant, vcfg);
+  wl->run(g_opt.case_idx);
+  im_teardown();
+  return 0;
+}

@@ -1,0 +1,1457 @@
+/*
+ * pp_report — merge benchmark runs into bench/results/latest.{json,md} and
+ * the data and script for the charts (issue 7).
+ *
+ *   pp_report --raw FILE --json OUT --markdown OUT --plots DIR
+ *             [--rev REV] [--mode quick|full] [--elapsed SECONDS]
+ *             [--peer NAME=VERSION]... [--missing NAME=REASON]...
+ *             [--load-start "L1 L5 L15"] [--load-end "..."] [--charts 0|1]
+ *
+ * FILE holds the lines the pp_bench programs print (R: a record, N: a
+ * note) and the lines bench/run.sh adds (F: a run that failed; T: how long
+ * a run took, in microseconds). Records of
+ * the same (workload, case, implementation, mode, threads) are repetitions:
+ * every metric is reported as the median over them, and each record gets
+ * its ratio to pinpool's record of the same case and thread count.
+ * DIR receives *.dat files and plots.gp (run it with gnuplot from DIR; it
+ * writes the PNGs into the directory given as `outdir`).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_METRICS 48
+#define MAX_NOTES 6
+
+typedef struct metric {
+  char key[40];
+  double v;
+} metric_t;
+
+typedef struct run {
+  metric_t m[MAX_METRICS];
+  int n;
+} run_t;
+
+typedef struct group {
+  char workload[8];
+  char kase[96];
+  char impl[32];
+  char mode[16];
+  char config[256];
+  int threads;
+  run_t *runs;
+  int nruns, cap;
+  char notes[MAX_NOTES][256];
+  int nnotes;
+  metric_t agg[MAX_METRICS];
+  int nagg;
+  double ratio_ns, ratio_ops; /* NAN if no pinpool baseline */
+} group_t;
+
+typedef struct failure {
+  char text[512];
+} failure_t;
+
+/* Seconds spent per workload and thread count (T lines of bench/run.sh). */
+typedef struct cost {
+  char workload[8];
+  int threads;
+  int runs;
+  double seconds;
+} cost_t;
+
+static cost_t g_cost[32];
+static int g_ncost;
+
+static group_t *g_groups;
+static int g_ngroups, g_capgroups;
+static failure_t *g_fail;
+static int g_nfail, g_capfail;
+
+static struct {
+  const char *raw, *json, *md, *plots, *rev, *mode, *load_start, *load_end;
+  double elapsed;
+  const char *peers[16];
+  int npeers;
+  const char *missing[16];
+  int nmissing;
+  bool charts;
+} g_o;
+
+static void die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "pp_report: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  exit(1);
+}
+
+static void *xrealloc(void *p, size_t n) {
+  void *q = realloc(p, n);
+  if (q == NULL)
+    die("out of memory");
+  return q;
+}
+
+/* ---- Parsing ------------------------------------------------------------- */
+
+static group_t *find_group(const char *wl, const char *kase, const char *impl,
+                           const char *mode, int threads, bool create) {
+  for (int i = 0; i < g_ngroups; i++) {
+    group_t *g = &g_groups[i];
+    if (g->threads == threads && strcmp(g->workload, wl) == 0 &&
+        strcmp(g->kase, kase) == 0 && strcmp(g->impl, impl) == 0 &&
+        strcmp(g->mode, mode) == 0)
+      return g;
+  }
+  if (!create)
+    return NULL;
+  if (g_ngroups == g_capgroups) {
+    g_capgroups = g_capgroups ? g_capgroups * 2 : 64;
+    g_groups = xrealloc(g_groups, (size_t)g_capgroups * sizeof *g_groups);
+  }
+  group_t *g = &g_groups[g_ngroups++];
+  memset(g, 0, sizeof *g);
+  snprintf(g->workload, sizeof g->workload, "%s", wl);
+  snprintf(g->kase, sizeof g->kase, "%s", kase);
+  snprintf(g->impl, sizeof g->impl, "%s", impl);
+  snprintf(g->mode, sizeof g->mode, "%s", mode);
+  g->threads = threads;
+  g->ratio_ns = g->ratio_ops = NAN;
+  return g;
+}
+
+/* Split a line at tabs in place; returns the number of fields. */
+static int split_tabs(char *line, char **f, int max) {
+  int n = 0;
+  char *save = NULL;
+  line[strcspn(line, "\r\n")] = '\0';
+  for (char *t = strtok_r(line, "\t", &save); t != NULL && n < max;
+       t = strtok_r(NULL, "\t", &save))
+    f[n++] = t;
+  return n;
+}
+
+static void add_failure(const char *text) {
+  if (g_nfail == g_capfail) {
+    g_capfail = g_capfail ? g_capfail * 2 : 8;
+    g_fail = xrealloc(g_fail, (size_t)g_capfail * sizeof *g_fail);
+  }
+  snprintf(g_fail[g_nfail++].text, sizeof g_fail[0].text, "%s", text);
+}
+
+static void parse_raw(const char *path) {
+  FILE *f = fopen(path, "r");
+  char line[8192];
+  char *fld[80];
+  if (f == NULL)
+    die("cannot read %s: %s", path, strerror(errno));
+  while (fgets(line, sizeof line, f) != NULL) {
+    int n = split_tabs(line, fld, 80);
+    if (n >= 8 && strcmp(fld[0], "R") == 0) {
+      group_t *g =
+          find_group(fld[1], fld[2], fld[3], fld[4], atoi(fld[5]), true);
+      snprintf(g->config, sizeof g->config, "%s", fld[7]);
+      if (g->nruns == g->cap) {
+        g->cap = g->cap ? g->cap * 2 : 8;
+        g->runs = xrealloc(g->runs, (size_t)g->cap * sizeof *g->runs);
+      }
+      run_t *r = &g->runs[g->nruns++];
+      r->n = 0;
+      for (int i = 8; i < n && r->n < MAX_METRICS; i++) {
+        char *eq = strchr(fld[i], '=');
+        if (eq == NULL)
+          continue;
+        *eq = '\0';
+        snprintf(r->m[r->n].key, sizeof r->m[0].key, "%s", fld[i]);
+        r->m[r->n].v = strtod(eq + 1, NULL);
+        r->n++;
+      }
+    } else if (n >= 7 && strcmp(fld[0], "N") == 0) {
+      group_t *g =
+          find_group(fld[1], fld[2], fld[3], fld[4], atoi(fld[5]), true);
+      bool dup = false;
+      for (int i = 0; i < g->nnotes; i++)
+        dup = dup || strcmp(g->notes[i], fld[6]) == 0;
+      if (!dup && g->nnotes < MAX_NOTES)
+        snprintf(g->notes[g->nnotes++], sizeof g->notes[0], "%s", fld[6]);
+    } else if (n >= 9 && strcmp(fld[0], "T") == 0) {
+      int t = atoi(fld[6]), k;
+      for (k = 0; k < g_ncost; k++)
+        if (g_cost[k].threads == t && strcmp(g_cost[k].workload, fld[1]) == 0)
+          break;
+      if (k == g_ncost && g_ncost < 32) {
+        snprintf(g_cost[k].workload, sizeof g_cost[k].workload, "%s", fld[1]);
+        g_cost[k].threads = t;
+        g_ncost++;
+      }
+      if (k < g_ncost) {
+        g_cost[k].runs++;
+        g_cost[k].seconds += strtod(fld[8], NULL) / 1e6;
+      }
+    } else if (n >= 2 && strcmp(fld[0], "F") == 0) {
+      char buf[512];
+      size_t len = 0;
+      buf[0] = '\0';
+      for (int i = 1; i < n && len < sizeof buf - 2; i++)
+        len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%s",
+                                i > 1 ? " " : "", fld[i]);
+      add_failure(buf);
+    }
+  }
+  fclose(f);
+}
+
+/* ---- Aggregation --------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double get(const group_t *g, const char *key) {
+  if (g == NULL)
+    return NAN;
+  for (int i = 0; i < g->nagg; i++)
+    if (strcmp(g->agg[i].key, key) == 0)
+      return g->agg[i].v;
+  return NAN;
+}
+
+static void aggregate(group_t *g) {
+  double vals[256];
+  g->nagg = 0;
+  for (int r = 0; r < g->nruns; r++) {
+    for (int k = 0; k < g->runs[r].n; k++) {
+      const char *key = g->runs[r].m[k].key;
+      bool seen = false;
+      for (int j = 0; j < g->nagg && !seen; j++)
+        seen = strcmp(g->agg[j].key, key) == 0;
+      if (seen || g->nagg == MAX_METRICS)
+        continue;
+      int nv = 0;
+      for (int r2 = 0; r2 < g->nruns && nv < 256; r2++)
+        for (int k2 = 0; k2 < g->runs[r2].n; k2++)
+          if (strcmp(g->runs[r2].m[k2].key, key) == 0)
+            vals[nv++] = g->runs[r2].m[k2].v;
+      qsort(vals, (size_t)nv, sizeof vals[0], cmp_double);
+      double med =
+          nv % 2 ? vals[nv / 2] : (vals[nv / 2 - 1] + vals[nv / 2]) / 2.0;
+      snprintf(g->agg[g->nagg].key, sizeof g->agg[0].key, "%s", key);
+      g->agg[g->nagg].v = med;
+      g->nagg++;
+    }
+  }
+}
+
+static const group_t *baseline(const group_t *g) {
+  return find_group(g->workload, g->kase, "pinpool", "resident", g->threads,
+                    false);
+}
+
+/* The per-operation time that "ahead" compares: W4's ops/s is set by the
+ * simulated streams, so its allocator cost per op is the fair measure. */
+static double speed(const group_t *g) {
+  if (g == NULL)
+    return NAN;
+  if (strcmp(g->workload, "W4") == 0) {
+    double ns = get(g, "ns_mean");
+    return ns > 0 ? 1e9 / ns : NAN;
+  }
+  return get(g, "ops_per_s");
+}
+
+static int impl_rank(const group_t *g) {
+  static const char *order[] = {"pinpool",  "pinpool-tc", "pinpool-cap",
+                                "refpool",  "naive",      "glibc",
+                                "jemalloc", "mimalloc",   "tcmalloc"};
+  int r = 99;
+  for (int i = 0; i < (int)(sizeof order / sizeof order[0]); i++)
+    if (strcmp(g->impl, order[i]) == 0)
+      r = i;
+  return r * 4 + (strcmp(g->mode, "touch") == 0   ? 0
+                  : strcmp(g->mode, "alloc") == 0 ? 1
+                                                  : 0);
+}
+
+static int case_order(const group_t *a) {
+  /* Cases in first-appearance order within a workload. */
+  for (int i = 0; i < g_ngroups; i++)
+    if (strcmp(g_groups[i].workload, a->workload) == 0 &&
+        strcmp(g_groups[i].kase, a->kase) == 0)
+      return i;
+  return 0;
+}
+
+/* Sort by a key computed before sorting (case_order needs the original
+ * order, so compute it first into a parallel array). */
+typedef struct sortable {
+  group_t g;
+  int corder;
+} sortable_t;
+
+static int cmp_sortable(const void *pa, const void *pb) {
+  const sortable_t *a = pa, *b = pb;
+  int c = strcmp(a->g.workload, b->g.workload);
+  if (c)
+    return c;
+  if (a->corder != b->corder)
+    return a->corder - b->corder;
+  if (a->g.threads != b->g.threads)
+    return a->g.threads - b->g.threads;
+  return impl_rank(&a->g) - impl_rank(&b->g);
+}
+
+static void sort_groups(void) {
+  size_t n = g_ngroups > 0 ? (size_t)g_ngroups : 0;
+  sortable_t *s = calloc(n + 1, sizeof *s);
+  if (s == NULL)
+    die("out of memory");
+  for (int i = 0; i < g_ngroups; i++) {
+    s[i].g = g_groups[i];
+    s[i].corder = case_order(&g_groups[i]);
+  }
+  qsort(s, n, sizeof *s, cmp_sortable);
+  for (int i = 0; i < g_ngroups; i++)
+    g_groups[i] = s[i].g;
+  free(s);
+}
+
+/* Malloc peers in touch mode, pools and naive: the fair comparison. */
+static bool fair(const group_t *g) { return strcmp(g->mode, "alloc") != 0; }
+
+static bool is_pinpool(const group_t *g) {
+  return strncmp(g->impl, "pinpool", 7) == 0;
+}
+
+/* ---- Machine ------------------------------------------------------------- */
+
+typedef struct machine {
+  char uname[256];
+  char cpu[256];
+  long nproc;
+  double mem_gib;
+  char thp[64];
+  char memlock[64];
+  int uid;
+} machine_t;
+
+static void read_first_line(const char *path, char *buf, size_t len) {
+  FILE *f = fopen(path, "r");
+  buf[0] = '\0';
+  if (f == NULL)
+    return;
+  if (fgets(buf, (int)len, f) == NULL)
+    buf[0] = '\0';
+  buf[strcspn(buf, "\n")] = '\0';
+  fclose(f);
+}
+
+static void describe_machine(machine_t *m) {
+  struct utsname u;
+  FILE *f;
+  char line[512];
+  memset(m, 0, sizeof *m);
+  if (uname(&u) == 0)
+    snprintf(m->uname, sizeof m->uname, "%s %s %s", u.sysname, u.release,
+             u.machine);
+  m->nproc = sysconf(_SC_NPROCESSORS_ONLN);
+  snprintf(m->cpu, sizeof m->cpu, "unknown");
+  if ((f = fopen("/proc/cpuinfo", "r")) != NULL) {
+    while (fgets(line, sizeof line, f) != NULL) {
+      if (strncmp(line, "model name", 10) == 0) {
+        char *c = strchr(line, ':');
+        if (c != NULL) {
+          c++;
+          while (*c == ' ' || *c == '\t')
+            c++;
+          c[strcspn(c, "\n")] = '\0';
+          snprintf(m->cpu, sizeof m->cpu, "%s", c);
+        }
+        break;
+      }
+    }
+    fclose(f);
+  }
+  if ((f = fopen("/proc/meminfo", "r")) != NULL) {
+    while (fgets(line, sizeof line, f) != NULL)
+      if (strncmp(line, "MemTotal:", 9) == 0)
+        m->mem_gib = strtod(line + 9, NULL) / 1048576.0;
+    fclose(f);
+  }
+  read_first_line("/sys/kernel/mm/transparent_hugepage/enabled", m->thp,
+                  sizeof m->thp);
+  if ((f = fopen("/proc/self/limits", "r")) != NULL) {
+    while (fgets(line, sizeof line, f) != NULL) {
+      if (strncmp(line, "Max locked memory", 17) == 0) {
+        char soft[32] = "";
+        if (sscanf(line + 17, "%31s", soft) == 1)
+          snprintf(m->memlock, sizeof m->memlock, "%s", soft);
+      }
+    }
+    fclose(f);
+  }
+  m->uid = (int)getuid();
+}
+
+/* ---- Formatting ---------------------------------------------------------- */
+
+static void json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\')
+      fprintf(f, "\\%c", c);
+    else if (c < 0x20)
+      fprintf(f, "\\u%04x", c);
+    else
+      fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+static void json_num(FILE *f, double v) {
+  if (!isfinite(v))
+    fputs("null", f);
+  else if (v == floor(v) && fabs(v) < 1e15)
+    fprintf(f, "%.0f", v);
+  else
+    fprintf(f, "%.6g", v);
+}
+
+/* A time in ns as "12 ns", "3.4 µs", "5.6 ms", "1.2 s". */
+static const char *fmt_ns(double ns, char *buf, size_t len) {
+  if (!isfinite(ns))
+    snprintf(buf, len, "–");
+  else if (ns < 1e3)
+    snprintf(buf, len, "%.0f ns", ns);
+  else if (ns < 1e6)
+    snprintf(buf, len, "%.3g µs", ns / 1e3);
+  else if (ns < 1e9)
+    snprintf(buf, len, "%.3g ms", ns / 1e6);
+  else
+    snprintf(buf, len, "%.3g s", ns / 1e9);
+  return buf;
+}
+
+static const char *fmt_num(double v, char *buf, size_t len) {
+  if (!isfinite(v))
+    snprintf(buf, len, "–");
+  else if (fabs(v) >= 1e9)
+    snprintf(buf, len, "%.3gG", v / 1e9);
+  else if (fabs(v) >= 1e6)
+    snprintf(buf, len, "%.3gM", v / 1e6);
+  else if (fabs(v) >= 1e4)
+    snprintf(buf, len, "%.3gk", v / 1e3);
+  else if (v == floor(v) || fabs(v) >= 100)
+    snprintf(buf, len, "%.0f", v);
+  else
+    snprintf(buf, len, "%.3g", v);
+  return buf;
+}
+
+static const char *fmt_ratio(double v, char *buf, size_t len) {
+  if (!isfinite(v))
+    snprintf(buf, len, "–");
+  else if (v >= 100)
+    snprintf(buf, len, "%.0f×", v);
+  else
+    snprintf(buf, len, "%.2g×", v);
+  return buf;
+}
+
+/* ---- Goals --------------------------------------------------------------- */
+
+typedef struct goal {
+  char name[160];
+  char status[16]; /* met, missed, partly, n/a */
+  char detail[1536];
+} goal_t;
+
+static goal_t g_goals[16];
+static int g_ngoals;
+
+static goal_t *goal_new(const char *name) {
+  goal_t *g = &g_goals[g_ngoals++];
+  memset(g, 0, sizeof *g);
+  snprintf(g->name, sizeof g->name, "%s", name);
+  return g;
+}
+
+static void goal_add(goal_t *g, const char *fmt, ...) {
+  size_t len = strlen(g->detail);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g->detail + len, sizeof g->detail - len, fmt, ap);
+  va_end(ap);
+}
+
+static const char *label(const group_t *g, char *buf, size_t len) {
+  if (strcmp(g->mode, "resident") == 0)
+    snprintf(buf, len, "%s", g->impl);
+  else
+    snprintf(buf, len, "%s/%s", g->impl, g->mode);
+  return buf;
+}
+
+static double case_size(const group_t *g) { return get(g, "size"); }
+
+static void goals_w1(void) {
+  goal_t *a = goal_new("W1: cached alloc+free pair <= 20 ns at every size, "
+                       "1 thread");
+  goal_t *b = goal_new("W1: >= 10x faster than every peer from 1 MiB up "
+                       "(touch mode), 1 thread");
+  bool all_a = true, any = false;
+  bool b_malloc = true, b_any = false, b_ref = true;
+  char buf[64], buf2[64];
+  for (int i = 0; i < g_ngroups; i++) {
+    const group_t *g = &g_groups[i];
+    if (strcmp(g->workload, "W1") || g->threads != 1 ||
+        strcmp(g->impl, "pinpool"))
+      continue;
+    any = true;
+    double ns = get(g, "ns_med");
+    const group_t *tc =
+        find_group("W1", g->kase, "pinpool-tc", "resident", 1, false);
+    goal_add(a, "%s%s %s", a->detail[0] ? "; " : "", g->kase,
+             fmt_ns(ns, buf, sizeof buf));
+    if (tc != NULL)
+      goal_add(a, " (tcache_bytes=8GiB: %s)",
+               fmt_ns(get(tc, "ns_med"), buf, sizeof buf));
+    if (!(ns <= 20.0))
+      all_a = false;
+    if (!(case_size(g) >= 1048576.0))
+      continue;
+    /* every fair peer at this size */
+    double worst = INFINITY, worst_ref = NAN;
+    const group_t *wg = NULL;
+    for (int j = 0; j < g_ngroups; j++) {
+      const group_t *p = &g_groups[j];
+      if (strcmp(p->workload, "W1") || p->threads != 1 ||
+          strcmp(p->kase, g->kase) || is_pinpool(p) || !fair(p))
+        continue;
+      if (strcmp(p->impl, "refpool") == 0) {
+        worst_ref = p->ratio_ns;
+        continue;
+      }
+      if (p->ratio_ns < worst) {
+        worst = p->ratio_ns;
+        wg = p;
+      }
+    }
+    if (wg != NULL) {
+      b_any = true;
+      if (!(worst >= 10.0))
+        b_malloc = false;
+      goal_add(b, "%s%s: closest malloc peer or naive %s at %s",
+               b->detail[0] ? "; " : "", g->kase, label(wg, buf2, sizeof buf2),
+               fmt_ratio(worst, buf, sizeof buf));
+    }
+    if (isfinite(worst_ref)) {
+      goal_add(b, ", refpool %s", fmt_ratio(worst_ref, buf, sizeof buf));
+      if (!(worst_ref >= 10.0))
+        b_ref = false;
+    }
+  }
+  snprintf(a->status, sizeof a->status, "%s",
+           !any    ? "n/a"
+           : all_a ? "met"
+                   : "missed");
+  if (!b_any)
+    snprintf(b->status, sizeof b->status, "n/a");
+  else if (b_malloc && b_ref)
+    snprintf(b->status, sizeof b->status, "met");
+  else if (b_malloc)
+    snprintf(b->status, sizeof b->status, "partly");
+  else
+    snprintf(b->status, sizeof b->status, "missed");
+  if (b_any && b_malloc && !b_ref)
+    goal_add(b, ". Met against every malloc peer (touch) and naive; not "
+                "against refpool, itself a cache of resident blocks (its "
+                "pair is a few mutex operations)");
+}
+
+/* pinpool ahead of every fair peer in `wl` (all cases, threads in 1..2)? */
+static void goal_ahead(const char *wl, const char *title) {
+  goal_t *g = goal_new(title);
+  bool all = true, any = false;
+  char buf[64], buf2[64], buf3[64];
+  for (int t = 1; t <= 2; t++) {
+    for (int i = 0; i < g_ngroups; i++) {
+      const group_t *p = &g_groups[i];
+      if (strcmp(p->workload, wl) || p->threads != t ||
+          strcmp(p->impl, "pinpool"))
+        continue;
+      double worst = INFINITY;
+      const group_t *wg = NULL;
+      for (int j = 0; j < g_ngroups; j++) {
+        const group_t *q = &g_groups[j];
+        if (strcmp(q->workload, wl) || q->threads != t ||
+            strcmp(q->kase, p->kase) || is_pinpool(q) || !fair(q))
+          continue;
+        double r = speed(p) / speed(q); /* > 1: pinpool ahead */
+        if (isfinite(r) && r < worst) {
+          worst = r;
+          wg = q;
+        }
+      }
+      if (wg == NULL)
+        continue;
+      any = true;
+      if (!(worst > 1.0))
+        all = false;
+      goal_add(g, "%s%s, %d thread%s: %s of the closest, %s",
+               g->detail[0] ? "; " : "", p->kase, t, t > 1 ? "s" : "",
+               worst > 1.0 ? "ahead" : "behind", label(wg, buf, sizeof buf));
+      goal_add(g, " (%s: pinpool %s vs %s = %s)",
+               strcmp(wl, "W4") == 0 ? "allocator ops/s, 1e9 / mean ns"
+                                     : "ops/s",
+               fmt_num(speed(p), buf3, sizeof buf3),
+               fmt_num(speed(wg), buf, sizeof buf),
+               fmt_ratio(worst, buf2, sizeof buf2));
+    }
+  }
+  snprintf(g->status, sizeof g->status, "%s",
+           !any  ? "n/a"
+           : all ? "met"
+                 : "missed");
+}
+
+static void goals_w2(void) {
+  goal_t *a = goal_new("W2: memory overhead <= 1.10 (power-of-two "
+                       "reference: about 1.44)");
+  char buf[64];
+  for (int t = 1; t <= 2; t++) {
+    const group_t *p = NULL, *r = NULL, *c = NULL;
+    for (int i = 0; i < g_ngroups; i++) {
+      const group_t *q = &g_groups[i];
+      if (strcmp(q->workload, "W2") || q->threads != t)
+        continue;
+      if (strcmp(q->impl, "pinpool") == 0)
+        p = q;
+      if (strcmp(q->impl, "pinpool-cap") == 0)
+        c = q;
+      if (strcmp(q->impl, "refpool") == 0)
+        r = q;
+    }
+    if (p == NULL)
+      continue;
+    double ov = get(p, "overhead");
+    goal_add(a, "%s%d thread%s: pinpool %.2f", a->detail[0] ? "; " : "", t,
+             t > 1 ? "s" : "", ov);
+    if (c != NULL)
+      goal_add(a, " (max_cached=%s: %.2f at %s ops/s)",
+               strstr(c->config, "max_cached=16MiB") ? "16MiB" : "128MiB",
+               get(c, "overhead"), fmt_num(speed(c), buf, sizeof buf));
+    if (r != NULL)
+      goal_add(a, ", refpool %.2f", get(r, "overhead"));
+    if (t == 1)
+      snprintf(a->status, sizeof a->status, "%s",
+               ov <= 1.10 ? "met" : "missed");
+    else if (!(ov <= 1.10))
+      snprintf(a->status, sizeof a->status, "missed");
+  }
+  if (!a->status[0])
+    snprintf(a->status, sizeof a->status, "n/a");
+  goal_ahead("W2", "W2: throughput ahead of every peer");
+}
+
+static void goals_w4(void) {
+  goal_t *g = goal_new("W4: blocks of a fast stream reused while a slow "
+                       "stream lags (the FIFO reference cannot)");
+  bool ok = true, any = false;
+  for (int t = 1; t <= 2; t++) {
+    const group_t *p = NULL, *r = NULL;
+    for (int i = 0; i < g_ngroups && p == NULL; i++)
+      if (!strcmp(g_groups[i].workload, "W4") && g_groups[i].threads == t &&
+          !strcmp(g_groups[i].impl, "pinpool"))
+        p = &g_groups[i];
+    for (int i = 0; i < g_ngroups && p != NULL; i++)
+      if (!strcmp(g_groups[i].workload, "W4") && g_groups[i].threads == t &&
+          !strcmp(g_groups[i].impl, "refpool"))
+        r = &g_groups[i];
+    if (p == NULL || r == NULL)
+      continue;
+    any = true;
+    double pf = get(p, "lag_fast_us_med"), rf = get(r, "lag_fast_us_med");
+    double po = get(p, "reserved_over_need"), ro = get(r, "reserved_over_need");
+    double pe = get(p, "early_reuse");
+    goal_add(g,
+             "%s%d thread%s: fast-stream reuse lag (median) pinpool %.3g µs "
+             "vs refpool %.3g µs; reclaim lag pinpool %.3g µs vs refpool "
+             "%.3g µs; reserved / (live + in flight) pinpool %.2f vs "
+             "refpool %.2f; early reuses %.0f",
+             g->detail[0] ? "; " : "", t, t > 1 ? "s" : "", pf, rf,
+             get(p, "reclaim_lag_us"), get(r, "reclaim_lag_us"), po, ro, pe);
+    if (!(pf * 10 < rf) || !(pe == 0))
+      ok = false;
+  }
+  snprintf(g->status, sizeof g->status, "%s",
+           !any ? "n/a"
+           : ok ? "met"
+                : "missed");
+  goal_add(g, ". Met means: pinpool's fast-stream lag is under a tenth of "
+              "refpool's and no block was reused before its copy completed");
+  goal_ahead("W4", "W4: ahead of every peer (allocator time per op, "
+                   "including the record/free path)");
+}
+
+static void evaluate_goals(void) {
+  goals_w1();
+  goals_w2();
+  goal_ahead("W3", "W3: ahead of every peer at 1 and 2 threads");
+  goals_w4();
+  goal_ahead("W5", "W5: ahead of every peer at 1 and 2 threads");
+  goal_ahead("W7", "W7: ahead of every peer at 1 and 2 threads");
+  goal_t *g = goal_new("W8: the numbers the snapshot issue asks for");
+  snprintf(g->status, sizeof g->status, "n/a");
+  snprintf(g->detail, sizeof g->detail,
+           "not available: snapshots not implemented");
+}
+
+/* ---- JSON ---------------------------------------------------------------- */
+
+static const char *W8_REASON = "not available: snapshots not implemented";
+
+static void write_json(const machine_t *m) {
+  FILE *f = fopen(g_o.json, "w");
+  char date[64];
+  time_t now = time(NULL);
+  if (f == NULL)
+    die("cannot write %s: %s", g_o.json, strerror(errno));
+  strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+  fprintf(f, "{\n  \"schema\": \"pinpool-bench/2\",\n  \"git_revision\": ");
+  json_str(f, g_o.rev);
+  fprintf(f, ",\n  \"date\": \"%s\",\n  \"mode\": ", date);
+  json_str(f, g_o.mode);
+  fprintf(f, ",\n  \"elapsed_s\": ");
+  json_num(f, g_o.elapsed);
+  fprintf(f, ",\n  \"machine\": {\"uname\": ");
+  json_str(f, m->uname);
+  fprintf(f, ", \"nproc\": %ld, \"cpu_model\": ", m->nproc);
+  json_str(f, m->cpu);
+  fprintf(f, ", \"mem_total_gib\": %.1f, \"thp\": ", m->mem_gib);
+  json_str(f, m->thp);
+  fprintf(f, ", \"memlock_limit\": ");
+  json_str(f, m->memlock);
+  fprintf(f, ", \"uid\": %d, \"loadavg_start\": ", m->uid);
+  json_str(f, g_o.load_start ? g_o.load_start : "");
+  fprintf(f, ", \"loadavg_end\": ");
+  json_str(f, g_o.load_end ? g_o.load_end : "");
+  fprintf(f, "},\n  \"peers\": [");
+  for (int i = 0; i < g_o.npeers; i++) {
+    char name[64];
+    const char *eq = strchr(g_o.peers[i], '=');
+    size_t n = eq ? (size_t)(eq - g_o.peers[i]) : strlen(g_o.peers[i]);
+    snprintf(name, sizeof name, "%.*s", (int)n, g_o.peers[i]);
+    fprintf(f, "%s\n    {\"name\": ", i ? "," : "");
+    json_str(f, name);
+    fprintf(f, ", \"version\": ");
+    json_str(f, eq ? eq + 1 : "");
+    fprintf(f, ", \"available\": true}");
+  }
+  for (int i = 0; i < g_o.nmissing; i++) {
+    char name[64];
+    const char *eq = strchr(g_o.missing[i], '=');
+    size_t n = eq ? (size_t)(eq - g_o.missing[i]) : strlen(g_o.missing[i]);
+    snprintf(name, sizeof name, "%.*s", (int)n, g_o.missing[i]);
+    fprintf(f, "%s\n    {\"name\": ", g_o.npeers + i ? "," : "");
+    json_str(f, name);
+    fprintf(f, ", \"available\": false, \"reason\": ");
+    json_str(f, eq ? eq + 1 : "");
+    fprintf(f, "}");
+  }
+  fprintf(f, "\n  ],\n  \"results\": [");
+  for (int i = 0; i < g_ngroups; i++) {
+    const group_t *g = &g_groups[i];
+    if (g->nruns == 0)
+      continue;
+    fprintf(f, "%s\n    {\"workload\": ", i ? "," : "");
+    json_str(f, g->workload);
+    fprintf(f, ", \"case\": ");
+    json_str(f, g->kase);
+    fprintf(f, ", \"impl\": ");
+    json_str(f, g->impl);
+    fprintf(f, ", \"mode\": ");
+    json_str(f, g->mode);
+    fprintf(f, ", \"threads\": %d, \"reps\": %d, \"config\": ", g->threads,
+            g->nruns);
+    json_str(f, g->config);
+    fprintf(f, ",\n     \"ns_per_op_median\": ");
+    json_num(f, get(g, "ns_med"));
+    fprintf(f, ", \"ns_per_op_p99\": ");
+    json_num(f, get(g, "ns_p99"));
+    fprintf(f, ", \"ops_per_s\": ");
+    json_num(f, get(g, "ops_per_s"));
+    fprintf(f, ", \"overhead\": ");
+    json_num(f, strcmp(g->workload, "W4") == 0 ? get(g, "reserved_over_need")
+                                               : get(g, "overhead"));
+    fprintf(f, ", \"backend_calls\": ");
+    json_num(f, get(g, "backend_calls"));
+    fprintf(f, ", \"minflt_per_op\": ");
+    json_num(f, get(g, "minflt_per_op"));
+    fprintf(f, ", \"ratio_ns_to_pinpool\": ");
+    json_num(f, g->ratio_ns);
+    fprintf(f, ", \"ratio_ops_to_pinpool\": ");
+    json_num(f, g->ratio_ops);
+    fprintf(f, ",\n     \"metrics\": {");
+    for (int k = 0; k < g->nagg; k++) {
+      fprintf(f, "%s", k ? ", " : "");
+      json_str(f, g->agg[k].key);
+      fprintf(f, ": ");
+      json_num(f, g->agg[k].v);
+    }
+    fprintf(f, "}, \"notes\": [");
+    for (int k = 0; k < g->nnotes; k++) {
+      fprintf(f, "%s", k ? ", " : "");
+      json_str(f, g->notes[k]);
+    }
+    fprintf(f, "]}");
+  }
+  fprintf(f, "\n  ],\n  \"unavailable\": [{\"workload\": \"W8\", "
+             "\"reason\": ");
+  json_str(f, W8_REASON);
+  fprintf(f, "}],\n  \"failures\": [");
+  for (int i = 0; i < g_nfail; i++) {
+    fprintf(f, "%s", i ? ", " : "");
+    json_str(f, g_fail[i].text);
+  }
+  fprintf(f, "],\n  \"goals\": [");
+  for (int i = 0; i < g_ngoals; i++) {
+    fprintf(f, "%s\n    {\"goal\": ", i ? "," : "");
+    json_str(f, g_goals[i].name);
+    fprintf(f, ", \"status\": ");
+    json_str(f, g_goals[i].status);
+    fprintf(f, ", \"detail\": ");
+    json_str(f, g_goals[i].detail);
+    fprintf(f, "}");
+  }
+  fprintf(f, "\n  ]\n}\n");
+  if (fclose(f) != 0)
+    die("cannot write %s", g_o.json);
+}
+
+/* ---- Markdown ------------------------------------------------------------ */
+
+typedef struct column {
+  const char *key;
+  const char *head;
+  char kind; /* t: time (ns), n: number, r: ratio, x: plain %.2f */
+} column_t;
+
+typedef struct wl_desc {
+  const char *name;
+  const char *title;
+  const char *what;
+  column_t extra[5];
+} wl_desc_t;
+
+static const wl_desc_t g_wl[] = {
+    {"W1",
+     "W1 hot reuse",
+     "Alloc+free pairs of one size in a loop (each thread its own loop). "
+     "ns/op = per pair: median and p99 over timed groups of pairs.",
+     {{NULL, NULL, 0}}},
+    {"W2",
+     "W2 log-uniform sizes, capped live set",
+     "Sizes log-uniform in 4 KiB – 64 MiB; random frees keep the live set "
+     "under the cap (split between threads). ns/op = one operation (the "
+     "frees it needs + allocation + use), after a warm-up.",
+     {{NULL, NULL, 0}}},
+    {"W3",
+     "W3 data-loader batches",
+     "Producer allocates a batch (uint8 / fp32 256×3×224²), consumer frees "
+     "the oldest; at most `depth` queued. 2 threads: producer and consumer "
+     "on their own CPUs. ns/op = allocation (+ touch); ops/s = batches/s.",
+     {{"free_ns_med", "free med", 't'}, {NULL, NULL, 0}}},
+    {"W4",
+     "W4 stream-ordered frees",
+     "1 MiB blocks staged through a fast (50 µs copies) and a slow (2 ms) "
+     "simulated stream, ≤ 4 copies in flight per stream, each block freed "
+     "right after its copy is queued. pinpool: record_stream + free "
+     "(events=simulated); refpool: its global event FIFO; malloc peers and "
+     "naive: a shim that frees a block when its stream passes it. ns/op = "
+     "allocation + use + record/free (the copy's submission and the waits "
+     "for stream room excluded). Reuse lag = time from a block's copy "
+     "completing to the same address being handed out again, by the "
+     "stream of that copy (median). Reclaim lag = mean time from a copy "
+     "completing to its block being reusable (pools: from their reclaim "
+     "statistics; shim: measured per block). Overhead = reserved (RSS for "
+     "malloc) peak / peak of live + in-flight bytes.",
+     {{"lag_fast_us_med", "fast reuse lag µs", 'n'},
+      {"lag_slow_us_med", "slow reuse lag µs", 'n'},
+      {"reclaim_lag_us", "reclaim lag µs", 'n'},
+      {"early_reuse", "early reuse", 'n'},
+      {NULL, NULL, 0}}},
+    {"W5",
+     "W5 producer/consumer, cross-thread frees",
+     "xmalloc-test style: log-uniform 4 KiB – 4 MiB blocks allocated in "
+     "batches of 64 and freed by the consumer (≤ 4 batches queued); 1 "
+     "thread: allocate 64, free 64. ns/op = allocation (+ touch).",
+     {{"free_ns_med", "free med", 't'},
+      {"rss_growth_mib", "RSS growth MiB", 'x'},
+      {NULL, NULL, 0}}},
+    {"W6",
+     "W6 backend churn",
+     "Large blocks in a cycle (quick: 16–64 MiB; full: 256 MiB – 1 GiB), two "
+     "live at a time; pinpool's cache is capped below the working set, so "
+     "blocks come from the backend. ns/op = one acquisition (allocation + "
+     "use).",
+     {{"acquire_ms_per_gib", "acquire ms/GiB", 'x'},
+      {"release_ms_per_gib", "release ms/GiB", 'x'},
+      {NULL, NULL, 0}}},
+    {"W7",
+     "W7 KV-cache offload",
+     "Bursts of 2 MiB pages; least recently used pages freed to stay under "
+     "the live cap; a tenth of the live pages re-accessed after each burst. "
+     "ns/op = one page (its LRU free + allocation + use).",
+     {{"reserved_end_mib", "reserved at end MiB", 'x'}, {NULL, NULL, 0}}},
+};
+
+static void md_cell(FILE *f, const group_t *g, const column_t *c) {
+  char buf[64];
+  double v = get(g, c->key);
+  switch (c->kind) {
+  case 't':
+    fprintf(f, " %s |", fmt_ns(v, buf, sizeof buf));
+    break;
+  case 'x':
+    if (isfinite(v))
+      fprintf(f, " %.2f |", v);
+    else
+      fprintf(f, " – |");
+    break;
+  default:
+    fprintf(f, " %s |", fmt_num(v, buf, sizeof buf));
+  }
+}
+
+static void md_table(FILE *f, const wl_desc_t *w) {
+  bool any = false;
+  for (int i = 0; i < g_ngroups && !any; i++)
+    any = strcmp(g_groups[i].workload, w->name) == 0;
+  fprintf(f, "## %s\n\n%s\n\n", w->title, w->what);
+  if (!any) {
+    fprintf(f, "No results.\n\n");
+    return;
+  }
+  fprintf(f, "| case | thr | impl | mode | ns/op med | p99 | ops/s | "
+             "time ÷ pinpool | ops/s ÷ pinpool | overhead | backend calls | "
+             "faults/op |");
+  for (const column_t *c = w->extra; c->key; c++)
+    fprintf(f, " %s |", c->head);
+  fprintf(f, " reps |\n|---|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|");
+  for (const column_t *c = w->extra; c->key; c++)
+    fprintf(f, "--:|");
+  fprintf(f, "--:|\n");
+  const char *prev_case = "";
+  int prev_t = 0;
+  for (int i = 0; i < g_ngroups; i++) {
+    const group_t *g = &g_groups[i];
+    char b1[64], b2[64], b3[64], b4[64], b5[64], b6[64];
+    if (strcmp(g->workload, w->name) || g->nruns == 0)
+      continue;
+    bool same = strcmp(prev_case, g->kase) == 0 && prev_t == g->threads;
+    double ov = strcmp(w->name, "W4") == 0 ? get(g, "reserved_over_need")
+                                           : get(g, "overhead");
+    fprintf(f, "| %s | %d | %s%s%s | %s | %s | %s | %s | %s | %s | ",
+            same ? "" : g->kase, g->threads, is_pinpool(g) ? "**" : "", g->impl,
+            is_pinpool(g) ? "**" : "", g->mode,
+            fmt_ns(get(g, "ns_med"), b1, sizeof b1),
+            fmt_ns(get(g, "ns_p99"), b2, sizeof b2),
+            fmt_num(get(g, "ops_per_s"), b3, sizeof b3),
+            fmt_ratio(g->ratio_ns, b4, sizeof b4),
+            fmt_ratio(g->ratio_ops, b5, sizeof b5));
+    if (isfinite(ov))
+      fprintf(f, "%.2f | ", ov);
+    else
+      fprintf(f, "– | ");
+    fprintf(f, "%s | %s |", fmt_num(get(g, "backend_calls"), b6, sizeof b6),
+            fmt_num(get(g, "minflt_per_op"), b1, sizeof b1));
+    for (const column_t *c = w->extra; c->key; c++)
+      md_cell(f, g, c);
+    fprintf(f, " %d |\n", g->nruns);
+    prev_case = g->kase;
+    prev_t = g->threads;
+  }
+  /* Notes */
+  bool header = false;
+  for (int i = 0; i < g_ngroups; i++) {
+    const group_t *g = &g_groups[i];
+    char b[64];
+    if (strcmp(g->workload, w->name))
+      continue;
+    for (int k = 0; k < g->nnotes; k++) {
+      if (!header)
+        fprintf(f, "\nNotes:\n\n");
+      header = true;
+      fprintf(f, "- %s, %d thread%s, %s: %s\n", g->kase, g->threads,
+              g->threads > 1 ? "s" : "", label(g, b, sizeof b), g->notes[k]);
+    }
+  }
+  /* Configurations */
+  fprintf(f, "\npinpool configuration:");
+  const char *seen[4] = {NULL, NULL, NULL, NULL};
+  int nseen = 0;
+  for (int i = 0; i < g_ngroups; i++) {
+    const group_t *g = &g_groups[i];
+    if (strcmp(g->workload, w->name) || !is_pinpool(g))
+      continue;
+    bool dup = false;
+    for (int k = 0; k < nseen; k++)
+      dup = dup || strcmp(seen[k], g->config) == 0;
+    if (dup || nseen == 4)
+      continue;
+    seen[nseen++] = g->config;
+    fprintf(f, "%s %s `%s`", nseen > 1 ? ";" : "", g->impl, g->config);
+  }
+  fprintf(f, ".\n\n");
+}
+
+static void write_md(const machine_t *m) {
+  FILE *f = fopen(g_o.md, "w");
+  char date[64];
+  time_t now = time(NULL);
+  if (f == NULL)
+    die("cannot write %s: %s", g_o.md, strerror(errno));
+  strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
+  fprintf(f, "# pinpool benchmarks (%s run)\n\n", g_o.mode);
+  fprintf(f,
+          "Written by `bench/run.sh%s` on %s, revision `%s`, in %.0f s. "
+          "Method and caveats: [docs/benchmarks.md](../../docs/"
+          "benchmarks.md). Raw numbers: [latest.json](latest.json).\n\n",
+          strcmp(g_o.mode, "quick") == 0 ? " --quick" : "", date, g_o.rev,
+          g_o.elapsed);
+  fprintf(f,
+          "- Machine: %s; %ld CPUs (%s); %.1f GiB; THP `%s`; RLIMIT_MEMLOCK "
+          "%s; uid %d.\n",
+          m->uname, m->nproc, m->cpu, m->mem_gib, m->thp, m->memlock, m->uid);
+  fprintf(f,
+          "- Load average at start / end: %s / %s (other work on the machine "
+          "shares its CPUs; repetitions are interleaved to spread that "
+          "noise).\n",
+          g_o.load_start ? g_o.load_start : "?",
+          g_o.load_end ? g_o.load_end : "?");
+  fprintf(f, "- Implementations: **pinpool**; refpool (PyTorch "
+             "CachingHostAllocator policy: power-of-two, no split, global "
+             "event FIFO; bench/refpool.c); naive (mmap+MAP_POPULATE+mlock "
+             "per block, munlock+munmap per free)");
+  for (int i = 0; i < g_o.npeers; i++)
+    fprintf(f, "; %s", g_o.peers[i]);
+  for (int i = 0; i < g_o.nmissing; i++)
+    fprintf(f, "; %s (missing)", g_o.missing[i]);
+  fprintf(f, ".\n");
+  fprintf(f,
+          "- Modes: `resident` = pools and naive, whose blocks are populated "
+          "and locked when created; malloc peers run `touch` (every 4 KiB "
+          "page of every block written once after allocation: the fair "
+          "comparison, since pinned memory is resident) and `alloc` (one "
+          "byte written).\n"
+          "- Every number is the median over `reps` runs; each run is one "
+          "process, implementations interleaved with a rotating order. "
+          "`time ÷ pinpool` = ns/op median ÷ pinpool's (> 1: pinpool is "
+          "faster); `ops/s ÷ pinpool` (< 1: pinpool is faster). "
+          "Overhead = peak reserved ÷ peak requested bytes for pools and "
+          "naive, peak RSS (VmHWM) growth ÷ peak requested for malloc "
+          "peers (meaningless in `alloc` mode, where pages are never "
+          "touched). Backend calls: segment allocations + releases during "
+          "the measured phase (pools and naive only).\n\n");
+
+  fprintf(f, "## Goals (issue 7)\n\n| goal | status | where we stand |\n"
+             "|---|---|---|\n");
+  for (int i = 0; i < g_ngoals; i++)
+    fprintf(f, "| %s | **%s** | %s |\n", g_goals[i].name, g_goals[i].status,
+            g_goals[i].detail);
+  fprintf(f, "\n");
+  if (g_o.charts) {
+    fprintf(f, "Charts: [W1 hot reuse](w1.png), [throughput vs pinpool]"
+               "(throughput.png), [memory overhead](overhead.png), "
+               "[W4 reuse lag](w4.png), [W6 backend churn](w6.png).\n\n");
+    fprintf(f, "![W1](w1.png)\n\n![throughput](throughput.png)\n\n");
+  } else {
+    fprintf(f, "Charts: not drawn (gnuplot is not installed).\n\n");
+  }
+  for (size_t i = 0; i < sizeof g_wl / sizeof g_wl[0]; i++)
+    md_table(f, &g_wl[i]);
+  fprintf(f, "## W8 snapshots\n\n%s.\n\n", W8_REASON);
+  if (g_ncost > 0) {
+    fprintf(f, "## Time spent\n\n| workload | threads | runs | seconds |\n"
+               "|---|--:|--:|--:|\n");
+    for (int i = 0; i < g_ncost; i++)
+      fprintf(f, "| %s | %d | %d | %.0f |\n", g_cost[i].workload,
+              g_cost[i].threads, g_cost[i].runs, g_cost[i].seconds);
+    fprintf(f, "\n");
+  }
+  if (g_nfail > 0) {
+    fprintf(f, "## Failed runs\n\n");
+    for (int i = 0; i < g_nfail; i++)
+      fprintf(f, "- %s\n", g_fail[i].text);
+    fprintf(f, "\n");
+  }
+  if (fclose(f) != 0)
+    die("cannot write %s", g_o.md);
+}
+
+/* ---- Charts -------------------------------------------------------------- */
+
+static FILE *open_in(const char *dir, const char *name) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  if (f == NULL)
+    die("cannot write %s: %s", path, strerror(errno));
+  return f;
+}
+
+/* Distinct series (impl, mode) in a workload, fair modes only or all. */
+static int series(const char *wl, int threads, bool fair_only,
+                  const group_t **out, int max) {
+  int n = 0;
+  for (int i = 0; i < g_ngroups && n < max; i++) {
+    const group_t *g = &g_groups[i];
+    if (strcmp(g->workload, wl) || g->threads != threads ||
+        (fair_only && !fair(g)))
+      continue;
+    bool dup = false;
+    for (int k = 0; k < n; k++)
+      dup = dup || (strcmp(out[k]->impl, g->impl) == 0 &&
+                    strcmp(out[k]->mode, g->mode) == 0);
+    if (!dup)
+      out[n++] = g;
+  }
+  return n;
+}
+
+/* Colour and dash of a series: one colour per implementation, dashed for
+ * malloc peers' alloc-only mode. */
+static const char *style(const char *impl, const char *mode, char *buf,
+                         size_t len) {
+  static const struct {
+    const char *impl, *rgb;
+  } colours[] = {{"pinpool", "#000000"},     {"pinpool-tc", "#7f7f7f"},
+                 {"pinpool-cap", "#7f7f7f"}, {"refpool", "#9467bd"},
+                 {"naive", "#8c564b"},       {"glibc", "#1f77b4"},
+                 {"jemalloc", "#d62728"},    {"mimalloc", "#2ca02c"},
+                 {"tcmalloc", "#ff7f0e"}};
+  const char *rgb = "#17becf";
+  for (size_t i = 0; i < sizeof colours / sizeof colours[0]; i++)
+    if (strcmp(colours[i].impl, impl) == 0)
+      rgb = colours[i].rgb;
+  snprintf(buf, len, "lc rgb '%s' dt %d", rgb,
+           strcmp(mode, "alloc") == 0 ? 2 : 1);
+  return buf;
+}
+
+/* "impl" or "impl/mode" -> its parts. */
+static void split_label(const char *s, char *impl, size_t ilen, char *mode,
+                        size_t mlen) {
+  const char *sl = strchr(s, '/');
+  snprintf(impl, ilen, "%.*s", (int)(sl ? (size_t)(sl - s) : strlen(s)), s);
+  snprintf(mode, mlen, "%s", sl ? sl + 1 : "resident");
+}
+
+/* A short name for a case, for the x axis of the bar charts. */
+static const char *short_case(const group_t *g, bool threads, char *buf,
+                              size_t len) {
+  char sz[32] = "";
+  unsigned depth = 0;
+  if (strcmp(g->workload, "W3") == 0 &&
+      sscanf(g->kase, "%31s batch, depth %u", sz, &depth) == 2)
+    snprintf(buf, len, "W3 %s d%u", sz, depth);
+  else
+    snprintf(buf, len, "%s", g->workload);
+  if (threads) {
+    size_t n = strlen(buf);
+    snprintf(buf + n, len - n, " %dT", g->threads);
+  }
+  return buf;
+}
+
+static const char *g_bar_peers[] = {"refpool",        "naive",
+                                    "glibc/touch",    "jemalloc/touch",
+                                    "mimalloc/touch", "tcmalloc/touch"};
+#define N_BAR_PEERS ((int)(sizeof g_bar_peers / sizeof g_bar_peers[0]))
+
+/* One histogram plot command over `file` with columns 2..n+1 styled as
+ * the labels say. */
+static void gp_bars(FILE *gp, const char *file, const char *const *labels,
+                    int n) {
+  char st[96], impl[32], mode[16];
+  fprintf(gp, "plot ");
+  for (int k = 0; k < n; k++) {
+    split_label(labels[k], impl, sizeof impl, mode, sizeof mode);
+    fprintf(gp, "%s'%s' using %d%s title columnheader(%d) %s", k ? ", " : "",
+            file, k + 2, k ? "" : ":xtic(1)", k + 2,
+            style(impl, mode, st, sizeof st));
+  }
+  fprintf(gp, "\n");
+}
+
+static void write_plots(void) {
+  const group_t *ser[32];
+  char b[64], st[96];
+  FILE *gp = open_in(g_o.plots, "plots.gp");
+  fprintf(gp, "# generated by pp_report; run: gnuplot -e \"outdir='DIR'\" "
+              "plots.gp\n"
+              "if (!exists(\"outdir\")) outdir = \".\"\n"
+              "set datafile missing \"?\"\nset datafile separator \"\\t\"\n"
+              "set grid ytics\nset key outside right top\n"
+              "set style fill solid 0.85 border -1\n");
+
+  /* W1: ns per pair vs size, 1 thread. */
+  int ns = series("W1", 1, false, ser, 32);
+  FILE *d = open_in(g_o.plots, "w1.dat");
+  fprintf(d, "size\tbytes");
+  for (int k = 0; k < ns; k++)
+    fprintf(d, "\t%s", label(ser[k], b, sizeof b));
+  fprintf(d, "\n");
+  for (int i = 0; i < g_ngroups; i++) {
+    const group_t *g = &g_groups[i];
+    if (strcmp(g->workload, "W1") || g->threads != 1 ||
+        strcmp(g->impl, "pinpool"))
+      continue;
+    fprintf(d, "%s\t%.0f", g->kase, get(g, "size"));
+    for (int k = 0; k < ns; k++) {
+      const group_t *q =
+          find_group("W1", g->kase, ser[k]->impl, ser[k]->mode, 1, false);
+      double v = get(q, "ns_med");
+      fprintf(d, isfinite(v) ? "\t%.6g" : "\t?", v);
+    }
+    fprintf(d, "\n");
+  }
+  fclose(d);
+  fprintf(gp, "set terminal pngcairo size 960,560 font 'sans,10'\n"
+              "set output outdir.'/w1.png'\n"
+              "set title 'W1 hot reuse, 1 thread: ns per alloc+free pair "
+              "(median, log-log; lower is better; dashed: alloc-only)'\n"
+              "set logscale xy\nset xlabel 'block size'\n"
+              "set ylabel 'ns per pair'\nset format y '10^{%%L}'\n"
+              "set xtics ('4K' 4096, '64K' 65536, '1M' 1048576, "
+              "'64M' 67108864, '1G' 1073741824)\nplot ");
+  for (int k = 0; k < ns; k++)
+    fprintf(gp,
+            "%s'w1.dat' using 2:%d title columnheader(%d) with "
+            "linespoints lw %d pt 7 ps 0.6 %s",
+            k ? ", " : "", k + 3, k + 3,
+            strcmp(ser[k]->impl, "pinpool") ? 2 : 4,
+            style(ser[k]->impl, ser[k]->mode, st, sizeof st));
+  fprintf(gp, "\nunset logscale\nunset xlabel\nunset ylabel\n"
+              "set xtics autofreq\nset format y '%%g'\n");
+
+  /* Throughput: pinpool speed / peer speed for W2-W7 (fair modes). */
+  d = open_in(g_o.plots, "throughput.dat");
+  fprintf(d, "case");
+  for (int k = 0; k < N_BAR_PEERS; k++)
+    fprintf(d, "\t%s", g_bar_peers[k]);
+  fprintf(d, "\n");
+  for (int i = 0; i < g_ngroups; i++) {
+    const group_t *g = &g_groups[i];
+    if (!strcmp(g->workload, "W1") || strcmp(g->impl, "pinpool"))
+      continue;
+    fprintf(d, "%s", short_case(g, true, b, sizeof b));
+    for (int k = 0; k < N_BAR_PEERS; k++) {
+      char impl[32], mode[16];
+      split_label(g_bar_peers[k], impl, sizeof impl, mode, sizeof mode);
+      const group_t *q =
+          find_group(g->workload, g->kase, impl, mode, g->threads, false);
+      double r = q ? speed(g) / speed(q) : NAN;
+      fprintf(d, isfinite(r) && r > 0 ? "\t%.6g" : "\t?", r);
+    }
+    fprintf(d, "\n");
+  }
+  fclose(d);
+  fprintf(gp, "set terminal pngcairo size 1200,560 font 'sans,10'\n"
+              "set output outdir.'/throughput.png'\n"
+              "set title 'Throughput: pinpool ÷ peer (ops/s; W4: allocator "
+              "time per op). Above 1: pinpool ahead. Malloc peers in touch "
+              "mode'\n"
+              "set style data histograms\nset style histogram clustered "
+              "gap 1\nset logscale y\nset yrange [*:*] noextend\n"
+              "set ylabel 'ratio (log)'\n"
+              "set xtics rotate by -30 scale 0\nset bmargin 5\n"
+              "set arrow 1 from graph 0, first 1 to graph 1, first 1 nohead "
+              "lw 2 lc rgb 'black'\n");
+  gp_bars(gp, "throughput.dat", g_bar_peers, N_BAR_PEERS);
+  fprintf(gp, "unset arrow 1\nunset logscale\nunset ylabel\n");
+
+  /* Memory overhead, 1 thread, per workload (fair series). */
+  static const char *oimpl[] = {
+      "pinpool",        "refpool",        "naive",         "glibc/touch",
+      "jemalloc/touch", "mimalloc/touch", "tcmalloc/touch"};
+  const int noimpl = (int)(sizeof oimpl / sizeof oimpl[0]);
+  d = open_in(g_o.plots, "overhead.dat");
+  fprintf(d, "case");
+  for (int k = 0; k < noimpl; k++)
+    fprintf(d, "\t%s", oimpl[k]);
+  fprintf(d, "\n");
+  for (int i = 0; i < g_ngroups; i++) {
+    const group_t *g = &g_groups[i];
+    if (!strcmp(g->workload, "W1") || g->threads != 1 ||
+        strcmp(g->impl, "pinpool"))
+      continue;
+    fprintf(d, "%s", short_case(g, false, b, sizeof b));
+    for (int k = 0; k < noimpl; k++) {
+      char impl[32], mode[16];
+      split_label(oimpl[k], impl, sizeof impl, mode, sizeof mode);
+      const group_t *q = find_group(g->workload, g->kase, impl, mode, 1, false);
+      double v = strcmp(g->workload, "W4") == 0 ? get(q, "reserved_over_need")
+                                                : get(q, "overhead");
+      fprintf(d, isfinite(v) ? "\t%.6g" : "\t?", v);
+    }
+    fprintf(d, "\n");
+  }
+  fclose(d);
+  fprintf(gp, "set terminal pngcairo size 1100,540 font 'sans,10'\n"
+              "set output outdir.'/overhead.png'\n"
+              "set title 'Memory overhead, 1 thread: peak reserved (malloc: "
+              "peak RSS growth) ÷ peak requested; W4: ÷ (live + in flight). "
+              "Lower is better'\n"
+              "set logscale y\nset yrange [0.8:*] noextend\n"
+              "set ylabel 'overhead (log)'\nset xtics rotate by -30 scale 0\n"
+              "set arrow 1 from graph 0, first 1 to graph 1, first 1 nohead "
+              "lw 2 lc rgb 'black'\n");
+  gp_bars(gp, "overhead.dat", oimpl, noimpl);
+  fprintf(gp, "unset arrow 1\nunset logscale\nset yrange [*:*]\n"
+              "unset ylabel\n");
+
+  /* W4: reuse lag per implementation, 1 thread. */
+  ns = series("W4", 1, true, ser, 32);
+  d = open_in(g_o.plots, "w4.dat");
+  fprintf(d, "impl\tfast stream\tslow stream\treserved / need\n");
+  for (int k = 0; k < ns; k++) {
+    double f1 = get(ser[k], "lag_fast_us_med"),
+           s1 = get(ser[k], "lag_slow_us_med"),
+           o1 = get(ser[k], "reserved_over_need");
+    fprintf(d, "%s", label(ser[k], b, sizeof b));
+    fprintf(d, isfinite(f1) && f1 > 0 ? "\t%.6g" : "\t?", f1);
+    fprintf(d, isfinite(s1) && s1 > 0 ? "\t%.6g" : "\t?", s1);
+    fprintf(d, isfinite(o1) ? "\t%.6g\n" : "\t?\n", o1);
+  }
+  fclose(d);
+  fprintf(gp, "set terminal pngcairo size 1100,500 font 'sans,10'\n"
+              "set output outdir.'/w4.png'\n"
+              "set multiplot layout 1,2 title 'W4 stream-ordered frees, 1 "
+              "thread (fast stream: 50 µs copies, slow: 2 ms)'\n"
+              "set xtics rotate by -30 scale 0\nset key inside top right\n"
+              "set title 'reuse lag after the copy completed (median µs, "
+              "log)'\nset logscale y\n"
+              "plot 'w4.dat' using 2:xtic(1) title columnheader(2) lc rgb "
+              "'#1f77b4', '' using 3 title columnheader(3) lc rgb '#d62728'\n"
+              "unset logscale\nset yrange [0:*]\n"
+              "set title 'reserved ÷ (live + in flight), peak'\nunset key\n"
+              "plot 'w4.dat' using 4:xtic(1) lc rgb '#9467bd'\n"
+              "unset multiplot\nset yrange [*:*]\nset key outside right "
+              "top\n");
+
+  /* W6: acquire and release ms per GiB (fair modes). */
+  ns = series("W6", 1, true, ser, 32);
+  d = open_in(g_o.plots, "w6.dat");
+  fprintf(d, "impl\tacquire ms/GiB\trelease ms/GiB\n");
+  for (int k = 0; k < ns; k++) {
+    double a1 = get(ser[k], "acquire_ms_per_gib"),
+           r1 = get(ser[k], "release_ms_per_gib");
+    fprintf(d, "%s", label(ser[k], b, sizeof b));
+    fprintf(d, isfinite(a1) ? "\t%.6g" : "\t?", a1);
+    fprintf(d, isfinite(r1) ? "\t%.6g\n" : "\t?\n", r1);
+  }
+  fclose(d);
+  fprintf(gp, "set terminal pngcairo size 960,500 font 'sans,10'\n"
+              "set output outdir.'/w6.png'\n"
+              "set title 'W6 backend churn: ms per GiB acquired / released "
+              "(lower is better)'\n"
+              "set yrange [0:*]\nset ylabel 'ms per GiB'\n"
+              "plot 'w6.dat' using 2:xtic(1) title columnheader(2) lc rgb "
+              "'#1f77b4', '' using 3 title columnheader(3) lc rgb "
+              "'#ff7f0e'\n");
+  if (fclose(gp) != 0)
+    die("cannot write plots.gp");
+}
+
+/* ---- Main ---------------------------------------------------------------- */
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: pp_report --raw FILE --json OUT --markdown OUT --plots DIR\n"
+          "                 [--rev REV] [--mode quick|full] [--elapsed S]\n"
+          "                 [--peer NAME=VERSION]... [--missing NAME=WHY]...\n"
+          "                 [--load-start L] [--load-end L] [--charts 0|1]\n");
+}
+
+int main(int argc, char **argv) {
+  machine_t m;
+  g_o.rev = "unknown";
+  g_o.mode = "full";
+  g_o.charts = true;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (i + 1 >= argc) {
+      usage();
+      die("option %s needs a value", a);
+    }
+    const char *v = argv[++i];
+    if (strcmp(a, "--raw") == 0)
+      g_o.raw = v;
+    else if (strcmp(a, "--json") == 0)
+      g_o.json = v;
+    else if (strcmp(a, "--markdown") == 0)
+      g_o.md = v;
+    else if (strcmp(a, "--plots") == 0)
+      g_o.plots = v;
+    else if (strcmp(a, "--rev") == 0)
+      g_o.rev = v;
+    else if (strcmp(a, "--mode") == 0)
+      g_o.mode = v;
+    else if (strcmp(a, "--elapsed") == 0)
+      g_o.elapsed = strtod(v, NULL);
+    else if (strcmp(a, "--load-start") == 0)
+      g_o.load_start = v;
+    else if (strcmp(a, "--load-end") == 0)
+      g_o.load_end = v;
+    else if (strcmp(a, "--peer") == 0 && g_o.npeers < 16)
+      g_o.peers[g_o.npeers++] = v;
+    else if (strcmp(a, "--charts") == 0)
+      g_o.charts = strcmp(v, "0") != 0;
+    else if (strcmp(a, "--missing") == 0 && g_o.nmissing < 16)
+      g_o.missing[g_o.nmissing++] = v;
+    else {
+      usage();
+      die("unknown option '%s'", a);
+    }
+  }
+  if (g_o.raw == NULL || g_o.json == NULL || g_o.md == NULL ||
+      g_o.plots == NULL) {
+    usage();
+    return 2;
+  }
+  parse_raw(g_o.raw);
+  if (g_ngroups == 0)
+    die("no records in %s", g_o.raw);
+  for (int i = 0; i < g_ngroups; i++)
+    aggregate(&g_groups[i]);
+  sort_groups();
+  for (int i = 0; i < g_ngroups; i++) {
+    group_t *g = &g_groups[i];
+    const group_t *b = baseline(g);
+    if (b == NULL)
+      continue;
+    g->ratio_ns = get(g, "ns_med") / get(b, "ns_med");
+    g->ratio_ops = get(g, "ops_per_s") / get(b, "ops_per_s");
+  }
+  describe_machine(&m);
+  evaluate_goals();
+  write_json(&m);
+  write_md(&m);
+  write_plots();
+  return 0;
+}
