@@ -611,9 +611,9 @@ static void goal_ahead(const char *wl, const char *title) {
       any = true;
       if (!(worst > 1.0))
         all = false;
-      goal_add(g, "%s%s, %d thread%s: %s of the closest, %s",
+      goal_add(g, "%s%s, %d thread%s: %s the closest, %s",
                g->detail[0] ? "; " : "", p->kase, t, t > 1 ? "s" : "",
-               worst > 1.0 ? "ahead" : "behind", label(wg, buf, sizeof buf));
+               worst > 1.0 ? "ahead of" : "behind", label(wg, buf, sizeof buf));
       goal_add(g, " (%s: pinpool %s vs %s = %s)",
                strcmp(wl, "W4") == 0 ? "allocator ops/s, 1e9 / mean ns"
                                      : "ops/s",
