@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -306,6 +307,73 @@ PINPOOL_API int pinpool_validate(pinpool_t *pool);
  * *needed says how many bytes). `needed` may be NULL. Thread-safe. */
 PINPOOL_API int pinpool_get_config(pinpool_t *pool, char *buf, size_t len,
                                    size_t *needed);
+
+/* ---- History and snapshots (docs/snapshot-format.md) --------------------
+ * pinpool_record_history switches the allocation history on or off, at any
+ * time, from any thread; threads allocating meanwhile see the change at
+ * their next call (the level is one atomic every hot path reads).
+ *   record  PINPOOL_HISTORY_NONE   off: nothing recorded (the default)
+ *           PINPOOL_HISTORY_STATE  each allocated block remembers its
+ *                                  allocating thread and call stack, shown
+ *                                  by snapshots; no history entries
+ *           PINPOOL_HISTORY_ALLOC  STATE, plus a history entry for every
+ *                                  event; stacks for alloc, segment_alloc
+ *                                  and oom entries
+ *           PINPOOL_HISTORY_ALL    ALLOC, with stacks for every entry
+ *   max_entries   ring size: the newest max_entries entries are kept (1 to
+ *                 2^26; 0 keeps the current size, 100000 at first)
+ *   stack_depth   frames captured per stack, 0 to 64 (0: no stacks)
+ *   clear         nonzero: drop the entries recorded so far
+ * Entries: segment_alloc, alloc, free_requested (a stream-ordered free
+ * waiting for its events), free_completed, segment_free, empty_cache, oom;
+ * each with address, block size, requested size, stream, thread id, a
+ * monotonic time in ns and a stack id. Stacks are return addresses, taken
+ * with backtrace(3) and symbolized only when a snapshot is written.
+ * opts NULL: the same as record = PINPOOL_HISTORY_NONE (entries are kept).
+ * Errors (nothing changes): PINPOOL_EINVAL (pool NULL, a value out of
+ * range), PINPOOL_ENOMEM (no memory for the ring). Thread-safe. */
+enum {
+  PINPOOL_HISTORY_NONE = 0,
+  PINPOOL_HISTORY_STATE = 1,
+  PINPOOL_HISTORY_ALLOC = 2,
+  PINPOOL_HISTORY_ALL = 3,
+};
+typedef struct pinpool_history_options {
+  int record;
+  size_t max_entries;
+  unsigned stack_depth;
+  int clear;
+} pinpool_history_options_t;
+PINPOOL_API int pinpool_record_history(pinpool_t *pool,
+                                       const pinpool_history_options_t *opts);
+
+/* Snapshot flags. */
+#define PINPOOL_SNAPSHOT_NO_HISTORY 1u /* leave the history ring out */
+#define PINPOOL_SNAPSHOT_NO_SYMBOLS 2u /* frames as addresses only */
+
+/* Write a snapshot of the pool as JSON (docs/snapshot-format.md): every
+ * segment and block with its state, the allocating thread and stack where
+ * history was on, the stats, the configuration and the history ring.
+ * Each block is read once, atomically, so no block appears in two states
+ * and the totals satisfy reserved = allocated + pending + cached. Other
+ * threads keep allocating meanwhile; no lock is held while blocks are read
+ * or text is formatted (the longest hold is copying the segment list).
+ *   pinpool_snapshot_write       to the file `path` (created or truncated;
+ *                                on error the file is removed)
+ *   pinpool_snapshot_write_file  to an open stream (not closed)
+ *   pinpool_snapshot_write_mem   to a NUL-terminated string in *out, of
+ *                                *len bytes; free it with
+ *                                pinpool_snapshot_free
+ * Errors: PINPOOL_EINVAL (NULL argument, unknown flags), PINPOOL_ENOMEM,
+ * PINPOOL_EBACKEND (the file could not be opened or written; the message
+ * has the system error). Thread-safe. */
+PINPOOL_API int pinpool_snapshot_write(pinpool_t *pool, const char *path,
+                                       unsigned flags);
+PINPOOL_API int pinpool_snapshot_write_file(pinpool_t *pool, FILE *f,
+                                            unsigned flags);
+PINPOOL_API int pinpool_snapshot_write_mem(pinpool_t *pool, char **out,
+                                           size_t *len, unsigned flags);
+PINPOOL_API void pinpool_snapshot_free(char *text);
 
 /* ---- Buffers -----------------------------------------------------------
  * A buffer is a reference-counted handle to one block of a pool: the

@@ -53,7 +53,8 @@ static void account_free(pp_tcache_t *tc, size_t req, size_t bs) {
 }
 
 static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
-                           pp_tentry_t *out, uint32_t want, bool *missed) {
+                           pp_tentry_t *out, uint32_t want, bool *missed,
+                           const void *ra) {
   /* Bounded reclaim of completed stream-ordered frees before the bins are
    * searched: cheap (one load) when nothing is pending. */
   pp_process(pool, 64, false);
@@ -66,15 +67,18 @@ static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
     pp_fetch_add_relaxed(&pool->gs.trimmed, pp_release_idle(pool, true));
     n = pp_central_take(pool, cls, tc->shard, out, want, missed);
   }
-  if (n == PINPOOL_ENOMEM)
+  if (n == PINPOOL_ENOMEM) {
     pp_fetch_add_relaxed(&pool->gs.oom, 1);
+    pp_hist_event(pool, PP_H_OOM, 0, pp_class_size(cls), 0, 0, ra);
+  }
   return n;
 }
 
 /* Out of line, so that the hit path needs no stack frame. */
 __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
                                                 pp_tcache_t *tc, unsigned cls,
-                                                size_t size, void **out) {
+                                                size_t size, void **out,
+                                                const void *ra) {
   if (tc->epoch != pp_load_relaxed(&pool->flush_epoch))
     pp_tcache_flush_all(tc); /* pinpool_empty_cache asked for it */
   size_t bs = pp_class_size(cls);
@@ -85,9 +89,10 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
   if (b->items == NULL && !tbin_init(pool, b, bs)) {
     /* Bypass: straight from the central bin to the caller. */
     pp_tentry_t e;
-    n = take_with_retry(pool, tc, cls, &e, 1, &missed);
+    n = take_with_retry(pool, tc, cls, &e, 1, &missed, ra);
     if (n < 0)
       return n;
+    pp_hist_alloc(pool, e.seg, e.idx, bs, size, ra);
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
     account_alloc(tc, size, bs);
     *out = e.ptr;
@@ -95,13 +100,15 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     uint64_t room = pool->cfg.tcache_bytes - pp_load_relaxed(&tc->bytes);
     uint64_t want = room / bs;
     want = want < 1 ? 1 : want > b->batch ? b->batch : want;
-    n = take_with_retry(pool, tc, cls, b->items, (uint32_t)want, &missed);
+    n = take_with_retry(pool, tc, cls, b->items, (uint32_t)want, &missed,
+                        ra);
     if (n < 0)
       return n;
     b->n = (uint32_t)n;
     pp_store_relaxed(&tc->bytes,
                      pp_load_relaxed(&tc->bytes) + (uint64_t)n * bs);
     pp_tentry_t e = b->items[--b->n];
+    pp_hist_alloc(pool, e.seg, e.idx, bs, size, ra);
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
     pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) - bs);
     account_alloc(tc, size, bs);
@@ -133,6 +140,10 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
   if (pp_likely(b->n > 0 && tc->epoch == pp_load_relaxed(&pool->flush_epoch))) {
     size_t bs = b->bs;
     pp_tentry_t e = b->items[--b->n];
+    /* History: one atomic load and a branch when it is off. */
+    if (pp_unlikely(pp_hist_level(pool) != PINPOOL_HISTORY_NONE))
+      pp_hist_alloc(pool, e.seg, e.idx, bs, size,
+                    __builtin_return_address(0));
     /* Release: whoever later reads ALLOCATED (a free on another thread, a
      * snapshot) also sees the requested size stored with it. */
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
@@ -141,7 +152,7 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
     *out = e.ptr;
     return 0;
   }
-  return alloc_slow(pool, tc, cls, size, out);
+  return alloc_slow(pool, tc, cls, size, out, __builtin_return_address(0));
 }
 
 /* Find the block that starts at p; on success *seg_out and *idx_out. */
@@ -219,7 +230,8 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
     if (PP_WORD_STATE(w) != PP_ALLOCATED)
       return state_error(ptr, "pinpool_free", w);
     if (w & PP_WORD_STREAMS) /* used on streams: stream-ordered free */
-      return pp_stream_free(pool, tc, seg, idx, w);
+      return pp_stream_free(pool, tc, seg, idx, w,
+                            __builtin_return_address(0));
 #ifdef PINPOOL_MUTANT_FREE_NO_CAS
     /* Race mutant (docs/verification.md): a load and a store instead of
      * the CAS; two concurrent frees can both succeed. */
@@ -232,6 +244,10 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
   size_t req = (size_t)PP_WORD_PAYLOAD(w);
   size_t bs = pp_load_relaxed(&seg->block_size);
   unsigned cls = pp_load_relaxed(&seg->cls_index);
+  pp_hist_forget(seg, idx);
+  if (pp_unlikely(pp_hist_level(pool) >= PINPOOL_HISTORY_ALLOC))
+    pp_hist_event(pool, PP_H_FREE_COMPLETED, (uintptr_t)ptr, bs, req, 0,
+                  __builtin_return_address(0));
   account_free(tc, req, bs);
   pp_tbin_t *b = &tc->bins[cls];
   uint64_t bytes = pp_load_relaxed(&tc->bytes) + bs;

@@ -329,6 +329,17 @@ struct pp_segment {
    * lock of (segment, block). Kept across recycling. */
   _Atomic(_Atomic(struct pp_sset *) *) ssets;
 
+  /* History (history.c): per block, the allocation's (stack id << 32 |
+   * thread id), 0 when unknown. Installed once with a CAS, kept across
+   * recycling; each word is one atomic, written by the allocating thread
+   * and read by snapshots (PyTorch read such fields under another lock). */
+  _Atomic(_Atomic(uint64_t) *) info;
+
+  /* Bumped under pool->seg_lock when the segment is published and when it
+   * is released: a snapshot reading blocks without the lock checks it did
+   * not change meanwhile (snapshot.c). */
+  _Atomic(uint64_t) gen;
+
   _Atomic(uint64_t) word[];
 };
 
@@ -420,6 +431,52 @@ void pp_tcache_flush_bin(pp_tcache_t *tc, unsigned cls, uint32_t keep);
 void pp_tcache_flush_all(pp_tcache_t *tc);
 void pp_tcache_pool_destroy(struct pinpool *pool);
 
+/* ---- History (history.c) ------------------------------------------------
+ * A ring of fixed-size entries, written without a lock: a writer claims a
+ * sequence number with one fetch-add and fills its slot under a per-slot
+ * sequence word (odd: being written; 2*seq+2: entry seq complete), so a
+ * snapshot copies entries while others keep writing and skips any it saw
+ * half written. Every field is an atomic: no reader ever sees a torn
+ * value, and ThreadSanitizer sees no plain access to reason about. */
+enum {
+  PP_H_SEGMENT_ALLOC = 0,
+  PP_H_ALLOC,
+  PP_H_FREE_REQUESTED,
+  PP_H_FREE_COMPLETED,
+  PP_H_SEGMENT_FREE,
+  PP_H_EMPTY_CACHE,
+  PP_H_OOM,
+  PP_H_NACTIONS
+};
+typedef struct pp_hslot {
+  _Atomic(uint64_t) seq;
+  _Atomic(uint64_t) time; /* pp_hist_clock() units */
+  _Atomic(uint64_t) addr, size, req, stream;
+  _Atomic(uint64_t) tid_action; /* thread id << 8 | action */
+  _Atomic(uint64_t) stack;      /* stack id, 0: none */
+} pp_hslot_t;
+typedef struct pp_hring {
+  struct pp_hring *retired_next; /* under hist.lock */
+  uint64_t mask;                 /* capacity - 1; immutable */
+  _Alignas(64) _Atomic(uint64_t) head; /* next sequence number */
+  _Alignas(64) pp_hslot_t slots[];
+} pp_hring_t;
+typedef struct pp_stacktab pp_stacktab_t;
+typedef struct pp_history {
+  /* The level every hot path reads (relaxed: a thread that sees it late
+   * records one event more or less, never a torn one). */
+  _Atomic(unsigned) level;
+  _Atomic(unsigned) depth;
+  _Atomic(pp_hring_t *) ring;   /* never NULL again once set */
+  _Atomic(uint64_t) max_entries; /* entries a snapshot keeps */
+  _Atomic(uint64_t) base_seq;    /* entries before it were cleared */
+  _Atomic(pp_stacktab_t *) stacks;
+  pp_mutex_t lock; /* record_history; the retired list */
+  pp_hring_t *retired; /* replaced rings, freed at destroy (late writers) */
+  bool tsc;            /* clock is the invariant TSC; immutable */
+  uint64_t clk0, ns0;  /* a (clock, ns) pair taken at create; immutable */
+} pp_history_t;
+
 /* ---- The pool ----------------------------------------------------------- */
 /* Cache-line aligned so that neighbouring bins never share a line. */
 typedef struct pp_bin {
@@ -473,6 +530,7 @@ struct pinpool {
 
   _Atomic(uint64_t) flush_epoch;
   _Atomic(unsigned) next_shard;
+  pp_history_t hist;
   pp_gstats_t gs;
 
   pp_fault_t fault; /* fault injection counters (config key fault) */
@@ -528,7 +586,7 @@ int pp_streams_init(struct pinpool *pool); /* after ev is set */
 void pp_streams_fini(struct pinpool *pool);
 /* The free of an ALLOCATED block with the streams bit: word `w` as read. */
 int pp_stream_free(struct pinpool *pool, pp_tcache_t *tc, pp_segment_t *seg,
-                   uint32_t idx, uint64_t w);
+                   uint32_t idx, uint64_t w, const void *ra);
 /* Poll stream queues; up to `budget` completions. wait: synchronize. */
 void pp_process(struct pinpool *pool, unsigned budget, bool wait);
 
@@ -542,5 +600,74 @@ void pp_stats_fold_dead(struct pinpool *pool, pp_tcache_t *tc);
 void pp_stats_sample_peaks(struct pinpool *pool);
 void pp_backend_timed(pp_counter_t *count, pp_counter_t *total,
                       pp_counter_t *max, uint64_t t0);
+
+/* history.c */
+int pp_hist_init(struct pinpool *pool);
+void pp_hist_fini(struct pinpool *pool);
+#ifdef PINPOOL_MUTANT_HISTORY_FLAG_PLAIN
+/* Race mutant (docs/verification.md): the level as a plain field, read by
+ * every allocation while pinpool_record_history writes it (PyTorch's
+ * record_history_ race). */
+#define pp_hist_level(pool) (*(volatile unsigned *)&(pool)->hist.level)
+#else
+#define pp_hist_level(pool) pp_load_relaxed(&(pool)->hist.level)
+#endif
+/* An allocation of block idx of seg (level >= STATE): remembers thread and
+ * stack for snapshots, and records an alloc entry (level >= ALLOC). Called
+ * before the block's word becomes ALLOCATED (release), so a snapshot that
+ * reads ALLOCATED also reads this allocation's info or a later one. */
+void pp_hist_alloc(struct pinpool *pool, pp_segment_t *seg, uint32_t idx,
+                   size_t bs, size_t req, const void *ra);
+/* Any other entry; does nothing below level ALLOC. */
+void pp_hist_event(struct pinpool *pool, int action, uintptr_t addr,
+                   size_t size, size_t req, uint64_t stream, const void *ra);
+/* ra: the return address of the public entry point (its caller), where the
+ * captured stack is cut so that it starts in the caller's code; NULL when
+ * unknown (deep in a slow path: snapshot.c then cuts by symbol name). */
+/* The block went back to the cache: forget its allocation info. One load
+ * when history was never on for the segment. */
+static inline void pp_hist_forget(pp_segment_t *seg, uint32_t idx) {
+  _Atomic(uint64_t) *info = pp_load_acquire(&seg->info);
+  if (pp_unlikely(info != NULL)) {
+#ifdef PINPOOL_MUTANT_BLOCKINFO_PLAIN
+    *(uint64_t *)&info[idx] = 0;
+#else
+    pp_store_relaxed(&info[idx], 0);
+#endif
+  }
+}
+/* Read by snapshots. */
+uint64_t pp_hist_to_ns(const struct pinpool *pool, uint64_t clk,
+                       uint64_t clk_now, uint64_t ns_now);
+uint64_t pp_hist_clock(const struct pinpool *pool);
+/* Copy stack `id` (1-based) into out[0..max); returns its length (0: none).
+ * Copies the whole table under its lock: see pp_stacks_copy. */
+typedef struct pp_stacks_copy {
+  uintptr_t *frames; /* all frames, stack after stack */
+  uint64_t *off;     /* stack i (0-based) is frames[off[i], off[i+1]) */
+  size_t n;          /* stacks */
+} pp_stacks_copy_t;
+int pp_stacks_copy(struct pinpool *pool, pp_stacks_copy_t *out,
+                   uint64_t *hold_ns);
+void pp_stacks_copy_free(pp_stacks_copy_t *c);
+/* Linux thread id of the caller, cached. */
+uint32_t pp_thread_id(void);
+
+/* stream.c, for snapshots: the streams recorded on (or awaited by) block
+ * idx of seg, read under its stripe lock; up to max into out, returns the
+ * count (which may exceed max). */
+size_t pp_stream_list(struct pinpool *pool, pp_segment_t *seg, uint32_t idx,
+                      uint64_t *out, size_t max);
+
+/* symbolize.c: names for return addresses, when a snapshot is written. */
+typedef struct pp_symbol {
+  const char *function, *module, *file; /* NULL: unknown; owned by sym */
+  uint64_t offset;
+  int64_t line; /* -1: unknown */
+} pp_symbol_t;
+typedef struct pp_symbolizer pp_symbolizer_t;
+pp_symbolizer_t *pp_symbolizer_open(void); /* NULL: out of memory */
+void pp_symbolize(pp_symbolizer_t *s, uintptr_t addr, pp_symbol_t *out);
+void pp_symbolizer_close(pp_symbolizer_t *s);
 
 #endif /* PP_INTERNAL_H */

@@ -155,6 +155,11 @@ static int seg_create(pinpool_t *pool, unsigned cls, unsigned shard,
   pp_store_relaxed(&d->nblocks, nblocks);
   pp_store_relaxed(&d->div_magic, (((uint64_t)1 << 42) + bs - 1) / bs);
   pp_store_relaxed(&d->cls_index, cls);
+  /* A recycled descriptor: its release bumped gen (under seg_lock, which
+   * desc_get took since). The fence orders that before the words below, so
+   * a snapshot that reads one of them also sees the new gen and drops the
+   * segment it was reading (snapshot.c). */
+  atomic_thread_fence(memory_order_release);
   for (uint32_t i = 0; i < nblocks; i++)
     pp_store_relaxed(&d->word[i], PP_WORD(0, PP_NEVER));
   d->cls = cls;
@@ -171,6 +176,7 @@ static int seg_create(pinpool_t *pool, unsigned cls, unsigned shard,
   pp_mutex_lock(&pool->seg_lock);
   int rc = pp_segmap_insert(pool->map, d); /* publishes d (release) */
   if (rc == 0) {
+    pp_store_relaxed(&d->gen, pp_load_relaxed(&d->gen) + 1);
     d->all_prev = NULL;
     d->all_next = pool->all;
     if (pool->all != NULL)
@@ -190,6 +196,7 @@ static int seg_create(pinpool_t *pool, unsigned cls, unsigned shard,
   pp_fetch_add_relaxed(&pool->gs.segs_alloc, 1);
   uint64_t n = pp_fetch_add_relaxed(&pool->gs.segs_cur, 1) + 1;
   pp_atomic_max_relaxed(&pool->gs.segs_peak, n);
+  pp_hist_event(pool, PP_H_SEGMENT_ALLOC, (uintptr_t)mem, size, 0, 0, NULL);
   *out = d;
   return 0;
 }
@@ -201,6 +208,7 @@ static void seg_release(pinpool_t *pool, pp_segment_t *d) {
   size_t size = pp_load_relaxed(&d->size);
   unsigned flags = d->flags;
   pp_mutex_lock(&pool->seg_lock);
+  pp_store_relaxed(&d->gen, pp_load_relaxed(&d->gen) + 1);
   pp_segmap_remove(pool->map, d);
   if (d->all_prev != NULL)
     d->all_prev->all_next = d->all_next;
@@ -217,6 +225,7 @@ static void seg_release(pinpool_t *pool, pp_segment_t *d) {
     backend_free(pool, (void *)base, size, flags);
   pp_fetch_sub_relaxed(&pool->gs.segs_cur, 1);
   pp_fetch_add_relaxed(&pool->gs.segs_freed, 1);
+  pp_hist_event(pool, PP_H_SEGMENT_FREE, base, size, 0, 0, NULL);
 }
 
 static unsigned release_batch(pinpool_t *pool, pp_segment_t *batch) {
@@ -535,6 +544,7 @@ unsigned pp_release_idle(pinpool_t *pool, bool lru_only) {
 }
 
 static void free_desc(pp_segment_t *s) {
+  free(pp_load_relaxed(&s->info));
   _Atomic(struct pp_sset *) *arr = pp_load_relaxed(&s->ssets);
   if (arr != NULL) {
     for (uint32_t i = 0; i < s->capacity; i++)
@@ -584,6 +594,7 @@ static void pool_free_struct(pinpool_t *pool, bool streams_ready) {
   pp_mutex_destroy(&pool->trim_lock);
   pp_mutex_destroy(&pool->idle_lock);
   pp_mutex_destroy(&pool->reg_lock);
+  pp_hist_fini(pool);
   if (pool->has_events && pool->ev.destroy != NULL)
     pool->ev.destroy(pool->ev.ctx);
   if (pool->prov.destroy != NULL)
@@ -636,6 +647,7 @@ static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
   pp_mutex_init(&pool->trim_lock);
   pp_mutex_init(&pool->idle_lock);
   pp_mutex_init(&pool->reg_lock);
+  (void)pp_hist_init(pool);
   if (hooks != NULL) {
     pool->on_error = hooks->on_error;
     pool->error_arg = hooks->error_arg;
@@ -767,6 +779,8 @@ static void pool_teardown(pinpool_t *pool) {
 int pinpool_empty_cache(pinpool_t *pool) {
   if (pool == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_empty_cache: pool is NULL");
+  pp_hist_event(pool, PP_H_EMPTY_CACHE, 0, 0, 0, 0,
+                __builtin_return_address(0));
     /* Other threads flush at their next call: their caches have no lock, so
      * only their owners may touch them (tcache.c). */
 #ifdef PINPOOL_MUTANT_EPOCH_PLAIN

@@ -32,6 +32,7 @@ typedef struct pp_sset {
 typedef struct pp_pending {
   pp_segment_t *seg;
   uint32_t idx;
+  size_t req;
   unsigned cls;
   uint64_t freed_ns;
   _Atomic(uint32_t) remaining; /* events not yet complete */
@@ -184,6 +185,41 @@ static void report_error(pinpool_t *pool, int err, pp_pending_t *p) {
   }
 }
 
+/* A pending block's events are all done: drop its stream set (kept for
+ * snapshots while it was pending), forget its allocation info, record the
+ * free as completed. The caller then caches it. */
+static void block_done(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
+                       size_t bs, size_t req) {
+  pp_mutex_t *lk = stripe(pool, seg, idx);
+  _Atomic(pp_sset_t *) *slot = sset_slot(seg, idx); /* exists: bit was set */
+  pp_mutex_lock(lk);
+  pp_sset_t *set = slot != NULL ? pp_load_relaxed(slot) : NULL;
+  if (slot != NULL)
+    pp_store_relaxed(slot, NULL);
+  pp_mutex_unlock(lk);
+  free(set);
+  pp_hist_forget(seg, idx);
+  if (pp_unlikely(pp_hist_level(pool) >= PINPOOL_HISTORY_ALLOC))
+    pp_hist_event(pool, PP_H_FREE_COMPLETED,
+                  pp_load_relaxed(&seg->base) + (uintptr_t)idx * bs, bs, req,
+                  0, NULL);
+}
+
+size_t pp_stream_list(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
+                      uint64_t *out, size_t max) {
+  _Atomic(pp_sset_t *) *arr = pp_load_acquire(&seg->ssets);
+  if (arr == NULL)
+    return 0;
+  pp_mutex_t *lk = stripe(pool, seg, idx);
+  pp_mutex_lock(lk);
+  pp_sset_t *set = pp_load_relaxed(&arr[idx]);
+  size_t n = set == NULL ? 0 : set->n;
+  for (size_t i = 0; i < n && i < max; i++)
+    out[i] = (uint64_t)set->s[i];
+  pp_mutex_unlock(lk);
+  return n;
+}
+
 /* One event of p is done (or failed). The last one decides. */
 static void event_done(pinpool_t *pool, pp_pending_t *p) {
   if (atomic_fetch_sub_explicit(&p->remaining, 1, memory_order_acq_rel) != 1)
@@ -203,6 +239,7 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
   pp_fetch_sub_relaxed(&pool->pending_live, 1);
   pp_backend_timed(&pool->rc_count, &pool->rc_total, &pool->rc_max,
                    p->freed_ns);
+  block_done(pool, p->seg, p->idx, bs, p->req);
   free(p);
   /* PENDING -> CACHED happens inside the bin push (one store, under the
    * bin lock), so no reader ever sees the block in two states. */
@@ -212,7 +249,7 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
 /* ---- Free ---------------------------------------------------------------- */
 
 int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
-                   uint32_t idx, uint64_t w) {
+                   uint32_t idx, uint64_t w, const void *ra) {
   /* ALLOCATED(+streams) -> PENDING, keeping the requested size: the one
    * CAS that decides between this free and a concurrent double free. */
   do {
@@ -229,12 +266,18 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
   pp_fetch_add_relaxed(&pool->pending_blocks, 1);
   pp_fetch_add_relaxed(&pool->pending_live, 1);
 
+  /* The set stays in its slot while the block is PENDING, so a snapshot
+   * can list the streams awaited; nobody changes it meanwhile (record_stream
+   * refuses a block that is not ALLOCATED), and event_done removes it. */
   pp_mutex_t *lk = stripe(pool, seg, idx);
   _Atomic(pp_sset_t *) *slot = sset_slot(seg, idx); /* exists: bit set */
   pp_mutex_lock(lk);
   pp_sset_t *set = pp_load_relaxed(slot);
-  pp_store_relaxed(slot, NULL);
   pp_mutex_unlock(lk);
+  if (pp_unlikely(pp_hist_level(pool) >= PINPOOL_HISTORY_ALLOC))
+    pp_hist_event(pool, PP_H_FREE_REQUESTED,
+                  pp_load_relaxed(&seg->base) + (uintptr_t)idx * bs, bs, req,
+                  set != NULL && set->n > 0 ? (uint64_t)set->s[0] : 0, ra);
 
   pp_pending_t *p = malloc(sizeof *p);
   uint32_t n = set == NULL ? 0 : set->n;
@@ -248,17 +291,18 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
         pool->ev.release(pool->ev.ctx, ev);
       }
     }
-    free(set);
     pp_fetch_sub_relaxed(&pool->pending_bytes, bs);
     pp_fetch_sub_relaxed(&pool->pending_blocks, 1);
     pp_fetch_sub_relaxed(&pool->pending_live, 1);
     pp_tentry_t e = {(void *)(pp_load_relaxed(&seg->base) + idx * bs), seg,
                      idx};
+    block_done(pool, seg, idx, bs, req);
     pp_central_give(pool, pp_class_index(bs), &e, 1);
     return 0;
   }
   *p = (pp_pending_t){.seg = seg,
                       .idx = idx,
+                      .req = req,
                       .cls = pp_class_index(bs),
                       .freed_ns = pp_now_ns()};
   /* +1 for this function: the block cannot complete before every event
@@ -300,7 +344,6 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
     pp_mutex_unlock(&q->lock);
 #endif
   }
-  free(set);
   /* Our +1 is still held, so this cannot reach zero. */
   atomic_fetch_sub_explicit(&p->remaining, dropped, memory_order_acq_rel);
   event_done(pool, p); /* drop our +1; caches the block if all are done */

@@ -1,0 +1,909 @@
+/*
+ * Snapshots (docs/snapshot-format.md): gather, then format.
+ *
+ * Gathering holds one pool lock at a time and never for long:
+ *  - seg_lock while the list of live segments is copied (a few words per
+ *    segment). That is the longest hold; it is measured and written out as
+ *    max_hold_ns. Only segment creation and release wait for it.
+ *  - a stripe lock per block that has streams, to copy its stream set.
+ *  - the stack table's lock while it is copied.
+ * Blocks are read with no lock: each block's state word is one atomic
+ * load, so a block is reported in exactly one state (invariant 2), and the
+ * totals are summed from what was read, so the accounting identity holds
+ * in every snapshot by construction. A segment released while its blocks
+ * were read is detected by its generation and left out.
+ *
+ * Formatting happens after gathering, with no lock held: symbolizing the
+ * stacks (symbolize.c) and writing JSON through a buffer of our own (a
+ * snapshot of 100,000 blocks and 1,000,000 entries is about 100 MB of
+ * text; stdio's formatted output would dominate the time).
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- Output buffer --------------------------------------------------------
+ * Text accumulates in `p`; with a FILE it is written out in 1 MiB pieces,
+ * without one it grows into the pinpool_snapshot_write_mem result. */
+typedef struct wbuf {
+  char *p;
+  size_t len, cap;
+  FILE *f;
+  int err; /* 0, or a PINPOOL_E* code already reported with pp_fail */
+} wbuf_t;
+
+#define WB_FLUSH_AT ((size_t)1 << 20)
+
+static void wb_flush(wbuf_t *w) {
+  if (w->err != 0 || w->f == NULL || w->len == 0)
+    return;
+  if (fwrite(w->p, 1, w->len, w->f) != w->len)
+    w->err = pp_fail(PINPOOL_EBACKEND, "snapshot: write failed: %s",
+                     strerror(errno));
+  w->len = 0;
+}
+
+static void wb_reserve(wbuf_t *w, size_t more) {
+  if (w->err != 0 || w->len + more + 1 <= w->cap)
+    return;
+  wb_flush(w);
+  if (w->err != 0 || w->len + more + 1 <= w->cap)
+    return;
+  size_t cap = w->cap ? w->cap : 2 * WB_FLUSH_AT;
+  while (cap < w->len + more + 1)
+    cap *= 2;
+  char *p = realloc(w->p, cap);
+  if (p == NULL) {
+    w->err = pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory for text");
+    return;
+  }
+  w->p = p;
+  w->cap = cap;
+}
+
+static void wb_raw(wbuf_t *w, const char *s, size_t n) {
+  wb_reserve(w, n);
+  if (w->err != 0)
+    return;
+  memcpy(w->p + w->len, s, n);
+  w->len += n;
+  if (w->f != NULL && w->len >= WB_FLUSH_AT)
+    wb_flush(w);
+}
+
+static void wb_lit(wbuf_t *w, const char *s) { wb_raw(w, s, strlen(s)); }
+
+static void wb_u64(wbuf_t *w, uint64_t v) {
+  char tmp[24];
+  char *e = tmp + sizeof tmp, *q = e;
+  do {
+    *--q = (char)('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  wb_raw(w, q, (size_t)(e - q));
+}
+
+static void wb_printf(wbuf_t *w, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void wb_printf(wbuf_t *w, const char *fmt, ...) {
+  char tmp[128];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+  va_end(ap);
+  if (n > 0)
+    wb_raw(w, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+/* A JSON string (or null). Bytes >= 0x80 are copied: names from symbol
+ * tables and file systems are UTF-8 in practice; control characters and
+ * invalid bytes below 0x20 are escaped. */
+static void wb_str(wbuf_t *w, const char *s) {
+  if (s == NULL) {
+    wb_lit(w, "null");
+    return;
+  }
+  wb_raw(w, "\"", 1);
+  const char *run = s;
+  for (; *s != '\0'; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80)
+      continue;
+    if (c >= 0x80)
+      continue;
+    wb_raw(w, run, (size_t)(s - run));
+    char esc[8];
+    if (c == '"' || c == '\\') {
+      esc[0] = '\\';
+      esc[1] = (char)c;
+      wb_raw(w, esc, 2);
+    } else {
+      (void)snprintf(esc, sizeof esc, "\\u%04x", c);
+      wb_raw(w, esc, 6);
+    }
+    run = s + 1;
+  }
+  wb_raw(w, run, (size_t)(s - run));
+  wb_raw(w, "\"", 1);
+}
+
+static void wb_key(wbuf_t *w, const char *k) {
+  wb_raw(w, "\"", 1);
+  wb_lit(w, k);
+  wb_raw(w, "\":", 2);
+}
+
+static void wb_kv(wbuf_t *w, const char *k, uint64_t v, bool comma) {
+  wb_key(w, k);
+  wb_u64(w, v);
+  if (comma)
+    wb_raw(w, ",", 1);
+}
+
+/* ---- Gathered data ------------------------------------------------------- */
+
+typedef struct sseg {
+  pp_segment_t *d;
+  uint64_t gen, base, size, bs;
+  uint32_t nblocks, uncarved;
+  unsigned cls, flags;
+  size_t first, nblk; /* its blocks: blk[first, first + nblk) */
+} sseg_t;
+
+typedef struct sblk {
+  uint64_t word, info;
+  uint32_t idx, nstreams;
+  size_t streams; /* offset into streams[] */
+} sblk_t;
+
+typedef struct sentry {
+  uint64_t seq, clk, addr, size, req, stream, tid_action, stack;
+} sentry_t;
+
+typedef struct snap {
+  pinpool_t *pool;
+  unsigned flags;
+  uint64_t t0_ns, max_hold_ns, gather_ns;
+  double unix_time;
+  pinpool_stats_t stats;
+  char *config;
+  uint64_t reserve_free;
+  sseg_t *segs;
+  size_t nsegs;
+  sblk_t *blk;
+  size_t nblk, cap_blk;
+  uint64_t *streams;
+  size_t nstreams, cap_streams;
+  sentry_t *ent;
+  size_t nent;
+  uint64_t recorded, hist_dropped, max_entries;
+  unsigned level, depth;
+  pp_stacks_copy_t stacks;
+} snap_t;
+
+static void snap_free(snap_t *s) {
+  free(s->config);
+  free(s->segs);
+  free(s->blk);
+  free(s->streams);
+  free(s->ent);
+  pp_stacks_copy_free(&s->stacks);
+}
+
+static void hold_done(snap_t *s, uint64_t t0) {
+  uint64_t dt = pp_now_ns() - t0;
+  if (dt > s->max_hold_ns)
+    s->max_hold_ns = dt;
+}
+
+static int copy_segments(snap_t *s) {
+  pinpool_t *pool = s->pool;
+  for (int attempt = 0; attempt < 16; attempt++) {
+    size_t cap = (size_t)pp_load_relaxed(&pool->gs.segs_cur) + 64;
+    sseg_t *segs = malloc(cap * sizeof *segs);
+    if (segs == NULL)
+      return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory for segments");
+    size_t n = 0;
+    bool fits = true;
+    uint64_t t0 = pp_now_ns();
+    pp_mutex_lock(&pool->seg_lock);
+    for (pp_segment_t *d = pool->all; d != NULL; d = d->all_next) {
+      if (n == cap) {
+        fits = false;
+        break;
+      }
+      sseg_t *g = &segs[n++];
+      g->d = d;
+      g->gen = pp_load_relaxed(&d->gen);
+      g->base = pp_load_relaxed(&d->base);
+      g->size = pp_load_relaxed(&d->size);
+      g->bs = pp_load_relaxed(&d->block_size);
+      g->nblocks = pp_load_relaxed(&d->nblocks);
+      g->cls = pp_load_relaxed(&d->cls_index);
+      g->flags = d->flags; /* written before publication, under seg_lock */
+    }
+    pp_mutex_unlock(&pool->seg_lock);
+    hold_done(s, t0);
+    if (fits) {
+      s->segs = segs;
+      s->nsegs = n;
+      return 0;
+    }
+    free(segs);
+  }
+  return pp_fail(PINPOOL_EBUSY, "snapshot: segments kept being created");
+}
+
+static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap)
+    return true;
+  size_t c = *cap ? *cap : 1024;
+  while (c < need)
+    c *= 2;
+  void *q = realloc(*p, c * elem);
+  if (q == NULL)
+    return false;
+  *p = q;
+  *cap = c;
+  return true;
+}
+
+static uint64_t load_word(pp_segment_t *d, uint32_t i) {
+#ifdef PINPOOL_MUTANT_SNAPSHOT_PLAIN
+  /* Race mutant (docs/verification.md): the state read as a plain field
+   * while allocating threads store it (PyTorch's getSegments read block
+   * fields under a lock their writers did not hold). */
+  return *(volatile uint64_t *)&d->word[i];
+#else
+  return pp_load_acquire(&d->word[i]);
+#endif
+}
+
+static uint64_t load_info(_Atomic(uint64_t) *info, uint32_t i) {
+  if (info == NULL)
+    return 0;
+#ifdef PINPOOL_MUTANT_BLOCKINFO_PLAIN
+  return *(volatile uint64_t *)&info[i];
+#else
+  return pp_load_relaxed(&info[i]);
+#endif
+}
+
+static int read_blocks(snap_t *s, sseg_t *g) {
+  pp_segment_t *d = g->d;
+  g->first = s->nblk;
+  g->nblk = 0;
+  g->uncarved = 0;
+  _Atomic(uint64_t) *info = pp_load_acquire(&d->info);
+  if (!grow((void **)&s->blk, &s->cap_blk, s->nblk + g->nblocks,
+            sizeof *s->blk))
+    return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory for blocks");
+  for (uint32_t i = 0; i < g->nblocks; i++) {
+    uint64_t w = load_word(d, i);
+    unsigned st = PP_WORD_STATE(w);
+    if (st == PP_NEVER) {
+      g->uncarved++;
+      continue;
+    }
+    sblk_t *b = &s->blk[s->nblk++];
+    b->word = w;
+    b->idx = i;
+    b->info = st == PP_CACHED ? 0 : load_info(info, i);
+    b->nstreams = 0;
+    b->streams = s->nstreams;
+    if (st == PP_PENDING || (st == PP_ALLOCATED && (w & PP_WORD_STREAMS))) {
+      uint64_t tmp[16];
+      size_t n = pp_stream_list(s->pool, d, i, tmp, 16);
+      if (n > 16)
+        n = 16; /* a block used on more streams lists the first 16 */
+      if (!grow((void **)&s->streams, &s->cap_streams, s->nstreams + n,
+                sizeof *s->streams))
+        return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory");
+      memcpy(&s->streams[s->nstreams], tmp, n * sizeof tmp[0]);
+      s->nstreams += n;
+      b->nstreams = (uint32_t)n;
+    }
+    g->nblk++;
+  }
+  /* Seqlock check: a release (or a release and reuse) during the reads
+   * bumped gen before it changed any word we could have read. */
+  atomic_thread_fence(memory_order_acquire);
+  if (pp_load_relaxed(&d->gen) != g->gen) {
+    s->nblk = g->first;
+    g->nblk = 0;
+    return 1; /* left out */
+  }
+  return 0;
+}
+
+static int copy_history(snap_t *s) {
+  pp_history_t *h = &s->pool->hist;
+  s->level = pp_load_relaxed(&h->level);
+  s->depth = pp_load_relaxed(&h->depth);
+  s->max_entries = pp_load_relaxed(&h->max_entries);
+  pp_hring_t *r = pp_load_acquire(&h->ring);
+  if (r == NULL)
+    return 0;
+  uint64_t head = pp_load_acquire(&r->head);
+  uint64_t base = pp_load_relaxed(&h->base_seq);
+  uint64_t keep = s->max_entries < r->mask + 1 ? s->max_entries : r->mask + 1;
+  uint64_t start = head > keep ? head - keep : 0;
+  if (start < base)
+    start = base;
+  s->recorded = head > base ? head - base : 0;
+  if (s->flags & PINPOOL_SNAPSHOT_NO_HISTORY) {
+    s->hist_dropped = s->recorded;
+    return 0;
+  }
+  s->ent = malloc((size_t)(head - start + 1) * sizeof *s->ent);
+  if (s->ent == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory for history");
+  for (uint64_t q = start; q < head; q++) {
+    pp_hslot_t *sl = &r->slots[q & r->mask];
+    uint64_t s1 = pp_load_acquire(&sl->seq);
+    if (s1 != 2 * q + 2)
+      continue; /* being written, or already overwritten by a newer one */
+    sentry_t e;
+    e.seq = q;
+    e.clk = pp_load_relaxed(&sl->time);
+    e.addr = pp_load_relaxed(&sl->addr);
+    e.size = pp_load_relaxed(&sl->size);
+    e.req = pp_load_relaxed(&sl->req);
+    e.stream = pp_load_relaxed(&sl->stream);
+    e.tid_action = pp_load_relaxed(&sl->tid_action);
+    e.stack = pp_load_relaxed(&sl->stack);
+    atomic_thread_fence(memory_order_acquire);
+    if (pp_load_relaxed(&sl->seq) != s1)
+      continue;
+    s->ent[s->nent++] = e;
+  }
+  s->hist_dropped = s->recorded - s->nent;
+  return 0;
+}
+
+static int seg_cmp(const void *a, const void *b) {
+  const sseg_t *x = a, *y = b;
+  return x->base < y->base ? -1 : x->base > y->base;
+}
+
+static int gather(snap_t *s) {
+  pinpool_t *pool = s->pool;
+  struct timespec rt;
+  (void)clock_gettime(CLOCK_REALTIME, &rt);
+  s->unix_time = (double)rt.tv_sec + (double)rt.tv_nsec / 1e9;
+  s->t0_ns = pp_now_ns();
+  uint64_t t0 = pp_now_ns();
+  int rc = pinpool_get_stats(pool, &s->stats); /* holds reg_lock inside */
+  hold_done(s, t0);
+  if (rc != 0)
+    return rc;
+  size_t need = 0;
+  (void)pinpool_get_config(pool, NULL, 0, &need);
+  s->config = malloc(need);
+  if (s->config == NULL ||
+      pinpool_get_config(pool, s->config, need, NULL) != 0)
+    return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory");
+  if (pool->has_reserve) {
+    t0 = pp_now_ns();
+    s->reserve_free = pp_reserve_free_bytes(&pool->reserve);
+    hold_done(s, t0);
+  }
+  rc = copy_segments(s);
+  if (rc != 0)
+    return rc;
+  size_t kept = 0;
+  for (size_t i = 0; i < s->nsegs; i++) {
+    rc = read_blocks(s, &s->segs[i]);
+    if (rc < 0)
+      return rc;
+    if (rc == 0)
+      s->segs[kept++] = s->segs[i];
+  }
+  s->nsegs = kept;
+  qsort(s->segs, s->nsegs, sizeof *s->segs, seg_cmp);
+  rc = copy_history(s);
+  if (rc != 0)
+    return rc;
+  rc = pp_stacks_copy(pool, &s->stacks, &s->max_hold_ns);
+  if (rc != 0)
+    return rc;
+  s->gather_ns = pp_now_ns() - s->t0_ns;
+  return 0;
+}
+
+/* ---- Stacks and frames ----------------------------------------------------
+ * Only stacks referenced by a block or an entry are written, renumbered
+ * densely; their addresses are symbolized once each. */
+
+typedef struct frame_out {
+  uintptr_t addr;
+  pp_symbol_t sym;
+} frame_out_t;
+
+typedef struct stack_out {
+  int64_t *remap;   /* stack id (1-based) -> output index, -1 unused */
+  size_t nused;
+  uint32_t *order;  /* output index -> stack id */
+  uint32_t *first;  /* output index -> first frame kept (after trimming) */
+  uint32_t *len;    /* output index -> frames kept */
+  frame_out_t *frames;
+  size_t nframes, cap_frames;
+  uint32_t *fidx;   /* per frame of stacks.frames[]: output frame index */
+  uint64_t *amap;   /* open addressing over addresses: frame index + 1 */
+  size_t namap;
+  pp_symbolizer_t *sym;
+} stack_out_t;
+
+static void stack_out_free(stack_out_t *o) {
+  free(o->remap);
+  free(o->order);
+  free(o->first);
+  free(o->len);
+  free(o->frames);
+  free(o->fidx);
+  free(o->amap);
+  pp_symbolizer_close(o->sym);
+}
+
+static void mark(stack_out_t *o, const pp_stacks_copy_t *c, uint64_t id) {
+  if (id == 0 || id > c->n || o->remap[id - 1] >= 0)
+    return;
+  o->remap[id - 1] = (int64_t)o->nused;
+  o->order[o->nused++] = (uint32_t)id;
+}
+
+static int64_t frame_index(stack_out_t *o, uintptr_t addr, bool symbols) {
+  size_t mask = o->namap - 1;
+  size_t j = (size_t)((addr * 0x9e3779b97f4a7c15u) >> 20) & mask;
+  for (; o->amap[j] != 0; j = (j + 1) & mask)
+    if (o->frames[o->amap[j] - 1].addr == addr)
+      return (int64_t)(o->amap[j] - 1);
+  if (!grow((void **)&o->frames, &o->cap_frames, o->nframes + 1,
+            sizeof *o->frames))
+    return -1;
+  frame_out_t *f = &o->frames[o->nframes];
+  f->addr = addr;
+  f->sym = (pp_symbol_t){NULL, NULL, NULL, 0, -1};
+  if (symbols && o->sym != NULL)
+    pp_symbolize(o->sym, addr, &f->sym);
+  o->amap[j] = ++o->nframes;
+  return (int64_t)(o->nframes - 1);
+}
+
+/* A frame of the allocator itself: an exported or internal name, or,
+ * with debug information, a source file in this directory. */
+static bool is_ours(const pp_symbol_t *sym) {
+  const char *fn = sym->function;
+  if (fn != NULL &&
+      (strncmp(fn, "pinpool_", 8) == 0 || strncmp(fn, "pp_", 3) == 0))
+    return true;
+  if (sym->file == NULL)
+    return false;
+  const char *me = __FILE__, *slash = strrchr(me, '/');
+  return slash != NULL && me[0] == '/' &&
+         strncmp(sym->file, me, (size_t)(slash + 1 - me)) == 0;
+}
+
+static int build_stacks(snap_t *s, stack_out_t *o) {
+  const pp_stacks_copy_t *c = &s->stacks;
+  memset(o, 0, sizeof *o);
+  if (c->n == 0)
+    return 0;
+  o->remap = malloc(c->n * sizeof *o->remap);
+  o->order = malloc(c->n * sizeof *o->order);
+  o->first = malloc(c->n * sizeof *o->first);
+  o->len = malloc(c->n * sizeof *o->len);
+  o->fidx = malloc((c->off[c->n] + 1) * sizeof *o->fidx);
+  if (!o->remap || !o->order || !o->first || !o->len || !o->fidx)
+    return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory for stacks");
+  for (size_t i = 0; i < c->n; i++)
+    o->remap[i] = -1;
+  for (size_t i = 0; i < s->nblk; i++)
+    mark(o, c, s->blk[i].info >> 32);
+  for (size_t i = 0; i < s->nent; i++)
+    mark(o, c, s->ent[i].stack);
+  size_t nf = 0;
+  for (size_t k = 0; k < o->nused; k++) {
+    uint32_t id = o->order[k];
+    nf += (size_t)(c->off[id] - c->off[id - 1]);
+  }
+  o->namap = 64;
+  while (o->namap < 2 * nf + 2)
+    o->namap *= 2;
+  o->amap = calloc(o->namap, sizeof *o->amap);
+  if (o->amap == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory for frames");
+  bool symbols = !(s->flags & PINPOOL_SNAPSHOT_NO_SYMBOLS);
+  if (symbols)
+    o->sym = pp_symbolizer_open();
+  unsigned depth = s->depth;
+  for (size_t k = 0; k < o->nused; k++) {
+    uint32_t id = o->order[k];
+    size_t a = (size_t)c->off[id - 1], n = (size_t)(c->off[id] - a);
+    for (size_t j = 0; j < n; j++) {
+      int64_t fi = frame_index(o, c->frames[a + j], symbols);
+      if (fi < 0)
+        return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory for frames");
+      o->fidx[a + j] = (uint32_t)fi;
+    }
+    /* Cut the allocator's own frames (those above the entry point when
+     * the capture could not cut them: slow-path events). */
+    size_t first = 0;
+    if (symbols)
+      for (size_t j = 0; j < n && j < 12; j++)
+        if (is_ours(&o->frames[o->fidx[a + j]].sym))
+          first = j + 1;
+    size_t len = n - first;
+    if (depth > 0 && len > depth)
+      len = depth;
+    o->first[k] = (uint32_t)first;
+    o->len[k] = (uint32_t)len;
+  }
+  return 0;
+}
+
+/* ---- Writing --------------------------------------------------------------
+ */
+
+static void write_stat(wbuf_t *w, const char *k, pinpool_stat_t v, bool comma) {
+  wb_key(w, k);
+  wb_raw(w, "{", 1);
+  wb_kv(w, "current", v.current, true);
+  wb_kv(w, "peak", v.peak, true);
+  wb_kv(w, "allocated", v.allocated, true);
+  wb_kv(w, "freed", v.freed, false);
+  wb_raw(w, comma ? "}," : "}", comma ? 2 : 1);
+}
+
+static void write_dur(wbuf_t *w, const char *k, pinpool_duration_t v,
+                      bool comma) {
+  wb_key(w, k);
+  wb_raw(w, "{", 1);
+  wb_kv(w, "count", v.count, true);
+  wb_kv(w, "total_ns", v.total_ns, true);
+  wb_kv(w, "max_ns", v.max_ns, false);
+  wb_raw(w, comma ? "}," : "}", comma ? 2 : 1);
+}
+
+static void write_stats(wbuf_t *w, const pinpool_stats_t *t) {
+  wb_lit(w, "\"stats\":{");
+  write_stat(w, "requests", t->requests, true);
+  write_stat(w, "requested_bytes", t->requested_bytes, true);
+  write_stat(w, "blocks", t->blocks, true);
+  write_stat(w, "block_bytes", t->block_bytes, true);
+  write_stat(w, "reserved_bytes", t->reserved_bytes, true);
+  write_stat(w, "cached_bytes", t->cached_bytes, true);
+  write_stat(w, "segments", t->segments, true);
+  wb_kv(w, "pending_bytes", t->pending_bytes, true);
+  wb_kv(w, "pending_blocks", t->pending_blocks, true);
+  wb_kv(w, "events_recorded", t->events_recorded, true);
+  wb_kv(w, "events_completed", t->events_completed, true);
+  wb_kv(w, "event_errors", t->event_errors, true);
+  write_dur(w, "reclaim", t->reclaim, true);
+  wb_kv(w, "cache_hits", t->cache_hits, true);
+  wb_kv(w, "cache_misses", t->cache_misses, true);
+  wb_kv(w, "tcache_hits", t->tcache_hits, true);
+  wb_kv(w, "oom_count", t->oom_count, true);
+  wb_kv(w, "retries", t->retries, true);
+  wb_kv(w, "trimmed_segments", t->trimmed_segments, true);
+  wb_kv(w, "mlock_failures", t->mlock_failures, true);
+  wb_kv(w, "locked_bytes", t->locked_bytes, true);
+  write_dur(w, "backend_alloc", t->backend_alloc, true);
+  write_dur(w, "backend_free", t->backend_free, true);
+  wb_kv(w, "peak_slack_bytes", t->peak_slack_bytes, true);
+  wb_kv(w, "reserve_bytes", t->reserve_bytes, true);
+  wb_kv(w, "max_cached", t->max_cached, true);
+  wb_kv(w, "max_reserved", t->max_reserved, false);
+  wb_lit(w, "},\n");
+}
+
+static void write_totals(wbuf_t *w, const snap_t *s) {
+  uint64_t seg_bytes = 0, alloc_b = 0, alloc_n = 0, req = 0, pend_b = 0,
+           pend_n = 0, cached_b = 0, cached_n = 0, uncarved = 0, tail = 0;
+  for (size_t i = 0; i < s->nsegs; i++) {
+    const sseg_t *g = &s->segs[i];
+    seg_bytes += g->size;
+    uncarved += (uint64_t)g->uncarved * g->bs;
+    tail += g->size - (uint64_t)g->nblocks * g->bs;
+    for (size_t j = g->first; j < g->first + g->nblk; j++) {
+      uint64_t wd = s->blk[j].word;
+      switch (PP_WORD_STATE(wd)) {
+      case PP_ALLOCATED:
+        alloc_b += g->bs;
+        alloc_n++;
+        req += PP_WORD_PAYLOAD(wd);
+        break;
+      case PP_PENDING:
+        pend_b += g->bs;
+        pend_n++;
+        break;
+      default:
+        cached_b += g->bs;
+        cached_n++;
+      }
+    }
+  }
+  wb_lit(w, "\"totals\":{");
+  wb_kv(w, "segments", s->nsegs, true);
+  wb_kv(w, "segment_bytes", seg_bytes, true);
+  wb_kv(w, "reserve_free_bytes", s->reserve_free, true);
+  wb_kv(w, "reserved_bytes", seg_bytes + s->reserve_free, true);
+  wb_kv(w, "allocated_bytes", alloc_b, true);
+  wb_kv(w, "allocated_blocks", alloc_n, true);
+  wb_kv(w, "requested_bytes", req, true);
+  wb_kv(w, "pending_bytes", pend_b, true);
+  wb_kv(w, "pending_blocks", pend_n, true);
+  wb_kv(w, "cached_bytes", cached_b + uncarved + tail + s->reserve_free, true);
+  wb_kv(w, "cached_blocks", cached_n, true);
+  wb_kv(w, "uncarved_bytes", uncarved, true);
+  wb_kv(w, "tail_bytes", tail, false);
+  wb_lit(w, "},\n");
+}
+
+static void write_id(wbuf_t *w, const stack_out_t *o, uint64_t id) {
+  if (id == 0 || o->remap == NULL || o->remap[id - 1] < 0)
+    wb_lit(w, "null");
+  else
+    wb_u64(w, (uint64_t)o->remap[id - 1]);
+}
+
+static void write_segments(wbuf_t *w, const snap_t *s, const stack_out_t *o) {
+  static const char *const states[4] = {"never", "allocated", "cached",
+                                        "pending_free"};
+  wb_lit(w, "\"segments\":[");
+  for (size_t i = 0; i < s->nsegs; i++) {
+    const sseg_t *g = &s->segs[i];
+    wb_lit(w, i ? ",\n{" : "\n{");
+    wb_kv(w, "address", g->base, true);
+    wb_kv(w, "size", g->size, true);
+    wb_kv(w, "block_size", g->bs, true);
+    wb_kv(w, "class", g->cls, true);
+    wb_kv(w, "blocks_total", g->nblocks, true);
+    wb_kv(w, "uncarved_blocks", g->uncarved, true);
+    wb_kv(w, "tail_bytes", g->size - (uint64_t)g->nblocks * g->bs, true);
+    wb_lit(w, "\"flags\":[");
+    const char *sep = "";
+    static const struct {
+      unsigned bit;
+      const char *name;
+    } fl[] = {{PP_SEG_LOCKED, "page_locked"},
+              {PP_SEG_LOCK_FAILED, "mlock_failed"},
+              {PP_SEG_HUGE, "huge_advised"},
+              {PP_SEG_FROM_RESERVE, "reserve"}};
+    for (size_t f = 0; f < sizeof fl / sizeof fl[0]; f++)
+      if (g->flags & fl[f].bit) {
+        wb_lit(w, sep);
+        wb_str(w, fl[f].name);
+        sep = ",";
+      }
+    wb_lit(w, "],\"blocks\":[");
+    for (size_t j = g->first; j < g->first + g->nblk; j++) {
+      const sblk_t *b = &s->blk[j];
+      unsigned st = PP_WORD_STATE(b->word);
+      wb_lit(w, j > g->first ? ",\n{" : "\n{");
+      wb_kv(w, "address", g->base + (uint64_t)b->idx * g->bs, true);
+      wb_lit(w, "\"state\":\"");
+      wb_lit(w, states[st]);
+      wb_lit(w, "\",");
+      wb_kv(w, "requested_size", st == PP_CACHED ? 0 : PP_WORD_PAYLOAD(b->word),
+            true);
+      wb_lit(w, "\"streams\":[");
+      for (uint32_t k = 0; k < b->nstreams; k++) {
+        if (k)
+          wb_raw(w, ",", 1);
+        wb_u64(w, s->streams[b->streams + k]);
+      }
+      wb_lit(w, "],\"thread\":");
+      if ((uint32_t)b->info != 0)
+        wb_u64(w, (uint32_t)b->info);
+      else
+        wb_lit(w, "null");
+      wb_lit(w, ",\"stack\":");
+      write_id(w, o, b->info >> 32);
+      wb_raw(w, "}", 1);
+    }
+    wb_lit(w, "]}");
+  }
+  wb_lit(w, "],\n");
+}
+
+static void write_frames(wbuf_t *w, const snap_t *s, const stack_out_t *o) {
+  wb_lit(w, "\"frames\":[");
+  for (size_t i = 0; i < o->nframes; i++) {
+    const frame_out_t *f = &o->frames[i];
+    wb_lit(w, i ? ",\n{" : "\n{");
+    wb_kv(w, "address", f->addr, true);
+    wb_key(w, "function");
+    wb_str(w, f->sym.function);
+    wb_lit(w, ",");
+    wb_kv(w, "offset", f->sym.offset, true);
+    wb_key(w, "module");
+    wb_str(w, f->sym.module);
+    wb_lit(w, ",");
+    wb_key(w, "file");
+    wb_str(w, f->sym.file);
+    wb_lit(w, ",\"line\":");
+    if (f->sym.line >= 0)
+      wb_u64(w, (uint64_t)f->sym.line);
+    else
+      wb_lit(w, "null");
+    wb_raw(w, "}", 1);
+  }
+  wb_lit(w, "],\n\"stacks\":[");
+  const pp_stacks_copy_t *c = &s->stacks;
+  for (size_t k = 0; k < o->nused; k++) {
+    uint32_t id = o->order[k];
+    size_t a = (size_t)c->off[id - 1] + o->first[k];
+    wb_lit(w, k ? ",\n[" : "\n[");
+    for (uint32_t j = 0; j < o->len[k]; j++) {
+      if (j)
+        wb_raw(w, ",", 1);
+      wb_u64(w, o->fidx[a + j]);
+    }
+    wb_raw(w, "]", 1);
+  }
+  wb_lit(w, "],\n");
+}
+
+static const char *const action_names[PP_H_NACTIONS] = {
+    "segment_alloc", "alloc",        "free_requested", "free_completed",
+    "segment_free",  "empty_cache",  "oom"};
+static const char *const level_names[4] = {"none", "state", "alloc", "all"};
+
+static void write_history(wbuf_t *w, const snap_t *s, const stack_out_t *o) {
+  wb_lit(w, "\"history\":{\"record\":\"");
+  wb_lit(w, level_names[s->level & 3]);
+  wb_lit(w, "\",");
+  wb_kv(w, "stack_depth", s->depth, true);
+  wb_kv(w, "max_entries", s->max_entries, true);
+  wb_kv(w, "recorded", s->recorded, true);
+  wb_kv(w, "dropped", s->hist_dropped, true);
+  wb_lit(w, "\"fields\":[\"seq\",\"time_ns\",\"action\",\"address\",\"size\","
+            "\"requested_size\",\"stream\",\"thread\",\"stack\"],"
+            "\"entries\":[");
+  pinpool_t *pool = s->pool;
+  /* The clock conversion needs a span: a pool younger than 2 ms waits. */
+  while (pool->hist.tsc && pp_now_ns() - pool->hist.ns0 < 2000000u) {
+  }
+  uint64_t clk_now = pp_hist_clock(pool), ns_now = pp_now_ns();
+  for (size_t i = 0; i < s->nent; i++) {
+    const sentry_t *e = &s->ent[i];
+    unsigned action = (unsigned)(e->tid_action & 0xff);
+    if (action >= PP_H_NACTIONS)
+      action = PP_H_ALLOC; /* cannot happen: written by emit() only */
+    wb_lit(w, i ? ",\n[" : "\n[");
+    wb_u64(w, e->seq);
+    wb_raw(w, ",", 1);
+    wb_u64(w, pp_hist_to_ns(pool, e->clk, clk_now, ns_now));
+    wb_lit(w, ",\"");
+    wb_lit(w, action_names[action]);
+    wb_lit(w, "\",");
+    wb_u64(w, e->addr);
+    wb_raw(w, ",", 1);
+    wb_u64(w, e->size);
+    wb_raw(w, ",", 1);
+    wb_u64(w, e->req);
+    wb_raw(w, ",", 1);
+    wb_u64(w, e->stream);
+    wb_raw(w, ",", 1);
+    wb_u64(w, e->tid_action >> 8);
+    wb_raw(w, ",", 1);
+    write_id(w, o, e->stack);
+    wb_raw(w, "]", 1);
+  }
+  wb_lit(w, "]}");
+}
+
+static int write_all(snap_t *s, wbuf_t *w) {
+  stack_out_t o;
+  int rc = build_stacks(s, &o);
+  if (rc != 0) {
+    stack_out_free(&o);
+    return rc;
+  }
+  wb_lit(w, "{\"format\":\"pinpool-snapshot\",\"version\":1,"
+            "\"pinpool_version\":");
+  wb_str(w, pinpool_version());
+  wb_lit(w, ",");
+  wb_kv(w, "pid", (uint64_t)getpid(), true);
+  wb_kv(w, "time_ns", s->t0_ns, true);
+  wb_printf(w, "\"unix_time\":%.6f,", s->unix_time);
+  wb_kv(w, "gather_ns", s->gather_ns, true);
+  wb_kv(w, "max_hold_ns", s->max_hold_ns, true);
+  wb_key(w, "backend");
+  wb_str(w, s->pool->backend_name);
+  wb_lit(w, ",");
+  wb_key(w, "config");
+  wb_str(w, s->config);
+  wb_lit(w, ",\n");
+  write_stats(w, &s->stats);
+  write_totals(w, s);
+  write_segments(w, s, &o);
+  write_frames(w, s, &o);
+  write_history(w, s, &o);
+  wb_lit(w, "}\n");
+  stack_out_free(&o);
+  return w->err;
+}
+
+static int snapshot_to(pinpool_t *pool, unsigned flags, wbuf_t *w) {
+  snap_t s;
+  memset(&s, 0, sizeof s);
+  s.pool = pool;
+  s.flags = flags;
+  int rc = gather(&s);
+  if (rc == 0)
+    rc = write_all(&s, w);
+  snap_free(&s);
+  return rc;
+}
+
+static int check_args(pinpool_t *pool, const void *dst, unsigned flags,
+                      const char *fn) {
+  if (pool == NULL || dst == NULL)
+    return pp_fail(PINPOOL_EINVAL, "%s: NULL argument", fn);
+  if (flags & ~(PINPOOL_SNAPSHOT_NO_HISTORY | PINPOOL_SNAPSHOT_NO_SYMBOLS))
+    return pp_fail(PINPOOL_EINVAL, "%s: unknown flags 0x%x", fn, flags);
+  return 0;
+}
+
+int pinpool_snapshot_write_file(pinpool_t *pool, FILE *f, unsigned flags) {
+  int rc = check_args(pool, f, flags, "pinpool_snapshot_write_file");
+  if (rc != 0)
+    return rc;
+  wbuf_t w = {NULL, 0, 0, f, 0};
+  rc = snapshot_to(pool, flags, &w);
+  if (rc == 0) {
+    wb_flush(&w);
+    rc = w.err;
+  }
+  if (rc == 0 && fflush(f) != 0)
+    rc = pp_fail(PINPOOL_EBACKEND, "snapshot: write failed: %s",
+                 strerror(errno));
+  free(w.p);
+  return rc;
+}
+
+int pinpool_snapshot_write(pinpool_t *pool, const char *path, unsigned flags) {
+  int rc = check_args(pool, path, flags, "pinpool_snapshot_write");
+  if (rc != 0)
+    return rc;
+  FILE *f = fopen(path, "w");
+  if (f == NULL)
+    return pp_fail(PINPOOL_EBACKEND, "pinpool_snapshot_write: %s: %s", path,
+                   strerror(errno));
+  rc = pinpool_snapshot_write_file(pool, f, flags);
+  if (fclose(f) != 0 && rc == 0)
+    rc = pp_fail(PINPOOL_EBACKEND, "pinpool_snapshot_write: %s: %s", path,
+                 strerror(errno));
+  if (rc != 0)
+    (void)unlink(path);
+  return rc;
+}
+
+int pinpool_snapshot_write_mem(pinpool_t *pool, char **out, size_t *len,
+                               unsigned flags) {
+  int rc = check_args(pool, out, flags, "pinpool_snapshot_write_mem");
+  if (rc == 0 && len == NULL)
+    rc = pp_fail(PINPOOL_EINVAL, "pinpool_snapshot_write_mem: NULL argument");
+  if (rc != 0)
+    return rc;
+  wbuf_t w = {NULL, 0, 0, NULL, 0};
+  rc = snapshot_to(pool, flags, &w);
+  if (rc != 0) {
+    free(w.p);
+    return rc;
+  }
+  w.p[w.len] = '\0'; /* wb_reserve always keeps room for it */
+  *out = w.p;
+  *len = w.len;
+  return 0;
+}
+
+void pinpool_snapshot_free(char *text) { free(text); }
