@@ -325,25 +325,99 @@ static PyObject *Pool_get_config(PyObject *obj, void *closure) {
   return s;
 }
 
+/* record_history(enabled="all", max_entries=0, stack_depth=16,
+ * clear=False): enabled is None/False (off), True ("all"), or one of
+ * "state", "alloc", "all" (as PyTorch's _record_memory_history). */
 static PyObject *Pool_record_history(PyObject *self, PyObject *args,
                                      PyObject *kw) {
-  (void)self;
-  (void)args;
-  (void)kw;
-  PyErr_SetString(PyExc_NotImplementedError,
-                  "Pool.record_history: allocation history is not part of "
-                  "this pinpool version (see docs/python.md)");
-  return NULL;
+  static char *kwlist[] = {"enabled", "max_entries", "stack_depth", "clear",
+                           NULL};
+  PyObject *enabled = Py_True;
+  long long max_entries = 0, depth = 16;
+  int clear = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|OLLp:record_history", kwlist,
+                                   &enabled, &max_entries, &depth, &clear))
+    return NULL;
+  pinpool_history_options_t o = {PINPOOL_HISTORY_ALL, 0, 0, clear};
+  if (enabled == Py_None || enabled == Py_False) {
+    o.record = PINPOOL_HISTORY_NONE;
+  } else if (enabled == Py_True) {
+    o.record = PINPOOL_HISTORY_ALL;
+  } else if (PyUnicode_Check(enabled)) {
+    const char *e = PyUnicode_AsUTF8(enabled);
+    if (e == NULL)
+      return NULL;
+    if (strcmp(e, "state") == 0)
+      o.record = PINPOOL_HISTORY_STATE;
+    else if (strcmp(e, "alloc") == 0)
+      o.record = PINPOOL_HISTORY_ALLOC;
+    else if (strcmp(e, "all") == 0)
+      o.record = PINPOOL_HISTORY_ALL;
+    else
+      return PyErr_Format(PyExc_ValueError,
+                          "Pool.record_history: enabled must be None, True, "
+                          "False, 'state', 'alloc' or 'all', not '%s'",
+                          e);
+  } else {
+    return PyErr_Format(PyExc_TypeError,
+                        "Pool.record_history: enabled must be None, a bool "
+                        "or a str, not %.100s",
+                        Py_TYPE(enabled)->tp_name);
+  }
+  if (max_entries < 0 || depth < 0 || depth > 64)
+    return PyErr_Format(PyExc_ValueError,
+                        "Pool.record_history: max_entries must be >= 0 and "
+                        "stack_depth in 0..64");
+  o.max_entries = (size_t)max_entries;
+  o.stack_depth = (unsigned)depth;
+  int rc = pinpool_record_history(((PoolObject *)self)->pool,
+                                  o.record == PINPOOL_HISTORY_NONE && !clear
+                                      ? NULL
+                                      : &o);
+  if (rc != 0)
+    return raise_rc(rc, "Pool.record_history");
+  Py_RETURN_NONE;
 }
 
+/* snapshot(path=None, *, history=True, symbols=True): write the JSON
+ * snapshot to path and return None, or return it as a str. */
 static PyObject *Pool_snapshot(PyObject *self, PyObject *args, PyObject *kw) {
-  (void)self;
-  (void)args;
-  (void)kw;
-  PyErr_SetString(PyExc_NotImplementedError,
-                  "Pool.snapshot: memory snapshots are not part of this "
-                  "pinpool version (see docs/python.md)");
-  return NULL;
+  static char *kwlist[] = {"path", "history", "symbols", NULL};
+  PyObject *path = Py_None;
+  int history = 1, symbols = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|O$pp:snapshot", kwlist, &path,
+                                   &history, &symbols))
+    return NULL;
+  unsigned flags = (history ? 0u : PINPOOL_SNAPSHOT_NO_HISTORY) |
+                   (symbols ? 0u : PINPOOL_SNAPSHOT_NO_SYMBOLS);
+  pinpool_t *pool = ((PoolObject *)self)->pool;
+  int rc;
+  if (path == Py_None) {
+    char *text = NULL;
+    size_t len = 0;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pinpool_snapshot_write_mem(pool, &text, &len, flags);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+      return raise_rc(rc, "Pool.snapshot");
+    PyObject *s = PyUnicode_DecodeUTF8(text, (Py_ssize_t)len, "replace");
+    pinpool_snapshot_free(text);
+    return s;
+  }
+  PyObject *bytes = NULL;
+  if (!PyUnicode_FSConverter(path, &bytes))
+    return NULL;
+  const char *p = PyBytes_AS_STRING(bytes);
+  Py_BEGIN_ALLOW_THREADS
+  rc = pinpool_snapshot_write(pool, p, flags);
+  Py_END_ALLOW_THREADS
+  Py_DECREF(bytes);
+  if (rc == PINPOOL_EBACKEND) /* the file: an OSError, as open() raises */
+    return PyErr_Format(PyExc_OSError, "Pool.snapshot: %s",
+                        pinpool_last_error());
+  if (rc != 0)
+    return raise_rc(rc, "Pool.snapshot");
+  Py_RETURN_NONE;
 }
 
 static PyObject *Pool_enter(PyObject *self, PyObject *unused) {
@@ -382,9 +456,14 @@ static PyMethodDef Pool_methods[] = {
     {"synchronize", Pool_synchronize, METH_NOARGS,
      "Wait until no block is pending on a stream (GIL released)."},
     {"record_history", (PyCFunction)(void (*)(void))Pool_record_history,
-     METH_VARARGS | METH_KEYWORDS, "Not implemented: NotImplementedError."},
+     METH_VARARGS | METH_KEYWORDS,
+     "record_history(enabled='all', max_entries=0, stack_depth=16, "
+     "clear=False): switch the allocation history (None/False, 'state', "
+     "'alloc', 'all'/True)."},
     {"snapshot", (PyCFunction)(void (*)(void))Pool_snapshot,
-     METH_VARARGS | METH_KEYWORDS, "Not implemented: NotImplementedError."},
+     METH_VARARGS | METH_KEYWORDS,
+     "snapshot(path=None, *, history=True, symbols=True): write a JSON "
+     "snapshot to path, or return it as a str (GIL released)."},
     {"__enter__", Pool_enter, METH_NOARGS, "Returns the pool."},
     {"__exit__", Pool_exit, METH_VARARGS, "Empties the cache."},
     {NULL, NULL, 0, NULL}};

@@ -13,7 +13,11 @@
  * max_reserved, so segments are released and retried all the time),
  * buffers (pinpool_buffer_*: retain, release, close, exports and their
  * release, attribute queries on a few buffers shared by every thread,
- * replaced all the time so that first attribute queries race), or all
+ * replaced all the time so that first attribute queries race), history
+ * (pinpool_record_history switched between levels, ring sizes and stack
+ * depths, cleared), snapshot (pinpool_snapshot_write_mem, each snapshot
+ * checked: it parses, no block twice, the identity holds; history is kept
+ * at level state at least so that block info is written and read), or all
  * (the default). The race-mutant tests (tests/mutants) run the part
  * that exercises their race under ThreadSanitizer and expect a report.
  *
@@ -31,6 +35,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "snapshot/snapcheck.h"
+
 enum {
   P_ALLOC = 1,
   P_STATS = 2,
@@ -38,7 +44,9 @@ enum {
   P_STREAMS = 8,
   P_TRIM = 16,
   P_BUFFERS = 32,
-  P_ALL = 63
+  P_HISTORY = 64,
+  P_SNAPSHOT = 128,
+  P_ALL = 255
 };
 
 #define SLOTS 64                     /* live blocks per thread */
@@ -181,6 +189,40 @@ static void op_streams(uint64_t *s) {
     fail("process_events/synchronize", rc);
 }
 
+static void op_history(uint64_t *s) {
+  uint64_t x = rnd(s);
+  /* With snapshots on, never below state: the block info must be written
+   * for the snapshot part to read it. */
+  int lo = (g_parts & P_SNAPSHOT) ? PINPOOL_HISTORY_STATE : 0;
+  pinpool_history_options_t o = {lo + (int)(x % (unsigned)(4 - lo)),
+                                 (size_t)(512 << (x % 4)), (unsigned)(x % 9),
+                                 (int)(x % 11 == 0)};
+  int rc = pinpool_record_history(g_pool, x % 7 == 0 && lo == 0 ? NULL : &o);
+  if (rc != 0)
+    fail("record_history", rc);
+}
+
+static _Atomic(long) g_snapshots;
+
+static void op_snapshot(uint64_t *s) {
+  char *text = NULL;
+  size_t len = 0;
+  unsigned flags = rnd(s) % 4 ? PINPOOL_SNAPSHOT_NO_SYMBOLS : 0;
+  int rc = pinpool_snapshot_write_mem(g_pool, &text, &len, flags);
+  if (rc != 0) {
+    fail("snapshot_write_mem", rc);
+    return;
+  }
+  snapcheck_t c;
+  char why[256];
+  if (snapcheck(text, len, &c, why, sizeof why) != 0) {
+    fprintf(stderr, "hammer: snapshot: %s\n", why);
+    fail("snapshot check", 0);
+  }
+  pinpool_snapshot_free(text);
+  atomic_fetch_add(&g_snapshots, 1);
+}
+
 /* Buffers shared by every thread; a slot owns one reference. */
 #define BUFSLOTS 4
 #define HELD 4 /* exports a thread keeps */
@@ -279,12 +321,17 @@ static void *worker(void *arg) {
       op_alloc(&s, slots, tid);
     else if (r < 80)
       op_receive();
+    else if (r < 82 && (g_parts & P_HISTORY))
+      op_history(&s);
+    else if (r == 82 && tid == 0 && (g_parts & P_SNAPSHOT))
+      op_snapshot(&s);
     else if (r < 88 && (g_parts & P_STATS))
       op_stats(&s, slots);
     else if (r < 90 && (g_parts & (P_EMPTY | P_TRIM)))
       op_empty(&s);
     else if (r >= 90 && r < 96 && (g_parts & P_STREAMS))
       op_streams(&s);
+
   }
   for (int i = 0; i < SLOTS; i++)
     if (slots[i].p != NULL)
@@ -304,6 +351,7 @@ static unsigned parse_parts(const char *arg) {
   } names[] = {{"alloc", P_ALLOC}, {"stats", P_STATS},
                {"empty", P_EMPTY}, {"streams", P_STREAMS},
                {"trim", P_TRIM},   {"buffers", P_BUFFERS},
+               {"history", P_HISTORY}, {"snapshot", P_SNAPSHOT},
                {"all", P_ALL}};
   unsigned parts = 0;
   char *copy = strdup(arg), *save = NULL;
@@ -342,6 +390,11 @@ int main(int argc, char **argv) {
     fail("pinpool_create", rc);
     return 1;
   }
+  if (g_parts & P_SNAPSHOT) {
+    pinpool_history_options_t o = {PINPOOL_HISTORY_ALL, 4096, 4, 0};
+    if ((rc = pinpool_record_history(g_pool, &o)) != 0)
+      fail("record_history", rc);
+  }
   pthread_t t[64];
   for (unsigned i = 0; i < nthreads; i++)
     pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)i);
@@ -370,9 +423,10 @@ int main(int argc, char **argv) {
   if ((rc = pinpool_empty_cache(g_pool)) != 0 ||
       (rc = pinpool_validate(g_pool)) != 0)
     fail("empty_cache + validate", rc);
-  printf("hammer: parts %#x, %u threads, %.1f s: %llu allocations, %s\n",
+  printf("hammer: parts %#x, %u threads, %.1f s: %llu allocations, %ld "
+         "snapshots, %s\n",
          g_parts, nthreads, g_seconds,
-         (unsigned long long)st.requests.allocated,
+         (unsigned long long)st.requests.allocated, atomic_load(&g_snapshots),
          atomic_load(&g_failures) ? "FAILED" : "ok");
   pinpool_destroy(g_pool);
   return atomic_load(&g_failures) ? 1 : 0;

@@ -33,6 +33,8 @@ typedef struct cli_command {
 /* ---- Subcommands (one file each) ---------------------------------------- */
 int cli_demo_run(int argc, char **argv); /* demo.c */
 void cli_demo_usage(FILE *out);          /* demo.c */
+int cli_snapshot_run(int argc, char **argv); /* snapshot.c */
+void cli_snapshot_usage(FILE *out);          /* snapshot.c */
 
 /* ---- Errors (cli.c) ----------------------------------------------------- */
 

@@ -4,6 +4,7 @@
  *   pinpool help [COMMAND]
  *   pinpool version
  *   pinpool demo [options]
+ *   pinpool snapshot summary|diff|html|torch ...
  *
  * main() looks the subcommand up in `commands`; to add one, write its run
  * and usage functions in a file of their own, declare them in cli.h and add
@@ -29,6 +30,9 @@ static const cli_command_t commands[] = {
     {"demo", "[--seconds N] [--producers P] [--consumers C] ...",
      "run a data-loader staging pipeline on one pool and print its stats",
      cli_demo_run, cli_demo_usage},
+    {"snapshot", "summary|diff|html|torch ...",
+     "read snapshot files: summary, diff, html viewer, PyTorch pickle",
+     cli_snapshot_run, cli_snapshot_usage},
 };
 
 #define N_COMMANDS (sizeof commands / sizeof commands[0])

@@ -82,11 +82,55 @@ def test_maintenance_calls(pool):
     pool.synchronize()
 
 
-def test_not_implemented(pool):
-    with pytest.raises(NotImplementedError, match="history"):
-        pool.record_history(enabled=True)
-    with pytest.raises(NotImplementedError, match="snapshot"):
-        pool.snapshot("/tmp/x.json")
+def test_history_and_snapshot(pool, tmp_path):
+    import json
+    pool.record_history("all", max_entries=1000, stack_depth=8)
+    kept = [pool.alloc(n) for n in (1000, 70000, 3 << 20)]
+    pool.alloc(5000).close()
+    path = tmp_path / "snap.json"
+    assert pool.snapshot(str(path)) is None
+    snap = json.loads(path.read_text())
+    assert snap["format"] == "pinpool-snapshot" and snap["version"] == 1
+    assert snap["history"]["record"] == "all"
+    actions = [e[2] for e in snap["history"]["entries"]]
+    assert actions.count("alloc") == 4 and actions.count("free_completed") == 1
+    blocks = {b["address"]: b for s in snap["segments"] for b in s["blocks"]}
+    for b in kept:
+        assert blocks[b.ptr]["state"] == "allocated"
+        assert blocks[b.ptr]["requested_size"] == len(b)
+        assert blocks[b.ptr]["stack"] is not None
+    t = snap["totals"]
+    assert t["reserved_bytes"] == (t["allocated_bytes"] + t["pending_bytes"]
+                                   + t["cached_bytes"])
+    # The str form, without history, and history off.
+    text = pool.snapshot(history=False, symbols=False)
+    assert json.loads(text)["history"]["entries"] == []
+    pool.record_history(None)
+    assert json.loads(pool.snapshot())["history"]["record"] == "none"
+    pool.record_history("state", clear=True)
+    assert json.loads(pool.snapshot())["history"]["entries"] == []
+    for b in kept:
+        b.close()
+
+
+def test_history_bad_arguments(pool, tmp_path):
+    import json
+    with pytest.raises(ValueError, match="enabled"):
+        pool.record_history("sometimes")
+    with pytest.raises(TypeError):
+        pool.record_history(3)
+    with pytest.raises(ValueError, match="stack_depth"):
+        pool.record_history("all", stack_depth=65)
+    with pytest.raises(ValueError):
+        pool.record_history("all", max_entries=-1)
+    with pytest.raises(ValueError, match="max_entries"):
+        pool.record_history("all", max_entries=1 << 27)
+    # Nothing changed by the refused calls.
+    assert json.loads(pool.snapshot())["history"]["record"] == "none"
+    with pytest.raises(OSError, match="no-such-dir"):
+        pool.snapshot(str(tmp_path / "no-such-dir" / "x.json"))
+    with pytest.raises(TypeError):
+        pool.snapshot(42)
 
 
 def test_context_manager_empties_cache():

@@ -1,0 +1,1113 @@
+/*
+ * `pinpool snapshot torch FILE -o OUT.pickle`: the snapshot in the layout of
+ * PyTorch's torch.cuda.memory._snapshot() pickle, so that memory_viz
+ * (pytorch.org/memory_viz, torch/utils/viz/MemoryViz.js) and the Python
+ * tools that read such pickles show pinpool's host memory. The mapping is
+ * documented in docs/snapshot-format.md ("PyTorch memory_viz").
+ *
+ * The pickle is written by the small serializer below, not by Python: the
+ * tool must not need Python, and the viewer decodes the file with its own
+ * JavaScript unpickler, which knows only part of the protocol. So only
+ * opcodes that unpickler handles are written (protocol 4 header, no FRAME):
+ * EMPTY_DICT, EMPTY_LIST, MARK, SETITEMS, APPENDS, TUPLE2, BININT1, BININT2,
+ * BININT, LONG1 (at most 8 bytes below 2^63, which it reads exactly as a
+ * Number up to 2^53: addresses fit), SHORT_BINUNICODE, BINUNICODE, NEWFALSE,
+ * BINPUT, LONG_BINPUT, BINGET, LONG_BINGET and STOP. APPENDS and SETITEMS
+ * come in batches of at most 1000 items, as CPython writes them: the viewer
+ * appends a batch with one spread call, which fails on a million arguments.
+ *
+ * memory_viz's "Allocator State History" replays the trace backwards from
+ * the segments, and stops with a script error at an event that does not fit
+ * them (a free_requested of a block it does not know, a block outside every
+ * segment). A snapshot of a busy pool can hold such events: block states
+ * are read one by one while threads go on, and the history ring may lose
+ * entries. replay() runs the viewer's rules once and leaves those events
+ * out, with a note; a quiescent snapshot loses none.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "snapshot_load.h"
+
+#define CMD "snapshot torch"
+
+static void torch_usage(FILE *out) {
+  fprintf(out,
+          "usage: pinpool snapshot torch FILE -o OUT.pickle\n\n"
+          "Write the snapshot FILE ('-' for standard input) as the pickle\n"
+          "that torch.cuda.memory._snapshot() returns, for PyTorch's\n"
+          "memory_viz (drag OUT.pickle onto https://pytorch.org/memory_viz)\n"
+          "and torch.cuda._memory_viz. Host memory is shown as device 0.\n\n"
+          "  -o, --output OUT.pickle   the file to write ('-' for standard "
+          "output)\n\n"
+          "Exit status: 0 success, 1 unreadable or malformed input or write\n"
+          "error (OUT is then left as it was), 2 usage error.\n");
+}
+
+/* ---- Pickle writer ------------------------------------------------------- */
+
+enum {
+  OP_MARK = '(',
+  OP_STOP = '.',
+  OP_BININT = 'J',
+  OP_BININT1 = 'K',
+  OP_BININT2 = 'M',
+  OP_BINUNICODE = 'X',
+  OP_EMPTY_LIST = ']',
+  OP_APPENDS = 'e',
+  OP_BINGET = 'h',
+  OP_LONG_BINGET = 'j',
+  OP_BINPUT = 'q',
+  OP_LONG_BINPUT = 'r',
+  OP_SETITEMS = 'u',
+  OP_EMPTY_DICT = '}',
+  OP_PROTO = 0x80,
+  OP_TUPLE2 = 0x86,
+  OP_NEWFALSE = 0x89,
+  OP_LONG1 = 0x8a,
+  OP_SHORT_BINUNICODE = 0x8c,
+};
+
+/* CPython's batch size; see the top of the file for why batches matter. */
+#define PK_BATCH 1000
+
+typedef struct pk {
+  FILE *f;
+  int failed;         /* a write failed (errno kept in err) */
+  int err;
+  uint32_t memo_next; /* next memo index */
+  size_t len;
+  unsigned char buf[1 << 16];
+} pk_t;
+
+static void pk_flush(pk_t *p) {
+  if (p->len > 0 && !p->failed && fwrite(p->buf, 1, p->len, p->f) != p->len) {
+    p->failed = 1;
+    p->err = errno != 0 ? errno : EIO;
+  }
+  p->len = 0;
+}
+
+static void pk_bytes(pk_t *p, const void *data, size_t n) {
+  if (n > sizeof p->buf - p->len) {
+    pk_flush(p);
+    if (n > sizeof p->buf) {
+      if (!p->failed && fwrite(data, 1, n, p->f) != n) {
+        p->failed = 1;
+        p->err = errno != 0 ? errno : EIO;
+      }
+      return;
+    }
+  }
+  memcpy(p->buf + p->len, data, n);
+  p->len += n;
+}
+
+/* An opcode followed by an n-byte little-endian argument (n <= 8). */
+static void pk_op_le(pk_t *p, unsigned op, uint64_t v, unsigned n) {
+  unsigned char b[9];
+  b[0] = (unsigned char)op;
+  for (unsigned i = 0; i < n; i++)
+    b[1 + i] = (unsigned char)(v >> (8 * i));
+  pk_bytes(p, b, 1 + n);
+}
+
+static void pk_op(pk_t *p, unsigned op) { pk_op_le(p, op, 0, 0); }
+
+static void pk_uint(pk_t *p, uint64_t v) {
+  if (v <= 0xff) {
+    pk_op_le(p, OP_BININT1, v, 1);
+  } else if (v <= 0xffff) {
+    pk_op_le(p, OP_BININT2, v, 2);
+  } else if (v <= 0x7fffffff) {
+    pk_op_le(p, OP_BININT, v, 4);
+  } else {
+    /* LONG1 is two's complement: a set top bit needs one more (zero) byte,
+     * so 2^63 and above take 9 bytes (the viewer then reads a BigInt). */
+    unsigned n = 1;
+    while (n < 8 && (v >> (8 * n - 1)) != 0)
+      n++;
+    if (n == 8 && (v >> 63) != 0) {
+      unsigned char b[11] = {OP_LONG1, 9};
+      for (unsigned i = 0; i < 8; i++)
+        b[2 + i] = (unsigned char)(v >> (8 * i));
+      b[10] = 0;
+      pk_bytes(p, b, sizeof b);
+      return;
+    }
+    pk_op_le(p, OP_LONG1, n, 1);
+    for (unsigned i = 0; i < n; i++) {
+      unsigned char c = (unsigned char)(v >> (8 * i));
+      pk_bytes(p, &c, 1);
+    }
+  }
+}
+
+/* s must be UTF-8: jansson checks every string it parses. */
+static void pk_strn(pk_t *p, const char *s, size_t n) {
+  if (n <= 0xff)
+    pk_op_le(p, OP_SHORT_BINUNICODE, n, 1);
+  else
+    pk_op_le(p, OP_BINUNICODE, n, 4);
+  pk_bytes(p, s, n);
+}
+
+static void pk_str(pk_t *p, const char *s) { pk_strn(p, s, strlen(s)); }
+
+/* Memoize the object on top of the stack; returns its memo index. */
+static uint32_t pk_put(pk_t *p) {
+  uint32_t id = p->memo_next++;
+  if (id <= 0xff)
+    pk_op_le(p, OP_BINPUT, id, 1);
+  else
+    pk_op_le(p, OP_LONG_BINPUT, id, 4);
+  return id;
+}
+
+static void pk_get(pk_t *p, uint32_t id) {
+  if (id <= 0xff)
+    pk_op_le(p, OP_BINGET, id, 1);
+  else
+    pk_op_le(p, OP_LONG_BINGET, id, 4);
+}
+
+/* Items of a list or dict, written in batches: call pk_item before each
+ * item (key and value for a dict) and pk_end after the last. */
+typedef struct pk_seq {
+  size_t n;
+  unsigned close; /* OP_APPENDS or OP_SETITEMS */
+} pk_seq_t;
+
+static pk_seq_t pk_list(pk_t *p) {
+  pk_op(p, OP_EMPTY_LIST);
+  return (pk_seq_t){0, OP_APPENDS};
+}
+
+static pk_seq_t pk_dict(pk_t *p) {
+  pk_op(p, OP_EMPTY_DICT);
+  return (pk_seq_t){0, OP_SETITEMS};
+}
+
+static void pk_item(pk_t *p, pk_seq_t *q) {
+  if (q->n % PK_BATCH == 0) {
+    if (q->n > 0)
+      pk_op(p, q->close);
+    pk_op(p, OP_MARK);
+  }
+  q->n++;
+}
+
+static void pk_end(pk_t *p, pk_seq_t *q) {
+  if (q->n > 0)
+    pk_op(p, q->close);
+}
+
+/* ---- Address map (open addressing, linear probing) ----------------------- */
+
+typedef struct amap {
+  uint64_t *keys, *vals;
+  unsigned char *used;
+  size_t cap, n; /* cap: a power of two, or 0 */
+} amap_t;
+
+static size_t amap_hash(uint64_t k, size_t cap) {
+  /* splitmix64's finalizer: block addresses differ only in a few bits. */
+  k ^= k >> 30;
+  k *= 0xbf58476d1ce4e5b9ull;
+  k ^= k >> 27;
+  k *= 0x94d049bb133111ebull;
+  k ^= k >> 31;
+  return (size_t)k & (cap - 1);
+}
+
+static void amap_free(amap_t *m) {
+  free(m->keys);
+  free(m->vals);
+  free(m->used);
+  memset(m, 0, sizeof *m);
+}
+
+static uint64_t *amap_get(const amap_t *m, uint64_t key) {
+  if (m->cap == 0)
+    return NULL;
+  for (size_t i = amap_hash(key, m->cap); m->used[i]; i = (i + 1) & (m->cap - 1))
+    if (m->keys[i] == key)
+      return &m->vals[i];
+  return NULL;
+}
+
+static int amap_set(amap_t *m, uint64_t key, uint64_t val);
+
+static int amap_grow(amap_t *m) {
+  amap_t g = {0};
+  g.cap = m->cap == 0 ? 64 : m->cap * 2;
+  g.keys = malloc(g.cap * sizeof *g.keys);
+  g.vals = malloc(g.cap * sizeof *g.vals);
+  g.used = calloc(g.cap, 1);
+  if (g.keys == NULL || g.vals == NULL || g.used == NULL) {
+    amap_free(&g);
+    return -1;
+  }
+  for (size_t i = 0; i < m->cap; i++)
+    if (m->used[i])
+      (void)amap_set(&g, m->keys[i], m->vals[i]);
+  amap_free(m);
+  *m = g;
+  return 0;
+}
+
+static int amap_set(amap_t *m, uint64_t key, uint64_t val) {
+  size_t i;
+  uint64_t *v = amap_get(m, key);
+  if (v != NULL) {
+    *v = val;
+    return 0;
+  }
+  if ((m->n + 1) * 2 > m->cap && amap_grow(m) != 0)
+    return -1;
+  for (i = amap_hash(key, m->cap); m->used[i]; i = (i + 1) & (m->cap - 1))
+    ;
+  m->used[i] = 1;
+  m->keys[i] = key;
+  m->vals[i] = val;
+  m->n++;
+  return 0;
+}
+
+static void amap_del(amap_t *m, uint64_t key) {
+  size_t mask = m->cap - 1, i, j;
+  if (m->cap == 0)
+    return;
+  for (i = amap_hash(key, m->cap); m->used[i]; i = (i + 1) & mask)
+    if (m->keys[i] == key)
+      break;
+  if (!m->used[i])
+    return;
+  /* Backward-shift deletion: no tombstones, so lookups stay short. */
+  for (j = (i + 1) & mask; m->used[j]; j = (j + 1) & mask) {
+    size_t h = amap_hash(m->keys[j], m->cap);
+    /* Move j into the hole at i unless its home lies cyclically in (i, j]. */
+    if ((j > i && (h <= i || h > j)) || (j < i && h <= i && h > j)) {
+      m->keys[i] = m->keys[j];
+      m->vals[i] = m->vals[j];
+      i = j;
+    }
+  }
+  m->used[i] = 0;
+  m->n--;
+}
+
+/* ---- Trace events -------------------------------------------------------- */
+
+/* What one history entry becomes. EV_FREE is a free that had no separate
+ * free_requested: it is written as free_requested + free_completed, the
+ * pair memory_viz folds into one "free" (an unpaired free_completed would
+ * be replayed as a block still waiting for its streams). */
+enum {
+  EV_ALLOC,
+  EV_FREE_REQUESTED,
+  EV_FREE_COMPLETED,
+  EV_FREE,
+  EV_SEGMENT_ALLOC,
+  EV_SEGMENT_FREE,
+  EV_OOM,
+};
+
+typedef struct ev {
+  size_t entry; /* index into the history */
+  unsigned char kind, keep;
+} ev_t;
+
+typedef struct events {
+  ev_t *v;
+  size_t n;
+  amap_t seg_stack; /* segment address -> stack of its segment_alloc */
+} events_t;
+
+static int build_events(const snap_t *s, events_t *out) {
+  amap_t waiting = {0}; /* blocks with a free_requested not yet completed */
+  int rc = -1;
+  out->v = malloc((s->nentries > 0 ? s->nentries : 1) * sizeof *out->v);
+  if (out->v == NULL)
+    return -1;
+  out->n = 0;
+  for (size_t i = 0; i < s->nentries; i++) {
+    snap_entry_t e;
+    int kind;
+    snap_entry(s, i, &e);
+    switch (e.action) {
+    case SNAP_ALLOC:
+      amap_del(&waiting, e.address);
+      kind = EV_ALLOC;
+      break;
+    case SNAP_FREE_REQUESTED:
+      if (amap_set(&waiting, e.address, 1) != 0)
+        goto out;
+      kind = EV_FREE_REQUESTED;
+      break;
+    case SNAP_FREE_COMPLETED:
+      if (amap_get(&waiting, e.address) != NULL) {
+        amap_del(&waiting, e.address);
+        kind = EV_FREE_COMPLETED;
+      } else {
+        kind = EV_FREE;
+      }
+      break;
+    case SNAP_SEGMENT_ALLOC:
+      /* A segment's frames are those of the allocation that created it,
+       * as PyTorch reports them. */
+      if (e.stack >= 0) {
+        if (amap_set(&out->seg_stack, e.address, (uint64_t)e.stack) != 0)
+          goto out;
+      } else {
+        amap_del(&out->seg_stack, e.address);
+      }
+      kind = EV_SEGMENT_ALLOC;
+      break;
+    case SNAP_SEGMENT_FREE:
+      amap_del(&out->seg_stack, e.address);
+      kind = EV_SEGMENT_FREE;
+      break;
+    case SNAP_OOM:
+      kind = EV_OOM;
+      break;
+    default:
+      /* empty_cache has no PyTorch action; the segment_free entries it
+       * causes are recorded (and converted) on their own. */
+      continue;
+    }
+    out->v[out->n++] = (ev_t){i, (unsigned char)kind, 1};
+  }
+  rc = 0;
+out:
+  amap_free(&waiting);
+  return rc;
+}
+
+/* ---- Consistency with the segments (see the top of the file) ------------- */
+
+typedef struct rseg {
+  uint64_t addr, size, nblocks; /* nblocks: live blocks inside */
+} rseg_t;
+
+typedef struct replay {
+  rseg_t *segs; /* sorted by address, disjoint */
+  size_t n, cap;
+  amap_t blocks; /* live block address -> address of its segment */
+} replay_t;
+
+/* Index of the last segment starting at or below addr, or SIZE_MAX. */
+static size_t rs_floor(const replay_t *r, uint64_t addr) {
+  size_t lo = 0, hi = r->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (r->segs[mid].addr <= addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo == 0 ? SIZE_MAX : lo - 1;
+}
+
+static size_t rs_containing(const replay_t *r, uint64_t addr) {
+  size_t i = rs_floor(r, addr);
+  if (i != SIZE_MAX && addr - r->segs[i].addr < r->segs[i].size)
+    return i;
+  return SIZE_MAX;
+}
+
+/* Insert [addr, addr + size); 1 if it overlaps a segment, -1 on ENOMEM. */
+static int rs_insert(replay_t *r, uint64_t addr, uint64_t size) {
+  size_t i = rs_floor(r, addr), at = i == SIZE_MAX ? 0 : i + 1;
+  if (size == 0 || addr + size < addr)
+    return 1;
+  if (i != SIZE_MAX && addr - r->segs[i].addr < r->segs[i].size)
+    return 1;
+  if (at < r->n && r->segs[at].addr - addr < size)
+    return 1;
+  if (r->n == r->cap) {
+    size_t cap = r->cap == 0 ? 16 : r->cap * 2;
+    rseg_t *g = realloc(r->segs, cap * sizeof *g);
+    if (g == NULL)
+      return -1;
+    r->segs = g;
+    r->cap = cap;
+  }
+  memmove(r->segs + at + 1, r->segs + at, (r->n - at) * sizeof *r->segs);
+  r->segs[at] = (rseg_t){addr, size, 0};
+  r->n++;
+  return 0;
+}
+
+static int rs_add_block(replay_t *r, uint64_t addr, size_t seg) {
+  if (amap_set(&r->blocks, addr, r->segs[seg].addr) != 0)
+    return -1;
+  r->segs[seg].nblocks++;
+  return 0;
+}
+
+static void rs_remove_block(replay_t *r, uint64_t addr) {
+  uint64_t *seg = amap_get(&r->blocks, addr);
+  size_t i;
+  if (seg == NULL)
+    return;
+  i = rs_floor(r, *seg);
+  if (i != SIZE_MAX && r->segs[i].addr == *seg)
+    r->segs[i].nblocks--;
+  amap_del(&r->blocks, addr);
+}
+
+/* Walk the events backwards from the segments and blocks of the snapshot,
+ * as memory_viz does, and clear `keep` of each event it could not replay.
+ * Returns the number left out, or -1 on ENOMEM. */
+static long replay(const snap_t *s, events_t *ev) {
+  replay_t r = {0};
+  long dropped = 0;
+  for (size_t i = 0; i < s->nsegments; i++) {
+    const json_t *seg = snap_segment(s, i);
+    size_t nb = snap_segment_nblocks(s, i);
+    /* check_layout made them sorted and disjoint. */
+    if (rs_insert(&r, snap_u64(seg, "address"), snap_u64(seg, "size")) < 0)
+      goto nomem;
+    for (size_t j = 0; j < nb; j++) {
+      snap_block_t b;
+      snap_block(s, i, j, &b);
+      if (b.state != SNAP_CACHED && rs_add_block(&r, b.address, r.n - 1) != 0)
+        goto nomem;
+    }
+  }
+  for (size_t k = ev->n; k-- > 0;) {
+    ev_t *v = &ev->v[k];
+    snap_entry_t e;
+    size_t i;
+    snap_entry(s, v->entry, &e);
+    switch (v->kind) {
+    case EV_ALLOC: /* before it, the block did not exist */
+      rs_remove_block(&r, e.address);
+      break;
+    case EV_FREE_REQUESTED: /* the viewer marks a block it must know */
+      v->keep = amap_get(&r.blocks, e.address) != NULL;
+      break;
+    case EV_FREE_COMPLETED:
+    case EV_FREE: /* before it, the block existed, inside a segment */
+      if (amap_get(&r.blocks, e.address) != NULL)
+        break;
+      i = rs_containing(&r, e.address);
+      if (i == SIZE_MAX)
+        v->keep = 0;
+      else if (rs_add_block(&r, e.address, i) != 0)
+        goto nomem;
+      break;
+    case EV_SEGMENT_ALLOC:
+      /* Before it, the segment did not exist: the viewer removes the one at
+       * this address (or, finding none, the last one), and must not leave
+       * blocks outside every segment. */
+      i = rs_floor(&r, e.address);
+      if (i == SIZE_MAX || r.segs[i].addr != e.address ||
+          r.segs[i].nblocks > 0) {
+        v->keep = 0;
+      } else {
+        memmove(r.segs + i, r.segs + i + 1, (r.n - i - 1) * sizeof *r.segs);
+        r.n--;
+      }
+      break;
+    case EV_SEGMENT_FREE: {
+      int rc = rs_insert(&r, e.address, e.size);
+      if (rc < 0)
+        goto nomem;
+      v->keep = rc == 0;
+      break;
+    }
+    default:
+      break;
+    }
+    dropped += !v->keep;
+  }
+  free(r.segs);
+  amap_free(&r.blocks);
+  return dropped;
+nomem:
+  free(r.segs);
+  amap_free(&r.blocks);
+  return -1;
+}
+
+/* The viewer lays a segment's blocks end to end from its address, so the
+ * segments must not overlap and each one's blocks must be in address order
+ * inside it (the format says so; the loader checks only types). */
+static int check_layout(const snap_t *s, const char *name, char *err,
+                        size_t errlen) {
+  uint64_t prev_end = 0;
+  for (size_t i = 0; i < s->nsegments; i++) {
+    const json_t *seg = snap_segment(s, i);
+    uint64_t addr = snap_u64(seg, "address"), size = snap_u64(seg, "size");
+    uint64_t bsize = snap_u64(seg, "block_size"), cursor = addr;
+    size_t nb = snap_segment_nblocks(s, i);
+    if (addr + size < addr) {
+      snprintf(err, errlen,
+               "%s: segments[%zu].size: the segment ends beyond 2^64", name, i);
+      return -1;
+    }
+    if (i > 0 && addr < prev_end) {
+      snprintf(err, errlen,
+               "%s: segments[%zu].address: overlaps segments[%zu] or is "
+               "not in address order",
+               name, i, i - 1);
+      return -1;
+    }
+    prev_end = addr + size;
+    for (size_t j = 0; j < nb; j++) {
+      snap_block_t b;
+      snap_block(s, i, j, &b);
+      if (b.address < cursor || b.address - addr > size ||
+          size - (b.address - addr) < bsize) {
+        snprintf(err, errlen,
+                 "%s: segments[%zu].blocks[%zu].address: 0x%" PRIx64
+                 " is %s",
+                 name, i, j, b.address,
+                 b.address < cursor
+                     ? (j == 0 ? "below the segment"
+                               : "not after the previous block")
+                     : "not a whole block inside the segment");
+        return -1;
+      }
+      cursor = b.address + bsize;
+    }
+  }
+  return 0;
+}
+
+/* ---- The snapshot as a pickle -------------------------------------------- */
+
+/* Strings written many times are memoized: a key costs 2 bytes after its
+ * first use instead of its length plus 2. */
+enum {
+  N_SEGMENTS, N_DEVICE_TRACES, N_ALLOCATOR_SETTINGS, N_DEVICE, N_ADDRESS,
+  N_TOTAL_SIZE, N_ALLOCATED_SIZE, N_ACTIVE_SIZE, N_REQUESTED_SIZE, N_STREAM,
+  N_SEGMENT_TYPE, N_SEGMENT_POOL_ID, N_IS_EXPANDABLE, N_FRAMES, N_BLOCKS,
+  N_SIZE, N_STATE, N_FILENAME, N_LINE, N_NAME, N_ACTION, N_ADDR, N_TIME_US,
+  N_DEVICE_FREE, N_COMPILE_CONTEXT, N_USER_METADATA, N_SMALL, N_LARGE,
+  N_ACTIVE_ALLOCATED, N_ACTIVE_PENDING_FREE, N_INACTIVE, N_ALLOC,
+  N_FREE_REQUESTED, N_FREE_COMPLETED, N_SEGMENT_ALLOC, N_SEGMENT_FREE, N_OOM,
+  N_SNAPSHOT, N_NA, N_EMPTY, N_UNKNOWN, N_COUNT
+};
+
+static const char *const names[N_COUNT] = {
+    "segments", "device_traces", "allocator_settings", "device", "address",
+    "total_size", "allocated_size", "active_size", "requested_size", "stream",
+    "segment_type", "segment_pool_id", "is_expandable", "frames", "blocks",
+    "size", "state", "filename", "line", "name", "action", "addr", "time_us",
+    "device_free", "compile_context", "user_metadata", "small", "large",
+    "active_allocated", "active_pending_free", "inactive", "alloc",
+    "free_requested", "free_completed", "segment_alloc", "segment_free", "oom",
+    "snapshot", "N/A", "", "??"};
+
+/* PyTorch's small pool holds blocks of at most 1 MiB (in 2 MiB segments);
+ * pinpool's size classes up to 1 MiB play the same part. */
+#define SMALL_BLOCK_MAX (UINT64_C(1) << 20)
+
+typedef struct torch {
+  const snap_t *s;
+  pk_t *p;
+  uint32_t name_memo[N_COUNT]; /* memo index + 1; 0: not written yet */
+  uint32_t *frame_memo;        /* per frame, the same */
+  uint32_t *stack_memo;        /* per stack: its frames list */
+  uint32_t empty_memo;         /* the empty frames list */
+} torch_t;
+
+static void w_name(torch_t *t, int k) {
+  if (t->name_memo[k] != 0) {
+    pk_get(t->p, t->name_memo[k] - 1);
+    return;
+  }
+  pk_str(t->p, names[k]);
+  t->name_memo[k] = pk_put(t->p) + 1;
+}
+
+/* Key k and an integer value, inside a dict. */
+static void w_kv_uint(torch_t *t, pk_seq_t *d, int k, uint64_t v) {
+  pk_item(t->p, d);
+  w_name(t, k);
+  pk_uint(t->p, v);
+}
+
+static void w_kv_name(torch_t *t, pk_seq_t *d, int k, int v) {
+  pk_item(t->p, d);
+  w_name(t, k);
+  w_name(t, v);
+}
+
+/* {filename, line, name}; memory_viz prints "filename:line:name". */
+static void w_frame(torch_t *t, size_t fi) {
+  snap_frame_t f;
+  pk_seq_t d;
+  char hex[24];
+  if (t->frame_memo[fi] != 0) {
+    pk_get(t->p, t->frame_memo[fi] - 1);
+    return;
+  }
+  snap_frame(t->s, fi, &f);
+  d = pk_dict(t->p);
+  t->frame_memo[fi] = pk_put(t->p) + 1;
+  pk_item(t->p, &d);
+  w_name(t, N_FILENAME);
+  if (f.file != NULL)
+    pk_str(t->p, f.file);
+  else if (f.module != NULL)
+    pk_str(t->p, f.module);
+  else
+    w_name(t, N_UNKNOWN);
+  w_kv_uint(t, &d, N_LINE, f.line >= 0 ? (uint64_t)f.line : 0);
+  pk_item(t->p, &d);
+  w_name(t, N_NAME);
+  if (f.function != NULL) {
+    pk_str(t->p, f.function);
+  } else {
+    /* The return address can still be looked up (addr2line). */
+    snprintf(hex, sizeof hex, "0x%" PRIx64, f.address);
+    pk_str(t->p, hex);
+  }
+  pk_end(t->p, &d);
+}
+
+/* The frames list of a stack (innermost first in both formats), written
+ * once per stack and then referred to. */
+static void w_frames(torch_t *t, int64_t stack) {
+  size_t n = snap_stack_len(t->s, stack);
+  pk_seq_t l;
+  if (n == 0) {
+    if (t->empty_memo != 0) {
+      pk_get(t->p, t->empty_memo - 1);
+    } else {
+      (void)pk_list(t->p);
+      t->empty_memo = pk_put(t->p) + 1;
+    }
+    return;
+  }
+  if (t->stack_memo[stack] != 0) {
+    pk_get(t->p, t->stack_memo[stack] - 1);
+    return;
+  }
+  l = pk_list(t->p);
+  t->stack_memo[stack] = pk_put(t->p) + 1;
+  for (size_t j = 0; j < n; j++) {
+    pk_item(t->p, &l);
+    w_frame(t, snap_stack_frame(t->s, stack, j));
+  }
+  pk_end(t->p, &l);
+}
+
+static void w_block(torch_t *t, pk_seq_t *blocks, uint64_t addr,
+                    uint64_t size, uint64_t requested, int state,
+                    int64_t stack) {
+  pk_seq_t d;
+  pk_item(t->p, blocks);
+  d = pk_dict(t->p);
+  w_kv_uint(t, &d, N_ADDRESS, addr);
+  w_kv_uint(t, &d, N_SIZE, size);
+  w_kv_uint(t, &d, N_REQUESTED_SIZE, requested);
+  w_kv_name(t, &d, N_STATE,
+            state == SNAP_ALLOCATED ? N_ACTIVE_ALLOCATED
+            : state == SNAP_PENDING ? N_ACTIVE_PENDING_FREE
+                                    : N_INACTIVE);
+  pk_item(t->p, &d);
+  w_name(t, N_FRAMES);
+  w_frames(t, state == SNAP_CACHED ? -1 : stack);
+  pk_end(t->p, &d);
+}
+
+static void w_segment(torch_t *t, const events_t *ev, size_t i) {
+  const json_t *seg = snap_segment(t->s, i);
+  uint64_t addr = snap_u64(seg, "address"), size = snap_u64(seg, "size");
+  uint64_t bsize = snap_u64(seg, "block_size"), cursor = addr;
+  uint64_t allocated = 0, active = 0, requested = 0, *stack;
+  size_t nb = snap_segment_nblocks(t->s, i);
+  pk_seq_t d, blocks;
+
+  /* The sums come before the blocks in the dict (PyTorch's key order). */
+  for (size_t j = 0; j < nb; j++) {
+    snap_block_t b;
+    snap_block(t->s, i, j, &b);
+    if (b.state == SNAP_CACHED)
+      continue;
+    if (b.state == SNAP_ALLOCATED)
+      allocated += bsize;
+    active += bsize;
+    requested += b.requested;
+  }
+  d = pk_dict(t->p);
+  w_kv_uint(t, &d, N_DEVICE, 0);
+  w_kv_uint(t, &d, N_ADDRESS, addr);
+  w_kv_uint(t, &d, N_TOTAL_SIZE, size);
+  w_kv_uint(t, &d, N_ALLOCATED_SIZE, allocated);
+  w_kv_uint(t, &d, N_ACTIVE_SIZE, active);
+  w_kv_uint(t, &d, N_REQUESTED_SIZE, requested);
+  w_kv_uint(t, &d, N_STREAM, 0);
+  w_kv_name(t, &d, N_SEGMENT_TYPE,
+            bsize <= SMALL_BLOCK_MAX ? N_SMALL : N_LARGE);
+  pk_item(t->p, &d);
+  w_name(t, N_SEGMENT_POOL_ID);
+  pk_uint(t->p, 0);
+  pk_uint(t->p, 0);
+  pk_op(t->p, OP_TUPLE2);
+  pk_item(t->p, &d);
+  w_name(t, N_IS_EXPANDABLE);
+  pk_op(t->p, OP_NEWFALSE);
+  pk_item(t->p, &d);
+  w_name(t, N_FRAMES);
+  stack = amap_get(&ev->seg_stack, addr);
+  w_frames(t, stack != NULL ? (int64_t)*stack : -1);
+
+  /* Blocks end to end from the segment's address: what pinpool does not
+   * list (blocks never handed out, the tail) becomes inactive blocks, so
+   * that the sizes add up to total_size. */
+  pk_item(t->p, &d);
+  w_name(t, N_BLOCKS);
+  blocks = pk_list(t->p);
+  for (size_t j = 0; j < nb; j++) {
+    snap_block_t b;
+    snap_block(t->s, i, j, &b);
+    if (b.address > cursor)
+      w_block(t, &blocks, cursor, b.address - cursor, 0, SNAP_CACHED, -1);
+    w_block(t, &blocks, b.address, bsize,
+            b.state == SNAP_CACHED ? 0 : b.requested, b.state, b.stack);
+    cursor = b.address + bsize;
+  }
+  if (cursor < addr + size)
+    w_block(t, &blocks, cursor, addr + size - cursor, 0, SNAP_CACHED, -1);
+  pk_end(t->p, &blocks);
+  pk_end(t->p, &d);
+}
+
+static void w_trace_entry(torch_t *t, pk_seq_t *trace, int action,
+                          uint64_t addr, uint64_t size, uint64_t stream,
+                          uint64_t time_ns, int64_t stack) {
+  pk_seq_t d;
+  pk_item(t->p, trace);
+  d = pk_dict(t->p);
+  w_kv_name(t, &d, N_ACTION, action);
+  /* PyTorch stores the free device memory in an oom entry instead of an
+   * address; pinpool does not know it (0). */
+  w_kv_uint(t, &d, action == N_OOM ? N_DEVICE_FREE : N_ADDR,
+            action == N_OOM ? 0 : addr);
+  w_kv_uint(t, &d, N_SIZE, size);
+  w_kv_uint(t, &d, N_STREAM, stream);
+  w_kv_uint(t, &d, N_TIME_US, time_ns / 1000);
+  pk_item(t->p, &d);
+  w_name(t, N_FRAMES);
+  w_frames(t, stack);
+  w_kv_name(t, &d, N_COMPILE_CONTEXT, N_NA);
+  w_kv_name(t, &d, N_USER_METADATA, N_EMPTY);
+  pk_end(t->p, &d);
+}
+
+static void w_trace(torch_t *t, const events_t *ev) {
+  const json_t *root = t->s->root;
+  uint64_t active = 0;
+  pk_seq_t trace;
+  trace = pk_list(t->p);
+  for (size_t k = 0; k < ev->n; k++) {
+    const ev_t *v = &ev->v[k];
+    snap_entry_t e;
+    if (!v->keep)
+      continue;
+    snap_entry(t->s, v->entry, &e);
+    /* Sizes as PyTorch records them: what was asked for, for blocks (its
+     * alloc and free entries carry the requested size). */
+    switch (v->kind) {
+    case EV_ALLOC:
+      w_trace_entry(t, &trace, N_ALLOC, e.address, e.requested, e.stream,
+                    e.time_ns, e.stack);
+      break;
+    case EV_FREE:
+      w_trace_entry(t, &trace, N_FREE_REQUESTED, e.address, e.requested,
+                    e.stream, e.time_ns, e.stack);
+      /* fall through */
+    case EV_FREE_COMPLETED:
+      w_trace_entry(t, &trace, N_FREE_COMPLETED, e.address, e.requested,
+                    e.stream, e.time_ns, e.stack);
+      break;
+    case EV_FREE_REQUESTED:
+      w_trace_entry(t, &trace, N_FREE_REQUESTED, e.address, e.requested,
+                    e.stream, e.time_ns, e.stack);
+      break;
+    case EV_SEGMENT_ALLOC:
+    case EV_SEGMENT_FREE:
+      w_trace_entry(t, &trace,
+                    v->kind == EV_SEGMENT_ALLOC ? N_SEGMENT_ALLOC
+                                                : N_SEGMENT_FREE,
+                    e.address, e.size, e.stream, e.time_ns, e.stack);
+      break;
+    case EV_OOM: /* the class size, as PyTorch's rounded size */
+      w_trace_entry(t, &trace, N_OOM, 0, e.size, e.stream, e.time_ns,
+                    e.stack);
+      break;
+    default:
+      break;
+    }
+  }
+  /* PyTorch's snapshot() ends the trace with a "snapshot" entry whose size
+   * is the active bytes. */
+  for (size_t i = 0; i < t->s->nsegments; i++) {
+    const json_t *seg = snap_segment(t->s, i);
+    uint64_t bsize = snap_u64(seg, "block_size");
+    size_t nb = snap_segment_nblocks(t->s, i);
+    for (size_t j = 0; j < nb; j++) {
+      snap_block_t b;
+      snap_block(t->s, i, j, &b);
+      if (b.state != SNAP_CACHED)
+        active += bsize;
+    }
+  }
+  w_trace_entry(t, &trace, N_SNAPSHOT, 0, active, 0,
+                snap_u64(root, "time_ns"), -1);
+  pk_end(t->p, &trace);
+}
+
+static int write_pickle(const snap_t *s, const events_t *ev, FILE *f) {
+  torch_t t = {0};
+  pk_seq_t top, l;
+  const json_t *root = s->root;
+  int rc = -1;
+
+  t.s = s;
+  t.p = malloc(sizeof *t.p);
+  t.frame_memo = calloc(s->nframes + 1, sizeof *t.frame_memo);
+  t.stack_memo = calloc(s->nstacks + 1, sizeof *t.stack_memo);
+  if (t.p == NULL || t.frame_memo == NULL || t.stack_memo == NULL) {
+    errno = ENOMEM;
+    goto out;
+  }
+  t.p->f = f;
+  t.p->failed = 0;
+  t.p->err = 0;
+  t.p->memo_next = 0;
+  t.p->len = 0;
+
+  pk_op_le(t.p, OP_PROTO, 4, 1);
+  top = pk_dict(t.p);
+
+  pk_item(t.p, &top);
+  w_name(&t, N_SEGMENTS);
+  l = pk_list(t.p);
+  for (size_t i = 0; i < s->nsegments; i++) {
+    pk_item(t.p, &l);
+    w_segment(&t, ev, i);
+  }
+  pk_end(t.p, &l);
+
+  /* One trace per device; the host is device 0. */
+  pk_item(t.p, &top);
+  w_name(&t, N_DEVICE_TRACES);
+  l = pk_list(t.p);
+  pk_item(t.p, &l);
+  w_trace(&t, ev);
+  pk_end(t.p, &l);
+
+  /* PyTorch's keys here describe its CUDA allocator; pinpool's own
+   * settings tell the reader more than made-up values would. */
+  pk_item(t.p, &top);
+  w_name(&t, N_ALLOCATOR_SETTINGS);
+  l = pk_dict(t.p);
+  {
+    static const char *const keys[] = {"pinpool_version", "backend",
+                                       "config"};
+    pk_item(t.p, &l);
+    pk_str(t.p, "allocator");
+    pk_str(t.p, "pinpool");
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+      pk_item(t.p, &l);
+      pk_str(t.p, keys[k]);
+      pk_str(t.p, json_string_value(json_object_get(root, keys[k])));
+    }
+  }
+  pk_end(t.p, &l);
+  pk_end(t.p, &top);
+  pk_op(t.p, OP_STOP);
+  pk_flush(t.p);
+  if (t.p->failed) {
+    errno = t.p->err;
+    goto out;
+  }
+  rc = 0;
+out:
+  free(t.p);
+  free(t.frame_memo);
+  free(t.stack_memo);
+  return rc;
+}
+
+/* ---- The command --------------------------------------------------------- */
+
+/* Where the pickle goes: a temporary file next to OUT, renamed over it once
+ * complete, so that OUT is never a truncated pickle and a failed run leaves
+ * an existing OUT as it was. Standard output ("-") and files that are not
+ * regular (a pipe, /dev/stdout) are written directly. */
+typedef struct output {
+  FILE *f;
+  char *tmp; /* NULL when writing directly */
+  int is_stdout;
+} output_t;
+
+static int output_open(const char *out, output_t *o) {
+  struct stat st;
+  memset(o, 0, sizeof *o);
+  if (strcmp(out, "-") == 0) {
+    o->f = stdout;
+    o->is_stdout = 1;
+    return 0;
+  }
+  if (stat(out, &st) == 0 && !S_ISREG(st.st_mode)) {
+    o->f = fopen(out, "wb");
+    return o->f != NULL ? 0 : -1;
+  }
+  o->tmp = malloc(strlen(out) + sizeof ".XXXXXX");
+  if (o->tmp == NULL) {
+    errno = ENOMEM;
+    return -1;
+  }
+  strcpy(o->tmp, out);
+  strcat(o->tmp, ".XXXXXX");
+  int fd = mkstemp(o->tmp);
+  if (fd < 0) {
+    free(o->tmp);
+    o->tmp = NULL;
+    return -1;
+  }
+  /* mkstemp creates the file 0600; OUT gets the usual permissions. */
+  mode_t mask = umask(0);
+  (void)umask(mask);
+  (void)fchmod(fd, (mode_t)0666 & ~mask);
+  o->f = fdopen(fd, "wb");
+  if (o->f == NULL) {
+    int e = errno;
+    (void)close(fd);
+    (void)unlink(o->tmp);
+    free(o->tmp);
+    o->tmp = NULL;
+    errno = e;
+    return -1;
+  }
+  return 0;
+}
+
+/* Close the output; commit it when ok. Returns 0, or -1 with errno. */
+static int output_close(output_t *o, const char *out, int ok) {
+  int rc = ok ? 0 : -1, e = errno;
+  /* A full disk often shows only at the flush or the close. */
+  if (fflush(o->f) != 0 || ferror(o->f)) {
+    if (rc == 0)
+      e = errno != 0 ? errno : EIO;
+    rc = -1;
+  }
+  if (!o->is_stdout && fclose(o->f) != 0 && rc == 0) {
+    e = errno;
+    rc = -1;
+  }
+  if (o->tmp != NULL) {
+    if (rc == 0 && rename(o->tmp, out) != 0) {
+      e = errno;
+      rc = -1;
+    }
+    if (rc != 0)
+      (void)unlink(o->tmp);
+    free(o->tmp);
+  }
+  errno = e;
+  return rc;
+}
+
+int snap_torch_run(int argc, char **argv) {
+  const char *in = NULL, *out = NULL, *name;
+  char err[512];
+  snap_t snap;
+  events_t ev = {0};
+  output_t o;
+  long dropped;
+  int rc;
+
+  for (int i = 1; i < argc; i++) {
+    const char *v = NULL;
+    int r;
+    if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+      torch_usage(stdout);
+      return CLI_EXIT_OK;
+    }
+    if ((r = cli_option(CMD, argc, argv, &i, "-o", &v)) == 0)
+      r = cli_option(CMD, argc, argv, &i, "--output", &v);
+    if (r < 0)
+      return CLI_EXIT_USAGE;
+    if (r > 0) {
+      if (out != NULL)
+        return cli_usage_error(CMD, "-o/--output given twice");
+      if (v[0] == '\0')
+        return cli_usage_error(CMD, "-o/--output needs a file name");
+      out = v;
+      continue;
+    }
+    if (argv[i][0] == '-' && argv[i][1] != '\0')
+      return cli_usage_error(CMD, "unknown option '%s'", argv[i]);
+    if (in != NULL)
+      return cli_usage_error(CMD, "unexpected argument '%s' (one FILE only)",
+                             argv[i]);
+    in = argv[i];
+  }
+  if (in == NULL)
+    return cli_usage_error(CMD, "a snapshot FILE is required");
+  if (out == NULL)
+    return cli_usage_error(CMD,
+                           "an output file is required (-o OUT.pickle)");
+
+  /* Everything is checked and prepared before OUT is touched. */
+  if (snap_load(in, &snap, err, sizeof err) != 0) {
+    fprintf(stderr, "pinpool " CMD ": %s\n", err);
+    return CLI_EXIT_FAIL;
+  }
+  name = strcmp(in, "-") == 0 ? "(stdin)" : in;
+  if (check_layout(&snap, name, err, sizeof err) != 0) {
+    fprintf(stderr, "pinpool " CMD ": %s\n", err);
+    snap_free(&snap);
+    return CLI_EXIT_FAIL;
+  }
+  if (build_events(&snap, &ev) != 0 || (dropped = replay(&snap, &ev)) < 0) {
+    fprintf(stderr, "pinpool " CMD ": %s\n", strerror(ENOMEM));
+    rc = CLI_EXIT_FAIL;
+    goto done;
+  }
+
+  if (output_open(out, &o) != 0) {
+    fprintf(stderr, "pinpool " CMD ": cannot create %s: %s\n", out,
+            strerror(errno));
+    rc = CLI_EXIT_FAIL;
+    goto done;
+  }
+  errno = 0;
+  rc = write_pickle(&snap, &ev, o.f);
+  if (output_close(&o, out, rc == 0) != 0) {
+    fprintf(stderr, "pinpool " CMD ": writing %s failed%s%s\n",
+            o.is_stdout ? "standard output" : out, errno ? ": " : "",
+            errno ? strerror(errno) : "");
+    rc = CLI_EXIT_FAIL;
+    goto done;
+  }
+  if (dropped > 0)
+    fprintf(stderr,
+            "pinpool " CMD ": note: %ld of %zu trace entries left out: "
+            "they do not fit the block states of %s (a snapshot taken while "
+            "the pool was busy, or entries lost from the ring), and "
+            "memory_viz would stop at them\n",
+            dropped, ev.n, name);
+  rc = CLI_EXIT_OK;
+done:
+  free(ev.v);
+  amap_free(&ev.seg_stack);
+  snap_free(&snap);
+  return rc;
+}
