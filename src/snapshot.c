@@ -79,6 +79,35 @@ static void wb_raw(wbuf_t *w, const char *s, size_t n) {
 
 static void wb_lit(wbuf_t *w, const char *s) { wb_raw(w, s, strlen(s)); }
 
+/* The hot loops (blocks, entries) format straight into the buffer: room
+ * for one record is reserved first, then written through a pointer. */
+#define WB_RECORD 512
+static char *wb_begin(wbuf_t *w) {
+  wb_reserve(w, WB_RECORD);
+  return w->err != 0 ? NULL : w->p + w->len;
+}
+static void wb_end(wbuf_t *w, char *p) {
+  w->len = (size_t)(p - w->p);
+  if (w->f != NULL && w->len >= WB_FLUSH_AT)
+    wb_flush(w);
+}
+static inline char *put_u64(char *p, uint64_t v) {
+  char tmp[20];
+  int n = 0;
+  do {
+    tmp[n++] = (char)('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  while (n > 0)
+    *p++ = tmp[--n];
+  return p;
+}
+static inline char *put_mem(char *p, const char *s, size_t n) {
+  memcpy(p, s, n);
+  return p + n;
+}
+#define PUT(p, lit) put_mem((p), (lit), sizeof(lit) - 1)
+
 static void wb_u64(wbuf_t *w, uint64_t v) {
   char tmp[24];
   char *e = tmp + sizeof tmp, *q = e;
@@ -646,11 +675,11 @@ static void write_totals(wbuf_t *w, const snap_t *s) {
   wb_lit(w, "},\n");
 }
 
-static void write_id(wbuf_t *w, const stack_out_t *o, uint64_t id) {
-  if (id == 0 || o->remap == NULL || o->remap[id - 1] < 0)
-    wb_lit(w, "null");
-  else
-    wb_u64(w, (uint64_t)o->remap[id - 1]);
+/* Output index of stack `id` (1-based), -1 for none. */
+static int64_t stack_index(const stack_out_t *o, uint64_t id) {
+  if (id == 0 || o->remap == NULL)
+    return -1;
+  return o->remap[id - 1];
 }
 
 static void write_segments(wbuf_t *w, const snap_t *s, const stack_out_t *o) {
@@ -686,27 +715,31 @@ static void write_segments(wbuf_t *w, const snap_t *s, const stack_out_t *o) {
     for (size_t j = g->first; j < g->first + g->nblk; j++) {
       const sblk_t *b = &s->blk[j];
       unsigned st = PP_WORD_STATE(b->word);
-      wb_lit(w, j > g->first ? ",\n{" : "\n{");
-      wb_kv(w, "address", g->base + (uint64_t)b->idx * g->bs, true);
-      wb_lit(w, "\"state\":\"");
-      wb_lit(w, states[st]);
-      wb_lit(w, "\",");
-      wb_kv(w, "requested_size", st == PP_CACHED ? 0 : PP_WORD_PAYLOAD(b->word),
-            true);
-      wb_lit(w, "\"streams\":[");
+      char *p = wb_begin(w);
+      if (p == NULL)
+        return;
+      p = j > g->first ? PUT(p, ",\n{\"address\":") : PUT(p, "\n{\"address\":");
+      p = put_u64(p, g->base + (uint64_t)b->idx * g->bs);
+      p = PUT(p, ",\"state\":\"");
+      p = put_mem(p, states[st], strlen(states[st]));
+      p = PUT(p, "\",\"requested_size\":");
+      p = put_u64(p, st == PP_CACHED ? 0 : PP_WORD_PAYLOAD(b->word));
+      p = PUT(p, ",\"streams\":[");
       for (uint32_t k = 0; k < b->nstreams; k++) {
         if (k)
-          wb_raw(w, ",", 1);
-        wb_u64(w, s->streams[b->streams + k]);
+          *p++ = ',';
+        p = put_u64(p, s->streams[b->streams + k]);
       }
-      wb_lit(w, "],\"thread\":");
+      p = PUT(p, "],\"thread\":");
       if ((uint32_t)b->info != 0)
-        wb_u64(w, (uint32_t)b->info);
+        p = put_u64(p, (uint32_t)b->info);
       else
-        wb_lit(w, "null");
-      wb_lit(w, ",\"stack\":");
-      write_id(w, o, b->info >> 32);
-      wb_raw(w, "}", 1);
+        p = PUT(p, "null");
+      p = PUT(p, ",\"stack\":");
+      int64_t sid = stack_index(o, b->info >> 32);
+      p = sid >= 0 ? put_u64(p, (uint64_t)sid) : PUT(p, "null");
+      *p++ = '}';
+      wb_end(w, p);
     }
     wb_lit(w, "]}");
   }
@@ -772,30 +805,46 @@ static void write_history(wbuf_t *w, const snap_t *s, const stack_out_t *o) {
   while (pool->hist.tsc && pp_now_ns() - pool->hist.ns0 < 2000000u) {
   }
   uint64_t clk_now = pp_hist_clock(pool), ns_now = pp_now_ns();
+  /* pp_hist_to_ns, with its rate computed once. */
+  uint64_t ns_one = pp_hist_to_ns(pool, clk_now, clk_now, ns_now);
+  double rate = 1.0;
+  if (pool->hist.tsc && clk_now > pool->hist.clk0)
+    rate = (double)(ns_one - pool->hist.ns0) /
+           (double)(clk_now - pool->hist.clk0);
   for (size_t i = 0; i < s->nent; i++) {
     const sentry_t *e = &s->ent[i];
     unsigned action = (unsigned)(e->tid_action & 0xff);
     if (action >= PP_H_NACTIONS)
       action = PP_H_ALLOC; /* cannot happen: written by emit() only */
-    wb_lit(w, i ? ",\n[" : "\n[");
-    wb_u64(w, e->seq);
-    wb_raw(w, ",", 1);
-    wb_u64(w, pp_hist_to_ns(pool, e->clk, clk_now, ns_now));
-    wb_lit(w, ",\"");
-    wb_lit(w, action_names[action]);
-    wb_lit(w, "\",");
-    wb_u64(w, e->addr);
-    wb_raw(w, ",", 1);
-    wb_u64(w, e->size);
-    wb_raw(w, ",", 1);
-    wb_u64(w, e->req);
-    wb_raw(w, ",", 1);
-    wb_u64(w, e->stream);
-    wb_raw(w, ",", 1);
-    wb_u64(w, e->tid_action >> 8);
-    wb_raw(w, ",", 1);
-    write_id(w, o, e->stack);
-    wb_raw(w, "]", 1);
+    uint64_t ns = e->clk;
+    if (pool->hist.tsc) {
+      double d = ((double)e->clk - (double)pool->hist.clk0) * rate;
+      ns = d <= 0 ? pool->hist.ns0 : pool->hist.ns0 + (uint64_t)d;
+    }
+    char *p = wb_begin(w);
+    if (p == NULL)
+      return;
+    p = i ? PUT(p, ",\n[") : PUT(p, "\n[");
+    p = put_u64(p, e->seq);
+    *p++ = ',';
+    p = put_u64(p, ns);
+    p = PUT(p, ",\"");
+    p = put_mem(p, action_names[action], strlen(action_names[action]));
+    p = PUT(p, "\",");
+    p = put_u64(p, e->addr);
+    *p++ = ',';
+    p = put_u64(p, e->size);
+    *p++ = ',';
+    p = put_u64(p, e->req);
+    *p++ = ',';
+    p = put_u64(p, e->stream);
+    *p++ = ',';
+    p = put_u64(p, e->tid_action >> 8);
+    *p++ = ',';
+    int64_t sid = stack_index(o, e->stack);
+    p = sid >= 0 ? put_u64(p, (uint64_t)sid) : PUT(p, "null");
+    *p++ = ']';
+    wb_end(w, p);
   }
   wb_lit(w, "]}");
 }

@@ -17,7 +17,11 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
   va_start(ap, fmt);
   vfprintf(stderr, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "\nRun 'pinpool help %s' for usage.\n", cmd);
+  /* "snapshot html": a subcommand of a command has its own --help. */
+  if (strchr(cmd, ' ') != NULL)
+    fprintf(stderr, "\nRun 'pinpool %s --help' for usage.\n", cmd);
+  else
+    fprintf(stderr, "\nRun 'pinpool help %s' for usage.\n", cmd);
   return CLI_EXIT_USAGE;
 }
 

@@ -81,6 +81,7 @@ typedef struct demo_options {
   uint64_t depth;
   uint64_t seed;
   const char *config; /* NULL: PINPOOL_CONF or defaults */
+  const char *snapshot; /* NULL: none; else written at the end of the run */
 } demo_options_t;
 
 /* ---- Bounded queue ------------------------------------------------------ */
@@ -761,6 +762,7 @@ void cli_demo_usage(FILE *out) {
   fprintf(out,
           "usage: pinpool demo [--seconds N] [--producers P] [--consumers C]\n"
           "                    [--depth D] [--seed S] [--config \"k=v,...\"]\n"
+          "                    [--snapshot FILE]\n"
           "\n"
           "Run a data-loader staging pipeline on one pool: P producer "
           "threads\n"
@@ -781,6 +783,10 @@ void cli_demo_usage(FILE *out) {
           "  --seed S        seed of the size generators (default 1)\n"
           "  --config STR    pool configuration \"key=value,...\" (default:\n"
           "                  $PINPOOL_CONF if set, else the defaults)\n"
+          "  --snapshot FILE record the allocation history (level all,\n"
+          "                  16-frame stacks) and write a snapshot to FILE\n"
+          "                  when the run ends, before the device work\n"
+          "                  drains (see 'pinpool snapshot')\n"
           "\n"
           "Exit status: 0 if every check passed, 1 if a check failed or a\n"
           "pinpool call failed, 2 for a usage error or a bad --config.\n");
@@ -793,6 +799,7 @@ static int parse_options(int argc, char **argv, demo_options_t *o) {
   o->depth = 4;
   o->seed = 1;
   o->config = NULL;
+  o->snapshot = NULL;
   for (int i = 1; i < argc; i++) {
     const char *v = NULL;
     int m;
@@ -821,6 +828,10 @@ static int parse_options(int argc, char **argv, demo_options_t *o) {
       if (m < 0)
         return -1;
       o->config = v;
+    } else if ((m = cli_option(CMD, argc, argv, &i, "--snapshot", &v)) != 0) {
+      if (m < 0)
+        return -1;
+      o->snapshot = v;
     } else {
       cli_usage_error(CMD, "%s '%s'",
                       argv[i][0] == '-' ? "unknown option"
@@ -962,6 +973,14 @@ int cli_demo_run(int argc, char **argv) {
          d.opt.seconds, (unsigned long long)d.opt.seed);
   if (print_config(d.pool) != 0)
     atomic_fetch_add(&d.failures, 1);
+  if (d.opt.snapshot != NULL) {
+    pinpool_history_options_t ho = {PINPOOL_HISTORY_ALL, 100000, 16, 0};
+    rc = pinpool_record_history(d.pool, &ho);
+    if (rc != PINPOOL_OK) {
+      cli_pinpool_error("pinpool_record_history", rc);
+      atomic_fetch_add(&d.failures, 1);
+    }
+  }
   fflush(stdout);
 
   prods = calloc(d.opt.producers, sizeof *prods);
@@ -981,6 +1000,17 @@ int cli_demo_run(int argc, char **argv) {
   d.streams = pinpool_sim_submit(d.pool, 1, 0, NULL, NULL) == PINPOOL_OK;
   elapsed = run_pipeline(&d, prods, cons, &started_p, &started_c);
   sigaction(SIGINT, &old_sa, NULL);
+  if (d.opt.snapshot != NULL) {
+    /* Now: blocks still pending on the device copies show in it. */
+    rc = pinpool_snapshot_write(d.pool, d.opt.snapshot, 0);
+    if (rc != PINPOOL_OK) {
+      cli_pinpool_error("pinpool_snapshot_write", rc);
+      atomic_fetch_add(&d.failures, 1);
+    } else {
+      printf("snapshot: %s (view: pinpool snapshot summary|html %s)\n",
+             d.opt.snapshot, d.opt.snapshot);
+    }
+  }
   /* Wait for every device copy (and the blocks they hold) to complete. */
   rc = pinpool_synchronize(d.pool);
   if (rc != PINPOOL_OK) {

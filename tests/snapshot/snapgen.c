@@ -4,9 +4,11 @@
  *
  *   pp_snapgen OUT.json [--live N] [--history N] [--threads T] [--streams]
  *                       [--depth D] [--churn N] [--no-symbols]
+ *                       [--max-kib K]
  *
  * T threads (default 2) each allocate from two call sites, stage_batch and
  * stage_weights (named so that tests can look for them in the stacks),
+ * sizes from 1 KiB to K KiB (default 1024, a power of two),
  * keeping N live blocks in all (default 1000) and freeing and reallocating
  * N * churn times (default 2); with --streams, blocks are used on
  * simulated streams before being freed, so some are pending. History is on
@@ -21,13 +23,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pinpool.h"
 
 typedef struct job {
   pinpool_t *pool;
   unsigned seed;
-  size_t live, churn;
+  size_t live, churn, max_shift;
   int streams;
   void **ptrs;
   int failed;
@@ -39,13 +42,13 @@ static unsigned next_rand(unsigned *s) {
 }
 
 /* Two distinct call sites, kept out of line so that they show in stacks. */
-__attribute__((noinline)) static void *stage_batch(pinpool_t *pool,
+__attribute__((noinline, noipa)) static void *stage_batch(pinpool_t *pool,
                                                    size_t size) {
   void *p = NULL;
   return pinpool_alloc(pool, size, &p) == 0 ? p : NULL;
 }
 
-__attribute__((noinline)) static void *stage_weights(pinpool_t *pool,
+__attribute__((noinline, noipa)) static void *stage_weights(pinpool_t *pool,
                                                      size_t size) {
   void *p = NULL;
   return pinpool_alloc(pool, size, &p) == 0 ? p : NULL;
@@ -54,7 +57,7 @@ __attribute__((noinline)) static void *stage_weights(pinpool_t *pool,
 static void *one_alloc(job_t *j) {
   unsigned r = next_rand(&j->seed);
   /* Mostly small batches, some large weights: 1 KiB .. 1 MiB. */
-  size_t size = ((size_t)1024 << (r % 11)) - (r % 977);
+  size_t size = ((size_t)1024 << (r % j->max_shift)) - (r % 977);
   return r % 4 == 0 ? stage_weights(j->pool, size)
                      : stage_batch(j->pool, size);
 }
@@ -88,7 +91,7 @@ static void *run(void *arg) {
 static int usage(void) {
   fprintf(stderr, "usage: pp_snapgen OUT.json [--live N] [--history N] "
                   "[--threads T] [--streams] [--depth D] [--churn N] "
-                  "[--no-symbols]\n");
+                  "[--no-symbols] [--max-kib K]\n");
   return 2;
 }
 
@@ -97,6 +100,7 @@ int main(int argc, char **argv) {
     return usage();
   const char *out = argv[1];
   size_t live = 1000, history = 100000, threads = 2, depth = 16, churn = 2;
+  size_t max_kib = 1024;
   int streams = 0;
   unsigned flags = 0;
   for (int i = 2; i < argc; i++) {
@@ -119,6 +123,8 @@ int main(int argc, char **argv) {
       dst = &depth;
     else if (strcmp(argv[i], "--churn") == 0)
       dst = &churn;
+    else if (strcmp(argv[i], "--max-kib") == 0)
+      dst = &max_kib;
     if (dst == NULL || i + 1 >= argc)
       return usage();
     char *end = NULL;
@@ -127,7 +133,10 @@ int main(int argc, char **argv) {
       return usage();
     *dst = (size_t)v;
   }
-  if (threads < 1 || threads > 64 || live < threads)
+  size_t max_shift = 1;
+  while (((size_t)1 << max_shift) <= max_kib && max_shift < 30)
+    max_shift++;
+  if (threads < 1 || threads > 64 || live < threads || max_kib < 1)
     return usage();
 
   pinpool_t *pool = NULL;
@@ -159,7 +168,8 @@ int main(int argc, char **argv) {
   int failed = tids == NULL || jobs == NULL;
   for (size_t t = 0; !failed && t < threads; t++) {
     jobs[t] = (job_t){pool, (unsigned)(t * 7919 + 1), live / threads, churn,
-                      streams, calloc(live / threads, sizeof(void *)), 0};
+                      max_shift, streams, calloc(live / threads, sizeof(void *)),
+                      0};
     if (jobs[t].ptrs == NULL ||
         pthread_create(&tids[t], NULL, run, &jobs[t]) != 0)
       failed = 1;
@@ -174,7 +184,19 @@ int main(int argc, char **argv) {
     return 1;
   }
   (void)pinpool_empty_cache(pool); /* an empty_cache entry */
-  if ((rc = pinpool_snapshot_write(pool, out, flags)) != 0) {
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  /* PP_SNAPGEN_REPEAT=N: write it N times (profiling the writer). */
+  const char *rep = getenv("PP_SNAPGEN_REPEAT");
+  for (int k = rep != NULL ? atoi(rep) : 1; k > 1 && rc == 0; k--)
+    rc = pinpool_snapshot_write(pool, out, flags);
+  rc = rc != 0 ? rc : pinpool_snapshot_write(pool, out, flags);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  if (getenv("PP_SNAPGEN_TIME") != NULL)
+    printf("snapshot written in %.3f s\n",
+           (double)(t1.tv_sec - t0.tv_sec) +
+               (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+  if (rc != 0) {
     fprintf(stderr, "pp_snapgen: pinpool_snapshot_write: %s\n",
                     pinpool_last_error());
     return 1;
