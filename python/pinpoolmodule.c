@@ -370,10 +370,9 @@ static PyObject *Pool_record_history(PyObject *self, PyObject *args,
                         "stack_depth in 0..64");
   o.max_entries = (size_t)max_entries;
   o.stack_depth = (unsigned)depth;
-  int rc = pinpool_record_history(((PoolObject *)self)->pool,
-                                  o.record == PINPOOL_HISTORY_NONE && !clear
-                                      ? NULL
-                                      : &o);
+  int rc = pinpool_record_history(
+      ((PoolObject *)self)->pool,
+      o.record == PINPOOL_HISTORY_NONE && !clear ? NULL : &o);
   if (rc != 0)
     return raise_rc(rc, "Pool.record_history");
   Py_RETURN_NONE;
@@ -395,11 +394,9 @@ static PyObject *Pool_snapshot(PyObject *self, PyObject *args, PyObject *kw) {
   if (path == Py_None) {
     char *text = NULL;
     size_t len = 0;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pinpool_snapshot_write_mem(pool, &text, &len, flags);
-    Py_END_ALLOW_THREADS
-    if (rc != 0)
-      return raise_rc(rc, "Pool.snapshot");
+    Py_BEGIN_ALLOW_THREADS rc =
+        pinpool_snapshot_write_mem(pool, &text, &len, flags);
+    Py_END_ALLOW_THREADS if (rc != 0) return raise_rc(rc, "Pool.snapshot");
     PyObject *s = PyUnicode_DecodeUTF8(text, (Py_ssize_t)len, "replace");
     pinpool_snapshot_free(text);
     return s;
@@ -408,10 +405,8 @@ static PyObject *Pool_snapshot(PyObject *self, PyObject *args, PyObject *kw) {
   if (!PyUnicode_FSConverter(path, &bytes))
     return NULL;
   const char *p = PyBytes_AS_STRING(bytes);
-  Py_BEGIN_ALLOW_THREADS
-  rc = pinpool_snapshot_write(pool, p, flags);
-  Py_END_ALLOW_THREADS
-  Py_DECREF(bytes);
+  Py_BEGIN_ALLOW_THREADS rc = pinpool_snapshot_write(pool, p, flags);
+  Py_END_ALLOW_THREADS Py_DECREF(bytes);
   if (rc == PINPOOL_EBACKEND) /* the file: an OSError, as open() raises */
     return PyErr_Format(PyExc_OSError, "Pool.snapshot: %s",
                         pinpool_last_error());

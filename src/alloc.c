@@ -100,8 +100,7 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     uint64_t room = pool->cfg.tcache_bytes - pp_load_relaxed(&tc->bytes);
     uint64_t want = room / bs;
     want = want < 1 ? 1 : want > b->batch ? b->batch : want;
-    n = take_with_retry(pool, tc, cls, b->items, (uint32_t)want, &missed,
-                        ra);
+    n = take_with_retry(pool, tc, cls, b->items, (uint32_t)want, &missed, ra);
     if (n < 0)
       return n;
     b->n = (uint32_t)n;
@@ -142,8 +141,7 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
     pp_tentry_t e = b->items[--b->n];
     /* History: one atomic load and a branch when it is off. */
     if (pp_unlikely(pp_hist_level(pool) != PINPOOL_HISTORY_NONE))
-      pp_hist_alloc(pool, e.seg, e.idx, bs, size,
-                    __builtin_return_address(0));
+      pp_hist_alloc(pool, e.seg, e.idx, bs, size, __builtin_return_address(0));
     /* Release: whoever later reads ALLOCATED (a free on another thread, a
      * snapshot) also sees the requested size stored with it. */
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
@@ -230,8 +228,7 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
     if (PP_WORD_STATE(w) != PP_ALLOCATED)
       return state_error(ptr, "pinpool_free", w);
     if (w & PP_WORD_STREAMS) /* used on streams: stream-ordered free */
-      return pp_stream_free(pool, tc, seg, idx, w,
-                            __builtin_return_address(0));
+      return pp_stream_free(pool, tc, seg, idx, w, __builtin_return_address(0));
 #ifdef PINPOOL_MUTANT_FREE_NO_CAS
     /* Race mutant (docs/verification.md): a load and a store instead of
      * the CAS; two concurrent frees can both succeed. */

@@ -212,7 +212,7 @@ int pp_stacks_copy(pinpool_t *pool, pp_stacks_copy_t *out, uint64_t *hold_ns) {
     size_t n = t->n, nf = t->nframes;
     pp_mutex_unlock(&t->lock);
     n += 64;
-    nf += 64 * 80;
+    nf += (size_t)64 * 80;
     uintptr_t *frames = malloc((nf ? nf : 1) * sizeof *frames);
     uint64_t *off = malloc((n + 1) * sizeof *off);
     if (frames == NULL || off == NULL) {
@@ -311,8 +311,8 @@ static _Atomic(uint64_t) *info_array(pp_segment_t *seg) {
   return expected;
 }
 
-void pp_hist_alloc(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
-                   size_t bs, size_t req, const void *ra) {
+void pp_hist_alloc(pinpool_t *pool, pp_segment_t *seg, uint32_t idx, size_t bs,
+                   size_t req, const void *ra) {
   unsigned lvl = pp_hist_level(pool);
   if (lvl == PINPOOL_HISTORY_NONE)
     return;
@@ -327,8 +327,8 @@ void pp_hist_alloc(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
 #endif
   }
   if (lvl >= PINPOOL_HISTORY_ALLOC)
-    emit(pool, PP_H_ALLOC, pp_load_relaxed(&seg->base) + (uint64_t)idx * bs,
-         bs, req, 0, tid, stack);
+    emit(pool, PP_H_ALLOC, pp_load_relaxed(&seg->base) + (uint64_t)idx * bs, bs,
+         req, 0, tid, stack);
 }
 
 void pp_hist_event(pinpool_t *pool, int action, uintptr_t addr, size_t size,

@@ -456,8 +456,8 @@ typedef struct pp_hslot {
   _Atomic(uint64_t) stack;      /* stack id, 0: none */
 } pp_hslot_t;
 typedef struct pp_hring {
-  struct pp_hring *retired_next; /* under hist.lock */
-  uint64_t mask;                 /* capacity - 1; immutable */
+  struct pp_hring *retired_next;       /* under hist.lock */
+  uint64_t mask;                       /* capacity - 1; immutable */
   _Alignas(64) _Atomic(uint64_t) head; /* next sequence number */
   _Alignas(64) pp_hslot_t slots[];
 } pp_hring_t;
@@ -467,11 +467,11 @@ typedef struct pp_history {
    * records one event more or less, never a torn one). */
   _Atomic(unsigned) level;
   _Atomic(unsigned) depth;
-  _Atomic(pp_hring_t *) ring;   /* never NULL again once set */
+  _Atomic(pp_hring_t *) ring;    /* never NULL again once set */
   _Atomic(uint64_t) max_entries; /* entries a snapshot keeps */
   _Atomic(uint64_t) base_seq;    /* entries before it were cleared */
   _Atomic(pp_stacktab_t *) stacks;
-  pp_mutex_t lock; /* record_history; the retired list */
+  pp_mutex_t lock;     /* record_history; the retired list */
   pp_hring_t *retired; /* replaced rings, freed at destroy (late writers) */
   bool tsc;            /* clock is the invariant TSC; immutable */
   uint64_t clk0, ns0;  /* a (clock, ns) pair taken at create; immutable */

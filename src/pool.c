@@ -781,8 +781,8 @@ int pinpool_empty_cache(pinpool_t *pool) {
     return pp_fail(PINPOOL_EINVAL, "pinpool_empty_cache: pool is NULL");
   pp_hist_event(pool, PP_H_EMPTY_CACHE, 0, 0, 0, 0,
                 __builtin_return_address(0));
-    /* Other threads flush at their next call: their caches have no lock, so
-     * only their owners may touch them (tcache.c). */
+  /* Other threads flush at their next call: their caches have no lock, so
+   * only their owners may touch them (tcache.c). */
 #ifdef PINPOOL_MUTANT_EPOCH_PLAIN
   /* Race mutant: the flag every hot path reads, written as a plain field
    * (PyTorch's record_history_ race). */

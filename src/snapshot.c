@@ -415,8 +415,7 @@ static int gather(snap_t *s) {
   size_t need = 0;
   (void)pinpool_get_config(pool, NULL, 0, &need);
   s->config = malloc(need);
-  if (s->config == NULL ||
-      pinpool_get_config(pool, s->config, need, NULL) != 0)
+  if (s->config == NULL || pinpool_get_config(pool, s->config, need, NULL) != 0)
     return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory");
   if (pool->has_reserve) {
     t0 = pp_now_ns();
@@ -456,15 +455,15 @@ typedef struct frame_out {
 } frame_out_t;
 
 typedef struct stack_out {
-  int64_t *remap;   /* stack id (1-based) -> output index, -1 unused */
+  int64_t *remap; /* stack id (1-based) -> output index, -1 unused */
   size_t nused;
-  uint32_t *order;  /* output index -> stack id */
-  uint32_t *first;  /* output index -> first frame kept (after trimming) */
-  uint32_t *len;    /* output index -> frames kept */
+  uint32_t *order; /* output index -> stack id */
+  uint32_t *first; /* output index -> first frame kept (after trimming) */
+  uint32_t *len;   /* output index -> frames kept */
   frame_out_t *frames;
   size_t nframes, cap_frames;
-  uint32_t *fidx;   /* per frame of stacks.frames[]: output frame index */
-  uint64_t *amap;   /* open addressing over addresses: frame index + 1 */
+  uint32_t *fidx; /* per frame of stacks.frames[]: output frame index */
+  uint64_t *amap; /* open addressing over addresses: frame index + 1 */
   size_t namap;
   pp_symbolizer_t *sym;
 } stack_out_t;
@@ -784,9 +783,13 @@ static void write_frames(wbuf_t *w, const snap_t *s, const stack_out_t *o) {
   wb_lit(w, "],\n");
 }
 
-static const char *const action_names[PP_H_NACTIONS] = {
-    "segment_alloc", "alloc",        "free_requested", "free_completed",
-    "segment_free",  "empty_cache",  "oom"};
+static const char *const action_names[PP_H_NACTIONS] = {"segment_alloc",
+                                                        "alloc",
+                                                        "free_requested",
+                                                        "free_completed",
+                                                        "segment_free",
+                                                        "empty_cache",
+                                                        "oom"};
 static const char *const level_names[4] = {"none", "state", "alloc", "all"};
 
 static void write_history(wbuf_t *w, const snap_t *s, const stack_out_t *o) {
@@ -809,8 +812,8 @@ static void write_history(wbuf_t *w, const snap_t *s, const stack_out_t *o) {
   uint64_t ns_one = pp_hist_to_ns(pool, clk_now, clk_now, ns_now);
   double rate = 1.0;
   if (pool->hist.tsc && clk_now > pool->hist.clk0)
-    rate = (double)(ns_one - pool->hist.ns0) /
-           (double)(clk_now - pool->hist.clk0);
+    rate =
+        (double)(ns_one - pool->hist.ns0) / (double)(clk_now - pool->hist.clk0);
   for (size_t i = 0; i < s->nent; i++) {
     const sentry_t *e = &s->ent[i];
     unsigned action = (unsigned)(e->tid_action & 0xff);

@@ -201,8 +201,8 @@ static void block_done(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
   pp_hist_forget(seg, idx);
   if (pp_unlikely(pp_hist_level(pool) >= PINPOOL_HISTORY_ALLOC))
     pp_hist_event(pool, PP_H_FREE_COMPLETED,
-                  pp_load_relaxed(&seg->base) + (uintptr_t)idx * bs, bs, req,
-                  0, NULL);
+                  pp_load_relaxed(&seg->base) + (uintptr_t)idx * bs, bs, req, 0,
+                  NULL);
 }
 
 size_t pp_stream_list(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,

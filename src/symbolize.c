@@ -63,21 +63,21 @@ static bool dwfl_open(pp_symbolizer_t *s) {
   s->getsrc =
       (__typeof__(dwfl_module_getsrc) *)dlsym(s->lib, "dwfl_module_getsrc");
   s->lineinfo = (__typeof__(dwfl_lineinfo) *)dlsym(s->lib, "dwfl_lineinfo");
-  s->modinfo = (__typeof__(dwfl_module_info) *)dlsym(s->lib, "dwfl_module_info");
+  s->modinfo =
+      (__typeof__(dwfl_module_info) *)dlsym(s->lib, "dwfl_module_info");
   s->cb.find_elf = (__typeof__(dwfl_linux_proc_find_elf) *)dlsym(
       s->lib, "dwfl_linux_proc_find_elf");
   s->cb.find_debuginfo = (__typeof__(dwfl_standard_find_debuginfo) *)dlsym(
       s->lib, "dwfl_standard_find_debuginfo");
-  if (begin == NULL || report == NULL || report_end == NULL ||
-      s->end == NULL || s->addrmodule == NULL || s->addrinfo == NULL ||
-      s->getsrc == NULL || s->lineinfo == NULL || s->modinfo == NULL ||
-      s->cb.find_elf == NULL || s->cb.find_debuginfo == NULL)
+  if (begin == NULL || report == NULL || report_end == NULL || s->end == NULL ||
+      s->addrmodule == NULL || s->addrinfo == NULL || s->getsrc == NULL ||
+      s->lineinfo == NULL || s->modinfo == NULL || s->cb.find_elf == NULL ||
+      s->cb.find_debuginfo == NULL)
     goto fail;
   s->dwfl = begin(&s->cb);
   if (s->dwfl == NULL)
     goto fail;
-  if (report(s->dwfl, getpid()) != 0 ||
-      report_end(s->dwfl, NULL, NULL) != 0) {
+  if (report(s->dwfl, getpid()) != 0 || report_end(s->dwfl, NULL, NULL) != 0) {
     s->end(s->dwfl);
     s->dwfl = NULL;
     goto fail;
@@ -123,8 +123,7 @@ void pp_symbolize(pp_symbolizer_t *s, uintptr_t addr, pp_symbol_t *out) {
     if (m != NULL) {
       GElf_Off off = 0;
       GElf_Sym sym;
-      const char *name =
-          s->addrinfo(m, pc, &off, &sym, NULL, NULL, NULL);
+      const char *name = s->addrinfo(m, pc, &off, &sym, NULL, NULL, NULL);
       if (name != NULL) {
         out->function = name;
         out->offset = (uint64_t)off + (addr - pc);

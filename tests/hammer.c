@@ -331,7 +331,6 @@ static void *worker(void *arg) {
       op_empty(&s);
     else if (r >= 90 && r < 96 && (g_parts & P_STREAMS))
       op_streams(&s);
-
   }
   for (int i = 0; i < SLOTS; i++)
     if (slots[i].p != NULL)
@@ -348,11 +347,10 @@ static unsigned parse_parts(const char *arg) {
   static const struct {
     const char *name;
     unsigned bit;
-  } names[] = {{"alloc", P_ALLOC}, {"stats", P_STATS},
-               {"empty", P_EMPTY}, {"streams", P_STREAMS},
-               {"trim", P_TRIM},   {"buffers", P_BUFFERS},
-               {"history", P_HISTORY}, {"snapshot", P_SNAPSHOT},
-               {"all", P_ALL}};
+  } names[] = {
+      {"alloc", P_ALLOC},     {"stats", P_STATS},       {"empty", P_EMPTY},
+      {"streams", P_STREAMS}, {"trim", P_TRIM},         {"buffers", P_BUFFERS},
+      {"history", P_HISTORY}, {"snapshot", P_SNAPSHOT}, {"all", P_ALL}};
   unsigned parts = 0;
   char *copy = strdup(arg), *save = NULL;
   for (char *t = strtok_r(copy, ",", &save); t;

@@ -69,7 +69,8 @@ static char *snap(pinpool_t *pool, unsigned flags, size_t *len,
   return text;
 }
 
-/* ---- Bad input ------------------------------------------------------------ */
+/* ---- Bad input ------------------------------------------------------------
+ */
 
 static void bad_input(void **state) {
   (void)state;
@@ -129,7 +130,8 @@ static void bad_input(void **state) {
   pinpool_destroy(pool);
 }
 
-/* ---- Contents -------------------------------------------------------------- */
+/* ---- Contents --------------------------------------------------------------
+ */
 
 __attribute__((noinline)) static void *alloc_site_one(pinpool_t *pool,
                                                       size_t n) {
@@ -187,26 +189,26 @@ static void contents(void **state) {
   json_t *root = parse(t, len);
   json_t *ba = find_block(root, a), *bb = find_block(root, b);
   PP_ASSERT(ba != NULL && bb != NULL, "blocks missing");
-  PP_ASSERT(strcmp(json_string_value(json_object_get(ba, "state")),
-                   "allocated") == 0 &&
-                json_integer_value(json_object_get(ba, "requested_size")) ==
-                    4000,
-            "block a");
+  PP_ASSERT(
+      strcmp(json_string_value(json_object_get(ba, "state")), "allocated") ==
+              0 &&
+          json_integer_value(json_object_get(ba, "requested_size")) == 4000,
+      "block a");
   PP_ASSERT(json_is_integer(json_object_get(ba, "thread")) &&
                 json_is_integer(json_object_get(ba, "stack")),
             "block a has no thread/stack");
-  PP_ASSERT(strcmp(json_string_value(json_object_get(bb, "state")),
-                   "cached") == 0 &&
+  PP_ASSERT(strcmp(json_string_value(json_object_get(bb, "state")), "cached") ==
+                    0 &&
                 json_is_null(json_object_get(bb, "stack")),
             "block b");
   /* The stack of a starts in the caller: its first frame is
    * alloc_site_one, not an allocator function. */
-  json_t *stack = json_array_get(json_object_get(root, "stacks"),
-                                 (size_t)json_integer_value(
-                                     json_object_get(ba, "stack")));
-  json_t *f0 = json_array_get(json_object_get(root, "frames"),
-                              (size_t)json_integer_value(
-                                  json_array_get(stack, 0)));
+  json_t *stack =
+      json_array_get(json_object_get(root, "stacks"),
+                     (size_t)json_integer_value(json_object_get(ba, "stack")));
+  json_t *f0 =
+      json_array_get(json_object_get(root, "frames"),
+                     (size_t)json_integer_value(json_array_get(stack, 0)));
   const char *fn = json_string_value(json_object_get(f0, "function"));
   PP_ASSERT(fn != NULL && strcmp(fn, "alloc_site_one") == 0,
             "innermost frame is %s", fn ? fn : "(null)");
@@ -260,7 +262,8 @@ static void contents(void **state) {
   pinpool_destroy(pool);
 }
 
-/* ---- Levels and the ring --------------------------------------------------- */
+/* ---- Levels and the ring ---------------------------------------------------
+ */
 
 static void levels_and_ring(void **state) {
   (void)state;
@@ -303,9 +306,10 @@ static void levels_and_ring(void **state) {
     PP_OK(pinpool_free(pool, p));
   }
   t = snap(pool, 0, &len, &c);
-  PP_ASSERT(c.entries == 1000 && c.dropped >= 5000, "ring: %llu kept, %llu "
-            "dropped", (unsigned long long)c.entries,
-            (unsigned long long)c.dropped);
+  PP_ASSERT(c.entries == 1000 && c.dropped >= 5000,
+            "ring: %llu kept, %llu "
+            "dropped",
+            (unsigned long long)c.entries, (unsigned long long)c.dropped);
   PP_ASSERT(c.stacks == 0, "stack_depth 0 captured stacks");
   pinpool_snapshot_free(t);
   /* clear drops everything recorded so far */
@@ -336,7 +340,8 @@ static void levels_and_ring(void **state) {
   pinpool_destroy(pool);
 }
 
-/* ---- Stream-ordered blocks ------------------------------------------------- */
+/* ---- Stream-ordered blocks -------------------------------------------------
+ */
 
 static void pending_blocks(void **state) {
   (void)state;
@@ -371,17 +376,18 @@ static void pending_blocks(void **state) {
   PP_OK(pinpool_synchronize(pool));
   t = snap(pool, 0, &len, &c);
   root = parse(t, len);
-  PP_ASSERT(strcmp(json_string_value(json_object_get(find_block(root, p),
-                                                     "state")),
-                   "cached") == 0 &&
-                count_action(root, "free_completed") == 1,
-            "after synchronize");
+  PP_ASSERT(
+      strcmp(json_string_value(json_object_get(find_block(root, p), "state")),
+             "cached") == 0 &&
+          count_action(root, "free_completed") == 1,
+      "after synchronize");
   json_decref(root);
   pinpool_snapshot_free(t);
   pinpool_destroy(pool);
 }
 
-/* ---- Races ------------------------------------------------------------------ */
+/* ---- Races ------------------------------------------------------------------
+ */
 
 typedef struct racer {
   pinpool_t *pool;

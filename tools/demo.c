@@ -80,7 +80,7 @@ typedef struct demo_options {
   uint64_t consumers;
   uint64_t depth;
   uint64_t seed;
-  const char *config; /* NULL: PINPOOL_CONF or defaults */
+  const char *config;   /* NULL: PINPOOL_CONF or defaults */
   const char *snapshot; /* NULL: none; else written at the end of the run */
 } demo_options_t;
 

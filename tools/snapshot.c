@@ -24,8 +24,7 @@ static const struct {
      "what grew from snapshot A to snapshot B, by allocation site",
      snap_diff_run},
     {"html", "FILE -o OUT.html",
-     "a self-contained page: timeline, segment map, top sites",
-     snap_html_run},
+     "a self-contained page: timeline, segment map, top sites", snap_html_run},
     {"torch", "FILE -o OUT.pickle",
      "the pickle layout PyTorch's memory_viz reads", snap_torch_run},
 };

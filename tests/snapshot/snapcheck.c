@@ -48,8 +48,7 @@ int snapcheck(const char *text, size_t len, snapcheck_t *out, char *why,
   json_t *tot = json_object_get(root, "totals");
   json_t *hist = json_object_get(root, "history");
   if (!json_is_array(segs) || !json_is_array(stacks) ||
-      !json_is_array(frames) || !json_is_object(tot) ||
-      !json_is_object(hist)) {
+      !json_is_array(frames) || !json_is_object(tot) || !json_is_object(hist)) {
     bad(why, whylen, "missing top-level keys");
     goto done;
   }
@@ -123,7 +122,8 @@ int snapcheck(const char *text, size_t len, snapcheck_t *out, char *why,
       goto done;
     }
   uint64_t rfree = u(tot, "reserve_free_bytes");
-  if (u(tot, "allocated_bytes") != alloc_b || u(tot, "pending_bytes") != pend_b ||
+  if (u(tot, "allocated_bytes") != alloc_b ||
+      u(tot, "pending_bytes") != pend_b ||
       u(tot, "cached_bytes") != cached_b + extra + rfree ||
       u(tot, "segment_bytes") != seg_b || u(tot, "requested_bytes") != req_b ||
       u(tot, "reserved_bytes") != seg_b + rfree) {

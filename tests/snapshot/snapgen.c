@@ -42,24 +42,25 @@ static unsigned next_rand(unsigned *s) {
 }
 
 /* Two distinct call sites, kept out of line so that they show in stacks. */
-__attribute__((noinline, noipa)) static void *stage_batch(pinpool_t *pool,
+__attribute__((noinline)) static void *stage_batch(pinpool_t *pool,
                                                    size_t size) {
   void *p = NULL;
   return pinpool_alloc(pool, size, &p) == 0 ? p : NULL;
 }
 
-__attribute__((noinline, noipa)) static void *stage_weights(pinpool_t *pool,
+__attribute__((noinline)) static void *stage_weights(pinpool_t *pool,
                                                      size_t size) {
+  /* Weights are whole pages; the bodies differ, so that no compiler folds
+   * the two sites into one. */
   void *p = NULL;
-  return pinpool_alloc(pool, size, &p) == 0 ? p : NULL;
+  return pinpool_alloc(pool, (size + 4095) & ~(size_t)4095, &p) == 0 ? p : NULL;
 }
 
 static void *one_alloc(job_t *j) {
   unsigned r = next_rand(&j->seed);
   /* Mostly small batches, some large weights: 1 KiB .. 1 MiB. */
   size_t size = ((size_t)1024 << (r % j->max_shift)) - (r % 977);
-  return r % 4 == 0 ? stage_weights(j->pool, size)
-                     : stage_batch(j->pool, size);
+  return r % 4 == 0 ? stage_weights(j->pool, size) : stage_batch(j->pool, size);
 }
 
 static void *run(void *arg) {
@@ -140,14 +141,14 @@ int main(int argc, char **argv) {
     return usage();
 
   pinpool_t *pool = NULL;
-  int rc = pinpool_create(streams ? "events=simulated,sim_delay_us=0" : "",
-                          &pool);
+  int rc =
+      pinpool_create(streams ? "events=simulated,sim_delay_us=0" : "", &pool);
   if (rc != 0) {
     fprintf(stderr, "pp_snapgen: pinpool_create: %s\n", pinpool_last_error());
     return 1;
   }
-  pinpool_history_options_t ho = {PINPOOL_HISTORY_ALL, history,
-                                  (unsigned)depth, 0};
+  pinpool_history_options_t ho = {PINPOOL_HISTORY_ALL, history, (unsigned)depth,
+                                  0};
   if ((rc = pinpool_record_history(pool, &ho)) != 0) {
     fprintf(stderr, "pp_snapgen: pinpool_record_history: %s\n",
             pinpool_last_error());
@@ -167,8 +168,13 @@ int main(int argc, char **argv) {
   job_t *jobs = calloc(threads, sizeof *jobs);
   int failed = tids == NULL || jobs == NULL;
   for (size_t t = 0; !failed && t < threads; t++) {
-    jobs[t] = (job_t){pool, (unsigned)(t * 7919 + 1), live / threads, churn,
-                      max_shift, streams, calloc(live / threads, sizeof(void *)),
+    jobs[t] = (job_t){pool,
+                      (unsigned)(t * 7919 + 1),
+                      live / threads,
+                      churn,
+                      max_shift,
+                      streams,
+                      calloc(live / threads, sizeof(void *)),
                       0};
     if (jobs[t].ptrs == NULL ||
         pthread_create(&tids[t], NULL, run, &jobs[t]) != 0)
@@ -198,7 +204,7 @@ int main(int argc, char **argv) {
                (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
   if (rc != 0) {
     fprintf(stderr, "pp_snapgen: pinpool_snapshot_write: %s\n",
-                    pinpool_last_error());
+            pinpool_last_error());
     return 1;
   }
   for (size_t t = 0; t < threads; t++) {
