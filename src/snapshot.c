@@ -102,6 +102,25 @@ static inline char *put_u64(char *p, uint64_t v) {
     *p++ = tmp[--n];
   return p;
 }
+/* Stream handles are opaque (a cudaStream_t, an id): written as strings
+ * "0x..." so that any 64-bit value survives every JSON reader (integers
+ * above 2^63 break some, above 2^53 lose precision in JavaScript). */
+static inline char *put_handle(char *p, uint64_t v) {
+  static const char hex[] = "0123456789abcdef";
+  char tmp[16];
+  int n = 0;
+  do {
+    tmp[n++] = hex[v & 15];
+    v >>= 4;
+  } while (v != 0);
+  *p++ = '"';
+  *p++ = '0';
+  *p++ = 'x';
+  while (n > 0)
+    *p++ = tmp[--n];
+  *p++ = '"';
+  return p;
+}
 static inline char *put_mem(char *p, const char *s, size_t n) {
   memcpy(p, s, n);
   return p + n;
@@ -727,7 +746,7 @@ static void write_segments(wbuf_t *w, const snap_t *s, const stack_out_t *o) {
       for (uint32_t k = 0; k < b->nstreams; k++) {
         if (k)
           *p++ = ',';
-        p = put_u64(p, s->streams[b->streams + k]);
+        p = put_handle(p, s->streams[b->streams + k]);
       }
       p = PUT(p, "],\"thread\":");
       if ((uint32_t)b->info != 0)
@@ -840,7 +859,7 @@ static void write_history(wbuf_t *w, const snap_t *s, const stack_out_t *o) {
     *p++ = ',';
     p = put_u64(p, e->req);
     *p++ = ',';
-    p = put_u64(p, e->stream);
+    p = e->stream != 0 ? put_handle(p, e->stream) : PUT(p, "null");
     *p++ = ',';
     p = put_u64(p, e->tid_action >> 8);
     *p++ = ',';

@@ -28,6 +28,7 @@
 #endif
 #include "fuzz_pinpool.h"
 #include "pinpool.h"
+#include "snapshot/snapcheck.h"
 
 #include <limits.h>
 #include <pthread.h>
@@ -821,6 +822,9 @@ enum {
   OP_RECREATE,
   OP_COOKIES,
   OP_BURST,
+  OP_BUFFER,
+  OP_HISTORY,
+  OP_SNAPSHOT,
   OP_COUNT
 };
 
@@ -832,7 +836,7 @@ static const char *const op_names[OP_COUNT] = {
     "thread_flush", "stats",         "reset_peak",    "get_config",
     "null_args",    "config",        "backend_fault", "events_script",
     "pool_b",       "threads",       "recreate",      "cookies",
-    "burst"};
+    "burst",        "buffer",        "history",       "snapshot"};
 
 static bool quiet(const ctx_t *cx) { return cx->main && !cx->concurrent; }
 
@@ -1755,6 +1759,277 @@ static void op_threads(const ctx_t *cx, reader_t *r) {
   free(t);
 }
 
+/* ---- Buffers, history, snapshots ---------------------------------------- */
+
+/* One export's descriptor is the buffer's bytes, immutable, and usable:
+ * its first and last byte are read (and written unless read-only). */
+static void export_check(const pinpool_export_t *e, void *ptr, size_t req,
+                         int readonly) {
+  CHECK(e->ptr == ptr && e->size == req && e->ndim == 1 &&
+            e->shape[0] == (int64_t)req && e->strides[0] == 1 &&
+            e->readonly == readonly,
+        "export descriptor");
+  volatile uint8_t *b = e->ptr;
+  uint8_t x = b[0], y = b[req - 1];
+  if (!readonly) {
+    b[0] = (uint8_t)(x + 1);
+    b[req - 1] = y;
+  }
+}
+
+/* A buffer's whole life in one op: allocated, then up to 16 input-chosen
+ * steps (retain, release, export, export release, close, attributes,
+ * record_stream, accessors, bad arguments), then whatever is still held is
+ * released, in an input-chosen order (exports may outlive the last
+ * reference). The block is back in the pool (or pending on a simulated
+ * stream) when the op ends, so the model of live blocks is unchanged. */
+static void op_buffer(const ctx_t *cx, fpool_t *fp, reader_t *r) {
+  size_t size = pick_size(r);
+  pinpool_buffer_t *buf = SENTINEL;
+  prime();
+  int rc = pinpool_buffer_alloc(fp->pool, size, &buf);
+  EXPECT(rc, S_ALLOC, "pinpool_buffer_alloc");
+  if (rc != 0) {
+    CHECK(buf == SENTINEL, "buffer_alloc failed but wrote *out");
+    return;
+  }
+  void *ptr = NULL;
+  size_t bs = 0, req = 0;
+  EXPECT_IS(pinpool_buffer_ptr(buf, &ptr), PINPOOL_OK, "buffer_ptr");
+  EXPECT_IS(pinpool_buffer_size(buf, &bs), PINPOOL_OK, "buffer_size");
+  EXPECT_IS(pinpool_buffer_requested_size(buf, &req), PINPOOL_OK,
+            "buffer_requested_size");
+  CHECK(req == size && bs >= req && ptr != NULL, "buffer accessors");
+  int refs = 1;
+  bool closed = false;
+  const pinpool_export_t *ex[4];
+  int nex = 0;
+  unsigned steps = rd_u8(r) % 17;
+  for (unsigned k = 0; k < steps; k++) {
+    uint8_t st = rd_u8(r);
+    switch (st % 9) {
+    case 0:
+      if (refs < 8) {
+        EXPECT_IS(pinpool_buffer_retain(buf), PINPOOL_OK, "buffer_retain");
+        refs++;
+      }
+      break;
+    case 1:
+      if (refs > 1) {
+        EXPECT_IS(pinpool_buffer_release(buf), PINPOOL_OK, "buffer_release");
+        refs--;
+      }
+      break;
+    case 2: {
+      if (nex == 4)
+        break;
+      unsigned flags = (st & 0x10) ? PINPOOL_EXPORT_READONLY : 0;
+      if (st & 0x20)
+        flags |= 0x80; /* unknown */
+      const pinpool_export_t *e = SENTINEL;
+      prime();
+      rc = pinpool_buffer_export(buf, flags, &e);
+      if (flags & 0x80) {
+        EXPECT_IS(rc, PINPOOL_EINVAL, "buffer_export(bad flags)");
+      } else if (closed) {
+        EXPECT_IS(rc, PINPOOL_EBUSY, "buffer_export(closed)");
+      } else {
+        EXPECT(rc, S_OK | BIT(PINPOOL_ENOMEM), "buffer_export");
+      }
+      if (rc != 0) {
+        CHECK(e == SENTINEL, "buffer_export failed but wrote *out");
+        break;
+      }
+      export_check(e, ptr, req, (flags & PINPOOL_EXPORT_READONLY) != 0);
+      ex[nex++] = e;
+      break;
+    }
+    case 3:
+      if (nex > 0) {
+        int i = (st >> 4) % nex;
+        EXPECT_IS(pinpool_export_release(ex[i]), PINPOOL_OK, "export_release");
+        ex[i] = ex[--nex];
+      }
+      break;
+    case 4:
+      EXPECT_IS(pinpool_buffer_close(buf), PINPOOL_OK, "buffer_close");
+      closed = true;
+      break;
+    case 5: {
+      pinpool_mem_attrs_t at;
+      prime();
+      rc = pinpool_buffer_attrs(buf, &at);
+      EXPECT(rc, S_OK | BIT(PINPOOL_EBUSY) | BIT(PINPOOL_EBACKEND),
+             "buffer_attrs");
+      if (rc == PINPOOL_EBUSY)
+        CHECK(closed, "buffer_attrs: EBUSY on an open buffer");
+      if (rc == 0)
+        CHECK(at.host_accessible == 1 && at.backend != NULL,
+              "buffer_attrs values");
+      break;
+    }
+    case 6: {
+      pinpool_stream_t stream = (pinpool_stream_t)((st >> 4) % MAX_STREAMS);
+      if (fp->events != EV_SIM && fp->events != EV_NONE)
+        break; /* user events may fail by script: covered elsewhere */
+      prime();
+      rc = pinpool_buffer_record_stream(buf, stream);
+      if (closed || fp->events == EV_NONE)
+        EXPECT_IS(rc, PINPOOL_EBUSY, "buffer_record_stream");
+      else
+        EXPECT(rc, S_OK | BIT(PINPOOL_ENOMEM), "buffer_record_stream");
+      break;
+    }
+    case 7: {
+      pinpool_t *pl = NULL;
+      size_t n = 99;
+      int c = -1;
+      EXPECT_IS(pinpool_buffer_pool(buf, &pl), PINPOOL_OK, "buffer_pool");
+      EXPECT_IS(pinpool_buffer_exports(buf, &n), PINPOOL_OK, "buffer_exports");
+      EXPECT_IS(pinpool_buffer_closed(buf, &c), PINPOOL_OK, "buffer_closed");
+      CHECK(pl == fp->pool, "buffer_pool");
+      CHECK(c == (int)closed, "buffer_closed says %d", c);
+      if (!cx->concurrent)
+        CHECK(n == (size_t)nex, "buffer_exports: %zu, %d held", n, nex);
+      break;
+    }
+    default: {
+      const pinpool_export_t *e = SENTINEL;
+      pinpool_mem_attrs_t at;
+      size_t n = 7;
+      void *pp = SENTINEL;
+      int c = 5;
+      prime();
+      switch ((st >> 4) % 8) {
+      case 0:
+        EXPECT_IS(pinpool_buffer_retain(NULL), PINPOOL_EINVAL, "retain(NULL)");
+        break;
+      case 1:
+        EXPECT_IS(pinpool_buffer_release(NULL), PINPOOL_EINVAL,
+                  "release(NULL)");
+        break;
+      case 2:
+        EXPECT_IS(pinpool_buffer_close(NULL), PINPOOL_EINVAL, "close(NULL)");
+        break;
+      case 3:
+        EXPECT_IS(pinpool_buffer_export(NULL, 0, &e), PINPOOL_EINVAL,
+                  "export(NULL)");
+        EXPECT_IS(pinpool_buffer_export(buf, 0, NULL), PINPOOL_EINVAL,
+                  "export(NULL out)");
+        break;
+      case 4:
+        EXPECT_IS(pinpool_export_release(NULL), PINPOOL_EINVAL,
+                  "export_release(NULL)");
+        break;
+      case 5:
+        EXPECT_IS(pinpool_buffer_attrs(NULL, &at), PINPOOL_EINVAL,
+                  "attrs(NULL)");
+        EXPECT_IS(pinpool_buffer_attrs(buf, NULL), PINPOOL_EINVAL,
+                  "attrs(NULL out)");
+        break;
+      case 6:
+        EXPECT_IS(pinpool_buffer_ptr(NULL, &pp), PINPOOL_EINVAL, "ptr(NULL)");
+        EXPECT_IS(pinpool_buffer_size(buf, NULL), PINPOOL_EINVAL,
+                  "size(NULL out)");
+        EXPECT_IS(pinpool_buffer_exports(NULL, &n), PINPOOL_EINVAL,
+                  "exports(NULL)");
+        EXPECT_IS(pinpool_buffer_closed(buf, NULL), PINPOOL_EINVAL,
+                  "closed(NULL out)");
+        break;
+      default:
+        EXPECT_IS(pinpool_buffer_record_stream(NULL, 1), PINPOOL_EINVAL,
+                  "record_stream(NULL)");
+        EXPECT_IS(pinpool_buffer_alloc(NULL, 64, (pinpool_buffer_t **)&pp),
+                  PINPOOL_EINVAL, "buffer_alloc(NULL pool)");
+        break;
+      }
+      CHECK(e == SENTINEL && n == 7 && pp == SENTINEL && c == 5,
+            "a refused buffer call wrote an output");
+      break;
+    }
+    }
+  }
+  /* The end: references first (the exports then keep the memory alive,
+   * and are checked once more), or exports first. */
+  if (rd_u8(r) & 1) {
+    while (refs > 0) {
+      EXPECT_IS(pinpool_buffer_release(buf), PINPOOL_OK, "buffer_release");
+      refs--;
+    }
+    for (int i = 0; i < nex; i++)
+      export_check(ex[i], ptr, req, ex[i]->readonly);
+  }
+  while (nex > 0)
+    EXPECT_IS(pinpool_export_release(ex[--nex]), PINPOOL_OK, "export_release");
+  while (refs > 0) {
+    EXPECT_IS(pinpool_buffer_release(buf), PINPOOL_OK, "buffer_release");
+    refs--;
+  }
+}
+
+/* pinpool_record_history with input-chosen options, bad ones included:
+ * out of range is EINVAL. */
+static void op_history(fpool_t *fp, reader_t *r) {
+  static const size_t entries[8] = {
+      0, 1, 7, 100, 1000, 4096, (size_t)1 << 20, ((size_t)1 << 26) + 1};
+  uint8_t a = rd_u8(r), b = rd_u8(r);
+  pinpool_history_options_t o = {(int)(a % 6) - 1, entries[(a >> 3) % 8],
+                                 b % 70u, (b & 0x80) != 0};
+  bool bad = o.record < 0 || o.record > 3 || o.stack_depth > 64 ||
+             o.max_entries > ((size_t)1 << 26);
+  prime();
+  int rc = pinpool_record_history(fp->pool, (a & 0x40) && !bad ? NULL : &o);
+  if (bad)
+    EXPECT_IS(rc, PINPOOL_EINVAL, "pinpool_record_history(bad options)");
+  else
+    EXPECT(rc, S_OK | BIT(PINPOOL_ENOMEM), "pinpool_record_history");
+  if (a & 0x80) {
+    prime();
+    EXPECT_IS(pinpool_record_history(NULL, &o), PINPOOL_EINVAL,
+              "pinpool_record_history(NULL)");
+  }
+}
+
+/* A snapshot in memory: it must pass every structural check, and in a
+ * quiet pool its totals must equal the stats. */
+static void op_snapshot(const ctx_t *cx, fpool_t *fp, reader_t *r) {
+  uint8_t f = rd_u8(r);
+  /* Mostly without symbols: libdw costs milliseconds per snapshot. */
+  unsigned flags = (f & 3) == 0 ? 0 : PINPOOL_SNAPSHOT_NO_SYMBOLS;
+  if (f & 4)
+    flags |= PINPOOL_SNAPSHOT_NO_HISTORY;
+  if ((f & 0xf8) == 0x80)
+    flags |= 0x40; /* unknown */
+  bool q = quiet(cx);
+  pinpool_stats_t st;
+  if (q)
+    stats_get(fp->pool, &st);
+  char *text = SENTINEL;
+  size_t len = 0;
+  prime();
+  int rc = pinpool_snapshot_write_mem(fp->pool, &text, &len, flags);
+  if (flags & 0x40) {
+    EXPECT_IS(rc, PINPOOL_EINVAL, "pinpool_snapshot_write_mem(bad flags)");
+    CHECK(text == SENTINEL, "a refused snapshot wrote *out");
+    return;
+  }
+  EXPECT(rc, S_OK | BIT(PINPOOL_ENOMEM), "pinpool_snapshot_write_mem");
+  if (rc != 0)
+    return;
+  snapcheck_t c;
+  char why[256];
+  CHECK(snapcheck(text, len, &c, why, sizeof why) == 0, "snapshot: %s", why);
+  if (q)
+    CHECK(c.allocated == st.blocks.current &&
+              c.allocated_bytes == st.block_bytes.current &&
+              c.requested_bytes == st.requested_bytes.current &&
+              c.pending_bytes == st.pending_bytes &&
+              c.reserved_bytes == st.reserved_bytes.current &&
+              c.cached_bytes == st.cached_bytes.current,
+          "snapshot totals disagree with the stats of a quiet pool");
+  pinpool_snapshot_free(text);
+}
+
 /* ---- The interpreter -------------------------------------------------------
  */
 
@@ -2061,6 +2336,15 @@ static void run_op(const ctx_t *cx, reader_t *r) {
     if (cx->main && fz->has_b)
       for (unsigned i = 0; i < fz->b.m.nlive; i++)
         cookie_check(&fz->b.m.live[i]);
+    break;
+  case OP_BUFFER:
+    op_buffer(cx, a, r);
+    break;
+  case OP_HISTORY:
+    op_history(a, r);
+    break;
+  case OP_SNAPSHOT:
+    op_snapshot(cx, a, r);
     break;
   case OP_BURST: { /* fill segments: many blocks of one size, some freed */
     size_t size = pick_size(r);
