@@ -328,7 +328,8 @@ PINPOOL_API int pinpool_get_config(pinpool_t *pool, char *buf, size_t len,
  * waiting for its events), free_completed, segment_free, empty_cache, oom;
  * each with address, block size, requested size, stream, thread id, a
  * monotonic time in ns and a stack id. Stacks are return addresses, taken
- * with backtrace(3) and symbolized only when a snapshot is written.
+ * with libunwind's unw_backtrace (dlopen'ed; backtrace(3) without it) and
+ * symbolized only when a snapshot is written.
  * opts NULL: the same as record = PINPOOL_HISTORY_NONE (entries are kept).
  * Errors (nothing changes): PINPOOL_EINVAL (pool NULL, a value out of
  * range), PINPOOL_ENOMEM (no memory for the ring). Thread-safe. */

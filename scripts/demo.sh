@@ -10,7 +10,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 export DEBIAN_FRONTEND=noninteractive
-PACKAGES=(cmake ninja-build gcc libc6-dev pkg-config libjansson-dev libdw-dev)
+PACKAGES=(cmake ninja-build gcc libc6-dev pkg-config libjansson-dev libdw-dev libunwind8)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -29,7 +29,7 @@ PACKAGES=(build-essential cmake ninja-build clang clang-tidy clang-format
   cppcheck pkg-config libcmocka-dev
   libclang-rt-14-dev llvm
   python3-dev python3-numpy python3-pytest python3-torch
-  libjansson-dev libdw-dev python3-jsonschema chromium)
+  libjansson-dev libdw-dev libunwind8 python3-jsonschema chromium)
 OPTIONAL_PACKAGES=(valgrind)
 
 declare -a RESULTS=()

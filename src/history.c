@@ -25,6 +25,7 @@
  */
 #include "internal.h"
 
+#include <dlfcn.h>
 #include <execinfo.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,12 +257,42 @@ void pp_stacks_copy_free(pp_stacks_copy_t *c) {
 /* ---- Recording ------------------------------------------------------------
  */
 
+/* The unwinder. glibc's backtrace() goes through libgcc's unwinder, which
+ * here costs about 6 us for an 8-frame stack (it searches the unwind
+ * tables of every object on each frame); libunwind's unw_backtrace caches
+ * them and takes about 0.3 us. libunwind is loaded with dlopen when it is
+ * there (PINPOOL_LIBUNWIND names another path; set empty: glibc's), so
+ * the library still needs nothing beyond libc. */
+typedef int (*backtrace_fn)(void **, int);
+static _Atomic(backtrace_fn) unwinder;
+static pthread_once_t unwinder_once = PTHREAD_ONCE_INIT;
+
+static void unwinder_init(void) {
+  backtrace_fn fn = backtrace;
+  const char *env = getenv("PINPOOL_LIBUNWIND");
+  if (env == NULL || env[0] != '\0') {
+    void *lib = dlopen(env != NULL ? env : "libunwind.so.8",
+                       RTLD_NOW | RTLD_LOCAL);
+    void *sym = lib != NULL ? dlsym(lib, "unw_backtrace") : NULL;
+    if (sym != NULL)
+      fn = (backtrace_fn)sym; /* kept loaded for the process's life */
+    else if (lib != NULL)
+      dlclose(lib);
+  }
+  pp_store_release(&unwinder, fn);
+}
+
 static uint32_t capture(pinpool_t *pool, unsigned depth, const void *ra) {
   pp_stacktab_t *t = pp_load_acquire(&pool->hist.stacks);
   if (t == NULL || depth == 0)
     return 0;
+  backtrace_fn bt = pp_load_acquire(&unwinder);
+  if (pp_unlikely(bt == NULL)) {
+    (void)pthread_once(&unwinder_once, unwinder_init);
+    bt = pp_load_acquire(&unwinder);
+  }
   void *f[MAX_DEPTH + OWN_FRAMES];
-  int n = backtrace(f, (int)(depth + OWN_FRAMES));
+  int n = bt(f, (int)(depth + OWN_FRAMES));
   int first = 0;
   for (int k = 0; ra != NULL && k < n && k < (int)OWN_FRAMES; k++)
     if (f[k] == ra) {
