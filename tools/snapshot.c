@@ -17,10 +17,10 @@ static const struct {
   const char *name, *synopsis, *summary;
   int (*run)(int argc, char **argv);
 } subcommands[] = {
-    {"summary", "FILE [--top N]",
+    {"summary", "FILE [--top N] [--json]",
      "segments, blocks by state, waste, fragmentation, top allocation sites",
      snap_summary_run},
-    {"diff", "A B [--top N]",
+    {"diff", "A B [--top N] [--json]",
      "what grew from snapshot A to snapshot B, by allocation site",
      snap_diff_run},
     {"html", "FILE -o OUT.html",

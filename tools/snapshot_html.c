@@ -31,16 +31,17 @@ extern const char snap_viewer_page[];
 extern const unsigned long snap_viewer_page_len;
 
 static void html_usage(FILE *out) {
-  fprintf(out,
-          "usage: pinpool snapshot html FILE -o OUT.html\n\n"
-          "Write a self-contained page (no network access needed) showing the\n"
-          "snapshot FILE ('-' for standard input): totals, an active-memory\n"
-          "timeline by allocation site from the history, a map of every\n"
-          "segment's blocks (hover a block for its stack) and the top sites.\n\n"
-          "  -o, --output OUT.html   the page to write ('-' for standard "
-          "output)\n\n"
-          "Exit status: 0 success, 1 unreadable or malformed input or write\n"
-          "error (OUT is then removed), 2 usage error.\n");
+  fprintf(
+      out,
+      "usage: pinpool snapshot html FILE -o OUT.html\n\n"
+      "Write a self-contained page (no network access needed) showing the\n"
+      "snapshot FILE ('-' for standard input): totals, an active-memory\n"
+      "timeline by allocation site from the history, a map of every\n"
+      "segment's blocks (hover a block for its stack) and the top sites.\n\n"
+      "  -o, --output OUT.html   the page to write ('-' for standard "
+      "output)\n\n"
+      "Exit status: 0 success, 1 unreadable or malformed input or write\n"
+      "error (OUT is then removed), 2 usage error.\n");
 }
 
 typedef struct page_out {
@@ -75,8 +76,10 @@ static int write_page(FILE *f, const json_t *root) {
   page_out_t o = {f, 0};
   if (mark == NULL) {
     /* A build problem, not an input problem: the template lost its marker. */
-    fprintf(stderr, "pinpool " CMD ": the embedded viewer page has no %s "
-                    "marker\n", MARKER);
+    fprintf(stderr,
+            "pinpool " CMD ": the embedded viewer page has no %s "
+            "marker\n",
+            MARKER);
     return -1;
   }
   before = (size_t)(mark - page);
@@ -99,7 +102,7 @@ int snap_html_run(int argc, char **argv) {
   snap_t snap;
   FILE *f;
   struct stat st;
-  int to_stdout, rc;
+  int to_stdout, rc, werr;
 
   for (int i = 1; i < argc; i++) {
     const char *v = NULL;
@@ -156,11 +159,12 @@ int snap_html_run(int argc, char **argv) {
     rc = -1;
   if (!to_stdout && fclose(f) != 0)
     rc = -1;
+  werr = errno;
   snap_free(&snap);
   if (rc != 0) {
     fprintf(stderr, "pinpool " CMD ": writing %s failed%s%s\n",
-            to_stdout ? "standard output" : out, errno ? ": " : "",
-            errno ? strerror(errno) : "");
+            to_stdout ? "standard output" : out, werr ? ": " : "",
+            werr ? strerror(werr) : "");
     /* A truncated page would look like a snapshot with data missing; but
      * only a plain file is ours to remove: OUT may be /dev/full, a FIFO or
      * a symbolic link, and we run as root in containers. */

@@ -18,11 +18,14 @@
 #include <string.h>
 #include <sys/stat.h>
 
-const char *const snap_action_names[SNAP_NACTIONS] = {
-    "segment_alloc", "alloc",       "free_requested", "free_completed",
-    "segment_free",  "empty_cache", "oom"};
-const char *const snap_state_names[3] = {"allocated", "pending_free",
-                                         "cached"};
+const char *const snap_action_names[SNAP_NACTIONS] = {"segment_alloc",
+                                                      "alloc",
+                                                      "free_requested",
+                                                      "free_completed",
+                                                      "segment_free",
+                                                      "empty_cache",
+                                                      "oom"};
+const char *const snap_state_names[3] = {"allocated", "pending_free", "cached"};
 
 static const char *const flag_names[] = {"page_locked", "mlock_failed",
                                          "huge_advised", "reserve"};
@@ -147,19 +150,23 @@ static int check_int(ctx_t *c, const where_t *w, const char *key, size_t kidx,
   }
   if (!json_is_integer(v))
     return fail(c, w, key, kidx, "expected %s%s, got %s",
-                min == 0 ? "a non-negative integer"
-                         : min > 0 ? "a positive integer" : "an integer",
+                min == 0  ? "a non-negative integer"
+                : min > 0 ? "a positive integer"
+                          : "an integer",
                 (flags & NULLABLE) ? " or null" : "", type_name(v));
   x = (int64_t)json_integer_value(v);
   if (index_of != NULL && x >= 0 && x > max)
-    return fail(c, w, key, kidx, "index %" PRId64 " out of range (%" PRId64
-                " %s)", x, max + 1, index_of);
+    return fail(c, w, key, kidx,
+                "index %" PRId64 " out of range (%" PRId64 " %s)", x, max + 1,
+                index_of);
   if (x < min || x > max) {
     if (max == INT64_MAX)
-      return fail(c, w, key, kidx, "expected an integer >= %" PRId64
-                  ", got %" PRId64, min, x);
-    return fail(c, w, key, kidx, "expected an integer in [%" PRId64
-                ", %" PRId64 "], got %" PRId64, min, max, x);
+      return fail(c, w, key, kidx,
+                  "expected an integer >= %" PRId64 ", got %" PRId64, min, x);
+    return fail(c, w, key, kidx,
+                "expected an integer in [%" PRId64 ", %" PRId64
+                "], got %" PRId64,
+                min, max, x);
   }
   if (out != NULL)
     *out = x;
@@ -169,8 +176,8 @@ static int check_int(ctx_t *c, const where_t *w, const char *key, size_t kidx,
 static int get_int(ctx_t *c, const where_t *w, const json_t *obj,
                    const char *key, int64_t min, int64_t max, unsigned flags,
                    const char *index_of, int64_t *out) {
-  return check_int(c, w, key, NOIDX, json_object_get(obj, key), min, max,
-                   flags, index_of, out);
+  return check_int(c, w, key, NOIDX, json_object_get(obj, key), min, max, flags,
+                   index_of, out);
 }
 
 static int get_u64(ctx_t *c, const where_t *w, const json_t *obj,
@@ -197,9 +204,9 @@ static int find_name(const char *s, const char *const *names, size_t n) {
 }
 
 /* A string out of `names`; *out gets its index. */
-static int check_enum(ctx_t *c, const where_t *w, const char *key,
-                      size_t kidx, const json_t *v, const char *const *names,
-                      size_t n, int *out) {
+static int check_enum(ctx_t *c, const where_t *w, const char *key, size_t kidx,
+                      const json_t *v, const char *const *names, size_t n,
+                      int *out) {
   char list[256];
   size_t len = 0;
   int k = -1;
@@ -216,6 +223,31 @@ static int check_enum(ctx_t *c, const where_t *w, const char *key,
   for (size_t m = 0; m < n; m++)
     append(list, sizeof list, &len, "%s%s", m > 0 ? ", " : "", names[m]);
   return fail(c, w, key, kidx, "expected one of %s", list);
+}
+
+/* A stream handle: "0x" and 1 to 16 lowercase hex digits (the format
+ * writes handles as strings so that any 64-bit value survives). */
+static int is_handle(const json_t *v) {
+  const char *t = json_string_value(v);
+  size_t n;
+  if (t == NULL || t[0] != '0' || t[1] != 'x')
+    return 0;
+  n = strspn(t + 2, "0123456789abcdef");
+  return n >= 1 && n <= 16 && t[2 + n] == '\0';
+}
+
+static int check_handle(ctx_t *c, const where_t *w, const char *key,
+                        size_t kidx, const json_t *v, unsigned flags) {
+  if (v == NULL)
+    return fail(c, w, key, kidx, "missing");
+  if (is_handle(v) || ((flags & NULLABLE) && json_is_null(v)))
+    return 0;
+  if (json_is_string(v))
+    return fail(c, w, key, kidx,
+                "expected a stream handle (\"0x\" and 1 to 16 lowercase "
+                "hex digits)");
+  return fail(c, w, key, kidx, "expected a stream handle string%s, got %s",
+              (flags & NULLABLE) ? " or null" : "", type_name(v));
 }
 
 static int get_array(ctx_t *c, const where_t *w, const json_t *obj,
@@ -235,8 +267,7 @@ static int get_object(ctx_t *c, const where_t *w, const json_t *obj,
   if (v == NULL)
     return fail(c, w, key, NOIDX, "missing");
   if (!json_is_object(v))
-    return fail(c, w, key, NOIDX, "expected an object, got %s",
-                type_name(v));
+    return fail(c, w, key, NOIDX, "expected an object, got %s", type_name(v));
   *out = v;
   return 0;
 }
@@ -255,19 +286,19 @@ static const struct {
   const char *name;
   int kind;
 } stats_fields[] = {
-    {"requests", F_STAT},        {"requested_bytes", F_STAT},
-    {"blocks", F_STAT},          {"block_bytes", F_STAT},
-    {"reserved_bytes", F_STAT},  {"cached_bytes", F_STAT},
-    {"segments", F_STAT},        {"pending_bytes", F_U64},
-    {"pending_blocks", F_U64},   {"events_recorded", F_U64},
-    {"events_completed", F_U64}, {"event_errors", F_U64},
-    {"reclaim", F_DURATION},     {"cache_hits", F_U64},
-    {"cache_misses", F_U64},     {"tcache_hits", F_U64},
-    {"oom_count", F_U64},        {"retries", F_U64},
-    {"trimmed_segments", F_U64}, {"mlock_failures", F_U64},
-    {"locked_bytes", F_U64},     {"backend_alloc", F_DURATION},
+    {"requests", F_STAT},         {"requested_bytes", F_STAT},
+    {"blocks", F_STAT},           {"block_bytes", F_STAT},
+    {"reserved_bytes", F_STAT},   {"cached_bytes", F_STAT},
+    {"segments", F_STAT},         {"pending_bytes", F_U64},
+    {"pending_blocks", F_U64},    {"events_recorded", F_U64},
+    {"events_completed", F_U64},  {"event_errors", F_U64},
+    {"reclaim", F_DURATION},      {"cache_hits", F_U64},
+    {"cache_misses", F_U64},      {"tcache_hits", F_U64},
+    {"oom_count", F_U64},         {"retries", F_U64},
+    {"trimmed_segments", F_U64},  {"mlock_failures", F_U64},
+    {"locked_bytes", F_U64},      {"backend_alloc", F_DURATION},
     {"backend_free", F_DURATION}, {"peak_slack_bytes", F_U64},
-    {"reserve_bytes", F_U64},    {"max_cached", F_U64},
+    {"reserve_bytes", F_U64},     {"max_cached", F_U64},
     {"max_reserved", F_U64},
 };
 static const char *const stat_keys[] = {"current", "peak", "allocated",
@@ -318,7 +349,8 @@ static int check_totals(ctx_t *c, const json_t *root) {
   return 0;
 }
 
-/* ---- segments, blocks ------------------------------------------------------ */
+/* ---- segments, blocks ------------------------------------------------------
+ */
 
 static int check_block(ctx_t *c, const where_t *w, const json_t *b) {
   const json_t *streams;
@@ -329,13 +361,12 @@ static int check_block(ctx_t *c, const where_t *w, const json_t *b) {
       get_u64(c, w, b, "requested_size") != 0 ||
       get_array(c, w, b, "streams", &streams) != 0 ||
       get_int(c, w, b, "thread", 0, INT64_MAX, NULLABLE, NULL, NULL) != 0 ||
-      get_int(c, w, b, "stack", 0, (int64_t)c->nstacks - 1, NULLABLE,
-              "stacks", NULL) != 0)
+      get_int(c, w, b, "stack", 0, (int64_t)c->nstacks - 1, NULLABLE, "stacks",
+              NULL) != 0)
     return -1;
   n = json_array_size(streams);
   for (size_t k = 0; k < n; k++)
-    if (check_int(c, w, "streams", k, json_array_get(streams, k), 0,
-                  INT64_MAX, 0, NULL, NULL) != 0)
+    if (check_handle(c, w, "streams", k, json_array_get(streams, k), 0) != 0)
       return -1;
   return 0;
 }
@@ -345,7 +376,8 @@ static int check_segment(ctx_t *c, size_t i, const json_t *seg) {
   const json_t *flags, *blocks;
   unsigned seen = 0;
   size_t n;
-  if (check_object_elem(c, &w, seg) != 0 || get_u64(c, &w, seg, "address") != 0 ||
+  if (check_object_elem(c, &w, seg) != 0 ||
+      get_u64(c, &w, seg, "address") != 0 ||
       get_int(c, &w, seg, "size", 1, INT64_MAX, 0, NULL, NULL) != 0 ||
       get_int(c, &w, seg, "block_size", 512, INT64_MAX, 0, NULL, NULL) != 0 ||
       get_int(c, &w, seg, "class", 0, 408, 0, NULL, NULL) != 0 ||
@@ -374,7 +406,8 @@ static int check_segment(ctx_t *c, size_t i, const json_t *seg) {
   return 0;
 }
 
-/* ---- frames, stacks, history ------------------------------------------------ */
+/* ---- frames, stacks, history ------------------------------------------------
+ */
 
 static int check_frame(ctx_t *c, size_t i, const json_t *f) {
   const where_t w = {"frames", i, NULL, NOIDX};
@@ -392,8 +425,7 @@ static int check_stack(ctx_t *c, size_t i, const json_t *st) {
   const where_t w = {"stacks", i, NULL, NOIDX};
   size_t n;
   if (!json_is_array(st))
-    return fail(c, &w, NULL, NOIDX, "expected an array, got %s",
-                type_name(st));
+    return fail(c, &w, NULL, NOIDX, "expected an array, got %s", type_name(st));
   n = json_array_size(st);
   for (size_t k = 0; k < n; k++)
     if (check_int(c, &w, NULL, k, json_array_get(st, k), 0,
@@ -405,8 +437,7 @@ static int check_stack(ctx_t *c, size_t i, const json_t *st) {
 static int check_entry(ctx_t *c, size_t i, const json_t *e) {
   const where_t w = {"history.entries", i, NULL, NOIDX};
   if (!json_is_array(e))
-    return fail(c, &w, NULL, NOIDX, "expected an array, got %s",
-                type_name(e));
+    return fail(c, &w, NULL, NOIDX, "expected an array, got %s", type_name(e));
   if (json_array_size(e) != 9)
     return fail(c, &w, NULL, NOIDX, "expected 9 fields, got %zu",
                 json_array_size(e));
@@ -415,8 +446,11 @@ static int check_entry(ctx_t *c, size_t i, const json_t *e) {
       if (check_enum(c, &w, NULL, k, json_array_get(e, k), snap_action_names,
                      SNAP_NACTIONS, NULL) != 0)
         return -1;
-    } else if (check_int(c, &w, NULL, k, json_array_get(e, k), 0, INT64_MAX,
-                         0, NULL, NULL) != 0) {
+    } else if (k == 6) {
+      if (check_handle(c, &w, NULL, k, json_array_get(e, k), NULLABLE) != 0)
+        return -1;
+    } else if (check_int(c, &w, NULL, k, json_array_get(e, k), 0, INT64_MAX, 0,
+                         NULL, NULL) != 0) {
       return -1;
     }
   }
@@ -433,15 +467,15 @@ static int check_history(ctx_t *c, const json_t *root, const json_t **entries) {
                  record_names, NELEMS(record_names), NULL) != 0 ||
       get_int(c, &w, h, "stack_depth", 0, 64, 0, NULL, NULL) != 0 ||
       get_u64(c, &w, h, "max_entries") != 0 ||
-      get_u64(c, &w, h, "recorded") != 0 ||
-      get_u64(c, &w, h, "dropped") != 0 ||
+      get_u64(c, &w, h, "recorded") != 0 || get_u64(c, &w, h, "dropped") != 0 ||
       get_array(c, &w, h, "fields", &fields) != 0 ||
       get_array(c, &w, h, "entries", entries) != 0)
     return -1;
   /* The columns are fixed by the format: a writer that reorders them wrote
    * a different version, and every entry would be misread. */
   if (json_array_size(fields) != 9)
-    return fail(c, &w, "fields", NOIDX, "expected the 9 columns seq, "
+    return fail(c, &w, "fields", NOIDX,
+                "expected the 9 columns seq, "
                 "time_ns, action, address, size, requested_size, stream, "
                 "thread, stack");
   for (size_t k = 0; k < 9; k++) {
@@ -456,7 +490,8 @@ static int check_history(ctx_t *c, const json_t *root, const json_t **entries) {
   return 0;
 }
 
-/* ---- the whole file ------------------------------------------------------- */
+/* ---- the whole file -------------------------------------------------------
+ */
 
 static int check_root(ctx_t *c, const json_t *root, snap_t *s) {
   const where_t *w = &top_level;
@@ -543,8 +578,8 @@ int snap_load_buffer(const char *name, const char *data, size_t len,
   root = json_loadb(data, len, JSON_REJECT_DUPLICATES, &je);
   if (root == NULL) {
     if (errlen > 0)
-      (void)snprintf(err, errlen, "%s: line %d, column %d (byte %d): %s",
-                     name, je.line, je.column, je.position, je.text);
+      (void)snprintf(err, errlen, "%s: line %d, column %d (byte %d): %s", name,
+                     je.line, je.column, je.position, je.text);
     return -1;
   }
   if (check_root(&c, root, out) != 0) {
@@ -624,7 +659,8 @@ void snap_free(snap_t *s) {
   memset(s, 0, sizeof *s);
 }
 
-/* ---- accessors ------------------------------------------------------------- */
+/* ---- accessors -------------------------------------------------------------
+ */
 
 uint64_t snap_u64(const json_t *obj, const char *key) {
   json_int_t v = json_integer_value(json_object_get(obj, key));
@@ -639,6 +675,10 @@ static int64_t id_value(const json_t *v) {
 static uint64_t u64_value(const json_t *v) {
   json_int_t x = json_integer_value(v);
   return x < 0 ? 0 : (uint64_t)x;
+}
+
+uint64_t snap_handle(const json_t *v) {
+  return is_handle(v) ? strtoull(json_string_value(v) + 2, NULL, 16) : 0;
 }
 
 const json_t *snap_segment(const snap_t *s, size_t seg) {
@@ -666,15 +706,15 @@ void snap_block(const snap_t *s, size_t seg, size_t i, snap_block_t *out) {
 void snap_entry(const snap_t *s, size_t i, snap_entry_t *out) {
   const json_t *e = json_array_get(s->entries, i);
   const char *action = json_string_value(json_array_get(e, 2));
-  int k = action != NULL ? find_name(action, snap_action_names, SNAP_NACTIONS)
-                         : -1;
+  int k =
+      action != NULL ? find_name(action, snap_action_names, SNAP_NACTIONS) : -1;
   out->seq = u64_value(json_array_get(e, 0));
   out->time_ns = u64_value(json_array_get(e, 1));
   out->action = k < 0 ? SNAP_ALLOC : k;
   out->address = u64_value(json_array_get(e, 3));
   out->size = u64_value(json_array_get(e, 4));
   out->requested = u64_value(json_array_get(e, 5));
-  out->stream = u64_value(json_array_get(e, 6));
+  out->stream = snap_handle(json_array_get(e, 6));
   out->thread = u64_value(json_array_get(e, 7));
   out->stack = id_value(json_array_get(e, 8));
 }
@@ -702,6 +742,24 @@ size_t snap_stack_frame(const snap_t *s, int64_t stack, size_t j) {
       json_array_get(json_array_get(s->stacks, (size_t)stack), j));
 }
 
+/* If snprintf cut buf (of size len) inside a UTF-8 sequence, drop the
+ * partial character: the names are UTF-8 (jansson checked), and a site
+ * must stay valid UTF-8 to be written to JSON again. */
+static void utf8_trim(char *buf, size_t len) {
+  size_t n = strlen(buf), i = n, need;
+  unsigned char lead;
+  if (n + 1 < len)
+    return;
+  while (i > 0 && ((unsigned char)buf[i - 1] & 0xC0) == 0x80)
+    i--;
+  if (i == 0)
+    return;
+  lead = (unsigned char)buf[i - 1];
+  need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+  if (n - (i - 1) < need)
+    buf[i - 1] = '\0';
+}
+
 const char *snap_site(const snap_t *s, int64_t stack, char *buf, size_t len) {
   snap_frame_t f;
   size_t fi;
@@ -722,8 +780,7 @@ const char *snap_site(const snap_t *s, int64_t stack, char *buf, size_t len) {
   }
   snap_frame(s, fi, &f);
   if (f.function != NULL && f.file != NULL && f.line >= 0)
-    (void)snprintf(buf, len, "%s (%s:%" PRId64 ")", f.function, f.file,
-                   f.line);
+    (void)snprintf(buf, len, "%s (%s:%" PRId64 ")", f.function, f.file, f.line);
   else if (f.function != NULL && f.file != NULL)
     (void)snprintf(buf, len, "%s (%s)", f.function, f.file);
   else if (f.function != NULL)
@@ -733,5 +790,6 @@ const char *snap_site(const snap_t *s, int64_t stack, char *buf, size_t len) {
                    f.file, f.line);
   else
     (void)snprintf(buf, len, "0x%" PRIx64, f.address);
+  utf8_trim(buf, len);
   return buf;
 }

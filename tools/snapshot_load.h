@@ -38,10 +38,10 @@ extern const char *const snap_state_names[3];
 
 typedef struct snap_block {
   uint64_t address, size, requested;
-  int state;            /* SNAP_ALLOCATED, SNAP_PENDING, SNAP_CACHED */
-  int64_t thread;       /* -1: null */
-  int64_t stack;        /* -1: null; else < snap->nstacks */
-  const json_t *streams; /* array of integers */
+  int state;             /* SNAP_ALLOCATED, SNAP_PENDING, SNAP_CACHED */
+  int64_t thread;        /* -1: null */
+  int64_t stack;         /* -1: null; else < snap->nstacks */
+  const json_t *streams; /* array of handle strings ("0x7"): snap_handle */
 } snap_block_t;
 
 typedef struct snap_entry {
@@ -57,7 +57,7 @@ typedef struct snap_frame {
 } snap_frame_t;
 
 typedef struct snap {
-  json_t *root;     /* owned */
+  json_t *root;                                       /* owned */
   const json_t *segments, *frames, *stacks, *entries; /* borrowed arrays */
   size_t nsegments, nframes, nstacks, nentries;
 } snap_t;
@@ -80,6 +80,8 @@ size_t snap_stack_len(const snap_t *s, int64_t stack);
 size_t snap_stack_frame(const snap_t *s, int64_t stack, size_t j);
 /* An integer field of an object the loader checked ("size"...). */
 uint64_t snap_u64(const json_t *obj, const char *key);
+/* The value of a stream handle string ("0x7"); 0 for null. */
+uint64_t snap_handle(const json_t *v);
 
 /* The allocation site of a stack: "function (file:line)" of its innermost
  * frame, "function+0xOFF" without debug info, "0xADDR" without a symbol,
@@ -104,8 +106,8 @@ void snap_sites_free(snap_site_stat_t *v, size_t n);
  * (text, or JSON when json != 0), with the `top` largest sites (0: all).
  * They return an exit code: 0, or 1 when the accounting identity does not
  * hold (summary) or memory ran out. The fuzz target calls them too. */
-int snap_summary_write(const snap_t *s, const char *name, FILE *out,
-                       size_t top, int json);
+int snap_summary_write(const snap_t *s, const char *name, FILE *out, size_t top,
+                       int json);
 int snap_diff_write(const snap_t *a, const char *name_a, const snap_t *b,
                     const char *name_b, FILE *out, size_t top, int json);
 

@@ -177,11 +177,11 @@ typedef struct summary {
   uint64_t live_requested; /* allocated + pending_free */
   /* Fragmentation: free memory in segments is cached blocks + uncarved
    * blocks (tails cannot hold a block). */
-  uint64_t largest_run;      /* bytes of adjacent free blocks */
-  uint64_t largest_run_bs;   /* their block size */
-  uint64_t largest_run_addr; /* segment address */
-  uint64_t used_segments;    /* with a live block and free blocks */
-  uint64_t free_in_used;     /* free block bytes in them */
+  uint64_t largest_run;               /* bytes of adjacent free blocks */
+  uint64_t largest_run_bs;            /* their block size */
+  uint64_t largest_run_addr;          /* segment address */
+  uint64_t used_segments;             /* with a live block and free blocks */
+  uint64_t free_in_used;              /* free block bytes in them */
   uint64_t idle_segments, idle_bytes; /* no live block */
   problems_t problems;
   /* history */
@@ -212,7 +212,8 @@ static void summarize_segment(const snap_t *s, size_t seg, summary_t *m,
   const json_t *flags = json_object_get(o, "flags");
   uint64_t addr = snap_u64(o, "address"), size = snap_u64(o, "size");
   uint64_t bs = snap_u64(o, "block_size"), total = snap_u64(o, "blocks_total");
-  uint64_t unc = snap_u64(o, "uncarved_blocks"), tail = snap_u64(o, "tail_bytes");
+  uint64_t unc = snap_u64(o, "uncarved_blocks"),
+           tail = snap_u64(o, "tail_bytes");
   size_t nb = snap_segment_nblocks(s, seg), nflags = json_array_size(flags);
   uint64_t run = 0, live = 0, free_bytes = 0, next = 0;
   int any_flag = 0, in_run = 0;
@@ -391,7 +392,8 @@ static void summarize(const snap_t *s, summary_t *m) {
   }
 }
 
-/* ---- text output ---------------------------------------------------------- */
+/* ---- text output ----------------------------------------------------------
+ */
 
 static double pct(uint64_t part, uint64_t whole) {
   return whole == 0 ? 0.0 : 100.0 * (double)part / (double)whole;
@@ -422,8 +424,7 @@ static void put_time(FILE *out, const snap_t *s) {
       (void)strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
   }
   fprintf(out, "  time      %s (unix %.3f, monotonic %.3f s)\n",
-          when[0] ? when : "?", ut,
-          (double)snap_u64(s->root, "time_ns") / 1e9);
+          when[0] ? when : "?", ut, (double)snap_u64(s->root, "time_ns") / 1e9);
   fprintf(out, "  gathered  in %s, pool lock held at most %s\n",
           cli_format_ns((double)snap_u64(s->root, "gather_ns"), g),
           cli_format_ns((double)snap_u64(s->root, "max_hold_ns"), h));
@@ -442,12 +443,11 @@ static void put_stats_check(FILE *out, const snap_t *s, const totals_t *t) {
     uint64_t stat, total;
   } pairs[] = {
       {"reserved_bytes",
-       snap_u64(json_object_get(st, "reserved_bytes"), "current"),
-       t->reserved},
+       snap_u64(json_object_get(st, "reserved_bytes"), "current"), t->reserved},
       {"block_bytes", snap_u64(json_object_get(st, "block_bytes"), "current"),
        t->allocated},
-      {"cached_bytes",
-       snap_u64(json_object_get(st, "cached_bytes"), "current"), t->cached},
+      {"cached_bytes", snap_u64(json_object_get(st, "cached_bytes"), "current"),
+       t->cached},
       {"pending_bytes", snap_u64(st, "pending_bytes"), t->pending},
       {"segments", snap_u64(json_object_get(st, "segments"), "current"),
        t->segments},
@@ -457,8 +457,9 @@ static void put_stats_check(FILE *out, const snap_t *s, const totals_t *t) {
     if (pairs[k].stat == pairs[k].total)
       continue;
     fprintf(out, "%s%s %" PRIu64 " (totals %" PRIu64 ")",
-            differ ? ", " : "  stats     differ from the totals (read "
-                            "before the blocks while threads ran): ",
+            differ ? ", "
+                   : "  stats     differ from the totals (read "
+                     "before the blocks while threads ran): ",
             pairs[k].name, pairs[k].stat, pairs[k].total);
     differ = 1;
   }
@@ -468,8 +469,9 @@ static void put_stats_check(FILE *out, const snap_t *s, const totals_t *t) {
 static void put_sites(FILE *out, const snap_site_stat_t *v, size_t n,
                       size_t top) {
   size_t shown = top == 0 || top > n ? n : top;
-  fprintf(out, "\ntop %zu of %zu allocation sites by live bytes "
-               "(allocated + pending_free)\n",
+  fprintf(out,
+          "\ntop %zu of %zu allocation sites by live bytes "
+          "(allocated + pending_free)\n",
           shown, n);
   if (n == 0) {
     fprintf(out, "  (no live blocks)\n");
@@ -502,9 +504,8 @@ static void write_summary_text(const snap_t *s, const char *name,
   fprintf(out, "  config    %s\n", root_str(s, "config"));
   put_time(out, s);
 
-  fprintf(out, "\nsegments  %" PRIu64 ", %" PRIu64 " bytes (%s)\n",
-          r->segments, r->segment_bytes,
-          cli_format_bytes((double)r->segment_bytes, hb));
+  fprintf(out, "\nsegments  %" PRIu64 ", %" PRIu64 " bytes (%s)\n", r->segments,
+          r->segment_bytes, cli_format_bytes((double)r->segment_bytes, hb));
   fprintf(out, "  %-16s %10s %14s\n", "by flag", "segments", "bytes");
   for (size_t k = 0; k < NFLAGS; k++)
     put_row(out, flag_names[k], m->flag_segments[k], m->flag_bytes[k]);
@@ -513,40 +514,44 @@ static void write_summary_text(const snap_t *s, const char *name,
   put_bytes(out, 14, t->reserve_free);
   fprintf(out, "\n");
 
-  fprintf(out, "\nblocks by state\n  %-16s %10s %14s\n", "", "blocks",
-          "bytes");
+  fprintf(out, "\nblocks by state\n  %-16s %10s %14s\n", "", "blocks", "bytes");
   put_row(out, "allocated", r->allocated_blocks, r->allocated);
   put_row(out, "pending_free", r->pending_blocks, r->pending);
-  put_row(out, "cached", r->cached_blocks, r->cached - r->uncarved - r->tail -
-                                               r->reserve_free);
+  put_row(out, "cached", r->cached_blocks,
+          r->cached - r->uncarved - r->tail - r->reserve_free);
   put_row(out, "uncarved", m->uncarved_blocks, r->uncarved);
   fprintf(out, "  %-16s %10s ", "segment tails", "");
   put_bytes(out, 14, r->tail);
   fprintf(out, "\n");
 
-  fprintf(out, "\nrounding waste (allocated blocks): %" PRIu64
-               " bytes (%s), %.2f %% of %" PRIu64 " block bytes; requested %"
-               PRIu64 "\n",
+  fprintf(out,
+          "\nrounding waste (allocated blocks): %" PRIu64
+          " bytes (%s), %.2f %% of %" PRIu64 " block bytes; requested %" PRIu64
+          "\n",
           waste, cli_format_bytes((double)waste, hb), pct(waste, r->allocated),
           r->allocated, r->requested);
 
-  fprintf(out, "\nfragmentation (free blocks in segments: cached + uncarved)\n");
+  fprintf(out,
+          "\nfragmentation (free blocks in segments: cached + uncarved)\n");
   fprintf(out, "  free in segments  ");
   put_bytes(out, 14, free_seg);
   fprintf(out, "\n  largest free run  ");
   put_bytes(out, 14, m->largest_run);
   if (m->largest_run > 0)
-    fprintf(out, ": %" PRIu64 " adjacent blocks of %" PRIu64
-                 " in segment 0x%" PRIx64,
+    fprintf(out,
+            ": %" PRIu64 " adjacent blocks of %" PRIu64
+            " in segment 0x%" PRIx64,
             m->largest_run / m->largest_run_bs, m->largest_run_bs,
             m->largest_run_addr);
-  fprintf(out, "\n  fragmentation     %13.2f %%  (1 - largest free run / free "
-               "in segments)\n",
+  fprintf(out,
+          "\n  fragmentation     %13.2f %%  (1 - largest free run / free "
+          "in segments)\n",
           free_seg == 0 ? 0.0 : 100.0 - pct(m->largest_run, free_seg));
   fprintf(out, "  in used segments  ");
   put_bytes(out, 14, m->free_in_used);
-  fprintf(out, ": free blocks in %" PRIu64 " segments with live blocks "
-               "(empty_cache cannot return them)\n",
+  fprintf(out,
+          ": free blocks in %" PRIu64 " segments with live blocks "
+          "(empty_cache cannot return them)\n",
           m->used_segments);
   fprintf(out, "  idle segments     ");
   put_bytes(out, 14, m->idle_bytes);
@@ -554,12 +559,14 @@ static void write_summary_text(const snap_t *s, const char *name,
           m->idle_segments);
 
   fprintf(out, "\naccounting\n");
-  fprintf(out, "  reserved  %" PRIu64 " = allocated %" PRIu64
-               " + pending %" PRIu64 " + cached %" PRIu64 "\n",
+  fprintf(out,
+          "  reserved  %" PRIu64 " = allocated %" PRIu64 " + pending %" PRIu64
+          " + cached %" PRIu64 "\n",
           t->reserved, t->allocated, t->pending, t->cached);
-  fprintf(out, "  cached    %" PRIu64 " = cached blocks %" PRIu64
-               " + uncarved %" PRIu64 " + tails %" PRIu64
-               " + reserve free %" PRIu64 "\n",
+  fprintf(out,
+          "  cached    %" PRIu64 " = cached blocks %" PRIu64
+          " + uncarved %" PRIu64 " + tails %" PRIu64 " + reserve free %" PRIu64
+          "\n",
           r->cached, r->cached - r->uncarved - r->tail - r->reserve_free,
           r->uncarved, r->tail, r->reserve_free);
   put_stats_check(out, s, t);
@@ -573,18 +580,20 @@ static void write_summary_text(const snap_t *s, const char *name,
   else
     fprintf(out, "  identity FAILED (%zu problems)\n", m->problems.n);
 
-  fprintf(out, "\nhistory   record %s, stack depth %" PRIu64
-               ", ring of %" PRIu64 " entries\n",
+  fprintf(out,
+          "\nhistory   record %s, stack depth %" PRIu64 ", ring of %" PRIu64
+          " entries\n",
           json_string_value(json_object_get(h, "record")),
           snap_u64(h, "stack_depth"), snap_u64(h, "max_entries"));
-  fprintf(out, "  entries   %zu kept, %" PRIu64 " recorded, %" PRIu64
-               " dropped\n",
+  fprintf(out,
+          "  entries   %zu kept, %" PRIu64 " recorded, %" PRIu64 " dropped\n",
           s->nentries, snap_u64(h, "recorded"), snap_u64(h, "dropped"));
   if (s->nentries > 0)
-    fprintf(out, "  span      %s (time_ns %" PRIu64 "..%" PRIu64
-                 ", seq %" PRIu64 "..%" PRIu64 ", %" PRIu64 " missing)\n",
-            cli_format_ns((double)(m->max_time - m->min_time), hb),
-            m->min_time, m->max_time, m->first_seq, m->last_seq, m->seq_gaps);
+    fprintf(out,
+            "  span      %s (time_ns %" PRIu64 "..%" PRIu64 ", seq %" PRIu64
+            "..%" PRIu64 ", %" PRIu64 " missing)\n",
+            cli_format_ns((double)(m->max_time - m->min_time), hb), m->min_time,
+            m->max_time, m->first_seq, m->last_seq, m->seq_gaps);
   for (int k = 0; k < SNAP_NACTIONS; k++)
     fprintf(out, "  %-16s %10" PRIu64 "\n", snap_action_names[k],
             m->actions[k]);
@@ -592,11 +601,27 @@ static void write_summary_text(const snap_t *s, const char *name,
   put_sites(out, v, n, top);
 }
 
-/* ---- JSON output ---------------------------------------------------------- */
+/* ---- JSON output ----------------------------------------------------------
+ */
 
 /* json_int_t is signed: values above INT64_MAX (only from nonsense input,
  * as sums wrap) come out negative rather than failing. */
 static json_t *jint(uint64_t v) { return json_integer((json_int_t)v); }
+
+/* A JSON string of a file name, which need not be UTF-8 (json_string
+ * refuses those): other bytes than ASCII become '?'. */
+static json_t *jname(const char *name) {
+  json_t *v = json_string(name);
+  char *copy;
+  if (v != NULL || (copy = strdup(name)) == NULL)
+    return v;
+  for (char *c = copy; *c != '\0'; c++)
+    if ((unsigned char)*c >= 0x80)
+      *c = '?';
+  v = json_string(copy);
+  free(copy);
+  return v;
+}
 
 static void jset(json_t *o, const char *key, json_t *v) {
   (void)json_object_set_new(o, key, v);
@@ -631,7 +656,7 @@ static json_t *summary_json(const snap_t *s, const char *name,
   uint64_t free_seg = r->cached - r->tail - r->reserve_free;
   json_t *o = json_object(), *x;
 
-  jset(o, "file", json_string(name));
+  jset(o, "file", jname(name));
   jset(o, "pid", jint(snap_u64(s->root, "pid")));
   jset(o, "pinpool_version", json_string(root_str(s, "pinpool_version")));
   jset(o, "backend", json_string(root_str(s, "backend")));
@@ -652,9 +677,9 @@ static json_t *summary_json(const snap_t *s, const char *name,
   x = json_object();
   jset(x, "allocated", jcount(r->allocated_blocks, r->allocated));
   jset(x, "pending_free", jcount(r->pending_blocks, r->pending));
-  jset(x, "cached", jcount(r->cached_blocks,
-                           r->cached - r->uncarved - r->tail -
-                               r->reserve_free));
+  jset(x, "cached",
+       jcount(r->cached_blocks,
+              r->cached - r->uncarved - r->tail - r->reserve_free));
   jset(x, "uncarved", jcount(m->uncarved_blocks, r->uncarved));
   jset(x, "tail_bytes", jint(r->tail));
   jset(o, "blocks", x);
@@ -663,8 +688,8 @@ static json_t *summary_json(const snap_t *s, const char *name,
   jset(x, "requested_bytes", jint(r->requested));
   jset(x, "block_bytes", jint(r->allocated));
   jset(x, "waste_bytes", jint(r->allocated - r->requested));
-  jset(x, "waste_percent", json_real(pct(r->allocated - r->requested,
-                                         r->allocated)));
+  jset(x, "waste_percent",
+       json_real(pct(r->allocated - r->requested, r->allocated)));
   jset(o, "rounding", x);
 
   x = json_object();
@@ -688,8 +713,8 @@ static json_t *summary_json(const snap_t *s, const char *name,
   jset(o, "identity", x);
 
   x = json_object();
-  jset(x, "record", json_string(json_string_value(
-                        json_object_get(h, "record"))));
+  jset(x, "record",
+       json_string(json_string_value(json_object_get(h, "record"))));
   jset(x, "entries", jint(s->nentries));
   jset(x, "recorded", jint(snap_u64(h, "recorded")));
   jset(x, "dropped", jint(snap_u64(h, "dropped")));
@@ -714,8 +739,8 @@ static int dump_json(json_t *j, FILE *out) {
   return rc;
 }
 
-int snap_summary_write(const snap_t *s, const char *name, FILE *out,
-                       size_t top, int json) {
+int snap_summary_write(const snap_t *s, const char *name, FILE *out, size_t top,
+                       int json) {
   summary_t *m = malloc(sizeof *m);
   snap_site_stat_t *v = NULL;
   size_t n = 0;
@@ -740,7 +765,8 @@ int snap_summary_write(const snap_t *s, const char *name, FILE *out,
   return rc;
 }
 
-/* ---- diff ------------------------------------------------------------------- */
+/* ---- diff -------------------------------------------------------------------
+ */
 
 typedef struct site_delta {
   const char *site; /* borrowed from the site lists */
@@ -789,11 +815,18 @@ static site_delta_t *join_sites(const snap_site_stat_t *a, size_t na,
   return d;
 }
 
-enum { T_RESERVED, T_ALLOCATED, T_PENDING, T_CACHED, T_LIVE_BLOCKS, T_SEGMENTS,
-       T_N };
-static const char *const total_names[T_N] = {
-    "reserved", "allocated", "pending_free", "cached", "live_blocks",
-    "segments"};
+enum {
+  T_RESERVED,
+  T_ALLOCATED,
+  T_PENDING,
+  T_CACHED,
+  T_LIVE_BLOCKS,
+  T_SEGMENTS,
+  T_N
+};
+static const char *const total_names[T_N] = {"reserved",     "allocated",
+                                             "pending_free", "cached",
+                                             "live_blocks",  "segments"};
 
 static void diff_totals(const snap_t *s, uint64_t v[T_N]) {
   totals_t t;
@@ -827,16 +860,17 @@ static void write_diff_text(const char *na, const char *nb,
   for (int k = 0; k < T_N; k++) {
     int64_t dv = (int64_t)(tb[k] - ta[k]);
     char h[CLI_BYTES_LEN];
-    fprintf(out, "  %-14s %16" PRIu64 " %16" PRIu64 " ", total_names[k],
-            ta[k], tb[k]);
+    fprintf(out, "  %-14s %16" PRIu64 " %16" PRIu64 " ", total_names[k], ta[k],
+            tb[k]);
     put_delta(out, 16, dv);
     if (k != T_LIVE_BLOCKS && k != T_SEGMENTS && dv != 0)
       fprintf(out, "  (%s%s)", dv > 0 ? "+" : "",
               cli_format_bytes((double)dv, h));
     fputc('\n', out);
   }
-  fprintf(out, "\nsites: %zu in A, %zu in B; %zu grew, %zu shrank, "
-               "%zu unchanged\n",
+  fprintf(out,
+          "\nsites: %zu in A, %zu in B; %zu grew, %zu shrank, "
+          "%zu unchanged\n",
           nsa, nsb, grew, shrank, n - changed);
   /* Unchanged sites sort between the growing and the shrinking ones; only
    * changes are listed. */
@@ -845,11 +879,12 @@ static void write_diff_text(const char *na, const char *nb,
     fprintf(out, "no growth: no site changed its live bytes or blocks\n");
     return;
   }
-  fprintf(out, "top %zu sites by growth of live bytes (allocated + "
-               "pending_free)\n",
+  fprintf(out,
+          "top %zu sites by growth of live bytes (allocated + "
+          "pending_free)\n",
           shown);
-  fprintf(out, "  %14s %8s %14s %14s %8s %8s  %s\n", "delta bytes",
-          "blocks", "A bytes", "B bytes", "A blocks", "B blocks", "site");
+  fprintf(out, "  %14s %8s %14s %14s %8s %8s  %s\n", "delta bytes", "blocks",
+          "A bytes", "B bytes", "A blocks", "B blocks", "site");
   size_t printed = 0;
   for (size_t i = 0; i < n && printed < shown; i++) {
     if (d[i].d_bytes == 0 && d[i].d_blocks == 0)
@@ -858,21 +893,20 @@ static void write_diff_text(const char *na, const char *nb,
     put_delta(out, 14, d[i].d_bytes);
     fputc(' ', out);
     put_delta(out, 8, d[i].d_blocks);
-    fprintf(out, " %14" PRIu64 " %14" PRIu64 " %8" PRIu64 " %8" PRIu64
-                 "  %s\n",
+    fprintf(out, " %14" PRIu64 " %14" PRIu64 " %8" PRIu64 " %8" PRIu64 "  %s\n",
             d[i].a_bytes, d[i].b_bytes, d[i].a_blocks, d[i].b_blocks,
             d[i].site);
     printed++;
   }
 }
 
-static json_t *diff_json(const char *na, const char *nb,
-                         const uint64_t ta[T_N], const uint64_t tb[T_N],
-                         const site_delta_t *d, size_t n, size_t top) {
+static json_t *diff_json(const char *na, const char *nb, const uint64_t ta[T_N],
+                         const uint64_t tb[T_N], const site_delta_t *d,
+                         size_t n, size_t top) {
   json_t *o = json_object(), *t = json_object(), *a = json_array();
   size_t printed = 0;
-  jset(o, "a", json_string(na));
-  jset(o, "b", json_string(nb));
+  jset(o, "a", jname(na));
+  jset(o, "b", jname(nb));
   for (int k = 0; k < T_N; k++) {
     json_t *x = json_object();
     jset(x, "a", jint(ta[k]));
@@ -929,7 +963,8 @@ out:
   return rc;
 }
 
-/* ---- the subcommands ------------------------------------------------------ */
+/* ---- the subcommands ------------------------------------------------------
+ */
 
 static void summary_usage(FILE *out) {
   fprintf(out,
@@ -955,8 +990,8 @@ static void diff_usage(FILE *out) {
 /* Positional files and options, in any order. Returns -1 to go on, or an
  * exit code (help printed, usage error). */
 static int parse_args(const char *sub, void (*usage)(FILE *), int argc,
-                      char **argv, const char **files, int nfiles,
-                      size_t *top, int *json) {
+                      char **argv, const char **files, int nfiles, size_t *top,
+                      int *json) {
   int got = 0, only_files = 0;
   *top = 10;
   *json = 0;
@@ -998,8 +1033,10 @@ static int parse_args(const char *sub, void (*usage)(FILE *), int argc,
                            nfiles == 1 ? "a snapshot FILE"
                                        : "two snapshot files A and B");
   if (nfiles == 2 && strcmp(files[0], "-") == 0 && strcmp(files[1], "-") == 0)
-    return cli_usage_error("snapshot", "%s: standard input can be read once "
-                           "only", sub);
+    return cli_usage_error("snapshot",
+                           "%s: standard input can be read once "
+                           "only",
+                           sub);
   return -1;
 }
 
@@ -1021,8 +1058,8 @@ int snap_summary_run(int argc, char **argv) {
     return rc;
   if (load_or_report("summary", file, &s) != 0)
     return CLI_EXIT_FAIL;
-  rc = snap_summary_write(&s, strcmp(file, "-") == 0 ? "(stdin)" : file,
-                          stdout, top, json);
+  rc = snap_summary_write(&s, strcmp(file, "-") == 0 ? "(stdin)" : file, stdout,
+                          top, json);
   snap_free(&s);
   if (fflush(stdout) != 0 || ferror(stdout)) {
     fprintf(stderr, "pinpool snapshot summary: cannot write the output\n");

@@ -24,7 +24,7 @@
  * entries. replay() runs the viewer's rules once and leaves those events
  * out, with a note; a quiescent snapshot loses none.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* realpath, and POSIX 2008 (mkstemp, fchmod) */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -80,7 +80,7 @@ enum {
 
 typedef struct pk {
   FILE *f;
-  int failed;         /* a write failed (errno kept in err) */
+  int failed; /* a write failed (errno kept in err) */
   int err;
   uint32_t memo_next; /* next memo index */
   size_t len;
@@ -110,13 +110,17 @@ static void pk_bytes(pk_t *p, const void *data, size_t n) {
   p->len += n;
 }
 
-/* An opcode followed by an n-byte little-endian argument (n <= 8). */
+/* An opcode followed by an n-byte little-endian argument (n <= 8). Most of
+ * the file is such 1 to 5 byte pieces: they go into the buffer directly. */
 static void pk_op_le(pk_t *p, unsigned op, uint64_t v, unsigned n) {
-  unsigned char b[9];
+  unsigned char *b;
+  if (sizeof p->buf - p->len < 9)
+    pk_flush(p);
+  b = p->buf + p->len;
   b[0] = (unsigned char)op;
   for (unsigned i = 0; i < n; i++)
     b[1 + i] = (unsigned char)(v >> (8 * i));
-  pk_bytes(p, b, 1 + n);
+  p->len += 1 + n;
 }
 
 static void pk_op(pk_t *p, unsigned op) { pk_op_le(p, op, 0, 0); }
@@ -129,24 +133,17 @@ static void pk_uint(pk_t *p, uint64_t v) {
   } else if (v <= 0x7fffffff) {
     pk_op_le(p, OP_BININT, v, 4);
   } else {
-    /* LONG1 is two's complement: a set top bit needs one more (zero) byte,
-     * so 2^63 and above take 9 bytes (the viewer then reads a BigInt). */
-    unsigned n = 1;
-    while (n < 8 && (v >> (8 * n - 1)) != 0)
+    /* LONG1: little-endian two's complement, the shortest form with the top
+     * bit clear, so 2^63 and above take 9 bytes (which the viewer would read
+     * as a BigInt; addresses never get there). */
+    unsigned char b[11] = {OP_LONG1};
+    unsigned n = 4;
+    while (n < 9 && (v >> (8 * n - 1)) != 0)
       n++;
-    if (n == 8 && (v >> 63) != 0) {
-      unsigned char b[11] = {OP_LONG1, 9};
-      for (unsigned i = 0; i < 8; i++)
-        b[2 + i] = (unsigned char)(v >> (8 * i));
-      b[10] = 0;
-      pk_bytes(p, b, sizeof b);
-      return;
-    }
-    pk_op_le(p, OP_LONG1, n, 1);
-    for (unsigned i = 0; i < n; i++) {
-      unsigned char c = (unsigned char)(v >> (8 * i));
-      pk_bytes(p, &c, 1);
-    }
+    b[1] = (unsigned char)n;
+    for (unsigned i = 0; i < n; i++)
+      b[2 + i] = i < 8 ? (unsigned char)(v >> (8 * i)) : 0;
+    pk_bytes(p, b, 2 + n);
   }
 }
 
@@ -237,7 +234,8 @@ static void amap_free(amap_t *m) {
 static uint64_t *amap_get(const amap_t *m, uint64_t key) {
   if (m->cap == 0)
     return NULL;
-  for (size_t i = amap_hash(key, m->cap); m->used[i]; i = (i + 1) & (m->cap - 1))
+  for (size_t i = amap_hash(key, m->cap); m->used[i];
+       i = (i + 1) & (m->cap - 1))
     if (m->keys[i] == key)
       return &m->vals[i];
   return NULL;
@@ -320,8 +318,11 @@ enum {
   EV_OOM,
 };
 
+/* The fields used of a history entry, copied once: reading them through
+ * jansson again in each pass costs more than the copy. */
 typedef struct ev {
-  size_t entry; /* index into the history */
+  uint64_t address, size, requested, stream, time_ns;
+  int64_t stack;
   unsigned char kind, keep;
 } ev_t;
 
@@ -383,7 +384,8 @@ static int build_events(const snap_t *s, events_t *out) {
        * causes are recorded (and converted) on their own. */
       continue;
     }
-    out->v[out->n++] = (ev_t){i, (unsigned char)kind, 1};
+    out->v[out->n++] = (ev_t){e.address, e.size,  e.requested,         e.stream,
+                              e.time_ns, e.stack, (unsigned char)kind, 1};
   }
   rc = 0;
 out:
@@ -485,32 +487,30 @@ static long replay(const snap_t *s, events_t *ev) {
   }
   for (size_t k = ev->n; k-- > 0;) {
     ev_t *v = &ev->v[k];
-    snap_entry_t e;
     size_t i;
-    snap_entry(s, v->entry, &e);
     switch (v->kind) {
     case EV_ALLOC: /* before it, the block did not exist */
-      rs_remove_block(&r, e.address);
+      rs_remove_block(&r, v->address);
       break;
     case EV_FREE_REQUESTED: /* the viewer marks a block it must know */
-      v->keep = amap_get(&r.blocks, e.address) != NULL;
+      v->keep = amap_get(&r.blocks, v->address) != NULL;
       break;
     case EV_FREE_COMPLETED:
     case EV_FREE: /* before it, the block existed, inside a segment */
-      if (amap_get(&r.blocks, e.address) != NULL)
+      if (amap_get(&r.blocks, v->address) != NULL)
         break;
-      i = rs_containing(&r, e.address);
+      i = rs_containing(&r, v->address);
       if (i == SIZE_MAX)
         v->keep = 0;
-      else if (rs_add_block(&r, e.address, i) != 0)
+      else if (rs_add_block(&r, v->address, i) != 0)
         goto nomem;
       break;
     case EV_SEGMENT_ALLOC:
       /* Before it, the segment did not exist: the viewer removes the one at
        * this address (or, finding none, the last one), and must not leave
        * blocks outside every segment. */
-      i = rs_floor(&r, e.address);
-      if (i == SIZE_MAX || r.segs[i].addr != e.address ||
+      i = rs_floor(&r, v->address);
+      if (i == SIZE_MAX || r.segs[i].addr != v->address ||
           r.segs[i].nblocks > 0) {
         v->keep = 0;
       } else {
@@ -519,7 +519,7 @@ static long replay(const snap_t *s, events_t *ev) {
       }
       break;
     case EV_SEGMENT_FREE: {
-      int rc = rs_insert(&r, e.address, e.size);
+      int rc = rs_insert(&r, v->address, v->size);
       if (rc < 0)
         goto nomem;
       v->keep = rc == 0;
@@ -569,13 +569,11 @@ static int check_layout(const snap_t *s, const char *name, char *err,
       if (b.address < cursor || b.address - addr > size ||
           size - (b.address - addr) < bsize) {
         snprintf(err, errlen,
-                 "%s: segments[%zu].blocks[%zu].address: 0x%" PRIx64
-                 " is %s",
+                 "%s: segments[%zu].blocks[%zu].address: 0x%" PRIx64 " is %s",
                  name, i, j, b.address,
-                 b.address < cursor
-                     ? (j == 0 ? "below the segment"
-                               : "not after the previous block")
-                     : "not a whole block inside the segment");
+                 b.address < cursor ? (j == 0 ? "below the segment"
+                                              : "not after the previous block")
+                                    : "not a whole block inside the segment");
         return -1;
       }
       cursor = b.address + bsize;
@@ -589,25 +587,93 @@ static int check_layout(const snap_t *s, const char *name, char *err,
 /* Strings written many times are memoized: a key costs 2 bytes after its
  * first use instead of its length plus 2. */
 enum {
-  N_SEGMENTS, N_DEVICE_TRACES, N_ALLOCATOR_SETTINGS, N_DEVICE, N_ADDRESS,
-  N_TOTAL_SIZE, N_ALLOCATED_SIZE, N_ACTIVE_SIZE, N_REQUESTED_SIZE, N_STREAM,
-  N_SEGMENT_TYPE, N_SEGMENT_POOL_ID, N_IS_EXPANDABLE, N_FRAMES, N_BLOCKS,
-  N_SIZE, N_STATE, N_FILENAME, N_LINE, N_NAME, N_ACTION, N_ADDR, N_TIME_US,
-  N_DEVICE_FREE, N_COMPILE_CONTEXT, N_USER_METADATA, N_SMALL, N_LARGE,
-  N_ACTIVE_ALLOCATED, N_ACTIVE_PENDING_FREE, N_INACTIVE, N_ALLOC,
-  N_FREE_REQUESTED, N_FREE_COMPLETED, N_SEGMENT_ALLOC, N_SEGMENT_FREE, N_OOM,
-  N_SNAPSHOT, N_NA, N_EMPTY, N_UNKNOWN, N_COUNT
+  N_SEGMENTS,
+  N_DEVICE_TRACES,
+  N_ALLOCATOR_SETTINGS,
+  N_DEVICE,
+  N_ADDRESS,
+  N_TOTAL_SIZE,
+  N_ALLOCATED_SIZE,
+  N_ACTIVE_SIZE,
+  N_REQUESTED_SIZE,
+  N_STREAM,
+  N_SEGMENT_TYPE,
+  N_SEGMENT_POOL_ID,
+  N_IS_EXPANDABLE,
+  N_FRAMES,
+  N_BLOCKS,
+  N_SIZE,
+  N_STATE,
+  N_FILENAME,
+  N_LINE,
+  N_NAME,
+  N_ACTION,
+  N_ADDR,
+  N_TIME_US,
+  N_DEVICE_FREE,
+  N_COMPILE_CONTEXT,
+  N_USER_METADATA,
+  N_SMALL,
+  N_LARGE,
+  N_ACTIVE_ALLOCATED,
+  N_ACTIVE_PENDING_FREE,
+  N_INACTIVE,
+  N_ALLOC,
+  N_FREE_REQUESTED,
+  N_FREE_COMPLETED,
+  N_SEGMENT_ALLOC,
+  N_SEGMENT_FREE,
+  N_OOM,
+  N_SNAPSHOT,
+  N_NA,
+  N_EMPTY,
+  N_UNKNOWN,
+  N_COUNT
 };
 
 static const char *const names[N_COUNT] = {
-    "segments", "device_traces", "allocator_settings", "device", "address",
-    "total_size", "allocated_size", "active_size", "requested_size", "stream",
-    "segment_type", "segment_pool_id", "is_expandable", "frames", "blocks",
-    "size", "state", "filename", "line", "name", "action", "addr", "time_us",
-    "device_free", "compile_context", "user_metadata", "small", "large",
-    "active_allocated", "active_pending_free", "inactive", "alloc",
-    "free_requested", "free_completed", "segment_alloc", "segment_free", "oom",
-    "snapshot", "N/A", "", "??"};
+    [N_SEGMENTS] = "segments",
+    [N_DEVICE_TRACES] = "device_traces",
+    [N_ALLOCATOR_SETTINGS] = "allocator_settings",
+    [N_DEVICE] = "device",
+    [N_ADDRESS] = "address",
+    [N_TOTAL_SIZE] = "total_size",
+    [N_ALLOCATED_SIZE] = "allocated_size",
+    [N_ACTIVE_SIZE] = "active_size",
+    [N_REQUESTED_SIZE] = "requested_size",
+    [N_STREAM] = "stream",
+    [N_SEGMENT_TYPE] = "segment_type",
+    [N_SEGMENT_POOL_ID] = "segment_pool_id",
+    [N_IS_EXPANDABLE] = "is_expandable",
+    [N_FRAMES] = "frames",
+    [N_BLOCKS] = "blocks",
+    [N_SIZE] = "size",
+    [N_STATE] = "state",
+    [N_FILENAME] = "filename",
+    [N_LINE] = "line",
+    [N_NAME] = "name",
+    [N_ACTION] = "action",
+    [N_ADDR] = "addr",
+    [N_TIME_US] = "time_us",
+    [N_DEVICE_FREE] = "device_free",
+    [N_COMPILE_CONTEXT] = "compile_context",
+    [N_USER_METADATA] = "user_metadata",
+    [N_SMALL] = "small",
+    [N_LARGE] = "large",
+    [N_ACTIVE_ALLOCATED] = "active_allocated",
+    [N_ACTIVE_PENDING_FREE] = "active_pending_free",
+    [N_INACTIVE] = "inactive",
+    [N_ALLOC] = "alloc",
+    [N_FREE_REQUESTED] = "free_requested",
+    [N_FREE_COMPLETED] = "free_completed",
+    [N_SEGMENT_ALLOC] = "segment_alloc",
+    [N_SEGMENT_FREE] = "segment_free",
+    [N_OOM] = "oom",
+    [N_SNAPSHOT] = "snapshot",
+    [N_NA] = "N/A",
+    [N_EMPTY] = "",
+    [N_UNKNOWN] = "??",
+};
 
 /* PyTorch's small pool holds blocks of at most 1 MiB (in 2 MiB segments);
  * pinpool's size classes up to 1 MiB play the same part. */
@@ -704,9 +770,8 @@ static void w_frames(torch_t *t, int64_t stack) {
   pk_end(t->p, &l);
 }
 
-static void w_block(torch_t *t, pk_seq_t *blocks, uint64_t addr,
-                    uint64_t size, uint64_t requested, int state,
-                    int64_t stack) {
+static void w_block(torch_t *t, pk_seq_t *blocks, uint64_t addr, uint64_t size,
+                    uint64_t requested, int state, int64_t stack) {
   pk_seq_t d;
   pk_item(t->p, blocks);
   d = pk_dict(t->p);
@@ -814,40 +879,38 @@ static void w_trace(torch_t *t, const events_t *ev) {
   pk_seq_t trace;
   trace = pk_list(t->p);
   for (size_t k = 0; k < ev->n; k++) {
-    const ev_t *v = &ev->v[k];
-    snap_entry_t e;
-    if (!v->keep)
+    const ev_t *e = &ev->v[k];
+    if (!e->keep)
       continue;
-    snap_entry(t->s, v->entry, &e);
     /* Sizes as PyTorch records them: what was asked for, for blocks (its
      * alloc and free entries carry the requested size). */
-    switch (v->kind) {
+    switch (e->kind) {
     case EV_ALLOC:
-      w_trace_entry(t, &trace, N_ALLOC, e.address, e.requested, e.stream,
-                    e.time_ns, e.stack);
+      w_trace_entry(t, &trace, N_ALLOC, e->address, e->requested, e->stream,
+                    e->time_ns, e->stack);
       break;
     case EV_FREE:
-      w_trace_entry(t, &trace, N_FREE_REQUESTED, e.address, e.requested,
-                    e.stream, e.time_ns, e.stack);
+      w_trace_entry(t, &trace, N_FREE_REQUESTED, e->address, e->requested,
+                    e->stream, e->time_ns, e->stack);
       /* fall through */
     case EV_FREE_COMPLETED:
-      w_trace_entry(t, &trace, N_FREE_COMPLETED, e.address, e.requested,
-                    e.stream, e.time_ns, e.stack);
+      w_trace_entry(t, &trace, N_FREE_COMPLETED, e->address, e->requested,
+                    e->stream, e->time_ns, e->stack);
       break;
     case EV_FREE_REQUESTED:
-      w_trace_entry(t, &trace, N_FREE_REQUESTED, e.address, e.requested,
-                    e.stream, e.time_ns, e.stack);
+      w_trace_entry(t, &trace, N_FREE_REQUESTED, e->address, e->requested,
+                    e->stream, e->time_ns, e->stack);
       break;
     case EV_SEGMENT_ALLOC:
     case EV_SEGMENT_FREE:
       w_trace_entry(t, &trace,
-                    v->kind == EV_SEGMENT_ALLOC ? N_SEGMENT_ALLOC
+                    e->kind == EV_SEGMENT_ALLOC ? N_SEGMENT_ALLOC
                                                 : N_SEGMENT_FREE,
-                    e.address, e.size, e.stream, e.time_ns, e.stack);
+                    e->address, e->size, e->stream, e->time_ns, e->stack);
       break;
     case EV_OOM: /* the class size, as PyTorch's rounded size */
-      w_trace_entry(t, &trace, N_OOM, 0, e.size, e.stream, e.time_ns,
-                    e.stack);
+      w_trace_entry(t, &trace, N_OOM, 0, e->size, e->stream, e->time_ns,
+                    e->stack);
       break;
     default:
       break;
@@ -866,8 +929,8 @@ static void w_trace(torch_t *t, const events_t *ev) {
         active += bsize;
     }
   }
-  w_trace_entry(t, &trace, N_SNAPSHOT, 0, active, 0,
-                snap_u64(root, "time_ns"), -1);
+  w_trace_entry(t, &trace, N_SNAPSHOT, 0, active, 0, snap_u64(root, "time_ns"),
+                -1);
   pk_end(t->p, &trace);
 }
 
@@ -917,8 +980,7 @@ static int write_pickle(const snap_t *s, const events_t *ev, FILE *f) {
   w_name(&t, N_ALLOCATOR_SETTINGS);
   l = pk_dict(t.p);
   {
-    static const char *const keys[] = {"pinpool_version", "backend",
-                                       "config"};
+    static const char *const keys[] = {"pinpool_version", "backend", "config"};
     pk_item(t.p, &l);
     pk_str(t.p, "allocator");
     pk_str(t.p, "pinpool");
@@ -952,12 +1014,14 @@ out:
  * regular (a pipe, /dev/stdout) are written directly. */
 typedef struct output {
   FILE *f;
-  char *tmp; /* NULL when writing directly */
+  char *path; /* what the temporary file replaces (OUT, or its link target) */
+  char *tmp;  /* NULL when writing directly */
   int is_stdout;
 } output_t;
 
 static int output_open(const char *out, output_t *o) {
   struct stat st;
+  int fd;
   memset(o, 0, sizeof *o);
   if (strcmp(out, "-") == 0) {
     o->f = stdout;
@@ -968,38 +1032,39 @@ static int output_open(const char *out, output_t *o) {
     o->f = fopen(out, "wb");
     return o->f != NULL ? 0 : -1;
   }
-  o->tmp = malloc(strlen(out) + sizeof ".XXXXXX");
-  if (o->tmp == NULL) {
+  /* Through a symbolic link the file it names is replaced, not the link. */
+  o->path = realpath(out, NULL);
+  if (o->path == NULL)
+    o->path = strdup(out);
+  if (o->path == NULL ||
+      (o->tmp = malloc(strlen(o->path) + sizeof ".XXXXXX")) == NULL) {
+    free(o->path);
     errno = ENOMEM;
     return -1;
   }
-  strcpy(o->tmp, out);
+  strcpy(o->tmp, o->path);
   strcat(o->tmp, ".XXXXXX");
-  int fd = mkstemp(o->tmp);
-  if (fd < 0) {
-    free(o->tmp);
-    o->tmp = NULL;
-    return -1;
-  }
-  /* mkstemp creates the file 0600; OUT gets the usual permissions. */
-  mode_t mask = umask(0);
-  (void)umask(mask);
-  (void)fchmod(fd, (mode_t)0666 & ~mask);
-  o->f = fdopen(fd, "wb");
-  if (o->f == NULL) {
+  fd = mkstemp(o->tmp);
+  if (fd >= 0) {
+    /* mkstemp creates the file 0600; OUT gets the usual permissions. */
+    mode_t mask = umask(0);
+    (void)umask(mask);
+    (void)fchmod(fd, (mode_t)0666 & ~mask);
+    o->f = fdopen(fd, "wb");
+    if (o->f != NULL)
+      return 0;
     int e = errno;
     (void)close(fd);
     (void)unlink(o->tmp);
-    free(o->tmp);
-    o->tmp = NULL;
     errno = e;
-    return -1;
   }
-  return 0;
+  free(o->tmp);
+  free(o->path);
+  return -1;
 }
 
 /* Close the output; commit it when ok. Returns 0, or -1 with errno. */
-static int output_close(output_t *o, const char *out, int ok) {
+static int output_close(output_t *o, int ok) {
   int rc = ok ? 0 : -1, e = errno;
   /* A full disk often shows only at the flush or the close. */
   if (fflush(o->f) != 0 || ferror(o->f)) {
@@ -1012,13 +1077,14 @@ static int output_close(output_t *o, const char *out, int ok) {
     rc = -1;
   }
   if (o->tmp != NULL) {
-    if (rc == 0 && rename(o->tmp, out) != 0) {
+    if (rc == 0 && rename(o->tmp, o->path) != 0) {
       e = errno;
       rc = -1;
     }
     if (rc != 0)
       (void)unlink(o->tmp);
     free(o->tmp);
+    free(o->path);
   }
   errno = e;
   return rc;
@@ -1062,8 +1128,7 @@ int snap_torch_run(int argc, char **argv) {
   if (in == NULL)
     return cli_usage_error(CMD, "a snapshot FILE is required");
   if (out == NULL)
-    return cli_usage_error(CMD,
-                           "an output file is required (-o OUT.pickle)");
+    return cli_usage_error(CMD, "an output file is required (-o OUT.pickle)");
 
   /* Everything is checked and prepared before OUT is touched. */
   if (snap_load(in, &snap, err, sizeof err) != 0) {
@@ -1090,7 +1155,7 @@ int snap_torch_run(int argc, char **argv) {
   }
   errno = 0;
   rc = write_pickle(&snap, &ev, o.f);
-  if (output_close(&o, out, rc == 0) != 0) {
+  if (output_close(&o, rc == 0) != 0) {
     fprintf(stderr, "pinpool " CMD ": writing %s failed%s%s\n",
             o.is_stdout ? "standard output" : out, errno ? ": " : "",
             errno ? strerror(errno) : "");
@@ -1099,7 +1164,7 @@ int snap_torch_run(int argc, char **argv) {
   }
   if (dropped > 0)
     fprintf(stderr,
-            "pinpool " CMD ": note: %ld of %zu trace entries left out: "
+            "pinpool " CMD ": note: %ld of %zu history entries left out: "
             "they do not fit the block states of %s (a snapshot taken while "
             "the pool was busy, or entries lost from the ring), and "
             "memory_viz would stop at them\n",

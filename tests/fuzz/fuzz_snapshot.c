@@ -8,7 +8,9 @@
  * give values within the ranges snapshot_load.h promises, whatever the
  * accessors are asked for, and the summary and diff must run to the end on
  * it: text and JSON, all sites and a few. A diff of a snapshot with itself
- * must show no change. Any violated check abort()s with a message.
+ * must show no change; a diff with a variant of it (blocks in other states
+ * and on other stacks) must list site deltas that add up to the change of
+ * live bytes. Any violated check abort()s with a message.
  *
  * Shared by pp_fuzz_snapshot (libFuzzer) and pp_fuzz_snapshot_replay
  * (replay.c over tests/fuzz/corpus_snapshot, no libFuzzer).
@@ -54,9 +56,10 @@ static void check_error(const char *err) {
 }
 
 /* Every accessor over everything, with the promised ranges. */
-static void walk(const snap_t *s, uint64_t *live_blocks) {
+static void walk(const snap_t *s, uint64_t *live_blocks, uint64_t *live_bytes) {
   char small[8], big[1024];
   *live_blocks = 0;
+  *live_bytes = 0;
   for (size_t seg = 0; seg < s->nsegments; seg++) {
     const json_t *o = snap_segment(s, seg);
     CHECK(json_is_object(o), "segment %zu", seg);
@@ -70,12 +73,22 @@ static void walk(const snap_t *s, uint64_t *live_blocks) {
       CHECK(b.stack >= -1 && b.stack < (int64_t)s->nstacks, "block stack");
       CHECK(b.thread >= -1, "thread");
       CHECK(json_is_array(b.streams), "streams");
-      for (size_t k = 0; k < json_array_size(b.streams); k++)
-        CHECK(json_is_integer(json_array_get(b.streams, k)) &&
-                  json_integer_value(json_array_get(b.streams, k)) >= 0,
-              "stream");
+      for (size_t k = 0; k < json_array_size(b.streams); k++) {
+        const json_t *h = json_array_get(b.streams, k);
+        char back[32];
+        CHECK(json_is_string(h), "stream handle not a string");
+        /* A checked handle is lowercase hex without leading junk: printing
+         * its value gives it back, up to leading zeros. */
+        (void)snprintf(back, sizeof back, "%llx",
+                       (unsigned long long)snap_handle(h));
+        const char *t = json_string_value(h) + 2;
+        t += strspn(t, "0");
+        CHECK(strcmp(t[0] ? t : "0", back) == 0, "handle %s read as 0x%s",
+              json_string_value(h), back);
+      }
       CHECK(strlen(snap_state_names[b.state]) > 0, "state name");
       *live_blocks += b.state != SNAP_CACHED;
+      *live_bytes += b.state != SNAP_CACHED ? b.size : 0;
     }
   }
   for (size_t i = 0; i < s->nentries; i++) {
@@ -83,6 +96,10 @@ static void walk(const snap_t *s, uint64_t *live_blocks) {
     snap_entry(s, i, &e);
     CHECK(e.action >= 0 && e.action < SNAP_NACTIONS, "action %d", e.action);
     CHECK(e.stack >= -1 && e.stack < (int64_t)s->nstacks, "entry stack");
+    const json_t *h = json_array_get(json_array_get(s->entries, i), 6);
+    CHECK(json_is_null(h) ? e.stream == 0
+                          : json_is_string(h) && e.stream == snap_handle(h),
+          "entry stream");
   }
   for (size_t i = 0; i < s->nframes; i++) {
     snap_frame_t f;
@@ -97,39 +114,106 @@ static void walk(const snap_t *s, uint64_t *live_blocks) {
       CHECK(snap_stack_frame(s, st, j) < s->nframes, "frame index");
     CHECK(snap_site(s, st, big, sizeof big) == big, "site buffer");
     CHECK(strnlen(big, sizeof big) < sizeof big && big[0] != '\0', "site");
+    json_t *js = json_string(big); /* NULL: not UTF-8 */
+    CHECK(js != NULL, "site '%s' is not UTF-8", big);
+    json_decref(js);
     snap_site(s, st, small, sizeof small);
     CHECK(strnlen(small, sizeof small) < sizeof small, "short site buffer");
+    js = json_string(small);
+    CHECK(js != NULL, "cut site '%s' is not UTF-8", small);
+    json_decref(js);
     (void)snap_site(s, st, small, 0); /* must not write */
   }
 }
 
-/* The diff of s with itself, as JSON: no site listed, every delta 0. */
-static void check_self_diff(const snap_t *s) {
+/* Diff output as parsed JSON. */
+static json_t *diff_json(const snap_t *a, const snap_t *b) {
   char *text = NULL;
   size_t len = 0;
-  FILE *f = open_memstream(&text, &len);
   json_error_t je;
+  FILE *f = open_memstream(&text, &len);
   CHECK(f != NULL, "open_memstream");
-  int rc = snap_diff_write(s, "a", s, "a", f, 0, 1);
+  int rc = snap_diff_write(a, "a", b, "b", f, 0, 1);
   CHECK(fclose(f) == 0, "fclose");
-  CHECK(rc == 0, "self-diff exit %d", rc);
+  CHECK(rc == 0, "diff exit %d", rc);
   json_t *j = json_loadb(text, len, 0, &je);
-  CHECK(j != NULL, "self-diff JSON does not parse: %s", je.text);
-  CHECK(json_array_size(json_object_get(j, "sites")) == 0,
-        "self-diff lists a site");
+  CHECK(j != NULL, "diff JSON does not parse: %s", je.text);
+  free(text);
+  return j;
+}
+
+/* Sum of the sites' delta_bytes (mod 2^64, as the sums themselves). */
+static uint64_t delta_sum(const json_t *j) {
+  const json_t *sites = json_object_get(j, "sites");
+  uint64_t sum = 0;
+  for (size_t i = 0; i < json_array_size(sites); i++) {
+    const json_t *site = json_array_get(sites, i);
+    CHECK(json_is_string(json_object_get(site, "site")), "a site unnamed");
+    sum += (uint64_t)json_integer_value(json_object_get(site, "delta_bytes"));
+  }
+  return sum;
+}
+
+/* The diff of s with itself lists no site and every delta is 0. */
+static void check_self_diff(const snap_t *s) {
+  json_t *j = diff_json(s, s);
   const char *key;
   json_t *v;
+  CHECK(json_array_size(json_object_get(j, "sites")) == 0,
+        "self-diff lists a site");
   json_object_foreach(json_object_get(j, "totals"), key, v)
       CHECK(json_integer_value(json_object_get(v, "delta")) == 0,
             "self-diff: %s changed", key);
   json_decref(j);
+}
+
+/* A variant of s with every other block in another state and on another
+ * stack, written and loaded again: the diffs between the two list site
+ * deltas that add up to the change of live bytes, both ways. This reaches
+ * the diff's code for changed sites, which a self-diff never does. */
+static void check_variant_diff(const snap_t *s, uint64_t live_bytes) {
+  static const char *const flip[3] = {"cached", "allocated", "pending_free"};
+  json_t *root = json_deep_copy(s->root);
+  json_t *segs = json_object_get(root, "segments");
+  char err[512];
+  uint64_t vlive, vblocks;
+  snap_t t;
+  CHECK(root != NULL, "json_deep_copy");
+  for (size_t seg = 0; seg < json_array_size(segs); seg++) {
+    json_t *blocks = json_object_get(json_array_get(segs, seg), "blocks");
+    for (size_t i = 0; i < json_array_size(blocks); i += 2) {
+      json_t *b = json_array_get(blocks, i);
+      snap_block_t sb;
+      snap_block(s, seg, i, &sb);
+      (void)json_object_set_new(b, "state", json_string(flip[sb.state]));
+      (void)json_object_set_new(
+          b, "stack",
+          s->nstacks > 0 ? json_integer((json_int_t)((seg + i) % s->nstacks))
+                         : json_null());
+    }
+  }
+  char *text = json_dumps(root, JSON_COMPACT);
+  json_decref(root);
+  CHECK(text != NULL, "json_dumps");
+  CHECK(snap_load_buffer("variant", text, strlen(text), &t, err, sizeof err) ==
+            0,
+        "the variant does not load: %s", err);
   free(text);
+  walk(&t, &vblocks, &vlive);
+  json_t *j = diff_json(s, &t);
+  CHECK(delta_sum(j) == vlive - live_bytes, "site deltas do not add up");
+  json_decref(j);
+  j = diff_json(&t, s);
+  CHECK(delta_sum(j) == live_bytes - vlive, "reverse deltas do not add up");
+  json_decref(j);
+  CHECK(snap_diff_write(s, "a", &t, "b", sink(), 1, 0) == 0, "text diff");
+  snap_free(&t);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char err[512];
   snap_t s;
-  uint64_t live = 0, site_blocks = 0;
+  uint64_t live = 0, live_bytes = 0, site_blocks = 0;
   snap_site_stat_t *sites = NULL;
   size_t nsites = 0;
 
@@ -150,7 +234,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             s.nstacks == json_array_size(s.stacks) &&
             s.nentries == json_array_size(s.entries),
         "counts");
-  walk(&s, &live);
+  walk(&s, &live, &live_bytes);
 
   CHECK(snap_live_sites(&s, &sites, &nsites) == 0, "out of memory");
   for (size_t i = 0; i < nsites; i++) {
@@ -171,6 +255,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         "text and JSON summaries disagree on the identity");
   CHECK(snap_diff_write(&s, "a", &s, "b", sink(), 2, 0) == 0, "diff");
   check_self_diff(&s);
+  check_variant_diff(&s, live_bytes);
   snap_free(&s);
   CHECK(s.root == NULL, "snap_free");
   return 0;

@@ -1,0 +1,798 @@
+#!/usr/bin/python3
+"""Tests of `pinpool snapshot torch` (tools/snapshot_torch.c).
+
+The pickle is loaded with Python's pickle module (not torch) and compared
+with what docs/snapshot-format.md ("PyTorch memory_viz") says it must hold,
+computed here from the JSON snapshot independently of the C code. Three
+more checks stand in for the browser viewer, which cannot run here:
+
+* js_unpickle decodes the file as MemoryViz.js's own unpickler does (same
+  opcodes, same integer rules, batches of at most 1000 items) and must give
+  the same data;
+* viewer_replay walks the trace backwards from the segments with the rules
+  of MemoryViz.js's "Allocator State History" and fails where the viewer
+  would stop with a script error;
+* if torch imports, the functions of torch.cuda._memory_viz that read a
+  snapshot are called on it.
+
+usage: test_torch.py --pinpool PINPOOL --example example.json --workdir DIR
+                     [--snapgen PP_SNAPGEN] [--written DIR]
+                     example|snapgen|written
+"""
+import argparse
+import bisect
+import copy
+import json
+import os
+import pickle
+import pickletools
+import subprocess
+import sys
+import time
+
+ALLOWED_OPS = {
+    "PROTO", "EMPTY_DICT", "EMPTY_LIST", "MARK", "SETITEMS", "APPENDS",
+    "TUPLE2", "BININT1", "BININT2", "BININT", "LONG1", "SHORT_BINUNICODE",
+    "BINUNICODE", "NEWFALSE", "NEWTRUE", "NONE", "BINPUT", "LONG_BINPUT",
+    "BINGET", "LONG_BINGET", "STOP",
+}
+SEGMENT_KEYS = {
+    "device", "address", "total_size", "allocated_size", "active_size",
+    "requested_size", "stream", "segment_type", "segment_pool_id",
+    "is_expandable", "frames", "blocks",
+}
+BLOCK_KEYS = {"address", "size", "requested_size", "state", "frames"}
+TRACE_KEYS = {"action", "size", "stream", "time_us", "frames",
+              "compile_context", "user_metadata"}
+STATES = {"allocated": "active_allocated", "pending_free": "active_pending_free",
+          "cached": "inactive"}
+
+failures = 0
+
+
+def check(cond, what):
+    global failures
+    if not cond:
+        failures += 1
+        print(f"FAIL: {what}", flush=True)
+    return cond
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, **kw)
+
+
+# ---- What the pickle must hold, from the JSON -----------------------------
+
+def expected_frames(snap, stack):
+    if stack is None:
+        return []
+    out = []
+    for fi in snap["stacks"][stack]:
+        f = snap["frames"][fi]
+        out.append({
+            "filename": f["file"] or f["module"] or "??",
+            "line": f["line"] if f["line"] is not None else 0,
+            "name": f["function"] or "0x%x" % f["address"],
+        })
+    return out
+
+
+def expected_trace(snap):
+    """The trace before anything is left out for the viewer."""
+    cols = snap["history"]["fields"]
+    waiting = set()
+    trace = []
+    seg_stack = {}
+
+    def entry(action, e, addr, size):
+        d = {"action": action, "size": size, "stream": e["stream"],
+             "time_us": e["time_ns"] // 1000,
+             "frames": expected_frames(snap, e["stack"]),
+             "compile_context": "N/A", "user_metadata": ""}
+        if action == "oom":
+            d["device_free"] = 0
+        else:
+            d["addr"] = addr
+        return d
+
+    for row in snap["history"]["entries"]:
+        e = dict(zip(cols, row))
+        a, addr = e["action"], e["address"]
+        if a == "alloc":
+            waiting.discard(addr)
+            trace.append(entry("alloc", e, addr, e["requested_size"]))
+        elif a == "free_requested":
+            waiting.add(addr)
+            trace.append(entry("free_requested", e, addr, e["requested_size"]))
+        elif a == "free_completed":
+            if addr in waiting:
+                waiting.discard(addr)
+            else:  # an immediate free: the pair memory_viz folds into "free"
+                trace.append(entry("free_requested", e, addr,
+                                   e["requested_size"]))
+            trace.append(entry("free_completed", e, addr, e["requested_size"]))
+        elif a in ("segment_alloc", "segment_free"):
+            if a == "segment_alloc" and e["stack"] is not None:
+                seg_stack[addr] = e["stack"]
+            else:
+                seg_stack.pop(addr, None)
+            trace.append(entry(a, e, addr, e["size"]))
+        elif a == "oom":
+            trace.append(entry("oom", e, 0, e["size"]))
+        # empty_cache: no PyTorch action
+    active = sum(s["block_size"] for s in snap["segments"]
+                 for b in s["blocks"] if b["state"] != "cached")
+    trace.append({"action": "snapshot", "addr": 0, "size": active,
+                  "stream": 0, "time_us": snap["time_ns"] // 1000,
+                  "frames": [], "compile_context": "N/A",
+                  "user_metadata": ""})
+    return trace, seg_stack
+
+
+def expected_pickle(snap):
+    trace, seg_stack = expected_trace(snap)
+    segments = []
+    for s in snap["segments"]:
+        bs, blocks, cursor = s["block_size"], [], s["address"]
+        end = s["address"] + s["size"]
+
+        def inactive(addr, size):
+            return {"address": addr, "size": size, "requested_size": 0,
+                    "state": "inactive", "frames": []}
+        for b in s["blocks"]:
+            if b["address"] > cursor:
+                blocks.append(inactive(cursor, b["address"] - cursor))
+            cached = b["state"] == "cached"
+            blocks.append({
+                "address": b["address"], "size": bs,
+                "requested_size": 0 if cached else b["requested_size"],
+                "state": STATES[b["state"]],
+                "frames": [] if cached else expected_frames(snap, b["stack"]),
+            })
+            cursor = b["address"] + bs
+        if cursor < end:
+            blocks.append(inactive(cursor, end - cursor))
+        active = [b for b in s["blocks"] if b["state"] != "cached"]
+        segments.append({
+            "device": 0, "address": s["address"], "total_size": s["size"],
+            "allocated_size": bs * sum(b["state"] == "allocated"
+                                       for b in s["blocks"]),
+            "active_size": bs * len(active),
+            "requested_size": sum(b["requested_size"] for b in active),
+            "stream": 0,
+            "segment_type": "small" if bs <= 1 << 20 else "large",
+            "segment_pool_id": (0, 0), "is_expandable": False,
+            "frames": expected_frames(snap, seg_stack.get(s["address"])),
+            "blocks": blocks,
+        })
+    return {
+        "segments": segments,
+        "device_traces": [trace],
+        "allocator_settings": {
+            "allocator": "pinpool",
+            "pinpool_version": snap["pinpool_version"],
+            "backend": snap["backend"], "config": snap["config"]},
+    }
+
+
+# ---- Structure -------------------------------------------------------------
+
+def is_int(v):
+    return type(v) is int
+
+
+def check_frames(frames, where):
+    if not check(type(frames) is list, f"{where}: frames is a list"):
+        return
+    for f in frames:
+        check(type(f) is dict and set(f) == {"filename", "line", "name"}
+              and type(f["filename"]) is str and type(f["name"]) is str
+              and is_int(f["line"]) and f["line"] >= 0,
+              f"{where}: frame {f!r}")
+
+
+def check_structure(d, name):
+    check(type(d) is dict and set(d) == {"segments", "device_traces",
+                                         "allocator_settings"},
+          f"{name}: top-level keys {sorted(d) if type(d) is dict else d!r}")
+    check(type(d["allocator_settings"]) is dict,
+          f"{name}: allocator_settings is a dict")
+    prev_end = 0
+    for i, s in enumerate(d["segments"]):
+        w = f"{name}: segments[{i}]"
+        if not check(set(s) == SEGMENT_KEYS, f"{w}: keys {sorted(s)}"):
+            continue
+        for k in ("device", "address", "total_size", "allocated_size",
+                  "active_size", "requested_size", "stream"):
+            check(is_int(s[k]) and s[k] >= 0, f"{w}.{k} = {s[k]!r}")
+        check(s["device"] == 0 and s["stream"] == 0, f"{w}: device/stream 0")
+        check(s["segment_type"] in ("small", "large"), f"{w}.segment_type")
+        check(s["segment_pool_id"] == (0, 0)
+              and type(s["segment_pool_id"]) is tuple, f"{w}.segment_pool_id")
+        check(s["is_expandable"] is False, f"{w}.is_expandable")
+        check(s["address"] >= prev_end, f"{w}: address order")
+        prev_end = s["address"] + s["total_size"]
+        check_frames(s["frames"], w)
+        addr, alloc, active, req = s["address"], 0, 0, 0
+        for j, b in enumerate(s["blocks"]):
+            wb = f"{w}.blocks[{j}]"
+            if not check(set(b) == BLOCK_KEYS, f"{wb}: keys {sorted(b)}"):
+                continue
+            check(b["address"] == addr, f"{wb}: contiguous ({b['address']} "
+                  f"!= {addr})")
+            check(is_int(b["size"]) and b["size"] > 0, f"{wb}.size")
+            check(is_int(b["requested_size"])
+                  and 0 <= b["requested_size"] <= b["size"],
+                  f"{wb}.requested_size")
+            check(b["state"] in STATES.values(), f"{wb}.state {b['state']}")
+            check_frames(b["frames"], wb)
+            addr += b["size"]
+            if b["state"] == "active_allocated":
+                alloc += b["size"]
+            if b["state"] != "inactive":
+                active += b["size"]
+                req += b["requested_size"]
+        check(addr == s["address"] + s["total_size"],
+              f"{w}: block sizes sum to total_size")
+        check((s["allocated_size"], s["active_size"], s["requested_size"])
+              == (alloc, active, req), f"{w}: sizes match the blocks")
+    check(type(d["device_traces"]) is list and len(d["device_traces"]) == 1,
+          f"{name}: one device trace")
+    for k, t in enumerate(d["device_traces"][0]):
+        w = f"{name}: device_traces[0][{k}]"
+        want = TRACE_KEYS | {"device_free" if t.get("action") == "oom"
+                             else "addr"}
+        if not check(set(t) == want, f"{w}: keys {sorted(t)}"):
+            continue
+        check(t["action"] in ("alloc", "free_requested", "free_completed",
+                              "segment_alloc", "segment_free", "oom",
+                              "snapshot"), f"{w}.action {t['action']}")
+        for key in ("size", "stream", "time_us", "addr", "device_free"):
+            if key in t:
+                check(is_int(t[key]) and t[key] >= 0, f"{w}.{key}")
+        check_frames(t["frames"], w)
+    check(d["device_traces"][0][-1]["action"] == "snapshot",
+          f"{name}: the trace ends with a snapshot entry")
+
+
+# ---- MemoryViz.js's unpickler ----------------------------------------------
+
+class BigIntValue(int):
+    """An integer the viewer would read as a BigInt (breaks its arithmetic)."""
+
+
+def js_unpickle(data, batch_limit=1000):
+    """Decode as MemoryViz.js's unpickle() does; also return batch sizes."""
+    stack, marks, memo, pos = [], [], {}, 0
+    largest_batch = 0
+
+    def u(n):
+        nonlocal pos
+        v = int.from_bytes(data[pos:pos + n], "little")
+        pos += n
+        return v
+
+    while True:
+        op = data[pos]
+        pos += 1
+        c = chr(op)
+        if op == 0x80:
+            v = u(1)
+            if not 2 <= v <= 4:
+                raise ValueError(f"Unhandled version {v}")
+        elif c == "(":
+            marks.append(len(stack))
+        elif c == "}":
+            stack.append({})
+        elif c == "]":
+            stack.append([])
+        elif c in "eu":
+            m = marks.pop()
+            items = stack[m:]
+            del stack[m:]
+            largest_batch = max(largest_batch,
+                                len(items) // (1 if c == "e" else 2))
+            if c == "e":
+                stack[-1].extend(items)
+            else:
+                for k in range(0, len(items), 2):
+                    if type(items[k]) is not str:  # JS keys become strings
+                        raise ValueError(f"non-string key {items[k]!r}")
+                    stack[-1][items[k]] = items[k + 1]
+        elif c == "q":
+            memo[u(1)] = stack[-1]
+        elif c == "r":
+            memo[u(4)] = stack[-1]
+        elif c == "h":
+            stack.append(memo[u(1)])
+        elif c == "j":
+            stack.append(memo[u(4)])
+        elif c == "K":
+            stack.append(u(1))
+        elif c == "M":
+            stack.append(u(2))
+        elif c == "J":
+            v = u(4)
+            stack.append(v - (1 << 32) if v > 0x7FFFFFFF else v)
+        elif op == 0x8A:  # LONG1
+            n = u(1)
+            v = int.from_bytes(data[pos:pos + n], "little", signed=True)
+            pos += n
+            stack.append(v if n <= 8 else BigIntValue(v))
+        elif op == 0x8C:
+            n = u(1)
+            stack.append(data[pos:pos + n].decode())
+            pos += n
+        elif c == "X":
+            n = u(4)
+            stack.append(data[pos:pos + n].decode())
+            pos += n
+        elif op == 0x86:
+            stack[-2:] = [[stack[-2], stack[-1]]]
+        elif op == 0x88:
+            stack.append(True)
+        elif op == 0x89:
+            stack.append(False)
+        elif c == "N":
+            stack.append(None)
+        elif c == ".":
+            return stack.pop(), largest_batch
+        else:
+            raise ValueError(f"UNKNOWN OPCODE: {op}")
+
+
+def js_view(v):
+    """The Python object as the viewer's unpickler builds it."""
+    if type(v) is tuple or type(v) is list:
+        return [js_view(x) for x in v]
+    if type(v) is dict:
+        return {k: js_view(x) for k, x in v.items()}
+    return v
+
+
+def check_js(data, loaded, name):
+    ops = {op.name for op, _, _ in pickletools.genops(data)}
+    check(ops <= ALLOWED_OPS, f"{name}: opcodes outside the subset: "
+          f"{sorted(ops - ALLOWED_OPS)}")
+    try:
+        js, batch = js_unpickle(data)
+    except Exception as e:  # noqa: BLE001 - report any decoder failure
+        check(False, f"{name}: MemoryViz.js's unpickler fails: {e!r}")
+        return
+    check(js == js_view(loaded), f"{name}: the viewer decodes other data")
+    check(batch <= 1000, f"{name}: a batch of {batch} items (the viewer "
+          "spreads each batch into one call)")
+
+    def walk(v):
+        if isinstance(v, BigIntValue):
+            return False
+        if type(v) is int:
+            return abs(v) < 1 << 53
+        if type(v) is list:
+            return all(walk(x) for x in v)
+        if type(v) is dict:
+            return all(walk(x) for x in v.values())
+        return True
+    check(walk(js), f"{name}: an integer the viewer cannot hold exactly")
+
+
+# ---- MemoryViz.js's "Allocator State History" replay -------------------------
+
+def viewer_replay(d, name):
+    """Replay the trace backwards as the viewer's simulate_memory does,
+    failing where it would throw or draw a block outside every segment."""
+    # annotate_snapshot: fold free_requested + free_completed into "free".
+    trace = []
+    for t in d["device_traces"][0]:
+        if (t["action"] == "free_completed" and trace
+                and trace[-1]["action"] == "free_requested"
+                and trace[-1]["addr"] == t["addr"]):
+            trace[-1] = dict(trace[-1], action="free")
+            continue
+        trace.append(t)
+    segs = []  # sorted [addr, size]
+    live = []  # sorted block addresses shown
+    for s in d["segments"]:
+        if s["device"] != 0:
+            continue
+        bisect.insort(segs, [s["address"], s["total_size"]])
+        addr = s["address"]
+        for b in s["blocks"]:
+            if b["state"] in ("active_allocated", "active_pending_free"):
+                bisect.insort(live, addr)
+            addr += b["size"]
+    live_set = set(live)
+
+    def inside(addr):
+        i = bisect.bisect_right(segs, [addr, float("inf")]) - 1
+        return i >= 0 and addr < segs[i][0] + segs[i][1]
+
+    ok = check(all(inside(a) for a in live),
+               f"{name}: a block outside every segment at the snapshot")
+    for k in range(len(trace) - 1, 0, -1):
+        t = trace[k]
+        a = t["action"]
+        where = f"{name}: replaying trace event {k} ({a} {t.get('addr')})"
+        if a in ("free", "free_completed"):
+            if t["addr"] not in live_set:
+                ok &= check(inside(t["addr"]), f"{where}: block outside "
+                            "every segment")
+                live_set.add(t["addr"])
+                bisect.insort(live, t["addr"])
+        elif a == "free_requested":
+            ok &= check(t["addr"] in live_set,
+                        f"{where}: unknown block (viewer TypeError)")
+        elif a == "alloc":
+            if t["addr"] in live_set:
+                live_set.discard(t["addr"])
+                live.remove(t["addr"])
+        elif a == "segment_free":
+            i = bisect.bisect_left(segs, [t["addr"], 0])
+            ok &= check((i == 0 or segs[i - 1][0] + segs[i - 1][1]
+                         <= t["addr"]) and (i == len(segs) or t["addr"]
+                                            + t["size"] <= segs[i][0]),
+                        f"{where}: overlapping segments")
+            segs.insert(i, [t["addr"], t["size"]])
+        elif a == "segment_alloc":
+            idx = [i for i, s in enumerate(segs) if s[0] == t["addr"]]
+            if not check(idx, f"{where}: no such segment (the viewer "
+                         "would remove the last one)"):
+                ok = False
+                continue
+            lo, size = segs[idx[0]]
+            j = bisect.bisect_left(live, lo)
+            ok &= check(j == len(live) or live[j] >= lo + size,
+                        f"{where}: blocks left outside every segment")
+            del segs[idx[0]]
+        if not ok:
+            break
+    return ok
+
+
+# ---- PyTorch's own tooling ----------------------------------------------------
+
+def torch_tools(d, name):
+    try:
+        import torch
+        from torch.cuda import _memory_viz as mv
+    except Exception as e:  # noqa: BLE001 - torch is optional here
+        print(f"{name}: torch not importable ({e}); skipping its tools")
+        return []
+    used = []
+
+    def call(fn, *args, **kw):
+        # torch >= 2 passes the snapshot dict; 1.x the list of segments.
+        try:
+            return fn(*args, **kw)
+        except (TypeError, KeyError, AttributeError):
+            args = [a["segments"] if type(a) is dict else a for a in args]
+            return fn(*args, **kw)
+
+    total = sum(s["total_size"] for s in d["segments"])
+    identity = {"format_flamegraph": lambda lines: lines}
+    for fname in ("stats", "segments", "memory", "compare", "segsum",
+                  "trace", "trace_plot", "segment_plot", "_frame_fmt"):
+        fn = getattr(mv, fname, None)
+        if fn is None:
+            continue
+        try:
+            if fname == "stats":
+                r = call(fn, d)
+                check(repr(r["total_size"]) == repr(mv.Bytes(total)),
+                      f"{name}: _memory_viz.stats total_size")
+            elif fname in ("segments", "memory"):
+                r = call(fn, d, **identity)
+                sizes = sum(int(line.rsplit(" ", 1)[1])
+                            for line in r.splitlines() if line)
+                check(sizes == total, f"{name}: _memory_viz.{fname} covers "
+                      f"{sizes} of {total} bytes")
+            elif fname == "compare":
+                empty = copy.deepcopy(d)
+                empty["segments"] = []
+                import contextlib
+                import io
+                with contextlib.redirect_stdout(io.StringIO()):
+                    r = call(fn, empty, d, **identity)
+                check(len(r.splitlines()) == sum(len(s["blocks"]) for s in
+                                                 d["segments"]),
+                      f"{name}: _memory_viz.compare lists every block")
+            elif fname == "_frame_fmt":
+                for s in d["segments"]:
+                    for b in s["blocks"]:
+                        for f in b["frames"]:
+                            fn(f)
+            else:
+                fn(d)
+            used.append(fname)
+        except Exception as e:  # noqa: BLE001 - any failure is a finding
+            check(False, f"{name}: torch.cuda._memory_viz.{fname} fails: "
+                  f"{e!r}")
+    print(f"{name}: torch {torch.__version__}: _memory_viz "
+          f"{', '.join(used)} accepted it")
+    return used
+
+
+# ---- The tests -------------------------------------------------------------------
+
+def convert(args, src, out, expect_note=False):
+    t0 = time.monotonic()
+    r = run([args.pinpool, "snapshot", "torch", src, "-o", out])
+    dt = time.monotonic() - t0
+    err = r.stderr.decode()
+    if not check(r.returncode == 0, f"convert {src}: exit {r.returncode}: "
+                 f"{err}"):
+        return None, err, dt
+    if not expect_note:
+        check(err == "", f"convert {src}: unexpected message: {err}")
+    with open(out, "rb") as f:
+        data = f.read()
+    return data, err, dt
+
+
+def full_checks(args, src, out, allow_notes=True):
+    """Convert src, load the pickle with pickle (not torch), check it."""
+    name = os.path.basename(src)
+    data, err, dt = convert(args, src, out, expect_note=allow_notes)
+    if data is None:
+        return None
+    with open(src) as f:
+        snap = json.load(f)
+    d = pickle.loads(data)
+    check_structure(d, name)
+    check_js(data, d, name)
+    check(viewer_replay(d, name), f"{name}: the viewer cannot replay it")
+    want = expected_pickle(snap)
+    for k in ("segments", "allocator_settings"):
+        check(d[k] == want[k], f"{name}: {k} differ from the JSON")
+    got_t, want_t = d["device_traces"][0], want["device_traces"][0]
+    if "left out" not in err:
+        check(got_t == want_t, f"{name}: device trace differs from the "
+              f"history ({len(got_t)} vs {len(want_t)} entries)")
+    else:
+        # A snapshot of a busy pool: only left-out entries may be missing.
+        print(f"{name}: {err.strip()}")
+        it = iter(want_t)
+        check(all(any(g == w for w in it) for g in got_t),
+              f"{name}: the trace is not a subsequence of the history")
+    counts = {}
+    for t in got_t:
+        counts[t["action"]] = counts.get(t["action"], 0) + 1
+    print(f"{name}: {len(data)} bytes in {dt:.2f} s, "
+          f"{len(d['segments'])} segments, "
+          f"{sum(len(s['blocks']) for s in d['segments'])} blocks, "
+          f"trace {counts}", flush=True)
+    return d
+
+
+def bad_input_tests(args, work):
+    pp = args.pinpool
+    out = os.path.join(work, "bad.pickle")
+
+    def no_leftovers(what):
+        stray = [f for f in os.listdir(work) if f.startswith("bad.pickle")]
+        check(stray == [], f"{what}: files left behind: {stray}")
+
+    r = run([pp, "snapshot", "torch", args.example])
+    check(r.returncode == 2, f"missing -o: exit {r.returncode} (want 2)")
+    r = run([pp, "snapshot", "torch", "-o", out])
+    check(r.returncode == 2, f"missing FILE: exit {r.returncode} (want 2)")
+    r = run([pp, "snapshot", "torch", args.example, "-o", out, "--bogus"])
+    check(r.returncode == 2, f"unknown option: exit {r.returncode} (want 2)")
+    r = run([pp, "snapshot", "torch", args.example, "-o", out, "-o", out])
+    check(r.returncode == 2, f"-o twice: exit {r.returncode} (want 2)")
+    r = run([pp, "snapshot", "torch", "--help"])
+    check(r.returncode == 0 and b"usage" in r.stdout, "--help")
+    no_leftovers("usage errors")
+
+    with open(args.example) as f:
+        text = f.read()
+    snap = json.loads(text)
+    cases = {
+        "truncated.json": text[: len(text) // 2],
+        "notjson.json": "this is not JSON",
+    }
+    bad_state = copy.deepcopy(snap)
+    bad_state["segments"][0]["blocks"][0]["state"] = "bogus"
+    cases["state.json"] = json.dumps(bad_state)
+    outside = copy.deepcopy(snap)  # a block beyond its segment's end
+    outside["segments"][0]["blocks"][3]["address"] = (
+        outside["segments"][0]["address"] + outside["segments"][0]["size"])
+    cases["outside.json"] = json.dumps(outside)
+    order = copy.deepcopy(snap)  # blocks out of address order
+    b = order["segments"][0]["blocks"]
+    b[0], b[1] = b[1], b[0]
+    cases["order.json"] = json.dumps(order)
+    overlap = copy.deepcopy(snap)  # segments overlapping
+    overlap["segments"][1]["address"] -= 4096
+    for blk in overlap["segments"][1]["blocks"]:
+        blk["address"] -= 4096
+    cases["overlap.json"] = json.dumps(overlap)
+    for fname, content in cases.items():
+        src = os.path.join(work, fname)
+        with open(src, "w") as f:
+            f.write(content)
+        if os.path.exists(out):
+            os.remove(out)
+        r = run([pp, "snapshot", "torch", src, "-o", out])
+        err = r.stderr.decode()
+        check(r.returncode == 1, f"{fname}: exit {r.returncode} (want 1)")
+        check(not os.path.exists(out), f"{fname}: OUT was created")
+        check(fname in err, f"{fname}: the message names the file: {err}")
+        if fname in ("outside.json", "order.json"):
+            check("segments[0].blocks[" in err,
+                  f"{fname}: the message names the block: {err}")
+        no_leftovers(fname)
+        # An existing OUT is left as it was.
+        with open(out, "w") as f:
+            f.write("keep")
+        r = run([pp, "snapshot", "torch", src, "-o", out])
+        with open(out) as f:
+            check(r.returncode == 1 and f.read() == "keep",
+                  f"{fname}: an existing OUT was changed")
+        os.remove(out)
+
+    r = run([pp, "snapshot", "torch", args.example, "-o",
+             os.path.join(work, "no-such-dir", "x.pickle")])
+    check(r.returncode == 1, f"missing directory: exit {r.returncode}")
+    if os.path.exists("/dev/full"):
+        r = run([pp, "snapshot", "torch", args.example, "-o", "/dev/full"])
+        check(r.returncode == 1 and b"writing /dev/full failed" in r.stderr,
+              f"/dev/full: exit {r.returncode}: {r.stderr!r}")
+
+
+def stream_tests(args, work, reference):
+    # "-" reads standard input and writes standard output, same bytes.
+    with open(args.example, "rb") as f:
+        r = run([args.pinpool, "snapshot", "torch", "-", "-o", "-"], stdin=f)
+    check(r.returncode == 0 and r.stdout == reference,
+          "stdin to stdout gives other bytes")
+    out = os.path.join(work, "perm.pickle")
+    r = run([args.pinpool, "snapshot", "torch", args.example, "--output",
+             out])
+    mask = os.umask(0)
+    os.umask(mask)
+    check(r.returncode == 0 and os.stat(out).st_mode & 0o777
+          == 0o666 & ~mask, "OUT permissions follow the umask")
+    # Through a symbolic link the file it names is replaced, not the link.
+    target, link = os.path.join(work, "target.pickle"), \
+        os.path.join(work, "link.pickle")
+    with open(target, "w") as f:
+        f.write("old")
+    os.symlink(target, link)
+    r = run([args.pinpool, "snapshot", "torch", args.example, "-o", link])
+    with open(target, "rb") as f:
+        check(r.returncode == 0 and os.path.islink(link)
+              and f.read() == reference, "OUT a symbolic link")
+    # A directory cannot be written.
+    r = run([args.pinpool, "snapshot", "torch", args.example, "-o", work])
+    check(r.returncode == 1, f"OUT a directory: exit {r.returncode}")
+
+
+def inconsistent_tests(args, work):
+    """Entries the block states contradict are left out, with a note, and
+    what remains replays in the viewer."""
+    with open(args.example) as f:
+        snap = json.load(f)
+    seg0 = snap["segments"][0]
+    cached = seg0["blocks"][2]["address"]
+    fields = snap["history"]["fields"]
+
+    def row(seq, action, addr, size, req):
+        e = {"seq": seq, "time_ns": 4000005000 + seq, "action": action,
+             "address": addr, "size": size, "requested_size": req,
+             "stream": 0, "thread": 4243, "stack": 0}
+        return [e[k] for k in fields]
+    entries = snap["history"]["entries"]
+    # A free_requested of a block the snapshot shows cached (its
+    # free_completed was lost), and a free of a block in no segment.
+    entries.append(row(5, "free_requested", cached, 4096, 100))
+    entries.append(row(6, "free_completed", 12345 * 4096, 4096, 100))
+    # A segment_alloc of a segment that is not in the snapshot.
+    entries.append(row(7, "segment_alloc", 1 << 40, 1 << 21, 0))
+    snap["history"]["recorded"] = len(entries)
+    src = os.path.join(work, "inconsistent.json")
+    with open(src, "w") as f:
+        json.dump(snap, f)
+    out = os.path.join(work, "inconsistent.pickle")
+    data, err, _ = convert(args, src, out, expect_note=True)
+    if data is None:
+        return
+    check("note: 3 of 8 " in err, f"inconsistent: note: {err}")
+    d = pickle.loads(data)
+    check_structure(d, "inconsistent")
+    check(viewer_replay(d, "inconsistent"), "inconsistent: replay")
+    got = [(t["action"], t["addr"]) for t in d["device_traces"][0]]
+    check((("free_requested", cached) not in got)
+          and all(a != 12345 * 4096 for _, a in got)
+          and all(a != 1 << 40 for _, a in got),
+          f"inconsistent: entries kept: {got}")
+
+
+def case_example(args, work):
+    d = full_checks(args, args.example, os.path.join(work, "example.pickle"),
+                    allow_notes=False)
+    if d is not None:
+        with open(os.path.join(work, "example.pickle"), "rb") as f:
+            stream_tests(args, work, f.read())
+        torch_tools(d, "example.json")
+    bad_input_tests(args, work)
+    inconsistent_tests(args, work)
+
+
+def case_snapgen(args, work):
+    if not args.snapgen:
+        check(False, "snapgen: --snapgen not given")
+        return
+    # With streams (pending blocks, free_requested and free_completed
+    # apart), three threads and an empty_cache; then without symbols.
+    for tag, extra in (("streams", ["--streams", "--threads", "3"]),
+                       ("nosym", ["--no-symbols", "--live", "300"])):
+        src = os.path.join(work, f"snapgen-{tag}.json")
+        try:
+            r = run([args.snapgen, src, "--history", "50000"] + extra,
+                    timeout=120)
+        except subprocess.TimeoutExpired:
+            check(False, f"pp_snapgen {tag}: did not finish in 120 s")
+            continue
+        if not check(r.returncode == 0, f"pp_snapgen {tag}: exit "
+                     f"{r.returncode}: {r.stderr.decode()}"):
+            continue
+        d = full_checks(args, src, os.path.join(work, f"{tag}.pickle"))
+        if d is None:
+            continue
+        acts = {t["action"] for t in d["device_traces"][0]}
+        check({"alloc", "free_requested", "free_completed",
+               "segment_alloc"} <= acts, f"{tag}: actions {sorted(acts)}")
+        if tag == "streams":
+            states = {b["state"] for s in d["segments"] for b in s["blocks"]}
+            check(states == set(STATES.values()),
+                  f"{tag}: block states {sorted(states)}")
+            names = {f["name"] for s in d["segments"] for b in s["blocks"]
+                     for f in b["frames"]}
+            check({"stage_batch", "stage_weights"} <= names,
+                  "streams: the call sites are not in the frames")
+        torch_tools(d, f"snapgen-{tag}")
+
+
+def case_written(args, work):
+    """Snapshots of busy pools written by test_snapshot (writer.cmake):
+    taken while threads allocate, so entries may be left out."""
+    files = sorted(f for f in os.listdir(args.written)
+                   if f.endswith(".json")) if args.written and \
+        os.path.isdir(args.written) else []
+    if not files:
+        print(f"written: no snapshots in {args.written} (test_snapshot "
+              "writes them); nothing to check")
+        return
+    for i, f in enumerate(files):
+        d = full_checks(args, os.path.join(args.written, f),
+                        os.path.join(work, f"written-{i}.pickle"))
+        if d is not None and i == 0:
+            torch_tools(d, f)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pinpool", required=True)
+    ap.add_argument("--example", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--snapgen")
+    ap.add_argument("--written", help="directory of snapshots to convert")
+    ap.add_argument("case", choices=("example", "snapgen", "written"))
+    args = ap.parse_args()
+    work = os.path.join(args.workdir, args.case)
+    os.makedirs(work, exist_ok=True)
+    for f in os.listdir(work):
+        os.remove(os.path.join(work, f))
+    {"example": case_example, "snapgen": case_snapgen,
+     "written": case_written}[args.case](args, work)
+    if failures:
+        print(f"{failures} check(s) failed")
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
