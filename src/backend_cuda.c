@@ -81,7 +81,11 @@ static int register_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
     return rc;
   pp_cu_result_t cr = pp_cuda_push(b->cuda);
   if (cr == PP_CU_SUCCESS) {
-    cr = b->cuda->cuMemHostRegister(p, size, b->reg_flags);
+    /* fault=register:N (tests): the driver refuses, as when it is out of
+     * pinnable memory. */
+    cr = pp_fault_hit(&b->cfg, PP_FAULT_REGISTER)
+             ? PP_CU_ERROR_OUT_OF_MEMORY
+             : b->cuda->cuMemHostRegister(p, size, b->reg_flags);
     pp_cuda_pop(b->cuda);
   }
   if (cr != PP_CU_SUCCESS) {

@@ -56,8 +56,8 @@ static const key_desc_t keys[] = {
     {"fault", K_FAULT, CFG_OFF(fault_site), 0, 0},
 };
 
-static const char *fault_sites[PP_FAULT_SITES] = {"none",  "alloc",  "populate",
-                                                  "mlock", "record", "query"};
+static const char *fault_sites[PP_FAULT_SITES] = {
+    "none", "alloc", "populate", "mlock", "record", "query", "register"};
 
 bool pp_fault_hit(const pp_config_t *cfg, int site) {
   if (pp_likely(cfg->fault_site != site || cfg->fault == NULL))

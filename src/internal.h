@@ -176,6 +176,7 @@ enum {
   PP_FAULT_MLOCK,    /* host backend: mlock */
   PP_FAULT_RECORD,   /* an event record */
   PP_FAULT_QUERY,    /* an event query */
+  PP_FAULT_REGISTER, /* backend=cuda-register: cuMemHostRegister */
   PP_FAULT_SITES
 };
 typedef struct pp_fault {

@@ -177,6 +177,16 @@ static void test_query(void **state) {
   sweep(k_base, "query", 1, fired_event, false);
 }
 
+/* backend=cuda-register against the fake driver (tests/fake_cuda, through
+ * PINPOOL_LIBCUDA): a refused cuMemHostRegister is an allocation failure,
+ * the mapping is given back, and the pool goes on. */
+static void test_register(void **state) {
+  (void)state;
+  char base[256];
+  snprintf(base, sizeof base, "%s,backend=cuda-register,device=0", k_base);
+  sweep(base, "register", 2, fired_enomem, true);
+}
+
 /* A reserve that cannot be allocated fails create cleanly. */
 static void test_reserve_at_create(void **state) {
   (void)state;
@@ -192,9 +202,13 @@ static void test_reserve_at_create(void **state) {
 int main(void) {
   pp_clean_env();
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_alloc), cmocka_unit_test(test_populate),
-      cmocka_unit_test(test_mlock), cmocka_unit_test(test_record),
-      cmocka_unit_test(test_query), cmocka_unit_test(test_reserve_at_create),
+      cmocka_unit_test(test_alloc),
+      cmocka_unit_test(test_populate),
+      cmocka_unit_test(test_mlock),
+      cmocka_unit_test(test_record),
+      cmocka_unit_test(test_query),
+      cmocka_unit_test(test_register),
+      cmocka_unit_test(test_reserve_at_create),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
