@@ -13,15 +13,21 @@
  * implementations, repeats, and pp_report takes the medians. One case per
  * process keeps the peak RSS (VmHWM) of a case free of the others.
  *
- *   pp_bench --workload W1..W7 --impl NAME [--mode alloc|touch]
+ *   pp_bench --workload W --impl NAME [--mode alloc|touch]
  *            [--threads 1|2] [--case N] [--rep N] [--quick]
- *   pp_bench --list W [--threads N] [--quick]   case names, one a line
+ *   pp_bench --list W [--threads N] [--quick]   the number of cases
+ *
+ * Workloads: W1..W7 (every implementation), W1h (W1's pair with pinpool's
+ * allocation history on) and W8 (snapshots), both pinpool only.
  *
  * Implementations (--impl):
  *   pinpool  pinpool (mlock=1; workload-specific settings in the record)
  *   pinpool-tc  W1 only: pinpool with tcache_bytes=8GiB (every size in the
  *            thread cache)
  *   pinpool-cap  W2 only: pinpool with max_cached=128MiB (quick: 16MiB)
+ *   pinpool-h-alloc, pinpool-h-all, pinpool-h-all16  W1h only: pinpool
+ *            with history level alloc (no stacks), all (no stacks), all
+ *            with 16-frame stacks
  *   refpool  the PyTorch-policy reference pool
  *   naive    mmap(MAP_POPULATE) + mlock per allocation, munlock + munmap
  *            per free: the CPU analogue of cudaHostAlloc / cudaFreeHost
@@ -38,6 +44,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -51,6 +58,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -492,21 +500,58 @@ static int ref_query(void *ctx, const refpool_event_t *ev) {
 
 /* ---- Setup --------------------------------------------------------------- */
 
-/* variant: NULL, or the name of a pinpool variant and its extra config. */
+/* W1h's implementations: pinpool with history switched on after create.
+ * The ring keeps its default size (100,000 entries), what a user who only
+ * sets the level gets. */
+typedef struct hist_variant {
+  const char *name;
+  int record;
+  unsigned stack_depth;
+  const char *desc;
+} hist_variant_t;
+
+static const hist_variant_t g_hist_variants[] = {
+    {"pinpool-h-alloc", PINPOOL_HISTORY_ALLOC, 0,
+     "history alloc, stack_depth 0, ring 100000"},
+    {"pinpool-h-all", PINPOOL_HISTORY_ALL, 0,
+     "history all, stack_depth 0, ring 100000"},
+    {"pinpool-h-all16", PINPOOL_HISTORY_ALL, 16,
+     "history all, stack_depth 16, ring 100000"},
+};
+
+static const hist_variant_t *find_hist_variant(const char *impl) {
+  for (size_t i = 0; i < sizeof g_hist_variants / sizeof g_hist_variants[0];
+       i++)
+    if (strcmp(g_hist_variants[i].name, impl) == 0)
+      return &g_hist_variants[i];
+  return NULL;
+}
+
+/* variant: NULL, or the name of a pinpool variant and its extra config.
+ * hist: whether the pinpool-h-* implementations are allowed (W1h). */
 static void im_setup(const char *pool_config, const char *variant,
-                     const char *variant_config) {
+                     const char *variant_config, bool hist) {
   memset(&g_im, 0, sizeof g_im);
   const char *impl = g_opt.impl;
   bool var = variant != NULL && strcmp(impl, variant) == 0;
-  if (strcmp(impl, "pinpool") == 0 || var) {
+  const hist_variant_t *hv = hist ? find_hist_variant(impl) : NULL;
+  if (strcmp(impl, "pinpool") == 0 || var || hv != NULL) {
     g_im.kind = K_PINPOOL;
-    g_im.name = var ? variant : "pinpool";
+    g_im.name = var ? variant : hv != NULL ? hv->name : "pinpool";
     g_im.mode = "resident";
     snprintf(g_im.config, sizeof g_im.config, "%s%s", pool_config,
              var ? variant_config : "");
     int rc = pinpool_create(g_im.config, &g_im.pool);
     if (rc != PINPOOL_OK)
       die_pp("pinpool_create", rc);
+    if (hv != NULL) {
+      pinpool_history_options_t ho = {hv->record, 0, hv->stack_depth, 0};
+      rc = pinpool_record_history(g_im.pool, &ho);
+      if (rc != PINPOOL_OK)
+        die_pp("pinpool_record_history", rc);
+      size_t n = strlen(g_im.config);
+      snprintf(g_im.config + n, sizeof g_im.config - n, " (%s)", hv->desc);
+    }
   } else if (strcmp(impl, "refpool") == 0) {
     static const refpool_events_t ev = {ref_record, ref_query, NULL};
     g_im.kind = K_REFPOOL;
@@ -854,6 +899,7 @@ static void w1_pairs(size_t size, uint64_t n) {
 typedef struct w1_arg {
   size_t size;
   double budget_ns;
+  uint64_t warm_pairs; /* W1h: untimed pairs first (0 in W1) */
 } w1_arg_t;
 
 static void *w1_thread(worker_t *w) {
@@ -865,6 +911,7 @@ static void *w1_thread(worker_t *w) {
   uint64_t tw = now_ns();
   w1_pairs(a->size, 1);
   tw = now_ns() - tw;
+  w1_pairs(a->size, a->warm_pairs);
   for (;;) {
     uint64_t t0 = now_ns();
     w1_pairs(a->size, n);
@@ -900,13 +947,19 @@ static void *w1_thread(worker_t *w) {
   return NULL;
 }
 
-static void w1_run(int ci) {
+/* W1 and W1h (the same pairs with history on) share the measurement. */
+static void w1_measure(const char *workload, int ci) {
   worker_t ws[MAX_THREADS];
   char sz[32];
-  w1_arg_t a = {w1_sizes[ci], g_opt.quick ? 10e6 : 60e6};
+  /* W1h: the history ring is mmap'ed and its pages are faulted in as it is
+   * first written; wrapping it once before the timing (2 events per pair,
+   * 100,000 entries) measures the steady state. History off runs the same
+   * pairs, so every W1h implementation follows one protocol. */
+  w1_arg_t a = {w1_sizes[ci], g_opt.quick ? 10e6 : 60e6,
+                strcmp(workload, "W1h") == 0 ? 51000 : 0};
   memset(ws, 0, sizeof ws);
   size_str(a.size, sz, sizeof sz);
-  rec_begin("W1", sz);
+  rec_begin(workload, sz);
   req_reset(g_opt.threads);
   rss_begin();
   run_workers(ws, g_opt.threads, w1_thread, &a);
@@ -949,6 +1002,19 @@ static void w1_run(int ci) {
   for (int i = 0; i < g_opt.threads; i++)
     samples_free(&ws[i].ns);
 }
+
+static void w1_run(int ci) { w1_measure("W1", ci); }
+
+/* ==== W1h: the history's cost on the hot path ================================
+ * W1's cached pair (4 KiB, 64 KiB, 1 MiB; one thread) with history off
+ * (impl "pinpool") and on at three levels (impls pinpool-h-*, see
+ * g_hist_variants). The variants differ from "pinpool" only by the
+ * pinpool_record_history call after create, so time ÷ pinpool is the cost
+ * of recording; with level alloc or all each pair records two events. */
+
+static int w1h_ncases(void) { return 3; }
+
+static void w1h_run(int ci) { w1_measure("W1h", ci); }
 
 /* ==== Measured phases ========================================================
  * A measured phase lasts at least min_ops operations and at least min_ns
@@ -2121,6 +2187,441 @@ static void w7_run(int ci) {
   samples_free(&all);
 }
 
+/* ==== W8: snapshots ==========================================================
+ * pinpool only: no peer has snapshots. The main thread builds a live set of
+ * N blocks (log-uniform 512 B - 4 KiB: the 10^6-block case stays under
+ * 2 GiB) with history on (level all, 16-frame stacks, a ring of 1,000,000
+ * entries; quick: 100,000) and frees and reallocates random blocks until
+ * the ring has wrapped, so that every snapshot carries a full ring. One
+ * snapshot is written before the measurement ("cold": the first one in a
+ * process loads the symbolizer). Then 1 or 2 workers (--threads) allocate
+ * and free while the main thread, in three phases of equal length:
+ *   snap  writes snapshots to a file in a temp dir in a loop (at least 3,
+ *         quick 1, and for at least the usual minimal phase); each timed,
+ *         its file size and the gather_ns and max_hold_ns it reports read
+ *         back
+ *   idle  sleeps: the baseline
+ *   busy  memsets a 64 MiB buffer: a writer's CPU time and memory traffic
+ *         without its locks. With 2 workers pinned to the 2 CPUs of a small
+ *         machine the writer takes CPU time from them; comparing snap with
+ *         busy separates that from what the pool's locks cost.
+ * Each worker times every alloc+free pair:
+ *   hot      4 KiB from its thread cache (most pairs)
+ *   central  every 64th: after a pinpool_thread_flush, so the allocation
+ *            refills from a central bin (its mutex)
+ *   backend  every 10 ms: a 512 KiB pair and a flush; a block that size is
+ *            a segment of its own and max_cached=256KiB keeps no idle one,
+ *            so this is one segment created and one released: the paths
+ *            that wait for the segment lock a snapshot takes
+ *            (docs/snapshot-format.md), and for the process's mmap lock,
+ *            which the snapshot's own large buffers take too. Rare enough
+ *            to cost the worker about 5 % of its time (a segment is
+ *            populated and locked).
+ * A worker keeps one 4 KiB block allocated throughout so that a flush never
+ * leaves its 4 KiB segment idle (max_cached would release it, turning
+ * central pairs into backend pairs). */
+
+/* Millions of pairs per phase are too many to keep and sort: a log-linear
+ * histogram (exact below 64 ns, then 32 buckets per power of two, so within
+ * about 3 %) gives the quantiles, and the maximum is kept exactly. */
+#define LH_EXACT 64u
+#define LH_SUB_BITS 5u
+#define LH_BUCKETS (LH_EXACT + (64u - 6u) * (1u << LH_SUB_BITS))
+
+typedef struct lhist {
+  uint64_t n, max;
+  uint64_t b[LH_BUCKETS];
+} lhist_t;
+
+static unsigned lh_index(uint64_t v) {
+  if (v < LH_EXACT)
+    return (unsigned)v;
+  unsigned e = 63u - (unsigned)__builtin_clzll(v); /* >= 6 */
+  unsigned m = (unsigned)(v >> (e - LH_SUB_BITS)) & ((1u << LH_SUB_BITS) - 1u);
+  return LH_EXACT + (e - 6u) * (1u << LH_SUB_BITS) + m;
+}
+
+static void lh_add(lhist_t *h, uint64_t v) {
+  h->b[lh_index(v)]++;
+  h->n++;
+  if (v > h->max)
+    h->max = v;
+}
+
+static void lh_merge(lhist_t *into, const lhist_t *from) {
+  for (unsigned i = 0; i < LH_BUCKETS; i++)
+    into->b[i] += from->b[i];
+  into->n += from->n;
+  if (from->max > into->max)
+    into->max = from->max;
+}
+
+/* Nearest rank, as samples_quantile; a bucket reads as its middle. */
+static double lh_quantile(const lhist_t *h, double q) {
+  if (h->n == 0)
+    return NAN;
+  uint64_t rank = (uint64_t)ceil(q * (double)h->n), seen = 0;
+  if (rank < 1)
+    rank = 1;
+  for (unsigned i = 0; i < LH_BUCKETS; i++) {
+    seen += h->b[i];
+    if (seen < rank)
+      continue;
+    if (i < LH_EXACT)
+      return (double)i;
+    unsigned j = i - LH_EXACT, e = j / (1u << LH_SUB_BITS) + 6u;
+    uint64_t lo = (uint64_t)1 << e | (uint64_t)(j % (1u << LH_SUB_BITS))
+                                         << (e - LH_SUB_BITS);
+    double mid = (double)lo + (double)((uint64_t)1 << (e - LH_SUB_BITS)) / 2;
+    return mid < (double)h->max ? mid : (double)h->max;
+  }
+  return (double)h->max;
+}
+
+enum { W8_SNAP, W8_IDLE, W8_BUSY, W8_NPHASES };
+enum { W8_ALL, W8_HOT, W8_CENTRAL, W8_BACKEND, W8_NKINDS };
+#define W8_WARM (-1)
+#define W8_STOP W8_NPHASES
+#define W8_CENTRAL_EVERY 64u
+#define W8_BACKEND_NS 10000000u
+#define W8_HOT_SIZE (4 * KIB)
+#define W8_BACKEND_SIZE (512 * KIB)
+#define W8_DEPTH 16u
+
+typedef struct w8_arg {
+  alignas(64) atomic_int phase;
+  lhist_t *h[MAX_THREADS]; /* [phase][kind] per worker */
+} w8_arg_t;
+
+static void w8_pair(size_t size, unsigned i) {
+  void *p;
+  int rc = pinpool_alloc(g_im.pool, size, &p);
+  if (rc != PINPOOL_OK)
+    die_pp("pinpool_alloc", rc);
+  *(volatile unsigned char *)p = (unsigned char)i;
+  g_sink = p;
+  rc = pinpool_free(g_im.pool, p);
+  if (rc != PINPOOL_OK)
+    die_pp("pinpool_free", rc);
+}
+
+static void w8_flush(void) {
+  int rc = pinpool_thread_flush(g_im.pool);
+  if (rc != PINPOOL_OK)
+    die_pp("pinpool_thread_flush", rc);
+}
+
+static void *w8_worker(worker_t *w) {
+  w8_arg_t *a = w->arg;
+  lhist_t *h = a->h[w->idx];
+  void *anchor;
+  int rc = pinpool_alloc(g_im.pool, W8_HOT_SIZE, &anchor);
+  if (rc != PINPOOL_OK)
+    die_pp("pinpool_alloc", rc);
+  pthread_barrier_wait(&g_barrier);
+  uint64_t t1 = now_ns(), next_backend = t1 + W8_BACKEND_NS;
+  for (unsigned i = 1;; i++) {
+    int ph = atomic_load_explicit(&a->phase, memory_order_relaxed);
+    if (ph == W8_STOP)
+      break;
+    int kind = W8_HOT;
+    uint64_t t0;
+    if (t1 >= next_backend) {
+      kind = W8_BACKEND;
+      t0 = now_ns();
+      w8_pair(W8_BACKEND_SIZE, i);
+      w8_flush();
+      t1 = now_ns();
+      next_backend = t1 + W8_BACKEND_NS;
+    } else {
+      if (i % W8_CENTRAL_EVERY == 0) {
+        w8_flush();
+        kind = W8_CENTRAL;
+      }
+      t0 = now_ns();
+      w8_pair(W8_HOT_SIZE, i);
+      t1 = now_ns();
+    }
+    if (ph >= 0) {
+      lh_add(&h[ph * W8_NKINDS + W8_ALL], t1 - t0);
+      lh_add(&h[ph * W8_NKINDS + kind], t1 - t0);
+    }
+  }
+  rc = pinpool_free(g_im.pool, anchor);
+  if (rc != PINPOOL_OK)
+    die_pp("pinpool_free", rc);
+  return NULL;
+}
+
+static const size_t w8_counts[] = {1000, 10000, 100000, 1000000};
+
+static int w8_ncases(void) { return g_opt.quick ? 2 : 4; }
+
+static const char *count_str(size_t n, char *buf, size_t len) {
+  if (n >= 1000000 && n % 1000000 == 0)
+    snprintf(buf, len, "%zuM", n / 1000000);
+  else if (n >= 1000 && n % 1000 == 0)
+    snprintf(buf, len, "%zuk", n / 1000);
+  else
+    snprintf(buf, len, "%zu", n);
+  return buf;
+}
+
+/* The unsigned number after `key` in text, or NAN. */
+static double json_u64_after(const char *text, const char *key) {
+  const char *p = strstr(text, key);
+  unsigned long long v;
+  if (p == NULL || sscanf(p + strlen(key), "%llu", &v) != 1)
+    return NAN;
+  return (double)v;
+}
+
+typedef struct w8_snap {
+  double ns, bytes, gather_ns, hold_ns;
+  double hist_max_entries, hist_recorded, hist_dropped; /* if asked */
+} w8_snap_t;
+
+/* Write one snapshot to path, time it and read back what it reports. The
+ * history header sits after the segments (~100 MB into a 10^6-block file),
+ * so it is looked for only in the phase's last snapshot, after the phases.
+ * The previous file is removed first, untimed: ext4 writes back a file
+ * that was truncated and rewritten when it is closed (auto_da_alloc), which
+ * would time the disk; a new file per snapshot is also the usual use. */
+static void w8_snapshot(const char *path, w8_snap_t *out) {
+  if (unlink(path) != 0 && errno != ENOENT)
+    die("W8: cannot remove %s: %s", path, strerror(errno));
+  uint64_t t0 = now_ns();
+  int rc = pinpool_snapshot_write(g_im.pool, path, 0);
+  uint64_t t1 = now_ns();
+  if (rc != PINPOOL_OK)
+    die_pp("pinpool_snapshot_write", rc);
+  memset(out, 0, sizeof *out);
+  out->ns = (double)(t1 - t0);
+  out->hist_max_entries = out->hist_recorded = out->hist_dropped = NAN;
+  int fd = open(path, O_RDONLY);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0)
+    die("W8: cannot read the snapshot %s: %s", path, strerror(errno));
+  out->bytes = (double)st.st_size;
+  char head[4096];
+  ssize_t n = pread(fd, head, sizeof head - 1, 0);
+  head[n > 0 ? n : 0] = '\0';
+  out->gather_ns = json_u64_after(head, "\"gather_ns\":");
+  out->hold_ns = json_u64_after(head, "\"max_hold_ns\":");
+  close(fd);
+}
+
+/* The ring's header of the snapshot in path, into out. */
+static void w8_ring_header(const char *path, w8_snap_t *out) {
+  int fd = open(path, O_RDONLY);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0)
+    die("W8: cannot read the snapshot %s: %s", path, strerror(errno));
+  if (st.st_size > 0) {
+    size_t len = (size_t)st.st_size;
+    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED)
+      die("W8: mmap of the snapshot failed: %s", strerror(errno));
+    static const char key[] = "\"history\":{";
+    const char *hp = memmem(map, len, key, sizeof key - 1);
+    if (hp != NULL) {
+      char buf[512];
+      size_t k = len - (size_t)(hp - (const char *)map);
+      k = k < sizeof buf - 1 ? k : sizeof buf - 1;
+      memcpy(buf, hp, k);
+      buf[k] = '\0';
+      out->hist_max_entries = json_u64_after(buf, "\"max_entries\":");
+      out->hist_recorded = json_u64_after(buf, "\"recorded\":");
+      out->hist_dropped = json_u64_after(buf, "\"dropped\":");
+    }
+    munmap(map, len);
+  }
+  close(fd);
+}
+
+static void sleep_until(uint64_t t) {
+  for (uint64_t now = now_ns(); now < t; now = now_ns()) {
+    uint64_t d = t - now;
+    struct timespec ts = {(time_t)(d / 1000000000u), (long)(d % 1000000000u)};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static void w8_run(int ci) {
+  const size_t nlive = w8_counts[ci];
+  const size_t ring = g_opt.quick ? 100000 : 1000000;
+  const unsigned min_snaps = g_opt.quick ? 1 : 3;
+  char name[96], b1[32], b2[32];
+  snprintf(name, sizeof name, "%s live, ring %s",
+           count_str(nlive, b1, sizeof b1), count_str(ring, b2, sizeof b2));
+  rec_begin("W8", name);
+  size_t clen = strlen(g_im.config);
+  snprintf(g_im.config + clen, sizeof g_im.config - clen,
+           " (history all, stack_depth %u, ring %zu)", W8_DEPTH, ring);
+  pinpool_history_options_t ho = {PINPOOL_HISTORY_ALL, ring, W8_DEPTH, 0};
+  int rc = pinpool_record_history(g_im.pool, &ho);
+  if (rc != PINPOOL_OK)
+    die_pp("pinpool_record_history", rc);
+
+  /* The live set, then churn until the ring has wrapped (with level all
+   * every allocation and every free is one entry). */
+  uint64_t ts0 = now_ns();
+  lblock_t *live = xmalloc(nlive * sizeof *live);
+  rng_t r = {0x5eed0008u};
+  double live_bytes = 0;
+  for (size_t k = 0; k < nlive; k++) {
+    size_t s = log_uniform(&r, 512, 4 * KIB);
+    live[k] = (lblock_t){im_alloc(s, NULL), NULL, s};
+    live_bytes += (double)s;
+  }
+  uint64_t events = nlive, target = ring + ring / 20;
+  for (; events < target; events += 2) {
+    size_t k = rng_below(&r, nlive);
+    im_free(live[k].p, live[k].size, NULL);
+    live_bytes -= (double)live[k].size;
+    size_t s = log_uniform(&r, 512, 4 * KIB);
+    live[k] = (lblock_t){im_alloc(s, NULL), NULL, s};
+    live_bytes += (double)s;
+  }
+  double setup_s = (double)(now_ns() - ts0) / 1e9;
+
+  char dir[4096], path[4200];
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/pp-w8.XXXXXX",
+           tmp != NULL && *tmp != '\0' ? tmp : "/tmp");
+  if (mkdtemp(dir) == NULL)
+    die("W8: mkdtemp(%s) failed: %s", dir, strerror(errno));
+  snprintf(path, sizeof path, "%s/snapshot.json", dir);
+  w8_snap_t cold;
+  w8_snapshot(path, &cold);
+
+  size_t busy_len = 64 * MIB;
+  unsigned char *busy = xmalloc(busy_len);
+  memset(busy, 1, busy_len); /* fault it in before it is timed */
+  g_sink = busy;             /* escapes: the memsets below are not dead */
+
+  w8_arg_t a;
+  worker_t ws[MAX_THREADS];
+  memset(ws, 0, sizeof ws);
+  atomic_init(&a.phase, W8_WARM);
+  for (int i = 0; i < g_opt.threads; i++)
+    a.h[i] = xmalloc(W8_NPHASES * W8_NKINDS * sizeof(lhist_t));
+  run_workers(ws, g_opt.threads, w8_worker, &a);
+  pthread_barrier_wait(&g_barrier);
+  sleep_until(now_ns() + 20000000u); /* warm-up: first stacks, first flush */
+
+  /* snap: at least min_snaps snapshots and the usual minimal phase. */
+  samples_t snap_ns, gather_ns, hold_ns;
+  samples_init(&snap_ns, 16);
+  samples_init(&gather_ns, 16);
+  samples_init(&hold_ns, 16);
+  w8_snap_t last;
+  memset(&last, 0, sizeof last);
+  double bytes = 0, in_snap_ns = 0;
+  uint64_t p0 = now_ns(), p1;
+  atomic_store(&a.phase, W8_SNAP);
+  for (unsigned k = 0;; k++) {
+    p1 = now_ns();
+    if (k >= min_snaps && p1 - p0 >= min_phase_ns())
+      break;
+    w8_snapshot(path, &last);
+    samples_add(&snap_ns, (uint64_t)last.ns);
+    samples_add(&gather_ns, (uint64_t)last.gather_ns);
+    samples_add(&hold_ns, (uint64_t)last.hold_ns);
+    bytes = last.bytes;
+    in_snap_ns += last.ns;
+  }
+  uint64_t dur = p1 - p0;
+  atomic_store(&a.phase, W8_IDLE);
+  sleep_until(p1 + dur);
+  uint64_t p2 = now_ns();
+  atomic_store(&a.phase, W8_BUSY);
+  for (unsigned k = 0; now_ns() < p2 + dur; k++)
+    for (size_t off = 0; off < busy_len && now_ns() < p2 + dur; off += MIB)
+      memset(busy + off, (int)k, MIB);
+  uint64_t p3 = now_ns();
+  atomic_store(&a.phase, W8_STOP);
+  join_workers(ws, g_opt.threads);
+
+  w8_ring_header(path, &last);
+  if (unlink(path) != 0 || rmdir(dir) != 0)
+    die("W8: cannot remove %s: %s", dir, strerror(errno));
+
+  lhist_t *h = xmalloc(W8_NPHASES * W8_NKINDS * sizeof(lhist_t));
+  for (int i = 0; i < g_opt.threads; i++) {
+    for (int k = 0; k < W8_NPHASES * W8_NKINDS; k++)
+      lh_merge(&h[k], &a.h[i][k]);
+    free(a.h[i]);
+  }
+  const double phase_s[W8_NPHASES] = {
+      (double)dur / 1e9, (double)(p2 - p1) / 1e9, (double)(p3 - p2) / 1e9};
+  static const char *const pname[W8_NPHASES] = {"snap", "idle", "busy"};
+  const lhist_t *all = &h[W8_SNAP * W8_NKINDS + W8_ALL];
+  rec_num("ns_med", lh_quantile(all, 0.5));
+  rec_num("ns_p99", lh_quantile(all, 0.99));
+  rec_num("ops", (double)all->n);
+  rec_num("ops_per_s", (double)all->n / phase_s[W8_SNAP]);
+  rec_num("live_blocks", (double)nlive);
+  rec_num("live_mib", live_bytes / (double)MIB);
+  rec_num("ring", (double)ring);
+  rec_num("hist_max_entries", last.hist_max_entries);
+  rec_num("hist_recorded", last.hist_recorded);
+  rec_num("hist_kept", last.hist_recorded - last.hist_dropped);
+  rec_num("setup_s", setup_s);
+  rec_num("snaps", (double)snap_ns.n);
+  rec_num("snap_ms_cold", cold.ns / 1e6);
+  rec_num("snap_ms_med", samples_quantile(&snap_ns, 0.5) / 1e6);
+  rec_num("snap_ms_max", samples_quantile(&snap_ns, 1.0) / 1e6);
+  rec_num("snap_duty_pct", 100.0 * in_snap_ns / (double)dur);
+  rec_num("file_mib", bytes / (double)MIB);
+  rec_num("gather_ms_med", samples_quantile(&gather_ns, 0.5) / 1e6);
+  rec_num("hold_us_med", samples_quantile(&hold_ns, 0.5) / 1e3);
+  rec_num("hold_us_max", samples_quantile(&hold_ns, 1.0) / 1e3);
+  for (int ph = 0; ph < W8_NPHASES; ph++) {
+    static const struct {
+      int kind;
+      const char *name;
+      double q;
+    } cols[] = {{W8_ALL, "med", 0.5},
+                {W8_ALL, "p99", 0.99},
+                {W8_ALL, "p999", 0.999},
+                {W8_ALL, "max", 1.0},
+                {W8_HOT, "hot_max", 1.0},
+                {W8_CENTRAL, "central_med", 0.5},
+                {W8_CENTRAL, "central_max", 1.0},
+                {W8_BACKEND, "backend_med", 0.5},
+                {W8_BACKEND, "backend_max", 1.0}};
+    char key[40];
+    const lhist_t *hp = &h[ph * W8_NKINDS];
+    snprintf(key, sizeof key, "%s_pairs_per_s", pname[ph]);
+    rec_num(key, (double)hp[W8_ALL].n / phase_s[ph]);
+    for (size_t c = 0; c < sizeof cols / sizeof cols[0]; c++) {
+      snprintf(key, sizeof key, "%s_%s", pname[ph], cols[c].name);
+      const lhist_t *x = &hp[cols[c].kind];
+      rec_num(key, cols[c].q >= 1.0 ? (x->n ? (double)x->max : NAN)
+                                    : lh_quantile(x, cols[c].q));
+    }
+  }
+  pinpool_stats_t st;
+  if (pinpool_get_stats(g_im.pool, &st) == PINPOOL_OK)
+    rec_num("reserved_mib", (double)st.reserved_bytes.current / (double)MIB);
+  rec_end();
+
+  free(h);
+  free(busy);
+  samples_free(&snap_ns);
+  samples_free(&gather_ns);
+  samples_free(&hold_ns);
+  /* History off first: a million frees with stacks would take seconds. */
+  ho = (pinpool_history_options_t){PINPOOL_HISTORY_NONE, 0, 0, 0};
+  rc = pinpool_record_history(g_im.pool, &ho);
+  if (rc != PINPOOL_OK)
+    die_pp("pinpool_record_history", rc);
+  for (size_t k = 0; k < nlive; k++)
+    im_free(live[k].p, live[k].size, NULL);
+  free(live);
+}
+
 /* ==== Dispatch ============================================================ */
 
 typedef struct workload {
@@ -2131,19 +2632,27 @@ typedef struct workload {
   int (*ncases)(void);
   void (*run)(int ci);
   int max_threads;
+  bool pinpool_only;  /* no peer has the feature measured */
+  bool hist_variants; /* the pinpool-h-* implementations are measured */
 } workload_t;
 
 static int one_case(void) { return 1; }
 
 static const workload_t g_workloads[] = {
-    {"W1", "mlock=1", "pinpool-tc", ",tcache_bytes=8GiB", w1_ncases, w1_run, 2},
-    {"W2", "mlock=1", "pinpool-cap", ",max_cached=128MiB", one_case, w2_run, 2},
-    {"W3", "mlock=1", NULL, NULL, w3_ncases, w3_run, 2},
+    {"W1", "mlock=1", "pinpool-tc", ",tcache_bytes=8GiB", w1_ncases, w1_run, 2,
+     false, false},
+    {"W2", "mlock=1", "pinpool-cap", ",max_cached=128MiB", one_case, w2_run, 2,
+     false, false},
+    {"W3", "mlock=1", NULL, NULL, w3_ncases, w3_run, 2, false, false},
     {"W4", "mlock=1,events=simulated,sim_delay_us=0", NULL, NULL, one_case,
-     w4_run, 2},
-    {"W5", "mlock=1", NULL, NULL, one_case, w5_run, 2},
-    {"W6", "mlock=1,max_cached=512MiB", NULL, NULL, one_case, w6_run, 1},
-    {"W7", "mlock=1", NULL, NULL, one_case, w7_run, 2},
+     w4_run, 2, false, false},
+    {"W5", "mlock=1", NULL, NULL, one_case, w5_run, 2, false, false},
+    {"W6", "mlock=1,max_cached=512MiB", NULL, NULL, one_case, w6_run, 1, false,
+     false},
+    {"W7", "mlock=1", NULL, NULL, one_case, w7_run, 2, false, false},
+    {"W1h", "mlock=1", NULL, NULL, w1h_ncases, w1h_run, 1, true, true},
+    {"W8", "mlock=1,max_cached=256KiB", NULL, NULL, w8_ncases, w8_run, 2, true,
+     false},
 };
 
 static const workload_t *find_workload(const char *name) {
@@ -2154,14 +2663,17 @@ static const workload_t *find_workload(const char *name) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: pp_bench --workload W1..W7 --impl NAME [--mode alloc|touch]\n"
-          "                [--threads 1|2] [--case N] [--rep N] [--quick]\n"
-          "                [--config PINPOOL_CONFIG]\n"
-          "       pp_bench --list W1..W7 [--threads N] [--quick]\n"
-          "impls: pinpool, pinpool-tc (W1), pinpool-cap (W2), refpool, naive,\n"
-          "       malloc (%s)\n",
-          PEER_NAME);
+  fprintf(
+      f,
+      "usage: pp_bench --workload W --impl NAME [--mode alloc|touch]\n"
+      "                [--threads 1|2] [--case N] [--rep N] [--quick]\n"
+      "                [--config PINPOOL_CONFIG]\n"
+      "       pp_bench --list W [--threads N] [--quick]\n"
+      "workloads: W1..W7, W1h (history cost), W8 (snapshots)\n"
+      "impls: pinpool, pinpool-tc (W1), pinpool-cap (W2), pinpool-h-alloc,\n"
+      "       pinpool-h-all, pinpool-h-all16 (W1h), refpool, naive,\n"
+      "       malloc (%s); W1h and W8 measure pinpool only\n",
+      PEER_NAME);
 }
 
 static long parse_int(const char *s, const char *what) {
@@ -2232,8 +2744,11 @@ int main(int argc, char **argv) {
   if (g_opt.case_idx < 0 || g_opt.case_idx >= wl->ncases())
     die("%s has cases 0..%d", wl->name, wl->ncases() - 1);
   if (strncmp(g_opt.impl, "pinpool-", 8) == 0 &&
-      (wl->variant == NULL || strcmp(g_opt.impl, wl->variant) != 0))
+      (wl->variant == NULL || strcmp(g_opt.impl, wl->variant) != 0) &&
+      (!wl->hist_variants || find_hist_variant(g_opt.impl) == NULL))
     die("%s is not a variant measured in %s", g_opt.impl, wl->name);
+  if (wl->pinpool_only && strncmp(g_opt.impl, "pinpool", 7) != 0)
+    die("%s measures pinpool only", wl->name);
   cpus_init();
   if (strcmp(g_opt.impl, "malloc") == 0)
     check_peer();
@@ -2244,7 +2759,7 @@ int main(int argc, char **argv) {
     vcfg = ",max_cached=16MiB";
   if (g_opt.config != NULL)
     cfg = g_opt.config;
-  im_setup(cfg, wl->variant, vcfg);
+  im_setup(cfg, wl->variant, vcfg, wl->hist_variants);
   wl->run(g_opt.case_idx);
   im_teardown();
   return 0;

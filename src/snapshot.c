@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -194,6 +195,34 @@ static void wb_kv(wbuf_t *w, const char *k, uint64_t v, bool comma) {
     wb_raw(w, ",", 1);
 }
 
+/* ---- Large scratch arrays ------------------------------------------------
+ * The copies of the blocks and of the history ring can be tens of MiB.
+ * Unmapping that much at once holds the process's mmap lock for tens of
+ * milliseconds, and a thread creating a segment (an mmap) waits for all of
+ * it (measured by bench W8: 13-30 ms). So these arrays are mapped here and
+ * unmapped 1 MiB at a time: each piece holds the lock for well under a
+ * millisecond, and waiting threads get in between. */
+#define BIG_PIECE ((size_t)1 << 20)
+
+static void *big_alloc(size_t bytes) {
+  if (bytes == 0)
+    bytes = 1;
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+static void big_free(void *p, size_t bytes) {
+  if (p == NULL)
+    return;
+  if (bytes == 0)
+    bytes = 1;
+  size_t len = (bytes + PP_PAGE - 1) & ~(size_t)(PP_PAGE - 1);
+  for (size_t off = 0; off < len; off += BIG_PIECE)
+    (void)munmap((char *)p + off,
+                 len - off < BIG_PIECE ? len - off : BIG_PIECE);
+}
+
 /* ---- Gathered data ------------------------------------------------------- */
 
 typedef struct sseg {
@@ -224,12 +253,12 @@ typedef struct snap {
   uint64_t reserve_free;
   sseg_t *segs;
   size_t nsegs;
-  sblk_t *blk;
+  sblk_t *blk; /* big_alloc'ed, cap_blk entries */
   size_t nblk, cap_blk;
   uint64_t *streams;
   size_t nstreams, cap_streams;
-  sentry_t *ent;
-  size_t nent;
+  sentry_t *ent; /* big_alloc'ed, cap_ent entries */
+  size_t nent, cap_ent;
   uint64_t recorded, hist_dropped, max_entries;
   unsigned level, depth;
   pp_stacks_copy_t stacks;
@@ -238,9 +267,9 @@ typedef struct snap {
 static void snap_free(snap_t *s) {
   free(s->config);
   free(s->segs);
-  free(s->blk);
+  big_free(s->blk, s->cap_blk * sizeof *s->blk);
   free(s->streams);
-  free(s->ent);
+  big_free(s->ent, s->cap_ent * sizeof *s->ent);
   pp_stacks_copy_free(&s->stacks);
 }
 
@@ -329,9 +358,7 @@ static int read_blocks(snap_t *s, sseg_t *g) {
   g->nblk = 0;
   g->uncarved = 0;
   _Atomic(uint64_t) *info = pp_load_acquire(&d->info);
-  if (!grow((void **)&s->blk, &s->cap_blk, s->nblk + g->nblocks,
-            sizeof *s->blk))
-    return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory for blocks");
+  pp_assert(s->nblk + g->nblocks <= s->cap_blk); /* sized by gather() */
   for (uint32_t i = 0; i < g->nblocks; i++) {
     uint64_t w = load_word(d, i);
     unsigned st = PP_WORD_STATE(w);
@@ -389,9 +416,12 @@ static int copy_history(snap_t *s) {
     s->hist_dropped = s->recorded;
     return 0;
   }
-  s->ent = malloc((size_t)(head - start + 1) * sizeof *s->ent);
-  if (s->ent == NULL)
+  s->cap_ent = (size_t)(head - start + 1);
+  s->ent = big_alloc(s->cap_ent * sizeof *s->ent);
+  if (s->ent == NULL) {
+    s->cap_ent = 0;
     return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory for history");
+  }
   for (uint64_t q = start; q < head; q++) {
     pp_hslot_t *sl = &r->slots[q & r->mask];
     uint64_t s1 = pp_load_acquire(&sl->seq);
@@ -444,6 +474,17 @@ static int gather(snap_t *s) {
   rc = copy_segments(s);
   if (rc != 0)
     return rc;
+  /* Room for every block of every segment copied: no growing (and no
+   * large realloc) while reading. */
+  size_t total = 0;
+  for (size_t i = 0; i < s->nsegs; i++)
+    total += s->segs[i].nblocks;
+  s->cap_blk = total;
+  s->blk = big_alloc(total * sizeof *s->blk);
+  if (s->blk == NULL) {
+    s->cap_blk = 0;
+    return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory for blocks");
+  }
   size_t kept = 0;
   for (size_t i = 0; i < s->nsegs; i++) {
     rc = read_blocks(s, &s->segs[i]);
