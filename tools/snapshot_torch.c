@@ -475,9 +475,12 @@ static long replay(const snap_t *s, events_t *ev) {
   for (size_t i = 0; i < s->nsegments; i++) {
     const json_t *seg = snap_segment(s, i);
     size_t nb = snap_segment_nblocks(s, i);
-    /* check_layout made them sorted and disjoint. */
-    if (rs_insert(&r, snap_u64(seg, "address"), snap_u64(seg, "size")) < 0)
+    /* check_layout made them sorted and disjoint, so each one goes in. */
+    int rc = rs_insert(&r, snap_u64(seg, "address"), snap_u64(seg, "size"));
+    if (rc < 0)
       goto nomem;
+    if (rc > 0)
+      continue;
     for (size_t j = 0; j < nb; j++) {
       snap_block_t b;
       snap_block(s, i, j, &b);
@@ -1021,6 +1024,7 @@ typedef struct output {
 
 static int output_open(const char *out, output_t *o) {
   struct stat st;
+  size_t len;
   int fd;
   memset(o, 0, sizeof *o);
   if (strcmp(out, "-") == 0) {
@@ -1036,14 +1040,13 @@ static int output_open(const char *out, output_t *o) {
   o->path = realpath(out, NULL);
   if (o->path == NULL)
     o->path = strdup(out);
-  if (o->path == NULL ||
-      (o->tmp = malloc(strlen(o->path) + sizeof ".XXXXXX")) == NULL) {
+  len = o->path != NULL ? strlen(o->path) + sizeof ".XXXXXX" : 0;
+  if (o->path == NULL || (o->tmp = malloc(len)) == NULL) {
     free(o->path);
     errno = ENOMEM;
     return -1;
   }
-  strcpy(o->tmp, o->path);
-  strcat(o->tmp, ".XXXXXX");
+  snprintf(o->tmp, len, "%s.XXXXXX", o->path);
   fd = mkstemp(o->tmp);
   if (fd >= 0) {
     /* mkstemp creates the file 0600; OUT gets the usual permissions. */

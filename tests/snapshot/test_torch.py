@@ -4,11 +4,12 @@
 The pickle is loaded with Python's pickle module (not torch) and compared
 with what docs/snapshot-format.md ("PyTorch memory_viz") says it must hold,
 computed here from the JSON snapshot independently of the C code. Three
-more checks stand in for the browser viewer, which cannot run here:
+more checks stand in for the memory_viz page itself (it loads d3 from a
+CDN, and the tests run offline):
 
-* js_unpickle decodes the file as MemoryViz.js's own unpickler does (same
-  opcodes, same integer rules, batches of at most 1000 items) and must give
-  the same data;
+* js_unpickle decodes the file with the rules of MemoryViz.js's own
+  unpickler (its opcodes, its integer rules; batches of at most 1000 items)
+  and must give the same data;
 * viewer_replay walks the trace backwards from the segments with the rules
   of MemoryViz.js's "Allocator State History" and fails where the viewer
   would stop with a script error;
@@ -86,7 +87,9 @@ def expected_trace(snap):
     seg_stack = {}
 
     def entry(action, e, addr, size):
-        d = {"action": action, "size": size, "stream": e["stream"],
+        # Stream handles are "0x..." strings in the JSON, null for none.
+        stream = int(e["stream"], 16) if e["stream"] is not None else 0
+        d = {"action": action, "size": size, "stream": stream,
              "time_us": e["time_ns"] // 1000,
              "frames": expected_frames(snap, e["stack"]),
              "compile_context": "N/A", "user_metadata": ""}
@@ -263,7 +266,9 @@ class BigIntValue(int):
 
 
 def js_unpickle(data, batch_limit=1000):
-    """Decode as MemoryViz.js's unpickle() does; also return batch sizes."""
+    """Decode with the rules of MemoryViz.js's unpickle() for the opcodes
+    this tool writes (others raise, as there); also return the largest
+    batch."""
     stack, marks, memo, pos = [], [], {}, 0
     largest_batch = 0
 
@@ -351,7 +356,7 @@ def js_view(v):
     return v
 
 
-def check_js(data, loaded, name):
+def check_js(data, loaded, name, exact_ints=True):
     ops = {op.name for op, _, _ in pickletools.genops(data)}
     check(ops <= ALLOWED_OPS, f"{name}: opcodes outside the subset: "
           f"{sorted(ops - ALLOWED_OPS)}")
@@ -374,7 +379,10 @@ def check_js(data, loaded, name):
         if type(v) is dict:
             return all(walk(x) for x in v.values())
         return True
-    check(walk(js), f"{name}: an integer the viewer cannot hold exactly")
+    # Stream handles are only told apart by the viewer; anything else must
+    # be an exact number there.
+    check(walk(js) or not exact_ints,
+          f"{name}: an integer the viewer cannot hold exactly")
 
 
 # ---- MemoryViz.js's "Allocator State History" replay -------------------------
@@ -392,41 +400,49 @@ def viewer_replay(d, name):
             continue
         trace.append(t)
     segs = []  # sorted [addr, size]
-    live = []  # sorted block addresses shown
     for s in d["segments"]:
-        if s["device"] != 0:
-            continue
-        bisect.insort(segs, [s["address"], s["total_size"]])
+        if s["device"] == 0:
+            bisect.insort(segs, [s["address"], s["total_size"]])
+
+    def containing(addr):
+        i = bisect.bisect_right(segs, [addr, float("inf")]) - 1
+        if i >= 0 and addr < segs[i][0] + segs[i][1]:
+            return segs[i][0]
+        return None
+
+    live = {}  # block address shown -> start of its segment
+    inside = {}  # segment start -> blocks shown inside it
+    ok = True
+
+    def show(addr):
+        seg = containing(addr)
+        if seg is None:
+            return False
+        live[addr] = seg
+        inside[seg] = inside.get(seg, 0) + 1
+        return True
+
+    for s in d["segments"]:
         addr = s["address"]
         for b in s["blocks"]:
             if b["state"] in ("active_allocated", "active_pending_free"):
-                bisect.insort(live, addr)
+                ok &= check(show(addr), f"{name}: block {addr} outside every "
+                            "segment at the snapshot")
             addr += b["size"]
-    live_set = set(live)
-
-    def inside(addr):
-        i = bisect.bisect_right(segs, [addr, float("inf")]) - 1
-        return i >= 0 and addr < segs[i][0] + segs[i][1]
-
-    ok = check(all(inside(a) for a in live),
-               f"{name}: a block outside every segment at the snapshot")
     for k in range(len(trace) - 1, 0, -1):
         t = trace[k]
         a = t["action"]
         where = f"{name}: replaying trace event {k} ({a} {t.get('addr')})"
         if a in ("free", "free_completed"):
-            if t["addr"] not in live_set:
-                ok &= check(inside(t["addr"]), f"{where}: block outside "
+            if t["addr"] not in live:
+                ok &= check(show(t["addr"]), f"{where}: block outside "
                             "every segment")
-                live_set.add(t["addr"])
-                bisect.insort(live, t["addr"])
         elif a == "free_requested":
-            ok &= check(t["addr"] in live_set,
+            ok &= check(t["addr"] in live,
                         f"{where}: unknown block (viewer TypeError)")
         elif a == "alloc":
-            if t["addr"] in live_set:
-                live_set.discard(t["addr"])
-                live.remove(t["addr"])
+            if t["addr"] in live:
+                inside[live.pop(t["addr"])] -= 1
         elif a == "segment_free":
             i = bisect.bisect_left(segs, [t["addr"], 0])
             ok &= check((i == 0 or segs[i - 1][0] + segs[i - 1][1]
@@ -435,16 +451,15 @@ def viewer_replay(d, name):
                         f"{where}: overlapping segments")
             segs.insert(i, [t["addr"], t["size"]])
         elif a == "segment_alloc":
-            idx = [i for i, s in enumerate(segs) if s[0] == t["addr"]]
-            if not check(idx, f"{where}: no such segment (the viewer "
-                         "would remove the last one)"):
+            i = bisect.bisect_left(segs, [t["addr"], 0])
+            if not check(i < len(segs) and segs[i][0] == t["addr"],
+                         f"{where}: no such segment (the viewer would "
+                         "remove the last one)"):
                 ok = False
-                continue
-            lo, size = segs[idx[0]]
-            j = bisect.bisect_left(live, lo)
-            ok &= check(j == len(live) or live[j] >= lo + size,
+                break
+            ok &= check(inside.get(t["addr"], 0) == 0,
                         f"{where}: blocks left outside every segment")
-            del segs[idx[0]]
+            del segs[i]
         if not ok:
             break
     return ok
@@ -681,7 +696,8 @@ def inconsistent_tests(args, work):
     def row(seq, action, addr, size, req):
         e = {"seq": seq, "time_ns": 4000005000 + seq, "action": action,
              "address": addr, "size": size, "requested_size": req,
-             "stream": 0, "thread": 4243, "stack": 0}
+             "stream": "0x7" if action == "free_requested" else None,
+             "thread": 4243, "stack": 0}
         return [e[k] for k in fields]
     entries = snap["history"]["entries"]
     # A free_requested of a block the snapshot shows cached (its
@@ -709,6 +725,76 @@ def inconsistent_tests(args, work):
           f"inconsistent: entries kept: {got}")
 
 
+def mutant_tests(args, work, count=150):
+    """Random histories and states over example.json's segments: each file
+    is either refused (exit 1) or gives a pickle that is well formed, that
+    the viewer's unpickler reads and that replays without an error."""
+    import random
+    rng = random.Random(20240611)
+    with open(args.example) as f:
+        base = json.load(f)
+    fields = base["history"]["fields"]
+    actions = ["segment_alloc", "alloc", "free_requested", "free_completed",
+               "segment_free", "empty_cache", "oom"]
+    blocks = [b["address"] for s in base["segments"] for b in s["blocks"]]
+    segs = [(s["address"], s["size"]) for s in base["segments"]]
+    addrs = blocks + [a for a, _ in segs] + [
+        a + s for a, s in segs] + [12345 * 4096, 1 << 40]
+    out = os.path.join(work, "mutant.pickle")
+    outcomes = {0: 0, 1: 0}
+    notes = 0
+    for k in range(count):
+        snap = copy.deepcopy(base)
+        entries = snap["history"]["entries"]
+        for _ in range(rng.randrange(1, 40)):
+            a = rng.choice(actions)
+            seg = rng.choice(segs)
+            addr = seg[0] if a.startswith("segment") else rng.choice(addrs)
+            size = seg[1] if a.startswith("segment") else 4096
+            e = {"seq": len(entries), "time_ns": 4000005000 + len(entries),
+                 "action": a, "address": addr, "size": size,
+                 "requested_size": rng.randrange(0, 4096),
+                 "stream": "0x%x" % rng.choice([7, 1 << 40, (1 << 64) - 1])
+                 if a == "free_requested" else None,
+                 "thread": 4243, "stack": rng.choice([None, 0, 1])}
+            entries.insert(rng.randrange(0, len(entries) + 1),
+                           [e[f] for f in fields])
+        for _ in range(rng.randrange(0, 3)):
+            if entries:
+                del entries[rng.randrange(len(entries))]
+        for s in snap["segments"]:
+            for b in s["blocks"]:
+                if rng.random() < 0.3:
+                    b["state"] = rng.choice(["allocated", "pending_free",
+                                             "cached"])
+        if rng.random() < 0.1:  # may overlap or leave the segment
+            s = rng.choice(snap["segments"])
+            s["blocks"][0]["address"] += rng.choice([-4096, 4096, 1])
+        src = os.path.join(work, "mutant.json")
+        with open(src, "w") as f:
+            json.dump(snap, f)
+        r = run([args.pinpool, "snapshot", "torch", src, "-o", out])
+        if not check(r.returncode in (0, 1), f"mutant {k}: exit "
+                     f"{r.returncode}: {r.stderr.decode()}"):
+            continue
+        outcomes[r.returncode] += 1
+        if r.returncode == 1:
+            check(not os.path.exists(out), f"mutant {k}: OUT left")
+            continue
+        notes += b"left out" in r.stderr
+        with open(out, "rb") as f:
+            data = f.read()
+        d = pickle.loads(data)
+        check_structure(d, f"mutant {k}")
+        check_js(data, d, f"mutant {k}", exact_ints=False)
+        check(viewer_replay(d, f"mutant {k}"), f"mutant {k}: replay")
+        os.remove(out)
+    print(f"mutants: {outcomes[0]} converted ({notes} with entries left "
+          f"out), {outcomes[1]} refused")
+    check(notes > 0 and outcomes[1] > 0, "mutants: no entries left out, or "
+          "none refused: the mutations no longer reach those paths")
+
+
 def case_example(args, work):
     d = full_checks(args, args.example, os.path.join(work, "example.pickle"),
                     allow_notes=False)
@@ -718,6 +804,7 @@ def case_example(args, work):
         torch_tools(d, "example.json")
     bad_input_tests(args, work)
     inconsistent_tests(args, work)
+    mutant_tests(args, work)
 
 
 def case_snapgen(args, work):
