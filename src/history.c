@@ -271,13 +271,20 @@ static void unwinder_init(void) {
   backtrace_fn fn = backtrace;
   const char *env = getenv("PINPOOL_LIBUNWIND");
   if (env == NULL || env[0] != '\0') {
-    void *lib = dlopen(env != NULL ? env : "libunwind.so.8",
-                       RTLD_NOW | RTLD_LOCAL);
+    void *lib =
+        dlopen(env != NULL ? env : "libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
     void *sym = lib != NULL ? dlsym(lib, "unw_backtrace") : NULL;
-    if (sym != NULL)
+    if (sym != NULL) {
       fn = (backtrace_fn)sym; /* kept loaded for the process's life */
-    else if (lib != NULL)
+      /* libunwind initializes itself lazily on first use, behind a plain
+       * flag (ThreadSanitizer reports two threads' first captures racing
+       * on it). Its first use is here, inside pthread_once, so every
+       * later capture happens after that initialization. */
+      void *warm[4];
+      (void)fn(warm, 4);
+    } else if (lib != NULL) {
       dlclose(lib);
+    }
   }
   pp_store_release(&unwinder, fn);
 }

@@ -364,12 +364,11 @@ static void pending_blocks(void **state) {
                    "pending_free") == 0,
             "state %s", json_string_value(json_object_get(b, "state")));
   json_t *streams = json_object_get(b, "streams");
-  PP_ASSERT(json_array_size(streams) == 2 &&
-                strcmp(json_string_value(json_array_get(streams, 0)), "0x5") ==
-                    0 &&
-                strcmp(json_string_value(json_array_get(streams, 1)), "0x6") ==
-                    0,
-            "streams of the pending block");
+  PP_ASSERT(
+      json_array_size(streams) == 2 &&
+          strcmp(json_string_value(json_array_get(streams, 0)), "0x5") == 0 &&
+          strcmp(json_string_value(json_array_get(streams, 1)), "0x6") == 0,
+      "streams of the pending block");
   PP_ASSERT(count_action(root, "free_requested") == 1 &&
                 count_action(root, "free_completed") == 0,
             "free_requested");

@@ -31,8 +31,8 @@ typedef struct cli_command {
 } cli_command_t;
 
 /* ---- Subcommands (one file each) ---------------------------------------- */
-int cli_demo_run(int argc, char **argv); /* demo.c */
-void cli_demo_usage(FILE *out);          /* demo.c */
+int cli_demo_run(int argc, char **argv);     /* demo.c */
+void cli_demo_usage(FILE *out);              /* demo.c */
 int cli_snapshot_run(int argc, char **argv); /* snapshot.c */
 void cli_snapshot_usage(FILE *out);          /* snapshot.c */
 
