@@ -50,3 +50,44 @@ int cli_snapshot_run(int argc, char **argv) {
       return subcommands[i].run(argc - 1, argv + 1);
   return cli_usage_error("snapshot", "unknown subcommand '%s'", argv[1]);
 }
+
+/* The arguments of a converter (html, torch): FILE -o OUT, -h/--help.
+ * Returns -1 with *in and *out set when the caller should go on, or the
+ * exit code to return (usage printed for --help, errors reported). */
+int snap_convert_args(const char *cmd, int argc, char **argv,
+                      void (*usage)(FILE *out), const char *out_example,
+                      const char **in, const char **out) {
+  *in = *out = NULL;
+  for (int i = 1; i < argc; i++) {
+    const char *v = NULL;
+    int r;
+    if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+      usage(stdout);
+      return CLI_EXIT_OK;
+    }
+    if ((r = cli_option(cmd, argc, argv, &i, "-o", &v)) == 0)
+      r = cli_option(cmd, argc, argv, &i, "--output", &v);
+    if (r < 0)
+      return CLI_EXIT_USAGE;
+    if (r > 0) {
+      if (*out != NULL)
+        return cli_usage_error(cmd, "-o/--output given twice");
+      if (v[0] == '\0')
+        return cli_usage_error(cmd, "-o/--output needs a file name");
+      *out = v;
+      continue;
+    }
+    if (argv[i][0] == '-' && argv[i][1] != '\0')
+      return cli_usage_error(cmd, "unknown option '%s'", argv[i]);
+    if (*in != NULL)
+      return cli_usage_error(cmd, "unexpected argument '%s' (one FILE only)",
+                             argv[i]);
+    *in = argv[i];
+  }
+  if (*in == NULL)
+    return cli_usage_error(cmd, "a snapshot FILE is required");
+  if (*out == NULL)
+    return cli_usage_error(cmd, "an output file is required (-o %s)",
+                           out_example);
+  return -1;
+}

@@ -104,36 +104,10 @@ int snap_html_run(int argc, char **argv) {
   struct stat st;
   int to_stdout, rc, werr;
 
-  for (int i = 1; i < argc; i++) {
-    const char *v = NULL;
-    int r;
-    if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-      html_usage(stdout);
-      return CLI_EXIT_OK;
-    }
-    if ((r = cli_option(CMD, argc, argv, &i, "-o", &v)) == 0)
-      r = cli_option(CMD, argc, argv, &i, "--output", &v);
-    if (r < 0)
-      return CLI_EXIT_USAGE;
-    if (r > 0) {
-      if (out != NULL)
-        return cli_usage_error(CMD, "-o/--output given twice");
-      if (v[0] == '\0')
-        return cli_usage_error(CMD, "-o/--output needs a file name");
-      out = v;
-      continue;
-    }
-    if (argv[i][0] == '-' && argv[i][1] != '\0')
-      return cli_usage_error(CMD, "unknown option '%s'", argv[i]);
-    if (in != NULL)
-      return cli_usage_error(CMD, "unexpected argument '%s' (one FILE only)",
-                             argv[i]);
-    in = argv[i];
-  }
-  if (in == NULL)
-    return cli_usage_error(CMD, "a snapshot FILE is required");
-  if (out == NULL)
-    return cli_usage_error(CMD, "an output file is required (-o OUT.html)");
+  int args =
+      snap_convert_args(CMD, argc, argv, html_usage, "OUT.html", &in, &out);
+  if (args >= 0)
+    return args;
 
   /* Load (and check) before touching OUT, so bad input leaves no page and
    * an existing OUT is not clobbered. */

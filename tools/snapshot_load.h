@@ -116,5 +116,9 @@ int snap_summary_run(int argc, char **argv); /* snapshot_summary.c */
 int snap_diff_run(int argc, char **argv);    /* snapshot_summary.c */
 int snap_html_run(int argc, char **argv);    /* snapshot_html.c */
 int snap_torch_run(int argc, char **argv);   /* snapshot_torch.c */
+/* snapshot.c: FILE -o OUT for the converters; -1: go on, else exit code. */
+int snap_convert_args(const char *cmd, int argc, char **argv,
+                      void (*usage)(FILE *out), const char *out_example,
+                      const char **in, const char **out);
 
 #endif /* PINPOOL_TOOLS_SNAPSHOT_LOAD_H */
