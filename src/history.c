@@ -461,6 +461,30 @@ int pinpool_record_history(pinpool_t *pool,
     o = *opts;
   }
   pp_history_t *h = &pool->hist;
+  /* A new ring is mapped before the lock is taken: no mmap under a pool
+   * lock. Rings only grow, so a ring found big enough here is still big
+   * enough under the lock; one mapped here but no longer needed there (a
+   * concurrent call installed a bigger one) is unmapped after it. */
+  uint64_t want = o.max_entries;
+  if (want == 0)
+    want = pp_load_relaxed(&h->max_entries);
+  if (want == 0)
+    want = DEFAULT_ENTRIES;
+  pp_hring_t *fresh = NULL;
+  if (o.record != PINPOOL_HISTORY_NONE) {
+    pp_hring_t *cur = pp_load_acquire(&h->ring);
+    if (cur == NULL || cur->mask + 1 < want) {
+      uint64_t cap = 1024;
+      while (cap < want)
+        cap *= 2;
+      fresh = ring_new(cap);
+      if (fresh == NULL)
+        return pp_fail(PINPOOL_ENOMEM,
+                       "pinpool_record_history: no memory for a ring of "
+                       "%llu entries",
+                       (unsigned long long)want);
+    }
+  }
   pp_mutex_lock(&h->lock);
   if (o.record == PINPOOL_HISTORY_NONE) {
     pp_store_release(&h->level, PINPOOL_HISTORY_NONE);
@@ -476,38 +500,24 @@ int pinpool_record_history(pinpool_t *pool,
     pp_stacktab_t *t = calloc(1, sizeof *t);
     if (t == NULL) {
       pp_mutex_unlock(&h->lock);
+      ring_free(fresh);
       return pp_fail(PINPOOL_ENOMEM, "pinpool_record_history: out of memory");
     }
     pp_mutex_init(&t->lock);
     pp_store_release(&h->stacks, t);
   }
-  uint64_t want = o.max_entries;
-  if (want == 0)
-    want = pp_load_relaxed(&h->max_entries);
-  if (want == 0)
-    want = DEFAULT_ENTRIES;
   pp_hring_t *old = pp_load_relaxed(&h->ring);
-  if (old == NULL || old->mask + 1 < want) {
-    uint64_t cap = 1024;
-    while (cap < want)
-      cap *= 2;
-    pp_hring_t *r = ring_new(cap);
-    if (r == NULL) {
-      pp_mutex_unlock(&h->lock);
-      return pp_fail(PINPOOL_ENOMEM,
-                     "pinpool_record_history: no memory for a ring of %llu "
-                     "entries",
-                     (unsigned long long)want);
-    }
+  if (fresh != NULL && (old == NULL || old->mask < fresh->mask)) {
     if (old != NULL) {
       /* Sequence numbers continue; the old ring's entries are dropped. */
       uint64_t head = pp_load_relaxed(&old->head);
-      pp_store_relaxed(&r->head, head);
+      pp_store_relaxed(&fresh->head, head);
       pp_store_relaxed(&h->base_seq, head);
       old->retired_next = h->retired;
       h->retired = old;
     }
-    pp_store_release(&h->ring, r);
+    pp_store_release(&h->ring, fresh);
+    fresh = NULL;
   }
   if (o.clear)
     pp_store_relaxed(&h->base_seq,
@@ -520,5 +530,6 @@ int pinpool_record_history(pinpool_t *pool,
   pp_store_release(&h->level, (unsigned)o.record);
 #endif
   pp_mutex_unlock(&h->lock);
+  ring_free(fresh); /* not needed after all */
   return 0;
 }
