@@ -844,20 +844,27 @@ static int w1_ncases(void) {
   return g_opt.quick ? 4 : 5;   /* 1 GiB in full runs only */
 }
 
+/* One pinpool alloc+free pair that writes a byte of the block: W1's (and
+ * W1h's) timed loop and W8's allocating threads. Inlined, so that W1 times
+ * the pair itself. */
+static inline __attribute__((always_inline)) void pool_pair(size_t size,
+                                                            uint64_t i) {
+  void *p;
+  int rc = pinpool_alloc(g_im.pool, size, &p);
+  if (rc != PINPOOL_OK)
+    die_pp("pinpool_alloc", rc);
+  *(volatile unsigned char *)p = (unsigned char)i;
+  g_sink = p;
+  rc = pinpool_free(g_im.pool, p);
+  if (rc != PINPOOL_OK)
+    die_pp("pinpool_free", rc);
+}
+
 static void w1_pairs(size_t size, uint64_t n) {
   switch (g_im.kind) {
   case K_PINPOOL:
-    for (uint64_t i = 0; i < n; i++) {
-      void *p;
-      int rc = pinpool_alloc(g_im.pool, size, &p);
-      if (rc != PINPOOL_OK)
-        die_pp("pinpool_alloc", rc);
-      *(volatile unsigned char *)p = (unsigned char)i;
-      g_sink = p;
-      rc = pinpool_free(g_im.pool, p);
-      if (rc != PINPOOL_OK)
-        die_pp("pinpool_free", rc);
-    }
+    for (uint64_t i = 0; i < n; i++)
+      pool_pair(size, i);
     break;
   case K_REFPOOL:
     for (uint64_t i = 0; i < n; i++) {
@@ -2293,18 +2300,6 @@ typedef struct w8_arg {
   lhist_t *h[MAX_THREADS]; /* [phase][kind] per worker */
 } w8_arg_t;
 
-static void w8_pair(size_t size, unsigned i) {
-  void *p;
-  int rc = pinpool_alloc(g_im.pool, size, &p);
-  if (rc != PINPOOL_OK)
-    die_pp("pinpool_alloc", rc);
-  *(volatile unsigned char *)p = (unsigned char)i;
-  g_sink = p;
-  rc = pinpool_free(g_im.pool, p);
-  if (rc != PINPOOL_OK)
-    die_pp("pinpool_free", rc);
-}
-
 static void w8_flush(void) {
   int rc = pinpool_thread_flush(g_im.pool);
   if (rc != PINPOOL_OK)
@@ -2329,7 +2324,7 @@ static void *w8_worker(worker_t *w) {
     if (t1 >= next_backend) {
       kind = W8_BACKEND;
       t0 = now_ns();
-      w8_pair(W8_BACKEND_SIZE, i);
+      pool_pair(W8_BACKEND_SIZE, i);
       w8_flush();
       t1 = now_ns();
       next_backend = t1 + W8_BACKEND_NS;
@@ -2339,7 +2334,7 @@ static void *w8_worker(worker_t *w) {
         kind = W8_CENTRAL;
       }
       t0 = now_ns();
-      w8_pair(W8_HOT_SIZE, i);
+      pool_pair(W8_HOT_SIZE, i);
       t1 = now_ns();
     }
     if (ph >= 0) {

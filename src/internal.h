@@ -641,8 +641,9 @@ static inline void pp_hist_forget(pp_segment_t *seg, uint32_t idx) {
 uint64_t pp_hist_to_ns(const struct pinpool *pool, uint64_t clk,
                        uint64_t clk_now, uint64_t ns_now);
 uint64_t pp_hist_clock(const struct pinpool *pool);
-/* Copy stack `id` (1-based) into out[0..max); returns its length (0: none).
- * Copies the whole table under its lock: see pp_stacks_copy. */
+/* The stack table, copied whole under its lock for a snapshot (stack ids
+ * are 1-based: stack id's frames are frames[off[id - 1], off[id])). The
+ * hold, if longer than *hold_ns, is stored there. */
 typedef struct pp_stacks_copy {
   uintptr_t *frames; /* all frames, stack after stack */
   uint64_t *off;     /* stack i (0-based) is frames[off[i], off[i+1]) */
