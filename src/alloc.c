@@ -40,13 +40,15 @@ static bool tbin_init(pinpool_t *pool, pp_tbin_t *b, size_t bs) {
   return true;
 }
 
-static void account_alloc(pp_tcache_t *tc, size_t req, size_t bs) {
+static inline __attribute__((always_inline)) void
+account_alloc(pp_tcache_t *tc, size_t req, size_t bs) {
   pp_owner_add(&tc->c.n_alloc, 1);
   pp_owner_add(&tc->c.req_alloc, req);
   pp_owner_add(&tc->c.blk_alloc, bs);
 }
 
-static void account_free(pp_tcache_t *tc, size_t req, size_t bs) {
+static inline __attribute__((always_inline)) void
+account_free(pp_tcache_t *tc, size_t req, size_t bs) {
   pp_owner_add(&tc->c.n_free, 1);
   pp_owner_add(&tc->c.req_free, req);
   pp_owner_add(&tc->c.blk_free, bs);
@@ -121,36 +123,86 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
   return 0;
 }
 
-int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
-  if (pp_unlikely(pool == NULL || out == NULL))
+/* Everything pinpool_alloc's hit path does not handle: bad arguments, a
+ * thread's first call, history on, an empty bin, a pending flush. */
+__attribute__((noinline)) static int alloc_general(pinpool_t *pool, size_t size,
+                                                   void **out, const void *ra) {
+  if (pool == NULL || out == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_alloc: pool or out is NULL");
-  if (pp_unlikely(size == 0))
+  if (size == 0)
     return pp_fail(PINPOOL_EZEROSIZE, "pinpool_alloc: size 0");
-  if (pp_unlikely(size > PP_MAX_REQUEST))
+  if (size > PP_MAX_REQUEST)
     return pp_fail(PINPOOL_EOVERFLOW,
                    "pinpool_alloc: %zu bytes is beyond the largest class "
                    "(2^60)",
                    size);
   pp_tcache_t *tc = tcache_get(pool);
-  if (pp_unlikely(tc == NULL))
+  if (tc == NULL)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
   unsigned cls = pp_class_index(size);
   pp_tbin_t *b = &tc->bins[cls];
-  if (pp_likely(b->n > 0 && tc->epoch == pp_load_relaxed(&pool->flush_epoch))) {
+  if (b->n > 0 && tc->epoch == pp_load_relaxed(&pool->flush_epoch)) {
     size_t bs = b->bs;
     pp_tentry_t e = b->items[--b->n];
-    /* History: one atomic load and a branch when it is off. */
-    if (pp_unlikely(pp_hist_level(pool) != PINPOOL_HISTORY_NONE))
-      pp_hist_alloc(pool, e.seg, e.idx, bs, size, __builtin_return_address(0));
-    /* Release: whoever later reads ALLOCATED (a free on another thread, a
-     * snapshot) also sees the requested size stored with it. */
+    if (pp_hist_level(pool) != PINPOOL_HISTORY_NONE)
+      pp_hist_alloc(pool, e.seg, e.idx, bs, size, ra);
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
     pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) - bs);
     account_alloc(tc, size, bs);
     *out = e.ptr;
     return 0;
   }
-  return alloc_slow(pool, tc, cls, size, out, __builtin_return_address(0));
+  return alloc_slow(pool, tc, cls, size, out, ra);
+}
+
+/* The hit path: a pop from this thread's cache with history off. It keeps
+ * so few values live that it needs no stack frame; anything else goes to
+ * alloc_general (a tail call), which checks everything again. */
+int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
+  const void *ra = __builtin_return_address(0);
+  /* size - 1 wraps for size 0: one compare rejects 0 and > 2^60. */
+  if (pp_likely(pool != NULL && out != NULL && size - 1 < PP_MAX_REQUEST &&
+                pp_tls.pool_id == pool->id)) {
+    pp_tcache_t *tc = pp_tls.tc; /* set with pool_id, never NULL then */
+    pp_tbin_t *b = &tc->bins[pp_class_index(size)];
+    /* History: one atomic load and a branch when it is off. */
+    if (pp_likely(b->n > 0 &&
+                  tc->epoch == pp_load_relaxed(&pool->flush_epoch) &&
+                  pp_hist_level(pool) == PINPOOL_HISTORY_NONE)) {
+      size_t bs = b->bs;
+      pp_tentry_t e = b->items[--b->n];
+      /* Release: whoever later reads ALLOCATED (a free on another thread,
+       * a snapshot) also sees the requested size stored with it. */
+      pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
+      pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) - bs);
+      account_alloc(tc, size, bs);
+      *out = e.ptr;
+      return 0;
+    }
+  }
+  return alloc_general(pool, size, out, ra);
+}
+
+/* Block index of address a in seg, or an error: a in the segment's unused
+ * tail, or not at a block's start. */
+static inline __attribute__((always_inline)) int
+block_index(pp_segment_t *seg, uintptr_t a, const char *fn, uint32_t *idx_out) {
+  uintptr_t off = a - pp_load_relaxed(&seg->base);
+  size_t bs = pp_load_relaxed(&seg->block_size);
+  uint32_t nb = pp_load_relaxed(&seg->nblocks);
+  size_t idx = nb == 1
+                   ? (off >= bs ? 1u : 0u)
+                   : (size_t)((off * pp_load_relaxed(&seg->div_magic)) >> 42);
+  if (pp_unlikely(idx >= nb))
+    return pp_fail(PINPOOL_ENOTOWNED,
+                   "%s: %p is in a segment's unused tail, never allocated", fn,
+                   (const void *)a);
+  if (pp_unlikely(idx * bs != off))
+    return pp_fail(PINPOOL_EINTERIOR,
+                   "%s: %p is %zu bytes into a block of %zu bytes", fn,
+                   (const void *)a, (size_t)(off - idx * bs), bs);
+  *idx_out = (uint32_t)idx;
+  return 0;
 }
 
 /* Find the block that starts at p; on success *seg_out and *idx_out. */
@@ -162,29 +214,16 @@ lookup_block(pinpool_t *pool, const void *p, const char *fn,
   if (seg == NULL)
     return pp_fail(PINPOOL_ENOTOWNED, "%s: %p was not allocated by this pool",
                    fn, p);
-  uintptr_t off = a - pp_load_relaxed(&seg->base);
-  size_t bs = pp_load_relaxed(&seg->block_size);
-  uint32_t nb = pp_load_relaxed(&seg->nblocks);
-  size_t idx = nb == 1
-                   ? (off >= bs ? 1u : 0u)
-                   : (size_t)((off * pp_load_relaxed(&seg->div_magic)) >> 42);
-  if (idx >= nb)
-    return pp_fail(PINPOOL_ENOTOWNED,
-                   "%s: %p is in a segment's unused tail, never allocated", fn,
-                   p);
-  if (idx * bs != off)
-    return pp_fail(PINPOOL_EINTERIOR,
-                   "%s: %p is %zu bytes into a block of %zu bytes", fn, p,
-                   (size_t)(off - idx * bs), bs);
   *seg_out = seg;
-  *idx_out = (uint32_t)idx;
-  return 0;
+  return block_index(seg, a, fn, idx_out);
 }
 
 /* The freed block does not fit the thread cache as it is: flush first (or
  * bypass it), then trim and sample the peaks. Out of line: see alloc_slow. */
 __attribute__((noinline)) static int
-free_push_slow(pinpool_t *pool, pp_tcache_t *tc, pp_tentry_t e, unsigned cls) {
+free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
+               uint32_t idx, unsigned cls) {
+  pp_tentry_t e = {ptr, seg, idx};
   size_t bs = pp_class_size(cls);
   pp_tbin_t *b = &tc->bins[cls];
   if (tc->epoch != pp_load_relaxed(&pool->flush_epoch))
@@ -211,40 +250,18 @@ static int state_error(const void *p, const char *fn, uint64_t w) {
                  PP_WORD_STATE(w) == PP_PENDING ? "pending" : "already free");
 }
 
-int pinpool_free(pinpool_t *pool, void *ptr) {
-  if (pp_unlikely(pool == NULL || ptr == NULL))
-    return pp_fail(PINPOOL_EINVAL, "pinpool_free: pool or ptr is NULL");
-  pp_segment_t *seg = NULL;
-  uint32_t idx = 0;
-  int rc = lookup_block(pool, ptr, "pinpool_free", &seg, &idx);
-  if (rc != 0)
-    return rc;
-  /* The cache first: once the state flips we must not fail. */
-  pp_tcache_t *tc = tcache_get(pool);
-  if (pp_unlikely(tc == NULL))
-    return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
-  uint64_t w = pp_load_acquire(&seg->word[idx]);
-  do {
-    if (PP_WORD_STATE(w) != PP_ALLOCATED)
-      return state_error(ptr, "pinpool_free", w);
-    if (w & PP_WORD_STREAMS) /* used on streams: stream-ordered free */
-      return pp_stream_free(pool, tc, seg, idx, w, __builtin_return_address(0));
-#ifdef PINPOOL_MUTANT_FREE_NO_CAS
-    /* Race mutant (docs/verification.md): a load and a store instead of
-     * the CAS; two concurrent frees can both succeed. */
-    pp_store_release(&seg->word[idx], PP_WORD(0, PP_CACHED));
-  } while (0);
-#else
-  } while (!pp_cas_acq_rel(&seg->word[idx], &w, PP_WORD(0, PP_CACHED)));
-#endif
-
+/* The block (seg, idx) at ptr, whose state word was read as w, goes back
+ * to the caller's cache tc. Shared by both paths of pinpool_free; hist:
+ * write the free_completed entry if history is at ALLOC or above. */
+static inline __attribute__((always_inline)) int
+free_block(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
+           uint32_t idx, uint64_t w, const void *ra, bool hist) {
   size_t req = (size_t)PP_WORD_PAYLOAD(w);
   size_t bs = pp_load_relaxed(&seg->block_size);
   unsigned cls = pp_load_relaxed(&seg->cls_index);
   pp_hist_forget(seg, idx);
-  if (pp_unlikely(pp_hist_level(pool) >= PINPOOL_HISTORY_ALLOC))
-    pp_hist_event(pool, PP_H_FREE_COMPLETED, (uintptr_t)ptr, bs, req, 0,
-                  __builtin_return_address(0));
+  if (hist && pp_hist_level(pool) >= PINPOOL_HISTORY_ALLOC)
+    pp_hist_event(pool, PP_H_FREE_COMPLETED, (uintptr_t)ptr, bs, req, 0, ra);
   account_free(tc, req, bs);
   pp_tbin_t *b = &tc->bins[cls];
   uint64_t bytes = pp_load_relaxed(&tc->bytes) + bs;
@@ -254,7 +271,104 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
     pp_store_relaxed(&tc->bytes, bytes);
     return 0;
   }
-  return free_push_slow(pool, tc, (pp_tentry_t){ptr, seg, idx}, cls);
+  return free_push_slow(pool, tc, ptr, seg, idx, cls);
+}
+
+/* Everything pinpool_free's hit path does not handle: bad arguments, no
+ * hint or a wrong one, a thread's first call, streams, history, a race
+ * with another free of the same block. */
+__attribute__((noinline)) static int free_general(pinpool_t *pool, void *ptr,
+                                                  const void *ra) {
+  if (pool == NULL || ptr == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_free: pool or ptr is NULL");
+  pp_segment_t *seg = NULL;
+  uint32_t idx = 0;
+  int rc = lookup_block(pool, ptr, "pinpool_free", &seg, &idx);
+  if (rc != 0)
+    return rc;
+  /* The cache only now, so that a pointer that is not ours creates
+   * nothing; but before the state flips, after which we must not fail. */
+  pp_tcache_t *tc = tcache_get(pool);
+  if (tc == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
+  uint64_t w = pp_load_acquire(&seg->word[idx]);
+  do {
+    if (PP_WORD_STATE(w) != PP_ALLOCATED)
+      return state_error(ptr, "pinpool_free", w);
+    if (w & PP_WORD_STREAMS) /* used on streams: stream-ordered free */
+      return pp_stream_free(pool, tc, seg, idx, w, ra);
+#ifdef PINPOOL_MUTANT_FREE_NO_CAS
+    /* Race mutant (docs/verification.md): a load and a store instead of
+     * the CAS; two concurrent frees can both succeed. */
+    pp_store_release(&seg->word[idx], PP_WORD(0, PP_CACHED));
+  } while (0);
+#else
+  } while (!pp_cas_acq_rel(&seg->word[idx], &w, PP_WORD(0, PP_CACHED)));
+#endif
+  /* The block is ours now and stays in this thread's cache until we give
+   * it back, so seg cannot be released meanwhile: these fields and gen are
+   * those of one live incarnation. */
+  tc->hint = (pp_fhint_t){seg,
+                          pp_load_relaxed(&seg->base),
+                          pp_load_relaxed(&seg->size),
+                          pp_load_relaxed(&seg->block_size),
+                          pp_load_relaxed(&seg->div_magic),
+                          pp_load_relaxed(&seg->gen),
+                          pp_load_relaxed(&seg->nblocks)};
+  return free_block(pool, tc, ptr, seg, idx, w, ra, true);
+}
+
+/* The hit path: the block is in the segment of this thread's last free
+ * (the hint), is allocated, has no streams, and history is below ALLOC. It
+ * needs no stack frame; anything else goes to free_general, which starts
+ * over.
+ *
+ * The hint is a copy of the segment's bounds and geometry taken while it
+ * was live, with its generation (bumped under seg_lock when a segment is
+ * published and when it is released). It skips the segment map's three
+ * dependent loads and the descriptor's fields: only gen and the block's
+ * word are read. Why an equal gen is enough: ptr is allocated (a correct
+ * free), so its own segment S is live. If the hint's incarnation covers ptr
+ * and is not S, it was released before S got these addresses, and that
+ * release's gen bump happened before ptr was allocated, hence before this
+ * free: a relaxed load must see it (read coherence), so gen differs. A
+ * stale hint whose descriptor now serves another segment (whose block
+ * idx may be allocated) is thus never used (test_backend.c:
+ * free_hint_recycled fails without this check). */
+int pinpool_free(pinpool_t *pool, void *ptr) {
+  const void *ra = __builtin_return_address(0);
+  uintptr_t a = (uintptr_t)ptr;
+  if (pp_likely(pool != NULL && ptr != NULL && pp_tls.pool_id == pool->id)) {
+    pp_tcache_t *tc = pp_tls.tc;
+    const pp_fhint_t *h = &tc->hint;
+    uintptr_t off = a - h->base;
+    if (pp_likely(off < h->size)) {
+      pp_segment_t *seg = h->seg;
+      size_t bs = h->bs;
+      size_t idx = h->nblocks == 1 ? (off >= bs ? 1u : 0u)
+                                   : (size_t)((off * h->magic) >> 42);
+      if (pp_likely(idx < h->nblocks && idx * bs == off &&
+#ifndef PINPOOL_MUTANT_HINT_NO_GEN
+                    pp_load_relaxed(&seg->gen) == h->gen &&
+#endif
+                    pp_hist_level(pool) < PINPOOL_HISTORY_ALLOC)) {
+        uint64_t w = pp_load_acquire(&seg->word[idx]);
+        if (pp_likely(PP_WORD_STATE(w) == PP_ALLOCATED && !(w & PP_WORD_STREAMS)
+#ifndef PINPOOL_MUTANT_FREE_NO_CAS
+                      &&
+                      pp_cas_acq_rel(&seg->word[idx], &w, PP_WORD(0, PP_CACHED))
+#endif
+                          )) {
+#ifdef PINPOOL_MUTANT_FREE_NO_CAS
+          pp_store_release(&seg->word[idx], PP_WORD(0, PP_CACHED));
+#endif
+          /* History is below ALLOC (checked above): no entry to write. */
+          return free_block(pool, tc, ptr, seg, (uint32_t)idx, w, ra, false);
+        }
+      }
+    }
+  }
+  return free_general(pool, ptr, ra);
 }
 
 int pinpool_block_size(pinpool_t *pool, const void *ptr, size_t *out) {

@@ -389,6 +389,16 @@ typedef struct pp_tentry {
   uint32_t idx;
 } pp_tentry_t;
 
+/* pinpool_free's hint: one incarnation of a segment, copied when it was
+ * live (gen is its generation then; size 0: no hint). */
+typedef struct pp_fhint {
+  pp_segment_t *seg;
+  uintptr_t base;
+  size_t size, bs;
+  uint64_t magic, gen;
+  uint32_t nblocks;
+} pp_fhint_t;
+
 typedef struct pp_tbin {
   uint32_t n, cap, batch;
   size_t bs; /* the class size, so the hot path need not recompute it */
@@ -411,6 +421,7 @@ typedef struct pp_tcache {
   pp_thread_t *thread;
   unsigned shard;
   uint64_t epoch;          /* pool->flush_epoch seen last; owner only */
+  pp_fhint_t hint;         /* segment of the last free (alloc.c); owner only */
   _Atomic(uint64_t) bytes; /* cached bytes held; owner writes */
   pp_tcounters_t c;
   /* pool->reg_lock: pool's list of caches. pp_global_lock: thread's list. */

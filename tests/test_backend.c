@@ -959,6 +959,87 @@ static void test_builtin_backends_and_options(void **state) {
     workload_with(confs[i]);
 }
 
+/* pinpool_free's hint (alloc.c): each thread remembers the segment of its
+ * last free. Here that segment (a 2 MiB slab of 4 KiB blocks) is
+ * released; its addresses go to a new 2 MiB block (another descriptor:
+ * large descriptors are a separate free list) and its descriptor to a new
+ * slab elsewhere, whose block 0 is allocated. Freeing the 2 MiB block must
+ * free it and nothing else. Without the generation check on the hint, the
+ * free would take the recycled descriptor for the block's segment and free
+ * block 0 of the other slab instead (the HINT_NO_GEN mutant). */
+typedef struct two_regions {
+  void *base[2];
+  int in_use[2];
+} two_regions_t;
+
+static int two_regions_alloc(void *ctx, size_t size, void **out) {
+  two_regions_t *r = ctx;
+  for (int i = 0; i < 2; i++) {
+    if (!r->in_use[i] && size <= 2 * MiB) {
+      r->in_use[i] = 1;
+      *out = r->base[i];
+      return 0;
+    }
+  }
+  return PINPOOL_ENOMEM;
+}
+
+static void two_regions_free(void *ctx, void *ptr, size_t size) {
+  two_regions_t *r = ctx;
+  (void)size;
+  for (int i = 0; i < 2; i++)
+    if (ptr == r->base[i])
+      r->in_use[i] = 0;
+}
+
+static void test_free_hint_recycled(void **state) {
+  (void)state;
+  two_regions_t r;
+  memset(&r, 0, sizeof r);
+  for (int i = 0; i < 2; i++) {
+    r.base[i] = aligned_alloc(2 * MiB, 2 * MiB);
+    assert_non_null(r.base[i]);
+  }
+  pinpool_backend_t t;
+  memset(&t, 0, sizeof t);
+  t.name = "two-regions";
+  t.alloc = two_regions_alloc;
+  t.free = two_regions_free;
+  t.ctx = &r;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create_with_backend("", &t, &pool));
+  void *a = NULL, *big = NULL;
+  PP_OK(pinpool_alloc(pool, 4 * KiB, &a));
+  PP_ASSERT((char *)a >= (char *)r.base[0] &&
+                (char *)a < (char *)r.base[0] + 2 * MiB,
+            "the first slab is in region 0");
+  PP_OK(pinpool_free(pool, a)); /* the hint: the slab in region 0 */
+  PP_OK(pinpool_empty_cache(pool));
+  PP_ASSERT(!r.in_use[0] && !r.in_use[1], "the slab went back");
+  PP_OK(pinpool_alloc(pool, 2 * MiB, &big));
+  assert_ptr_equal(big, r.base[0]); /* the slab's addresses */
+  enum { N = 512 };                 /* one whole slab of 4 KiB blocks */
+  void **small = calloc(N, sizeof *small);
+  assert_non_null(small);
+  for (int i = 0; i < N; i++) {
+    PP_OK(pinpool_alloc(pool, 4 * KiB, &small[i]));
+    PP_ASSERT(small[i] >= r.base[1] &&
+                  (char *)small[i] < (char *)r.base[1] + 2 * MiB,
+              "block %d of the new slab is in region 1", i);
+  }
+  PP_OK(pinpool_free(pool, big));
+  size_t bs = 0;
+  PP_CHECK_RC(pinpool_block_size(pool, big, &bs), PINPOOL_EDOUBLEFREE);
+  for (int i = 0; i < N; i++)
+    PP_OK(pinpool_free(pool, small[i])); /* none was freed by mistake */
+  PP_CHECK_RC(pinpool_free(pool, big), PINPOOL_EDOUBLEFREE);
+  PP_OK(pinpool_validate(pool));
+  free(small);
+  pinpool_destroy(pool);
+  for (int i = 0; i < 2; i++)
+    free(r.base[i]);
+}
+
 int main(void) {
   pp_clean_env();
   const struct CMUnitTest tests[] = {
@@ -977,6 +1058,7 @@ int main(void) {
       cmocka_unit_test(test_metadata_outside_user_memory),
       cmocka_unit_test(test_page_locked_reported),
       cmocka_unit_test(test_builtin_backends_and_options),
+      cmocka_unit_test(test_free_hint_recycled),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
