@@ -286,6 +286,8 @@ typedef struct pinpool_stats {
   uint64_t reserve_bytes;    /* configured reserve kept for the pool's life */
   uint64_t max_cached;       /* configured caps (0 = none) */
   uint64_t max_reserved;
+  uint64_t borrowed_blocks; /* of cache_misses avoided: allocations served by
+                               an idle block of a larger class (borrow) */
 } pinpool_stats_t;
 
 /* Fill *out. `current` values are exact when no other thread is inside a

@@ -94,9 +94,10 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     n = take_with_retry(pool, tc, cls, &e, 1, &missed, ra);
     if (n < 0)
       return n;
-    pp_hist_alloc(pool, e.seg, e.idx, bs, size, ra);
+    size_t ebs = pp_load_relaxed(&e.seg->block_size); /* > bs if borrowed */
+    pp_hist_alloc(pool, e.seg, e.idx, ebs, size, ra);
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
-    account_alloc(tc, size, bs);
+    account_alloc(tc, size, ebs);
     *out = e.ptr;
   } else {
     uint64_t room = pool->cfg.tcache_bytes - pp_load_relaxed(&tc->bytes);
@@ -108,11 +109,15 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     b->n = (uint32_t)n;
     pp_store_relaxed(&tc->bytes,
                      pp_load_relaxed(&tc->bytes) + (uint64_t)n * bs);
+    /* A borrowed block of a larger class (pp_central_take) comes alone
+     * (n == 1): it is the one popped here and never stays in the stack. */
     pp_tentry_t e = b->items[--b->n];
-    pp_hist_alloc(pool, e.seg, e.idx, bs, size, ra);
+    size_t ebs = pp_load_relaxed(&e.seg->block_size);
+    pp_assert(ebs == bs || (n == 1 && b->n == 0));
+    pp_hist_alloc(pool, e.seg, e.idx, ebs, size, ra);
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
     pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) - bs);
-    account_alloc(tc, size, bs);
+    account_alloc(tc, size, ebs);
     *out = e.ptr;
   }
   if (missed) {
@@ -236,7 +241,7 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
     b->items[b->n++] = e;
     pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) + bs);
     if (pp_load_relaxed(&tc->bytes) > pool->cfg.tcache_bytes)
-      pp_tcache_flush_all(tc);
+      pp_tcache_shrink(tc);
   }
   pp_trim_to_cap(pool);
   pp_stats_sample_peaks(pool);

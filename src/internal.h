@@ -82,8 +82,19 @@ typedef struct pp_mutex {
 } pp_mutex_t;
 void pp_mutex_init(pp_mutex_t *m);
 void pp_mutex_destroy(pp_mutex_t *m);
-void pp_mutex_lock(pp_mutex_t *m);
-void pp_mutex_unlock(pp_mutex_t *m);
+/* Inline: a slow path takes several of these per block. */
+static inline void pp_mutex_lock(pp_mutex_t *m) {
+  (void)pthread_mutex_lock(&m->m);
+#if PINPOOL_DEBUG >= 1
+  pp_store_relaxed(&m->owner, (unsigned long)pthread_self());
+#endif
+}
+static inline void pp_mutex_unlock(pp_mutex_t *m) {
+#if PINPOOL_DEBUG >= 1
+  pp_store_relaxed(&m->owner, 0);
+#endif
+  (void)pthread_mutex_unlock(&m->m);
+}
 #if PINPOOL_DEBUG >= 1
 bool pp_mutex_held(pp_mutex_t *m);
 #define pp_assert_held(m) pp_assert(pp_mutex_held(m))
@@ -144,8 +155,11 @@ enum {
 };
 typedef struct pp_config {
   int backend;
-  uint64_t max_cached;   /* 0: no cap */
-  uint64_t max_reserved; /* 0: no cap */
+  uint64_t max_cached;     /* 0: no cap */
+  unsigned max_cached_pct; /* idle central bytes <= pct % of those in use */
+  unsigned borrow;         /* a miss may use an idle segment this many
+                              classes larger (one-block segments only) */
+  uint64_t max_reserved;   /* 0: no cap */
   uint64_t reserve;
   int mlock;
   bool hugepages;
@@ -316,10 +330,10 @@ struct pp_segment {
   int list;            /* PP_LIST_*: which list of the bin holds it */
   pp_segment_t *prev, *next;
 
-  /* Under pool->idle_lock: the pool-wide LRU of idle segments. */
+  /* Under pool->idle_lock: the pool-wide LRU of idle segments, kept only
+   * when max_cached is set (it is what trimming walks). */
   pp_segment_t *lru_prev, *lru_next;
   bool in_lru;
-  uint64_t idle_since_ns;
 
   /* Under pool->seg_lock: every live segment; descriptor free list. */
   pp_segment_t *all_prev, *all_next;
@@ -441,6 +455,7 @@ typedef struct pp_tls {
 extern _Thread_local pp_tls_t pp_tls __attribute__((tls_model("initial-exec")));
 void pp_tcache_flush_bin(pp_tcache_t *tc, unsigned cls, uint32_t keep);
 void pp_tcache_flush_all(pp_tcache_t *tc);
+void pp_tcache_shrink(pp_tcache_t *tc);
 void pp_tcache_pool_destroy(struct pinpool *pool);
 
 /* ---- History (history.c) ------------------------------------------------
@@ -503,6 +518,7 @@ typedef struct pp_gstats {
   pp_counter_t segs_cur, segs_peak, segs_alloc, segs_freed;
   pp_counter_t central_in, central_out; /* bytes into/out of central idle */
   pp_counter_t misses, oom, retries, trimmed;
+  pp_counter_t borrowed; /* misses served by a larger idle segment */
   pp_counter_t mlock_failures, locked_bytes;
   pp_counter_t ba_count, ba_total, ba_max, bf_count, bf_total, bf_max;
 } pp_gstats_t;
@@ -567,6 +583,12 @@ struct pinpool {
   bool bg_stop; /* under bg_mutex */
 };
 
+/* A cap on idle bytes is set (max_cached or max_cached_pct): idle segments
+ * are kept in the LRU that trimming walks. */
+static inline bool pp_trims(const struct pinpool *pool) {
+  return pool->cfg.max_cached != 0 || pool->cfg.max_cached_pct != 0;
+}
+
 static inline pp_bin_t *pp_bin(struct pinpool *pool, unsigned cls,
                                unsigned shard) {
   return &pool->bins[(size_t)cls * pool->cfg.shards + shard];
@@ -574,7 +596,9 @@ static inline pp_bin_t *pp_bin(struct pinpool *pool, unsigned cls,
 
 /* pool.c: the central layer used by the thread caches. */
 /* Take up to `want` blocks of class `cls` into out[]; returns the count
- * (>= 1) or a negative error. Creates a segment when every bin is empty. */
+ * (>= 1) or a negative error. When every bin is empty: one block of a
+ * larger class (central_borrow: out[0].seg's class is not cls), else a new
+ * segment. */
 int pp_central_take(struct pinpool *pool, unsigned cls, unsigned shard,
                     pp_tentry_t *out, uint32_t want, bool *missed);
 /* Give `n` cached blocks of class `cls` back to their segments' bins. */
@@ -584,9 +608,9 @@ void pp_central_give(struct pinpool *pool, unsigned cls, pp_tentry_t *in,
  * max_cached cap. Takes and drops locks itself; call with none held. */
 void pp_trim_to_cap(struct pinpool *pool);
 
-/* Release every idle segment (lru_only: only those in the LRU, i.e. not
- * carved from the reserve). Call with no lock held. */
-unsigned pp_release_idle(struct pinpool *pool, bool lru_only);
+/* Release every idle segment (keep_reserve: except those carved from the
+ * reserve). Call with no lock held. */
+unsigned pp_release_idle(struct pinpool *pool, bool keep_reserve);
 void pp_segment_release_all(struct pinpool *pool); /* destroy only */
 
 /* pool.c: keep the pool alive past pinpool_destroy (buffers, exports). */

@@ -289,8 +289,12 @@ static void seg_relist(pinpool_t *pool, pp_bin_t *bin, pp_segment_t *s) {
     list_remove(&bin->partial, s);
   else if (s->list == PP_LIST_IDLE)
     list_remove(&bin->idle, s);
-  bool from_reserve = (s->flags & PP_SEG_FROM_RESERVE) != 0;
-  if (s->list == PP_LIST_IDLE && !from_reserve) {
+  /* The LRU exists for max_cached (trimming oldest first); without a cap,
+   * idle segments are found in the bins, and no segment pays for the LRU
+   * lock every time it goes idle and back (the one-block segments of large
+   * classes do at every central give and take). pp_trims: a cap is set. */
+  bool lru = pp_trims(pool) && !(s->flags & PP_SEG_FROM_RESERVE);
+  if (s->list == PP_LIST_IDLE && lru) {
     pp_mutex_lock(&pool->idle_lock);
     lru_remove_locked(pool, s);
     pp_mutex_unlock(&pool->idle_lock);
@@ -300,9 +304,8 @@ static void seg_relist(pinpool_t *pool, pp_bin_t *bin, pp_segment_t *s) {
     list_push(&bin->partial, s);
   } else if (want == PP_LIST_IDLE) {
     list_push(&bin->idle, s);
-    if (!from_reserve) { /* the reserve is kept: never trimmed */
+    if (lru) { /* the reserve is kept: never trimmed */
       pp_mutex_lock(&pool->idle_lock);
-      s->idle_since_ns = pp_now_ns();
       s->lru_next = NULL;
       s->lru_prev = pool->lru_tail;
       if (pool->lru_tail != NULL)
@@ -382,6 +385,38 @@ static uint32_t take_from_bin(pinpool_t *pool, pp_bin_t *bin, pp_tentry_t *out,
   return n;
 }
 
+/* A miss of a class with one-block segments: rather than a new segment,
+ * the block of an idle segment at most cfg.borrow classes larger (8: up to
+ * twice the size). The pool holds fewer, fuller segments and calls the
+ * backend less, at the price of a larger block than the class while it is
+ * allocated; freed, it goes back to its own class. A segment partly in use
+ * has no free block (one block), so only idle ones qualify. Returns 1 with
+ * *out, or 0. The caller must not put the block in a thread cache stack of
+ * class cls. */
+static int central_borrow(pinpool_t *pool, unsigned cls, unsigned shard,
+                          pp_tentry_t *out) {
+  unsigned ns = pool->cfg.shards;
+  for (unsigned c = cls + 1; c <= cls + pool->cfg.borrow && c < PP_NCLASSES;
+       c++) {
+    for (unsigned i = 0; i < ns; i++) {
+      pp_bin_t *bin = pp_bin(pool, c, (shard + i) % ns);
+      pp_mutex_lock(&bin->lock);
+      pp_segment_t *s = bin->idle;
+      if (s != NULL) {
+        *out = seg_pop(s);
+        seg_relist(pool, bin, s);
+      }
+      pp_mutex_unlock(&bin->lock);
+      if (s != NULL) {
+        pp_fetch_add_relaxed(&pool->gs.central_out, pp_class_size(c));
+        pp_fetch_add_relaxed(&pool->gs.borrowed, 1);
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
+
 int pp_central_take(pinpool_t *pool, unsigned cls, unsigned shard,
                     pp_tentry_t *out, uint32_t want, bool *missed) {
   unsigned ns = pool->cfg.shards;
@@ -391,6 +426,9 @@ int pp_central_take(pinpool_t *pool, unsigned cls, unsigned shard,
     if (n > 0)
       return (int)n;
   }
+  if (pp_class_size(cls) > PP_SLAB_MAX_BLOCK &&
+      central_borrow(pool, cls, shard, out))
+    return 1;
   pp_segment_t *s = NULL;
   int rc = seg_create(pool, cls, shard, &s);
   if (rc != 0 || s == NULL)
@@ -505,29 +543,43 @@ static pp_segment_t *detach_oldest(pinpool_t *pool, uint64_t budget) {
 }
 
 void pp_trim_to_cap(pinpool_t *pool) {
-  uint64_t cap = pool->cfg.max_cached;
-  if (cap == 0)
+  if (!pp_trims(pool))
     return;
   uint64_t exempt = pool->has_reserve ? pool->reserve.size : 0;
   uint64_t cached = central_cached(pool);
+  uint64_t cap = pool->cfg.max_cached != 0 ? pool->cfg.max_cached : UINT64_MAX;
+  if (pool->cfg.max_cached_pct != 0) {
+    /* Relative cap: idle bytes in the bins at most pct % of the bytes
+     * outside them (allocated, pending, in thread caches). Both terms are
+     * read without a lock; a trim decided on slightly stale values
+     * releases a segment more or less, never a block in use. */
+    uint64_t res = pp_load_relaxed(&pool->gs.reserved_cur);
+    uint64_t used = res > cached ? res - cached : 0;
+    uint64_t rel = used / 100 * pool->cfg.max_cached_pct;
+    if (rel < cap)
+      cap = rel;
+  }
   if (cached <= cap + exempt)
     return;
   pp_segment_t *batch = detach_oldest(pool, cached - cap - exempt);
   pp_fetch_add_relaxed(&pool->gs.trimmed, release_batch(pool, batch));
 }
 
-unsigned pp_release_idle(pinpool_t *pool, bool lru_only) {
+unsigned pp_release_idle(pinpool_t *pool, bool keep_reserve) {
   pp_segment_t *batch = detach_oldest(pool, UINT64_MAX);
-  if (!lru_only) {
-    /* Segments carved from the reserve are not in the LRU: walk the bins.
-     * Giving them back coalesces the reserve for large requests. */
+  /* What the LRU does not hold: every idle segment when there is no
+   * max_cached (no LRU), and those carved from the reserve (giving them
+   * back coalesces the reserve for large requests). Walk the bins. */
+  if (!pp_trims(pool) || (pool->has_reserve && !keep_reserve)) {
     pp_mutex_lock(&pool->trim_lock);
     size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
     for (size_t i = 0; i < nbins; i++) {
       pp_bin_t *bin = &pool->bins[i];
       pp_mutex_lock(&bin->lock);
-      while (bin->idle != NULL) {
-        pp_segment_t *s = bin->idle;
+      for (pp_segment_t *s = bin->idle, *next; s != NULL; s = next) {
+        next = s->next;
+        if (keep_reserve && (s->flags & PP_SEG_FROM_RESERVE))
+          continue;
         list_remove(&bin->idle, s);
         s->list = PP_LIST_NONE;
         pp_mutex_lock(&pool->idle_lock);

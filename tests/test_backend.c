@@ -768,9 +768,11 @@ static void test_no_lock_held_during_backend_calls(void **state) {
 
   /* The max_reserved retry, inside pinpool_alloc: 2 MiB (small segment) +
    * 8 MiB idle + 6 MiB new > 12 MiB: the idle segment is released, the
-   * allocation retried. */
+   * allocation retried (borrow=0: else the 6 MiB request would take the
+   * idle 8 MiB block). */
   pr = probe_new();
-  pool = probe_pool(pr, &cb, "tcache_bytes=0,shards=1,max_reserved=12MiB");
+  pool = probe_pool(pr, &cb,
+                    "tcache_bytes=0,shards=1,max_reserved=12MiB,borrow=0");
   atomic_store(&pr->where, "alloc (new segment)");
   PP_OK(pinpool_alloc(pool, 8 * MiB, &a));
   PP_OK(pinpool_free(pool, a));

@@ -122,6 +122,10 @@ static void test_every_key_good(void **state) {
   GOOD("shards=1");
   GOOD("shards=7");
   GOOD("shards=64");
+  GOOD("borrow=0");
+  GOOD("borrow=16");
+  GOOD("max_cached_pct=0");
+  GOOD("max_cached_pct=10000");
   GOOD("backend=malloc,max_cached=64MiB,max_reserved=1GiB,reserve=2MiB,"
        "mlock=0,hugepages=0,populate=0,populate_threads=2,tcache_bytes=256KiB,"
        "shards=4");
@@ -181,6 +185,10 @@ static void test_every_key_bad(void **state) {
   BAD("populate_threads=-1", "populate_threads");
   BAD("populate_threads=x", "populate_threads");
   BAD("populate_threads=", "populate_threads");
+  BAD("borrow=17", "borrow");
+  BAD("borrow=-1", "borrow");
+  BAD("max_cached_pct=10001", "max_cached_pct");
+  BAD("max_cached_pct=ten", "max_cached_pct");
   BAD("shards=0", "shards");
   BAD("shards=65", "shards");
   BAD("shards=-3", "shards");

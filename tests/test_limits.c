@@ -32,7 +32,8 @@ static void test_max_reserved_large(void **state) {
   const uint64_t cap = 8 * MiB;
   counting_backend_t cb;
   cb_init(&cb);
-  pinpool_t *pool = create_cb("max_reserved=8MiB,tcache_bytes=0", &cb);
+  /* borrow=0: the retry below is what is tested, not a borrowed block. */
+  pinpool_t *pool = create_cb("max_reserved=8MiB,tcache_bytes=0,borrow=0", &cb);
   pinpool_stats_t st, st2;
   PP_STATS(pool, &st);
   PP_ASSERT(st.max_reserved == cap, "max_reserved %" PRIu64, st.max_reserved);
@@ -197,6 +198,118 @@ static void test_max_reserved_random(void **state) {
   for (int i = 0; i < LIVE; i++)
     if (p[i])
       PP_OK(pinpool_free(pool, p[i]));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+}
+
+/* ---- borrow
+ * ------------------------------------------------------------------ */
+/* A miss of a large class takes the idle block of a class at most `borrow`
+ * classes larger instead of a new segment; freed, the block goes back to
+ * its own class. Not beyond the limit, not from a partly used slab, and
+ * never with borrow=0. */
+static void borrow_case(const char *conf, size_t have, size_t want,
+                        int expect_borrow) {
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb(conf, &cb);
+  void *a = NULL, *b = NULL, *c = NULL;
+  PP_OK(pinpool_alloc(pool, have, &a));
+  PP_OK(pinpool_free(pool, a));
+  PP_OK(pinpool_thread_flush(pool)); /* idle in the central bins */
+  uint64_t calls = cb_counts(&cb).calls;
+  pinpool_stats_t st, st2;
+  PP_STATS(pool, &st);
+  PP_OK(pinpool_alloc(pool, want, &b));
+  PP_STATS(pool, &st2);
+  size_t bs = 0;
+  PP_OK(pinpool_block_size(pool, b, &bs));
+  if (expect_borrow) {
+    PP_ASSERT(b == a && bs == pp_ref_class(have),
+              "[%s] %zu from the idle %zu block: got %p (%zu bytes)", conf,
+              want, have, b, bs);
+    PP_ASSERT(cb_counts(&cb).calls == calls, "[%s] a backend call", conf);
+    PP_ASSERT(st2.borrowed_blocks == st.borrowed_blocks + 1 &&
+                  st2.cache_misses == st.cache_misses,
+              "[%s] borrowed %" PRIu64 " -> %" PRIu64 ", misses %" PRIu64
+              " -> %" PRIu64,
+              conf, st.borrowed_blocks, st2.borrowed_blocks, st.cache_misses,
+              st2.cache_misses);
+    PP_ASSERT(st2.block_bytes.current == bs &&
+                  st2.requested_bytes.current == want,
+              "[%s] block bytes %" PRIu64 ", requested %" PRIu64, conf,
+              st2.block_bytes.current, st2.requested_bytes.current);
+  } else {
+    PP_ASSERT(b != a && bs == pp_ref_class(want),
+              "[%s] %zu must not take the idle %zu block (got %zu bytes)", conf,
+              want, have, bs);
+    PP_ASSERT(st2.borrowed_blocks == st.borrowed_blocks, "[%s] borrowed", conf);
+  }
+  PP_CHECK_CONSISTENT(pool);
+  PP_OK(pinpool_free(pool, b));
+  PP_OK(pinpool_thread_flush(pool));
+  PP_CHECK_CONSISTENT(pool);
+  /* Back in its own class: a request of that class reuses it. */
+  PP_OK(pinpool_alloc(pool, have, &c));
+  PP_ASSERT(!expect_borrow || c == a, "[%s] not back in its class", conf);
+  PP_OK(pinpool_free(pool, c));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+}
+
+static void test_borrow(void **state) {
+  (void)state;
+  /* 4 MiB is 8 classes above 2 MiB (the default limit), 4.5 MiB is 9. */
+  borrow_case("", 4 * MiB, 2 * MiB, 1);
+  borrow_case("", 4 * MiB, 2 * MiB + 1, 1);
+  borrow_case("", 4 * MiB + 512 * KiB, 2 * MiB, 0);
+  borrow_case("borrow=9", 4 * MiB + 512 * KiB, 2 * MiB, 1);
+  borrow_case("borrow=0", 4 * MiB, 3 * MiB, 0);
+  borrow_case("borrow=1", 2 * MiB + 256 * KiB, 2 * MiB, 1);
+  borrow_case("tcache_bytes=0,shards=3", 8 * MiB, 5 * MiB, 1);
+  /* Smaller never serves larger; slabs (<= 256 KiB) never lend. */
+  borrow_case("", 2 * MiB, 3 * MiB, 0);
+  borrow_case("", 256 * KiB, 160 * KiB, 0);
+}
+
+/* ---- max_cached_pct
+ * ---------------------------------------------------------- */
+/* Idle bytes in the bins are trimmed to pct % of the bytes in use. */
+static void test_max_cached_pct(void **state) {
+  (void)state;
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb("max_cached_pct=25,tcache_bytes=0,borrow=0", &cb);
+  enum { N = 16 };
+  void *p[N];
+  for (int i = 0; i < N; i++)
+    PP_OK(pinpool_alloc(pool, 4 * MiB, &p[i]));
+  pinpool_stats_t st;
+  for (int i = 0; i < N; i++) {
+    PP_OK(pinpool_free(pool, p[i]));
+    PP_STATS(pool, &st);
+    uint64_t used = st.reserved_bytes.current - st.cached_bytes.current;
+    /* One segment of slack: the cap is checked before the free that
+     * crosses it is trimmed only by whole segments. */
+    PP_ASSERT(st.cached_bytes.current <= used / 4 + 4 * MiB,
+              "after %d frees: cached %" PRIu64 " > 25%% of %" PRIu64, i + 1,
+              st.cached_bytes.current, used);
+    PP_CHECK_CONSISTENT(pool);
+  }
+  PP_ASSERT(st.trimmed_segments >= N - 4, "trimmed %" PRIu64,
+            st.trimmed_segments);
+  PP_ASSERT(st.max_cached == 0, "max_cached %" PRIu64, st.max_cached);
+  /* The oldest idle segments went first: the newest one is still cached. */
+  uint64_t calls = cb_counts(&cb).calls;
+  void *q = NULL;
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &q));
+  PP_ASSERT(q == p[N - 1] || cb_counts(&cb).calls == calls + 1,
+            "neither the newest idle block nor a new segment");
+  PP_OK(pinpool_free(pool, q));
   PP_CHECK_CONSISTENT(pool);
   pinpool_destroy(pool);
   PP_CHECK_CB_BALANCED(&cb);
@@ -560,6 +673,8 @@ int main(void) {
       cmocka_unit_test(test_max_reserved_large),
       cmocka_unit_test(test_max_reserved_small),
       cmocka_unit_test(test_max_reserved_random),
+      cmocka_unit_test(test_borrow),
+      cmocka_unit_test(test_max_cached_pct),
       cmocka_unit_test(test_max_cached_in_order),
       cmocka_unit_test(test_max_cached_shuffled),
       cmocka_unit_test(test_max_cached_below_one_segment),

@@ -74,6 +74,13 @@ size_t pp_ref_class(size_t s) {
   return (s + step - 1) & ~(step - 1);
 }
 
+int pp_ref_block_ok(size_t size, size_t bs) {
+  size_t cls = pp_ref_class(size);
+  if (bs == cls)
+    return 1;
+  return cls > 256 * KiB && bs > cls && bs <= 2 * cls && pp_ref_class(bs) == bs;
+}
+
 void pp_get_stats_(pinpool_t *pool, pinpool_stats_t *st, const char *file,
                    int line) {
   memset(st, 0xEE, sizeof *st);
@@ -170,6 +177,7 @@ void pp_check_stats_equal_(const pinpool_stats_t *a, const pinpool_stats_t *b,
   CMP_U64(oom_count)
   CMP_U64(retries)
   CMP_U64(trimmed_segments)
+  CMP_U64(borrowed_blocks)
   CMP_U64(mlock_failures)
   CMP_U64(locked_bytes)
   CMP_U64(backend_alloc.count)
