@@ -227,9 +227,11 @@ int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out);
 /* backend_host.c, shared with backend=cuda-register: anonymous mmap of
  * `size` bytes, 2 MiB-aligned with MADV_HUGEPAGE if cfg->hugepages, bound
  * to cfg->numa_node with mbind if >= 0, populated by `nthreads` threads
- * if cfg->populate. No mlock. */
+ * if cfg->populate. lock_err non-NULL: also mlock it, in the same pass (the
+ * lock faults the pages in); *lock_err is 0, or the refusal's errno and
+ * the segment is populated unlocked. */
 int pp_host_map(const pp_config_t *cfg, size_t size, unsigned nthreads,
-                void **out, unsigned *flags);
+                int *lock_err, void **out, unsigned *flags);
 void pp_host_unmap(void *p, size_t size);
 /* 0 if NUMA node `node` exists (node 0 always does), else ECONFIG. */
 int pp_numa_check(int node);
