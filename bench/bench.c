@@ -24,7 +24,7 @@
  *   pinpool  pinpool (mlock=1; workload-specific settings in the record)
  *   pinpool-tc  W1 only: pinpool with tcache_bytes=8GiB (every size in the
  *            thread cache)
- *   pinpool-cap  W2 only: pinpool with max_cached=128MiB (quick: 16MiB)
+ *   pinpool-cap  W2 only: pinpool with max_cached_pct=10
  *   pinpool-h-alloc, pinpool-h-all, pinpool-h-all16  W1h only: pinpool
  *            with history level alloc (no stacks), all (no stacks), all
  *            with 16-frame stacks
@@ -2636,7 +2636,7 @@ static int one_case(void) { return 1; }
 static const workload_t g_workloads[] = {
     {"W1", "mlock=1", "pinpool-tc", ",tcache_bytes=8GiB", w1_ncases, w1_run, 2,
      false, false},
-    {"W2", "mlock=1", "pinpool-cap", ",max_cached=128MiB", one_case, w2_run, 2,
+    {"W2", "mlock=1", "pinpool-cap", ",max_cached_pct=10", one_case, w2_run, 2,
      false, false},
     {"W3", "mlock=1", NULL, NULL, w3_ncases, w3_run, 2, false, false},
     {"W4", "mlock=1,events=simulated,sim_delay_us=0", NULL, NULL, one_case,
@@ -2750,8 +2750,6 @@ int main(int argc, char **argv) {
   const char *cfg = wl->pool_config, *vcfg = wl->variant_config;
   if (g_opt.quick && strcmp(wl->name, "W6") == 0)
     cfg = "mlock=1,max_cached=32MiB";
-  if (g_opt.quick && strcmp(wl->name, "W2") == 0)
-    vcfg = ",max_cached=16MiB";
   if (g_opt.config != NULL)
     cfg = g_opt.config;
   im_setup(cfg, wl->variant, vcfg, wl->hist_variants);

@@ -664,10 +664,12 @@ static void goals_w2(void) {
     double ov = get(p, "overhead");
     goal_add(a, "%s%d thread%s: pinpool %.2f", a->detail[0] ? "; " : "", t,
              t > 1 ? "s" : "", ov);
-    if (c != NULL)
-      goal_add(a, " (max_cached=%s: %.2f at %s ops/s)",
-               strstr(c->config, "max_cached=16MiB") ? "16MiB" : "128MiB",
+    if (c != NULL) {
+      /* The variant's own key: what follows the shared "mlock=1,". */
+      const char *k = strstr(c->config, "max_cached");
+      goal_add(a, " (%s: %.2f at %s ops/s)", k != NULL ? k : c->config,
                get(c, "overhead"), fmt_num(speed(c), buf, sizeof buf));
+    }
     if (r != NULL)
       goal_add(a, ", refpool %.2f", get(r, "overhead"));
     if (t == 1)
