@@ -224,7 +224,12 @@ lookup_block(pinpool_t *pool, const void *p, const char *fn,
 }
 
 /* The freed block does not fit the thread cache as it is: flush first (or
- * bypass it), then trim and sample the peaks. Out of line: see alloc_slow. */
+ * bypass it), then trim. Out of line: see alloc_slow. No peak sample: a
+ * free lowers every peaked value but cached bytes, whose rise is sampled at
+ * the next slow allocation or get_stats (docs/stats.md); sampling reads
+ * every thread's counters, lines that a thread freeing another's blocks
+ * would otherwise pull over at every flush. Without thread caches every
+ * free samples, so that tcache_bytes=0 keeps exact peaks. */
 __attribute__((noinline)) static int
 free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
                uint32_t idx, unsigned cls) {
@@ -244,7 +249,8 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
       pp_tcache_shrink(tc);
   }
   pp_trim_to_cap(pool);
-  pp_stats_sample_peaks(pool);
+  if (pool->cfg.tcache_bytes == 0)
+    pp_stats_sample_peaks(pool);
   return 0;
 }
 

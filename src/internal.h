@@ -308,6 +308,14 @@ enum { PP_LIST_NONE = 0, PP_LIST_PARTIAL, PP_LIST_IDLE };
 
 typedef struct pp_segment pp_segment_t;
 struct pp_segment {
+  /* Cache-line layout: the fields every free reads (found through the map or
+   * the hint) come first and are written only while the segment is being
+   * created or released; the ones the bin lock guards, written at every
+   * central take and give, are on a line of their own; the block words
+   * start on another. A thread freeing another thread's blocks then misses
+   * only on the word it changes, not on a header line the other thread has
+   * just written. */
+
   /* Read without a lock by pinpool_free's lookup. Descriptors are never
    * freed while the pool lives (recycled per capacity), so a stale lookup
    * reads a live descriptor; the fields are atomics because a recycle may
@@ -315,31 +323,17 @@ struct pp_segment {
   _Atomic(uintptr_t) base;
   _Atomic(size_t) size;
   _Atomic(size_t) block_size;
-  _Atomic(uint32_t) nblocks;
   /* ceil(2^42 / block_size): offset / block_size by a multiply. Exact for
    * offsets below 2^21 (every multi-block segment is <= 2 MiB) and blocks
    * up to 2^18 bytes: 42 >= 21 + 18 bits. */
   _Atomic(uint64_t) div_magic;
+  _Atomic(uint32_t) nblocks;
   _Atomic(uint32_t) cls_index; /* == cls, readable without the bin lock */
   uint32_t capacity; /* length of word[]; immutable for the descriptor */
-
-  /* Under the lock of bin (cls, shard). cls and shard are written before
-   * the segment is published and never change while it is live. */
+  /* Written before the segment is published, never while it is live:
+   * cls and shard (whose bin owns it), flags (PP_SEG_*). */
   unsigned cls, shard;
-  uint32_t carved;     /* blocks [0, carved) have been handed out once */
-  uint32_t free_count; /* blocks in this bin: listed free + never carved */
-  uint32_t free_head;  /* index+1 of the first listed free block */
-  int list;            /* PP_LIST_*: which list of the bin holds it */
-  pp_segment_t *prev, *next;
-
-  /* Under pool->idle_lock: the pool-wide LRU of idle segments, kept only
-   * when max_cached is set (it is what trimming walks). */
-  pp_segment_t *lru_prev, *lru_next;
-  bool in_lru;
-
-  /* Under pool->seg_lock: every live segment; descriptor free list. */
-  pp_segment_t *all_prev, *all_next;
-  unsigned flags; /* PP_SEG_*, written before publication */
+  unsigned flags;
 
   /* Streams recorded on each block (stream.c): one pointer per block,
    * installed once with a CAS, then read and written under the stripe
@@ -354,10 +348,25 @@ struct pp_segment {
 
   /* Bumped under pool->seg_lock when the segment is published and when it
    * is released: a snapshot reading blocks without the lock checks it did
-   * not change meanwhile (snapshot.c). */
+   * not change meanwhile (snapshot.c); pinpool_free's hint as well. */
   _Atomic(uint64_t) gen;
 
-  _Atomic(uint64_t) word[];
+  /* Under the lock of bin (cls, shard). */
+  _Alignas(64) uint32_t carved; /* blocks [0, carved) handed out once */
+  uint32_t free_count; /* blocks in this bin: listed free + never carved */
+  uint32_t free_head;  /* index+1 of the first listed free block */
+  int list;            /* PP_LIST_*: which list of the bin holds it */
+  pp_segment_t *prev, *next;
+
+  /* Under pool->idle_lock: the pool-wide LRU of idle segments, kept only
+   * when a cap is set (it is what trimming walks). */
+  pp_segment_t *lru_prev, *lru_next;
+  bool in_lru;
+
+  /* Under pool->seg_lock: every live segment; descriptor free list. */
+  pp_segment_t *all_prev, *all_next;
+
+  _Alignas(64) _Atomic(uint64_t) word[];
 };
 
 /* ---- Segment map (segmap.c): pointer -> segment without a lock. -------- */

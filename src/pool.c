@@ -30,9 +30,13 @@ static pp_segment_t *desc_get(pinpool_t *pool, bool slab) {
   if (d != NULL)
     return d;
   uint32_t cap = slab ? (uint32_t)PP_SLAB_MAX_BLOCKS : 1u;
-  d = calloc(1, sizeof *d + cap * sizeof(d->word[0]));
-  if (d != NULL)
+  /* Aligned, so that the cache-line layout of pp_segment_t holds. */
+  size_t bytes = sizeof *d + cap * sizeof(d->word[0]);
+  d = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+  if (d != NULL) {
+    memset(d, 0, bytes);
     d->capacity = cap;
+  }
   return d;
 }
 

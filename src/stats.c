@@ -6,11 +6,13 @@
  * under pool->reg_lock, which also guards the list of caches, the counters
  * of exited threads and the peaks.
  *
- * Peaks of allocated and cached bytes are sampled at every slow path and
- * at every get_stats, with the exact sum. Between two samples a thread can
- * raise its allocated bytes only by popping its own cache, so a peak is
- * below the true one by at most (caches alive at once) * tcache_bytes,
- * reported as peak_slack_bytes. Reserved bytes and segments are exact.
+ * Peaks of allocated and cached bytes are sampled at every allocation that
+ * leaves the thread cache and at every get_stats, with the exact sum.
+ * Between two samples a thread can raise its allocated bytes only by
+ * popping its own cache, so a peak is below the true one by at most (caches
+ * alive at once) * tcache_bytes, reported as peak_slack_bytes. Frees are
+ * not sampled (they lower all but cached bytes). Reserved bytes and
+ * segments are exact.
  */
 #include "internal.h"
 
