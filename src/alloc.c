@@ -25,7 +25,8 @@ static inline pp_tcache_t *tcache_get(pinpool_t *pool) {
 /* First use of a class in this thread: size its stack so that one class
  * holds at most an eighth of tcache_bytes (and 64 blocks); classes larger
  * than tcache_bytes bypass the thread cache. */
-static bool tbin_init(pinpool_t *pool, pp_tbin_t *b, size_t bs) {
+static bool tbin_init(pinpool_t *pool, pp_tcache_t *tc, pp_tbin_t *b,
+                      size_t bs) {
   uint64_t tb = pool->cfg.tcache_bytes;
   if (tb == 0 || bs > tb)
     return false;
@@ -37,6 +38,12 @@ static bool tbin_init(pinpool_t *pool, pp_tbin_t *b, size_t bs) {
   b->cap = (uint32_t)cap;
   b->bs = bs;
   b->batch = (uint32_t)(cap + 1) / 2;
+  /* Keep tc->used sorted, largest class first. */
+  uint16_t cls = (uint16_t)(b - tc->bins);
+  unsigned i = tc->nused++;
+  for (; i > 0 && tc->used[i - 1] < cls; i--)
+    tc->used[i] = tc->used[i - 1];
+  tc->used[i] = cls;
   return true;
 }
 
@@ -88,7 +95,7 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
   bool missed = false;
   int n;
   pp_owner_add(&tc->c.slow_allocs, 1);
-  if (b->items == NULL && !tbin_init(pool, b, bs)) {
+  if (b->items == NULL && !tbin_init(pool, tc, b, bs)) {
     /* Bypass: straight from the central bin to the caller. */
     pp_tentry_t e;
     n = take_with_retry(pool, tc, cls, &e, 1, &missed, ra);
@@ -238,7 +245,7 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
   pp_tbin_t *b = &tc->bins[cls];
   if (tc->epoch != pp_load_relaxed(&pool->flush_epoch))
     pp_tcache_flush_all(tc); /* pinpool_empty_cache asked for it */
-  if (b->items == NULL && !tbin_init(pool, b, bs)) {
+  if (b->items == NULL && !tbin_init(pool, tc, b, bs)) {
     pp_central_give(pool, cls, &e, 1); /* no thread cache for this class */
   } else {
     if (b->n == b->cap)

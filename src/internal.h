@@ -452,6 +452,10 @@ typedef struct pp_tcache {
   /* pool->reg_lock: pool's list of caches. pp_global_lock: thread's list. */
   struct pp_tcache *pool_prev, *pool_next;
   struct pp_tcache *thr_next;
+  /* Classes whose stack exists, largest first (owner only): what a shrink
+   * or a flush walks instead of every class. */
+  uint16_t used[PP_NCLASSES];
+  unsigned nused;
   pp_tbin_t bins[PP_NCLASSES];
 } pp_tcache_t;
 

@@ -59,18 +59,18 @@ void pp_tcache_flush_bin(pp_tcache_t *tc, unsigned cls, uint32_t keep) {
  * everything instead made every next allocation a miss.) Owner only. */
 void pp_tcache_shrink(pp_tcache_t *tc) {
   uint64_t target = tc->pool->cfg.tcache_bytes / 2;
-  for (unsigned c = PP_NCLASSES; c-- > 0;) {
+  for (unsigned i = 0; i < tc->nused; i++) {
     if (pp_load_relaxed(&tc->bytes) <= target)
       break;
-    if (tc->bins[c].n > 0)
-      pp_tcache_flush_bin(tc, c, 0);
+    if (tc->bins[tc->used[i]].n > 0)
+      pp_tcache_flush_bin(tc, tc->used[i], 0);
   }
 }
 
 void pp_tcache_flush_all(pp_tcache_t *tc) {
-  for (unsigned c = 0; c < PP_NCLASSES; c++)
-    if (tc->bins[c].n > 0)
-      pp_tcache_flush_bin(tc, c, 0);
+  for (unsigned i = 0; i < tc->nused; i++)
+    if (tc->bins[tc->used[i]].n > 0)
+      pp_tcache_flush_bin(tc, tc->used[i], 0);
   tc->epoch = pp_load_acquire(&tc->pool->flush_epoch);
 }
 
