@@ -94,6 +94,7 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
   pp_tbin_t *b = &tc->bins[cls];
   bool missed = false;
   int n;
+  uint64_t taken; /* bytes that left the central bins for this thread */
   pp_owner_add(&tc->c.slow_allocs, 1);
   if (b->items == NULL && !tbin_init(pool, tc, b, bs)) {
     /* Bypass: straight from the central bin to the caller. */
@@ -106,6 +107,7 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
     account_alloc(tc, size, ebs);
     *out = e.ptr;
+    taken = ebs;
   } else {
     uint64_t room = pool->cfg.tcache_bytes - pp_load_relaxed(&tc->bytes);
     uint64_t want = room / bs;
@@ -126,12 +128,23 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) - bs);
     account_alloc(tc, size, ebs);
     *out = e.ptr;
+    taken = (uint64_t)(n - 1) * bs + ebs;
   }
   if (missed) {
     pp_fetch_add_relaxed(&pool->gs.misses, 1);
     pp_trim_to_cap(pool); /* a new segment adds idle bytes */
   }
-  pp_stats_sample_peaks(pool);
+  /* Peaks (stats.c): sampled once the bytes this thread took from the bins
+   * since its last sample exceed tcache_bytes, and at every new segment.
+   * Until then it can have allocated at most what its cache held plus
+   * those bytes: 2 x tcache_bytes, the slack reported. A sample reads every
+   * thread's counters; a producer whose every allocation leaves its cache
+   * would otherwise pull its consumer's counter lines over each time. */
+  tc->unsampled += taken;
+  if (missed || tc->unsampled > pool->cfg.tcache_bytes) {
+    tc->unsampled = 0;
+    pp_stats_sample_peaks(pool);
+  }
   return 0;
 }
 

@@ -447,6 +447,8 @@ typedef struct pp_tcache {
   unsigned shard;
   uint64_t epoch;          /* pool->flush_epoch seen last; owner only */
   pp_fhint_t hint;         /* segment of the last free (alloc.c); owner only */
+  uint64_t unsampled;      /* bytes taken from the bins since this thread last
+                              sampled the peaks (alloc.c); owner only */
   _Atomic(uint64_t) bytes; /* cached bytes held; owner writes */
   pp_tcounters_t c;
   /* pool->reg_lock: pool's list of caches. pp_global_lock: thread's list. */

@@ -6,13 +6,14 @@
  * under pool->reg_lock, which also guards the list of caches, the counters
  * of exited threads and the peaks.
  *
- * Peaks of allocated and cached bytes are sampled at every allocation that
- * leaves the thread cache and at every get_stats, with the exact sum.
- * Between two samples a thread can raise its allocated bytes only by
- * popping its own cache, so a peak is below the true one by at most (caches
- * alive at once) * tcache_bytes, reported as peak_slack_bytes. Frees are
- * not sampled (they lower all but cached bytes). Reserved bytes and
- * segments are exact.
+ * Peaks of allocated and cached bytes are sampled, with the exact sum, at
+ * every get_stats, every new segment, and whenever the bytes a thread has
+ * taken from the central bins since its last sample exceed tcache_bytes.
+ * Between two of its samples a thread can raise its allocated bytes only
+ * by what its cache held plus what it took (each at most tcache_bytes), so
+ * a peak is below the true one by at most (caches alive at once) * 2 *
+ * tcache_bytes, reported as peak_slack_bytes. Frees are not sampled (they
+ * lower all but cached bytes). Reserved bytes and segments are exact.
  */
 #include "internal.h"
 
@@ -132,7 +133,7 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   uint64_t pend = pp_load_relaxed(&pool->pending_bytes);
   st.cached_bytes = stat_of(res_alloc + blk_free - pend, res_freed + blk_alloc,
                             c.cached, r->peak_cached);
-  st.peak_slack_bytes = (uint64_t)r->max_ncaches * pool->cfg.tcache_bytes;
+  st.peak_slack_bytes = (uint64_t)r->max_ncaches * 2 * pool->cfg.tcache_bytes;
   pp_mutex_unlock(&pool->reg_lock);
 
   st.reserved_bytes =
