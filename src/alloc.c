@@ -281,6 +281,34 @@ static int state_error(const void *p, const char *fn, uint64_t w) {
                  PP_WORD_STATE(w) == PP_PENDING ? "pending" : "already free");
 }
 
+/* ALLOCATED -> CACHED on a block's state word, which was read as *w: the
+ * CAS of the file comment (on failure *w is the word's new value). */
+static inline __attribute__((always_inline)) bool
+claim_block(_Atomic(uint64_t) *word, uint64_t *w) {
+#ifdef PINPOOL_MUTANT_FREE_NO_CAS
+  /* Race mutant (docs/verification.md): a load and a store instead of the
+   * CAS; two concurrent frees can both succeed. */
+  (void)w;
+  pp_store_release(word, PP_WORD(0, PP_CACHED));
+  return true;
+#else
+  return pp_cas_acq_rel(word, w, PP_WORD(0, PP_CACHED));
+#endif
+}
+
+/* The hint's segment is still the incarnation the hint copied (below). */
+static inline __attribute__((always_inline)) bool
+hint_current(pp_segment_t *seg, const pp_fhint_t *h) {
+#ifdef PINPOOL_MUTANT_HINT_NO_GEN
+  /* Mutant (docs/verification.md): the check left out. */
+  (void)seg;
+  (void)h;
+  return true;
+#else
+  return pp_load_relaxed(&seg->gen) == h->gen;
+#endif
+}
+
 /* The block (seg, idx) at ptr, whose state word was read as w, goes back
  * to the caller's cache tc. Shared by both paths of pinpool_free; hist:
  * write the free_completed entry if history is at ALLOC or above. */
@@ -328,14 +356,7 @@ __attribute__((noinline)) static int free_general(pinpool_t *pool, void *ptr,
       return state_error(ptr, "pinpool_free", w);
     if (w & PP_WORD_STREAMS) /* used on streams: stream-ordered free */
       return pp_stream_free(pool, tc, seg, idx, w, ra);
-#ifdef PINPOOL_MUTANT_FREE_NO_CAS
-    /* Race mutant (docs/verification.md): a load and a store instead of
-     * the CAS; two concurrent frees can both succeed. */
-    pp_store_release(&seg->word[idx], PP_WORD(0, PP_CACHED));
-  } while (0);
-#else
-  } while (!pp_cas_acq_rel(&seg->word[idx], &w, PP_WORD(0, PP_CACHED)));
-#endif
+  } while (!claim_block(&seg->word[idx], &w));
   /* The block is ours now and stays in this thread's cache until we give
    * it back, so seg cannot be released meanwhile: these fields and gen are
    * those of one live incarnation. */
@@ -379,20 +400,12 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
       size_t idx = h->nblocks == 1 ? (off >= bs ? 1u : 0u)
                                    : (size_t)((off * h->magic) >> 42);
       if (pp_likely(idx < h->nblocks && idx * bs == off &&
-#ifndef PINPOOL_MUTANT_HINT_NO_GEN
-                    pp_load_relaxed(&seg->gen) == h->gen &&
-#endif
+                    hint_current(seg, h) &&
                     pp_hist_level(pool) < PINPOOL_HISTORY_ALLOC)) {
         uint64_t w = pp_load_acquire(&seg->word[idx]);
-        if (pp_likely(PP_WORD_STATE(w) == PP_ALLOCATED && !(w & PP_WORD_STREAMS)
-#ifndef PINPOOL_MUTANT_FREE_NO_CAS
-                      &&
-                      pp_cas_acq_rel(&seg->word[idx], &w, PP_WORD(0, PP_CACHED))
-#endif
-                          )) {
-#ifdef PINPOOL_MUTANT_FREE_NO_CAS
-          pp_store_release(&seg->word[idx], PP_WORD(0, PP_CACHED));
-#endif
+        if (pp_likely(PP_WORD_STATE(w) == PP_ALLOCATED &&
+                      !(w & PP_WORD_STREAMS) &&
+                      claim_block(&seg->word[idx], &w))) {
           /* History is below ALLOC (checked above): no entry to write. */
           return free_block(pool, tc, ptr, seg, (uint32_t)idx, w, ra, false);
         }

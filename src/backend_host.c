@@ -73,7 +73,7 @@ static int populate(char *p, size_t size, unsigned nt, bool lock) {
   }
   if (nt > 64)
     nt = 64;
-  populate_job_t jobs[64];
+  populate_job_t jobs[64] = {{0}};
   size_t pages = size / PP_PAGE, per = (pages + nt - 1) / nt;
   for (unsigned i = 0; i < nt; i++) {
     size_t first = (size_t)i * per;

@@ -9,8 +9,10 @@
  * PARTS is a comma list of: alloc (alloc/free, same and other thread),
  * stats (get_stats, reset_peak_stats, get_config, block_size), empty
  * (empty_cache, thread_flush), streams (record_stream, sim_submit,
- * process_events, synchronize), trim (a small max_cached and
- * max_reserved, so segments are released and retried all the time),
+ * process_events, synchronize), trim (a small max_cached, a
+ * max_cached_pct of 5 % and a max_reserved, so segments are released and
+ * retried all the time; blocks above 256 KiB are borrowed by smaller
+ * classes in every configuration),
  * buffers (pinpool_buffer_*: retain, release, close, exports and their
  * release, attribute queries on a few buffers shared by every thread,
  * replaced all the time so that first attribute queries race), history
@@ -380,8 +382,8 @@ int main(int argc, char **argv) {
            (g_parts & P_STREAMS) ? "events=simulated,sim_delay_us=20,"
                                    "background=1,poll_us=200,"
                                  : "",
-           (g_parts & P_TRIM) ? "max_cached=4MiB,max_reserved=96MiB,"
-                                "tcache_bytes=1MiB,shards=2"
+           (g_parts & P_TRIM) ? "max_cached=4MiB,max_cached_pct=5,"
+                                "max_reserved=96MiB,tcache_bytes=1MiB,shards=2"
                               : "tcache_bytes=4MiB");
   int rc = pinpool_create(config, &g_pool);
   if (rc != 0) {
