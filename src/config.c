@@ -113,7 +113,7 @@ static void config_defaults(pp_config_t *c) {
   c->populate_threads = ncpu < 1 ? 1u : ncpu > 8 ? 8u : (unsigned)ncpu;
   c->populate_parallel_min = (uint64_t)64 << 20;
   c->tcache_bytes = (uint64_t)64 << 20;
-  c->borrow = 8;
+  c->borrow = 4;
   c->shards = 4;
   c->events = PP_EVENTS_NONE;
   c->poll_us = 100;

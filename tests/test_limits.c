@@ -263,14 +263,17 @@ static void borrow_case(const char *conf, size_t have, size_t want,
 
 static void test_borrow(void **state) {
   (void)state;
-  /* 4 MiB is 8 classes above 2 MiB (the default limit), 4.5 MiB is 9. */
-  borrow_case("", 4 * MiB, 2 * MiB, 1);
-  borrow_case("", 4 * MiB, 2 * MiB + 1, 1);
-  borrow_case("", 4 * MiB + 512 * KiB, 2 * MiB, 0);
+  /* Classes above 2 MiB: 2.25, 2.5, 2.75, 3 (4 up: the default limit),
+   * 3.5, 4 (8 up), 4.5 MiB (9 up). */
+  borrow_case("", 3 * MiB, 2 * MiB, 1);
+  borrow_case("", 3 * MiB, 2 * MiB + 1, 1);
+  borrow_case("", 3 * MiB + 512 * KiB, 2 * MiB, 0);
+  borrow_case("borrow=8", 4 * MiB, 2 * MiB, 1);
+  borrow_case("borrow=8", 4 * MiB + 512 * KiB, 2 * MiB, 0);
   borrow_case("borrow=9", 4 * MiB + 512 * KiB, 2 * MiB, 1);
   borrow_case("borrow=0", 4 * MiB, 3 * MiB, 0);
   borrow_case("borrow=1", 2 * MiB + 256 * KiB, 2 * MiB, 1);
-  borrow_case("tcache_bytes=0,shards=3", 8 * MiB, 5 * MiB, 1);
+  borrow_case("tcache_bytes=0,shards=3", 7 * MiB, 5 * MiB, 1);
   /* Smaller never serves larger; slabs (<= 256 KiB) never lend. */
   borrow_case("", 2 * MiB, 3 * MiB, 0);
   borrow_case("", 256 * KiB, 160 * KiB, 0);

@@ -78,7 +78,10 @@ int pp_ref_block_ok(size_t size, size_t bs) {
   size_t cls = pp_ref_class(size);
   if (bs == cls)
     return 1;
-  return cls > 256 * KiB && bs > cls && bs <= 2 * cls && pp_ref_class(bs) == bs;
+  size_t up = cls;
+  for (int i = 0; i < 4; i++)
+    up = pp_ref_class(up + 1);
+  return cls > 256 * KiB && bs > cls && bs <= up && pp_ref_class(bs) == bs;
 }
 
 void pp_get_stats_(pinpool_t *pool, pinpool_stats_t *st, const char *file,
