@@ -391,12 +391,12 @@ static uint32_t take_from_bin(pinpool_t *pool, pp_bin_t *bin, pp_tentry_t *out,
 
 /* A miss of a class with one-block segments: rather than a new segment,
  * the block of an idle segment at most cfg.borrow classes larger (4, the
- * default: at most 1.5 times the size; 8: twice). The pool holds fewer, fuller segments and calls the
- * backend less, at the price of a larger block than the class while it is
- * allocated; freed, it goes back to its own class. A segment partly in use
- * has no free block (one block), so only idle ones qualify. Returns 1 with
- * *out, or 0. The caller must not put the block in a thread cache stack of
- * class cls. */
+ * default: at most 1.5 times the size; 8: twice). The pool holds fewer, fuller
+ * segments and calls the backend less, at the price of a larger block than the
+ * class while it is allocated; freed, it goes back to its own class. A segment
+ * partly in use has no free block (one block), so only idle ones qualify.
+ * Returns 1 with *out, or 0. The caller must not put the block in a thread
+ * cache stack of class cls. */
 static int central_borrow(pinpool_t *pool, unsigned cls, unsigned shard,
                           pp_tentry_t *out) {
   unsigned ns = pool->cfg.shards;

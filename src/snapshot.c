@@ -377,11 +377,15 @@ static int read_blocks(snap_t *s, sseg_t *g) {
       size_t n = pp_stream_list(s->pool, d, i, tmp, 16);
       if (n > 16)
         n = 16; /* a block used on more streams lists the first 16 */
-      if (!grow((void **)&s->streams, &s->cap_streams, s->nstreams + n,
-                sizeof *s->streams))
-        return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory");
-      memcpy(&s->streams[s->nstreams], tmp, n * sizeof tmp[0]);
-      s->nstreams += n;
+      /* n can be 0 (the events completed between the word and the list
+       * reads): nothing to copy, and s->streams may still be NULL. */
+      if (n > 0) {
+        if (!grow((void **)&s->streams, &s->cap_streams, s->nstreams + n,
+                  sizeof *s->streams))
+          return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory");
+        memcpy(&s->streams[s->nstreams], tmp, n * sizeof tmp[0]);
+        s->nstreams += n;
+      }
       b->nstreams = (uint32_t)n;
     }
     g->nblk++;

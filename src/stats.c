@@ -77,11 +77,34 @@ static void update_peaks(pinpool_t *pool, const currents_t *c) {
     r->peak_cached = c->cached;
 }
 
+/* The slow paths' sample: only the six counters and the bytes the peaks
+ * need, summed into plain integers (pp_stats_sum builds a whole
+ * pp_sums_t of atomics for get_stats). Same values as currents_of. */
 void pp_stats_sample_peaks(pinpool_t *pool) {
-  pp_sums_t s;
   pp_mutex_lock(&pool->reg_lock);
-  pp_stats_sum(pool, &s);
-  currents_t c = currents_of(pool, &s);
+  const pp_tcounters_t *d = &pool->rs.dead;
+  uint64_t na = pp_load_relaxed(&d->n_alloc), nf = pp_load_relaxed(&d->n_free);
+  uint64_t ra = pp_load_relaxed(&d->req_alloc),
+           rf = pp_load_relaxed(&d->req_free);
+  uint64_t ba = pp_load_relaxed(&d->blk_alloc),
+           bf = pp_load_relaxed(&d->blk_free);
+  uint64_t tcb = 0;
+  for (pp_tcache_t *tc = pool->caches; tc != NULL; tc = tc->pool_next) {
+    na += pp_load_relaxed(&tc->c.n_alloc);
+    nf += pp_load_relaxed(&tc->c.n_free);
+    ra += pp_load_relaxed(&tc->c.req_alloc);
+    rf += pp_load_relaxed(&tc->c.req_free);
+    ba += pp_load_relaxed(&tc->c.blk_alloc);
+    bf += pp_load_relaxed(&tc->c.blk_free);
+    tcb += pp_load_relaxed(&tc->bytes);
+  }
+  currents_t c;
+  c.requests = diff(na, nf);
+  c.req = diff(ra, rf);
+  c.blk = diff(ba, bf);
+  c.cached = diff(pp_load_relaxed(&pool->gs.central_in),
+                  pp_load_relaxed(&pool->gs.central_out)) +
+             tcb;
   update_peaks(pool, &c);
   pp_mutex_unlock(&pool->reg_lock);
 }
