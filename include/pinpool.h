@@ -198,7 +198,8 @@ PINPOOL_API int pinpool_block_size(pinpool_t *pool, const void *ptr,
                                    size_t *out);
 
 /* The size class a request of `size` bytes is rounded to, in *out, without
- * allocating (a borrowed block may be larger: pinpool_block_size). Errors: PINPOOL_EINVAL, PINPOOL_EZEROSIZE, PINPOOL_EOVERFLOW. */
+ * allocating (a borrowed block may be larger: pinpool_block_size). Errors:
+ * PINPOOL_EINVAL, PINPOOL_EZEROSIZE, PINPOOL_EOVERFLOW. */
 PINPOOL_API int pinpool_size_class(size_t size, size_t *out);
 
 /* Return idle memory to the backend: the calling thread's cache is flushed,
