@@ -527,7 +527,15 @@ typedef struct pp_bin {
   _Alignas(64) pp_mutex_t lock;
   pp_segment_t *partial; /* some free blocks, some in use */
   pp_segment_t *idle;    /* every block free in this bin */
+  /* PP_BIN_PARTIAL | PP_BIN_IDLE: which lists are non-empty. Written under
+   * the lock whenever they change, read without it as a hint: a thread
+   * looking for a block skips a bin that says it has none instead of taking
+   * its lock (a miss tries every shard, and borrowing several classes, so
+   * up to 20 locks, most of them of empty bins). A stale "empty" costs at
+   * worst a segment that was not needed; a stale "non-empty" a lock. */
+  _Atomic(unsigned) avail;
 } pp_bin_t;
+enum { PP_BIN_PARTIAL = 1, PP_BIN_IDLE = 2 };
 
 /* Accounting not owned by a thread cache; atomics updated on slow paths. */
 typedef struct pp_gstats {

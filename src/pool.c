@@ -280,6 +280,13 @@ static void lru_remove_locked(pinpool_t *pool, pp_segment_t *s) {
   s->in_lru = false;
 }
 
+/* Publish which lists of bin are non-empty (pp_bin_t.avail). Bin lock held. */
+static void bin_publish(pp_bin_t *bin) {
+  pp_assert_held(&bin->lock);
+  pp_store_relaxed(&bin->avail, (bin->partial != NULL ? PP_BIN_PARTIAL : 0u) |
+                                    (bin->idle != NULL ? PP_BIN_IDLE : 0u));
+}
+
 /* Move s to the list matching its free count. Caller holds its bin lock. */
 static void seg_relist(pinpool_t *pool, pp_bin_t *bin, pp_segment_t *s) {
   pp_assert_held(&bin->lock);
@@ -288,7 +295,7 @@ static void seg_relist(pinpool_t *pool, pp_bin_t *bin, pp_segment_t *s) {
              : s->free_count == 0 ? PP_LIST_NONE
                                   : PP_LIST_PARTIAL;
   if (want == s->list)
-    return;
+    return; /* no list changed: avail is still right */
   if (s->list == PP_LIST_PARTIAL)
     list_remove(&bin->partial, s);
   else if (s->list == PP_LIST_IDLE)
@@ -321,6 +328,7 @@ static void seg_relist(pinpool_t *pool, pp_bin_t *bin, pp_segment_t *s) {
       pp_mutex_unlock(&pool->idle_lock);
     }
   }
+  bin_publish(bin);
 }
 
 /* Pop one free block of s. Caller holds the bin lock; s->free_count > 0. */
@@ -365,6 +373,8 @@ static uint32_t take_from_bin(pinpool_t *pool, pp_bin_t *bin, pp_tentry_t *out,
                               uint32_t want) {
   uint32_t n = 0;
   size_t bytes = 0;
+  if (pp_load_relaxed(&bin->avail) == 0)
+    return 0; /* nothing free here (a hint: see pp_bin_t.avail) */
 #ifndef PINPOOL_MUTANT_BIN_NO_LOCK
   pp_mutex_lock(&bin->lock);
 #endif
@@ -404,6 +414,8 @@ static int central_borrow(pinpool_t *pool, unsigned cls, unsigned shard,
        c++) {
     for (unsigned i = 0; i < ns; i++) {
       pp_bin_t *bin = pp_bin(pool, c, (shard + i) % ns);
+      if (!(pp_load_relaxed(&bin->avail) & PP_BIN_IDLE))
+        continue;
       pp_mutex_lock(&bin->lock);
       pp_segment_t *s = bin->idle;
       if (s != NULL) {
@@ -502,6 +514,7 @@ static bool detach_idle(pinpool_t *pool, pp_segment_t *s) {
   if (s->list == PP_LIST_IDLE) {
     list_remove(&bin->idle, s);
     s->list = PP_LIST_NONE;
+    bin_publish(bin);
     /* s may have been reused and gone idle again after we took it off the
      * LRU, which put it back on: take it off again, or the LRU would keep
      * a released descriptor. */
@@ -592,6 +605,7 @@ unsigned pp_release_idle(pinpool_t *pool, bool keep_reserve) {
         s->next = batch;
         batch = s;
       }
+      bin_publish(bin);
       pp_mutex_unlock(&bin->lock);
     }
     pp_mutex_unlock(&pool->trim_lock);

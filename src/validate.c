@@ -122,6 +122,11 @@ static void check_bins(pinpool_t *pool, vstate_t *v) {
         }
       }
     }
+    unsigned want = (bin->partial != NULL ? PP_BIN_PARTIAL : 0u) |
+                    (bin->idle != NULL ? PP_BIN_IDLE : 0u);
+    if (pp_load_relaxed(&bin->avail) != want)
+      VFAIL(v, "bin %zu: avail %u, lists say %u", i,
+            pp_load_relaxed(&bin->avail), want);
     pp_mutex_unlock(&bin->lock);
   }
 }
