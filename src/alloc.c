@@ -148,6 +148,24 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
   return 0;
 }
 
+/* A hit: pop a block of stack b and hand it out. Shared by both paths of
+ * pinpool_alloc; hist: record it if history is on. */
+static inline __attribute__((always_inline)) int
+alloc_hit(pinpool_t *pool, pp_tcache_t *tc, pp_tbin_t *b, size_t size,
+          void **out, const void *ra, bool hist) {
+  size_t bs = b->bs;
+  pp_tentry_t e = b->items[--b->n];
+  if (hist && pp_hist_level(pool) != PINPOOL_HISTORY_NONE)
+    pp_hist_alloc(pool, e.seg, e.idx, bs, size, ra);
+  /* Release: whoever later reads ALLOCATED (a free on another thread, a
+   * snapshot) also sees the requested size stored with it. */
+  pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
+  pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) - bs);
+  account_alloc(tc, size, bs);
+  *out = e.ptr;
+  return 0;
+}
+
 /* Everything pinpool_alloc's hit path does not handle: bad arguments, a
  * thread's first call, history on, an empty bin, a pending flush. */
 __attribute__((noinline)) static int alloc_general(pinpool_t *pool, size_t size,
@@ -166,17 +184,8 @@ __attribute__((noinline)) static int alloc_general(pinpool_t *pool, size_t size,
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
   unsigned cls = pp_class_index(size);
   pp_tbin_t *b = &tc->bins[cls];
-  if (b->n > 0 && tc->epoch == pp_load_relaxed(&pool->flush_epoch)) {
-    size_t bs = b->bs;
-    pp_tentry_t e = b->items[--b->n];
-    if (pp_hist_level(pool) != PINPOOL_HISTORY_NONE)
-      pp_hist_alloc(pool, e.seg, e.idx, bs, size, ra);
-    pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
-    pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) - bs);
-    account_alloc(tc, size, bs);
-    *out = e.ptr;
-    return 0;
-  }
+  if (b->n > 0 && tc->epoch == pp_load_relaxed(&pool->flush_epoch))
+    return alloc_hit(pool, tc, b, size, out, ra, true);
   return alloc_slow(pool, tc, cls, size, out, ra);
 }
 
@@ -193,19 +202,17 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
     /* History: one atomic load and a branch when it is off. */
     if (pp_likely(b->n > 0 &&
                   tc->epoch == pp_load_relaxed(&pool->flush_epoch) &&
-                  pp_hist_level(pool) == PINPOOL_HISTORY_NONE)) {
-      size_t bs = b->bs;
-      pp_tentry_t e = b->items[--b->n];
-      /* Release: whoever later reads ALLOCATED (a free on another thread,
-       * a snapshot) also sees the requested size stored with it. */
-      pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
-      pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) - bs);
-      account_alloc(tc, size, bs);
-      *out = e.ptr;
-      return 0;
-    }
+                  pp_hist_level(pool) == PINPOOL_HISTORY_NONE))
+      return alloc_hit(pool, tc, b, size, out, ra, false);
   }
   return alloc_general(pool, size, out, ra);
+}
+
+/* The index of the block off bytes into a segment of nb blocks of bs bytes
+ * (magic: its div_magic); the caller checks idx < nb and idx * bs == off. */
+static inline __attribute__((always_inline)) size_t
+block_idx(uintptr_t off, size_t bs, uint32_t nb, uint64_t magic) {
+  return nb == 1 ? (off >= bs ? 1u : 0u) : (size_t)((off * magic) >> 42);
 }
 
 /* Block index of address a in seg, or an error: a in the segment's unused
@@ -215,9 +222,7 @@ block_index(pp_segment_t *seg, uintptr_t a, const char *fn, uint32_t *idx_out) {
   uintptr_t off = a - pp_load_relaxed(&seg->base);
   size_t bs = pp_load_relaxed(&seg->block_size);
   uint32_t nb = pp_load_relaxed(&seg->nblocks);
-  size_t idx = nb == 1
-                   ? (off >= bs ? 1u : 0u)
-                   : (size_t)((off * pp_load_relaxed(&seg->div_magic)) >> 42);
+  size_t idx = block_idx(off, bs, nb, pp_load_relaxed(&seg->div_magic));
   if (pp_unlikely(idx >= nb))
     return pp_fail(PINPOOL_ENOTOWNED,
                    "%s: %p is in a segment's unused tail, never allocated", fn,
@@ -397,8 +402,7 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
     if (pp_likely(off < h->size)) {
       pp_segment_t *seg = h->seg;
       size_t bs = h->bs;
-      size_t idx = h->nblocks == 1 ? (off >= bs ? 1u : 0u)
-                                   : (size_t)((off * h->magic) >> 42);
+      size_t idx = block_idx(off, bs, h->nblocks, h->magic);
       if (pp_likely(idx < h->nblocks && idx * bs == off &&
                     hint_current(seg, h) &&
                     pp_hist_level(pool) < PINPOOL_HISTORY_ALLOC)) {

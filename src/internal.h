@@ -652,8 +652,11 @@ int pp_stream_free(struct pinpool *pool, pp_tcache_t *tc, pp_segment_t *seg,
 void pp_process(struct pinpool *pool, unsigned budget, bool wait);
 
 /* stats.c */
+/* pp_tcounters_t summed over live and exited threads, as plain integers
+ * (one reader, under reg_lock), and the bytes held in thread caches. */
 typedef struct pp_sums {
-  pp_tcounters_t t; /* summed over live and exited threads */
+  uint64_t n_alloc, n_free, req_alloc, req_free, blk_alloc, blk_free;
+  uint64_t slow_allocs;
   uint64_t tc_bytes;
 } pp_sums_t;
 void pp_stats_sum(struct pinpool *pool, pp_sums_t *out); /* reg_lock held */

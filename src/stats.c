@@ -29,12 +29,22 @@ static void add_counters(pp_tcounters_t *dst, pp_tcounters_t *src) {
     pp_owner_add(&d[i], pp_load_relaxed(&sv[i]));
 }
 
+static void sum_counters(pp_sums_t *s, const pp_tcounters_t *c) {
+  s->n_alloc += pp_load_relaxed(&c->n_alloc);
+  s->n_free += pp_load_relaxed(&c->n_free);
+  s->req_alloc += pp_load_relaxed(&c->req_alloc);
+  s->req_free += pp_load_relaxed(&c->req_free);
+  s->blk_alloc += pp_load_relaxed(&c->blk_alloc);
+  s->blk_free += pp_load_relaxed(&c->blk_free);
+  s->slow_allocs += pp_load_relaxed(&c->slow_allocs);
+}
+
 void pp_stats_sum(pinpool_t *pool, pp_sums_t *out) {
   pp_assert_held(&pool->reg_lock);
   memset(out, 0, sizeof *out);
-  add_counters(&out->t, &pool->rs.dead);
+  sum_counters(out, &pool->rs.dead);
   for (pp_tcache_t *tc = pool->caches; tc != NULL; tc = tc->pool_next) {
-    add_counters(&out->t, &tc->c);
+    sum_counters(out, &tc->c);
     out->tc_bytes += pp_load_relaxed(&tc->bytes);
   }
 }
@@ -53,12 +63,9 @@ typedef struct currents {
 
 static currents_t currents_of(pinpool_t *pool, const pp_sums_t *s) {
   currents_t c;
-  c.requests =
-      diff(pp_load_relaxed(&s->t.n_alloc), pp_load_relaxed(&s->t.n_free));
-  c.req =
-      diff(pp_load_relaxed(&s->t.req_alloc), pp_load_relaxed(&s->t.req_free));
-  c.blk =
-      diff(pp_load_relaxed(&s->t.blk_alloc), pp_load_relaxed(&s->t.blk_free));
+  c.requests = diff(s->n_alloc, s->n_free);
+  c.req = diff(s->req_alloc, s->req_free);
+  c.blk = diff(s->blk_alloc, s->blk_free);
   c.cached = diff(pp_load_relaxed(&pool->gs.central_in),
                   pp_load_relaxed(&pool->gs.central_out)) +
              s->tc_bytes;
@@ -77,34 +84,11 @@ static void update_peaks(pinpool_t *pool, const currents_t *c) {
     r->peak_cached = c->cached;
 }
 
-/* The slow paths' sample: only the six counters and the bytes the peaks
- * need, summed into plain integers (pp_stats_sum builds a whole
- * pp_sums_t of atomics for get_stats). Same values as currents_of. */
 void pp_stats_sample_peaks(pinpool_t *pool) {
+  pp_sums_t s;
   pp_mutex_lock(&pool->reg_lock);
-  const pp_tcounters_t *d = &pool->rs.dead;
-  uint64_t na = pp_load_relaxed(&d->n_alloc), nf = pp_load_relaxed(&d->n_free);
-  uint64_t ra = pp_load_relaxed(&d->req_alloc),
-           rf = pp_load_relaxed(&d->req_free);
-  uint64_t ba = pp_load_relaxed(&d->blk_alloc),
-           bf = pp_load_relaxed(&d->blk_free);
-  uint64_t tcb = 0;
-  for (pp_tcache_t *tc = pool->caches; tc != NULL; tc = tc->pool_next) {
-    na += pp_load_relaxed(&tc->c.n_alloc);
-    nf += pp_load_relaxed(&tc->c.n_free);
-    ra += pp_load_relaxed(&tc->c.req_alloc);
-    rf += pp_load_relaxed(&tc->c.req_free);
-    ba += pp_load_relaxed(&tc->c.blk_alloc);
-    bf += pp_load_relaxed(&tc->c.blk_free);
-    tcb += pp_load_relaxed(&tc->bytes);
-  }
-  currents_t c;
-  c.requests = diff(na, nf);
-  c.req = diff(ra, rf);
-  c.blk = diff(ba, bf);
-  c.cached = diff(pp_load_relaxed(&pool->gs.central_in),
-                  pp_load_relaxed(&pool->gs.central_out)) +
-             tcb;
+  pp_stats_sum(pool, &s);
+  currents_t c = currents_of(pool, &s);
   update_peaks(pool, &c);
   pp_mutex_unlock(&pool->reg_lock);
 }
@@ -135,15 +119,13 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   currents_t c = currents_of(pool, &s);
   update_peaks(pool, &c);
   pp_rstats_t *r = &pool->rs;
-  uint64_t n_alloc = pp_load_relaxed(&s.t.n_alloc);
-  uint64_t n_free = pp_load_relaxed(&s.t.n_free);
-  uint64_t blk_alloc = pp_load_relaxed(&s.t.blk_alloc);
-  uint64_t blk_free = pp_load_relaxed(&s.t.blk_free);
+  uint64_t n_alloc = s.n_alloc;
+  uint64_t n_free = s.n_free;
+  uint64_t blk_alloc = s.blk_alloc;
+  uint64_t blk_free = s.blk_free;
   st.requests = stat_of(n_alloc, n_free, c.requests, r->peak_requests);
   st.blocks = st.requests;
-  st.requested_bytes =
-      stat_of(pp_load_relaxed(&s.t.req_alloc), pp_load_relaxed(&s.t.req_free),
-              c.req, r->peak_req);
+  st.requested_bytes = stat_of(s.req_alloc, s.req_free, c.req, r->peak_req);
   st.block_bytes = stat_of(blk_alloc, blk_free, c.blk, r->peak_blk);
   uint64_t res_alloc = pp_load_relaxed(&g->reserved_alloc);
   uint64_t res_freed = pp_load_relaxed(&g->reserved_freed);
@@ -175,7 +157,7 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
                                     pp_load_relaxed(&pool->rc_max)};
   st.cache_misses = pp_load_relaxed(&g->misses);
   st.cache_hits = diff(n_alloc, st.cache_misses);
-  st.tcache_hits = diff(n_alloc, pp_load_relaxed(&s.t.slow_allocs));
+  st.tcache_hits = diff(n_alloc, s.slow_allocs);
   st.oom_count = pp_load_relaxed(&g->oom);
   st.retries = pp_load_relaxed(&g->retries);
   st.trimmed_segments = pp_load_relaxed(&g->trimmed);

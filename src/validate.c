@@ -208,12 +208,9 @@ int pinpool_validate(pinpool_t *pool) {
 
   pp_gstats_t *g = &pool->gs;
   uint64_t reserved = pp_load_relaxed(&g->reserved_cur);
-  uint64_t blk =
-      pp_load_relaxed(&sums.t.blk_alloc) - pp_load_relaxed(&sums.t.blk_free);
-  uint64_t req =
-      pp_load_relaxed(&sums.t.req_alloc) - pp_load_relaxed(&sums.t.req_free);
-  uint64_t cnt =
-      pp_load_relaxed(&sums.t.n_alloc) - pp_load_relaxed(&sums.t.n_free);
+  uint64_t blk = sums.blk_alloc - sums.blk_free;
+  uint64_t req = sums.req_alloc - sums.req_free;
+  uint64_t cnt = sums.n_alloc - sums.n_free;
   uint64_t cached = pp_load_relaxed(&g->central_in) -
                     pp_load_relaxed(&g->central_out) + sums.tc_bytes;
   if (!v->bad && nsegs != pp_load_relaxed(&g->segs_cur))
