@@ -288,8 +288,11 @@ typedef struct pinpool_stats {
   uint64_t reserve_bytes;    /* configured reserve kept for the pool's life */
   uint64_t max_cached;       /* configured caps (0 = none) */
   uint64_t max_reserved;
-  uint64_t borrowed_blocks; /* of cache_misses avoided: allocations served by
-                               an idle block of a larger class (borrow) */
+  uint64_t borrowed_blocks;   /* of cache_misses avoided: allocations served by
+                                 an idle block of a larger class (borrow) */
+  uint64_t remapped_segments; /* of cache_misses: new segments made by
+                                 resizing an idle one of another class
+                                 (remap) instead of new backend memory */
 } pinpool_stats_t;
 
 /* Fill *out. `current` values are exact when no other thread is inside a

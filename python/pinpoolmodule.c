@@ -284,6 +284,7 @@ static PyObject *Pool_stats(PyObject *obj, PyObject *unused) {
                 {"retries", st.retries},
                 {"trimmed_segments", st.trimmed_segments},
                 {"borrowed_blocks", st.borrowed_blocks},
+                {"remapped_segments", st.remapped_segments},
                 {"mlock_failures", st.mlock_failures},
                 {"locked_bytes", st.locked_bytes},
                 {"peak_slack_bytes", st.peak_slack_bytes},

@@ -6,6 +6,7 @@
  * Called with no pool lock held (invariant 1): a 1 GiB segment takes
  * hundreds of milliseconds to populate.
  */
+#define _GNU_SOURCE /* mremap */
 #include "internal.h"
 
 #include <errno.h>
@@ -226,6 +227,92 @@ static void host_free(void *ctx, void *ptr, size_t size) {
   (void)munmap(ptr, size);
 }
 
+/* Unmap pieces [from, n): a failed remap gives every piece back. */
+static void unmap_pieces(const pp_piece_t *pc, unsigned from, unsigned n) {
+  for (unsigned i = from; i < n; i++)
+    (void)munmap(pc[i].p, pc[i].size);
+}
+
+/* The provider's remap (internal.h), for a miss that recycles idle
+ * segments of other classes (pool.c: remap_idle). mremap moves page
+ * tables, not pages: what the pieces had stays resident and, with mlock,
+ * locked (VM_LOCKED travels with the mapping, as does the NUMA policy).
+ * One piece grows in place or moves (the kernel populates and locks the
+ * part added to a locked mapping, or refuses with EAGAIN past
+ * RLIMIT_MEMLOCK) and shrinks in place. Several are moved side by side
+ * into a range reserved for them (MREMAP_FIXED replaces the reservation
+ * page by page). Only the difference costs: populating what is added,
+ * freeing what is cut. */
+static int host_remap(void *ctx, const pp_piece_t *pc, unsigned n,
+                      size_t new_size, void **out, unsigned *flags) {
+  const host_ctx_t *h = ctx;
+  bool locked = (*flags & PP_SEG_LOCKED) != 0;
+  size_t total = 0;
+  for (unsigned i = 0; i < n; i++)
+    total += pc[i].size;
+  char *p = pc[0].p;
+  const char *what = "moving";
+  int e = 0;
+  if (n == 1 && new_size > total) {
+    p = mremap(pc[0].p, total, new_size, MREMAP_MAYMOVE);
+    e = p == MAP_FAILED ? errno : 0;
+    if (e != 0)
+      unmap_pieces(pc, 0, 1);
+  } else if (n > 1) {
+    size_t span = total > new_size ? total : new_size;
+    p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+             -1, 0);
+    e = p == MAP_FAILED ? errno : 0;
+    size_t off = 0;
+    for (unsigned i = 0; e == 0 && i < n; off += pc[i++].size) {
+      if (mremap(pc[i].p, pc[i].size, pc[i].size, MREMAP_MAYMOVE | MREMAP_FIXED,
+                 p + off) == MAP_FAILED) {
+        e = errno;
+        unmap_pieces(pc, i, n);
+        (void)munmap(p, span); /* the pieces moved so far */
+      }
+    }
+    if (p == MAP_FAILED)
+      unmap_pieces(pc, 0, n);
+    if (e == 0 && new_size > total) {
+      /* The reservation's tail becomes memory: bound, then populated. */
+      what = "growing";
+      if (mprotect(p + total, new_size - total, PROT_READ | PROT_WRITE) != 0)
+        e = errno;
+      else if (bind_node(p + total, new_size - total, h->cfg.numa_node) != 0)
+        e = EINVAL;
+      else if (locked && mlock(p + total, new_size - total) != 0)
+        e = errno;
+      if (e != 0)
+        (void)munmap(p, new_size);
+    }
+  }
+  if (e != 0)
+    return pp_fail(e == ENOMEM || e == EAGAIN ? PINPOOL_ENOMEM
+                                              : PINPOOL_EBACKEND,
+                   "host backend: %s %u idle segments into %zu bytes: %s", what,
+                   n, new_size, strerror(e));
+  if (total > new_size) {
+    (void)munmap(p + new_size, total - new_size); /* our own bounds */
+  } else if (total < new_size && h->cfg.populate) {
+    size_t add = new_size - total;
+    int err = pp_fault_hit(&h->cfg, PP_FAULT_POPULATE) ? ENOMEM : 0;
+    if (err == 0 && !locked) {
+      unsigned nt =
+          add >= h->cfg.populate_parallel_min ? h->cfg.populate_threads : 1u;
+      err = populate(p + total, add, nt, false);
+    }
+    if (err != 0) {
+      (void)munmap(p, new_size);
+      return pp_fail(err == ENOMEM ? PINPOOL_ENOMEM : PINPOOL_EBACKEND,
+                     "host backend: populating %zu added bytes failed: %s", add,
+                     strerror(err));
+    }
+  }
+  *out = p;
+  return 0;
+}
+
 static void host_destroy(void *ctx) { free(ctx); }
 
 int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out) {
@@ -238,5 +325,7 @@ int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out) {
   out->alloc = host_alloc;
   out->free = host_free;
   out->destroy = host_destroy;
+  /* THP wants 2 MiB-aligned segments, which a moving grow would lose. */
+  out->remap = cfg->hugepages ? NULL : host_remap;
   return 0;
 }

@@ -14,6 +14,7 @@
 
 #include "pinpool.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -153,12 +154,16 @@ enum {
   PP_CUDA_DEVICEMAP = 0x02,
   PP_CUDA_WRITECOMBINED = 0x04,
 };
+#define PP_BORROW_AUTO UINT_MAX
 typedef struct pp_config {
   int backend;
   uint64_t max_cached;     /* 0: no cap */
   unsigned max_cached_pct; /* idle central bytes <= pct % of those in use */
   unsigned borrow;         /* a miss may use an idle segment this many
-                              classes larger (one-block segments only) */
+                              classes larger (one-block segments only);
+                              PP_BORROW_AUTO until the pool resolves it */
+  bool remap;              /* a miss may resize an idle one-block segment of
+                              another class (providers with resize) */
   uint64_t max_reserved;   /* 0: no cap */
   uint64_t reserve;
   int mlock;
@@ -216,12 +221,27 @@ enum {
   PP_SEG_HUGE = 1u << 2,         /* MADV_HUGEPAGE applied */
   PP_SEG_FROM_RESERVE = 1u << 3, /* carved from the reserve region */
 };
+typedef struct pp_piece {
+  void *p;
+  size_t size;
+} pp_piece_t;
+#define PP_REMAP_MAX 16
 typedef struct pp_provider {
   const char *name;
   void *ctx;
   int (*alloc)(void *ctx, size_t size, void **out, unsigned *flags);
   void (*free)(void *ctx, void *ptr, size_t size);
   void (*destroy)(void *ctx); /* may be NULL */
+  /* May be NULL. Make one mapping of new_size bytes out of the memory of n
+   * (1 .. PP_REMAP_MAX) segments the pool no longer uses, all with the
+   * same flags (*flags, updated): sizes and new_size are page multiples;
+   * the pieces may sum to more or less than new_size. Their pages stay
+   * resident and locked as they are: only what is added is populated (and
+   * locked, if they are), only what is beyond new_size is given back. On
+   * success *out is the new mapping (anywhere). On failure every piece has
+   * been given back (unmapped). */
+  int (*remap)(void *ctx, const pp_piece_t *pieces, unsigned n, size_t new_size,
+               void **out, unsigned *flags);
 } pp_provider_t;
 int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out);
 /* backend_host.c, shared with backend=cuda-register: anonymous mmap of
@@ -544,6 +564,7 @@ typedef struct pp_gstats {
   pp_counter_t central_in, central_out; /* bytes into/out of central idle */
   pp_counter_t misses, oom, retries, trimmed;
   pp_counter_t borrowed; /* misses served by a larger idle segment */
+  pp_counter_t remapped; /* misses served by resizing an idle segment */
   pp_counter_t mlock_failures, locked_bytes;
   pp_counter_t ba_count, ba_total, ba_max, bf_count, bf_total, bf_max;
 } pp_gstats_t;
@@ -573,6 +594,9 @@ struct pinpool {
   pp_mutex_t trim_lock; /* serializes detaching idle segments for release */
   pp_mutex_t idle_lock; /* LRU of idle segments */
   pp_segment_t *lru_head, *lru_tail;
+  /* The largest class that ever had a segment: where remap_candidate stops
+   * looking for an idle one. Only grows. */
+  pp_counter_t top_cls;
 
   pp_reserve_t reserve;
   bool has_reserve;

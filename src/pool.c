@@ -11,6 +11,7 @@
  */
 #include "internal.h"
 
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,13 +66,13 @@ static bool reserve_bytes(pinpool_t *pool, size_t n) {
   return true;
 }
 
+/* Bytes that entered the pool as a new segment (reserved_cur is the
+ * caller's: reserve_bytes, or remap_idle for memory it recycles). */
 static void account_backend_alloc(pinpool_t *pool, size_t n, unsigned flags) {
   pp_fetch_add_relaxed(&pool->gs.reserved_alloc, n);
   pp_fetch_add_relaxed(&pool->gs.central_in, n); /* new memory is idle */
   if (flags & PP_SEG_LOCKED)
     pp_fetch_add_relaxed(&pool->gs.locked_bytes, n);
-  if (flags & PP_SEG_LOCK_FAILED)
-    pp_fetch_add_relaxed(&pool->gs.mlock_failures, 1);
 }
 
 static int backend_alloc(pinpool_t *pool, size_t size, void **mem,
@@ -97,20 +98,32 @@ static int backend_alloc(pinpool_t *pool, size_t size, void **mem,
     return rc;
   }
   account_backend_alloc(pool, size, *flags);
+  if (*flags & PP_SEG_LOCK_FAILED)
+    pp_fetch_add_relaxed(&pool->gs.mlock_failures, 1);
   return 0;
 }
 
-static void backend_free(pinpool_t *pool, void *mem, size_t size,
-                         unsigned flags) {
-  uint64_t t0 = pp_now_ns();
-  pool->prov.free(pool->prov.ctx, mem, size);
-  pp_backend_timed(&pool->gs.bf_count, &pool->gs.bf_total, &pool->gs.bf_max,
-                   t0);
+/* Bytes that left the pool (idle bytes of a released segment). */
+static void account_backend_free(pinpool_t *pool, size_t size, unsigned flags) {
   pp_fetch_sub_relaxed(&pool->gs.reserved_cur, size);
   pp_fetch_add_relaxed(&pool->gs.reserved_freed, size);
   pp_fetch_add_relaxed(&pool->gs.central_out, size);
   if (flags & PP_SEG_LOCKED)
     pp_fetch_sub_relaxed(&pool->gs.locked_bytes, size);
+}
+
+/* The provider's free, timed; the bytes' accounting is the caller's. */
+static void provider_free(pinpool_t *pool, void *mem, size_t size) {
+  uint64_t t0 = pp_now_ns();
+  pool->prov.free(pool->prov.ctx, mem, size);
+  pp_backend_timed(&pool->gs.bf_count, &pool->gs.bf_total, &pool->gs.bf_max,
+                   t0);
+}
+
+static void backend_free(pinpool_t *pool, void *mem, size_t size,
+                         unsigned flags) {
+  provider_free(pool, mem, size);
+  account_backend_free(pool, size, flags);
 }
 
 /* ---- Segments ----------------------------------------------------------- */
@@ -127,32 +140,17 @@ static size_t seg_bytes_for(size_t bs) {
   return (bs + PP_PAGE - 1) & ~(size_t)(PP_PAGE - 1);
 }
 
-/* Create a segment for class `cls`, owned by bin (cls, shard). Called with
- * no lock held; the segment is live and in the map but in no bin list. */
-static int seg_create(pinpool_t *pool, unsigned cls, unsigned shard,
-                      pp_segment_t **out) {
+/* Below, with the trimming it resembles. */
+static int remap_idle(pinpool_t *pool, unsigned cls, unsigned shard,
+                      size_t size, void **mem, unsigned *flags);
+
+/* Make d a live segment of class cls over [mem, mem + size), owned by bin
+ * (cls, shard): in the map and the list of all segments, in no bin list.
+ * On failure d is recycled and the memory given back. No lock held. */
+static int seg_publish(pinpool_t *pool, pp_segment_t *d, void *mem, size_t size,
+                       unsigned cls, unsigned shard, unsigned flags) {
   size_t bs = pp_class_size(cls);
-  bool slab = bs <= PP_SLAB_MAX_BLOCK;
-  size_t size = seg_bytes_for(bs);
   uint32_t nblocks = (uint32_t)(size / bs);
-  pp_segment_t *d = desc_get(pool, slab);
-  if (d == NULL)
-    return pp_fail(PINPOOL_ENOMEM, "out of memory for segment metadata");
-
-  void *mem = NULL;
-  unsigned flags = 0;
-  if (pool->has_reserve && (mem = pp_reserve_take(&pool->reserve, size))) {
-    flags = pool->reserve.flags | PP_SEG_FROM_RESERVE;
-  } else {
-    int rc = backend_alloc(pool, size, &mem, &flags);
-    if (rc != 0) {
-      pp_mutex_lock(&pool->seg_lock);
-      desc_put_locked(pool, d);
-      pp_mutex_unlock(&pool->seg_lock);
-      return rc;
-    }
-  }
-
   pp_store_relaxed(&d->base, (uintptr_t)mem);
   pp_store_relaxed(&d->size, size);
   pp_store_relaxed(&d->block_size, bs);
@@ -197,20 +195,56 @@ static int seg_create(pinpool_t *pool, unsigned cls, unsigned shard,
       backend_free(pool, mem, size, flags);
     return rc;
   }
+  if (bs > PP_SLAB_MAX_BLOCK)
+    pp_atomic_max_relaxed(&pool->top_cls, cls);
   pp_fetch_add_relaxed(&pool->gs.segs_alloc, 1);
   uint64_t n = pp_fetch_add_relaxed(&pool->gs.segs_cur, 1) + 1;
   pp_atomic_max_relaxed(&pool->gs.segs_peak, n);
   pp_hist_event(pool, PP_H_SEGMENT_ALLOC, (uintptr_t)mem, size, 0, 0, NULL);
-  *out = d;
   return 0;
 }
 
-/* Release a detached segment (in no bin list, not in the LRU, every block
- * free). Called with no lock held. */
-static void seg_release(pinpool_t *pool, pp_segment_t *d) {
+/* Create a segment for class `cls`, owned by bin (cls, shard). Called with
+ * no lock held; the segment is live and in the map but in no bin list. */
+static int seg_create(pinpool_t *pool, unsigned cls, unsigned shard,
+                      pp_segment_t **out) {
+  size_t bs = pp_class_size(cls);
+  bool slab = bs <= PP_SLAB_MAX_BLOCK;
+  size_t size = seg_bytes_for(bs);
+  pp_segment_t *d = desc_get(pool, slab);
+  if (d == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "out of memory for segment metadata");
+
+  void *mem = NULL;
+  unsigned flags = 0;
+  if (pool->has_reserve && (mem = pp_reserve_take(&pool->reserve, size))) {
+    flags = pool->reserve.flags | PP_SEG_FROM_RESERVE;
+  } else {
+    int rc = !slab && pool->cfg.remap && pool->prov.remap != NULL
+                 ? remap_idle(pool, cls, shard, size, &mem, &flags)
+                 : 1;
+    if (rc != 0)
+      rc = backend_alloc(pool, size, &mem, &flags);
+    if (rc != 0) {
+      pp_mutex_lock(&pool->seg_lock);
+      desc_put_locked(pool, d);
+      pp_mutex_unlock(&pool->seg_lock);
+      return rc;
+    }
+  }
+  int rc = seg_publish(pool, d, mem, size, cls, shard, flags);
+  if (rc == 0)
+    *out = d;
+  return rc;
+}
+
+/* Take d, detached (in no bin list, not in the LRU, every block free), out
+ * of the segment map and the list of all segments, and recycle its
+ * descriptor: lookups and snapshots no longer find it (one racing with this
+ * sees the gen bump). Its memory is the caller's. Called with no lock. */
+static void seg_unpublish(pinpool_t *pool, pp_segment_t *d) {
   uintptr_t base = pp_load_relaxed(&d->base);
   size_t size = pp_load_relaxed(&d->size);
-  unsigned flags = d->flags;
   pp_mutex_lock(&pool->seg_lock);
   pp_store_relaxed(&d->gen, pp_load_relaxed(&d->gen) + 1);
   pp_segmap_remove(pool->map, d);
@@ -222,14 +256,21 @@ static void seg_release(pinpool_t *pool, pp_segment_t *d) {
     d->all_next->all_prev = d->all_prev;
   desc_put_locked(pool, d);
   pp_mutex_unlock(&pool->seg_lock);
+  pp_fetch_sub_relaxed(&pool->gs.segs_cur, 1);
+  pp_fetch_add_relaxed(&pool->gs.segs_freed, 1);
+  pp_hist_event(pool, PP_H_SEGMENT_FREE, base, size, 0, 0, NULL);
+}
 
+/* Release a detached segment to its provider. Called with no lock held. */
+static void seg_release(pinpool_t *pool, pp_segment_t *d) {
+  uintptr_t base = pp_load_relaxed(&d->base);
+  size_t size = pp_load_relaxed(&d->size);
+  unsigned flags = d->flags;
+  seg_unpublish(pool, d);
   if (flags & PP_SEG_FROM_RESERVE)
     pp_reserve_give(&pool->reserve, (void *)base, size);
   else
     backend_free(pool, (void *)base, size, flags);
-  pp_fetch_sub_relaxed(&pool->gs.segs_cur, 1);
-  pp_fetch_add_relaxed(&pool->gs.segs_freed, 1);
-  pp_hist_event(pool, PP_H_SEGMENT_FREE, base, size, 0, 0, NULL);
 }
 
 static unsigned release_batch(pinpool_t *pool, pp_segment_t *batch) {
@@ -504,6 +545,195 @@ void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
 
 /* ---- Trimming and releasing idle memory --------------------------------- */
 
+/* Detach the first idle segment of bin (class c, shard i) whose flags are
+ * *flags (any, if *flags is UINT_MAX, which becomes the segment's), as
+ * trimming does; NULL if none. Segments carved from the reserve stay.
+ * trim_lock held: as in detach_oldest, no other releaser can hold a
+ * segment we detach. */
+static pp_segment_t *detach_idle_of(pinpool_t *pool, unsigned c, unsigned i,
+                                    unsigned *flags) {
+  pp_assert_held(&pool->trim_lock);
+  pp_bin_t *bin = pp_bin(pool, c, i);
+  if (!(pp_load_relaxed(&bin->avail) & PP_BIN_IDLE))
+    return NULL;
+  pp_mutex_lock(&bin->lock);
+  pp_segment_t *s = bin->idle;
+  while (s != NULL && ((s->flags & PP_SEG_FROM_RESERVE) ||
+                       (*flags != UINT_MAX && s->flags != *flags)))
+    s = s->next;
+  if (s != NULL) {
+    list_remove(&bin->idle, s);
+    s->list = PP_LIST_NONE;
+    bin_publish(bin);
+    if (pp_trims(pool)) {
+      pp_mutex_lock(&pool->idle_lock);
+      lru_remove_locked(pool, s);
+      pp_mutex_unlock(&pool->idle_lock);
+    }
+    *flags = s->flags;
+  }
+  pp_mutex_unlock(&bin->lock);
+  return s;
+}
+
+/* Idle one-block segments of other classes to make a segment of `size`
+ * bytes (class cls) from, detached into seg[] (at most PP_REMAP_MAX);
+ * returns how many, 0 if none qualifies. Which ones:
+ *   1. the nearest larger one: split, it needs no system call at all (its
+ *      tail stays idle as segments of smaller classes: carve_rest);
+ *   2. else the nearest smaller ones, largest first, until they add up to
+ *      the size: moved side by side, only the rest populated.
+ * All share one set of flags (locked or not): one kind of memory. */
+static unsigned remap_gather(pinpool_t *pool, unsigned cls, size_t size,
+                             pp_segment_t **seg) {
+  unsigned lo = pp_class_index(PP_SLAB_MAX_BLOCK) + 1; /* one-block classes */
+  unsigned top = (unsigned)pp_load_relaxed(&pool->top_cls);
+  unsigned ns = pool->cfg.shards;
+  unsigned n = 0, flags = UINT_MAX;
+  size_t got = 0;
+  pp_mutex_lock(&pool->trim_lock);
+  for (unsigned c = cls + 1; n == 0 && c <= top; c++)
+    for (unsigned i = 0; n == 0 && i < ns; i++)
+      if ((seg[n] = detach_idle_of(pool, c, i, &flags)) != NULL)
+        n++;
+  bool split = n > 0;
+  for (unsigned c = cls; !split && got < size && n < PP_REMAP_MAX && c-- > lo;)
+    for (unsigned i = 0; i < ns && got < size && n < PP_REMAP_MAX; i++) {
+      pp_segment_t *s;
+      while (got < size && n < PP_REMAP_MAX &&
+             (s = detach_idle_of(pool, c, i, &flags)) != NULL) {
+        seg[n++] = s;
+        got += pp_load_relaxed(&s->size);
+      }
+    }
+  pp_mutex_unlock(&pool->trim_lock);
+  return n;
+}
+
+/* Recycled bytes entering the pool as a new segment: as a backend
+ * allocation, but no cap applies (the pool held them a moment ago). */
+static void account_recycled(pinpool_t *pool, size_t n, unsigned flags) {
+  uint64_t cur = pp_fetch_add_relaxed(&pool->gs.reserved_cur, n) + n;
+  pp_atomic_max_relaxed(&pool->gs.reserved_peak, cur);
+  account_backend_alloc(pool, n, flags);
+}
+
+/* [p, p + len), the tail cut off a recycled segment, becomes idle segments
+ * of the largest one-block classes that fit (at most 4, largest first), in
+ * bins of `shard`; what is left (less than a class step, or below the
+ * one-block classes) goes back to the provider. Returns whether a provider
+ * call was made. The bytes were accounted as released. */
+static bool carve_rest(pinpool_t *pool, char *p, size_t len, unsigned flags,
+                       unsigned shard) {
+  for (int k = 0; k < 4 && len > PP_SLAB_MAX_BLOCK; k++) {
+    unsigned c = pp_class_index(len);
+    while (seg_bytes_for(pp_class_size(c)) > len)
+      c--;
+    size_t sz = seg_bytes_for(pp_class_size(c));
+    if (pp_class_size(c) <= PP_SLAB_MAX_BLOCK)
+      break;
+    pp_segment_t *d = desc_get(pool, false);
+    if (d == NULL)
+      break;
+    account_recycled(pool, sz, flags);
+    if (seg_publish(pool, d, p, sz, c, shard, flags) == 0) {
+      pp_bin_t *bin = pp_bin(pool, c, shard);
+      pp_mutex_lock(&bin->lock);
+      seg_relist(pool, bin, d); /* every block free: the idle list */
+      pp_mutex_unlock(&bin->lock);
+    } /* else seg_publish gave the bytes back, accounted */
+    p += sz;
+    len -= sz;
+  }
+  if (len == 0)
+    return false;
+  pool->prov.free(pool->prov.ctx, p, len);
+  return true;
+}
+
+/* A miss of a one-block class (config remap, a provider with remap): idle
+ * segments of other classes are made into this one (remap_gather) instead
+ * of mapping new memory beside them. Their pages are resident and locked
+ * already, so only what a grow adds is populated, and idle bytes that no
+ * class of the current mix asks for become the block that is asked for: a
+ * drifting mix no longer keeps idle segments of every class it ever used
+ * (docs/allocation-policy.md). Returns 0 with *mem and *flags, 1 if
+ * nothing was idle, or an error: the pieces were then given back and the
+ * caller maps new memory. */
+static int remap_idle(pinpool_t *pool, unsigned cls, unsigned shard,
+                      size_t size, void **mem, unsigned *flags) {
+  pp_segment_t *seg[PP_REMAP_MAX];
+  pp_piece_t pc[PP_REMAP_MAX];
+  unsigned n = remap_gather(pool, cls, size, seg);
+  if (n == 0)
+    return 1;
+  unsigned fl = seg[0]->flags;
+  size_t total = 0;
+  for (unsigned i = 0; i < n; i++) {
+    pc[i] = (pp_piece_t){(void *)pp_load_relaxed(&seg[i]->base),
+                         pp_load_relaxed(&seg[i]->size)};
+    total += pc[i].size;
+    seg_unpublish(pool, seg[i]);
+  }
+  /* More than needed: the last piece's tail stays where it is, for
+   * carve_rest (before the gather passed size it was short, so the tail is
+   * shorter than the piece). */
+  size_t rest = total > size ? total - size : 0;
+  pc[n - 1].size -= rest;
+  char *rest_p = (char *)pc[n - 1].p + pc[n - 1].size;
+  size_t grow = size > total ? size - total : 0;
+  int rc = 0;
+  if (!reserve_bytes(pool, grow)) {
+    rc = pp_fail(PINPOOL_ENOMEM,
+                 "max_reserved (%llu bytes) reached: %llu reserved, %zu "
+                 "more needed",
+                 (unsigned long long)pool->cfg.max_reserved,
+                 (unsigned long long)pp_load_relaxed(&pool->gs.reserved_cur),
+                 grow);
+    grow = 0; /* nothing reserved to undo */
+  } else if (pp_fault_hit(&pool->cfg, PP_FAULT_ALLOC)) {
+    rc = pp_fail(PINPOOL_ENOMEM,
+                 "backend '%s': injected failure of remapping %u segments "
+                 "into %zu bytes",
+                 pool->prov.name, n, size);
+  }
+  /* From here the pieces' bytes count as released (after the cap check
+   * above, which must see them); what becomes a segment again is counted
+   * in as new (account_recycled). */
+  account_backend_free(pool, total, fl);
+  if (rc != 0) {
+    pc[n - 1].size += rest;
+    for (unsigned i = 0; i < n; i++)
+      provider_free(pool, pc[i].p, pc[i].size);
+    pp_fetch_sub_relaxed(&pool->gs.reserved_cur, grow);
+    return rc;
+  }
+  uint64_t t0 = pp_now_ns();
+  bool called = n > 1 || grow > 0;
+  void *p = pc[0].p; /* one piece, split: no system call */
+  if (called)
+    rc = pool->prov.remap(pool->prov.ctx, pc, n, size, &p, &fl);
+  if (rc != 0) {
+    /* The provider gave every piece back: backend frees, as in release. */
+    pp_fetch_add_relaxed(&pool->gs.bf_count, n);
+    if (rest != 0)
+      pool->prov.free(pool->prov.ctx, rest_p, rest); /* the last one's tail */
+    pp_fetch_sub_relaxed(&pool->gs.reserved_cur, grow);
+    return rc;
+  }
+  account_backend_alloc(pool, grow, fl); /* reserve_bytes counted it */
+  account_recycled(pool, size - grow, fl);
+  pp_fetch_add_relaxed(&pool->gs.remapped, n);
+  if (rest != 0)
+    called |= carve_rest(pool, rest_p, rest, fl, shard);
+  if (called)
+    pp_backend_timed(&pool->gs.ba_count, &pool->gs.ba_total, &pool->gs.ba_max,
+                     t0);
+  *mem = p;
+  *flags = fl;
+  return 0;
+}
+
 /* Detach s, an idle segment of the LRU that the caller removed from the LRU
  * under trim_lock, from its bin. Returns false if it was reused meanwhile. */
 static bool detach_idle(pinpool_t *pool, pp_segment_t *s) {
@@ -723,6 +953,11 @@ static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
     pool->error_arg = hooks->error_arg;
   }
   int rc = open_providers(pool, hooks);
+  /* borrow's default: where a miss can remap idle segments of other
+   * classes, that serves it without the larger block's waste (and faster,
+   * measured on W2); elsewhere a larger idle block beats a new segment. */
+  if (pool->cfg.borrow == PP_BORROW_AUTO)
+    pool->cfg.borrow = pool->cfg.remap && pool->prov.remap != NULL ? 0 : 4;
   if (rc == 0)
     rc = pp_segmap_create(&pool->map);
   size_t nbins = (size_t)PP_NCLASSES * cfg->shards;

@@ -685,6 +685,7 @@ static void write_stats(wbuf_t *w, const pinpool_stats_t *t) {
   wb_kv(w, "retries", t->retries, true);
   wb_kv(w, "trimmed_segments", t->trimmed_segments, true);
   wb_kv(w, "borrowed_blocks", t->borrowed_blocks, true);
+  wb_kv(w, "remapped_segments", t->remapped_segments, true);
   wb_kv(w, "mlock_failures", t->mlock_failures, true);
   wb_kv(w, "locked_bytes", t->locked_bytes, true);
   write_dur(w, "backend_alloc", t->backend_alloc, true);

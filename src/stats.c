@@ -162,6 +162,7 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   st.retries = pp_load_relaxed(&g->retries);
   st.trimmed_segments = pp_load_relaxed(&g->trimmed);
   st.borrowed_blocks = pp_load_relaxed(&g->borrowed);
+  st.remapped_segments = pp_load_relaxed(&g->remapped);
   st.mlock_failures = pp_load_relaxed(&g->mlock_failures);
   st.locked_bytes = pp_load_relaxed(&g->locked_bytes);
   st.backend_alloc = (pinpool_duration_t){pp_load_relaxed(&g->ba_count),

@@ -424,9 +424,11 @@ int main(int argc, char **argv) {
       (rc = pinpool_validate(g_pool)) != 0)
     fail("empty_cache + validate", rc);
   printf("hammer: parts %#x, %u threads, %.1f s: %llu allocations, %ld "
-         "snapshots, %s\n",
+         "snapshots, %llu segments remapped, %llu borrowed, %s\n",
          g_parts, nthreads, g_seconds,
          (unsigned long long)st.requests.allocated, atomic_load(&g_snapshots),
+         (unsigned long long)st.remapped_segments,
+         (unsigned long long)st.borrowed_blocks,
          atomic_load(&g_failures) ? "FAILED" : "ok");
   pinpool_destroy(g_pool);
   return atomic_load(&g_failures) ? 1 : 0;

@@ -615,6 +615,7 @@ static void print_stats_table(const pinpool_stats_t *s) {
   print_count("retries", s->retries, "");
   print_count("trimmed_segments", s->trimmed_segments, "");
   print_count("borrowed_blocks", s->borrowed_blocks, "");
+  print_count("remapped_segments", s->remapped_segments, "");
   print_count("mlock_failures", s->mlock_failures, "");
   print_bytes("locked_bytes", s->locked_bytes, "");
   print_duration("backend_alloc", &s->backend_alloc);
