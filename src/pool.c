@@ -11,7 +11,6 @@
  */
 #include "internal.h"
 
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
