@@ -226,6 +226,24 @@ typedef struct pp_piece {
   size_t size;
 } pp_piece_t;
 #define PP_REMAP_MAX 16
+/* A remapped segment spans at most this many kernel mappings (VMAs): they
+ * never merge once moved (each keeps its page offset), a move costs about
+ * 11 us per mapping, and a process has at most vm.max_map_count of them. */
+#ifndef PP_PARTS_MAX /* tests build a variant with fewer (test_remap) */
+#define PP_PARTS_MAX 64
+#endif
+/* Parts of all segments together beyond which only one-part segments are
+ * moved (the others are released: populating afresh is what brings the
+ * pool's mappings back down): a quarter of Linux's default
+ * vm.max_map_count (65530), which the whole process shares. */
+#define PP_PARTS_BUDGET 16384
+/* The byte lengths of the parts of a segment, in address order; each part
+ * lies within one kernel mapping, so the provider can move it alone (a
+ * move across mappings needs Linux 6.17). */
+typedef struct pp_parts {
+  unsigned n;
+  size_t len[PP_PARTS_MAX];
+} pp_parts_t;
 typedef struct pp_provider {
   const char *name;
   void *ctx;
@@ -351,9 +369,12 @@ struct pp_segment {
   _Atomic(uint32_t) cls_index; /* == cls, readable without the bin lock */
   uint32_t capacity; /* length of word[]; immutable for the descriptor */
   /* Written before the segment is published, never while it is live:
-   * cls and shard (whose bin owns it), flags (PP_SEG_*). */
+   * cls and shard (whose bin owns it), flags (PP_SEG_*), and parts: the
+   * kernel mappings its memory spans (one when the provider made it; more
+   * once remap_idle moved pieces side by side). */
   unsigned cls, shard;
   unsigned flags;
+  pp_parts_t parts;
 
   /* Streams recorded on each block (stream.c): one pointer per block,
    * installed once with a CAS, then read and written under the stripe
@@ -597,6 +618,7 @@ struct pinpool {
   /* The largest class that ever had a segment: where remap_candidate stops
    * looking for an idle one. Only grows. */
   pp_counter_t top_cls;
+  pp_counter_t parts_total; /* parts.n summed over live segments */
 
   pp_reserve_t reserve;
   bool has_reserve;

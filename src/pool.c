@@ -141,13 +141,15 @@ static size_t seg_bytes_for(size_t bs) {
 
 /* Below, with the trimming it resembles. */
 static int remap_idle(pinpool_t *pool, unsigned cls, unsigned shard,
-                      size_t size, void **mem, unsigned *flags);
+                      size_t size, void **mem, unsigned *flags,
+                      pp_parts_t *parts);
 
 /* Make d a live segment of class cls over [mem, mem + size), owned by bin
  * (cls, shard): in the map and the list of all segments, in no bin list.
  * On failure d is recycled and the memory given back. No lock held. */
 static int seg_publish(pinpool_t *pool, pp_segment_t *d, void *mem, size_t size,
-                       unsigned cls, unsigned shard, unsigned flags) {
+                       unsigned cls, unsigned shard, unsigned flags,
+                       const pp_parts_t *parts) {
   size_t bs = pp_class_size(cls);
   uint32_t nblocks = (uint32_t)(size / bs);
   pp_store_relaxed(&d->base, (uintptr_t)mem);
@@ -173,6 +175,10 @@ static int seg_publish(pinpool_t *pool, pp_segment_t *d, void *mem, size_t size,
   d->lru_prev = d->lru_next = NULL;
   d->in_lru = false;
   d->flags = flags;
+  if (parts != NULL && parts->n > 0)
+    d->parts = *parts;
+  else
+    d->parts = (pp_parts_t){1, {size}};
 
   pp_mutex_lock(&pool->seg_lock);
   int rc = pp_segmap_insert(pool->map, d); /* publishes d (release) */
@@ -196,6 +202,7 @@ static int seg_publish(pinpool_t *pool, pp_segment_t *d, void *mem, size_t size,
   }
   if (bs > PP_SLAB_MAX_BLOCK)
     pp_atomic_max_relaxed(&pool->top_cls, cls);
+  pp_fetch_add_relaxed(&pool->parts_total, d->parts.n);
   pp_fetch_add_relaxed(&pool->gs.segs_alloc, 1);
   uint64_t n = pp_fetch_add_relaxed(&pool->gs.segs_cur, 1) + 1;
   pp_atomic_max_relaxed(&pool->gs.segs_peak, n);
@@ -216,11 +223,12 @@ static int seg_create(pinpool_t *pool, unsigned cls, unsigned shard,
 
   void *mem = NULL;
   unsigned flags = 0;
+  pp_parts_t parts = {0, {0}}; /* none: one part */
   if (pool->has_reserve && (mem = pp_reserve_take(&pool->reserve, size))) {
     flags = pool->reserve.flags | PP_SEG_FROM_RESERVE;
   } else {
     int rc = !slab && pool->cfg.remap && pool->prov.remap != NULL
-                 ? remap_idle(pool, cls, shard, size, &mem, &flags)
+                 ? remap_idle(pool, cls, shard, size, &mem, &flags, &parts)
                  : 1;
     if (rc != 0)
       rc = backend_alloc(pool, size, &mem, &flags);
@@ -231,7 +239,7 @@ static int seg_create(pinpool_t *pool, unsigned cls, unsigned shard,
       return rc;
     }
   }
-  int rc = seg_publish(pool, d, mem, size, cls, shard, flags);
+  int rc = seg_publish(pool, d, mem, size, cls, shard, flags, &parts);
   if (rc == 0)
     *out = d;
   return rc;
@@ -244,6 +252,7 @@ static int seg_create(pinpool_t *pool, unsigned cls, unsigned shard,
 static void seg_unpublish(pinpool_t *pool, pp_segment_t *d) {
   uintptr_t base = pp_load_relaxed(&d->base);
   size_t size = pp_load_relaxed(&d->size);
+  unsigned nparts = d->parts.n; /* d is recycled below */
   pp_mutex_lock(&pool->seg_lock);
   pp_store_relaxed(&d->gen, pp_load_relaxed(&d->gen) + 1);
   pp_segmap_remove(pool->map, d);
@@ -257,6 +266,7 @@ static void seg_unpublish(pinpool_t *pool, pp_segment_t *d) {
   pp_mutex_unlock(&pool->seg_lock);
   pp_fetch_sub_relaxed(&pool->gs.segs_cur, 1);
   pp_fetch_add_relaxed(&pool->gs.segs_freed, 1);
+  pp_fetch_sub_relaxed(&pool->parts_total, nparts);
   pp_hist_event(pool, PP_H_SEGMENT_FREE, base, size, 0, 0, NULL);
 }
 
@@ -545,20 +555,21 @@ void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
 /* ---- Trimming and releasing idle memory --------------------------------- */
 
 /* Detach the first idle segment of bin (class c, shard i) whose flags are
- * *flags (any, if *flags is UINT_MAX, which becomes the segment's), as
- * trimming does; NULL if none. Segments carved from the reserve stay.
- * trim_lock held: as in detach_oldest, no other releaser can hold a
- * segment we detach. */
+ * *flags (any, if *flags is UINT_MAX, which becomes the segment's) and that
+ * spans at most max_parts mappings, as trimming does; NULL if none.
+ * Segments carved from the reserve stay. trim_lock held: as in
+ * detach_oldest, no other releaser can hold a segment we detach. */
 static pp_segment_t *detach_idle_of(pinpool_t *pool, unsigned c, unsigned i,
-                                    unsigned *flags) {
+                                    unsigned *flags, unsigned max_parts) {
   pp_assert_held(&pool->trim_lock);
   pp_bin_t *bin = pp_bin(pool, c, i);
   if (!(pp_load_relaxed(&bin->avail) & PP_BIN_IDLE))
     return NULL;
   pp_mutex_lock(&bin->lock);
   pp_segment_t *s = bin->idle;
-  while (s != NULL && ((s->flags & PP_SEG_FROM_RESERVE) ||
-                       (*flags != UINT_MAX && s->flags != *flags)))
+  while (s != NULL &&
+         ((s->flags & PP_SEG_FROM_RESERVE) ||
+          (*flags != UINT_MAX && s->flags != *flags) || s->parts.n > max_parts))
     s = s->next;
   if (s != NULL) {
     list_remove(&bin->idle, s);
@@ -581,28 +592,44 @@ static pp_segment_t *detach_idle_of(pinpool_t *pool, unsigned c, unsigned i,
  *   1. the nearest larger one: split, it needs no system call at all (its
  *      tail stays idle as segments of smaller classes: carve_rest);
  *   2. else the nearest smaller ones, largest first, until they add up to
- *      the size: moved side by side, only the rest populated.
+ *      the size: moved side by side, only the rest populated. Their parts
+ *      add up, plus one for a grown tail: at most PP_PARTS_MAX. One whose
+ *      parts do not fit any more (or, past PP_PARTS_BUDGET for the pool,
+ *      any of more than one part) is detached into *drop (linked through
+ *      ->next) for release instead, and the new segment grows by its
+ *      size: moves never merge mappings, and every split adds a cut, so
+ *      without this the pool's mappings would only multiply; populating
+ *      afresh is what brings them back to one.
  * All share one set of flags (locked or not): one kind of memory. */
 static unsigned remap_gather(pinpool_t *pool, unsigned cls, size_t size,
-                             pp_segment_t **seg) {
+                             pp_segment_t **seg, pp_segment_t **drop) {
   unsigned lo = pp_class_index(PP_SLAB_MAX_BLOCK) + 1; /* one-block classes */
   unsigned top = (unsigned)pp_load_relaxed(&pool->top_cls);
   unsigned ns = pool->cfg.shards;
-  unsigned n = 0, flags = UINT_MAX;
+  unsigned n = 0, flags = UINT_MAX, parts = 1; /* the tail's */
   size_t got = 0;
   pp_mutex_lock(&pool->trim_lock);
   for (unsigned c = cls + 1; n == 0 && c <= top; c++)
     for (unsigned i = 0; n == 0 && i < ns; i++)
-      if ((seg[n] = detach_idle_of(pool, c, i, &flags)) != NULL)
+      if ((seg[n] = detach_idle_of(pool, c, i, &flags, PP_PARTS_MAX)) != NULL)
         n++;
   bool split = n > 0;
-  for (unsigned c = cls; !split && got < size && n < PP_REMAP_MAX && c-- > lo;)
+  for (unsigned c = cls; !split && got < size && parts < PP_PARTS_MAX &&
+                         n < PP_REMAP_MAX && c-- > lo;)
     for (unsigned i = 0; i < ns && got < size && n < PP_REMAP_MAX; i++) {
       pp_segment_t *s;
       while (got < size && n < PP_REMAP_MAX &&
-             (s = detach_idle_of(pool, c, i, &flags)) != NULL) {
-        seg[n++] = s;
+             (s = detach_idle_of(pool, c, i, &flags, PP_PARTS_MAX)) != NULL) {
         got += pp_load_relaxed(&s->size);
+        if (parts + s->parts.n > PP_PARTS_MAX ||
+            (s->parts.n > 1 &&
+             pp_load_relaxed(&pool->parts_total) > PP_PARTS_BUDGET)) {
+          s->next = *drop;
+          *drop = s;
+          continue;
+        }
+        seg[n++] = s;
+        parts += s->parts.n;
       }
     }
   pp_mutex_unlock(&pool->trim_lock);
@@ -617,13 +644,42 @@ static void account_recycled(pinpool_t *pool, size_t n, unsigned flags) {
   account_backend_alloc(pool, n, flags);
 }
 
-/* [p, p + len), the tail cut off a recycled segment, becomes idle segments
- * of the largest one-block classes that fit (at most 4, largest first), in
- * bins of `shard`; what is left (less than a class step, or below the
- * one-block classes) goes back to the provider. Returns whether a provider
- * call was made. The bytes were accounted as released. */
-static bool carve_rest(pinpool_t *pool, char *p, size_t len, unsigned flags,
-                       unsigned shard) {
+/* Cut the parts pc[0 .. n) after `len` bytes (at most their sum): returns
+ * m, the parts pc[0 .. m) now hold exactly len bytes (the last shortened
+ * if cut), and rest[0 .. *nrest) the bytes after them, in order. */
+static unsigned cut_parts(pp_piece_t *pc, unsigned n, size_t len,
+                          pp_piece_t *rest, unsigned *nrest) {
+  unsigned m = 0;
+  *nrest = 0;
+  for (; m < n && len > 0; m++) {
+    if (pc[m].size > len) {
+      rest[(*nrest)++] = (pp_piece_t){(char *)pc[m].p + len, pc[m].size - len};
+      pc[m].size = len;
+    }
+    len -= pc[m].size;
+  }
+  for (unsigned i = m; i < n; i++)
+    rest[(*nrest)++] = pc[i];
+  return m;
+}
+
+static void parts_of(const pp_piece_t *pc, unsigned m, pp_parts_t *out) {
+  out->n = m;
+  for (unsigned i = 0; i < m; i++)
+    out->len[i] = pc[i].size;
+}
+
+/* The parts pc[0 .. n), the tail cut off recycled segments, become idle
+ * segments of the largest one-block classes that fit (at most 4, largest
+ * first), in bins of `shard`; what is left (less than a class step, or
+ * below the one-block classes) goes back to the provider. Returns whether
+ * a provider call was made. The bytes were accounted as released. */
+static bool carve_rest(pinpool_t *pool, pp_piece_t *pc, unsigned n,
+                       unsigned flags, unsigned shard) {
+  pp_piece_t buf[2][PP_PARTS_MAX];
+  size_t len = 0;
+  for (unsigned i = 0; i < n; i++)
+    len += pc[i].size;
   for (int k = 0; k < 4 && len > PP_SLAB_MAX_BLOCK; k++) {
     unsigned c = pp_class_index(len);
     while (seg_bytes_for(pp_class_size(c)) > len)
@@ -634,20 +690,30 @@ static bool carve_rest(pinpool_t *pool, char *p, size_t len, unsigned flags,
     pp_segment_t *d = desc_get(pool, false);
     if (d == NULL)
       break;
+    pp_piece_t *next = buf[k & 1];
+    unsigned nnext = 0;
+    pp_parts_t parts;
+    parts_of(pc, cut_parts(pc, n, sz, next, &nnext), &parts);
     account_recycled(pool, sz, flags);
-    if (seg_publish(pool, d, p, sz, c, shard, flags) == 0) {
+    if (seg_publish(pool, d, pc[0].p, sz, c, shard, flags, &parts) == 0) {
       pp_bin_t *bin = pp_bin(pool, c, shard);
       pp_mutex_lock(&bin->lock);
       seg_relist(pool, bin, d); /* every block free: the idle list */
       pp_mutex_unlock(&bin->lock);
     } /* else seg_publish gave the bytes back, accounted */
-    p += sz;
+    pc = next;
+    n = nnext;
     len -= sz;
   }
-  if (len == 0)
-    return false;
-  pool->prov.free(pool->prov.ctx, p, len);
-  return true;
+  for (unsigned i = 0; i < n; i++)
+    pool->prov.free(pool->prov.ctx, pc[i].p, pc[i].size);
+  return n > 0;
+}
+
+static uint64_t central_cached(pinpool_t *pool) {
+  uint64_t in = pp_load_relaxed(&pool->gs.central_in);
+  uint64_t out = pp_load_relaxed(&pool->gs.central_out);
+  return in > out ? in - out : 0;
 }
 
 /* A miss of a one-block class (config remap, a provider with remap): idle
@@ -656,30 +722,31 @@ static bool carve_rest(pinpool_t *pool, char *p, size_t len, unsigned flags,
  * already, so only what a grow adds is populated, and idle bytes that no
  * class of the current mix asks for become the block that is asked for: a
  * drifting mix no longer keeps idle segments of every class it ever used
- * (docs/allocation-policy.md). Returns 0 with *mem and *flags, 1 if
+ * (docs/allocation-policy.md). The provider moves parts, never a range
+ * across kernel mappings. Returns 0 with *mem, *flags and *parts, 1 if
  * nothing was idle, or an error: the pieces were then given back and the
  * caller maps new memory. */
 static int remap_idle(pinpool_t *pool, unsigned cls, unsigned shard,
-                      size_t size, void **mem, unsigned *flags) {
+                      size_t size, void **mem, unsigned *flags,
+                      pp_parts_t *parts) {
   pp_segment_t *seg[PP_REMAP_MAX];
-  pp_piece_t pc[PP_REMAP_MAX];
-  unsigned n = remap_gather(pool, cls, size, seg);
+  pp_piece_t pc[PP_PARTS_MAX], rest[PP_PARTS_MAX];
+  pp_segment_t *drop = NULL;
+  unsigned n = remap_gather(pool, cls, size, seg, &drop);
+  pp_fetch_add_relaxed(&pool->gs.trimmed, release_batch(pool, drop));
   if (n == 0)
     return 1;
-  unsigned fl = seg[0]->flags;
+  unsigned fl = seg[0]->flags, np = 0;
   size_t total = 0;
   for (unsigned i = 0; i < n; i++) {
-    pc[i] = (pp_piece_t){(void *)pp_load_relaxed(&seg[i]->base),
-                         pp_load_relaxed(&seg[i]->size)};
-    total += pc[i].size;
+    char *base = (char *)pp_load_relaxed(&seg[i]->base);
+    for (unsigned k = 0; k < seg[i]->parts.n; k++) {
+      pc[np++] = (pp_piece_t){base, seg[i]->parts.len[k]};
+      base += seg[i]->parts.len[k];
+    }
+    total += pp_load_relaxed(&seg[i]->size);
     seg_unpublish(pool, seg[i]);
   }
-  /* More than needed: the last piece's tail stays where it is, for
-   * carve_rest (before the gather passed size it was short, so the tail is
-   * shorter than the piece). */
-  size_t rest = total > size ? total - size : 0;
-  pc[n - 1].size -= rest;
-  char *rest_p = (char *)pc[n - 1].p + pc[n - 1].size;
   size_t grow = size > total ? size - total : 0;
   int rc = 0;
   if (!reserve_bytes(pool, grow)) {
@@ -701,30 +768,37 @@ static int remap_idle(pinpool_t *pool, unsigned cls, unsigned shard,
    * in as new (account_recycled). */
   account_backend_free(pool, total, fl);
   if (rc != 0) {
-    pc[n - 1].size += rest;
-    for (unsigned i = 0; i < n; i++)
-      provider_free(pool, pc[i].p, pc[i].size);
+    for (unsigned i = 0; i < np; i++)
+      pool->prov.free(pool->prov.ctx, pc[i].p, pc[i].size);
+    pp_fetch_add_relaxed(&pool->gs.bf_count, n); /* as n releases */
     pp_fetch_sub_relaxed(&pool->gs.reserved_cur, grow);
     return rc;
   }
+  /* The parts of the new segment; more than needed: the rest stays where
+   * it is, for carve_rest. */
+  unsigned nrest = 0;
+  unsigned m = cut_parts(pc, np, size - grow, rest, &nrest);
   uint64_t t0 = pp_now_ns();
-  bool called = n > 1 || grow > 0;
-  void *p = pc[0].p; /* one piece, split: no system call */
+  bool called = m > 1 || grow > 0;
+  void *p = pc[0].p; /* one part, in place: no system call */
   if (called)
-    rc = pool->prov.remap(pool->prov.ctx, pc, n, size, &p, &fl);
+    rc = pool->prov.remap(pool->prov.ctx, pc, m, size, &p, &fl);
   if (rc != 0) {
-    /* The provider gave every piece back: backend frees, as in release. */
+    /* The provider gave the parts back: as n releases. */
     pp_fetch_add_relaxed(&pool->gs.bf_count, n);
-    if (rest != 0)
-      pool->prov.free(pool->prov.ctx, rest_p, rest); /* the last one's tail */
+    for (unsigned i = 0; i < nrest; i++)
+      pool->prov.free(pool->prov.ctx, rest[i].p, rest[i].size);
     pp_fetch_sub_relaxed(&pool->gs.reserved_cur, grow);
     return rc;
   }
   account_backend_alloc(pool, grow, fl); /* reserve_bytes counted it */
   account_recycled(pool, size - grow, fl);
   pp_fetch_add_relaxed(&pool->gs.remapped, n);
-  if (rest != 0)
-    called |= carve_rest(pool, rest_p, rest, fl, shard);
+  parts_of(pc, m, parts);
+  if (grow > 0) /* moved or grown in place: a part more, at most */
+    parts->len[parts->n++] = grow;
+  if (nrest > 0)
+    called |= carve_rest(pool, rest, nrest, fl, shard);
   if (called)
     pp_backend_timed(&pool->gs.ba_count, &pool->gs.ba_total, &pool->gs.ba_max,
                      t0);
@@ -754,12 +828,6 @@ static bool detach_idle(pinpool_t *pool, pp_segment_t *s) {
   }
   pp_mutex_unlock(&bin->lock);
   return ok;
-}
-
-static uint64_t central_cached(pinpool_t *pool) {
-  uint64_t in = pp_load_relaxed(&pool->gs.central_in);
-  uint64_t out = pp_load_relaxed(&pool->gs.central_out);
-  return in > out ? in - out : 0;
 }
 
 /* Detach up to the oldest idle segments from the LRU. `budget`: bytes to

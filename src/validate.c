@@ -173,8 +173,18 @@ int pinpool_validate(pinpool_t *pool) {
   /* One bin lock at a time (in the documented order under seg_lock and
    * trim_lock): holding all of them at once would exceed what lock-order
    * checkers such as TSAN's deadlock detector track. */
-  uint64_t nsegs = 0;
+  uint64_t nsegs = 0, nparts = 0;
   for (pp_segment_t *s = pool->all; s != NULL && !v->bad; s = s->all_next) {
+    /* Parts (remap): they tile the segment, each in one kernel mapping. */
+    size_t plen = 0;
+    for (unsigned k = 0; k < s->parts.n && k < PP_PARTS_MAX; k++)
+      plen += s->parts.len[k];
+    if (s->parts.n < 1 || s->parts.n > PP_PARTS_MAX ||
+        plen != pp_load_relaxed(&s->size))
+      VFAIL(v, "segment %p: %u parts of %zu bytes in all, size %zu",
+            (void *)pp_load_relaxed(&s->base), s->parts.n, plen,
+            (size_t)pp_load_relaxed(&s->size));
+    nparts += s->parts.n;
     pp_bin_t *bin = pp_bin(pool, s->cls, s->shard);
     pp_mutex_lock(&bin->lock);
     pp_mutex_lock(&pool->idle_lock);
@@ -213,6 +223,10 @@ int pinpool_validate(pinpool_t *pool) {
   uint64_t cnt = sums.n_alloc - sums.n_free;
   uint64_t cached = pp_load_relaxed(&g->central_in) -
                     pp_load_relaxed(&g->central_out) + sums.tc_bytes;
+  if (!v->bad && nparts != pp_load_relaxed(&pool->parts_total))
+    VFAIL(v, "%llu parts listed, counter says %llu",
+          (unsigned long long)nparts,
+          (unsigned long long)pp_load_relaxed(&pool->parts_total));
   if (!v->bad && nsegs != pp_load_relaxed(&g->segs_cur))
     VFAIL(v, "%llu segments listed, counter says %llu",
           (unsigned long long)nsegs,

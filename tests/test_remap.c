@@ -135,6 +135,66 @@ static void test_gather(void **state) {
   pinpool_destroy(pool);
 }
 
+/* A segment made of moved pieces is moved again piece by piece (each lies
+ * in one kernel mapping: a move across mappings needs Linux 6.17). */
+static void test_regather(void **state) {
+  (void)state;
+  pinpool_t *pool = make("mlock=1");
+  void *old[2];
+  make_idle(pool, (size_t[]){1 * MiB, 1 * MiB}, 2, old);
+  void *x = alloc_touch(pool, 2 * MiB); /* two parts */
+  void *y = alloc_touch(pool, 1 * MiB); /* new: nothing is idle */
+  PP_OK(pinpool_free(pool, x));
+  PP_OK(pinpool_free(pool, y));
+  void *b = alloc_touch(pool, 3 * MiB); /* 2 MiB (two parts) + 1 MiB */
+  pinpool_stats_t s = stats(pool);
+  PP_ASSERT(s.remapped_segments == 4 && s.segments.current == 1 &&
+                s.reserved_bytes.current == 3 * MiB &&
+                s.backend_free.count == 0,
+            "remapped %" PRIu64 " segments %" PRIu64 " reserved %" PRIu64,
+            s.remapped_segments, s.segments.current, s.reserved_bytes.current);
+  if (s.mlock_failures == 0)
+    PP_ASSERT(s.locked_bytes == 3 * MiB, "locked %" PRIu64, s.locked_bytes);
+  PP_OK(pinpool_free(pool, b));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+/* Every split adds a cut that no move removes: split 8 MiB in two (at a
+ * point that moves every time) and gather it back, over and over, and the
+ * 8 MiB segment's parts grow until
+ * one piece no longer fits PP_PARTS_MAX; it is then released and the new
+ * segment populated afresh (trimmed_segments counts it). The validator
+ * checks the parts of every segment all along. */
+static void test_parts_bounded(void **state) {
+  (void)state;
+  pinpool_t *pool = make("");
+  void *a;
+  make_idle(pool, (size_t[]){8 * MiB}, 1, &a);
+  uint64_t trimmed = 0;
+  for (int cycle = 0; cycle < 200 && trimmed == 0; cycle++) {
+    /* 2, 2.5, 3, 3.5, 4 MiB: the rest (6 .. 4 MiB) is a class too */
+    size_t cut = 2 * MiB + (size_t)(cycle % 5) * 512 * KiB;
+    void *head = alloc_touch(pool, cut); /* splits the 8 MiB one */
+    PP_OK(pinpool_free(pool, head));
+    void *whole = alloc_touch(pool, 8 * MiB); /* gathers both back */
+    PP_OK(pinpool_free(pool, whole));
+    if (cycle % 10 == 0)
+      PP_CHECK_CONSISTENT(pool);
+    trimmed = stats(pool).trimmed_segments;
+  }
+#ifdef PARTS_BOUND_4
+  /* The variant built with PP_PARTS_MAX 4 (tests/CMakeLists.txt); 64, the
+   * real bound, takes more cuts than 16 split points can make. */
+  PP_ASSERT(trimmed > 0, "the parts never reached the bound");
+#endif
+  pinpool_stats_t s = stats(pool);
+  PP_ASSERT(s.reserved_bytes.current <= 16 * MiB, "reserved %" PRIu64,
+            s.reserved_bytes.current);
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
 /* Less idle than asked: the one piece grows (only the rest populated). */
 static void grow_case(const char *extra) {
   pinpool_t *pool = make(extra);
@@ -333,6 +393,8 @@ int main(void) {
       cmocka_unit_test(test_faults),
       cmocka_unit_test(test_reserve_kept),
       cmocka_unit_test(test_drift),
+      cmocka_unit_test(test_regather),
+      cmocka_unit_test(test_parts_bounded),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
