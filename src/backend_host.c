@@ -245,10 +245,9 @@ static void unmap_pieces(const pp_piece_t *pc, unsigned from, unsigned n) {
  * within 2 MiB: the kernel then moves whole page-table pages for it
  * instead of every entry, which measured 1 ns per 4 KiB page against
  * about 70 (the moves dominate a remap's cost). The reservation's tail,
- * if the pieces fall short, becomes memory and is populated. A piece that
- * spans several kernel mappings (made of earlier pieces) moves only on
- * Linux 6.17 and later; before, the move fails with EFAULT and the pool
- * gives the pieces back and maps new memory. */
+ * if the pieces fall short, becomes memory and is populated. Each piece
+ * lies within one kernel mapping (the pool passes a segment's parts, not
+ * the segment): a move across mappings needs Linux 6.17. */
 static int host_remap(void *ctx, const pp_piece_t *pc, unsigned n,
                       size_t new_size, void **out, unsigned *flags) {
   const host_ctx_t *h = ctx;
