@@ -93,23 +93,41 @@ static void test_carving_small_blocks(void **state) {
   PP_ASSERT(c.calls == 1 && c.nalloc == 1,
             "100 allocations of 4 KiB made %" PRIu64 " backend calls, want 1",
             c.calls);
+  /* A class's first slab is 512 KiB (128 blocks of 4 KiB). */
   size_t n = 0;
   cb_rec_t *r = cb_records(&cb, &n);
-  PP_ASSERT(n == 1 && r[0].size == 2 * MiB,
-            "small blocks' segment has %zu bytes, want 2 MiB", r[0].size);
+  PP_ASSERT(n == 1 && r[0].size == 512 * KiB,
+            "small blocks' first segment has %zu bytes, want 512 KiB",
+            r[0].size);
   for (int i = 0; i < 100; i++) {
     uintptr_t a = (uintptr_t)p[i];
     PP_ASSERT(
         a >= (uintptr_t)r[0].ptr && a + 4096 <= (uintptr_t)r[0].ptr + r[0].size,
-        "block %d (%p) outside the segment [%p, +2MiB)", i, p[i], r[0].ptr);
+        "block %d (%p) outside the segment [%p, +512KiB)", i, p[i], r[0].ptr);
     PP_ASSERT(a % 4096 == 0, "block %p not 4096-aligned", p[i]);
   }
   free(r);
   pinpool_stats_t st;
   PP_STATS(pool, &st);
   PP_ASSERT(st.segments.current == 1, "segments %" PRIu64, st.segments.current);
-  PP_ASSERT(st.reserved_bytes.current == 2 * MiB, "reserved %" PRIu64,
+  PP_ASSERT(st.reserved_bytes.current == 512 * KiB, "reserved %" PRIu64,
             st.reserved_bytes.current);
+  /* Then 1 MiB, then 2 MiB, and 2 MiB from there on. */
+  enum { MORE = 128 + 256 + 512 + 28 };
+  void **more = calloc(MORE, sizeof *more);
+  assert_non_null(more);
+  for (int i = 0; i < MORE; i++)
+    PP_OK(pinpool_alloc(pool, 4096, &more[i]));
+  r = cb_records(&cb, &n);
+  PP_ASSERT(n == 4 && r[1].size == 1 * MiB && r[2].size == 2 * MiB &&
+                r[3].size == 2 * MiB,
+            "%zu slabs; the 2nd to 4th of %zu, %zu, %zu bytes", n,
+            n > 1 ? r[1].size : 0, n > 2 ? r[2].size : 0,
+            n > 3 ? r[3].size : 0);
+  free(r);
+  for (int i = 0; i < MORE; i++)
+    PP_OK(pinpool_free(pool, more[i]));
+  free(more);
   PP_ASSERT(st.cache_misses >= 1, "cache_misses %" PRIu64, st.cache_misses);
   CHECK_BACKEND_STATS(pool, &cb);
   PP_CHECK_CONSISTENT(pool);
@@ -119,9 +137,8 @@ static void test_carving_small_blocks(void **state) {
   void *q256 = NULL, *q257 = NULL, *q4m = NULL, *q1m = NULL;
   PP_OK(pinpool_alloc(pool, 256 * KiB, &q256));
   c = cb_counts(&cb);
-  PP_ASSERT(c.nalloc == 1 ||
-                (c.nalloc == 2 && cb_find_live(&cb, q256).size == 2 * MiB),
-            "a 256 KiB block needed a non-2MiB segment");
+  PP_ASSERT(cb_find_live(&cb, q256).size == 1 * MiB,
+            "a 256 KiB block's first segment is not 4 blocks (1 MiB)");
   uint64_t before = cb_counts(&cb).nalloc;
   PP_OK(pinpool_alloc(pool, 256 * KiB + 1, &q257));
   PP_ASSERT(cb_counts(&cb).nalloc == before + 1, "no new segment for 256KiB+1");
@@ -965,7 +982,7 @@ static void test_builtin_backends_and_options(void **state) {
 }
 
 /* pinpool_free's hint (alloc.c): each thread remembers the segment of its
- * last free. Here that segment (a 2 MiB slab of 4 KiB blocks) is
+ * last free. Here that segment (a 512 KiB slab of 4 KiB blocks) is
  * released; its addresses go to a new 2 MiB block (another descriptor:
  * large descriptors are a separate free list) and its descriptor to a new
  * slab elsewhere, whose block 0 is allocated. Freeing the 2 MiB block must
@@ -1023,7 +1040,7 @@ static void test_free_hint_recycled(void **state) {
   PP_ASSERT(!r.in_use[0] && !r.in_use[1], "the slab went back");
   PP_OK(pinpool_alloc(pool, 2 * MiB, &big));
   assert_ptr_equal(big, r.base[0]); /* the slab's addresses */
-  enum { N = 512 };                 /* one whole slab of 4 KiB blocks */
+  enum { N = 128 }; /* one whole first slab (512 KiB) of 4 KiB blocks */
   void **small = calloc(N, sizeof *small);
   assert_non_null(small);
   for (int i = 0; i < N; i++) {
