@@ -293,11 +293,10 @@ static int host_remap(void *ctx, const pp_piece_t *pc, unsigned n,
   if (e == 0 && moved && new_size > total) {
     /* The reservation's tail becomes memory: bound, then populated. */
     size_t add = new_size - total;
-    if (mprotect(p + total, add, PROT_READ | PROT_WRITE) != 0)
-      e = errno;
-    else if (bind_node(p + total, add, h->cfg.numa_node) != 0)
-      e = EINVAL;
-    else if (locked && mlock(p + total, add) != 0)
+    if (bind_node(p + total, add, h->cfg.numa_node) != 0)
+      e = EINVAL; /* before the first touch, as in pp_host_map */
+    else if (mprotect(p + total, add, PROT_READ | PROT_WRITE) != 0 ||
+             (locked && mlock(p + total, add) != 0))
       e = errno;
     if (e != 0)
       (void)munmap(p, new_size);

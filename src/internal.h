@@ -618,7 +618,7 @@ struct pinpool {
   /* The largest class that ever had a segment: where remap_candidate stops
    * looking for an idle one. Only grows. */
   pp_counter_t top_cls;
-  pp_counter_t parts_total; /* parts.n summed over live segments */
+  pp_counter_t parts_total;           /* parts.n summed over live segments */
   pp_counter_t cls_segs[PP_NCLASSES]; /* live segments per class */
 
   pp_reserve_t reserve;

@@ -746,7 +746,7 @@ static int remap_idle(pinpool_t *pool, unsigned cls, unsigned shard,
                       size_t size, void **mem, unsigned *flags,
                       pp_parts_t *parts) {
   pp_segment_t *seg[PP_REMAP_MAX];
-  pp_piece_t pc[PP_PARTS_MAX], rest[PP_PARTS_MAX];
+  pp_piece_t pc[PP_PARTS_MAX] = {{NULL, 0}}, rest[PP_PARTS_MAX];
   pp_segment_t *drop = NULL;
   unsigned n = remap_gather(pool, cls, size, seg, &drop);
   pp_fetch_add_relaxed(&pool->gs.trimmed, release_batch(pool, drop));

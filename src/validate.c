@@ -224,8 +224,7 @@ int pinpool_validate(pinpool_t *pool) {
   uint64_t cached = pp_load_relaxed(&g->central_in) -
                     pp_load_relaxed(&g->central_out) + sums.tc_bytes;
   if (!v->bad && nparts != pp_load_relaxed(&pool->parts_total))
-    VFAIL(v, "%llu parts listed, counter says %llu",
-          (unsigned long long)nparts,
+    VFAIL(v, "%llu parts listed, counter says %llu", (unsigned long long)nparts,
           (unsigned long long)pp_load_relaxed(&pool->parts_total));
   if (!v->bad && nsegs != pp_load_relaxed(&g->segs_cur))
     VFAIL(v, "%llu segments listed, counter says %llu",
