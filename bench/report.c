@@ -274,9 +274,9 @@ static double speed(const group_t *g) {
 
 static int impl_rank(const group_t *g) {
   static const char *order[] = {
-      "pinpool",       "pinpool-tc",      "pinpool-cap", "pinpool-h-alloc",
-      "pinpool-h-all", "pinpool-h-all16", "refpool",     "naive",
-      "glibc",         "jemalloc",        "mimalloc",    "tcmalloc"};
+      "pinpool",       "pinpool-tc",      "pinpool-remap", "pinpool-h-alloc",
+      "pinpool-h-all", "pinpool-h-all16", "refpool",       "naive",
+      "glibc",         "jemalloc",        "mimalloc",      "tcmalloc"};
   int r = 99;
   for (int i = 0; i < (int)(sizeof order / sizeof order[0]); i++)
     if (strcmp(g->impl, order[i]) == 0)
@@ -654,7 +654,7 @@ static void goals_w2(void) {
         continue;
       if (strcmp(q->impl, "pinpool") == 0)
         p = q;
-      if (strcmp(q->impl, "pinpool-cap") == 0)
+      if (strcmp(q->impl, "pinpool-remap") == 0)
         c = q;
       if (strcmp(q->impl, "refpool") == 0)
         r = q;
@@ -666,7 +666,7 @@ static void goals_w2(void) {
              t > 1 ? "s" : "", ov);
     if (c != NULL) {
       /* The variant's own key: what follows the shared "mlock=1,". */
-      const char *k = strstr(c->config, "max_cached");
+      const char *k = strstr(c->config, "remap");
       goal_add(a, " (%s: %.2f at %s ops/s)", k != NULL ? k : c->config,
                get(c, "overhead"), fmt_num(speed(c), buf, sizeof buf));
     }
@@ -1412,10 +1412,10 @@ static const char *style(const char *impl, const char *mode, char *buf,
                          size_t len) {
   static const struct {
     const char *impl, *rgb;
-  } colours[] = {{"pinpool", "#000000"},     {"pinpool-tc", "#7f7f7f"},
-                 {"pinpool-cap", "#7f7f7f"}, {"refpool", "#9467bd"},
-                 {"naive", "#8c564b"},       {"glibc", "#1f77b4"},
-                 {"jemalloc", "#d62728"},    {"mimalloc", "#2ca02c"},
+  } colours[] = {{"pinpool", "#000000"},       {"pinpool-tc", "#7f7f7f"},
+                 {"pinpool-remap", "#7f7f7f"}, {"refpool", "#9467bd"},
+                 {"naive", "#8c564b"},         {"glibc", "#1f77b4"},
+                 {"jemalloc", "#d62728"},      {"mimalloc", "#2ca02c"},
                  {"tcmalloc", "#ff7f0e"}};
   const char *rgb = "#17becf";
   for (size_t i = 0; i < sizeof colours / sizeof colours[0]; i++)

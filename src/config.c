@@ -115,7 +115,7 @@ static void config_defaults(pp_config_t *c) {
   c->populate_parallel_min = (uint64_t)64 << 20;
   c->tcache_bytes = (uint64_t)64 << 20;
   c->borrow = PP_BORROW_AUTO; /* pool.c: 0 or 4, by the provider */
-  c->remap = true;
+  c->remap = false;           /* opt-in: see docs/allocation-policy.md */
   c->shards = 4;
   c->events = PP_EVENTS_NONE;
   c->poll_us = 100;

@@ -1036,9 +1036,10 @@ static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
     pool->error_arg = hooks->error_arg;
   }
   int rc = open_providers(pool, hooks);
-  /* borrow's default: where a miss can remap idle segments of other
-   * classes, that serves it without the larger block's waste (and faster,
-   * measured on W2); elsewhere a larger idle block beats a new segment. */
+  /* borrow's default: where a miss remaps idle segments of other classes
+   * (remap=1), that serves it without the larger block's waste (and
+   * faster, measured on W2); elsewhere a larger idle block beats a new
+   * segment. */
   if (pool->cfg.borrow == PP_BORROW_AUTO)
     pool->cfg.borrow = pool->cfg.remap && pool->prov.remap != NULL ? 0 : 4;
   if (rc == 0)

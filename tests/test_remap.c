@@ -13,12 +13,21 @@
 /* Tests that need a block to be idle in the bins, not in a thread cache. */
 #define BASE "tcache_bytes=0,shards=1"
 
-static pinpool_t *make(const char *extra) {
+/* A pool with BASE and `extra`; remapping as the config says (off by
+ * default). */
+static pinpool_t *make_plain(const char *extra) {
   char conf[256];
   snprintf(conf, sizeof conf, "%s%s%s", BASE, extra[0] ? "," : "", extra);
   pinpool_t *pool = NULL;
   PP_OK(pinpool_create(conf, &pool));
   return pool;
+}
+
+/* The same with remap=1. */
+static pinpool_t *make(const char *extra) {
+  char conf[256];
+  snprintf(conf, sizeof conf, "remap=1%s%s", extra[0] ? "," : "", extra);
+  return make_plain(conf);
 }
 
 static void *alloc_touch(pinpool_t *pool, size_t n) {
@@ -249,10 +258,10 @@ static void test_locked(void **state) {
   pinpool_destroy(pool);
 }
 
-/* Where remapping is off or impossible, a miss maps new memory; borrow's
- * default follows (4 without remap, 0 with). */
+/* Where remapping is off (the default) or impossible, a miss maps new
+ * memory; borrow's default follows (4 without remap, 0 with). */
 static void no_remap_case(const char *extra, unsigned borrow) {
-  pinpool_t *pool = make(extra);
+  pinpool_t *pool = make_plain(extra);
   void *a;
   make_idle(pool, (size_t[]){8 * MiB}, 1, &a);
   void *b = alloc_touch(pool, 3 * MiB);
@@ -273,9 +282,10 @@ static void no_remap_case(const char *extra, unsigned borrow) {
 
 static void test_off(void **state) {
   (void)state;
+  no_remap_case("", 4); /* off by default */
   no_remap_case("remap=0", 4);
-  no_remap_case("hugepages=1", 4);
-  no_remap_case("backend=malloc", 4);
+  no_remap_case("remap=1,hugepages=1", 4); /* asked, but cannot */
+  no_remap_case("remap=1,backend=malloc", 4);
   no_remap_case("remap=0,borrow=0", 0);
   pinpool_t *pool = make("");
   char conf[1024];
@@ -352,7 +362,7 @@ static void test_drift(void **state) {
   (void)state;
   uint64_t peak[2];
   for (int on = 0; on < 2; on++) {
-    pinpool_t *pool = make(on ? "" : "remap=0");
+    pinpool_t *pool = on ? make("") : make_plain("");
     uint64_t r = pp_seed(7);
     enum { LIVE = 8 };
     void *live[LIVE] = {NULL};

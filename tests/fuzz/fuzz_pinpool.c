@@ -1178,33 +1178,15 @@ static void op_get_config(const ctx_t *cx, fpool_t *fp, uint8_t kind,
 
 /* ---- Configuration strings --------------------------------------------- */
 
-static const char *const cfg_keys[] = {"backend",
-                                       "max_cached",
-                                       "max_reserved",
-                                       "reserve",
-                                       "mlock",
-                                       "hugepages",
-                                       "populate",
-                                       "populate_threads",
-                                       "populate_parallel_min",
-                                       "tcache_bytes",
-                                       "shards",
-                                       "events",
-                                       "background",
-                                       "poll_us",
-                                       "sim_delay_us",
-                                       "cuda_flags",
-                                       "register_threads",
-                                       "device",
-                                       "numa_node",
-                                       "max_cahced",
-                                       "",
-                                       " shards ",
-                                       "SHARDS",
-                                       "tcache_bytes\t",
-                                       "=",
-                                       "a b",
-                                       "fault"};
+static const char *const cfg_keys[] = {
+    "backend",      "max_cached",   "max_cached_pct",   "borrow",
+    "remap",        "max_reserved", "reserve",          "mlock",
+    "hugepages",    "populate",     "populate_threads", "populate_parallel_min",
+    "tcache_bytes", "shards",       "events",           "background",
+    "poll_us",      "sim_delay_us", "cuda_flags",       "register_threads",
+    "device",       "numa_node",    "max_cahced",       "",
+    " shards ",     "SHARDS",       "tcache_bytes\t",   "=",
+    "a b",          "fault"};
 #define N_CFG_KEYS (sizeof cfg_keys / sizeof cfg_keys[0])
 
 static const char *const cfg_values[] = {
@@ -2400,7 +2382,8 @@ static void fz_init_once(void) {
  *       bit 4 reserve=4MiB, bit 5 second pool B, bit 6 hugepages=1 (host),
  *       bit 7 mlock=1 (host);
  *   b1: bits 0-2 tcache_bytes, bits 3-4 shards - 1, bits 5-6 max_cached,
- *       bit 7 max_reserved 24MiB instead of 64MiB. */
+ *       bit 7 max_reserved 24MiB instead of 64MiB; remap=1 (host) with
+ *       bit 1 (shared with tcache_bytes: no bit is left). */
 static void setup(fuzz_t *fz, reader_t *r) {
   static const uint64_t tcache[8] = {0,         512, 4096,    64 * KIB,
                                      256 * KIB, MIB, 4 * MIB, 64 * MIB};
@@ -2421,13 +2404,14 @@ static void setup(fuzz_t *fz, reader_t *r) {
   a->variant = (b1 & 1) != 0;
   (void)snprintf(a->config, sizeof a->config,
                  "populate=0,tcache_bytes=%llu,shards=%u,max_cached=%llu,"
-                 "max_reserved=%llu%s%s%s%s%s",
+                 "max_reserved=%llu%s%s%s%s%s%s",
                  (unsigned long long)tcache[b1 & 7], 1u + ((b1 >> 3) & 3),
                  (unsigned long long)a->max_cached,
                  (unsigned long long)a->max_reserved, backends[a->backend],
                  a->events == EV_SIM ? ",events=simulated,sim_delay_us=0" : "",
                  a->reserve ? ",reserve=4MiB" : "", huge ? ",hugepages=1" : "",
-                 a->mlock ? ",mlock=1" : "");
+                 a->mlock ? ",mlock=1" : "",
+                 host && (b1 & 2) ? ",remap=1" : "");
   a->hs = hookset_new(a->backend, a->events, UB_CAP);
   pool_open(a);
   fz->has_b = (b0 & 32) != 0;
