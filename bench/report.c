@@ -634,6 +634,17 @@ static void goal_ahead(const char *wl, const char *title) {
                fmt_num(speed(p), buf3, sizeof buf3),
                fmt_num(speed(wg), buf, sizeof buf),
                fmt_ratio(worst, buf2, sizeof buf2));
+      /* A variant with an opt-in setting (W2: remap=1): reported beside,
+       * the status stays the defaults'. */
+      for (int j = 0; j < g_ngroups; j++) {
+        const group_t *v = &g_groups[j];
+        if (strcmp(v->workload, wl) || v->threads != t ||
+            strcmp(v->kase, p->kase) || strcmp(v->impl, "pinpool-remap"))
+          continue;
+        goal_add(g, " (remap=1: %s ops/s = %s)",
+                 fmt_num(speed(v), buf3, sizeof buf3),
+                 fmt_ratio(speed(v) / speed(wg), buf2, sizeof buf2));
+      }
     }
   }
   snprintf(g->status, sizeof g->status, "%s",
