@@ -369,12 +369,10 @@ struct pp_segment {
   _Atomic(uint32_t) cls_index; /* == cls, readable without the bin lock */
   uint32_t capacity; /* length of word[]; immutable for the descriptor */
   /* Written before the segment is published, never while it is live:
-   * cls and shard (whose bin owns it), flags (PP_SEG_*), and parts: the
-   * kernel mappings its memory spans (one when the provider made it; more
-   * once remap_idle moved pieces side by side). */
+   * cls and shard (whose bin owns it), flags (PP_SEG_*), and parts (below
+   * gen). */
   unsigned cls, shard;
   unsigned flags;
-  pp_parts_t parts;
 
   /* Streams recorded on each block (stream.c): one pointer per block,
    * installed once with a CAS, then read and written under the stripe
@@ -391,6 +389,12 @@ struct pp_segment {
    * is released: a snapshot reading blocks without the lock checks it did
    * not change meanwhile (snapshot.c); pinpool_free's hint as well. */
   _Atomic(uint64_t) gen;
+
+  /* The kernel mappings the segment's memory spans (one when the provider
+   * made it; more once remap_idle moved pieces side by side). Written
+   * before publication like cls; read by remapping and the validator only,
+   * so it sits after the lines the hot paths read. */
+  pp_parts_t parts;
 
   /* Under the lock of bin (cls, shard). */
   _Alignas(64) uint32_t carved; /* blocks [0, carved) handed out once */
