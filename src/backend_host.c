@@ -101,6 +101,21 @@ static int populate(char *p, size_t size, unsigned nt, bool lock) {
   return err;
 }
 
+/* Threads to populate len bytes with: nthreads from populate_parallel_min
+ * up, else one. */
+static unsigned populate_nt(const pp_config_t *cfg, size_t len,
+                            unsigned nthreads) {
+  return len >= cfg->populate_parallel_min ? nthreads : 1u;
+}
+
+/* Populating len bytes failed with err: unmap [p, p + map_len), say so. */
+static int populate_failed(char *p, size_t map_len, size_t len, int err) {
+  (void)munmap(p, map_len);
+  return pp_fail(err == ENOMEM ? PINPOOL_ENOMEM : PINPOOL_EBACKEND,
+                 "host backend: populating %zu bytes failed: %s", len,
+                 strerror(err));
+}
+
 /* The pool's accounting must not depend on how a host segment was
  * populated: populate() and mlock() only change residency. */
 int pp_numa_check(int node) {
@@ -165,7 +180,7 @@ int pp_host_map(const pp_config_t *cfg, size_t size, unsigned nthreads,
     (void)munmap(p, size);
     return rc;
   }
-  unsigned nt = size >= cfg->populate_parallel_min ? nthreads : 1u;
+  unsigned nt = populate_nt(cfg, size, nthreads);
   bool locked = false;
   int err = cfg->populate && pp_fault_hit(cfg, PP_FAULT_POPULATE) ? ENOMEM : 0;
   if (err == 0 && lock_err != NULL) {
@@ -179,12 +194,8 @@ int pp_host_map(const pp_config_t *cfg, size_t size, unsigned nthreads,
   }
   if (err == 0 && !locked && cfg->populate)
     err = populate(p, size, nt, false);
-  if (err != 0) {
-    (void)munmap(p, size);
-    return pp_fail(err == ENOMEM ? PINPOOL_ENOMEM : PINPOOL_EBACKEND,
-                   "host backend: populating %zu bytes failed: %s", size,
-                   strerror(err));
-  }
+  if (err != 0)
+    return populate_failed(p, size, size, err);
   *out = p;
   return 0;
 }
@@ -312,17 +323,11 @@ static int host_remap(void *ctx, const pp_piece_t *pc, unsigned n,
   } else if (total < new_size && h->cfg.populate) {
     size_t add = new_size - total;
     int err = pp_fault_hit(&h->cfg, PP_FAULT_POPULATE) ? ENOMEM : 0;
-    if (err == 0 && !locked) {
-      unsigned nt =
-          add >= h->cfg.populate_parallel_min ? h->cfg.populate_threads : 1u;
-      err = populate(p + total, add, nt, false);
-    }
-    if (err != 0) {
-      (void)munmap(p, new_size);
-      return pp_fail(err == ENOMEM ? PINPOOL_ENOMEM : PINPOOL_EBACKEND,
-                     "host backend: populating %zu added bytes failed: %s", add,
-                     strerror(err));
-    }
+    if (err == 0 && !locked)
+      err = populate(p + total, add,
+                     populate_nt(&h->cfg, add, h->cfg.populate_threads), false);
+    if (err != 0)
+      return populate_failed(p, new_size, add, err);
   }
   *out = p;
   return 0;
