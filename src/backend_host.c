@@ -266,11 +266,11 @@ static int host_remap(void *ctx, const pp_piece_t *pc, unsigned n,
   size_t total = 0;
   for (unsigned i = 0; i < n; i++)
     total += pc[i].size;
-  size_t span = total > new_size ? total : new_size;
+  size_t span = new_size; /* >= total (internal.h) */
   char *p = MAP_FAILED;
   bool moved = true; /* the tail below is the reservation's */
   int e = 0;
-  if (n == 1 && new_size >= total)
+  if (n == 1)
     p = mremap(pc[0].p, total, new_size, 0); /* in place, or fails */
   if (p != MAP_FAILED) {
     moved = false;
@@ -318,9 +318,7 @@ static int host_remap(void *ctx, const pp_piece_t *pc, unsigned n,
                    "host backend: making %u idle segments (%zu bytes) into "
                    "%zu bytes: %s",
                    n, total, new_size, strerror(e));
-  if (total > new_size) {
-    (void)munmap(p + new_size, total - new_size); /* our own bounds */
-  } else if (total < new_size && h->cfg.populate) {
+  if (total < new_size && h->cfg.populate) {
     size_t add = new_size - total;
     int err = pp_fault_hit(&h->cfg, PP_FAULT_POPULATE) ? ENOMEM : 0;
     if (err == 0 && !locked)

@@ -162,8 +162,8 @@ typedef struct pp_config {
   unsigned borrow;         /* a miss may use an idle segment this many
                               classes larger (one-block segments only);
                               PP_BORROW_AUTO until the pool resolves it */
-  bool remap;              /* a miss may resize an idle one-block segment of
-                              another class (providers with resize) */
+  bool remap;              /* a miss may make its segment of idle segments of
+                              other classes (providers with remap) */
   uint64_t max_reserved;   /* 0: no cap */
   uint64_t reserve;
   int mlock;
@@ -225,7 +225,7 @@ typedef struct pp_piece {
   void *p;
   size_t size;
 } pp_piece_t;
-#define PP_REMAP_MAX 16
+#define PP_REMAP_MAX 16 /* idle segments one remap gathers, at most */
 /* A remapped segment spans at most this many kernel mappings (VMAs): they
  * never merge once moved (each keeps its page offset), a move costs about
  * 11 us per mapping, and a process has at most vm.max_map_count of them. */
@@ -250,14 +250,14 @@ typedef struct pp_provider {
   int (*alloc)(void *ctx, size_t size, void **out, unsigned *flags);
   void (*free)(void *ctx, void *ptr, size_t size);
   void (*destroy)(void *ctx); /* may be NULL */
-  /* May be NULL. Make one mapping of new_size bytes out of the memory of n
-   * (1 .. PP_REMAP_MAX) segments the pool no longer uses, all with the
-   * same flags (*flags, updated): sizes and new_size are page multiples;
-   * the pieces may sum to more or less than new_size. Their pages stay
-   * resident and locked as they are: only what is added is populated (and
-   * locked, if they are), only what is beyond new_size is given back. On
-   * success *out is the new mapping (anywhere). On failure every piece has
-   * been given back (unmapped). */
+  /* May be NULL. Make one mapping of new_size bytes out of n (1 ..
+   * PP_PARTS_MAX) pieces of memory the pool no longer uses, each within one
+   * mapping, all with the same flags (*flags, updated): page multiples
+   * that sum to at most new_size, in the order they are to be laid out.
+   * Their pages stay resident and locked as they are: only what is added
+   * is populated (and locked, if they are). On success *out is the new
+   * mapping (anywhere). On failure every piece has been given back
+   * (unmapped). */
   int (*remap)(void *ctx, const pp_piece_t *pieces, unsigned n, size_t new_size,
                void **out, unsigned *flags);
 } pp_provider_t;
@@ -589,7 +589,7 @@ typedef struct pp_gstats {
   pp_counter_t central_in, central_out; /* bytes into/out of central idle */
   pp_counter_t misses, oom, retries, trimmed;
   pp_counter_t borrowed; /* misses served by a larger idle segment */
-  pp_counter_t remapped; /* misses served by resizing an idle segment */
+  pp_counter_t remapped; /* idle segments recycled into others (remap) */
   pp_counter_t mlock_failures, locked_bytes;
   pp_counter_t ba_count, ba_total, ba_max, bf_count, bf_total, bf_max;
 } pp_gstats_t;
@@ -619,8 +619,8 @@ struct pinpool {
   pp_mutex_t trim_lock; /* serializes detaching idle segments for release */
   pp_mutex_t idle_lock; /* LRU of idle segments */
   pp_segment_t *lru_head, *lru_tail;
-  /* The largest class that ever had a segment: where remap_candidate stops
-   * looking for an idle one. Only grows. */
+  /* The largest one-block class that ever had a segment: where
+   * remap_gather stops looking for an idle one. Only grows. */
   pp_counter_t top_cls;
   pp_counter_t parts_total;           /* parts.n summed over live segments */
   pp_counter_t cls_segs[PP_NCLASSES]; /* live segments per class */

@@ -159,7 +159,8 @@ static int remap_idle(pinpool_t *pool, unsigned cls, unsigned shard,
 
 /* Make d a live segment of class cls over [mem, mem + size), owned by bin
  * (cls, shard): in the map and the list of all segments, in no bin list.
- * On failure d is recycled and the memory given back. No lock held. */
+ * parts: its mappings, n == 0 for one. On failure d is recycled and the
+ * memory given back. No lock held. */
 static int seg_publish(pinpool_t *pool, pp_segment_t *d, void *mem, size_t size,
                        unsigned cls, unsigned shard, unsigned flags,
                        const pp_parts_t *parts) {
@@ -188,9 +189,9 @@ static int seg_publish(pinpool_t *pool, pp_segment_t *d, void *mem, size_t size,
   d->lru_prev = d->lru_next = NULL;
   d->in_lru = false;
   d->flags = flags;
-  if (parts != NULL && parts->n > 0)
+  if (parts->n > 0)
     d->parts = *parts;
-  else
+  else /* made by the provider: one mapping */
     d->parts = (pp_parts_t){1, {size}};
 
   pp_mutex_lock(&pool->seg_lock);
@@ -727,10 +728,17 @@ static bool carve_rest(pinpool_t *pool, pp_piece_t *pc, unsigned n,
   return n > 0;
 }
 
-static uint64_t central_cached(pinpool_t *pool) {
-  uint64_t in = pp_load_relaxed(&pool->gs.central_in);
-  uint64_t out = pp_load_relaxed(&pool->gs.central_out);
-  return in > out ? in - out : 0;
+/* A remap failed after its n segments' bytes were accounted as released:
+ * give back the pieces the provider still has not (pc[0 .. np)), count the
+ * segments as backend frees (segments.freed == backend_free.count +
+ * remapped_segments) and undo the reservation of `grow`. */
+static int remap_failed(pinpool_t *pool, const pp_piece_t *pc, unsigned np,
+                        unsigned n, size_t grow, int rc) {
+  for (unsigned i = 0; i < np; i++)
+    pool->prov.free(pool->prov.ctx, pc[i].p, pc[i].size);
+  pp_fetch_add_relaxed(&pool->gs.bf_count, n);
+  pp_fetch_sub_relaxed(&pool->gs.reserved_cur, grow);
+  return rc;
 }
 
 /* A miss of a one-block class (config remap, a provider with remap): idle
@@ -784,30 +792,20 @@ static int remap_idle(pinpool_t *pool, unsigned cls, unsigned shard,
    * above, which must see them); what becomes a segment again is counted
    * in as new (account_recycled). */
   account_backend_free(pool, total, fl);
-  if (rc != 0) {
-    for (unsigned i = 0; i < np; i++)
-      pool->prov.free(pool->prov.ctx, pc[i].p, pc[i].size);
-    pp_fetch_add_relaxed(&pool->gs.bf_count, n); /* as n releases */
-    pp_fetch_sub_relaxed(&pool->gs.reserved_cur, grow);
-    return rc;
-  }
+  if (rc != 0)
+    return remap_failed(pool, pc, np, n, grow, rc);
   /* The parts of the new segment; more than needed: the rest stays where
    * it is, for carve_rest. */
   unsigned nrest = 0;
   unsigned m = cut_parts(pc, np, size - grow, rest, &nrest);
+  pp_assert(m >= 1 && m <= np);
   uint64_t t0 = pp_now_ns();
   bool called = m > 1 || grow > 0;
   void *p = pc[0].p; /* one part, in place: no system call */
   if (called)
     rc = pool->prov.remap(pool->prov.ctx, pc, m, size, &p, &fl);
-  if (rc != 0) {
-    /* The provider gave the parts back: as n releases. */
-    pp_fetch_add_relaxed(&pool->gs.bf_count, n);
-    for (unsigned i = 0; i < nrest; i++)
-      pool->prov.free(pool->prov.ctx, rest[i].p, rest[i].size);
-    pp_fetch_sub_relaxed(&pool->gs.reserved_cur, grow);
-    return rc;
-  }
+  if (rc != 0) /* the provider gave pc[0 .. m) back; rest is ours */
+    return remap_failed(pool, rest, nrest, n, grow, rc);
   account_backend_alloc(pool, grow, fl); /* reserve_bytes counted it */
   account_recycled(pool, size - grow, fl);
   pp_fetch_add_relaxed(&pool->gs.remapped, n);
@@ -845,6 +843,12 @@ static bool detach_idle(pinpool_t *pool, pp_segment_t *s) {
   }
   pp_mutex_unlock(&bin->lock);
   return ok;
+}
+
+static uint64_t central_cached(pinpool_t *pool) {
+  uint64_t in = pp_load_relaxed(&pool->gs.central_in);
+  uint64_t out = pp_load_relaxed(&pool->gs.central_out);
+  return in > out ? in - out : 0;
 }
 
 /* Detach up to the oldest idle segments from the LRU. `budget`: bytes to
