@@ -24,7 +24,8 @@
  *   pinpool  pinpool (mlock=1; workload-specific settings in the record)
  *   pinpool-tc  W1 only: pinpool with tcache_bytes=8GiB (every size in the
  *            thread cache)
- *   pinpool-remap  W2 only: pinpool with remap=1
+ *   pinpool-remap0  W2 only: pinpool with remap_min=0 (every one-block
+ *            class gathers idle segments, not only those from 4 MiB)
  *   pinpool-h-alloc, pinpool-h-all, pinpool-h-all16  W1h only: pinpool
  *            with history level alloc (no stacks), all (no stacks), all
  *            with 16-frame stacks
@@ -2636,8 +2637,8 @@ static int one_case(void) { return 1; }
 static const workload_t g_workloads[] = {
     {"W1", "mlock=1", "pinpool-tc", ",tcache_bytes=8GiB", w1_ncases, w1_run, 2,
      false, false},
-    {"W2", "mlock=1", "pinpool-remap", ",remap=1", one_case, w2_run, 2, false,
-     false},
+    {"W2", "mlock=1", "pinpool-remap0", ",remap_min=0", one_case, w2_run, 2,
+     false, false},
     {"W3", "mlock=1", NULL, NULL, w3_ncases, w3_run, 2, false, false},
     {"W4", "mlock=1,events=simulated,sim_delay_us=0", NULL, NULL, one_case,
      w4_run, 2, false, false},
@@ -2665,7 +2666,7 @@ static void usage(FILE *f) {
       "                [--config PINPOOL_CONFIG]\n"
       "       pp_bench --list W [--threads N] [--quick]\n"
       "workloads: W1..W7, W1h (history cost), W8 (snapshots)\n"
-      "impls: pinpool, pinpool-tc (W1), pinpool-remap (W2), pinpool-h-alloc,\n"
+      "impls: pinpool, pinpool-tc (W1), pinpool-remap0 (W2), pinpool-h-alloc,\n"
       "       pinpool-h-all, pinpool-h-all16 (W1h), refpool, naive,\n"
       "       malloc (%s); W1h and W8 measure pinpool only\n",
       PEER_NAME);

@@ -274,9 +274,9 @@ static double speed(const group_t *g) {
 
 static int impl_rank(const group_t *g) {
   static const char *order[] = {
-      "pinpool",       "pinpool-tc",      "pinpool-remap", "pinpool-h-alloc",
-      "pinpool-h-all", "pinpool-h-all16", "refpool",       "naive",
-      "glibc",         "jemalloc",        "mimalloc",      "tcmalloc"};
+      "pinpool",       "pinpool-tc",      "pinpool-remap0", "pinpool-h-alloc",
+      "pinpool-h-all", "pinpool-h-all16", "refpool",        "naive",
+      "glibc",         "jemalloc",        "mimalloc",       "tcmalloc"};
   int r = 99;
   for (int i = 0; i < (int)(sizeof order / sizeof order[0]); i++)
     if (strcmp(g->impl, order[i]) == 0)
@@ -634,14 +634,14 @@ static void goal_ahead(const char *wl, const char *title) {
                fmt_num(speed(p), buf3, sizeof buf3),
                fmt_num(speed(wg), buf, sizeof buf),
                fmt_ratio(worst, buf2, sizeof buf2));
-      /* A variant with an opt-in setting (W2: remap=1): reported beside,
-       * the status stays the defaults'. */
+      /* A variant with another setting (W2: remap_min=0): reported
+       * beside, the status stays the defaults'. */
       for (int j = 0; j < g_ngroups; j++) {
         const group_t *v = &g_groups[j];
         if (strcmp(v->workload, wl) || v->threads != t ||
-            strcmp(v->kase, p->kase) || strcmp(v->impl, "pinpool-remap"))
+            strcmp(v->kase, p->kase) || strcmp(v->impl, "pinpool-remap0"))
           continue;
-        goal_add(g, " (remap=1: %s ops/s = %s)",
+        goal_add(g, " (remap_min=0: %s ops/s = %s)",
                  fmt_num(speed(v), buf3, sizeof buf3),
                  fmt_ratio(speed(v) / speed(wg), buf2, sizeof buf2));
       }
@@ -665,7 +665,7 @@ static void goals_w2(void) {
         continue;
       if (strcmp(q->impl, "pinpool") == 0)
         p = q;
-      if (strcmp(q->impl, "pinpool-remap") == 0)
+      if (strcmp(q->impl, "pinpool-remap0") == 0)
         c = q;
       if (strcmp(q->impl, "refpool") == 0)
         r = q;
@@ -1423,10 +1423,10 @@ static const char *style(const char *impl, const char *mode, char *buf,
                          size_t len) {
   static const struct {
     const char *impl, *rgb;
-  } colours[] = {{"pinpool", "#000000"},       {"pinpool-tc", "#7f7f7f"},
-                 {"pinpool-remap", "#7f7f7f"}, {"refpool", "#9467bd"},
-                 {"naive", "#8c564b"},         {"glibc", "#1f77b4"},
-                 {"jemalloc", "#d62728"},      {"mimalloc", "#2ca02c"},
+  } colours[] = {{"pinpool", "#000000"},        {"pinpool-tc", "#7f7f7f"},
+                 {"pinpool-remap0", "#7f7f7f"}, {"refpool", "#9467bd"},
+                 {"naive", "#8c564b"},          {"glibc", "#1f77b4"},
+                 {"jemalloc", "#d62728"},       {"mimalloc", "#2ca02c"},
                  {"tcmalloc", "#ff7f0e"}};
   const char *rgb = "#17becf";
   for (size_t i = 0; i < sizeof colours / sizeof colours[0]; i++)

@@ -207,7 +207,7 @@ impls_for() { # workload
     return
   fi
   [[ "$w" == W1 ]] && list+=("pp_bench:pinpool-tc:resident")
-  [[ "$w" == W2 ]] && list+=("pp_bench:pinpool-remap:resident")
+  [[ "$w" == W2 ]] && list+=("pp_bench:pinpool-remap0:resident")
   list+=("pp_bench:refpool:resident" "pp_bench:naive:resident"
     "pp_bench:malloc:touch" "pp_bench:malloc:alloc")
   for p in "${PEERS[@]}"; do

@@ -39,6 +39,7 @@ static const key_desc_t keys[] = {
     {"max_cached_pct", K_UINT, CFG_OFF(max_cached_pct), 0, 10000},
     {"borrow", K_UINT, CFG_OFF(borrow), 0, 16},
     {"remap", K_BOOL, CFG_OFF(remap), 0, 0},
+    {"remap_min", K_SIZE, CFG_OFF(remap_min), 0, 0},
     {"max_reserved", K_SIZE, CFG_OFF(max_reserved), 0, 0},
     {"reserve", K_SIZE, CFG_OFF(reserve), 0, 0},
     {"mlock", K_MLOCK, CFG_OFF(mlock), 0, 0},
@@ -114,8 +115,9 @@ static void config_defaults(pp_config_t *c) {
   c->populate_threads = ncpu < 1 ? 1u : ncpu > 8 ? 8u : (unsigned)ncpu;
   c->populate_parallel_min = (uint64_t)64 << 20;
   c->tcache_bytes = (uint64_t)64 << 20;
-  c->borrow = PP_BORROW_AUTO; /* pool.c: 0 or 4, by the provider */
-  c->remap = false;           /* opt-in: see docs/allocation-policy.md */
+  c->borrow = 4;
+  c->remap = true;                  /* docs/allocation-policy.md */
+  c->remap_min = (uint64_t)4 << 20; /* ditto: why 4 MiB */
   c->shards = 4;
   c->events = PP_EVENTS_NONE;
   c->poll_us = 100;
@@ -431,7 +433,7 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
   int n = snprintf(
       buf, len,
       "%s%s%smax_cached=%llu,max_cached_pct=%u,borrow=%u,remap=%d,"
-      "max_reserved=%llu,"
+      "remap_min=%llu,max_reserved=%llu,"
       "reserve=%llu,mlock=%s,"
       "hugepages=%d,populate=%d,populate_threads=%u,populate_parallel_min=%"
       "llu,tcache_bytes=%llu,shards=%u%s%s,background=%d,poll_us=%u,"
@@ -440,9 +442,10 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
       backend_name ? "backend=" : "", backend_name ? backend_name : "",
       backend_name ? "," : "", (unsigned long long)c->max_cached,
       c->max_cached_pct, c->borrow, c->remap ? 1 : 0,
-      (unsigned long long)c->max_reserved, (unsigned long long)c->reserve,
-      mlock_names[c->mlock], c->hugepages ? 1 : 0, c->populate ? 1 : 0,
-      c->populate_threads, (unsigned long long)c->populate_parallel_min,
+      (unsigned long long)c->remap_min, (unsigned long long)c->max_reserved,
+      (unsigned long long)c->reserve, mlock_names[c->mlock],
+      c->hugepages ? 1 : 0, c->populate ? 1 : 0, c->populate_threads,
+      (unsigned long long)c->populate_parallel_min,
       (unsigned long long)c->tcache_bytes, c->shards, ev ? ",events=" : "",
       ev ? ev : "", c->background ? 1 : 0, c->poll_us, c->sim_delay_us, flags,
       c->register_threads, c->device, c->numa_node);

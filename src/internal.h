@@ -154,16 +154,17 @@ enum {
   PP_CUDA_DEVICEMAP = 0x02,
   PP_CUDA_WRITECOMBINED = 0x04,
 };
-#define PP_BORROW_AUTO UINT_MAX
 typedef struct pp_config {
   int backend;
   uint64_t max_cached;     /* 0: no cap */
   unsigned max_cached_pct; /* idle central bytes <= pct % of those in use */
   unsigned borrow;         /* a miss may use an idle segment this many
-                              classes larger (one-block segments only);
-                              PP_BORROW_AUTO until the pool resolves it */
+                              classes larger (one-block segments below
+                              remap_min, or all where the pool cannot remap) */
   bool remap;              /* a miss may make its segment of idle segments of
                               other classes (providers with remap) */
+  uint64_t remap_min;      /* segments from this size are also gathered from
+                              smaller ones; below it only split from one */
   uint64_t max_reserved;   /* 0: no cap */
   uint64_t reserve;
   int mlock;

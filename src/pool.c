@@ -157,6 +157,19 @@ static int remap_idle(pinpool_t *pool, unsigned cls, unsigned shard,
                       size_t size, void **mem, unsigned *flags,
                       pp_parts_t *parts);
 
+/* Remapping (config remap, a provider that can move memory): a miss of a
+ * one-block class may make its segment of idle segments of other classes.
+ * A segment of at least remap_min bytes may be gathered from smaller ones
+ * (moved side by side: system calls); a smaller one only split from a
+ * larger idle one (none), after borrowing (docs/allocation-policy.md says
+ * why: a steady mix of small sizes churns when it gathers). */
+static bool pool_remaps(const pinpool_t *pool) {
+  return pool->cfg.remap && pool->prov.remap != NULL;
+}
+static bool remap_gathers(const pinpool_t *pool, size_t seg_size) {
+  return pool_remaps(pool) && seg_size >= pool->cfg.remap_min;
+}
+
 /* Make d a live segment of class cls over [mem, mem + size), owned by bin
  * (cls, shard): in the map and the list of all segments, in no bin list.
  * parts: its mappings, n == 0 for one. On failure d is recycled and the
@@ -243,7 +256,7 @@ static int seg_create(pinpool_t *pool, unsigned cls, unsigned shard,
   if (pool->has_reserve && (mem = pp_reserve_take(&pool->reserve, size))) {
     flags = pool->reserve.flags | PP_SEG_FROM_RESERVE;
   } else {
-    int rc = !slab && pool->cfg.remap && pool->prov.remap != NULL
+    int rc = !slab && pool_remaps(pool)
                  ? remap_idle(pool, cls, shard, size, &mem, &flags, &parts)
                  : 1;
     if (rc != 0)
@@ -510,7 +523,10 @@ int pp_central_take(pinpool_t *pool, unsigned cls, unsigned shard,
     if (n > 0)
       return (int)n;
   }
-  if (pp_class_size(cls) > PP_SLAB_MAX_BLOCK &&
+  /* A segment that remapping may gather is never served by borrowing: a
+   * split or a gather serves the miss without the larger block's waste. */
+  size_t bs = pp_class_size(cls);
+  if (bs > PP_SLAB_MAX_BLOCK && !remap_gathers(pool, seg_bytes_for(bs)) &&
       central_borrow(pool, cls, shard, out))
     return 1;
   pp_segment_t *s = NULL;
@@ -520,7 +536,6 @@ int pp_central_take(pinpool_t *pool, unsigned cls, unsigned shard,
   *missed = true;
   pp_bin_t *bin = pp_bin(pool, cls, shard);
   uint32_t n = 0;
-  size_t bs = pp_class_size(cls);
   pp_mutex_lock(&bin->lock);
   while (n < want && s->free_count > 0)
     out[n++] = seg_pop(s);
@@ -609,7 +624,8 @@ static pp_segment_t *detach_idle_of(pinpool_t *pool, unsigned c, unsigned i,
  * returns how many, 0 if none qualifies. Which ones:
  *   1. the nearest larger one: split, it needs no system call at all (its
  *      tail stays idle as segments of smaller classes: carve_rest);
- *   2. else the nearest smaller ones, largest first, until they add up to
+ *   2. else, if the size is at least remap_min (remap_gathers), the
+ *      nearest smaller ones, largest first, until they add up to
  *      the size: moved side by side, only the rest populated. Their parts
  *      add up, plus one for a grown tail: at most PP_PARTS_MAX. One whose
  *      parts do not fit any more (or, past PP_PARTS_BUDGET for the pool,
@@ -631,7 +647,8 @@ static unsigned remap_gather(pinpool_t *pool, unsigned cls, size_t size,
     for (unsigned i = 0; n == 0 && i < ns; i++)
       if ((seg[n] = detach_idle_of(pool, c, i, &flags, PP_PARTS_MAX)) != NULL)
         n++;
-  bool split = n > 0;
+  /* Below remap_min only a split: see remap_gathers. */
+  bool split = n > 0 || !remap_gathers(pool, size);
   for (unsigned c = cls; !split && got < size && parts < PP_PARTS_MAX &&
                          n < PP_REMAP_MAX && c-- > lo;)
     for (unsigned i = 0; i < ns && got < size && n < PP_REMAP_MAX; i++) {
@@ -1041,12 +1058,6 @@ static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
     pool->error_arg = hooks->error_arg;
   }
   int rc = open_providers(pool, hooks);
-  /* borrow's default: where a miss remaps idle segments of other classes
-   * (remap=1), that serves it without the larger block's waste (and
-   * faster, measured on W2); elsewhere a larger idle block beats a new
-   * segment. */
-  if (pool->cfg.borrow == PP_BORROW_AUTO)
-    pool->cfg.borrow = pool->cfg.remap && pool->prov.remap != NULL ? 0 : 4;
   if (rc == 0)
     rc = pp_segmap_create(&pool->map);
   size_t nbins = (size_t)PP_NCLASSES * cfg->shards;

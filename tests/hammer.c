@@ -382,10 +382,11 @@ int main(int argc, char **argv) {
            (g_parts & P_STREAMS) ? "events=simulated,sim_delay_us=20,"
                                    "background=1,poll_us=200,"
                                  : "",
-           /* Remapping and borrowing both on, racing with trims. */
+           /* Borrowing and splitting (below 1 MiB) and gathering (from
+            * it up) all racing with trims. */
            (g_parts & P_TRIM) ? "max_cached=4MiB,max_cached_pct=5,"
                                 "max_reserved=96MiB,tcache_bytes=1MiB,shards=2,"
-                                "remap=1,borrow=2"
+                                "remap_min=1MiB,borrow=2"
                               : "tcache_bytes=4MiB");
   int rc = pinpool_create(config, &g_pool);
   if (rc != 0) {

@@ -124,6 +124,8 @@ static void test_every_key_good(void **state) {
   GOOD("shards=64");
   GOOD("borrow=0");
   GOOD("borrow=16");
+  GOOD("remap_min=0");
+  GOOD("remap_min=64MiB");
   GOOD("max_cached_pct=0");
   GOOD("max_cached_pct=10000");
   GOOD("backend=malloc,max_cached=64MiB,max_reserved=1GiB,reserve=2MiB,"
@@ -160,7 +162,7 @@ static void test_every_key_bad(void **state) {
   BAD("backend=", "backend");
   BAD("backend=HOSTX", "backend");
   static const char *size_keys[] = {"max_cached", "max_reserved", "reserve",
-                                    "tcache_bytes"};
+                                    "tcache_bytes", "remap_min"};
   static const char *bad_sizes[] = {
       "abc",
       "-1",

@@ -1,10 +1,11 @@
 /*
- * Remapping idle segments (config key remap; host backend): a miss of a
- * one-block class takes idle segments of other classes instead of new
- * memory. The nearest larger one is split (its tail stays idle as segments
- * of smaller classes), else smaller ones are moved side by side and only
- * the rest is populated. Every case checks the accounting identity, that
- * the whole new block is writable, and what the backend was asked for.
+ * Remapping idle segments (config keys remap, remap_min; host backend): a
+ * miss of a one-block class takes idle segments of other classes instead
+ * of new memory. The nearest larger one is split (its tail stays idle as
+ * segments of smaller classes), else, for a segment of at least remap_min
+ * bytes, smaller ones are moved side by side and only the rest is
+ * populated. Every case checks the accounting identity, that the whole new
+ * block is writable, and what the backend was asked for.
  */
 #include "testutil.h"
 
@@ -13,8 +14,8 @@
 /* Tests that need a block to be idle in the bins, not in a thread cache. */
 #define BASE "tcache_bytes=0,shards=1"
 
-/* A pool with BASE and `extra`; remapping as the config says (off by
- * default). */
+/* A pool with BASE and `extra`; remapping as the config says (on by
+ * default, gathering from 4 MiB up). */
 static pinpool_t *make_plain(const char *extra) {
   char conf[256];
   snprintf(conf, sizeof conf, "%s%s%s", BASE, extra[0] ? "," : "", extra);
@@ -23,10 +24,11 @@ static pinpool_t *make_plain(const char *extra) {
   return pool;
 }
 
-/* The same with remap=1. */
+/* The same gathering for every one-block class (remap_min=0): the
+ * mechanism's cases below use sizes of a few MiB. */
 static pinpool_t *make(const char *extra) {
   char conf[256];
-  snprintf(conf, sizeof conf, "remap=1%s%s", extra[0] ? "," : "", extra);
+  snprintf(conf, sizeof conf, "remap_min=0%s%s", extra[0] ? "," : "", extra);
   return make_plain(conf);
 }
 
@@ -258,8 +260,8 @@ static void test_locked(void **state) {
   pinpool_destroy(pool);
 }
 
-/* Where remapping is off (the default) or impossible, a miss maps new
- * memory; borrow's default follows (4 without remap, 0 with). */
+/* Where remapping is off or impossible, a miss maps new memory (and
+ * borrowing serves every one-block class). */
 static void no_remap_case(const char *extra, unsigned borrow) {
   pinpool_t *pool = make_plain(extra);
   void *a;
@@ -282,15 +284,15 @@ static void no_remap_case(const char *extra, unsigned borrow) {
 
 static void test_off(void **state) {
   (void)state;
-  no_remap_case("", 4); /* off by default */
   no_remap_case("remap=0", 4);
-  no_remap_case("remap=1,hugepages=1", 4); /* asked, but cannot */
-  no_remap_case("remap=1,backend=malloc", 4);
+  no_remap_case("hugepages=1", 4); /* on, but cannot */
+  no_remap_case("backend=malloc", 4);
   no_remap_case("remap=0,borrow=0", 0);
-  pinpool_t *pool = make("");
+  pinpool_t *pool = make_plain("");
   char conf[1024];
   PP_OK(pinpool_get_config(pool, conf, sizeof conf, NULL));
-  PP_ASSERT(strstr(conf, ",borrow=0,remap=1,") != NULL, "%s", conf);
+  PP_ASSERT(strstr(conf, ",borrow=4,remap=1,remap_min=4194304,") != NULL, "%s",
+            conf);
   pinpool_destroy(pool);
 }
 
@@ -356,13 +358,76 @@ static void test_reserve_kept(void **state) {
   pinpool_destroy(pool);
 }
 
+/* remap_min (4 MiB by default): a segment below it is never gathered
+ * from smaller idle ones, borrowing serves it first, else a larger idle one
+ * is split; from remap_min up a miss gathers and never borrows. */
+static void test_remap_min(void **state) {
+  (void)state;
+  pinpool_t *pool = make_plain(""); /* the defaults */
+  void *a[2];
+  make_idle(pool, (size_t[]){1 * MiB, 1 * MiB}, 2, a);
+  void *b = alloc_touch(pool, 2 * MiB); /* below: no gather, new memory */
+  pinpool_stats_t s = stats(pool);
+  PP_ASSERT(s.remapped_segments == 0 && s.segments.current == 3 &&
+                s.reserved_bytes.current == 4 * MiB,
+            "below: remapped %" PRIu64 " segments %" PRIu64,
+            s.remapped_segments, s.segments.current);
+  PP_OK(pinpool_free(pool, b));
+  b = alloc_touch(pool, 4 * MiB); /* at it: 2 + 1 + 1 MiB gathered */
+  s = stats(pool);
+  PP_ASSERT(s.remapped_segments == 3 && s.segments.current == 1 &&
+                s.reserved_bytes.current == 4 * MiB && s.borrowed_blocks == 0,
+            "at: remapped %" PRIu64 " segments %" PRIu64 " reserved %" PRIu64,
+            s.remapped_segments, s.segments.current, s.reserved_bytes.current);
+  PP_OK(pinpool_free(pool, b));
+  PP_CHECK_CONSISTENT(pool);
+  /* 3.5 MiB: one class below the idle 4 MiB one, so borrowed whole */
+  b = alloc_touch(pool, 3 * MiB + 512 * KiB);
+  size_t bs = 0;
+  PP_OK(pinpool_block_size(pool, b, &bs));
+  s = stats(pool);
+  PP_ASSERT(s.borrowed_blocks == 1 && s.remapped_segments == 3 && bs == 4 * MiB,
+            "borrow: borrowed %" PRIu64 " block %zu", s.borrowed_blocks, bs);
+  PP_OK(pinpool_free(pool, b));
+  /* 1 MiB: 16 classes below, beyond borrow: the 4 MiB one is split */
+  uint64_t calls = s.backend_alloc.count;
+  b = alloc_touch(pool, 1 * MiB);
+  s = stats(pool);
+  PP_ASSERT(s.remapped_segments == 4 && s.segments.current == 2 &&
+                s.reserved_bytes.current == 4 * MiB &&
+                s.backend_alloc.count == calls,
+            "split: remapped %" PRIu64 " segments %" PRIu64,
+            s.remapped_segments, s.segments.current);
+  PP_OK(pinpool_free(pool, b));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+
+  /* From remap_min up a larger idle block is split, not borrowed. */
+  pool = make_plain("");
+  make_idle(pool, (size_t[]){5 * MiB}, 1, a);
+  b = alloc_touch(pool, 4 * MiB + 512 * KiB);
+  PP_OK(pinpool_block_size(pool, b, &bs));
+  s = stats(pool);
+  PP_ASSERT(s.borrowed_blocks == 0 && s.remapped_segments == 1 &&
+                bs == 4 * MiB + 512 * KiB && s.segments.current == 2,
+            "above: borrowed %" PRIu64 " remapped %" PRIu64 " block %zu",
+            s.borrowed_blocks, s.remapped_segments, bs);
+  PP_OK(pinpool_free(pool, b));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
 /* A drifting mix of large sizes: idle memory of classes no longer asked
- * for is reused, so the pool holds far less than without remap. */
+ * for is reused, so the pool holds less than without remap: with the
+ * defaults (segments from 4 MiB gathered, smaller ones split) and with
+ * every one-block class gathering (less still, unless the parts bound is
+ * tiny: test_remap_parts4). */
 static void test_drift(void **state) {
   (void)state;
-  uint64_t peak[2];
-  for (int on = 0; on < 2; on++) {
-    pinpool_t *pool = on ? make("") : make_plain("");
+  static const char *const confs[3] = {"remap=0", "", "remap_min=0"};
+  uint64_t peak[3];
+  for (int on = 0; on < 3; on++) {
+    pinpool_t *pool = make_plain(confs[on]);
     uint64_t r = pp_seed(7);
     enum { LIVE = 8 };
     void *live[LIVE] = {NULL};
@@ -383,12 +448,12 @@ static void test_drift(void **state) {
     peak[on] = stats(pool).reserved_bytes.peak;
     pinpool_destroy(pool);
   }
-  PP_ASSERT(peak[1] < peak[0],
-            "reserved peak with remap %" PRIu64 " vs without %" PRIu64, peak[1],
-            peak[0]);
-  print_message("drift: reserved peak %" PRIu64 " MiB with remap, %" PRIu64
-                " MiB without\n",
-                peak[1] >> 20, peak[0] >> 20);
+  print_message("drift: reserved peak %" PRIu64 " MiB without remap, %" PRIu64
+                " MiB with the defaults, %" PRIu64 " MiB with remap_min=0\n",
+                peak[0] >> 20, peak[1] >> 20, peak[2] >> 20);
+  PP_ASSERT(peak[1] < peak[0] && peak[2] < peak[0],
+            "reserved peaks %" PRIu64 " / %" PRIu64 " / %" PRIu64, peak[0],
+            peak[1], peak[2]);
 }
 
 int main(void) {
@@ -396,6 +461,7 @@ int main(void) {
       cmocka_unit_test(test_split),
       cmocka_unit_test(test_split_leftover),
       cmocka_unit_test(test_gather),
+      cmocka_unit_test(test_remap_min),
       cmocka_unit_test(test_grow),
       cmocka_unit_test(test_locked),
       cmocka_unit_test(test_off),

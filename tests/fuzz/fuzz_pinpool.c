@@ -1186,7 +1186,7 @@ static const char *const cfg_keys[] = {
     "poll_us",      "sim_delay_us", "cuda_flags",       "register_threads",
     "device",       "numa_node",    "max_cahced",       "",
     " shards ",     "SHARDS",       "tcache_bytes\t",   "=",
-    "a b",          "fault"};
+    "a b",          "fault",        "remap_min"};
 #define N_CFG_KEYS (sizeof cfg_keys / sizeof cfg_keys[0])
 
 static const char *const cfg_values[] = {
@@ -2382,8 +2382,10 @@ static void fz_init_once(void) {
  *       bit 4 reserve=4MiB, bit 5 second pool B, bit 6 hugepages=1 (host),
  *       bit 7 mlock=1 (host);
  *   b1: bits 0-2 tcache_bytes, bits 3-4 shards - 1, bits 5-6 max_cached,
- *       bit 7 max_reserved 24MiB instead of 64MiB; remap=1 (host) with
- *       bit 1 (shared with tcache_bytes: no bit is left). */
+ *       bit 7 max_reserved 24MiB instead of 64MiB; remap_min=0 (host:
+ *       every one-block class gathers; else the default 4 MiB, so that
+ *       below it only splits) with bit 1 (shared with tcache_bytes: no bit
+ *       is left). */
 static void setup(fuzz_t *fz, reader_t *r) {
   static const uint64_t tcache[8] = {0,         512, 4096,    64 * KIB,
                                      256 * KIB, MIB, 4 * MIB, 64 * MIB};
@@ -2411,7 +2413,7 @@ static void setup(fuzz_t *fz, reader_t *r) {
                  a->events == EV_SIM ? ",events=simulated,sim_delay_us=0" : "",
                  a->reserve ? ",reserve=4MiB" : "", huge ? ",hugepages=1" : "",
                  a->mlock ? ",mlock=1" : "",
-                 host && (b1 & 2) ? ",remap=1" : "");
+                 host && (b1 & 2) ? ",remap_min=0" : "");
   a->hs = hookset_new(a->backend, a->events, UB_CAP);
   pool_open(a);
   fz->has_b = (b0 & 32) != 0;
