@@ -99,9 +99,11 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
   if (b->items == NULL && !tbin_init(pool, tc, b, bs)) {
     /* Bypass: straight from the central bin to the caller. */
     pp_tentry_t e;
-    n = take_with_retry(pool, tc, cls, &e, 1, &missed, ra);
-    if (n < 0)
-      return n;
+    if (!pp_hot_take(pool, cls, tc->shard, &e)) {
+      n = take_with_retry(pool, tc, cls, &e, 1, &missed, ra);
+      if (n < 0)
+        return n;
+    }
     size_t ebs = pp_load_relaxed(&e.seg->block_size); /* > bs if borrowed */
     pp_hist_alloc(pool, e.seg, e.idx, ebs, size, ra);
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
@@ -264,7 +266,8 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
   if (tc->epoch != pp_load_relaxed(&pool->flush_epoch))
     pp_tcache_flush_all(tc); /* pinpool_empty_cache asked for it */
   if (b->items == NULL && !tbin_init(pool, tc, b, bs)) {
-    pp_central_give(pool, cls, &e, 1); /* no thread cache for this class */
+    if (!pp_hot_put(pool, cls, &e)) /* no thread cache for this class */
+      pp_central_give(pool, cls, &e, 1);
   } else {
     if (b->n == b->cap)
       pp_tcache_flush_bin(tc, cls, b->cap / 2);

@@ -55,6 +55,8 @@ void pp_assert_fail(const char *expr, const char *file, int line);
   atomic_fetch_add_explicit((p), (v), memory_order_relaxed)
 #define pp_fetch_sub_relaxed(p, v)                                             \
   atomic_fetch_sub_explicit((p), (v), memory_order_relaxed)
+#define pp_xchg_acq_rel(p, v)                                                  \
+  atomic_exchange_explicit((p), (v), memory_order_acq_rel)
 #define pp_cas_acq_rel(p, expected, desired)                                   \
   atomic_compare_exchange_strong_explicit(                                     \
       (p), (expected), (desired), memory_order_acq_rel, memory_order_acquire)
@@ -580,6 +582,10 @@ typedef struct pp_bin {
    * up to 20 locks, most of them of empty bins). A stale "empty" costs at
    * worst a segment that was not needed; a stale "non-empty" a lock. */
   _Atomic(unsigned) avail;
+  /* A one-block segment whose block was freed, outside the lists: the
+   * next allocation of the class takes it with one exchange and no lock
+   * (pp_hot_*; classes above tcache_bytes, no cap set). */
+  _Atomic(struct pp_segment *) hot;
 } pp_bin_t;
 enum { PP_BIN_PARTIAL = 1, PP_BIN_IDLE = 2 };
 
@@ -679,6 +685,10 @@ static inline pp_bin_t *pp_bin(struct pinpool *pool, unsigned cls,
 int pp_central_take(struct pinpool *pool, unsigned cls, unsigned shard,
                     pp_tentry_t *out, uint32_t want, bool *missed);
 /* Give `n` cached blocks of class `cls` back to their segments' bins. */
+bool pp_hot_put(struct pinpool *pool, unsigned cls, const pp_tentry_t *e);
+bool pp_hot_take(struct pinpool *pool, unsigned cls, unsigned shard,
+                 pp_tentry_t *out);
+void pp_hot_drain(struct pinpool *pool);
 void pp_central_give(struct pinpool *pool, unsigned cls, pp_tentry_t *in,
                      uint32_t n);
 /* Release idle segments while cached bytes outside the reserve exceed the

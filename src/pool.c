@@ -493,6 +493,10 @@ static int central_borrow(pinpool_t *pool, unsigned cls, unsigned shard,
   unsigned ns = pool->cfg.shards;
   for (unsigned c = cls + 1; c <= cls + pool->cfg.borrow && c < PP_NCLASSES;
        c++) {
+    if (pp_hot_take(pool, c, shard, out)) {
+      pp_fetch_add_relaxed(&pool->gs.borrowed, 1);
+      return 1;
+    }
     for (unsigned i = 0; i < ns; i++) {
       pp_bin_t *bin = pp_bin(pool, c, (shard + i) % ns);
       if (!(pp_load_relaxed(&bin->avail) & PP_BIN_IDLE))
@@ -523,6 +527,10 @@ int pp_central_take(pinpool_t *pool, unsigned cls, unsigned shard,
     if (n > 0)
       return (int)n;
   }
+  /* A bin's hot slot (a class without thread caches takes it before it
+   * comes here; this is for any other path). */
+  if (pp_hot_take(pool, cls, shard, out))
+    return 1;
   /* A segment that remapping may gather is never served by borrowing: a
    * split or a gather serves the miss without the larger block's waste. */
   size_t bs = pp_class_size(cls);
@@ -585,6 +593,80 @@ void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
   }
 }
 
+/* ---- Hot slots -------------------------------------------------------------
+ * A class above tcache_bytes has no thread cache: every allocation and
+ * free would take its bin lock (W1 at 1 GiB: 185 ns a pair). Each bin keeps
+ * instead the last one-block segment freed into it in an atomic slot; an
+ * allocation takes it with one exchange. The block counts as central
+ * (central_in at the put, central_out at the take), like a block in the
+ * lists, but its segment is in none: whatever needs every idle segment in
+ * the lists (releasing idle memory, remapping) drains the slots first
+ * (pp_hot_drain), and pools with a cap (which trim from the lists on
+ * every free) do not use them. */
+
+/* The slot's exchanges order the block's hand-off: the putter's last use
+ * of the memory (and its CACHED word) before the taker's first. */
+#ifdef PINPOOL_MUTANT_HOT_RELAXED
+/* Race mutant (docs/verification.md): relaxed exchanges; the block's
+ * memory then passes between threads with no happens-before. */
+#define hot_xchg(p, v) atomic_exchange_explicit((p), (v), memory_order_relaxed)
+#else
+#define hot_xchg(p, v) pp_xchg_acq_rel((p), (v))
+#endif
+
+/* Push s's block into its bin; it was counted in central_in already. */
+static void hot_return(pinpool_t *pool, pp_segment_t *s) {
+  pp_bin_t *bin = pp_bin(pool, s->cls, s->shard);
+  pp_mutex_lock(&bin->lock);
+  seg_push(s, 0);
+  seg_relist(pool, bin, s);
+  pp_mutex_unlock(&bin->lock);
+}
+
+bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e) {
+  pp_segment_t *s = e->seg;
+  if (pp_trims(pool) || pp_load_relaxed(&s->nblocks) != 1)
+    return false;
+  pp_bin_t *bin = pp_bin(pool, cls, s->shard);
+  pp_fetch_add_relaxed(&pool->gs.central_in, pp_class_size(cls));
+  /* Release: the taker sees the block's CACHED word and the segment. */
+  pp_segment_t *old = hot_xchg(&bin->hot, s);
+  if (old != NULL)
+    hot_return(pool, old);
+  return true;
+}
+
+bool pp_hot_take(pinpool_t *pool, unsigned cls, unsigned shard,
+                 pp_tentry_t *out) {
+  unsigned ns = pool->cfg.shards;
+  for (unsigned i = 0; i < ns; i++) {
+    pp_bin_t *bin = pp_bin(pool, cls, (shard + i) % ns);
+    if (pp_load_relaxed(&bin->hot) == NULL)
+      continue;
+    pp_segment_t *s = hot_xchg(&bin->hot, NULL);
+    if (s == NULL)
+      continue;
+    pp_fetch_add_relaxed(&pool->gs.central_out, pp_class_size(cls));
+    *out = (pp_tentry_t){(void *)pp_load_relaxed(&s->base), s, 0};
+    return true;
+  }
+  return false;
+}
+
+void pp_hot_drain(pinpool_t *pool) {
+  unsigned lo = pp_class_index(PP_SLAB_MAX_BLOCK) + 1;
+  unsigned top = (unsigned)pp_load_relaxed(&pool->top_cls);
+  for (unsigned c = lo; c <= top; c++)
+    for (unsigned i = 0; i < pool->cfg.shards; i++) {
+      pp_bin_t *bin = pp_bin(pool, c, i);
+      if (pp_load_relaxed(&bin->hot) == NULL)
+        continue;
+      pp_segment_t *s = hot_xchg(&bin->hot, NULL);
+      if (s != NULL)
+        hot_return(pool, s);
+    }
+}
+
 /* ---- Trimming and releasing idle memory --------------------------------- */
 
 /* Detach the first idle segment of bin (class c, shard i) whose flags are
@@ -642,6 +724,7 @@ static unsigned remap_gather(pinpool_t *pool, unsigned cls, size_t size,
   unsigned ns = pool->cfg.shards;
   unsigned n = 0, flags = UINT_MAX, parts = 1; /* the tail's */
   size_t got = 0;
+  pp_hot_drain(pool); /* their segments in the lists, as candidates */
   pp_mutex_lock(&pool->trim_lock);
   for (unsigned c = cls + 1; n == 0 && c <= top; c++)
     for (unsigned i = 0; n == 0 && i < ns; i++)
@@ -918,6 +1001,7 @@ void pp_trim_to_cap(pinpool_t *pool) {
 }
 
 unsigned pp_release_idle(pinpool_t *pool, bool keep_reserve) {
+  pp_hot_drain(pool);
   pp_segment_t *batch = detach_oldest(pool, UINT64_MAX);
   /* What the LRU does not hold: every idle segment when there is no
    * max_cached (no LRU), and those carved from the reserve (giving them

@@ -155,8 +155,26 @@ static void check_tcaches(pinpool_t *pool, vstate_t *v) {
             (unsigned long long)bytes,
             (unsigned long long)pp_load_relaxed(&tc->bytes));
   }
+  /* The bins' hot slots (pool.c) hold blocks outside the lists as well. */
+  size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
+  for (size_t i = 0; i < nbins; i++) {
+    pp_segment_t *s = pp_load_relaxed(&pool->bins[i].hot);
+    if (s == NULL)
+      continue;
+    pp_bin_t *bin = pp_bin(pool, s->cls, s->shard);
+    pp_mutex_lock(&bin->lock);
+    if (bin != &pool->bins[i] || pp_load_relaxed(&s->nblocks) != 1 ||
+        s->list != PP_LIST_NONE || s->free_count != 0 ||
+        PP_WORD_STATE(pp_load_relaxed(&s->word[0])) != PP_CACHED)
+      VFAIL(v, "hot slot %zu: bad segment %p", i,
+            (void *)pp_load_relaxed(&s->base));
+    pp_mutex_unlock(&bin->lock);
+    entries++;
+  }
   if (entries != v->in_tcache_by_state)
-    VFAIL(v, "%llu blocks in thread caches, %llu cached but unlisted",
+    VFAIL(v,
+          "%llu blocks in thread caches and hot slots, %llu cached but "
+          "unlisted",
           (unsigned long long)entries,
           (unsigned long long)v->in_tcache_by_state);
 }

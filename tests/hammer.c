@@ -387,7 +387,7 @@ int main(int argc, char **argv) {
            (g_parts & P_TRIM) ? "max_cached=4MiB,max_cached_pct=5,"
                                 "max_reserved=96MiB,tcache_bytes=1MiB,shards=2,"
                                 "remap_min=1MiB,borrow=2"
-                              : "tcache_bytes=4MiB");
+                              : "tcache_bytes=4MiB"); /* above: hot slots */
   int rc = pinpool_create(config, &g_pool);
   if (rc != 0) {
     fail("pinpool_create", rc);

@@ -1,0 +1,188 @@
+/*
+ * Hot slots (src/pool.c): a class above tcache_bytes has no thread cache;
+ * the last block freed into each of its bins waits in an atomic slot,
+ * outside the bin's lists, for the next allocation. Whatever needs every
+ * idle segment in the lists must see it there too: reuse, borrowing,
+ * remapping, releasing idle memory (pinpool_empty_cache, the max_reserved
+ * retry), the validator and the stats. Each case below fails if one of
+ * those paths forgets the slot. (That allocations do take the slot, with
+ * the ordering that hands the memory over, is what the race mutant
+ * HOT_RELAXED shows: tests/mutants.)
+ */
+#include "testutil.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+
+/* Classes above 1 MiB bypass the thread caches: their frees fill slots. */
+#define BASE "tcache_bytes=1MiB,shards=2"
+
+static pinpool_t *make(const char *extra) {
+  char conf[256];
+  snprintf(conf, sizeof conf, "%s%s%s", BASE, extra[0] ? "," : "", extra);
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create(conf, &pool));
+  return pool;
+}
+
+static void *alloc_touch(pinpool_t *pool, size_t n) {
+  void *p = NULL;
+  PP_OK(pinpool_alloc(pool, n, &p));
+  memset(p, 0x3c, n);
+  return p;
+}
+
+static pinpool_stats_t stats(pinpool_t *pool) {
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  return st;
+}
+
+/* A freed block waits in the slot: counted as cached, valid, and the next
+ * allocation of its class gets it back with no new segment. A second free
+ * displaces the first into the bin; both are reused. */
+static void test_reuse(void **state) {
+  (void)state;
+  pinpool_t *pool = make("");
+  void *a = alloc_touch(pool, 4 * MiB);
+  PP_OK(pinpool_free(pool, a));
+  pinpool_stats_t s = stats(pool);
+  PP_ASSERT(s.cached_bytes.current == 4 * MiB && s.segments.current == 1,
+            "cached %" PRIu64, s.cached_bytes.current);
+  PP_CHECK_CONSISTENT(pool); /* the validator counts the slot */
+  void *b = alloc_touch(pool, 4 * MiB);
+  PP_ASSERT(b == a, "the slot's block: %p, got %p", a, b);
+  void *c = alloc_touch(pool, 4 * MiB);
+  PP_OK(pinpool_free(pool, b));
+  PP_OK(pinpool_free(pool, c)); /* displaces b into its bin */
+  PP_CHECK_CONSISTENT(pool);
+  void *d = alloc_touch(pool, 4 * MiB);
+  void *e = alloc_touch(pool, 4 * MiB);
+  PP_ASSERT((d == b && e == c) || (d == c && e == b), "reused: %p %p", d, e);
+  s = stats(pool);
+  PP_ASSERT(s.segments.current == 2 && s.cache_misses == 2,
+            "segments %" PRIu64 " misses %" PRIu64, s.segments.current,
+            s.cache_misses);
+  PP_OK(pinpool_free(pool, d));
+  PP_OK(pinpool_free(pool, e));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+/* pinpool_empty_cache gives a slot's segment back too. */
+static void test_empty_cache(void **state) {
+  (void)state;
+  pinpool_t *pool = make("");
+  void *a = alloc_touch(pool, 4 * MiB);
+  PP_OK(pinpool_free(pool, a));
+  PP_OK(pinpool_empty_cache(pool));
+  pinpool_stats_t s = stats(pool);
+  PP_ASSERT(s.reserved_bytes.current == 0 && s.segments.current == 0,
+            "reserved %" PRIu64 " segments %" PRIu64, s.reserved_bytes.current,
+            s.segments.current);
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+/* max_reserved: the retry releases idle memory, the slot's included. */
+static void test_max_reserved(void **state) {
+  (void)state;
+  pinpool_t *pool = make("remap=0,max_reserved=8MiB");
+  void *a = alloc_touch(pool, 4 * MiB);
+  PP_OK(pinpool_free(pool, a));
+  void *b = alloc_touch(pool, 6 * MiB); /* 4 + 6 > 8: only after release */
+  pinpool_stats_t s = stats(pool);
+  PP_ASSERT(s.retries == 1 && s.reserved_bytes.current == 6 * MiB,
+            "retries %" PRIu64 " reserved %" PRIu64, s.retries,
+            s.reserved_bytes.current);
+  PP_OK(pinpool_free(pool, b));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+/* Borrowing looks in the larger classes' slots. */
+static void test_borrow(void **state) {
+  (void)state;
+  pinpool_t *pool = make("remap=0");
+  void *a = alloc_touch(pool, 5 * MiB);
+  PP_OK(pinpool_free(pool, a));
+  void *b = alloc_touch(pool, 4 * MiB + 512 * KiB); /* one class below */
+  pinpool_stats_t s = stats(pool);
+  PP_ASSERT(b == a && s.borrowed_blocks == 1 && s.segments.current == 1,
+            "borrowed %" PRIu64 " segments %" PRIu64, s.borrowed_blocks,
+            s.segments.current);
+  PP_OK(pinpool_free(pool, b));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+/* Remapping takes a slot's segment: split with no new memory. */
+static void test_remap(void **state) {
+  (void)state;
+  pinpool_t *pool = make("");
+  void *a = alloc_touch(pool, 8 * MiB);
+  PP_OK(pinpool_free(pool, a));
+  uint64_t calls = stats(pool).backend_alloc.count;
+  void *b = alloc_touch(pool, 3 * MiB);
+  pinpool_stats_t s = stats(pool);
+  PP_ASSERT(s.remapped_segments == 1 && s.reserved_bytes.current == 8 * MiB &&
+                s.backend_alloc.count == calls,
+            "remapped %" PRIu64 " reserved %" PRIu64, s.remapped_segments,
+            s.reserved_bytes.current);
+  PP_OK(pinpool_free(pool, b));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+/* With a cap, idle segments must be where trimming finds them: no slots
+ * (the freed block's segment is trimmed at once with max_cached=0). */
+static void test_capped(void **state) {
+  (void)state;
+  pinpool_t *pool = make("max_cached=1");
+  void *a = alloc_touch(pool, 4 * MiB);
+  PP_OK(pinpool_free(pool, a));
+  pinpool_stats_t s = stats(pool);
+  PP_ASSERT(s.segments.current == 0 && s.trimmed_segments == 1,
+            "segments %" PRIu64, s.segments.current);
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+/* Another thread takes what this one freed (the slot is the pool's, not
+ * a thread's). */
+typedef struct {
+  pinpool_t *pool;
+  void *got;
+} peer_t;
+
+static void *peer(void *arg) {
+  peer_t *p = arg;
+  p->got = alloc_touch(p->pool, 4 * MiB);
+  return NULL;
+}
+
+static void test_other_thread(void **state) {
+  (void)state;
+  pinpool_t *pool = make("");
+  void *a = alloc_touch(pool, 4 * MiB);
+  PP_OK(pinpool_free(pool, a));
+  peer_t p = {pool, NULL};
+  pthread_t t;
+  PP_ASSERT(pthread_create(&t, NULL, peer, &p) == 0, "pthread_create");
+  pthread_join(t, NULL);
+  PP_ASSERT(p.got == a && stats(pool).segments.current == 1, "got %p", p.got);
+  PP_OK(pinpool_free(pool, p.got));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+int main(void) {
+  pp_clean_env();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_reuse),        cmocka_unit_test(test_empty_cache),
+      cmocka_unit_test(test_max_reserved), cmocka_unit_test(test_borrow),
+      cmocka_unit_test(test_remap),        cmocka_unit_test(test_capped),
+      cmocka_unit_test(test_other_thread),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
