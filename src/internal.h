@@ -376,6 +376,12 @@ struct pp_segment {
    * gen). */
   unsigned cls, shard;
   unsigned flags;
+  /* Bumped under pool->seg_lock when the segment is published and when it
+   * is released: a snapshot reading blocks without the lock checks it did
+   * not change meanwhile (snapshot.c); pinpool_free's hint as well. On the
+   * first line with the lookup's fields: a free that misses its hint reads
+   * both (W5: one cache miss fewer per such free). */
+  _Atomic(uint64_t) gen;
 
   /* Streams recorded on each block (stream.c): one pointer per block,
    * installed once with a CAS, then read and written under the stripe
@@ -387,11 +393,6 @@ struct pp_segment {
    * recycling; each word is one atomic, written by the allocating thread
    * and read by snapshots (PyTorch read such fields under another lock). */
   _Atomic(_Atomic(uint64_t) *) info;
-
-  /* Bumped under pool->seg_lock when the segment is published and when it
-   * is released: a snapshot reading blocks without the lock checks it did
-   * not change meanwhile (snapshot.c); pinpool_free's hint as well. */
-  _Atomic(uint64_t) gen;
 
   /* The kernel mappings the segment's memory spans (one when the provider
    * made it; more once remap_idle moved pieces side by side). Written
@@ -416,6 +417,9 @@ struct pp_segment {
 
   _Alignas(64) _Atomic(uint64_t) word[];
 };
+/* The lookup's line holds gen too (see above). */
+_Static_assert(offsetof(struct pp_segment, gen) + sizeof(uint64_t) <= 64,
+               "gen must share the first cache line with base and size");
 
 /* ---- Segment map (segmap.c): pointer -> segment without a lock. -------- */
 #define PP_MAP_CHUNK_SHIFT 18
