@@ -161,13 +161,21 @@ static int remap_idle(pinpool_t *pool, unsigned cls, unsigned shard,
  * one-block class may make its segment of idle segments of other classes.
  * A segment of at least remap_min bytes may be gathered from smaller ones
  * (moved side by side: system calls); a smaller one only split from a
- * larger idle one (none), after borrowing (docs/allocation-policy.md says
- * why: a steady mix of small sizes churns when it gathers). */
+ * larger idle one (none), and only after borrowing found nothing: a split
+ * takes the larger class's segment for good (a borrowed block goes back
+ * to its class), so without borrowing to serve the near misses a steady
+ * mix splits at every miss (docs/allocation-policy.md says why, with the
+ * measurements: a steady mix of small sizes churns when it gathers, and
+ * with borrow=0 when it splits). */
 static bool pool_remaps(const pinpool_t *pool) {
   return pool->cfg.remap && pool->prov.remap != NULL;
 }
 static bool remap_gathers(const pinpool_t *pool, size_t seg_size) {
   return pool_remaps(pool) && seg_size >= pool->cfg.remap_min;
+}
+static bool remap_splits(const pinpool_t *pool, size_t seg_size) {
+  return remap_gathers(pool, seg_size) ||
+         (pool_remaps(pool) && pool->cfg.borrow > 0);
 }
 
 /* Make d a live segment of class cls over [mem, mem + size), owned by bin
@@ -256,7 +264,7 @@ static int seg_create(pinpool_t *pool, unsigned cls, unsigned shard,
   if (pool->has_reserve && (mem = pp_reserve_take(&pool->reserve, size))) {
     flags = pool->reserve.flags | PP_SEG_FROM_RESERVE;
   } else {
-    int rc = !slab && pool_remaps(pool)
+    int rc = !slab && remap_splits(pool, size)
                  ? remap_idle(pool, cls, shard, size, &mem, &flags, &parts)
                  : 1;
     if (rc != 0)

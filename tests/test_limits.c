@@ -263,11 +263,13 @@ static void borrow_case(const char *conf, size_t have, size_t want,
 
 static void test_borrow(void **state) {
   (void)state;
-  /* Classes above 2 MiB: 2.25, 2.5, 2.75, 3 (4 up: the default limit),
-   * 3.5, 4 (8 up), 4.5 MiB (9 up). */
-  borrow_case("", 3 * MiB, 2 * MiB, 1);
-  borrow_case("", 3 * MiB, 2 * MiB + 1, 1);
-  borrow_case("", 3 * MiB + 512 * KiB, 2 * MiB, 0);
+  /* Classes above 2 MiB: 2.25, 2.5, 2.75, 3 (4 up), 3.5, 4 (8 up), 4.5 MiB
+   * (9 up) ... 8 MiB (16 up: the default limit), 9 MiB (17 up). */
+  borrow_case("", 8 * MiB, 2 * MiB, 1);
+  borrow_case("", 8 * MiB, 2 * MiB + 1, 1);
+  borrow_case("", 9 * MiB, 2 * MiB, 0);
+  borrow_case("borrow=4", 3 * MiB, 2 * MiB, 1);
+  borrow_case("borrow=4", 3 * MiB + 512 * KiB, 2 * MiB, 0);
   borrow_case("borrow=8", 4 * MiB, 2 * MiB, 1);
   borrow_case("borrow=8", 4 * MiB + 512 * KiB, 2 * MiB, 0);
   borrow_case("borrow=9", 4 * MiB + 512 * KiB, 2 * MiB, 1);

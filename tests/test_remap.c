@@ -261,15 +261,16 @@ static void test_locked(void **state) {
 }
 
 /* Where remapping is off or impossible, a miss maps new memory (and
- * borrowing serves every one-block class). */
+ * borrowing serves every one-block class): 1 MiB is 24 classes below the
+ * idle 8 MiB, beyond borrowing. */
 static void no_remap_case(const char *extra, unsigned borrow) {
   pinpool_t *pool = make_plain(extra);
   void *a;
   make_idle(pool, (size_t[]){8 * MiB}, 1, &a);
-  void *b = alloc_touch(pool, 3 * MiB);
+  void *b = alloc_touch(pool, 1 * MiB);
   pinpool_stats_t s = stats(pool);
   PP_ASSERT(s.remapped_segments == 0 && s.segments.current == 2 &&
-                s.reserved_bytes.current == 11 * MiB,
+                s.reserved_bytes.current == 9 * MiB,
             "[%s] remapped %" PRIu64 " segments %" PRIu64, extra,
             s.remapped_segments, s.segments.current);
   char conf[1024];
@@ -284,14 +285,16 @@ static void no_remap_case(const char *extra, unsigned borrow) {
 
 static void test_off(void **state) {
   (void)state;
-  no_remap_case("remap=0", 4);
-  no_remap_case("hugepages=1", 4); /* on, but cannot */
-  no_remap_case("backend=malloc", 4);
+  no_remap_case("remap=0", 16);
+  no_remap_case("hugepages=1", 16); /* on, but cannot */
+  no_remap_case("backend=malloc", 16);
   no_remap_case("remap=0,borrow=0", 0);
+  /* Remapping on, but below remap_min a split follows borrowing only. */
+  no_remap_case("borrow=0", 0);
   pinpool_t *pool = make_plain("");
   char conf[1024];
   PP_OK(pinpool_get_config(pool, conf, sizeof conf, NULL));
-  PP_ASSERT(strstr(conf, ",borrow=4,remap=1,remap_min=4194304,") != NULL, "%s",
+  PP_ASSERT(strstr(conf, ",borrow=16,remap=1,remap_min=4194304,") != NULL, "%s",
             conf);
   pinpool_destroy(pool);
 }
@@ -360,7 +363,8 @@ static void test_reserve_kept(void **state) {
 
 /* remap_min (4 MiB by default): a segment below it is never gathered
  * from smaller idle ones, borrowing serves it first, else a larger idle one
- * is split; from remap_min up a miss gathers and never borrows. */
+ * is split (not with borrow=0: test_off); from remap_min up a miss gathers
+ * and never borrows. */
 static void test_remap_min(void **state) {
   (void)state;
   pinpool_t *pool = make_plain(""); /* the defaults */
@@ -389,9 +393,9 @@ static void test_remap_min(void **state) {
   PP_ASSERT(s.borrowed_blocks == 1 && s.remapped_segments == 3 && bs == 4 * MiB,
             "borrow: borrowed %" PRIu64 " block %zu", s.borrowed_blocks, bs);
   PP_OK(pinpool_free(pool, b));
-  /* 1 MiB: 16 classes below, beyond borrow: the 4 MiB one is split */
+  /* 512 KiB: 24 classes below, beyond borrow: the 4 MiB one is split */
   uint64_t calls = s.backend_alloc.count;
-  b = alloc_touch(pool, 1 * MiB);
+  b = alloc_touch(pool, 512 * KiB);
   s = stats(pool);
   PP_ASSERT(s.remapped_segments == 4 && s.segments.current == 2 &&
                 s.reserved_bytes.current == 4 * MiB &&

@@ -113,7 +113,7 @@ static int check_and_free(struct ctx *c, const struct item *it, uint32_t who) {
     record_failure(c, "thread %u: block_size(%p) = %d, %zu; want 0, %zu%s", who,
                    (void *)it->p, rc, bs, pp_ref_class(it->size),
                    pp_ref_class(it->size) > 256 * KiB
-                       ? " (or up to 4 classes larger)"
+                       ? " (or up to 16 classes larger)"
                        : "");
     return -1;
   }

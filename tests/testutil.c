@@ -78,8 +78,8 @@ int pp_ref_block_ok(size_t size, size_t bs) {
   size_t cls = pp_ref_class(size);
   if (bs == cls)
     return 1;
-  size_t up = cls;
-  for (int i = 0; i < 4; i++)
+  size_t up = cls; /* borrow's default: 16 classes up */
+  for (int i = 0; i < 16; i++)
     up = pp_ref_class(up + 1);
   return cls > 256 * KiB && bs > cls && bs <= up && pp_ref_class(bs) == bs;
 }

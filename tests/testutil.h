@@ -93,8 +93,8 @@ size_t pp_rand_size(uint64_t *s, size_t lo, size_t hi);
  * 2^(e-3). Valid for 1 <= s <= 2^62. */
 size_t pp_ref_class(size_t s);
 /* Whether a block of bs bytes may serve a request of `size` under the
- * default borrow=4: its own class, or, for classes above 256 KiB (one block
- * per segment), one at most four classes larger (docs/
+ * default borrow=16: its own class, or, for classes above 256 KiB (one
+ * block per segment), one at most 16 classes larger (docs/
  * allocation-policy.md, "Borrowing"). */
 int pp_ref_block_ok(size_t size, size_t bs);
 
