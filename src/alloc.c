@@ -99,6 +99,9 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
   if (b->items == NULL && !tbin_init(pool, tc, b, bs)) {
     /* Bypass: straight from the central bin to the caller. */
     pp_tentry_t e;
+    /* The hot slot first (pool.c): one exchange. Completed stream-ordered
+     * frees are then reclaimed by the next allocation that goes on to the
+     * bins (take_with_retry), not by this one. */
     if (!pp_hot_take(pool, cls, tc->shard, &e)) {
       n = take_with_retry(pool, tc, cls, &e, 1, &missed, ra);
       if (n < 0)

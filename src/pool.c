@@ -161,7 +161,8 @@ static int remap_idle(pinpool_t *pool, unsigned cls, unsigned shard,
  * one-block class may make its segment of idle segments of other classes.
  * A segment of at least remap_min bytes may be gathered from smaller ones
  * (moved side by side: system calls); a smaller one only split from a
- * larger idle one (none), and only after borrowing found nothing: a split
+ * larger idle one (no system call), and only after borrowing found
+ * nothing: a split
  * takes the larger class's segment for good (a borrowed block goes back
  * to its class), so without borrowing to serve the near misses a steady
  * mix splits at every miss (docs/allocation-policy.md says why, with the
@@ -489,8 +490,8 @@ static uint32_t take_from_bin(pinpool_t *pool, pp_bin_t *bin, pp_tentry_t *out,
 }
 
 /* A miss of a class with one-block segments: rather than a new segment,
- * the block of an idle segment at most cfg.borrow classes larger (4, the
- * default: at most 1.5 times the size; 8: twice). The pool holds fewer, fuller
+ * the block of an idle segment at most cfg.borrow classes larger (16, the
+ * default: at most 4 times the size; 8: twice). The pool holds fewer, fuller
  * segments and calls the backend less, at the price of a larger block than the
  * class while it is allocated; freed, it goes back to its own class. A segment
  * partly in use has no free block (one block), so only idle ones qualify.
@@ -539,10 +540,13 @@ int pp_central_take(pinpool_t *pool, unsigned cls, unsigned shard,
    * comes here; this is for any other path). */
   if (pp_hot_take(pool, cls, shard, out))
     return 1;
-  /* A segment that remapping may gather is never served by borrowing: a
-   * split or a gather serves the miss without the larger block's waste. */
+  /* A segment that remapping may gather is not served by borrowing: a
+   * split or a gather serves the miss without the larger block's waste.
+   * Except with a reserve, whose segments are never remapped: in a pool
+   * that lives in its reserve, borrowing is what reuses them. */
   size_t bs = pp_class_size(cls);
-  if (bs > PP_SLAB_MAX_BLOCK && !remap_gathers(pool, seg_bytes_for(bs)) &&
+  if (bs > PP_SLAB_MAX_BLOCK &&
+      (!remap_gathers(pool, seg_bytes_for(bs)) || pool->has_reserve) &&
       central_borrow(pool, cls, shard, out))
     return 1;
   pp_segment_t *s = NULL;

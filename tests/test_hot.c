@@ -5,11 +5,14 @@
  * idle segment in the lists must see it there too: reuse, borrowing,
  * remapping, releasing idle memory (pinpool_empty_cache, the max_reserved
  * retry), the validator and the stats. Each case below fails if one of
- * those paths forgets the slot. (That allocations do take the slot, with
- * the ordering that hands the memory over, is what the race mutant
- * HOT_RELAXED shows: tests/mutants.)
+ * those paths forgets the slot; test_slot_used (white box) that the slot
+ * is used at all, without which they would pass on the lists alone. (The
+ * ordering that hands the memory over is what the race mutant HOT_RELAXED
+ * shows: tests/mutants.)
  */
 #include "testutil.h"
+
+#include "internal.h" /* test_slot_used looks into the bins */
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -148,6 +151,45 @@ static void test_capped(void **state) {
   pinpool_destroy(pool);
 }
 
+/* The slots of the class that hold a segment, and whether any bin of
+ * the class lists an idle one. */
+static unsigned slots_held(pinpool_t *pool, size_t size, void **seen,
+                           bool *listed) {
+  unsigned cls = pp_class_index(size), n = 0;
+  *listed = false;
+  for (unsigned i = 0; i < pool->cfg.shards; i++) {
+    pp_bin_t *bin = pp_bin(pool, cls, i);
+    pp_segment_t *s = pp_load_acquire(&bin->hot);
+    if (s != NULL) {
+      *seen = (void *)pp_load_relaxed(&s->base);
+      n++;
+    }
+    pp_mutex_lock(&bin->lock);
+    *listed |= bin->idle != NULL;
+    pp_mutex_unlock(&bin->lock);
+  }
+  return n;
+}
+
+/* White box: a freed block of a class above tcache_bytes sits in its
+ * bin's slot, not in the lists, and the next allocation empties the slot
+ * (every other case here would pass with the slots never used). */
+static void test_slot_used(void **state) {
+  (void)state;
+  pinpool_t *pool = make("");
+  void *a = alloc_touch(pool, 4 * MiB), *seen = NULL;
+  PP_OK(pinpool_free(pool, a));
+  bool listed = true;
+  PP_ASSERT(slots_held(pool, 4 * MiB, &seen, &listed) == 1 && seen == a &&
+                !listed,
+            "after the free: slot %p, listed %d", seen, (int)listed);
+  void *b = alloc_touch(pool, 4 * MiB);
+  PP_ASSERT(b == a && slots_held(pool, 4 * MiB, &seen, &listed) == 0 && !listed,
+            "after the allocation: %p, listed %d", b, (int)listed);
+  PP_OK(pinpool_free(pool, b));
+  pinpool_destroy(pool);
+}
+
 /* Another thread takes what this one freed (the slot is the pool's, not
  * a thread's). */
 typedef struct {
@@ -179,10 +221,10 @@ static void test_other_thread(void **state) {
 int main(void) {
   pp_clean_env();
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_reuse),        cmocka_unit_test(test_empty_cache),
-      cmocka_unit_test(test_max_reserved), cmocka_unit_test(test_borrow),
-      cmocka_unit_test(test_remap),        cmocka_unit_test(test_capped),
-      cmocka_unit_test(test_other_thread),
+      cmocka_unit_test(test_slot_used),   cmocka_unit_test(test_reuse),
+      cmocka_unit_test(test_empty_cache), cmocka_unit_test(test_max_reserved),
+      cmocka_unit_test(test_borrow),      cmocka_unit_test(test_remap),
+      cmocka_unit_test(test_capped),      cmocka_unit_test(test_other_thread),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
