@@ -115,7 +115,7 @@ static void config_defaults(pp_config_t *c) {
   c->populate_threads = ncpu < 1 ? 1u : ncpu > 8 ? 8u : (unsigned)ncpu;
   c->populate_parallel_min = (uint64_t)64 << 20;
   c->tcache_bytes = (uint64_t)64 << 20;
-  c->borrow = 16; /* docs/allocation-policy.md, "Borrowing" */
+  c->borrow = 16;                   /* docs/allocation-policy.md, "Borrowing" */
   c->remap = true;                  /* docs/allocation-policy.md */
   c->remap_min = (uint64_t)4 << 20; /* ditto: why 4 MiB */
   c->shards = 4;
