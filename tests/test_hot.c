@@ -28,41 +28,28 @@ static pinpool_t *make(const char *extra) {
   return pool;
 }
 
-static void *alloc_touch(pinpool_t *pool, size_t n) {
-  void *p = NULL;
-  PP_OK(pinpool_alloc(pool, n, &p));
-  memset(p, 0x3c, n);
-  return p;
-}
-
-static pinpool_stats_t stats(pinpool_t *pool) {
-  pinpool_stats_t st;
-  PP_STATS(pool, &st);
-  return st;
-}
-
 /* A freed block waits in the slot: counted as cached, valid, and the next
  * allocation of its class gets it back with no new segment. A second free
  * displaces the first into the bin; both are reused. */
 static void test_reuse(void **state) {
   (void)state;
   pinpool_t *pool = make("");
-  void *a = alloc_touch(pool, 4 * MiB);
+  void *a = pp_alloc_touch(pool, 4 * MiB);
   PP_OK(pinpool_free(pool, a));
-  pinpool_stats_t s = stats(pool);
+  pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(s.cached_bytes.current == 4 * MiB && s.segments.current == 1,
             "cached %" PRIu64, s.cached_bytes.current);
   PP_CHECK_CONSISTENT(pool); /* the validator counts the slot */
-  void *b = alloc_touch(pool, 4 * MiB);
+  void *b = pp_alloc_touch(pool, 4 * MiB);
   PP_ASSERT(b == a, "the slot's block: %p, got %p", a, b);
-  void *c = alloc_touch(pool, 4 * MiB);
+  void *c = pp_alloc_touch(pool, 4 * MiB);
   PP_OK(pinpool_free(pool, b));
   PP_OK(pinpool_free(pool, c)); /* displaces b into its bin */
   PP_CHECK_CONSISTENT(pool);
-  void *d = alloc_touch(pool, 4 * MiB);
-  void *e = alloc_touch(pool, 4 * MiB);
+  void *d = pp_alloc_touch(pool, 4 * MiB);
+  void *e = pp_alloc_touch(pool, 4 * MiB);
   PP_ASSERT((d == b && e == c) || (d == c && e == b), "reused: %p %p", d, e);
-  s = stats(pool);
+  s = pp_stats_of(pool);
   PP_ASSERT(s.segments.current == 2 && s.cache_misses == 2,
             "segments %" PRIu64 " misses %" PRIu64, s.segments.current,
             s.cache_misses);
@@ -76,10 +63,10 @@ static void test_reuse(void **state) {
 static void test_empty_cache(void **state) {
   (void)state;
   pinpool_t *pool = make("");
-  void *a = alloc_touch(pool, 4 * MiB);
+  void *a = pp_alloc_touch(pool, 4 * MiB);
   PP_OK(pinpool_free(pool, a));
   PP_OK(pinpool_empty_cache(pool));
-  pinpool_stats_t s = stats(pool);
+  pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(s.reserved_bytes.current == 0 && s.segments.current == 0,
             "reserved %" PRIu64 " segments %" PRIu64, s.reserved_bytes.current,
             s.segments.current);
@@ -91,10 +78,10 @@ static void test_empty_cache(void **state) {
 static void test_max_reserved(void **state) {
   (void)state;
   pinpool_t *pool = make("remap=0,max_reserved=8MiB");
-  void *a = alloc_touch(pool, 4 * MiB);
+  void *a = pp_alloc_touch(pool, 4 * MiB);
   PP_OK(pinpool_free(pool, a));
-  void *b = alloc_touch(pool, 6 * MiB); /* 4 + 6 > 8: only after release */
-  pinpool_stats_t s = stats(pool);
+  void *b = pp_alloc_touch(pool, 6 * MiB); /* 4 + 6 > 8: only after release */
+  pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(s.retries == 1 && s.reserved_bytes.current == 6 * MiB,
             "retries %" PRIu64 " reserved %" PRIu64, s.retries,
             s.reserved_bytes.current);
@@ -107,10 +94,10 @@ static void test_max_reserved(void **state) {
 static void test_borrow(void **state) {
   (void)state;
   pinpool_t *pool = make("remap=0");
-  void *a = alloc_touch(pool, 5 * MiB);
+  void *a = pp_alloc_touch(pool, 5 * MiB);
   PP_OK(pinpool_free(pool, a));
-  void *b = alloc_touch(pool, 4 * MiB + 512 * KiB); /* one class below */
-  pinpool_stats_t s = stats(pool);
+  void *b = pp_alloc_touch(pool, 4 * MiB + 512 * KiB); /* one class below */
+  pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(b == a && s.borrowed_blocks == 1 && s.segments.current == 1,
             "borrowed %" PRIu64 " segments %" PRIu64, s.borrowed_blocks,
             s.segments.current);
@@ -123,11 +110,11 @@ static void test_borrow(void **state) {
 static void test_remap(void **state) {
   (void)state;
   pinpool_t *pool = make("");
-  void *a = alloc_touch(pool, 8 * MiB);
+  void *a = pp_alloc_touch(pool, 8 * MiB);
   PP_OK(pinpool_free(pool, a));
-  uint64_t calls = stats(pool).backend_alloc.count;
-  void *b = alloc_touch(pool, 1 * MiB); /* 24 classes below: no borrow */
-  pinpool_stats_t s = stats(pool);
+  uint64_t calls = pp_stats_of(pool).backend_alloc.count;
+  void *b = pp_alloc_touch(pool, 1 * MiB); /* 24 classes below: no borrow */
+  pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(s.remapped_segments == 1 && s.reserved_bytes.current == 8 * MiB &&
                 s.backend_alloc.count == calls,
             "remapped %" PRIu64 " reserved %" PRIu64, s.remapped_segments,
@@ -142,9 +129,9 @@ static void test_remap(void **state) {
 static void test_capped(void **state) {
   (void)state;
   pinpool_t *pool = make("max_cached=1");
-  void *a = alloc_touch(pool, 4 * MiB);
+  void *a = pp_alloc_touch(pool, 4 * MiB);
   PP_OK(pinpool_free(pool, a));
-  pinpool_stats_t s = stats(pool);
+  pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(s.segments.current == 0 && s.trimmed_segments == 1,
             "segments %" PRIu64, s.segments.current);
   PP_CHECK_CONSISTENT(pool);
@@ -177,13 +164,13 @@ static unsigned slots_held(pinpool_t *pool, size_t size, void **seen,
 static void test_slot_used(void **state) {
   (void)state;
   pinpool_t *pool = make("");
-  void *a = alloc_touch(pool, 4 * MiB), *seen = NULL;
+  void *a = pp_alloc_touch(pool, 4 * MiB), *seen = NULL;
   PP_OK(pinpool_free(pool, a));
   bool listed = true;
   PP_ASSERT(slots_held(pool, 4 * MiB, &seen, &listed) == 1 && seen == a &&
                 !listed,
             "after the free: slot %p, listed %d", seen, (int)listed);
-  void *b = alloc_touch(pool, 4 * MiB);
+  void *b = pp_alloc_touch(pool, 4 * MiB);
   PP_ASSERT(b == a && slots_held(pool, 4 * MiB, &seen, &listed) == 0 && !listed,
             "after the allocation: %p, listed %d", b, (int)listed);
   PP_OK(pinpool_free(pool, b));
@@ -199,20 +186,21 @@ typedef struct {
 
 static void *peer(void *arg) {
   peer_t *p = arg;
-  p->got = alloc_touch(p->pool, 4 * MiB);
+  p->got = pp_alloc_touch(p->pool, 4 * MiB);
   return NULL;
 }
 
 static void test_other_thread(void **state) {
   (void)state;
   pinpool_t *pool = make("");
-  void *a = alloc_touch(pool, 4 * MiB);
+  void *a = pp_alloc_touch(pool, 4 * MiB);
   PP_OK(pinpool_free(pool, a));
   peer_t p = {pool, NULL};
   pthread_t t;
   PP_ASSERT(pthread_create(&t, NULL, peer, &p) == 0, "pthread_create");
   pthread_join(t, NULL);
-  PP_ASSERT(p.got == a && stats(pool).segments.current == 1, "got %p", p.got);
+  PP_ASSERT(p.got == a && pp_stats_of(pool).segments.current == 1, "got %p",
+            p.got);
   PP_OK(pinpool_free(pool, p.got));
   PP_CHECK_CONSISTENT(pool);
   pinpool_destroy(pool);

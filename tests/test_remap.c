@@ -32,26 +32,13 @@ static pinpool_t *make(const char *extra) {
   return make_plain(conf);
 }
 
-static void *alloc_touch(pinpool_t *pool, size_t n) {
-  void *p = NULL;
-  PP_OK(pinpool_alloc(pool, n, &p));
-  memset(p, 0x5a, n); /* every page of the block is there */
-  return p;
-}
-
 /* Allocate sizes[0..n) and free them again: idle segments. */
 static void make_idle(pinpool_t *pool, const size_t *sizes, int n, void **out) {
   for (int i = 0; i < n; i++)
-    out[i] = alloc_touch(pool, sizes[i]);
+    out[i] = pp_alloc_touch(pool, sizes[i]);
   for (int i = 0; i < n; i++)
     PP_OK(pinpool_free(pool, out[i]));
   PP_CHECK_CONSISTENT(pool);
-}
-
-static pinpool_stats_t stats(pinpool_t *pool) {
-  pinpool_stats_t st;
-  PP_STATS(pool, &st);
-  return st;
 }
 
 /* An idle 8 MiB segment serves 3 MiB in place, with no backend call; its
@@ -61,9 +48,9 @@ static void test_split(void **state) {
   pinpool_t *pool = make("");
   void *a;
   make_idle(pool, (size_t[]){8 * MiB}, 1, &a);
-  pinpool_stats_t s0 = stats(pool);
-  void *b = alloc_touch(pool, 3 * MiB);
-  pinpool_stats_t s1 = stats(pool);
+  pinpool_stats_t s0 = pp_stats_of(pool);
+  void *b = pp_alloc_touch(pool, 3 * MiB);
+  pinpool_stats_t s1 = pp_stats_of(pool);
   PP_ASSERT(b == a, "split in place: %p vs %p", b, a);
   PP_ASSERT(s1.backend_alloc.count == s0.backend_alloc.count &&
                 s1.backend_free.count == s0.backend_free.count,
@@ -75,8 +62,8 @@ static void test_split(void **state) {
             "reserved %" PRIu64 " segments %" PRIu64 " cached %" PRIu64,
             s1.reserved_bytes.current, s1.segments.current,
             s1.cached_bytes.current);
-  void *c = alloc_touch(pool, 5 * MiB);
-  pinpool_stats_t s2 = stats(pool);
+  void *c = pp_alloc_touch(pool, 5 * MiB);
+  pinpool_stats_t s2 = pp_stats_of(pool);
   PP_ASSERT(c == (char *)a + 3 * MiB && s2.cache_misses == s1.cache_misses,
             "the tail serves its class: %p", c);
   size_t bs = 0;
@@ -96,8 +83,8 @@ static void test_split_leftover(void **state) {
   void *a;
   /* 8 MiB - 2.25 MiB = 5.75 MiB: a 5.5 MiB segment, 256 KiB given back. */
   make_idle(pool, (size_t[]){8 * MiB}, 1, &a);
-  void *b = alloc_touch(pool, 2 * MiB + 256 * KiB);
-  pinpool_stats_t s = stats(pool);
+  void *b = pp_alloc_touch(pool, 2 * MiB + 256 * KiB);
+  pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(b == a && s.segments.current == 2 &&
                 s.reserved_bytes.current == 7 * MiB + 768 * KiB &&
                 s.cached_bytes.current == 5 * MiB + 512 * KiB,
@@ -107,7 +94,7 @@ static void test_split_leftover(void **state) {
   PP_OK(pinpool_free(pool, b));
   PP_CHECK_CONSISTENT(pool);
   PP_OK(pinpool_empty_cache(pool));
-  s = stats(pool);
+  s = pp_stats_of(pool);
   PP_ASSERT(s.reserved_bytes.current == 0 && s.segments.current == 0,
             "empty_cache releases every piece: %" PRIu64,
             s.reserved_bytes.current);
@@ -121,9 +108,9 @@ static void test_gather(void **state) {
   pinpool_t *pool = make("");
   void *old[3];
   make_idle(pool, (size_t[]){1 * MiB, 1 * MiB, 1 * MiB}, 3, old);
-  pinpool_stats_t s0 = stats(pool);
-  void *b = alloc_touch(pool, 2 * MiB + 512 * KiB);
-  pinpool_stats_t s1 = stats(pool);
+  pinpool_stats_t s0 = pp_stats_of(pool);
+  void *b = pp_alloc_touch(pool, 2 * MiB + 512 * KiB);
+  pinpool_stats_t s1 = pp_stats_of(pool);
   PP_ASSERT(s1.remapped_segments == 3, "remapped %" PRIu64,
             s1.remapped_segments);
   PP_ASSERT(s1.reserved_bytes.current == 3 * MiB && s1.segments.current == 2 &&
@@ -153,12 +140,12 @@ static void test_regather(void **state) {
   pinpool_t *pool = make("mlock=1");
   void *old[2];
   make_idle(pool, (size_t[]){1 * MiB, 1 * MiB}, 2, old);
-  void *x = alloc_touch(pool, 2 * MiB); /* two parts */
-  void *y = alloc_touch(pool, 1 * MiB); /* new: nothing is idle */
+  void *x = pp_alloc_touch(pool, 2 * MiB); /* two parts */
+  void *y = pp_alloc_touch(pool, 1 * MiB); /* new: nothing is idle */
   PP_OK(pinpool_free(pool, x));
   PP_OK(pinpool_free(pool, y));
-  void *b = alloc_touch(pool, 3 * MiB); /* 2 MiB (two parts) + 1 MiB */
-  pinpool_stats_t s = stats(pool);
+  void *b = pp_alloc_touch(pool, 3 * MiB); /* 2 MiB (two parts) + 1 MiB */
+  pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(s.remapped_segments == 4 && s.segments.current == 1 &&
                 s.reserved_bytes.current == 3 * MiB &&
                 s.backend_free.count == 0,
@@ -186,20 +173,20 @@ static void test_parts_bounded(void **state) {
   for (int cycle = 0; cycle < 200 && trimmed == 0; cycle++) {
     /* 2, 2.5, 3, 3.5, 4 MiB: the rest (6 .. 4 MiB) is a class too */
     size_t cut = 2 * MiB + (size_t)(cycle % 5) * 512 * KiB;
-    void *head = alloc_touch(pool, cut); /* splits the 8 MiB one */
+    void *head = pp_alloc_touch(pool, cut); /* splits the 8 MiB one */
     PP_OK(pinpool_free(pool, head));
-    void *whole = alloc_touch(pool, 8 * MiB); /* gathers both back */
+    void *whole = pp_alloc_touch(pool, 8 * MiB); /* gathers both back */
     PP_OK(pinpool_free(pool, whole));
     if (cycle % 10 == 0)
       PP_CHECK_CONSISTENT(pool);
-    trimmed = stats(pool).trimmed_segments;
+    trimmed = pp_stats_of(pool).trimmed_segments;
   }
 #ifdef PARTS_BOUND_4
   /* The variant built with PP_PARTS_MAX 4 (tests/CMakeLists.txt); 64, the
    * real bound, takes more cuts than 16 split points can make. */
   PP_ASSERT(trimmed > 0, "the parts never reached the bound");
 #endif
-  pinpool_stats_t s = stats(pool);
+  pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(s.reserved_bytes.current <= 16 * MiB, "reserved %" PRIu64,
             s.reserved_bytes.current);
   PP_CHECK_CONSISTENT(pool);
@@ -211,9 +198,9 @@ static void grow_case(const char *extra) {
   pinpool_t *pool = make(extra);
   void *a;
   make_idle(pool, (size_t[]){1 * MiB}, 1, &a);
-  pinpool_stats_t s0 = stats(pool);
-  void *b = alloc_touch(pool, 4 * MiB);
-  pinpool_stats_t s1 = stats(pool);
+  pinpool_stats_t s0 = pp_stats_of(pool);
+  void *b = pp_alloc_touch(pool, 4 * MiB);
+  pinpool_stats_t s1 = pp_stats_of(pool);
   PP_ASSERT(s1.remapped_segments == 1 &&
                 s1.backend_alloc.count == s0.backend_alloc.count + 1 &&
                 s1.reserved_bytes.current == 4 * MiB &&
@@ -241,14 +228,14 @@ static void test_locked(void **state) {
   pinpool_t *pool = make("mlock=1");
   void *old[3];
   make_idle(pool, (size_t[]){6 * MiB, 1 * MiB, 1 * MiB}, 3, old);
-  void *b = alloc_touch(pool, 3 * MiB); /* split of the 6 MiB one */
-  pinpool_stats_t s = stats(pool);
+  void *b = pp_alloc_touch(pool, 3 * MiB); /* split of the 6 MiB one */
+  pinpool_stats_t s = pp_stats_of(pool);
   if (s.mlock_failures == 0)
     PP_ASSERT(s.locked_bytes == s.reserved_bytes.current,
               "locked %" PRIu64 " of %" PRIu64, s.locked_bytes,
               s.reserved_bytes.current);
-  void *c = alloc_touch(pool, 5 * MiB); /* 3 + 1 + 1 MiB, moved */
-  s = stats(pool);
+  void *c = pp_alloc_touch(pool, 5 * MiB); /* 3 + 1 + 1 MiB, moved */
+  s = pp_stats_of(pool);
   PP_ASSERT(s.remapped_segments == 4, "remapped %" PRIu64, s.remapped_segments);
   if (s.mlock_failures == 0)
     PP_ASSERT(s.locked_bytes == s.reserved_bytes.current,
@@ -267,8 +254,8 @@ static void no_remap_case(const char *extra, unsigned borrow) {
   pinpool_t *pool = make_plain(extra);
   void *a;
   make_idle(pool, (size_t[]){8 * MiB}, 1, &a);
-  void *b = alloc_touch(pool, 1 * MiB);
-  pinpool_stats_t s = stats(pool);
+  void *b = pp_alloc_touch(pool, 1 * MiB);
+  pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(s.remapped_segments == 0 && s.segments.current == 2 &&
                 s.reserved_bytes.current == 9 * MiB,
             "[%s] remapped %" PRIu64 " segments %" PRIu64, extra,
@@ -305,8 +292,8 @@ static void test_max_reserved(void **state) {
   pinpool_t *pool = make("max_reserved=4MiB");
   void *a;
   make_idle(pool, (size_t[]){3 * MiB}, 1, &a);
-  void *b = alloc_touch(pool, 4 * MiB); /* 3 -> 4 MiB: fits */
-  pinpool_stats_t s = stats(pool);
+  void *b = pp_alloc_touch(pool, 4 * MiB); /* 3 -> 4 MiB: fits */
+  pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(s.retries == 0 && s.remapped_segments == 1 &&
                 s.reserved_bytes.current == 4 * MiB,
             "retries %" PRIu64 " reserved %" PRIu64, s.retries,
@@ -315,7 +302,7 @@ static void test_max_reserved(void **state) {
   void *c = NULL;
   PP_CHECK_RC(pinpool_alloc(pool, 5 * MiB, &c), PINPOOL_ENOMEM);
   PP_CHECK_CONSISTENT(pool);
-  void *d = alloc_touch(pool, 1 * MiB); /* still usable */
+  void *d = pp_alloc_touch(pool, 1 * MiB); /* still usable */
   PP_OK(pinpool_free(pool, d));
   PP_CHECK_CONSISTENT(pool);
   pinpool_destroy(pool);
@@ -326,8 +313,8 @@ static void fault_case(const char *fault) {
   pinpool_t *pool = make(fault);
   void *a;
   make_idle(pool, (size_t[]){1 * MiB}, 1, &a);
-  void *b = alloc_touch(pool, 4 * MiB);
-  pinpool_stats_t s = stats(pool);
+  void *b = pp_alloc_touch(pool, 4 * MiB);
+  pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(s.remapped_segments == 0 && s.backend_free.count == 1 &&
                 s.segments.current == 1 &&
                 s.reserved_bytes.current == 4 * MiB && s.retries == 0 &&
@@ -353,8 +340,8 @@ static void test_reserve_kept(void **state) {
   pinpool_t *pool = make("reserve=4MiB");
   void *a;
   make_idle(pool, (size_t[]){3 * MiB}, 1, &a);
-  void *b = alloc_touch(pool, 2 * MiB);
-  pinpool_stats_t s = stats(pool);
+  void *b = pp_alloc_touch(pool, 2 * MiB);
+  pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(s.remapped_segments == 0, "remapped %" PRIu64, s.remapped_segments);
   PP_OK(pinpool_free(pool, b));
   PP_CHECK_CONSISTENT(pool);
@@ -368,10 +355,10 @@ static void test_reserve_borrows(void **state) {
   pinpool_t *pool = make_plain("reserve=8MiB,max_reserved=8MiB");
   void *a;
   make_idle(pool, (size_t[]){5 * MiB}, 1, &a);
-  void *b = alloc_touch(pool, 4 * MiB + 512 * KiB); /* 3 MiB left: no fit */
+  void *b = pp_alloc_touch(pool, 4 * MiB + 512 * KiB); /* 3 MiB left: no fit */
   size_t bs = 0;
   PP_OK(pinpool_block_size(pool, b, &bs));
-  pinpool_stats_t s = stats(pool);
+  pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(b == a && bs == 5 * MiB && s.borrowed_blocks == 1 &&
                 s.remapped_segments == 0,
             "borrowed %" PRIu64 " block %zu", s.borrowed_blocks, bs);
@@ -389,15 +376,15 @@ static void test_remap_min(void **state) {
   pinpool_t *pool = make_plain(""); /* the defaults */
   void *a[2];
   make_idle(pool, (size_t[]){1 * MiB, 1 * MiB}, 2, a);
-  void *b = alloc_touch(pool, 2 * MiB); /* below: no gather, new memory */
-  pinpool_stats_t s = stats(pool);
+  void *b = pp_alloc_touch(pool, 2 * MiB); /* below: no gather, new memory */
+  pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(s.remapped_segments == 0 && s.segments.current == 3 &&
                 s.reserved_bytes.current == 4 * MiB,
             "below: remapped %" PRIu64 " segments %" PRIu64,
             s.remapped_segments, s.segments.current);
   PP_OK(pinpool_free(pool, b));
-  b = alloc_touch(pool, 4 * MiB); /* at it: 2 + 1 + 1 MiB gathered */
-  s = stats(pool);
+  b = pp_alloc_touch(pool, 4 * MiB); /* at it: 2 + 1 + 1 MiB gathered */
+  s = pp_stats_of(pool);
   PP_ASSERT(s.remapped_segments == 3 && s.segments.current == 1 &&
                 s.reserved_bytes.current == 4 * MiB && s.borrowed_blocks == 0,
             "at: remapped %" PRIu64 " segments %" PRIu64 " reserved %" PRIu64,
@@ -405,17 +392,17 @@ static void test_remap_min(void **state) {
   PP_OK(pinpool_free(pool, b));
   PP_CHECK_CONSISTENT(pool);
   /* 3.5 MiB: one class below the idle 4 MiB one, so borrowed whole */
-  b = alloc_touch(pool, 3 * MiB + 512 * KiB);
+  b = pp_alloc_touch(pool, 3 * MiB + 512 * KiB);
   size_t bs = 0;
   PP_OK(pinpool_block_size(pool, b, &bs));
-  s = stats(pool);
+  s = pp_stats_of(pool);
   PP_ASSERT(s.borrowed_blocks == 1 && s.remapped_segments == 3 && bs == 4 * MiB,
             "borrow: borrowed %" PRIu64 " block %zu", s.borrowed_blocks, bs);
   PP_OK(pinpool_free(pool, b));
   /* 512 KiB: 24 classes below, beyond borrow: the 4 MiB one is split */
   uint64_t calls = s.backend_alloc.count;
-  b = alloc_touch(pool, 512 * KiB);
-  s = stats(pool);
+  b = pp_alloc_touch(pool, 512 * KiB);
+  s = pp_stats_of(pool);
   PP_ASSERT(s.remapped_segments == 4 && s.segments.current == 2 &&
                 s.reserved_bytes.current == 4 * MiB &&
                 s.backend_alloc.count == calls,
@@ -428,9 +415,9 @@ static void test_remap_min(void **state) {
   /* From remap_min up a larger idle block is split, not borrowed. */
   pool = make_plain("");
   make_idle(pool, (size_t[]){5 * MiB}, 1, a);
-  b = alloc_touch(pool, 4 * MiB + 512 * KiB);
+  b = pp_alloc_touch(pool, 4 * MiB + 512 * KiB);
   PP_OK(pinpool_block_size(pool, b, &bs));
-  s = stats(pool);
+  s = pp_stats_of(pool);
   PP_ASSERT(s.borrowed_blocks == 0 && s.remapped_segments == 1 &&
                 bs == 4 * MiB + 512 * KiB && s.segments.current == 2,
             "above: borrowed %" PRIu64 " remapped %" PRIu64 " block %zu",
@@ -461,14 +448,14 @@ static void test_drift(void **state) {
       /* 300 KiB .. 8 MiB, log-uniform-ish */
       size_t n = (size_t)300 * KiB << (pp_rand(&r) % 5);
       n += pp_rand(&r) % n;
-      live[k] = alloc_touch(pool, n);
+      live[k] = pp_alloc_touch(pool, n);
       if (step % 50 == 0)
         PP_CHECK_CONSISTENT(pool);
     }
     for (int k = 0; k < LIVE; k++)
       PP_OK(pinpool_free(pool, live[k]));
     PP_CHECK_CONSISTENT(pool);
-    peak[on] = stats(pool).reserved_bytes.peak;
+    peak[on] = pp_stats_of(pool).reserved_bytes.peak;
     pinpool_destroy(pool);
   }
   print_message("drift: reserved peak %" PRIu64 " MiB without remap, %" PRIu64

@@ -396,3 +396,16 @@ void pp_check_cb_balanced_(counting_backend_t *cb, const char *file, int line) {
 }
 
 void pp_clean_env(void) { unsetenv("PINPOOL_CONF"); }
+
+pinpool_stats_t pp_stats_of(pinpool_t *pool) {
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  return st;
+}
+
+void *pp_alloc_touch(pinpool_t *pool, size_t n) {
+  void *p = NULL;
+  PP_OK(pinpool_alloc(pool, n, &p));
+  memset(p, 0x5a, n);
+  return p;
+}

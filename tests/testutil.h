@@ -103,6 +103,11 @@ int pp_ref_block_ok(size_t size, size_t bs);
 void pp_get_stats_(pinpool_t *pool, pinpool_stats_t *st, const char *file,
                    int line);
 #define PP_STATS(pool, st) pp_get_stats_((pool), (st), __FILE__, __LINE__)
+/* The stats as a value (a failed call fails the test). */
+pinpool_stats_t pp_stats_of(pinpool_t *pool);
+/* Allocate n bytes (the call must succeed) and write all of them: the whole
+ * block is there and writable. */
+void *pp_alloc_touch(pinpool_t *pool, size_t n);
 
 /* Checks on a quiescent pool: the accounting identity
  * reserved == block_bytes + cached + pending, current == allocated - freed and
