@@ -162,7 +162,8 @@ typedef struct pp_config {
   unsigned max_cached_pct; /* idle central bytes <= pct % of those in use */
   unsigned borrow;         /* a miss may use an idle segment this many
                               classes larger (one-block segments below
-                              remap_min, or all where the pool cannot remap) */
+                              remap_min; all where the pool cannot remap or
+                              has a reserve) */
   bool remap;              /* a miss may make its segment of idle segments of
                               other classes (providers with remap) */
   uint64_t remap_min;      /* segments from this size are also gathered from

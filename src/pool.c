@@ -143,7 +143,8 @@ static size_t seg_bytes_for(size_t bs) {
  * 512 KiB, 1 MiB, then 2 MiB (four blocks, then eight, above 64 KiB). A
  * mix that touches many small classes a little (W2, W5) then holds a
  * quarter of a 2 MiB slab per class, not a whole one (W5: memory held
- * 3.53 -> 3.15 times the peak requested; W2 with remap: 1.16 -> 1.13). The
+ * 3.53 -> 3.15 times the peak requested; W2 with remap_min=0: 1.16 ->
+ * 1.13). The
  * price: more segments for a busy class, ~5 % of W5's speed. nsegs: the
  * class's live segments (a racy read: a size, never a correctness input). */
 static size_t slab_bytes_for(size_t bs, uint64_t nsegs) {
@@ -162,12 +163,11 @@ static int remap_idle(pinpool_t *pool, unsigned cls, unsigned shard,
  * A segment of at least remap_min bytes may be gathered from smaller ones
  * (moved side by side: system calls); a smaller one only split from a
  * larger idle one (no system call), and only after borrowing found
- * nothing: a split
- * takes the larger class's segment for good (a borrowed block goes back
- * to its class), so without borrowing to serve the near misses a steady
- * mix splits at every miss (docs/allocation-policy.md says why, with the
- * measurements: a steady mix of small sizes churns when it gathers, and
- * with borrow=0 when it splits). */
+ * nothing: a split takes the larger class's segment for good (a borrowed
+ * block goes back to its class), so without borrowing to serve the near
+ * misses a steady mix splits at every miss (docs/allocation-policy.md says why,
+ * with the measurements: a steady mix of small sizes churns when it gathers,
+ * and with borrow=0 when it splits). */
 static bool pool_remaps(const pinpool_t *pool) {
   return pool->cfg.remap && pool->prov.remap != NULL;
 }
@@ -626,6 +626,13 @@ void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
 #define hot_xchg(p, v) pp_xchg_acq_rel((p), (v))
 #endif
 
+/* Empty bin's slot: the segment it held, or NULL. */
+static pp_segment_t *hot_grab(pp_bin_t *bin) {
+  if (pp_load_relaxed(&bin->hot) == NULL)
+    return NULL; /* the common case, without a write to the line */
+  return hot_xchg(&bin->hot, NULL);
+}
+
 /* Push s's block into its bin; it was counted in central_in already. */
 static void hot_return(pinpool_t *pool, pp_segment_t *s) {
   pp_bin_t *bin = pp_bin(pool, s->cls, s->shard);
@@ -652,10 +659,7 @@ bool pp_hot_take(pinpool_t *pool, unsigned cls, unsigned shard,
                  pp_tentry_t *out) {
   unsigned ns = pool->cfg.shards;
   for (unsigned i = 0; i < ns; i++) {
-    pp_bin_t *bin = pp_bin(pool, cls, (shard + i) % ns);
-    if (pp_load_relaxed(&bin->hot) == NULL)
-      continue;
-    pp_segment_t *s = hot_xchg(&bin->hot, NULL);
+    pp_segment_t *s = hot_grab(pp_bin(pool, cls, (shard + i) % ns));
     if (s == NULL)
       continue;
     pp_fetch_add_relaxed(&pool->gs.central_out, pp_class_size(cls));
@@ -670,10 +674,7 @@ void pp_hot_drain(pinpool_t *pool) {
   unsigned top = (unsigned)pp_load_relaxed(&pool->top_cls);
   for (unsigned c = lo; c <= top; c++)
     for (unsigned i = 0; i < pool->cfg.shards; i++) {
-      pp_bin_t *bin = pp_bin(pool, c, i);
-      if (pp_load_relaxed(&bin->hot) == NULL)
-        continue;
-      pp_segment_t *s = hot_xchg(&bin->hot, NULL);
+      pp_segment_t *s = hot_grab(pp_bin(pool, c, i));
       if (s != NULL)
         hot_return(pool, s);
     }
