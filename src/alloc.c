@@ -99,10 +99,21 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
   if (b->items == NULL && !tbin_init(pool, tc, b, bs)) {
     /* Bypass: straight from the central bin to the caller. */
     pp_tentry_t e;
+    bool paired = false;
     /* The hot slot first (pool.c): one exchange. Completed stream-ordered
      * frees are then reclaimed by the next allocation that goes on to the
      * bins (take_with_retry), not by this one. */
-    if (!pp_hot_take(pool, cls, tc->shard, &e)) {
+    if (pp_hot_take(pool, cls, tc->shard, &e)) {
+      /* Paired (stats.c): the free that filled the slot read the epoch
+       * before it was counted, so no sample that has moved the epoch on
+       * since saw it, and the latest sample counted this block as
+       * allocated; this allocation raises no peaked value above what that
+       * free lowered it by (same block, same count, a request no larger).
+       * Acquire: a sample whose epoch store we could have missed would
+       * have to be concurrent with this allocation. */
+      paired = size <= e.seg->hot_req &&
+               pp_load_acquire(&pool->gs.peak_epoch) == e.seg->hot_epoch;
+    } else {
       n = take_with_retry(pool, tc, cls, &e, 1, &missed, ra);
       if (n < 0)
         return n;
@@ -112,7 +123,7 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
     account_alloc(tc, size, ebs);
     *out = e.ptr;
-    taken = ebs;
+    taken = paired ? 0 : ebs;
   } else {
     uint64_t room = pool->cfg.tcache_bytes - pp_load_relaxed(&tc->bytes);
     uint64_t want = room / bs;
@@ -262,14 +273,19 @@ lookup_block(pinpool_t *pool, const void *p, const char *fn,
  * free samples, so that tcache_bytes=0 keeps exact peaks. */
 __attribute__((noinline)) static int
 free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
-               uint32_t idx, unsigned cls) {
+               uint32_t idx, unsigned cls, size_t req) {
   pp_tentry_t e = {ptr, seg, idx};
   size_t bs = pp_class_size(cls);
   pp_tbin_t *b = &tc->bins[cls];
+  /* Read before the free is counted (the pairing in alloc_slow): a sample
+   * whose epoch this reads did all its loads before our counters change. */
+  uint64_t epoch = pp_load_acquire(&pool->gs.peak_epoch);
+  account_free(tc, req, bs);
   if (tc->epoch != pp_load_relaxed(&pool->flush_epoch))
     pp_tcache_flush_all(tc); /* pinpool_empty_cache asked for it */
   if (b->items == NULL && !tbin_init(pool, tc, b, bs)) {
-    if (!pp_hot_put(pool, cls, &e)) /* no thread cache for this class */
+    /* No thread cache for this class. */
+    if (!pp_hot_put(pool, cls, &e, req, epoch))
       pp_central_give(pool, cls, &e, 1);
   } else {
     if (b->n == b->cap)
@@ -332,16 +348,16 @@ free_block(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
   pp_hist_forget(seg, idx);
   if (hist && pp_hist_level(pool) >= PINPOOL_HISTORY_ALLOC)
     pp_hist_event(pool, PP_H_FREE_COMPLETED, (uintptr_t)ptr, bs, req, 0, ra);
-  account_free(tc, req, bs);
   pp_tbin_t *b = &tc->bins[cls];
   uint64_t bytes = pp_load_relaxed(&tc->bytes) + bs;
   if (pp_likely(b->n < b->cap && bytes <= pool->cfg.tcache_bytes &&
                 tc->epoch == pp_load_relaxed(&pool->flush_epoch))) {
+    account_free(tc, req, bs);
     b->items[b->n++] = (pp_tentry_t){ptr, seg, idx};
     pp_store_relaxed(&tc->bytes, bytes);
     return 0;
   }
-  return free_push_slow(pool, tc, ptr, seg, idx, cls);
+  return free_push_slow(pool, tc, ptr, seg, idx, cls, req); /* counts it */
 }
 
 /* Everything pinpool_free's hit path does not handle: bad arguments, no

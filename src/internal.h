@@ -416,6 +416,12 @@ struct pp_segment {
   /* Under pool->seg_lock: every live segment; descriptor free list. */
   pp_segment_t *all_prev, *all_next;
 
+  /* Written by the thread whose free puts the segment's block into a hot
+   * slot, read by the thread whose exchange takes it (the slot's acq_rel
+   * exchange orders them): the request the block was freed with, and the
+   * peak epoch read before that free was counted (alloc.c, stats.c). */
+  uint64_t hot_req, hot_epoch;
+
   _Alignas(64) _Atomic(uint64_t) word[];
 };
 /* The lookup's line holds gen too (see above). */
@@ -599,6 +605,10 @@ typedef struct pp_gstats {
   pp_counter_t reserved_cur, reserved_peak, reserved_alloc, reserved_freed;
   pp_counter_t segs_cur, segs_peak, segs_alloc, segs_freed;
   pp_counter_t central_in, central_out; /* bytes into/out of central idle */
+  /* Bumped (release, under reg_lock) after each peak sample and reset:
+   * a free into a hot slot and the allocation that takes it compare it
+   * (alloc.c, "paired"). */
+  pp_counter_t peak_epoch;
   pp_counter_t misses, oom, retries, trimmed;
   pp_counter_t borrowed; /* misses served by a larger idle segment */
   pp_counter_t remapped; /* idle segments recycled into others (remap) */
@@ -690,7 +700,12 @@ static inline pp_bin_t *pp_bin(struct pinpool *pool, unsigned cls,
 int pp_central_take(struct pinpool *pool, unsigned cls, unsigned shard,
                     pp_tentry_t *out, uint32_t want, bool *missed);
 /* Give `n` cached blocks of class `cls` back to their segments' bins. */
-bool pp_hot_put(struct pinpool *pool, unsigned cls, const pp_tentry_t *e);
+/* Hot slots (pool.c): put e (a one-block segment's block, freed with
+ * request req after reading peak_epoch as epoch) into its bin's slot, or
+ * false when it does not qualify; take the block of a slot of class cls,
+ * trying shard first (out->seg->hot_req and hot_epoch are the put's). */
+bool pp_hot_put(struct pinpool *pool, unsigned cls, const pp_tentry_t *e,
+                uint64_t req, uint64_t epoch);
 bool pp_hot_take(struct pinpool *pool, unsigned cls, unsigned shard,
                  pp_tentry_t *out);
 void pp_hot_drain(struct pinpool *pool);

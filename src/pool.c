@@ -642,12 +642,15 @@ static void hot_return(pinpool_t *pool, pp_segment_t *s) {
   pp_mutex_unlock(&bin->lock);
 }
 
-bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e) {
+bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e,
+                uint64_t req, uint64_t epoch) {
   pp_segment_t *s = e->seg;
   if (pp_trims(pool) || pp_load_relaxed(&s->nblocks) != 1)
     return false;
   pp_bin_t *bin = pp_bin(pool, cls, s->shard);
   pp_fetch_add_relaxed(&pool->gs.central_in, pp_class_size(cls));
+  s->hot_req = req;
+  s->hot_epoch = epoch;
   /* Release: the taker sees the block's CACHED word and the segment. */
   pp_segment_t *old = hot_xchg(&bin->hot, s);
   if (old != NULL)
@@ -658,8 +661,8 @@ bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e) {
 bool pp_hot_take(pinpool_t *pool, unsigned cls, unsigned shard,
                  pp_tentry_t *out) {
   unsigned ns = pool->cfg.shards;
-  for (unsigned i = 0; i < ns; i++) {
-    pp_segment_t *s = hot_grab(pp_bin(pool, cls, (shard + i) % ns));
+  for (unsigned i = 0, sh = shard; i < ns; i++, sh = sh + 1 < ns ? sh + 1 : 0) {
+    pp_segment_t *s = hot_grab(pp_bin(pool, cls, sh));
     if (s == NULL)
       continue;
     pp_fetch_add_relaxed(&pool->gs.central_out, pp_class_size(cls));

@@ -14,6 +14,12 @@
  * a peak is below the true one by at most (caches alive at once) * 2 *
  * tcache_bytes, reported as peak_slack_bytes. Frees are not sampled (they
  * lower all but cached bytes). Reserved bytes and segments are exact.
+ *
+ * An allocation that takes its block from a hot slot does not sample when
+ * it is paired with the free that filled the slot (alloc.c): that free
+ * came after the latest sample and lowered every peaked value by at least
+ * what the allocation raises it, so the bound above still holds. The
+ * pairing's clock is gs.peak_epoch, moved on after every sample.
  */
 #include "internal.h"
 
@@ -72,8 +78,17 @@ static currents_t currents_of(pinpool_t *pool, const pp_sums_t *s) {
   return c;
 }
 
+/* A sample is complete: the epoch moves on (release: a free that reads
+ * the new value was counted after every load of this sample, alloc.c). */
+static void next_epoch(pinpool_t *pool) {
+  pp_assert_held(&pool->reg_lock);
+  pp_store_release(&pool->gs.peak_epoch,
+                   pp_load_relaxed(&pool->gs.peak_epoch) + 1);
+}
+
 static void update_peaks(pinpool_t *pool, const currents_t *c) {
   pp_rstats_t *r = &pool->rs;
+  next_epoch(pool);
   if (c->requests > r->peak_requests)
     r->peak_requests = c->requests;
   if (c->req > r->peak_req)
@@ -190,6 +205,7 @@ int pinpool_reset_peak_stats(pinpool_t *pool) {
   pool->rs.peak_blk = c.blk;
   pool->rs.peak_cached = c.cached;
   pool->rs.max_ncaches = pool->rs.ncaches;
+  next_epoch(pool);
   pp_mutex_unlock(&pool->reg_lock);
   pp_store_relaxed(&pool->gs.reserved_peak,
                    pp_load_relaxed(&pool->gs.reserved_cur));
