@@ -277,14 +277,15 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
   pp_tentry_t e = {ptr, seg, idx};
   size_t bs = pp_class_size(cls);
   pp_tbin_t *b = &tc->bins[cls];
-  /* Read before the free is counted (the pairing in alloc_slow): a sample
-   * whose epoch this reads did all its loads before our counters change. */
-  uint64_t epoch = pp_load_acquire(&pool->gs.peak_epoch);
-  account_free(tc, req, bs);
   if (tc->epoch != pp_load_relaxed(&pool->flush_epoch))
     pp_tcache_flush_all(tc); /* pinpool_empty_cache asked for it */
-  if (b->items == NULL && !tbin_init(pool, tc, b, bs)) {
-    /* No thread cache for this class. */
+  bool bypass = b->items == NULL && !tbin_init(pool, tc, b, bs);
+  /* Read before the free is counted (the pairing in alloc_slow): a sample
+   * whose epoch this reads did all its loads before our counters change.
+   * Only for a hot slot: the line is written by every central take. */
+  uint64_t epoch = bypass ? pp_load_acquire(&pool->gs.peak_epoch) : 0;
+  account_free(tc, req, bs);
+  if (bypass) { /* no thread cache for this class */
     if (!pp_hot_put(pool, cls, &e, req, epoch))
       pp_central_give(pool, cls, &e, 1);
   } else {
