@@ -25,11 +25,7 @@ static inline pp_tcache_t *tcache_get(pinpool_t *pool) {
 /* First use of a class in this thread: size its stack so that one class
  * holds at most an eighth of tcache_bytes (and 64 blocks); classes larger
  * than tcache_bytes bypass the thread cache. */
-static bool tbin_init(pinpool_t *pool, pp_tcache_t *tc, pp_tbin_t *b,
-                      size_t bs) {
-  uint64_t tb = pool->cfg.tcache_bytes;
-  if (tb == 0 || bs > tb)
-    return false;
+static bool tbin_alloc(pp_tcache_t *tc, pp_tbin_t *b, size_t bs, uint64_t tb) {
   uint64_t cap = tb / (8 * (uint64_t)bs);
   cap = cap < 1 ? 1 : cap > 64 ? 64 : cap;
   b->items = malloc(cap * sizeof b->items[0]);
@@ -45,6 +41,14 @@ static bool tbin_init(pinpool_t *pool, pp_tcache_t *tc, pp_tbin_t *b,
     tc->used[i] = tc->used[i - 1];
   tc->used[i] = cls;
   return true;
+}
+
+/* Inline: a class above tcache_bytes asks at every slow call (W1 at 1 GiB,
+ * W3), and the answer is one compare. */
+static inline bool tbin_init(pinpool_t *pool, pp_tcache_t *tc, pp_tbin_t *b,
+                             size_t bs) {
+  uint64_t tb = pool->cfg.tcache_bytes;
+  return tb != 0 && bs <= tb && tbin_alloc(tc, b, bs, tb);
 }
 
 static inline __attribute__((always_inline)) void

@@ -699,7 +699,6 @@ static inline pp_bin_t *pp_bin(struct pinpool *pool, unsigned cls,
  * segment. */
 int pp_central_take(struct pinpool *pool, unsigned cls, unsigned shard,
                     pp_tentry_t *out, uint32_t want, bool *missed);
-/* Give `n` cached blocks of class `cls` back to their segments' bins. */
 /* Hot slots (pool.c): put e (a one-block segment's block, freed with
  * request req after reading peak_epoch as epoch) into its bin's slot, or
  * false when it does not qualify; take the block of a slot of class cls,
@@ -709,6 +708,7 @@ bool pp_hot_put(struct pinpool *pool, unsigned cls, const pp_tentry_t *e,
 bool pp_hot_take(struct pinpool *pool, unsigned cls, unsigned shard,
                  pp_tentry_t *out);
 void pp_hot_drain(struct pinpool *pool);
+/* Give `n` cached blocks of class `cls` back to their segments' bins. */
 void pp_central_give(struct pinpool *pool, unsigned cls, pp_tentry_t *in,
                      uint32_t n);
 /* Release idle segments while cached bytes outside the reserve exceed the
