@@ -115,8 +115,9 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
        * free lowered it by (same block, same count, a request no larger).
        * Acquire: a sample whose epoch store we could have missed would
        * have to be concurrent with this allocation. */
-      paired = size <= e.seg->hot_req &&
-               pp_load_acquire(&pool->gs.peak_epoch) == e.seg->hot_epoch;
+      paired = size <= pp_load_relaxed(&e.seg->hot_req) &&
+               pp_load_acquire(&pool->gs.peak_epoch) ==
+                   pp_load_relaxed(&e.seg->hot_epoch);
     } else {
       n = take_with_retry(pool, tc, cls, &e, 1, &missed, ra);
       if (n < 0)

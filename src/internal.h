@@ -417,10 +417,12 @@ struct pp_segment {
   pp_segment_t *all_prev, *all_next;
 
   /* Written by the thread whose free puts the segment's block into a hot
-   * slot, read by the thread whose exchange takes it (the slot's acq_rel
-   * exchange orders them): the request the block was freed with, and the
-   * peak epoch read before that free was counted (alloc.c, stats.c). */
-  uint64_t hot_req, hot_epoch;
+   * slot, read by the thread whose exchange takes it: the request the
+   * block was freed with, and the peak epoch read before that free was
+   * counted (alloc.c, stats.c). Relaxed atomics: the slot's acq_rel
+   * exchange orders the write before the read; atomics so that no plain
+   * field is shared between threads outside a lock (DESIGN.md, 3). */
+  _Atomic(uint64_t) hot_req, hot_epoch;
 
   _Alignas(64) _Atomic(uint64_t) word[];
 };

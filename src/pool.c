@@ -649,8 +649,8 @@ bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e,
     return false;
   pp_bin_t *bin = pp_bin(pool, cls, s->shard);
   pp_fetch_add_relaxed(&pool->gs.central_in, pp_class_size(cls));
-  s->hot_req = req;
-  s->hot_epoch = epoch;
+  pp_store_relaxed(&s->hot_req, req);
+  pp_store_relaxed(&s->hot_epoch, epoch);
   /* Release: the taker sees the block's CACHED word and the segment. */
   pp_segment_t *old = hot_xchg(&bin->hot, s);
   if (old != NULL)
