@@ -107,7 +107,7 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     /* The hot slot first (pool.c): one exchange. Completed stream-ordered
      * frees are then reclaimed by the next allocation that goes on to the
      * bins (take_with_retry), not by this one. */
-    if (pp_hot_take(pool, cls, tc->shard, &e)) {
+    if (pp_hot_take(pool, cls, tc->shard, &e, &tc->c.slot_out)) {
       /* Paired (stats.c): the free that filled the slot read the epoch
        * before it was counted, so no sample that has moved the epoch on
        * since saw it, and the latest sample counted this block as
@@ -291,7 +291,7 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
   uint64_t epoch = bypass ? pp_load_acquire(&pool->gs.peak_epoch) : 0;
   account_free(tc, req, bs);
   if (bypass) { /* no thread cache for this class */
-    if (!pp_hot_put(pool, cls, &e, req, epoch))
+    if (!pp_hot_put(pool, cls, &e, req, epoch, &tc->c.slot_in))
       pp_central_give(pool, cls, &e, 1);
   } else {
     if (b->n == b->cap)

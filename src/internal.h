@@ -499,6 +499,10 @@ typedef struct pp_tcounters {
   pp_counter_t req_alloc, req_free;
   pp_counter_t blk_alloc, blk_free;
   pp_counter_t slow_allocs; /* allocations that left the thread cache */
+  /* Bytes this thread put into / took out of hot slots (pool.c): central
+   * idle bytes like gs.central_in/out, counted here so that the pair of a
+   * class without thread caches has no shared read-modify-write. */
+  pp_counter_t slot_in, slot_out;
 } pp_tcounters_t;
 
 typedef struct pp_thread pp_thread_t;
@@ -704,11 +708,13 @@ int pp_central_take(struct pinpool *pool, unsigned cls, unsigned shard,
 /* Hot slots (pool.c): put e (a one-block segment's block, freed with
  * request req after reading peak_epoch as epoch) into its bin's slot, or
  * false when it does not qualify; take the block of a slot of class cls,
- * trying shard first (out->seg->hot_req and hot_epoch are the put's). */
+ * trying shard first (out->seg->hot_req and hot_epoch are the put's). The
+ * bytes are counted in the calling thread's `ctr` (tc->c.slot_in or
+ * slot_out), or in gs.central_in/out when ctr is NULL. */
 bool pp_hot_put(struct pinpool *pool, unsigned cls, const pp_tentry_t *e,
-                uint64_t req, uint64_t epoch);
+                uint64_t req, uint64_t epoch, pp_counter_t *ctr);
 bool pp_hot_take(struct pinpool *pool, unsigned cls, unsigned shard,
-                 pp_tentry_t *out);
+                 pp_tentry_t *out, pp_counter_t *ctr);
 void pp_hot_drain(struct pinpool *pool);
 /* Give `n` cached blocks of class `cls` back to their segments' bins. */
 void pp_central_give(struct pinpool *pool, unsigned cls, pp_tentry_t *in,
@@ -741,6 +747,7 @@ void pp_process(struct pinpool *pool, unsigned budget, bool wait);
 typedef struct pp_sums {
   uint64_t n_alloc, n_free, req_alloc, req_free, blk_alloc, blk_free;
   uint64_t slow_allocs;
+  uint64_t slot_in, slot_out;
   uint64_t tc_bytes;
 } pp_sums_t;
 void pp_stats_sum(struct pinpool *pool, pp_sums_t *out); /* reg_lock held */

@@ -502,7 +502,7 @@ static int central_borrow(pinpool_t *pool, unsigned cls, unsigned shard,
   unsigned ns = pool->cfg.shards;
   for (unsigned c = cls + 1; c <= cls + pool->cfg.borrow && c < PP_NCLASSES;
        c++) {
-    if (pp_hot_take(pool, c, shard, out)) {
+    if (pp_hot_take(pool, c, shard, out, NULL)) {
       pp_fetch_add_relaxed(&pool->gs.borrowed, 1);
       return 1;
     }
@@ -538,7 +538,7 @@ int pp_central_take(pinpool_t *pool, unsigned cls, unsigned shard,
   }
   /* A bin's hot slot (a class without thread caches takes it before it
    * comes here; this is for any other path). */
-  if (pp_hot_take(pool, cls, shard, out))
+  if (pp_hot_take(pool, cls, shard, out, NULL))
     return 1;
   /* A segment that remapping may gather is not served by borrowing: a
    * split or a gather serves the miss without the larger block's waste.
@@ -642,13 +642,25 @@ static void hot_return(pinpool_t *pool, pp_segment_t *s) {
   pp_mutex_unlock(&bin->lock);
 }
 
+/* Counting: a slot's block is central idle memory, but counted (by the
+ * thread that moves it) in a per-thread counter: summed with central_in
+ * and central_out where cached bytes are read (stats.c, validate.c). Only
+ * pools without a cap use slots, so trimming's central_cached never needs
+ * them. */
+static void hot_count(pp_counter_t *ctr, pp_counter_t *global, uint64_t bytes) {
+  if (ctr != NULL)
+    pp_owner_add(ctr, bytes);
+  else
+    pp_fetch_add_relaxed(global, bytes);
+}
+
 bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e,
-                uint64_t req, uint64_t epoch) {
+                uint64_t req, uint64_t epoch, pp_counter_t *ctr) {
   pp_segment_t *s = e->seg;
   if (pp_trims(pool) || pp_load_relaxed(&s->nblocks) != 1)
     return false;
   pp_bin_t *bin = pp_bin(pool, cls, s->shard);
-  pp_fetch_add_relaxed(&pool->gs.central_in, pp_class_size(cls));
+  hot_count(ctr, &pool->gs.central_in, pp_class_size(cls));
   pp_store_relaxed(&s->hot_req, req);
   pp_store_relaxed(&s->hot_epoch, epoch);
   /* Release: the taker sees the block's CACHED word and the segment. */
@@ -659,13 +671,13 @@ bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e,
 }
 
 bool pp_hot_take(pinpool_t *pool, unsigned cls, unsigned shard,
-                 pp_tentry_t *out) {
+                 pp_tentry_t *out, pp_counter_t *ctr) {
   unsigned ns = pool->cfg.shards;
   for (unsigned i = 0, sh = shard; i < ns; i++, sh = sh + 1 < ns ? sh + 1 : 0) {
     pp_segment_t *s = hot_grab(pp_bin(pool, cls, sh));
     if (s == NULL)
       continue;
-    pp_fetch_add_relaxed(&pool->gs.central_out, pp_class_size(cls));
+    hot_count(ctr, &pool->gs.central_out, pp_class_size(cls));
     *out = (pp_tentry_t){(void *)pp_load_relaxed(&s->base), s, 0};
     return true;
   }

@@ -43,6 +43,8 @@ static void sum_counters(pp_sums_t *s, const pp_tcounters_t *c) {
   s->blk_alloc += pp_load_relaxed(&c->blk_alloc);
   s->blk_free += pp_load_relaxed(&c->blk_free);
   s->slow_allocs += pp_load_relaxed(&c->slow_allocs);
+  s->slot_in += pp_load_relaxed(&c->slot_in);
+  s->slot_out += pp_load_relaxed(&c->slot_out);
 }
 
 void pp_stats_sum(pinpool_t *pool, pp_sums_t *out) {
@@ -72,8 +74,11 @@ static currents_t currents_of(pinpool_t *pool, const pp_sums_t *s) {
   c.requests = diff(s->n_alloc, s->n_free);
   c.req = diff(s->req_alloc, s->req_free);
   c.blk = diff(s->blk_alloc, s->blk_free);
-  c.cached = diff(pp_load_relaxed(&pool->gs.central_in),
-                  pp_load_relaxed(&pool->gs.central_out)) +
+  /* Hot-slot bytes are counted per thread (pool.c): a put by one thread
+   * and the take by another are summed here in either order, so only the
+   * total is clamped. */
+  c.cached = diff(pp_load_relaxed(&pool->gs.central_in) + s->slot_in,
+                  pp_load_relaxed(&pool->gs.central_out) + s->slot_out) +
              s->tc_bytes;
   return c;
 }
