@@ -130,7 +130,13 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     *out = e.ptr;
     taken = paired ? 0 : ebs;
   } else {
-    uint64_t room = pool->cfg.tcache_bytes - pp_load_relaxed(&tc->bytes);
+    /* A refill: this thread allocates (adaptive budget, tcache.c). */
+    if (tc->budget < pool->cfg.tcache_bytes)
+      tc->budget = tc->budget * 2 < pool->cfg.tcache_bytes
+                       ? tc->budget * 2
+                       : pool->cfg.tcache_bytes;
+    uint64_t held = pp_load_relaxed(&tc->bytes);
+    uint64_t room = tc->budget > held ? tc->budget - held : 0;
     uint64_t want = room / bs;
     want = want < 1 ? 1 : want > b->batch ? b->batch : want;
     n = take_with_retry(pool, tc, cls, b->items, (uint32_t)want, &missed, ra);
@@ -298,7 +304,7 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
       pp_tcache_flush_bin(tc, cls, b->cap / 2);
     b->items[b->n++] = e;
     pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) + bs);
-    if (pp_load_relaxed(&tc->bytes) > pool->cfg.tcache_bytes)
+    if (pp_load_relaxed(&tc->bytes) > tc->budget)
       pp_tcache_shrink(tc);
   }
   pp_trim_to_cap(pool);
@@ -356,7 +362,7 @@ free_block(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
     pp_hist_event(pool, PP_H_FREE_COMPLETED, (uintptr_t)ptr, bs, req, 0, ra);
   pp_tbin_t *b = &tc->bins[cls];
   uint64_t bytes = pp_load_relaxed(&tc->bytes) + bs;
-  if (pp_likely(b->n < b->cap && bytes <= pool->cfg.tcache_bytes &&
+  if (pp_likely(b->n < b->cap && bytes <= tc->budget &&
                 tc->epoch == pp_load_relaxed(&pool->flush_epoch))) {
     account_free(tc, req, bs);
     b->items[b->n++] = (pp_tentry_t){ptr, seg, idx};

@@ -515,6 +515,9 @@ typedef struct pp_tcache {
   uint64_t unsampled;      /* bytes taken from the bins since this thread last
                               sampled the peaks (alloc.c); owner only */
   _Atomic(uint64_t) bytes; /* cached bytes held; owner writes */
+  /* Bytes this cache may hold: tcache_bytes / 64 .. tcache_bytes (tcache.c,
+   * "adaptive budget"); n_alloc and n_free at the last shrink. Owner only. */
+  uint64_t budget, shrink_allocs, shrink_frees;
   pp_tcounters_t c;
   /* pool->reg_lock: pool's list of caches. pp_global_lock: thread's list. */
   struct pp_tcache *pool_prev, *pool_next;

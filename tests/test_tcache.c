@@ -1,0 +1,165 @@
+/*
+ * The thread cache's adaptive budget (src/tcache.c, pp_tcache_shrink): a
+ * thread that only frees (the consumer of a producer/consumer pair) hands
+ * blocks back to the central bins instead of holding up to tcache_bytes of
+ * them, where the producer would miss them and grow the pool; a thread
+ * that allocates as well keeps its whole budget; a consumer that starts
+ * allocating gets it back.
+ *
+ * White box (the budget is not public): test_consumer also checks what a
+ * user sees, that the producer's next round needs no new segment.
+ */
+#include "testutil.h"
+
+#include "internal.h" /* the calling thread's cache */
+
+#include <inttypes.h>
+#include <pthread.h>
+
+#define NBLOCKS 1024
+#define TB (64 * MiB) /* tcache_bytes, the default */
+
+/* Sizes over 16 classes (64 KiB .. 512 KiB, all cached per thread), so that
+ * the total, not one class's stack limit, is what fills a cache. */
+static size_t size_of(unsigned i) { return 64 * KiB + (i % 16) * 28 * KiB; }
+
+static pp_tcache_t *my_cache(pinpool_t *pool) {
+  PP_ASSERT(pp_tls.pool_id == pool->id, "no cache for this pool here");
+  return pp_tls.tc;
+}
+
+typedef struct consumer {
+  pinpool_t *pool;
+  void **blocks;
+  pthread_barrier_t freed, done;
+  uint64_t budget, held;
+} consumer_t;
+
+static void *consume(void *arg) {
+  consumer_t *c = arg;
+  for (unsigned i = 0; i < NBLOCKS; i++)
+    PP_OK(pinpool_free(c->pool, c->blocks[i]));
+  pp_tcache_t *tc = my_cache(c->pool);
+  c->budget = tc->budget;
+  c->held = pp_load_relaxed(&tc->bytes);
+  pthread_barrier_wait(&c->freed);
+  pthread_barrier_wait(&c->done); /* its cache lives while main allocates */
+  return NULL;
+}
+
+/* Main allocates ~300 MiB in blocks of 16 classes, another thread frees
+ * them all: its budget falls (to 4 MiB here: it halves only after 16 frees
+ * with no allocation, and below that, 16 of these blocks overflow it more
+ * than once), it holds at most that, and main's second round is served
+ * from what it gave back. */
+static void test_consumer(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("mlock=0,populate=0", &pool));
+  static void *blocks[NBLOCKS];
+  for (unsigned i = 0; i < NBLOCKS; i++)
+    PP_OK(pinpool_alloc(pool, size_of(i), &blocks[i]));
+  consumer_t c = {.pool = pool, .blocks = blocks};
+  pthread_barrier_init(&c.freed, NULL, 2);
+  pthread_barrier_init(&c.done, NULL, 2);
+  pthread_t t;
+  PP_ASSERT(pthread_create(&t, NULL, consume, &c) == 0, "pthread_create");
+  pthread_barrier_wait(&c.freed);
+  PP_ASSERT(c.budget <= TB / 16 && c.held <= c.budget,
+            "consumer: budget %" PRIu64 ", holds %" PRIu64, c.budget, c.held);
+  PP_CHECK_CONSISTENT(pool);
+  /* Main's own cache holds nothing (it only allocated), so every block of
+   * the second round comes from the central bins or a new segment. */
+  pinpool_stats_t before = pp_stats_of(pool);
+  for (unsigned i = 0; i < NBLOCKS; i++)
+    PP_OK(pinpool_alloc(pool, size_of(i), &blocks[i]));
+  pinpool_stats_t after = pp_stats_of(pool);
+  /* What the consumer still holds (a few MiB) costs a few segments (5
+   * here); holding tcache_bytes / 2 or more, as it did, cost 66. */
+  PP_ASSERT(after.segments.current - before.segments.current <= 8,
+            "second round: %" PRIu64 " new segments",
+            after.segments.current - before.segments.current);
+  pthread_barrier_wait(&c.done);
+  pthread_join(t, NULL);
+  for (unsigned i = 0; i < NBLOCKS; i++)
+    PP_OK(pinpool_free(pool, blocks[i]));
+  PP_CHECK_CONSISTENT(pool);
+  pthread_barrier_destroy(&c.freed);
+  pthread_barrier_destroy(&c.done);
+  pinpool_destroy(pool);
+}
+
+/* W2's sizes: 64 KiB .. 64 MiB, doubling. */
+static size_t wide_size(unsigned i) { return 64 * KiB << (i % 11); }
+
+/* One thread, a live set of ~1.6 GiB (address space only: populate=0)
+ * turned over in runs: free one to six blocks, then allocate as many of
+ * other sizes (W2's pattern, where a large request frees several blocks
+ * first). Its cache overflows again
+ * and again, sometimes within a run of frees; no shrink sees 16 frees
+ * without an allocation, so the budget never moves. (Halving at any shrink
+ * with no allocation since the previous one drove it down here, and W2's
+ * throughput with it.) */
+static void test_mixed_keeps_budget(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("mlock=0,populate=0", &pool));
+  static void *blocks[NBLOCKS / 4];
+  for (unsigned i = 0; i < NBLOCKS / 4; i++)
+    PP_OK(pinpool_alloc(pool, wide_size(i), &blocks[i]));
+  pp_tcache_t *tc = my_cache(pool);
+  uint64_t lowest = tc->budget;
+  uint64_t rng = pp_seed(7);
+  for (unsigned r = 0; r < 4 * NBLOCKS; r++) {
+    unsigned run = 1 + (unsigned)(pp_rand(&rng) % 12), idx[12];
+    for (unsigned k = 0; k < run; k++) {
+      idx[k] = (unsigned)(pp_rand(&rng) % (NBLOCKS / 4));
+      if (blocks[idx[k]] != NULL)
+        PP_OK(pinpool_free(pool, blocks[idx[k]]));
+      blocks[idx[k]] = NULL;
+    }
+    for (unsigned k = 0; k < run; k++)
+      if (blocks[idx[k]] == NULL)
+        PP_OK(pinpool_alloc(pool, wide_size(idx[k] + r), &blocks[idx[k]]));
+    if (tc->budget < lowest)
+      lowest = tc->budget;
+  }
+  PP_ASSERT(lowest == TB, "budget fell to %" PRIu64, lowest);
+  for (unsigned i = 0; i < NBLOCKS / 4; i++)
+    PP_OK(pinpool_free(pool, blocks[i]));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+/* A thread that was a consumer and then allocates: every refill doubles
+ * its budget, back to tcache_bytes. */
+static void test_recovers(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("mlock=0,populate=0", &pool));
+  static void *blocks[NBLOCKS];
+  for (unsigned i = 0; i < NBLOCKS; i++)
+    PP_OK(pinpool_alloc(pool, size_of(i), &blocks[i]));
+  for (unsigned i = 0; i < NBLOCKS; i++) /* same thread: a freer now */
+    PP_OK(pinpool_free(pool, blocks[i]));
+  pp_tcache_t *tc = my_cache(pool);
+  PP_ASSERT(tc->budget < TB / 8, "budget %" PRIu64 " after frees only",
+            tc->budget);
+  for (unsigned i = 0; i < NBLOCKS; i++)
+    PP_OK(pinpool_alloc(pool, size_of(i), &blocks[i]));
+  PP_ASSERT(tc->budget == TB, "budget %" PRIu64 " after allocating",
+            tc->budget);
+  for (unsigned i = 0; i < NBLOCKS; i++)
+    PP_OK(pinpool_free(pool, blocks[i]));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_consumer),
+      cmocka_unit_test(test_mixed_keeps_budget),
+      cmocka_unit_test(test_recovers),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
