@@ -291,15 +291,6 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
   if (tc->epoch != pp_load_relaxed(&pool->flush_epoch))
     pp_tcache_flush_all(tc); /* pinpool_empty_cache asked for it */
   bool bypass = b->items == NULL && !tbin_init(pool, tc, b, bs);
-  if (!bypass && b->n == b->cap)
-    pp_tcache_adapt(tc); /* an overflow (tcache.c) */
-  /* A consumer's budget below the class: the block goes back at once, into
-   * the hot slot if it qualifies (the producer's next miss takes it from
-   * there without a bin lock), instead of in and out of the stack. */
-  if (!bypass && bs > tc->budget) {
-    bypass = true;
-    pp_tcache_flush_bin(tc, cls, 0); /* what it held before */
-  }
   /* Read before the free is counted (the pairing in alloc_slow): a sample
    * whose epoch this reads did all its loads before our counters change.
    * Only for a hot slot: the line is written by every central take. */

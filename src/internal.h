@@ -541,8 +541,6 @@ extern _Thread_local pp_tls_t pp_tls __attribute__((tls_model("initial-exec")));
 void pp_tcache_flush_bin(pp_tcache_t *tc, unsigned cls, uint32_t keep);
 void pp_tcache_flush_all(pp_tcache_t *tc);
 void pp_tcache_shrink(pp_tcache_t *tc);
-/* An overflow (a shrink, or a full stack): update the adaptive budget. */
-void pp_tcache_adapt(pp_tcache_t *tc);
 void pp_tcache_pool_destroy(struct pinpool *pool);
 
 /* ---- History (history.c) ------------------------------------------------

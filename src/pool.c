@@ -530,11 +530,6 @@ static int central_borrow(pinpool_t *pool, unsigned cls, unsigned shard,
 int pp_central_take(pinpool_t *pool, unsigned cls, unsigned shard,
                     pp_tentry_t *out, uint32_t want, bool *missed) {
   unsigned ns = pool->cfg.shards;
-  /* One block wanted (a class whose thread stacks hold one): the hot slot
-   * first, where a consumer thread's frees go (tcache.c, adaptive budget);
-   * no bin lock. */
-  if (want == 1 && pp_hot_take(pool, cls, shard, out, NULL))
-    return 1;
   for (unsigned i = 0; i < ns; i++) {
     uint32_t n =
         take_from_bin(pool, pp_bin(pool, cls, (shard + i) % ns), out, want);

@@ -72,23 +72,17 @@ void pp_tcache_flush_bin(pp_tcache_t *tc, unsigned cls, uint32_t keep) {
  * second in some runs. W5 with two threads: peak reserved over peak
  * requested 2.3-3.2 -> 1.7-2.1, blocks a second 1.2-2.0 M -> 2.9-3.1 M
  * (docs/benchmarks.md). */
-void pp_tcache_adapt(pp_tcache_t *tc) {
+void pp_tcache_shrink(pp_tcache_t *tc) {
   uint64_t tb = tc->pool->cfg.tcache_bytes;
   uint64_t na = pp_load_relaxed(&tc->c.n_alloc);
   uint64_t nf = pp_load_relaxed(&tc->c.n_free);
   uint64_t da = na - tc->shrink_allocs, df = nf - tc->shrink_frees;
-  if (da == 0 && df < 16)
-    return; /* too few frees to tell: the window goes on */
-  if (da == 0)
+  tc->shrink_allocs = na;
+  tc->shrink_frees = nf;
+  if (da == 0 && df >= 16)
     tc->budget = tc->budget / 2 >= tb / 64 ? tc->budget / 2 : tc->budget;
   else if (da * 4 >= df)
     tc->budget = tc->budget * 2 <= tb ? tc->budget * 2 : tb;
-  tc->shrink_allocs = na;
-  tc->shrink_frees = nf;
-}
-
-void pp_tcache_shrink(pp_tcache_t *tc) {
-  pp_tcache_adapt(tc);
   uint64_t target = tc->budget / 2;
   for (unsigned i = 0; i < tc->nused; i++) {
     if (pp_load_relaxed(&tc->bytes) <= target)

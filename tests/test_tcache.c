@@ -89,67 +89,6 @@ static void test_consumer(void **state) {
   pinpool_destroy(pool);
 }
 
-/* A class whose stack holds one block (36 MiB: above tcache_bytes / 8).
- * The consumer frees 20 of them: after 16 its budget is below the class,
- * so it holds none (it held the last one before) and each free goes to
- * the hot slot; the producer's next allocation, a refill of one block,
- * takes the slot's block (the last freed) before the bins, and the whole
- * second round needs no new segment. */
-typedef struct big_consumer {
-  pinpool_t *pool;
-  void **blocks;
-  uint64_t budget, held;
-} big_consumer_t;
-
-static void *consume_big(void *arg) {
-  big_consumer_t *c = arg;
-  for (unsigned i = 0; i < 20; i++)
-    PP_OK(pinpool_free(c->pool, c->blocks[i]));
-  pp_tcache_t *tc = my_cache(c->pool);
-  c->budget = tc->budget;
-  c->held = pp_load_relaxed(&tc->bytes);
-  return NULL;
-}
-
-static void test_consumer_large(void **state) {
-  (void)state;
-  pinpool_t *pool = NULL;
-  PP_OK(pinpool_create("mlock=0,populate=0", &pool));
-  void *blocks[20];
-  for (unsigned i = 0; i < 20; i++)
-    PP_OK(pinpool_alloc(pool, 36 * MiB, &blocks[i]));
-  void *last = blocks[19];
-  big_consumer_t c = {pool, blocks, 0, 0};
-  pthread_t t;
-  PP_ASSERT(pthread_create(&t, NULL, consume_big, &c) == 0, "pthread_create");
-  pthread_join(t, NULL); /* its cache is flushed at exit: checked before */
-  PP_ASSERT(c.budget < 36 * MiB && c.held == 0,
-            "consumer: budget %" PRIu64 ", holds %" PRIu64, c.budget, c.held);
-  /* Its frees went to the slot, not through its stack into the bins. */
-  void *in_slot = NULL;
-  unsigned cls = pp_class_index(36 * MiB);
-  for (unsigned sh = 0; sh < pool->cfg.shards; sh++) {
-    pp_segment_t *seg = pp_load_relaxed(&pp_bin(pool, cls, sh)->hot);
-    if (seg != NULL)
-      in_slot = (void *)pp_load_relaxed(&seg->base);
-  }
-  PP_ASSERT(in_slot == last, "slot holds %p, the last freed is %p", in_slot,
-            last);
-  uint64_t segs = pp_stats_of(pool).segments.current;
-  PP_OK(pinpool_alloc(pool, 36 * MiB, &blocks[0]));
-  PP_ASSERT(blocks[0] == last, "the slot's block %p first, got %p", last,
-            blocks[0]);
-  for (unsigned i = 1; i < 20; i++)
-    PP_OK(pinpool_alloc(pool, 36 * MiB, &blocks[i]));
-  PP_ASSERT(pp_stats_of(pool).segments.current == segs,
-            "%" PRIu64 " segments, %" PRIu64 " before",
-            pp_stats_of(pool).segments.current, segs);
-  for (unsigned i = 0; i < 20; i++)
-    PP_OK(pinpool_free(pool, blocks[i]));
-  PP_CHECK_CONSISTENT(pool);
-  pinpool_destroy(pool);
-}
-
 /* W2's sizes: 64 KiB .. 64 MiB, doubling. */
 static size_t wide_size(unsigned i) { return 64 * KiB << (i % 11); }
 
@@ -219,7 +158,6 @@ static void test_recovers(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_consumer),
-      cmocka_unit_test(test_consumer_large),
       cmocka_unit_test(test_mixed_keeps_budget),
       cmocka_unit_test(test_recovers),
   };
