@@ -613,7 +613,9 @@ enum { PP_BIN_PARTIAL = 1, PP_BIN_IDLE = 2 };
 typedef struct pp_gstats {
   pp_counter_t reserved_cur, reserved_peak, reserved_alloc, reserved_freed;
   pp_counter_t segs_cur, segs_peak, segs_alloc, segs_freed;
-  pp_counter_t central_in, central_out; /* bytes into/out of central idle */
+  /* Bytes into/out of central idle; hot-slot moves by a thread with a
+   * cache are in its pp_tcounters_t slot_in/slot_out instead (pool.c). */
+  pp_counter_t central_in, central_out;
   /* Bumped (release, under reg_lock) after each peak sample and reset:
    * a free into a hot slot and the allocation that takes it compare it
    * (alloc.c, "paired"). */

@@ -609,12 +609,13 @@ void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
  * A class above tcache_bytes has no thread cache: every allocation and
  * free would take its bin lock (W1 at 1 GiB: 185 ns a pair). Each bin keeps
  * instead the last one-block segment freed into it in an atomic slot; an
- * allocation takes it with one exchange. The block counts as central
- * (central_in at the put, central_out at the take), like a block in the
- * lists, but its segment is in none: whatever needs every idle segment in
- * the lists (releasing idle memory, remapping) drains the slots first
- * (pp_hot_drain), and pools with a cap (which trim from the lists on
- * every free) do not use them. */
+ * allocation takes it with one exchange. The block counts as central idle
+ * memory, like a block in the lists (put and take counted in the moving
+ * thread's slot_in / slot_out, or in central_in / central_out for a path
+ * without a thread cache: hot_count), but its segment is in none: whatever
+ * needs every idle segment in the lists (releasing idle memory, remapping)
+ * drains the slots first (pp_hot_drain), and pools with a cap (which trim from
+ * the lists on every free) do not use them. */
 
 /* The slot's exchanges order the block's hand-off: the putter's last use
  * of the memory (and its CACHED word) before the taker's first. */
@@ -633,7 +634,8 @@ static pp_segment_t *hot_grab(pp_bin_t *bin) {
   return hot_xchg(&bin->hot, NULL);
 }
 
-/* Push s's block into its bin; it was counted in central_in already. */
+/* Push s's block into its bin; it was counted as central idle already
+ * (at its put). */
 static void hot_return(pinpool_t *pool, pp_segment_t *s) {
   pp_bin_t *bin = pp_bin(pool, s->cls, s->shard);
   pp_mutex_lock(&bin->lock);
