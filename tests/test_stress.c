@@ -110,11 +110,12 @@ static int check_and_free(struct ctx *c, const struct item *it, uint32_t who) {
   size_t bs = 0;
   int rc = pinpool_block_size(c->pool, it->p, &bs);
   if (rc != 0 || !pp_ref_block_ok(it->size, bs)) {
-    record_failure(c, "thread %u: block_size(%p) = %d, %zu; want 0, %zu%s", who,
-                   (void *)it->p, rc, bs, pp_ref_class(it->size),
+    record_failure(c, "thread %u: block_size(%p) = %d, %zu; want 0, %zu%s: %s",
+                   who, (void *)it->p, rc, bs, pp_ref_class(it->size),
                    pp_ref_class(it->size) > 256 * KiB
                        ? " (or up to 16 classes larger)"
-                       : "");
+                       : "",
+                   rc != 0 ? pinpool_last_error() : "wrong size");
     return -1;
   }
   /* Spoil the cookie so a second hand-out of this block is noticed. */
