@@ -378,8 +378,9 @@ struct pp_segment {
   unsigned cls, shard;
   unsigned flags;
   /* Bumped under pool->seg_lock when the segment is published and when it
-   * is released: a snapshot reading blocks without the lock checks it did
-   * not change meanwhile (snapshot.c); pinpool_free's hint as well. On the
+   * is released (odd while live): a snapshot reading blocks without the
+   * lock checks it did not change meanwhile (snapshot.c); pinpool_free's
+   * hint as well; pp_segmap_find reads the bounds under it. On the
    * first line with the lookup's fields: a free that misses its hint reads
    * both (W5: one cache miss fewer per such free). */
   _Atomic(uint64_t) gen;
@@ -460,8 +461,18 @@ static inline pp_segment_t *pp_segmap_find(pp_segmap_t *m, uintptr_t p) {
   for (int i = 0; i < 2; i++) {
     pp_segment_t *s = pp_load_acquire(&e->slot[i]);
     if (s != NULL) {
+      /* The bounds are read as a pair under gen, as a seqlock: the other
+       * slot's segment may be released and its descriptor republished
+       * elsewhere meanwhile, and an old base with a new size (or the
+       * reverse) can cover p, a block of the live segment in this slot's
+       * neighbour (the lookup then failed with ENOTOWNED, seen in
+       * test_stress). gen is odd while an incarnation is live; it changes
+       * (release, publish) before the bounds are rewritten. */
+      uint64_t g = pp_load_acquire(&s->gen);
       uintptr_t b = pp_load_relaxed(&s->base);
-      if (p >= b && p - b < pp_load_relaxed(&s->size))
+      size_t n = pp_load_relaxed(&s->size);
+      atomic_thread_fence(memory_order_acquire);
+      if ((g & 1) != 0 && p >= b && p - b < n && pp_load_relaxed(&s->gen) == g)
         return s;
     }
   }

@@ -188,6 +188,10 @@ static int seg_publish(pinpool_t *pool, pp_segment_t *d, void *mem, size_t size,
                        const pp_parts_t *parts) {
   size_t bs = pp_class_size(cls);
   uint32_t nblocks = (uint32_t)(size / bs);
+  /* A recycled descriptor: its release bumped gen (seg_lock, taken by
+   * desc_get since). The fence orders that bump before the new bounds, so
+   * that a lookup reading one of them sees gen change (pp_segmap_find). */
+  atomic_thread_fence(memory_order_release);
   pp_store_relaxed(&d->base, (uintptr_t)mem);
   pp_store_relaxed(&d->size, size);
   pp_store_relaxed(&d->block_size, bs);
@@ -197,7 +201,9 @@ static int seg_publish(pinpool_t *pool, pp_segment_t *d, void *mem, size_t size,
   /* A recycled descriptor: its release bumped gen (under seg_lock, which
    * desc_get took since). The fence orders that before the words below, so
    * a snapshot that reads one of them also sees the new gen and drops the
-   * segment it was reading (snapshot.c). */
+   * segment it was reading (snapshot.c). It also orders the bounds above
+   * before this publication's gen bump (below), which a lookup reads with
+   * acquire (pp_segmap_find). */
   atomic_thread_fence(memory_order_release);
   for (uint32_t i = 0; i < nblocks; i++)
     pp_store_relaxed(&d->word[i], PP_WORD(0, PP_NEVER));

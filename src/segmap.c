@@ -10,8 +10,14 @@
  * release stores after the descriptor is filled in, and read with acquire
  * loads. A lookup that races with the removal of its segment (a stale or
  * double free racing with empty_cache) can still read the descriptor: the
- * pool never frees descriptors while it lives, only recycles them, and the
- * range check then fails against the recycled descriptor's new bounds.
+ * pool never frees descriptors while it lives, only recycles them. The
+ * range check alone is not enough against a recycled descriptor: an old
+ * base read with a new size (or the reverse) can cover a block of the
+ * live segment in the chunk's other slot (tests/test_segmap_race.c). So
+ * the bounds are read as a pair under the descriptor's gen, used as a
+ * seqlock: odd while an incarnation is live, bumped at release and again
+ * at publication, with release fences ordering the bumps and the bounds
+ * (pool.c, seg_publish; internal.h, pp_segmap_find).
  */
 #include "internal.h"
 
