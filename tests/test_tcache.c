@@ -28,6 +28,15 @@ static pp_tcache_t *my_cache(pinpool_t *pool) {
   return pp_tls.tc;
 }
 
+/* A pool (address space only) and NBLOCKS blocks of size_of(i) from it. */
+static pinpool_t *pool_with_blocks(void **blocks) {
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("mlock=0,populate=0", &pool));
+  for (unsigned i = 0; i < NBLOCKS; i++)
+    PP_OK(pinpool_alloc(pool, size_of(i), &blocks[i]));
+  return pool;
+}
+
 typedef struct consumer {
   pinpool_t *pool;
   void **blocks;
@@ -55,11 +64,8 @@ static void *consume(void *arg) {
  * joined, so that a failure leaves no thread waiting. */
 static void test_consumer(void **state) {
   (void)state;
-  pinpool_t *pool = NULL;
-  PP_OK(pinpool_create("mlock=0,populate=0", &pool));
   static void *blocks[NBLOCKS];
-  for (unsigned i = 0; i < NBLOCKS; i++)
-    PP_OK(pinpool_alloc(pool, size_of(i), &blocks[i]));
+  pinpool_t *pool = pool_with_blocks(blocks);
   consumer_t c = {.pool = pool, .blocks = blocks};
   pthread_barrier_init(&c.freed, NULL, 2);
   pthread_barrier_init(&c.done, NULL, 2);
@@ -144,11 +150,8 @@ static void test_mixed_keeps_budget(void **state) {
  * its budget, back to tcache_bytes. */
 static void test_recovers(void **state) {
   (void)state;
-  pinpool_t *pool = NULL;
-  PP_OK(pinpool_create("mlock=0,populate=0", &pool));
   static void *blocks[NBLOCKS];
-  for (unsigned i = 0; i < NBLOCKS; i++)
-    PP_OK(pinpool_alloc(pool, size_of(i), &blocks[i]));
+  pinpool_t *pool = pool_with_blocks(blocks);
   for (unsigned i = 0; i < NBLOCKS; i++) /* same thread: a freer now */
     PP_OK(pinpool_free(pool, blocks[i]));
   pp_tcache_t *tc = my_cache(pool);
