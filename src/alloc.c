@@ -131,8 +131,7 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     taken = paired ? 0 : ebs;
   } else {
     /* A refill: this thread allocates (adaptive budget, tcache.c). */
-    uint64_t tb = pool->cfg.tcache_bytes;
-    tc->budget = tc->budget <= tb / 2 ? tc->budget * 2 : tb; /* no wrap */
+    pp_tcache_budget_up(tc, pool->cfg.tcache_bytes);
     uint64_t held = pp_load_relaxed(&tc->bytes);
     uint64_t room = tc->budget > held ? tc->budget - held : 0;
     uint64_t want = room / bs;

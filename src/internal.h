@@ -541,6 +541,10 @@ typedef struct pp_tcache {
 } pp_tcache_t;
 
 pp_tcache_t *pp_tcache_get_slow(struct pinpool *pool);
+/* The adaptive budget doubles, up to tcache_bytes tb (tcache.c). */
+static inline void pp_tcache_budget_up(pp_tcache_t *tc, uint64_t tb) {
+  tc->budget = tc->budget <= tb / 2 ? tc->budget * 2 : tb; /* no wrap */
+}
 /* The calling thread's cache for the pool it used last: one TLS compare on
  * the hot path. Pool ids are never reused, so a stale entry for a destroyed
  * pool can never match a live one. */
@@ -759,12 +763,14 @@ void pp_process(struct pinpool *pool, unsigned budget, bool wait);
 
 /* stats.c */
 /* pp_tcounters_t summed over live and exited threads, as plain integers
- * (one reader, under reg_lock), and the bytes held in thread caches. */
+ * (one reader, under reg_lock), the bytes held in thread caches, and the
+ * cached bytes of the pool (stats and the validator read the same sum). */
 typedef struct pp_sums {
   uint64_t n_alloc, n_free, req_alloc, req_free, blk_alloc, blk_free;
   uint64_t slow_allocs;
   uint64_t slot_in, slot_out;
   uint64_t tc_bytes;
+  uint64_t cached; /* central idle (bins and hot slots) + tc_bytes */
 } pp_sums_t;
 void pp_stats_sum(struct pinpool *pool, pp_sums_t *out); /* reg_lock held */
 void pp_stats_fold_dead(struct pinpool *pool, pp_tcache_t *tc);

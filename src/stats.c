@@ -47,6 +47,8 @@ static void sum_counters(pp_sums_t *s, const pp_tcounters_t *c) {
   s->slot_out += pp_load_relaxed(&c->slot_out);
 }
 
+static uint64_t diff(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
 void pp_stats_sum(pinpool_t *pool, pp_sums_t *out) {
   pp_assert_held(&pool->reg_lock);
   memset(out, 0, sizeof *out);
@@ -55,6 +57,12 @@ void pp_stats_sum(pinpool_t *pool, pp_sums_t *out) {
     sum_counters(out, &tc->c);
     out->tc_bytes += pp_load_relaxed(&tc->bytes);
   }
+  /* Hot-slot bytes are counted per thread (pool.c): a put by one thread
+   * and the take by another are summed here in either order, so only the
+   * total is clamped. */
+  out->cached = diff(pp_load_relaxed(&pool->gs.central_in) + out->slot_in,
+                     pp_load_relaxed(&pool->gs.central_out) + out->slot_out) +
+                out->tc_bytes;
 }
 
 void pp_stats_fold_dead(pinpool_t *pool, pp_tcache_t *tc) {
@@ -62,24 +70,17 @@ void pp_stats_fold_dead(pinpool_t *pool, pp_tcache_t *tc) {
   add_counters(&pool->rs.dead, &tc->c);
 }
 
-static uint64_t diff(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
-
 /* The currents whose peaks are sampled. reg_lock held. */
 typedef struct currents {
   uint64_t requests, req, blk, cached;
 } currents_t;
 
-static currents_t currents_of(pinpool_t *pool, const pp_sums_t *s) {
+static currents_t currents_of(const pp_sums_t *s) {
   currents_t c;
   c.requests = diff(s->n_alloc, s->n_free);
   c.req = diff(s->req_alloc, s->req_free);
   c.blk = diff(s->blk_alloc, s->blk_free);
-  /* Hot-slot bytes are counted per thread (pool.c): a put by one thread
-   * and the take by another are summed here in either order, so only the
-   * total is clamped. */
-  c.cached = diff(pp_load_relaxed(&pool->gs.central_in) + s->slot_in,
-                  pp_load_relaxed(&pool->gs.central_out) + s->slot_out) +
-             s->tc_bytes;
+  c.cached = s->cached;
   return c;
 }
 
@@ -108,7 +109,7 @@ void pp_stats_sample_peaks(pinpool_t *pool) {
   pp_sums_t s;
   pp_mutex_lock(&pool->reg_lock);
   pp_stats_sum(pool, &s);
-  currents_t c = currents_of(pool, &s);
+  currents_t c = currents_of(&s);
   update_peaks(pool, &c);
   pp_mutex_unlock(&pool->reg_lock);
 }
@@ -136,7 +137,7 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   pp_sums_t s;
   pp_mutex_lock(&pool->reg_lock);
   pp_stats_sum(pool, &s);
-  currents_t c = currents_of(pool, &s);
+  currents_t c = currents_of(&s);
   update_peaks(pool, &c);
   pp_rstats_t *r = &pool->rs;
   uint64_t n_alloc = s.n_alloc;
@@ -204,7 +205,7 @@ int pinpool_reset_peak_stats(pinpool_t *pool) {
   pp_sums_t s;
   pp_mutex_lock(&pool->reg_lock);
   pp_stats_sum(pool, &s);
-  currents_t c = currents_of(pool, &s);
+  currents_t c = currents_of(&s);
   pool->rs.peak_requests = c.requests;
   pool->rs.peak_req = c.req;
   pool->rs.peak_blk = c.blk;

@@ -82,7 +82,7 @@ void pp_tcache_shrink(pp_tcache_t *tc) {
   if (da == 0 && df >= 16)
     tc->budget = tc->budget / 2 >= tb / 64 ? tc->budget / 2 : tc->budget;
   else if (da * 4 >= df)
-    tc->budget = tc->budget <= tb / 2 ? tc->budget * 2 : tb; /* no wrap */
+    pp_tcache_budget_up(tc, tb);
   uint64_t target = tc->budget / 2;
   for (unsigned i = 0; i < tc->nused; i++) {
     if (pp_load_relaxed(&tc->bytes) <= target)

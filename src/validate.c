@@ -239,9 +239,7 @@ int pinpool_validate(pinpool_t *pool) {
   uint64_t blk = sums.blk_alloc - sums.blk_free;
   uint64_t req = sums.req_alloc - sums.req_free;
   uint64_t cnt = sums.n_alloc - sums.n_free;
-  uint64_t cached = pp_load_relaxed(&g->central_in) + sums.slot_in -
-                    pp_load_relaxed(&g->central_out) - sums.slot_out +
-                    sums.tc_bytes;
+  uint64_t cached = sums.cached;
   if (!v->bad && nparts != pp_load_relaxed(&pool->parts_total))
     VFAIL(v, "%llu parts listed, counter says %llu", (unsigned long long)nparts,
           (unsigned long long)pp_load_relaxed(&pool->parts_total));
