@@ -63,6 +63,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cudapeer.h"
 #include "pinpool.h"
 #include "refpool.h"
 
@@ -289,13 +290,16 @@ static options_t g_opt = {NULL, NULL, false, 1, 0, 1, false, NULL};
 
 /* ---- Implementations ----------------------------------------------------- */
 
-typedef enum kind { K_PINPOOL, K_REFPOOL, K_NAIVE, K_MALLOC } kind_t;
+/* K_CUHOST: cuMemHostAlloc / cuMemFreeHost per block, the naive baseline on
+ * a GPU machine (counted like K_NAIVE). */
+typedef enum kind { K_PINPOOL, K_REFPOOL, K_NAIVE, K_CUHOST, K_MALLOC } kind_t;
 
 typedef struct impl {
   kind_t kind;
   const char *name; /* as reported */
   const char *mode; /* resident, alloc, touch */
   bool touch;
+  bool cuda; /* calls the CUDA driver itself: every thread enters its context */
   char config[256];
   pinpool_t *pool;
   refpool_t *ref;
@@ -319,14 +323,8 @@ static inline void use_block(void *p, size_t size) {
   g_sink = p;
 }
 
-static void *naive_alloc(size_t size) {
-  size_t len = (size + PAGE - 1) & ~(PAGE - 1);
-  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (p == MAP_FAILED)
-    die("naive: mmap(%zu) failed: %s", len, strerror(errno));
-  if (mlock(p, len) != 0)
-    atomic_fetch_add_explicit(&g_im.nv_mlock_fail, 1, memory_order_relaxed);
+/* Backend calls and reserved bytes of the per-request baselines. */
+static void naive_count_alloc(size_t len) {
   uint64_t r =
       atomic_fetch_add_explicit(&g_im.nv_reserved, len, memory_order_relaxed) +
       len;
@@ -336,6 +334,22 @@ static void *naive_alloc(size_t size) {
                        memory_order_relaxed)) {
   }
   atomic_fetch_add_explicit(&g_im.nv_calls, 1, memory_order_relaxed);
+}
+
+static void naive_count_free(size_t len) {
+  atomic_fetch_sub_explicit(&g_im.nv_reserved, len, memory_order_relaxed);
+  atomic_fetch_add_explicit(&g_im.nv_calls, 1, memory_order_relaxed);
+}
+
+static void *naive_alloc(size_t size) {
+  size_t len = (size + PAGE - 1) & ~(PAGE - 1);
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED)
+    die("naive: mmap(%zu) failed: %s", len, strerror(errno));
+  if (mlock(p, len) != 0)
+    atomic_fetch_add_explicit(&g_im.nv_mlock_fail, 1, memory_order_relaxed);
+  naive_count_alloc(len);
   return p;
 }
 
@@ -344,8 +358,35 @@ static void naive_free(void *p, size_t size) {
   (void)munlock(p, len);
   if (munmap(p, len) != 0)
     die("naive: munmap failed: %s", strerror(errno));
-  atomic_fetch_sub_explicit(&g_im.nv_reserved, len, memory_order_relaxed);
-  atomic_fetch_add_explicit(&g_im.nv_calls, 1, memory_order_relaxed);
+  naive_count_free(len);
+}
+
+/* The naive baseline on a GPU machine: the driver pins per request. */
+static void *cuhost_alloc(size_t size) {
+  void *p = cudapeer_host_alloc(size);
+  if (p == NULL)
+    die("cuMemHostAlloc(%zu) failed: %s", size, cudapeer_last_error());
+  naive_count_alloc((size + PAGE - 1) & ~(PAGE - 1));
+  return p;
+}
+
+static void cuhost_free(void *p, size_t size) {
+  if (cudapeer_free_host(p) != 0)
+    die("cuMemFreeHost failed: %s", cudapeer_last_error());
+  naive_count_free((size + PAGE - 1) & ~(PAGE - 1));
+}
+
+/* refpool-cuda's backend: PyTorch's allocator on cudaHostAlloc. */
+static void *ref_cu_alloc(void *ctx, size_t size) {
+  (void)ctx;
+  return cudapeer_host_alloc(size);
+}
+
+static void ref_cu_free(void *ctx, void *p, size_t size) {
+  (void)ctx;
+  (void)size;
+  if (cudapeer_free_host(p) != 0)
+    die("refpool-cuda: cuMemFreeHost failed: %s", cudapeer_last_error());
 }
 
 /* Allocate and use a block; *ctx gets the refpool block handle. */
@@ -365,6 +406,9 @@ static void *im_alloc(size_t size, void **ctx) {
     break;
   case K_NAIVE:
     p = naive_alloc(size);
+    break;
+  case K_CUHOST:
+    p = cuhost_alloc(size);
     break;
   case K_MALLOC:
     p = malloc(size);
@@ -389,6 +433,9 @@ static void im_free(void *p, size_t size, void *ctx) {
     break;
   case K_NAIVE:
     naive_free(p, size);
+    break;
+  case K_CUHOST:
+    cuhost_free(p, size);
     break;
   case K_MALLOC:
     free(p);
@@ -433,6 +480,7 @@ static void im_get_counters(im_counters_t *c) {
     break;
   }
   case K_NAIVE:
+  case K_CUHOST:
     c->known = true;
     c->backend_calls = atomic_load(&g_im.nv_calls);
     c->reserved_peak = atomic_load(&g_im.nv_peak);
@@ -520,6 +568,39 @@ static const hist_variant_t g_hist_variants[] = {
      "history all, stack_depth 16, ring 100000"},
 };
 
+/* The GPU implementations, measured where a CUDA driver and a device are
+ * found (bench/run.sh asks --cuda-probe): pinpool on each CUDA backend,
+ * and (im_setup) refpool-cuda, PyTorch's policy on cuMemHostAlloc, and
+ * cuhostalloc, cuMemHostAlloc / cuMemFreeHost per request. */
+typedef struct cuda_pool {
+  const char *name;
+  const char *config; /* appended to the workload's pool configuration */
+} cuda_pool_t;
+
+static const cuda_pool_t g_cuda_pools[] = {
+    {"pinpool-cuda", ",backend=cuda,device=0"},
+    {"pinpool-cuda-register", ",backend=cuda-register,device=0"},
+};
+
+static const cuda_pool_t *find_cuda_pool(const char *impl) {
+  for (size_t i = 0; i < sizeof g_cuda_pools / sizeof g_cuda_pools[0]; i++)
+    if (strcmp(g_cuda_pools[i].name, impl) == 0)
+      return &g_cuda_pools[i];
+  return NULL;
+}
+
+static bool is_cuda_impl(const char *impl) {
+  return find_cuda_pool(impl) != NULL || strcmp(impl, "refpool-cuda") == 0 ||
+         strcmp(impl, "cuhostalloc") == 0;
+}
+
+/* Open the driver for a GPU implementation, or stop with the reason. */
+static void need_cuda(const char *impl) {
+  char why[256];
+  if (cudapeer_open(why, sizeof why) != 0)
+    die("--impl %s needs a CUDA driver and device: %s", impl, why);
+}
+
 static const hist_variant_t *find_hist_variant(const char *impl) {
   for (size_t i = 0; i < sizeof g_hist_variants / sizeof g_hist_variants[0];
        i++)
@@ -536,12 +617,20 @@ static void im_setup(const char *pool_config, const char *variant,
   const char *impl = g_opt.impl;
   bool var = variant != NULL && strcmp(impl, variant) == 0;
   const hist_variant_t *hv = hist ? find_hist_variant(impl) : NULL;
-  if (strcmp(impl, "pinpool") == 0 || var || hv != NULL) {
+  const cuda_pool_t *cp = find_cuda_pool(impl);
+  if (is_cuda_impl(impl))
+    need_cuda(impl);
+  if (strcmp(impl, "pinpool") == 0 || var || hv != NULL || cp != NULL) {
     g_im.kind = K_PINPOOL;
-    g_im.name = var ? variant : hv != NULL ? hv->name : "pinpool";
+    g_im.name = var          ? variant
+                : hv != NULL ? hv->name
+                : cp != NULL ? cp->name
+                             : "pinpool";
     g_im.mode = "resident";
     snprintf(g_im.config, sizeof g_im.config, "%s%s", pool_config,
-             var ? variant_config : "");
+             var          ? variant_config
+             : cp != NULL ? cp->config
+                          : "");
     int rc = pinpool_create(g_im.config, &g_im.pool);
     if (rc != PINPOOL_OK)
       die_pp("pinpool_create", rc);
@@ -553,14 +642,18 @@ static void im_setup(const char *pool_config, const char *variant,
       size_t n = strlen(g_im.config);
       snprintf(g_im.config + n, sizeof g_im.config - n, " (%s)", hv->desc);
     }
-  } else if (strcmp(impl, "refpool") == 0) {
+  } else if (strcmp(impl, "refpool") == 0 ||
+             strcmp(impl, "refpool-cuda") == 0) {
     static const refpool_events_t ev = {ref_record, ref_query, NULL};
+    static const refpool_backend_t cu = {ref_cu_alloc, ref_cu_free, NULL};
     g_im.kind = K_REFPOOL;
-    g_im.name = "refpool";
+    g_im.cuda = strcmp(impl, "refpool-cuda") == 0;
+    g_im.name = g_im.cuda ? "refpool-cuda" : "refpool";
     g_im.mode = "resident";
     snprintf(g_im.config, sizeof g_im.config,
-             "pow2, no split, global event FIFO");
-    if (refpool_create(&ev, &g_im.ref) != 0)
+             "pow2, no split, global event FIFO%s",
+             g_im.cuda ? ", cuMemHostAlloc(PORTABLE) per block" : "");
+    if (refpool_create(&ev, g_im.cuda ? &cu : NULL, &g_im.ref) != 0)
       die("refpool_create failed");
   } else if (strcmp(impl, "naive") == 0) {
     g_im.kind = K_NAIVE;
@@ -568,6 +661,13 @@ static void im_setup(const char *pool_config, const char *variant,
     g_im.mode = "resident";
     snprintf(g_im.config, sizeof g_im.config,
              "mmap+MAP_POPULATE+mlock / munlock+munmap per block");
+  } else if (strcmp(impl, "cuhostalloc") == 0) {
+    g_im.kind = K_CUHOST;
+    g_im.cuda = true;
+    g_im.name = "cuhostalloc";
+    g_im.mode = "resident";
+    snprintf(g_im.config, sizeof g_im.config,
+             "cuMemHostAlloc(PORTABLE) / cuMemFreeHost per block");
   } else if (strcmp(impl, "malloc") == 0) {
     g_im.kind = K_MALLOC;
     g_im.name = PEER_NAME;
@@ -781,6 +881,8 @@ static void *worker_main(void *arg) {
   worker_t *w = arg;
   if (g_opt.threads > 1)
     pin_self(w->idx);
+  if (g_im.cuda && cudapeer_enter() != 0)
+    die("cuCtxSetCurrent failed: %s", cudapeer_last_error());
   return w->fn(w);
 }
 
@@ -884,6 +986,14 @@ static void w1_pairs(size_t size, uint64_t n) {
       *(volatile unsigned char *)p = (unsigned char)i;
       g_sink = p;
       naive_free(p, size);
+    }
+    break;
+  case K_CUHOST:
+    for (uint64_t i = 0; i < n; i++) {
+      void *p = cuhost_alloc(size);
+      *(volatile unsigned char *)p = (unsigned char)i;
+      g_sink = p;
+      cuhost_free(p, size);
     }
     break;
   case K_MALLOC:
@@ -1499,7 +1609,8 @@ static void *w4_thread(worker_t *w) {
   shimq_t shq[W4_STREAMS_PER_THREAD];
   samples_t lag[W4_STREAMS_PER_THREAD];
   uint64_t early = 0, need_peak = 0, waits = 0;
-  bool shim = g_im.kind == K_MALLOC || g_im.kind == K_NAIVE;
+  bool shim =
+      g_im.kind == K_MALLOC || g_im.kind == K_NAIVE || g_im.kind == K_CUHOST;
   memset(shq, 0, sizeof shq);
   map.cap = 1;
   while (map.cap < a->ops * 4)
@@ -1577,6 +1688,7 @@ static void *w4_thread(worker_t *w) {
       refpool_free(g_im.ref, ctx);
       break;
     case K_NAIVE:
+    case K_CUHOST:
     case K_MALLOC:
       shim_push(&shq[pick - s0],
                 (shim_item_t){p, st->submitted, &ops[i].t_done});
@@ -1719,7 +1831,9 @@ static void w4_run(int ci) {
   }
   if (rec_n > 0 && nlat > 0) {
     double l =
-        rec_ns / rec_n - (c0.known && g_im.kind != K_NAIVE ? lat / nlat : 0.0);
+        rec_ns / rec_n -
+        (c0.known && g_im.kind != K_NAIVE && g_im.kind != K_CUHOST ? lat / nlat
+                                                                   : 0.0);
     rec_num("reclaim_lag_us", (l > 0 ? l : 0) / 1e3);
     rec_num("copy_latency_us", lat / nlat / 1e3);
   }
@@ -1753,8 +1867,10 @@ static void w4_run(int ci) {
   rec_num("producer_waits", waits);
   if (early > 0)
     note("%.0f blocks handed out before their copy completed", early);
-  if (g_im.kind == K_NAIVE)
-    note("naive: reuse lag measures address reuse by mmap, not caching");
+  if (g_im.kind == K_NAIVE || g_im.kind == K_CUHOST)
+    note("%s: reuse lag measures address reuse by the kernel or driver, not "
+         "caching",
+         g_im.name);
   rec_end();
   samples_free(&all);
   if (g_clock != NULL) { /* joins the stream workers: every event ran */
@@ -2665,10 +2781,15 @@ static void usage(FILE *f) {
       "                [--threads 1|2] [--case N] [--rep N] [--quick]\n"
       "                [--config PINPOOL_CONFIG]\n"
       "       pp_bench --list W [--threads N] [--quick]\n"
+      "       pp_bench --cuda-probe\n"
       "workloads: W1..W7, W1h (history cost), W8 (snapshots)\n"
       "impls: pinpool, pinpool-tc (W1), pinpool-remap0 (W2), pinpool-h-alloc,\n"
       "       pinpool-h-all, pinpool-h-all16 (W1h), refpool, naive,\n"
-      "       malloc (%s); W1h and W8 measure pinpool only\n",
+      "       malloc (%s); W1h and W8 measure pinpool only\n"
+      "       with a CUDA driver and device (W1..W7): pinpool-cuda,\n"
+      "       pinpool-cuda-register, refpool-cuda, cuhostalloc\n"
+      "       pp_bench --cuda-probe: exit 0 if those can run (prints the\n"
+      "       device), 1 if not (prints why)\n",
       PEER_NAME);
 }
 
@@ -2691,6 +2812,16 @@ int main(int argc, char **argv) {
     }
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       usage(stdout);
+      return 0;
+    }
+    if (strcmp(a, "--cuda-probe") == 0) {
+      /* bench/run.sh: are the GPU implementations measurable here? */
+      char why[256];
+      if (cudapeer_open(why, sizeof why) != 0) {
+        printf("%s\n", why);
+        return 1;
+      }
+      printf("%s\n", cudapeer_describe());
       return 0;
     }
     if (v == NULL) {
@@ -2741,7 +2872,8 @@ int main(int argc, char **argv) {
     die("%s has cases 0..%d", wl->name, wl->ncases() - 1);
   if (strncmp(g_opt.impl, "pinpool-", 8) == 0 &&
       (wl->variant == NULL || strcmp(g_opt.impl, wl->variant) != 0) &&
-      (!wl->hist_variants || find_hist_variant(g_opt.impl) == NULL))
+      (!wl->hist_variants || find_hist_variant(g_opt.impl) == NULL) &&
+      (wl->pinpool_only || find_cuda_pool(g_opt.impl) == NULL))
     die("%s is not a variant measured in %s", g_opt.impl, wl->name);
   if (wl->pinpool_only && strncmp(g_opt.impl, "pinpool", 7) != 0)
     die("%s measures pinpool only", wl->name);

@@ -59,11 +59,14 @@ struct refpool {
   atomic_uint_fast64_t reclaim_count, reclaim_total_ns;
   refpool_events_t events;
   bool has_events;
+  refpool_backend_t backend; /* immutable; NULL members: mmap + mlock */
 };
 
-/* ---- Backend: the cudaHostAlloc analogue --------------------------------- */
+/* ---- Backend: cudaHostAlloc or its CPU analogue -------------------------- */
 
 static void *backend_alloc(refpool_t *rp, size_t size) {
+  if (rp->backend.alloc != NULL)
+    return rp->backend.alloc(rp->backend.ctx, size);
   void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED)
@@ -73,7 +76,11 @@ static void *backend_alloc(refpool_t *rp, size_t size) {
   return p;
 }
 
-static void backend_free(void *p, size_t size) {
+static void backend_free(refpool_t *rp, void *p, size_t size) {
+  if (rp->backend.free != NULL) {
+    rp->backend.free(rp->backend.ctx, p, size);
+    return;
+  }
   (void)munlock(p, size);
   (void)munmap(p, size);
 }
@@ -223,7 +230,10 @@ static bool ring_pop_back(refpool_t *rp, rp_event_item_t *out) {
 
 /* ---- API ----------------------------------------------------------------- */
 
-int refpool_create(const refpool_events_t *events, refpool_t **out) {
+int refpool_create(const refpool_events_t *events,
+                   const refpool_backend_t *backend, refpool_t **out) {
+  if (backend != NULL && (backend->alloc == NULL) != (backend->free == NULL))
+    return -1; /* both or neither */
   refpool_t *rp = aligned_alloc(64, (sizeof *rp + 63) / 64 * 64);
   if (rp == NULL)
     return -1;
@@ -239,6 +249,8 @@ int refpool_create(const refpool_events_t *events, refpool_t **out) {
     rp->events = *events;
     rp->has_events = true;
   }
+  if (backend != NULL)
+    rp->backend = *backend;
   *out = rp;
   return 0;
 }
@@ -250,7 +262,7 @@ void refpool_destroy(refpool_t *rp) {
     rp_block_t *b = rp->set[i];
     if (b == NULL)
       continue;
-    backend_free(b->ptr, b->size);
+    backend_free(rp, b->ptr, b->size);
     pthread_mutex_destroy(&b->mutex);
     free(b);
   }
@@ -316,7 +328,7 @@ void *refpool_alloc(refpool_t *rp, size_t size, void **ctx) {
     return NULL;
   b = calloc(1, sizeof *b);
   if (b == NULL) {
-    backend_free(p, round);
+    backend_free(rp, p, round);
     return NULL;
   }
   pthread_mutex_init(&b->mutex, NULL);
@@ -326,7 +338,7 @@ void *refpool_alloc(refpool_t *rp, size_t size, void **ctx) {
   pthread_mutex_lock(&rp->blocks_mutex);
   if (set_insert(rp, b) != 0) {
     pthread_mutex_unlock(&rp->blocks_mutex);
-    backend_free(p, round);
+    backend_free(rp, p, round);
     pthread_mutex_destroy(&b->mutex);
     free(b);
     return NULL;

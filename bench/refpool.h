@@ -19,7 +19,9 @@
  *  - no provider call (mmap, mlock, event record/query) under a pool lock.
  *
  * The backend is mmap(MAP_POPULATE) + mlock per block and munlock + munmap
- * per release: the CPU analogue of cudaHostAlloc / cudaFreeHost.
+ * per release, the CPU analogue of cudaHostAlloc / cudaFreeHost, unless
+ * the caller passes another (the benchmark's refpool-cuda: cuMemHostAlloc /
+ * cuMemFreeHost, as upstream).
  *
  * Events come from the caller (the benchmark's simulated streams).
  */
@@ -61,8 +63,18 @@ typedef struct refpool_stats {
   uint64_t reclaim_total_ns;
 } refpool_stats_t;
 
-/* events may be NULL (then record_stream fails). Returns 0 or -1. */
-int refpool_create(const refpool_events_t *events, refpool_t **out);
+/* Where blocks come from: alloc returns size bytes (NULL on failure), free
+ * gives them back; both called with no pool lock held. */
+typedef struct refpool_backend {
+  void *(*alloc)(void *ctx, size_t size);
+  void (*free)(void *ctx, void *p, size_t size);
+  void *ctx;
+} refpool_backend_t;
+
+/* events may be NULL (then record_stream fails); backend may be NULL
+ * (mmap + mlock). Returns 0 or -1. */
+int refpool_create(const refpool_events_t *events,
+                   const refpool_backend_t *backend, refpool_t **out);
 /* Releases every block, allocated or not. */
 void refpool_destroy(refpool_t *rp);
 

@@ -23,12 +23,20 @@
 # W1h (history cost on W1's pair) and W8 (snapshots) measure pinpool alone:
 # no peer has those features.
 #
+# On a machine with a CUDA driver and a device (pp_bench --cuda-probe), the
+# GPU implementations join W1..W7: pinpool-cuda and pinpool-cuda-register
+# (pinpool's CUDA backends), refpool-cuda (the PyTorch policy on
+# cuMemHostAlloc) and cuhostalloc (cuMemHostAlloc / cuMemFreeHost per
+# block). PINPOOL_LIBCUDA names the driver as for the library (the tests
+# point it at their fake driver to run these paths without a GPU).
+#
 # Exits non-zero if a benchmark run failed or latest.json is missing or
 # malformed.
 #
 # Environment: BENCH_BUILD_DIR=DIR builds and runs from an already
 # configured build directory instead of the release preset's build/release;
-# BENCH_RAW=FILE keeps a copy of the raw records (pp_report's input).
+# BENCH_RAW=FILE keeps a copy of the raw records (pp_report's input);
+# BENCH_SKIP_INSTALL=1 installs no package (a machine without a mirror).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -99,6 +107,9 @@ missing_pkgs() {
 }
 
 install_packages() {
+  if [[ -n "${BENCH_SKIP_INSTALL:-}" ]]; then
+    return 0
+  fi
   if ! command -v dpkg-query >/dev/null; then
     echo "bench/run.sh: no dpkg: using whatever peers are installed" >&2
     return 0
@@ -176,6 +187,17 @@ for p in jemalloc mimalloc tcmalloc; do
   fi
 done
 
+# The GPU implementations, where the driver loads and has a device.
+CUDA_IMPLS=()
+if CUDA_WHAT="$("$BUILD/bench/pp_bench" --cuda-probe 2>&1)"; then
+  CUDA_IMPLS=(pinpool-cuda pinpool-cuda-register refpool-cuda cuhostalloc)
+  REPORT_PEERS+=(--peer "cuda=$CUDA_WHAT")
+  echo "bench/run.sh: CUDA: $CUDA_WHAT; measuring ${CUDA_IMPLS[*]}" >&2
+else
+  REPORT_PEERS+=(--missing "cuda=${CUDA_WHAT:-no CUDA driver}")
+  echo "bench/run.sh: NOTE: GPU implementations left out: $CUDA_WHAT" >&2
+fi
+
 REV="$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
 if [[ "$REV" != unknown ]] &&
   [[ -n "$(git --no-optional-locks -C "$ROOT" status --porcelain \
@@ -210,6 +232,9 @@ impls_for() { # workload
   [[ "$w" == W2 ]] && list+=("pp_bench:pinpool-remap0:resident")
   list+=("pp_bench:refpool:resident" "pp_bench:naive:resident"
     "pp_bench:malloc:touch" "pp_bench:malloc:alloc")
+  for p in "${CUDA_IMPLS[@]}"; do
+    list+=("pp_bench:$p:resident")
+  done
   for p in "${PEERS[@]}"; do
     list+=("pp_bench_$p:malloc:touch" "pp_bench_$p:malloc:alloc")
   done

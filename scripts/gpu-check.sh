@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check (docs/cuda.md): for a machine with an NVIDIA GPU and driver.
 #
-#   scripts/gpu-check.sh [--skip-build]
+#   scripts/gpu-check.sh [--skip-build] [--bench]
 #
 # 1. builds the release preset (cmake --preset release; needs cmake, ninja,
 #    gcc, pkg-config and libcmocka-dev, as scripts/test.sh installs them),
@@ -11,7 +11,12 @@
 #    ms/GiB of backend=cuda and backend=cuda-register, H2D/D2H bandwidth
 #    from pool vs pageable memory, and the stream-ordered reuse check with
 #    copies in flight.
-# Every step is timeout-guarded; the whole run stays under five minutes.
+# 4. with --bench: the benchmark suite's quick mode on W1, W3 and W5, one
+#    repetition (bench/run.sh: the GPU implementations pinpool-cuda,
+#    pinpool-cuda-register, refpool-cuda and cuhostalloc join the others
+#    where the driver has a device), written to build/gpu-bench/.
+# Every step is timeout-guarded; the whole run stays under five minutes
+# (about seven with --bench).
 # Exits non-zero if any step failed. No CUDA toolkit is needed.
 set -uo pipefail
 
@@ -19,11 +24,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 2
 
 SKIP_BUILD=0
+BENCH=0
 for arg in "$@"; do
   case "$arg" in
     --skip-build) SKIP_BUILD=1 ;;
+    --bench) BENCH=1 ;;
     *)
-      echo "usage: $0 [--skip-build]" >&2
+      echo "usage: $0 [--skip-build] [--bench]" >&2
       exit 2
       ;;
   esac
@@ -87,6 +94,13 @@ if [[ -x "$BUILD/tests/cuda/pp_gpu_bench" ]]; then
 else
   RESULTS+=("FAIL  pp_gpu_bench (not built)")
   FAILED=1
+fi
+
+if ((BENCH)); then
+  # No package installs: such a machine may reach no mirror.
+  step "bench/run.sh --quick (GPU implementations)" 240 env \
+    BENCH_SKIP_INSTALL=1 bash bench/run.sh --quick --reps 1 \
+    --workloads "W1 W3 W5" --out "$ROOT/build/gpu-bench"
 fi
 
 echo

@@ -10,7 +10,8 @@
 #    tests/python, whose result line is printed after ctest),
 # 3. lint (scripts/lint.sh build/release),
 # 4. install-consumer test (tests/consumer/run.sh build/release),
-# 5. bench/run.sh --quick if present.
+# 5. bench/run.sh --quick if present (with the fake CUDA driver when the
+#    release build has it: the GPU implementations run through it too).
 # Every step runs even when an earlier one failed; a summary follows and the
 # exit status is non-zero if any step failed.
 #
@@ -178,7 +179,15 @@ if [[ " $PRESETS " == *" asan "* && -x tests/fuzz/run.sh ]]; then
 fi
 
 if [[ -f bench/run.sh ]]; then
-  step "bench --quick" bash bench/run.sh --quick
+  # With the fake CUDA driver, so that the GPU implementations (which join
+  # where a driver has a device) go through the whole pipeline too: runs,
+  # report, charts, JSON check. Their numbers mean nothing there.
+  FAKE_CUDA="$ROOT/build/release/tests/fake_cuda/libfakecuda.so"
+  if [[ -f "$FAKE_CUDA" ]]; then
+    step "bench --quick" env PINPOOL_LIBCUDA="$FAKE_CUDA" bash bench/run.sh --quick
+  else
+    step "bench --quick" bash bench/run.sh --quick
+  fi
 fi
 
 echo
