@@ -376,6 +376,18 @@ static void cuhost_free(void *p, size_t size) {
   naive_count_free((size + PAGE - 1) & ~(PAGE - 1));
 }
 
+/* The per-request baselines: naive, or cuhostalloc on a GPU machine. */
+static void *baseline_alloc(size_t size) {
+  return g_im.kind == K_CUHOST ? cuhost_alloc(size) : naive_alloc(size);
+}
+
+static void baseline_free(void *p, size_t size) {
+  if (g_im.kind == K_CUHOST)
+    cuhost_free(p, size);
+  else
+    naive_free(p, size);
+}
+
 /* refpool-cuda's backend: PyTorch's allocator on cudaHostAlloc. */
 static void *ref_cu_alloc(void *ctx, size_t size) {
   (void)ctx;
@@ -405,10 +417,8 @@ static void *im_alloc(size_t size, void **ctx) {
       die("refpool_alloc(%zu) failed", size);
     break;
   case K_NAIVE:
-    p = naive_alloc(size);
-    break;
   case K_CUHOST:
-    p = cuhost_alloc(size);
+    p = baseline_alloc(size);
     break;
   case K_MALLOC:
     p = malloc(size);
@@ -432,10 +442,8 @@ static void im_free(void *p, size_t size, void *ctx) {
     refpool_free(g_im.ref, ctx);
     break;
   case K_NAIVE:
-    naive_free(p, size);
-    break;
   case K_CUHOST:
-    cuhost_free(p, size);
+    baseline_free(p, size);
     break;
   case K_MALLOC:
     free(p);
@@ -981,19 +989,12 @@ static void w1_pairs(size_t size, uint64_t n) {
     }
     break;
   case K_NAIVE:
-    for (uint64_t i = 0; i < n; i++) {
-      void *p = naive_alloc(size);
-      *(volatile unsigned char *)p = (unsigned char)i;
-      g_sink = p;
-      naive_free(p, size);
-    }
-    break;
   case K_CUHOST:
     for (uint64_t i = 0; i < n; i++) {
-      void *p = cuhost_alloc(size);
+      void *p = baseline_alloc(size);
       *(volatile unsigned char *)p = (unsigned char)i;
       g_sink = p;
-      cuhost_free(p, size);
+      baseline_free(p, size);
     }
     break;
   case K_MALLOC:
