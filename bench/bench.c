@@ -1053,7 +1053,8 @@ static void *w1_thread(worker_t *w) {
     group = per_rep;
   uint64_t groups = per_rep / group;
   samples_init(&w->ns, groups);
-  pthread_barrier_wait(&g_barrier);
+  pthread_barrier_wait(&g_barrier); /* calibrated */
+  pthread_barrier_wait(&g_barrier); /* counters taken: go */
   w->t_start = now_ns();
   for (uint64_t g = 0; g < groups; g++) {
     uint64_t t0 = now_ns();
@@ -1082,10 +1083,13 @@ static void w1_measure(const char *workload, int ci) {
   req_reset(g_opt.threads);
   rss_begin();
   run_workers(ws, g_opt.threads, w1_thread, &a);
+  /* The counters are read between two barriers, so that their window is
+   * the timed pairs exactly: no calibration pair in it, none left out. */
   pthread_barrier_wait(&g_barrier);
   im_counters_t c0;
   im_get_counters(&c0);
   uint64_t f0 = minflt_now();
+  pthread_barrier_wait(&g_barrier);
   join_workers(ws, g_opt.threads);
   uint64_t f1 = minflt_now();
   im_counters_t c1;
