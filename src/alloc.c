@@ -25,9 +25,13 @@ static inline pp_tcache_t *tcache_get(pinpool_t *pool) {
 /* First use of a class in this thread: size its stack so that one class
  * holds at most an eighth of tcache_bytes (and 64 blocks); classes larger
  * than tcache_bytes bypass the thread cache. */
-static bool tbin_alloc(pp_tcache_t *tc, pp_tbin_t *b, size_t bs, uint64_t tb) {
+static uint64_t tbin_cap(size_t bs, uint64_t tb) {
   uint64_t cap = tb / (8 * (uint64_t)bs);
-  cap = cap < 1 ? 1 : cap > 64 ? 64 : cap;
+  return cap < 1 ? 1 : cap > 64 ? 64 : cap;
+}
+
+static bool tbin_alloc(pp_tcache_t *tc, pp_tbin_t *b, size_t bs, uint64_t tb) {
+  uint64_t cap = tbin_cap(bs, tb);
   b->items = malloc(cap * sizeof b->items[0]);
   if (b->items == NULL)
     return false;
@@ -100,8 +104,14 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
   int n;
   uint64_t taken; /* bytes that left the central bins for this thread */
   pp_owner_add(&tc->c.slow_allocs, 1);
-  if (b->items == NULL && !tbin_init(pool, tc, b, bs)) {
-    /* Bypass: straight from the central bin to the caller. */
+  bool stack = b->items != NULL || tbin_init(pool, tc, b, bs);
+  if (!stack || b->cap == 1) {
+    /* Bypass: straight from the central bin to the caller; also the refill
+     * of a stack of one block, which would hand that block straight out
+     * (it looks into the hot slot first, where a consumer's frees of the
+     * class go: free_push_slow). */
+    if (stack)
+      pp_tcache_budget_up(tc, pool->cfg.tcache_bytes); /* a refill */
     pp_tentry_t e;
     bool paired = false;
     /* The hot slot first (pool.c): one exchange. Completed stream-ordered
@@ -287,7 +297,16 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
   pp_tbin_t *b = &tc->bins[cls];
   if (tc->epoch != pp_load_relaxed(&pool->flush_epoch))
     pp_tcache_flush_all(tc); /* pinpool_empty_cache asked for it */
-  bool bypass = b->items == NULL && !tbin_init(pool, tc, b, bs);
+  /* A free never opens a stack of one block (a class above a sixteenth of
+   * tcache_bytes): the thread has not allocated the class, and one block
+   * is all the stack would hold, hidden from the thread that does (W3's
+   * consumer of 36.75 MiB batches kept one, and the producer grew the
+   * pool by a fourth batch). Such a free goes where a class above
+   * tcache_bytes goes; the thread's first allocation of the class opens
+   * the stack. */
+  bool bypass =
+      b->items == NULL && (tbin_cap(bs, pool->cfg.tcache_bytes) == 1 ||
+                           !tbin_init(pool, tc, b, bs));
   /* Read before the free is counted (the pairing in alloc_slow): a sample
    * whose epoch this reads did all its loads before our counters change.
    * Only for a hot slot: the line is written by every central take. */

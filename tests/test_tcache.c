@@ -8,6 +8,8 @@
  *
  * White box (the budget is not public): test_consumer also checks what a
  * user sees, that the producer's next round needs few new segments.
+ * test_one_block_consumer: a thread that only frees a class whose stack
+ * holds one block does not cache it at all.
  */
 #include "testutil.h"
 
@@ -167,11 +169,91 @@ static void test_recovers(void **state) {
   pinpool_destroy(pool);
 }
 
+/* One-block stacks (alloc.c, free_push_slow and alloc_slow): with
+ * tcache_bytes=8MiB, a 1 MiB class's stack holds one block. The consumer
+ * thread frees what main allocates, in lock step (W3's data loader): its
+ * frees must not open a stack of the class, where each would wait hidden
+ * until its next free while main made a new segment; they go to the hot
+ * slot, and main's refill looks there first, so it gets the block freed
+ * last (still in cache), not an older one from the bin. */
+#define ONE_BS (1 * MiB)
+typedef struct handoff {
+  pinpool_t *pool;
+  void *give[2]; /* blocks main hands over, freed in this order */
+  pthread_barrier_t go, done;
+  bool stop;
+  uint64_t held; /* the consumer's cached bytes after its frees */
+} handoff_t;
+
+static void *free_handed(void *arg) {
+  handoff_t *h = arg;
+  for (;;) {
+    pthread_barrier_wait(&h->go);
+    if (h->stop)
+      break;
+    for (int k = 0; k < 2; k++)
+      if (h->give[k] != NULL)
+        PP_OK(pinpool_free(h->pool, h->give[k]));
+    h->held =
+        pp_tls.pool_id == h->pool->id ? pp_load_relaxed(&pp_tls.tc->bytes) : 0;
+    pthread_barrier_wait(&h->done);
+  }
+  return NULL;
+}
+
+static void test_one_block_consumer(void **state) {
+  (void)state;
+  handoff_t h = {0};
+  PP_OK(pinpool_create("mlock=0,populate=0,tcache_bytes=8MiB", &h.pool));
+  pthread_barrier_init(&h.go, NULL, 2);
+  pthread_barrier_init(&h.done, NULL, 2);
+  pthread_t t;
+  PP_ASSERT(pthread_create(&t, NULL, free_handed, &h) == 0, "pthread_create");
+  /* Depth 2: main holds two blocks; each round the consumer frees the
+   * older and main allocates again. */
+  void *q[2];
+  int rc = 0;
+  uint64_t held = 0;
+  PP_OK(pinpool_alloc(h.pool, ONE_BS, &q[0]));
+  PP_OK(pinpool_alloc(h.pool, ONE_BS, &q[1]));
+  for (unsigned r = 0; r < 200 && rc == 0; r++) {
+    h.give[0] = q[r % 2];
+    h.give[1] = NULL;
+    pthread_barrier_wait(&h.go);
+    pthread_barrier_wait(&h.done);
+    held |= h.held;
+    rc = pinpool_alloc(h.pool, ONE_BS, &q[r % 2]);
+  }
+  uint64_t segs = pp_stats_of(h.pool).segments.peak;
+  /* Two at once: main's next block must be the second (the slot's). */
+  void *last = q[1];
+  h.give[0] = q[0];
+  h.give[1] = q[1];
+  pthread_barrier_wait(&h.go);
+  pthread_barrier_wait(&h.done);
+  void *got = NULL;
+  int rc2 = pinpool_alloc(h.pool, ONE_BS, &got);
+  h.stop = true;
+  pthread_barrier_wait(&h.go);
+  pthread_join(t, NULL);
+  pthread_barrier_destroy(&h.go);
+  pthread_barrier_destroy(&h.done);
+  PP_OK(rc);
+  PP_OK(rc2);
+  PP_ASSERT(held == 0, "the consumer cached %" PRIu64 " bytes", held);
+  PP_ASSERT(segs == 2, "%" PRIu64 " segments for two live blocks", segs);
+  PP_ASSERT(got == last, "got %p, not the block freed last (%p)", got, last);
+  PP_OK(pinpool_free(h.pool, got));
+  PP_CHECK_CONSISTENT(h.pool);
+  pinpool_destroy(h.pool);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_consumer),
       cmocka_unit_test(test_mixed_keeps_budget),
       cmocka_unit_test(test_recovers),
+      cmocka_unit_test(test_one_block_consumer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
