@@ -414,7 +414,8 @@ static void *im_alloc(size_t size, void **ctx) {
   case K_REFPOOL:
     p = refpool_alloc(g_im.ref, size, ctx);
     if (p == NULL)
-      die("refpool_alloc(%zu) failed", size);
+      die("refpool_alloc(%zu) failed%s%s", size, g_im.cuda ? ": " : "",
+          g_im.cuda ? cudapeer_last_error() : "");
     break;
   case K_NAIVE:
   case K_CUHOST:
@@ -604,7 +605,7 @@ static bool is_cuda_impl(const char *impl) {
 
 /* Open the driver for a GPU implementation, or stop with the reason. */
 static void need_cuda(const char *impl) {
-  char why[256];
+  char why[256] = "";
   if (cudapeer_open(why, sizeof why) != 0)
     die("--impl %s needs a CUDA driver and device: %s", impl, why);
 }
@@ -982,7 +983,8 @@ static void w1_pairs(size_t size, uint64_t n) {
       void *ctx = NULL;
       void *p = refpool_alloc(g_im.ref, size, &ctx);
       if (p == NULL)
-        die("refpool_alloc failed");
+        die("refpool_alloc(%zu) failed%s%s", size, g_im.cuda ? ": " : "",
+            g_im.cuda ? cudapeer_last_error() : "");
       *(volatile unsigned char *)p = (unsigned char)i;
       g_sink = p;
       refpool_free(g_im.ref, ctx);
@@ -2821,7 +2823,7 @@ int main(int argc, char **argv) {
     }
     if (strcmp(a, "--cuda-probe") == 0) {
       /* bench/run.sh: are the GPU implementations measurable here? */
-      char why[256];
+      char why[256] = "";
       if (cudapeer_open(why, sizeof why) != 0) {
         printf("%s\n", why);
         return 1;

@@ -122,7 +122,12 @@ int cudapeer_open(char *why, size_t len) {
       snprintf(why, len, "%s", g_why);
     return -1;
   }
-  return cudapeer_enter();
+  if (cudapeer_enter() != 0) {
+    if (why != NULL && len > 0)
+      snprintf(why, len, "cuCtxSetCurrent: %s", cudapeer_last_error());
+    return -1;
+  }
+  return 0;
 }
 
 const char *cudapeer_describe(void) { return g_desc; }

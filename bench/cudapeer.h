@@ -22,7 +22,7 @@
 /* Load the driver, initialize it and retain device 0's primary context,
  * made current on the calling thread. Idempotent and thread-safe. Returns
  * 0, or -1 with the reason in why (the driver is missing, is the toolkit's
- * stub, has no device ...). */
+ * stub, has no device, the context could not be made current ...). */
 int cudapeer_open(char *why, size_t len);
 
 /* "NAME, driver X.Y" (after a successful open), for the report. */

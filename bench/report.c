@@ -561,7 +561,7 @@ static void goals_w1(void) {
         continue;
       /* refpool and refpool-cuda: caches, judged apart (below). */
       if (strncmp(p->impl, "refpool", 7) == 0) {
-        if (!(p->ratio_ns >= worst_ref)) {
+        if (isfinite(p->ratio_ns) && !(p->ratio_ns >= worst_ref)) {
           worst_ref = p->ratio_ns;
           rg = p;
         }
@@ -1446,7 +1446,7 @@ static const char *style(const char *impl, const char *mode, char *buf,
       {"pinpool", "#000000"},        {"pinpool-tc", "#7f7f7f"},
       {"pinpool-remap0", "#7f7f7f"}, {"refpool", "#9467bd"},
       {"naive", "#8c564b"},          {"glibc", "#1f77b4"},
-      {"pinpool-cuda", "#17becf"},   {"pinpool-cuda-register", "#bcbd22"},
+      {"pinpool-cuda", "#393b79"},   {"pinpool-cuda-register", "#bcbd22"},
       {"refpool-cuda", "#c5b0d5"},   {"cuhostalloc", "#e377c2"},
       {"jemalloc", "#d62728"},       {"mimalloc", "#2ca02c"},
       {"tcmalloc", "#ff7f0e"}};

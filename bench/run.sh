@@ -189,7 +189,8 @@ done
 
 # The GPU implementations, where the driver loads and has a device.
 CUDA_IMPLS=()
-if CUDA_WHAT="$("$BUILD/bench/pp_bench" --cuda-probe 2>&1)"; then
+# A driver that hangs in cuInit must not hang the suite: 60 s at most.
+if CUDA_WHAT="$(timeout 60 "$BUILD/bench/pp_bench" --cuda-probe 2>&1)"; then
   CUDA_IMPLS=(pinpool-cuda pinpool-cuda-register refpool-cuda cuhostalloc)
   REPORT_PEERS+=(--peer "cuda=$CUDA_WHAT")
   echo "bench/run.sh: CUDA: $CUDA_WHAT; measuring ${CUDA_IMPLS[*]}" >&2

@@ -24,7 +24,9 @@ static inline pp_tcache_t *tcache_get(pinpool_t *pool) {
 
 /* First use of a class in this thread: size its stack so that one class
  * holds at most an eighth of tcache_bytes (and 64 blocks); classes larger
- * than tcache_bytes bypass the thread cache. */
+ * than tcache_bytes bypass the thread cache, and a stack of one block (a
+ * class above tcache_bytes / 16) is opened only by an allocation and
+ * refilled from the hot slot first (alloc_slow, free_push_slow). */
 static uint64_t tbin_cap(size_t bs, uint64_t tb) {
   uint64_t cap = tb / (8 * (uint64_t)bs);
   return cap < 1 ? 1 : cap > 64 ? 64 : cap;

@@ -619,7 +619,8 @@ typedef struct pp_bin {
   _Atomic(unsigned) avail;
   /* A one-block segment whose block was freed, outside the lists: the
    * next allocation of the class takes it with one exchange and no lock
-   * (pp_hot_*; classes above tcache_bytes, no cap set). */
+   * (pp_hot_*; no cap set; classes above tcache_bytes, and frees of a
+   * class above tcache_bytes / 16 by a thread without its stack). */
   _Atomic(struct pp_segment *) hot;
 } pp_bin_t;
 enum { PP_BIN_PARTIAL = 1, PP_BIN_IDLE = 2 };

@@ -613,7 +613,9 @@ void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
 
 /* ---- Hot slots -------------------------------------------------------------
  * A class above tcache_bytes has no thread cache: every allocation and
- * free would take its bin lock (W1 at 1 GiB: 185 ns a pair). Each bin keeps
+ * free would take its bin lock (W1 at 1 GiB: 185 ns a pair). (Nor does a
+ * class above tcache_bytes / 16 for a thread that only frees it: alloc.c,
+ * "one-block stacks"; its frees come here too.) Each bin keeps
  * instead the last one-block segment freed into it in an atomic slot; an
  * allocation takes it with one exchange. The block counts as central idle
  * memory, like a block in the lists (put and take counted in the moving
