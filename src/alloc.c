@@ -136,7 +136,8 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
         return n;
     }
     size_t ebs = pp_load_relaxed(&e.seg->block_size); /* > bs if borrowed */
-    pp_hist_alloc(pool, e.seg, e.idx, ebs, size, ra);
+    if (pp_hist_level(pool) != PINPOOL_HISTORY_NONE)
+      pp_hist_alloc(pool, e.seg, e.idx, ebs, size, ra);
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
     account_alloc(tc, size, ebs);
     *out = e.ptr;
@@ -236,10 +237,15 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
     pp_tcache_t *tc = pp_tls.tc; /* set with pool_id, never NULL then */
     pp_tbin_t *b = &tc->bins[pp_class_index(size)];
     /* History: one atomic load and a branch when it is off. */
-    if (pp_likely(b->n > 0 &&
-                  tc->epoch == pp_load_relaxed(&pool->flush_epoch) &&
-                  pp_hist_level(pool) == PINPOOL_HISTORY_NONE))
-      return alloc_hit(pool, tc, b, size, out, ra, false);
+    if (pp_likely(tc->epoch == pp_load_relaxed(&pool->flush_epoch) &&
+                  pp_hist_level(pool) == PINPOOL_HISTORY_NONE)) {
+      if (pp_likely(b->n > 0))
+        return alloc_hit(pool, tc, b, size, out, ra, false);
+      /* An empty stack, or a class without one (above tcache_bytes: W1 at
+       * 1 GiB, W3's 147 MiB batches): everything alloc_general would
+       * check again is checked. */
+      return alloc_slow(pool, tc, pp_class_index(size), size, out, ra);
+    }
   }
   return alloc_general(pool, size, out, ra);
 }
@@ -325,7 +331,8 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
     if (pp_load_relaxed(&tc->bytes) > tc->budget)
       pp_tcache_shrink(tc);
   }
-  pp_trim_to_cap(pool);
+  if (pp_trims(pool))
+    pp_trim_to_cap(pool);
   if (pool->cfg.tcache_bytes == 0)
     pp_stats_sample_peaks(pool);
   return 0;
