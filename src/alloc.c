@@ -311,10 +311,10 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
    * consumer of 36.75 MiB batches kept one, and the producer grew the
    * pool by a fourth batch). Such a free goes where a class above
    * tcache_bytes goes; the thread's first allocation of the class opens
-   * the stack. */
-  bool bypass =
-      b->items == NULL && (tbin_cap(bs, pool->cfg.tcache_bytes) == 1 ||
-                           !tbin_init(pool, tc, b, bs));
+   * the stack. tb / 16 < bs is tbin_cap(bs, tb) == 1 without a division
+   * (and without 16 * bs, which can wrap). */
+  bool bypass = b->items == NULL && (pool->cfg.tcache_bytes / 16 < bs ||
+                                     !tbin_init(pool, tc, b, bs));
   /* Read before the free is counted (the pairing in alloc_slow): a sample
    * whose epoch this reads did all its loads before our counters change.
    * Only for a hot slot: the line is written by every central take. */
