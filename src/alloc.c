@@ -32,8 +32,13 @@ static uint64_t tbin_cap(size_t bs, uint64_t tb) {
   return cap < 1 ? 1 : cap > 64 ? 64 : cap;
 }
 
+/* tbin_cap(bs, tb) == 1, for a free's slow path: without the division,
+ * and without 16 * bs, which can wrap (tb < 16 * bs). */
+static inline bool tbin_one(size_t bs, uint64_t tb) { return tb / 16 < bs; }
+
 static bool tbin_alloc(pp_tcache_t *tc, pp_tbin_t *b, size_t bs, uint64_t tb) {
   uint64_t cap = tbin_cap(bs, tb);
+  pp_assert((cap == 1) == tbin_one(bs, tb));
   b->items = malloc(cap * sizeof b->items[0]);
   if (b->items == NULL)
     return false;
@@ -311,9 +316,8 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
    * consumer of 36.75 MiB batches kept one, and the producer grew the
    * pool by a fourth batch). Such a free goes where a class above
    * tcache_bytes goes; the thread's first allocation of the class opens
-   * the stack. tb / 16 < bs is tbin_cap(bs, tb) == 1 without a division
-   * (and without 16 * bs, which can wrap). */
-  bool bypass = b->items == NULL && (pool->cfg.tcache_bytes / 16 < bs ||
+   * the stack. */
+  bool bypass = b->items == NULL && (tbin_one(bs, pool->cfg.tcache_bytes) ||
                                      !tbin_init(pool, tc, b, bs));
   /* Read before the free is counted (the pairing in alloc_slow): a sample
    * whose epoch this reads did all its loads before our counters change.
