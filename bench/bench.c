@@ -66,6 +66,7 @@
 #include "cudapeer.h"
 #include "pinpool.h"
 #include "refpool.h"
+#include "syscount.h"
 
 #ifndef PEER_NAME
 #define PEER_NAME "glibc"
@@ -307,6 +308,8 @@ typedef struct impl {
 } impl_t;
 
 static impl_t g_im;
+/* Why a malloc peer's backend calls are not counted (syscount_init). */
+static char g_syscount_why[256];
 /* Per thread: a shared sink would be a data race and bounce a cache line
  * between the threads of a 2-thread run. */
 static _Thread_local void *volatile g_sink;
@@ -452,9 +455,12 @@ static void im_free(void *p, size_t size, void *ctx) {
   }
 }
 
-/* Counters of the implementation itself (pools and naive). */
+/* Counters of the implementation itself (pools and naive); for a malloc
+ * peer only its backend calls: the memory system calls its threads made,
+ * counted by the kernel (syscount.h), where the machine lets us. */
 typedef struct im_counters {
-  bool known;
+  bool known;       /* the memory counters below */
+  bool calls_known; /* backend_calls */
   uint64_t backend_calls;
   uint64_t reserved_peak;
   uint64_t reserved_now;
@@ -497,8 +503,11 @@ static void im_get_counters(im_counters_t *c) {
     c->mlock_failures = atomic_load(&g_im.nv_mlock_fail);
     break;
   case K_MALLOC:
+    c->calls_known = syscount_read(&c->backend_calls);
     break;
   }
+  if (c->known)
+    c->calls_known = true;
 }
 
 /* ---- Simulated streams (W4) ------------------------------------------------
@@ -684,6 +693,9 @@ static void im_setup(const char *pool_config, const char *variant,
     g_im.mode = g_opt.touch ? "touch" : "alloc";
     snprintf(g_im.config, sizeof g_im.config, "%s malloc/free, defaults",
              PEER_NAME);
+    /* Its backend calls: counted on every thread that calls it (here for
+     * W6's main thread, worker_main for the workers). */
+    (void)syscount_init(g_syscount_why, sizeof g_syscount_why);
   } else {
     die("unknown --impl '%s'", impl);
   }
@@ -759,6 +771,14 @@ static void req_alloc(int t, size_t size) {
     if (live > c->peak_seen)
       c->peak_seen = live;
   }
+}
+
+/* Sample the live total now (a workload with few, large allocations, W6,
+ * where every eighth would miss the peak). */
+static void req_sample(int t) {
+  uint64_t live = req_live();
+  if (live > g_req[t].peak_seen)
+    g_req[t].peak_seen = live;
 }
 
 static void req_free(int t, size_t size) {
@@ -846,7 +866,10 @@ static void rec_common(const common_t *c) {
   rec_num("minflt_per_op", c->ops ? (double)c->minflt / (double)c->ops : 0.0);
   if (c->backend_known)
     rec_num("backend_calls", (double)c->backend_calls);
-  if (ic.known)
+  else if (g_im.kind == K_MALLOC)
+    note("backend calls (memory system calls) not counted: %s",
+         g_syscount_why[0] ? g_syscount_why : "a thread's counters failed");
+  if (ic.calls_known)
     rec_num("backend_calls_total", (double)ic.backend_calls);
 
   uint64_t req = req_peak();
@@ -888,6 +911,8 @@ typedef struct worker {
 
 static void *worker_main(void *arg) {
   worker_t *w = arg;
+  if (g_im.kind == K_MALLOC)
+    syscount_thread_start();
   if (g_opt.threads > 1)
     pin_self(w->idx);
   if (g_im.cuda && cudapeer_enter() != 0)
@@ -950,10 +975,12 @@ static const char *size_str(size_t size, char *buf, size_t len) {
 static const size_t w1_sizes[] = {4 * KIB, 64 * KIB, 1 * MIB, 64 * MIB,
                                   1 * GIB};
 
+/* Quick: up to 64 MiB with 1 thread, 1 MiB with 2; full: every size (with
+ * 2 threads, 2 GiB live in the 1 GiB case). */
 static int w1_ncases(void) {
-  if (g_opt.threads > 1)
-    return g_opt.quick ? 3 : 4; /* quick: up to 1 MiB; full: up to 64 MiB */
-  return g_opt.quick ? 4 : 5;   /* 1 GiB in full runs only */
+  if (!g_opt.quick)
+    return 5;
+  return g_opt.threads > 1 ? 3 : 4;
 }
 
 /* One pinpool alloc+free pair that writes a byte of the block: W1's (and
@@ -1111,7 +1138,7 @@ static void w1_measure(const char *workload, int ci) {
                 workers_wall(ws, g_opt.threads),
                 f1 - f0,
                 c1.backend_calls - c0.backend_calls,
-                c0.known};
+                c0.calls_known && c1.calls_known};
   rec_common(&c);
   rec_num("size", (double)a.size);
   rec_num("pairs_per_sample", ws[0].extra[0]);
@@ -1216,6 +1243,7 @@ static void *w2_thread(worker_t *w) {
   w->t_end = t1;
   w->ops = i - a->warm;
   pthread_barrier_wait(&g_barrier); /* measured phase done */
+  pthread_barrier_wait(&g_barrier); /* counters taken: clean up */
   for (size_t k = 0; k < nlive; k++)
     im_free(live[k].p, live[k].size, live[k].ctx);
   free(live);
@@ -1249,6 +1277,9 @@ static void w2_run(int ci) {
   uint64_t f1 = minflt_now();
   im_counters_t c1;
   im_get_counters(&c1);
+  /* The workers free their live sets only now: not in the measured
+   * phase's counters. */
+  pthread_barrier_wait(&g_barrier);
   join_workers(ws, g_opt.threads);
 
   samples_t all;
@@ -1264,7 +1295,7 @@ static void w2_run(int ci) {
                 workers_wall(ws, g_opt.threads),
                 f1 - f0,
                 c1.backend_calls - c0.backend_calls,
-                c0.known};
+                c0.calls_known && c1.calls_known};
   rec_common(&c);
   rec_num("live_cap_mib", (double)(a.cap * (size_t)g_opt.threads) / MIB);
   rec_end();
@@ -1472,7 +1503,7 @@ static void w3_run(int ci) {
                 workers_wall(ws, g_opt.threads),
                 f1 - f0,
                 c1.backend_calls - c0.backend_calls,
-                c0.known};
+                c0.calls_known && c1.calls_known};
   rec_common(&c);
   rec_num("free_ns_med", samples_quantile(&free_ns, 0.5));
   rec_num("free_ns_p99", samples_quantile(&free_ns, 0.99));
@@ -1851,7 +1882,7 @@ static void w4_run(int ci) {
                 workers_wall(ws, g_opt.threads),
                 f1 - f0,
                 c1.backend_calls - c0.backend_calls,
-                c0.known};
+                c0.calls_known && c1.calls_known};
   /* For pinpool, "overhead" is reserved over need too (not over its own
    * requested peak, which excludes the pending blocks). */
   rec_num("need_peak_mib", need / MIB);
@@ -2060,7 +2091,7 @@ static void w5_run(int ci) {
                 workers_wall(ws, g_opt.threads),
                 f1 - f0,
                 c1.backend_calls - c0.backend_calls,
-                c0.known};
+                c0.calls_known && c1.calls_known};
   rec_common(&c);
   rec_num("free_ns_med", samples_quantile(&free_ns, 0.5));
   if (a.rss_mid > 0)
@@ -2075,45 +2106,43 @@ static void w5_run(int ci) {
  * Large blocks (256 MiB - 1 GiB; quick: 16 - 64 MiB) in a cycle, two live
  * at a time; pinpool's cache is capped below the working set
  * (max_cached=512MiB; quick: 32MiB), so most requests reach the backend.
- * Reported: ms per GiB to acquire (allocate + use) and to release. */
+ * With 2 threads each cycles through half the sizes (the working set and
+ * the cap stay those of 1 thread), starting at different points of the
+ * cycle. Reported: ms per GiB to acquire (allocate + use) and to release. */
 
-static void w6_run(int ci) {
-  (void)ci;
-  static const size_t full_sizes[] = {256 * MIB, 512 * MIB, 768 * MIB,
-                                      1024 * MIB};
-  static const size_t quick_sizes[] = {16 * MIB, 32 * MIB, 48 * MIB, 64 * MIB};
-  const size_t *sizes = g_opt.quick ? quick_sizes : full_sizes;
-  unsigned nops = 4;
+typedef struct w6_arg {
+  const size_t *sizes; /* 4 */
+  size_t div;          /* sizes / threads */
+  unsigned nops;
+} w6_arg_t;
+
+static void *w6_thread(worker_t *w) {
+  const w6_arg_t *a = w->arg;
   lblock_t live[2];
   unsigned nlive = 0;
-  samples_t acq, rel;
   double acq_ns = 0, rel_ns = 0, gib_acq = 0, gib_rel = 0;
-  samples_init(&acq, nops);
-  samples_init(&rel, nops);
-  rec_begin("W6", g_opt.quick ? "16-64MiB cycle, 2 live, cap 32MiB"
-                              : "256MiB-1GiB cycle, 2 live, cap 512MiB");
-  req_reset(1);
-  rss_begin();
-  im_counters_t c0;
-  im_get_counters(&c0);
-  uint64_t f0 = minflt_now();
-  uint64_t w0 = now_ns();
-  for (unsigned i = 0; i < nops; i++) {
-    size_t s = sizes[i % 4];
+  samples_init(&w->ns, a->nops);
+  samples_init(&w->ns2, a->nops);
+  pthread_barrier_wait(&g_barrier); /* ready */
+  pthread_barrier_wait(&g_barrier); /* counters taken: go */
+  w->t_start = now_ns();
+  for (unsigned i = 0; i < a->nops; i++) {
+    size_t s = a->sizes[(i + 2 * (unsigned)w->idx) % 4] / a->div;
     void *ctx = NULL;
     uint64_t t0 = now_ns();
     void *p = im_alloc(s, &ctx);
     uint64_t t1 = now_ns();
-    req_alloc(0, s);
-    samples_add(&acq, t1 - t0);
+    req_alloc(w->idx, s);
+    req_sample(w->idx);
+    samples_add(&w->ns, t1 - t0);
     acq_ns += (double)(t1 - t0);
     gib_acq += (double)s / (double)GIB;
     if (nlive == 2) {
       uint64_t t2 = now_ns();
       im_free(live[0].p, live[0].size, live[0].ctx);
       uint64_t t3 = now_ns();
-      req_free(0, live[0].size);
-      samples_add(&rel, t3 - t2);
+      req_free(w->idx, live[0].size);
+      samples_add(&w->ns2, t3 - t2);
       rel_ns += (double)(t3 - t2);
       gib_rel += (double)live[0].size / (double)GIB;
       live[0] = live[1];
@@ -2121,20 +2150,72 @@ static void w6_run(int ci) {
     }
     live[nlive++] = (lblock_t){p, ctx, s};
   }
-  uint64_t w1 = now_ns();
+  w->t_end = now_ns();
+  w->ops = a->nops;
+  w->extra[0] = acq_ns;
+  w->extra[1] = rel_ns;
+  w->extra[2] = gib_acq;
+  w->extra[3] = gib_rel;
+  pthread_barrier_wait(&g_barrier); /* done */
+  pthread_barrier_wait(&g_barrier); /* counters taken: clean up */
+  for (unsigned k = 0; k < nlive; k++)
+    im_free(live[k].p, live[k].size, live[k].ctx);
+  return NULL;
+}
+
+static void w6_run(int ci) {
+  (void)ci;
+  static const size_t full_sizes[] = {256 * MIB, 512 * MIB, 768 * MIB,
+                                      1024 * MIB};
+  static const size_t quick_sizes[] = {16 * MIB, 32 * MIB, 48 * MIB, 64 * MIB};
+  worker_t ws[MAX_THREADS];
+  w6_arg_t a = {g_opt.quick ? quick_sizes : full_sizes, (size_t)g_opt.threads,
+                4};
+  memset(ws, 0, sizeof ws);
+  rec_begin("W6", g_opt.quick ? "16-64MiB cycle, 2 live, cap 32MiB"
+                              : "256MiB-1GiB cycle, 2 live, cap 512MiB");
+  req_reset(g_opt.threads);
+  rss_begin();
+  run_workers(ws, g_opt.threads, w6_thread, &a);
+  pthread_barrier_wait(&g_barrier);
+  im_counters_t c0;
+  im_get_counters(&c0);
+  uint64_t f0 = minflt_now();
+  pthread_barrier_wait(&g_barrier);
+  pthread_barrier_wait(&g_barrier);
   uint64_t f1 = minflt_now();
   im_counters_t c1;
   im_get_counters(&c1);
-  common_t c = {
-      &acq,    nops, w1 - w0, f1 - f0, c1.backend_calls - c0.backend_calls,
-      c0.known};
+  pthread_barrier_wait(&g_barrier);
+  join_workers(ws, g_opt.threads);
+  samples_t acq, rel;
+  samples_init(&acq, 16);
+  samples_init(&rel, 16);
+  double acq_ns = 0, rel_ns = 0, gib_acq = 0, gib_rel = 0;
+  uint64_t ops = 0;
+  for (int i = 0; i < g_opt.threads; i++) {
+    samples_merge(&acq, &ws[i].ns);
+    samples_merge(&rel, &ws[i].ns2);
+    samples_free(&ws[i].ns);
+    samples_free(&ws[i].ns2);
+    ops += ws[i].ops;
+    acq_ns += ws[i].extra[0];
+    rel_ns += ws[i].extra[1];
+    gib_acq += ws[i].extra[2];
+    gib_rel += ws[i].extra[3];
+  }
+  uint64_t wall = workers_wall(ws, g_opt.threads);
+  common_t c = {&acq,
+                ops,
+                wall,
+                f1 - f0,
+                c1.backend_calls - c0.backend_calls,
+                c0.calls_known && c1.calls_known};
   rec_common(&c);
   rec_num("acquire_ms_per_gib", gib_acq > 0 ? acq_ns / 1e6 / gib_acq : 0);
   rec_num("release_ms_per_gib", gib_rel > 0 ? rel_ns / 1e6 / gib_rel : 0);
-  rec_num("gib_per_s", gib_acq / ((double)(w1 - w0) / 1e9));
+  rec_num("gib_per_s", wall > 0 ? gib_acq / ((double)wall / 1e9) : 0);
   rec_end();
-  for (unsigned k = 0; k < nlive; k++)
-    im_free(live[k].p, live[k].size, live[k].ctx);
   samples_free(&acq);
   samples_free(&rel);
 }
@@ -2259,7 +2340,8 @@ static void *w7_thread(worker_t *w) {
   }
   w->t_end = t1;
   w->ops = i - a->warm;
-  pthread_barrier_wait(&g_barrier);
+  pthread_barrier_wait(&g_barrier); /* measured phase done */
+  pthread_barrier_wait(&g_barrier); /* counters taken: clean up */
   for (uint32_t s = l.head; s != LRU_NIL; s = l.n[s].next)
     im_free(l.n[s].p, a->page, l.n[s].ctx);
   free(l.n);
@@ -2295,6 +2377,7 @@ static void w7_run(int ci) {
   uint64_t f1 = minflt_now();
   im_counters_t c1;
   im_get_counters(&c1);
+  pthread_barrier_wait(&g_barrier); /* the workers' clean-up: not counted */
   join_workers(ws, g_opt.threads);
   samples_t all;
   samples_init(&all, 1024);
@@ -2309,7 +2392,7 @@ static void w7_run(int ci) {
                 workers_wall(ws, g_opt.threads),
                 f1 - f0,
                 c1.backend_calls - c0.backend_calls,
-                c0.known};
+                c0.calls_known && c1.calls_known};
   rec_common(&c);
   if (c1.known)
     rec_num("reserved_end_mib", (double)c1.reserved_now / MIB);
@@ -2766,7 +2849,7 @@ static const workload_t g_workloads[] = {
     {"W4", "mlock=1,events=simulated,sim_delay_us=0", NULL, NULL, one_case,
      w4_run, 2, false, false},
     {"W5", "mlock=1", NULL, NULL, one_case, w5_run, 2, false, false},
-    {"W6", "mlock=1,max_cached=512MiB", NULL, NULL, one_case, w6_run, 1, false,
+    {"W6", "mlock=1,max_cached=512MiB", NULL, NULL, one_case, w6_run, 2, false,
      false},
     {"W7", "mlock=1", NULL, NULL, one_case, w7_run, 2, false, false},
     {"W1h", "mlock=1", NULL, NULL, w1h_ncases, w1h_run, 1, true, true},
@@ -2789,6 +2872,7 @@ static void usage(FILE *f) {
       "                [--config PINPOOL_CONFIG]\n"
       "       pp_bench --list W [--threads N] [--quick]\n"
       "       pp_bench --cuda-probe\n"
+      "       pp_bench --hold-syscount\n"
       "workloads: W1..W7, W1h (history cost), W8 (snapshots)\n"
       "impls: pinpool, pinpool-tc (W1), pinpool-remap0 (W2), pinpool-h-alloc,\n"
       "       pinpool-h-all, pinpool-h-all16 (W1h), refpool, naive,\n"
@@ -2796,7 +2880,10 @@ static void usage(FILE *f) {
       "       with a CUDA driver and device (W1..W7): pinpool-cuda,\n"
       "       pinpool-cuda-register, refpool-cuda, cuhostalloc\n"
       "       pp_bench --cuda-probe: exit 0 if those can run (prints the\n"
-      "       device), 1 if not (prints why)\n",
+      "       device), 1 if not (prints why)\n"
+      "       pp_bench --hold-syscount: keep the syscall tracepoints that\n"
+      "       count malloc peers' backend calls registered until killed\n"
+      "       (bench/run.sh; prints 'ready' or why not and exits 1)\n",
       PEER_NAME);
 }
 
@@ -2830,6 +2917,20 @@ int main(int argc, char **argv) {
       }
       printf("%s\n", cudapeer_describe());
       return 0;
+    }
+    if (strcmp(a, "--hold-syscount") == 0) {
+      /* bench/run.sh runs this for the whole suite: with the tracepoints
+       * registered by this process, a measurement's own events open and
+       * close without the kernel's (un)registration (syscount.h). */
+      char why[256] = "";
+      if (!syscount_init(why, sizeof why)) {
+        printf("%s\n", why);
+        return 1;
+      }
+      printf("ready\n");
+      fflush(stdout);
+      for (;;)
+        pause();
     }
     if (v == NULL) {
       usage(stderr);

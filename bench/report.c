@@ -1365,8 +1365,12 @@ static void write_md(const machine_t *m) {
           "Overhead = peak reserved ÷ peak requested bytes for pools and "
           "naive, peak RSS (VmHWM) growth ÷ peak requested for malloc "
           "peers (meaningless in `alloc` mode, where pages are never "
-          "touched). Backend calls: segment allocations + releases during "
-          "the measured phase (pools and naive only).\n\n");
+          "touched). Backend calls, in the measured phase: segment "
+          "allocations + releases for pools, mappings + unmappings for "
+          "naive, and for malloc peers their memory system calls (mmap, "
+          "munmap, mremap, brk, mprotect, madvise, counted by the kernel "
+          "on its syscall tracepoints; left out, with a note, where it "
+          "cannot count them).\n\n");
 
   fprintf(f, "## Goals (issues 7 and 4)\n\n| goal | status | where we stand "
              "|\n"

@@ -133,6 +133,24 @@ install_packages() {
 
 install_packages
 
+# The malloc peers' backend calls are their memory system calls, counted on
+# the kernel's syscall tracepoints (bench/syscount.h), whose ids are in
+# tracefs: mount it if it is not (as root; otherwise those counts are left
+# out, with the reason in the report's notes).
+mount_tracefs() {
+  local t
+  for t in /sys/kernel/tracing /sys/kernel/debug/tracing; do
+    [[ -d "$t/events/syscalls" ]] && return 0
+  done
+  if [[ "$(id -u)" == 0 ]] && [[ -d /sys/kernel/tracing ]] &&
+    mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null; then
+    return 0
+  fi
+  echo "bench/run.sh: NOTE: no tracefs; the malloc peers' backend calls" \
+    "are not counted" >&2
+}
+mount_tracefs
+
 # ---- Build ------------------------------------------------------------------------
 cd "$ROOT"
 cache_lacks_peer() { # a peer library exists but the cache did not find it
@@ -207,7 +225,27 @@ if [[ "$REV" != unknown ]] &&
 fi
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/pinpool-bench.XXXXXX")"
-trap 'rm -rf "$WORK"' EXIT
+HOLDER=""
+trap 'rm -rf "$WORK"; [[ -z "$HOLDER" ]] || { kill "$HOLDER"; wait "$HOLDER"; } 2>/dev/null' EXIT
+
+# A holder keeps the syscall tracepoints registered for the whole run
+# (bench/syscount.h): otherwise every malloc-peer process would wait for
+# their registration and unregistration (~0.5 s a process here). glibc is
+# always a peer.
+{
+  "$BUILD/bench/pp_bench" --hold-syscount >"$WORK/holder" 2>&1 &
+  HOLDER=$!
+  for _ in $(seq 50); do
+    [[ -s "$WORK/holder" ]] && break
+    sleep 0.1
+  done
+  if [[ "$(head -n 1 "$WORK/holder")" != ready ]]; then
+    echo "bench/run.sh: NOTE: malloc peers' backend calls not counted:" \
+      "$(head -n 1 "$WORK/holder")" >&2
+    kill "$HOLDER" 2>/dev/null
+    HOLDER=""
+  fi
+}
 RAW="$WORK/raw.tsv"
 : >"$RAW"
 LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
@@ -359,6 +397,7 @@ try:
     assert isinstance(res, list) and res, "no results"
     num = (int, float)
     seen = set()
+    threads = {}
     for r in res:
         for key, kind in (("workload", str), ("case", str), ("impl", str),
                           ("mode", str), ("threads", int), ("reps", int),
@@ -371,7 +410,44 @@ try:
         assert r["ns_per_op_median"] > 0 and r["ops_per_s"] > 0, \
             "record %s/%s: empty measurement" % (r["workload"], r["impl"])
         assert r["reps"] >= 1 and r["threads"] in (1, 2)
+        # The issue's metrics: present in every record; null only where
+        # they do not apply (W8 measures snapshots; a malloc peer's
+        # backend calls where the kernel would not count them, with the
+        # reason in the record's notes).
+        for key in ("ns_per_op_p99", "overhead", "backend_calls",
+                    "minflt_per_op", "ratio_ns_to_pinpool",
+                    "ratio_ops_to_pinpool"):
+            assert key in r, "record %s/%s/%s: no '%s'" % (
+                r["workload"], r["impl"], r["case"], key)
+            v = r[key]
+            if v is None:
+                why = " ".join(r.get("notes") or [])
+                assert r["workload"] == "W8" or (
+                    key == "backend_calls" and
+                    r["mode"] in ("alloc", "touch") and
+                    "not counted" in why), \
+                    "record %s/%s/%s/%d threads: '%s' is null" % (
+                        r["workload"], r["impl"], r["case"], r["threads"],
+                        key)
+            else:
+                assert isinstance(v, num), "record %s/%s: bad '%s'" % (
+                    r["workload"], r["impl"], key)
+        # W6's blocks (16 MiB and up) are far above every malloc's mmap
+        # threshold: a malloc peer whose calls were counted made some.
+        if r["workload"] == "W6" and r["mode"] in ("alloc", "touch") and \
+                r["backend_calls"] is not None:
+            assert r["backend_calls"] > 0, \
+                "W6 %s/%s: no memory system calls counted" % (r["impl"],
+                                                              r["mode"])
         seen.add(r["workload"])
+        threads.setdefault((r["workload"], r["impl"], r["mode"]),
+                           set()).add(r["threads"])
+    # 1 and 2 threads for every implementation of every workload but W1h
+    # (the history's cost on one thread's pair).
+    for (w, impl, mode), ts in sorted(threads.items()):
+        want = {1} if w == "W1h" else {1, 2}
+        assert ts == want, "%s %s (%s): threads %s, expected %s" % (
+            w, impl, mode, sorted(ts), sorted(want))
     for w in workloads:
         assert w in seen, "no results for %s" % w
     assert "pinpool" in {r["impl"] for r in res}, "no pinpool results"
@@ -404,6 +480,14 @@ mv "$OUT/latest.md.tmp" "$OUT/latest.md"
 if ((CHARTS)); then
   for png in "$WORK"/png/*.png; do
     [[ -f "$png" ]] && cp "$png" "$OUT/"
+  done
+  # The charts latest.md links (and the README, for the full run's).
+  for png in $(grep -o '([a-z0-9_]*\.png)' "$OUT/latest.md" | tr -d '()' |
+    sort -u); do
+    if [[ ! -s "$OUT/$png" ]]; then
+      echo "bench/run.sh: latest.md links $png, which was not drawn" >&2
+      FAILED=1
+    fi
   done
 fi
 check_json "$OUT/latest.json"
