@@ -8,7 +8,7 @@
 #   --reps N      repetitions of every workload (default: full 5 for W1, W1h
 #                 and W4, 3 for the others; quick 3, W8 1)
 #   --workloads   a subset of W1..W7, W1h, W8 (the report then covers only
-#                 those; e.g. --workloads "W1h W8" --out bench/results/w8)
+#                 those; e.g. --workloads "W1h W8" --out /tmp/w8)
 #   --out DIR     where latest.json, latest.md and the charts go
 #                 (default bench/results, or bench/results/quick)
 #
@@ -226,7 +226,10 @@ fi
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/pinpool-bench.XXXXXX")"
 HOLDER=""
-trap 'rm -rf "$WORK"; [[ -z "$HOLDER" ]] || { kill "$HOLDER"; wait "$HOLDER"; } 2>/dev/null' EXIT
+# The exit status is the script's, not the killed holder's.
+trap 'rc=$?; rm -rf "$WORK"
+  [[ -z "$HOLDER" ]] || { kill "$HOLDER"; wait "$HOLDER" || true; } 2>/dev/null
+  exit "$rc"' EXIT
 
 # A holder keeps the syscall tracepoints registered for the whole run
 # (bench/syscount.h): otherwise every malloc-peer process would wait for
