@@ -5,8 +5,9 @@
 #
 #   --quick       small sizes and counts (well under 2 minutes); writes to
 #                 bench/results/quick/ (not committed) unless --out is given
-#   --reps N      repetitions of every workload (default: full 5 for W1, W1h
-#                 and W4, 3 for the others; quick 3, W8 1)
+#   --reps N      repetitions of every workload (default: full 5 for W1, W1h,
+#                 W3, W4 and W5 (the two-thread cases are noisy), 3 for the
+#                 others; quick 3, W8 1)
 #   --workloads   a subset of W1..W7, W1h, W8 (the report then covers only
 #                 those; e.g. --workloads "W1h W8" --out /tmp/w8)
 #   --out DIR     where latest.json, latest.md and the charts go
@@ -292,7 +293,7 @@ reps_for() { # workload
     [[ "$1" == W8 ]] && echo 1 || echo 3
   else
     case "$1" in
-      W1 | W1h | W4) echo 5 ;;
+      W1 | W1h | W3 | W4 | W5) echo 5 ;;
       *) echo 3 ;;
     esac
   fi
