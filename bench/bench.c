@@ -49,6 +49,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdalign.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -58,6 +59,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -1093,6 +1095,8 @@ static void *w1_thread(worker_t *w) {
   w->t_end = now_ns();
   w->ops = groups * group;
   w->extra[0] = (double)group;
+  pthread_barrier_wait(&g_barrier); /* timed pairs done */
+  pthread_barrier_wait(&g_barrier); /* counters taken: exit */
   return NULL;
 }
 
@@ -1112,17 +1116,21 @@ static void w1_measure(const char *workload, int ci) {
   req_reset(g_opt.threads);
   rss_begin();
   run_workers(ws, g_opt.threads, w1_thread, &a);
-  /* The counters are read between two barriers, so that their window is
-   * the timed pairs exactly: no calibration pair in it, none left out. */
+  /* The counters are read between barriers, so that their window is the
+   * timed pairs exactly: no calibration pair in it, none left out, and not
+   * the threads' exit (glibc releases a thread's stack with madvise, a
+   * system call a malloc peer's count would include). */
   pthread_barrier_wait(&g_barrier);
   im_counters_t c0;
   im_get_counters(&c0);
   uint64_t f0 = minflt_now();
   pthread_barrier_wait(&g_barrier);
-  join_workers(ws, g_opt.threads);
+  pthread_barrier_wait(&g_barrier);
   uint64_t f1 = minflt_now();
   im_counters_t c1;
   im_get_counters(&c1);
+  pthread_barrier_wait(&g_barrier);
+  join_workers(ws, g_opt.threads);
 
   samples_t all;
   samples_init(&all, 1024);
@@ -1360,7 +1368,8 @@ static void *w3_single(worker_t *w) {
   }
   w->t_end = now_ns();
   w->ops = i - a->warm;
-  pthread_barrier_wait(&g_barrier);
+  pthread_barrier_wait(&g_barrier); /* measured phase done */
+  pthread_barrier_wait(&g_barrier); /* counters taken: clean up */
   while (qn > 0) {
     im_free(q[qh].p, q[qh].size, q[qh].ctx);
     qh = (qh + 1) % 8;
@@ -1441,7 +1450,8 @@ static void *w3_pair(worker_t *w) {
     w3_producer(w, a);
   else
     w3_consumer(w, a);
-  pthread_barrier_wait(&g_barrier);
+  pthread_barrier_wait(&g_barrier); /* measured phase done */
+  pthread_barrier_wait(&g_barrier); /* counters taken: exit */
   return NULL;
 }
 
@@ -1487,6 +1497,7 @@ static void w3_run(int ci) {
   uint64_t f1 = minflt_now();
   im_counters_t c1;
   im_get_counters(&c1);
+  pthread_barrier_wait(&g_barrier); /* the workers' exit: not counted */
   join_workers(ws, g_opt.threads);
 
   samples_t alloc_ns, free_ns;
@@ -1658,7 +1669,8 @@ static void *w4_thread(worker_t *w) {
   for (int k = 0; k < W4_STREAMS_PER_THREAD; k++)
     samples_init(&lag[k], a->ops);
   samples_init(&w->ns, a->ops);
-  pthread_barrier_wait(&g_barrier);
+  pthread_barrier_wait(&g_barrier); /* set up */
+  pthread_barrier_wait(&g_barrier); /* counters taken: go */
   w->t_start = now_ns();
   for (uint64_t i = 0; i < a->ops; i++) {
     /* Pick a stream with room: alternate, fall back to the other. */
@@ -1747,6 +1759,8 @@ static void *w4_thread(worker_t *w) {
     if (shim)
       shim_drain(&shq[k], st, false);
   }
+  pthread_barrier_wait(&g_barrier); /* every block back */
+  pthread_barrier_wait(&g_barrier); /* counters taken: clean up */
   /* Copy latency: from the free to the copy's completion, on average over
    * the copies that completed while the producer ran (the blocks a pool
    * could have reclaimed). */
@@ -1814,15 +1828,20 @@ static void w4_run(int ci) {
   }
   req_reset(g_opt.threads);
   rss_begin();
+  /* The counters' window: from the workers' set-up done to every block
+   * back (their set-up and clean-up allocate too, through a malloc peer). */
+  run_workers(ws, g_opt.threads, w4_thread, &a);
+  pthread_barrier_wait(&g_barrier);
   im_counters_t c0;
   im_get_counters(&c0);
   uint64_t f0 = minflt_now();
-  run_workers(ws, g_opt.threads, w4_thread, &a);
   pthread_barrier_wait(&g_barrier);
-  join_workers(ws, g_opt.threads);
+  pthread_barrier_wait(&g_barrier);
   uint64_t f1 = minflt_now();
   im_counters_t c1;
   im_get_counters(&c1);
+  pthread_barrier_wait(&g_barrier);
+  join_workers(ws, g_opt.threads);
 
   samples_t all;
   samples_init(&all, 1024);
@@ -2004,7 +2023,8 @@ static void *w5_producer(worker_t *w) {
   w->t_end = now_ns();
   a->rss_end = proc_status_kib("VmRSS");
   w->ops = (b - a->warm) * W5_BATCH;
-  pthread_barrier_wait(&g_barrier);
+  pthread_barrier_wait(&g_barrier); /* measured phase done */
+  pthread_barrier_wait(&g_barrier); /* counters taken: exit */
   return NULL;
 }
 
@@ -2042,7 +2062,8 @@ static void *w5_consumer(worker_t *w) {
     atomic_store_explicit(&a->head, head + 1, memory_order_release);
   }
   w->t_end = now_ns();
-  pthread_barrier_wait(&g_barrier);
+  pthread_barrier_wait(&g_barrier); /* measured phase done */
+  pthread_barrier_wait(&g_barrier); /* counters taken: exit */
   return NULL;
 }
 
@@ -2075,6 +2096,7 @@ static void w5_run(int ci) {
   uint64_t f1 = minflt_now();
   im_counters_t c1;
   im_get_counters(&c1);
+  pthread_barrier_wait(&g_barrier); /* the workers' exit: not counted */
   join_workers(ws, g_opt.threads);
 
   samples_t alloc_ns, free_ns;
@@ -2927,6 +2949,8 @@ int main(int argc, char **argv) {
         printf("%s\n", why);
         return 1;
       }
+      /* Gone with bench/run.sh even if it is killed without its trap. */
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
       printf("ready\n");
       fflush(stdout);
       for (;;)

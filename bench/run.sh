@@ -229,7 +229,7 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/pinpool-bench.XXXXXX")"
 HOLDER=""
 # The exit status is the script's, not the killed holder's.
 trap 'rc=$?; rm -rf "$WORK"
-  [[ -z "$HOLDER" ]] || { kill "$HOLDER"; wait "$HOLDER" || true; } 2>/dev/null
+  [[ -z "$HOLDER" ]] || { kill "$HOLDER" || true; wait "$HOLDER" || true; } 2>/dev/null
   exit "$rc"' EXIT
 
 # A holder keeps the syscall tracepoints registered for the whole run
@@ -246,7 +246,9 @@ trap 'rc=$?; rm -rf "$WORK"
   if [[ "$(head -n 1 "$WORK/holder")" != ready ]]; then
     echo "bench/run.sh: NOTE: malloc peers' backend calls not counted:" \
       "$(head -n 1 "$WORK/holder")" >&2
-    kill "$HOLDER" 2>/dev/null
+    # It has usually exited already (it prints why and stops).
+    kill "$HOLDER" 2>/dev/null || true
+    wait "$HOLDER" 2>/dev/null || true
     HOLDER=""
   fi
 }
@@ -400,8 +402,11 @@ try:
     res = doc["results"]
     assert isinstance(res, list) and res, "no results"
     num = (int, float)
+    def isnum(v):
+        return isinstance(v, num) and not isinstance(v, bool)
     seen = set()
     threads = {}
+    cases = {}
     for r in res:
         for key, kind in (("workload", str), ("case", str), ("impl", str),
                           ("mode", str), ("threads", int), ("reps", int),
@@ -434,7 +439,7 @@ try:
                         r["workload"], r["impl"], r["case"], r["threads"],
                         key)
             else:
-                assert isinstance(v, num), "record %s/%s: bad '%s'" % (
+                assert isnum(v), "record %s/%s: bad '%s'" % (
                     r["workload"], r["impl"], key)
         # W6's blocks (16 MiB and up) are far above every malloc's mmap
         # threshold: a malloc peer whose calls were counted made some.
@@ -446,12 +451,21 @@ try:
         seen.add(r["workload"])
         threads.setdefault((r["workload"], r["impl"], r["mode"]),
                            set()).add(r["threads"])
+        cases.setdefault((r["workload"], r["impl"], r["mode"]),
+                         set()).add((r["case"], r["threads"]))
+    # Coverage, unless runs failed (they are listed, and the run fails):
     # 1 and 2 threads for every implementation of every workload but W1h
-    # (the history's cost on one thread's pair).
-    for (w, impl, mode), ts in sorted(threads.items()):
-        want = {1} if w == "W1h" else {1, 2}
-        assert ts == want, "%s %s (%s): threads %s, expected %s" % (
-            w, impl, mode, sorted(ts), sorted(want))
+    # (the history's cost on one thread's pair), and every implementation
+    # of a workload measured in every case and thread count pinpool was.
+    if not doc["failures"]:
+        for (w, impl, mode), ts in sorted(threads.items()):
+            want = {1} if w == "W1h" else {1, 2}
+            assert ts == want, "%s %s (%s): threads %s, expected %s" % (
+                w, impl, mode, sorted(ts), sorted(want))
+        for (w, impl, mode), cs in sorted(cases.items()):
+            ref = cases.get((w, "pinpool", "resident"), set())
+            assert cs == ref, "%s %s (%s): cases %s, pinpool's %s" % (
+                w, impl, mode, sorted(cs ^ ref), sorted(ref))
     for w in workloads:
         assert w in seen, "no results for %s" % w
     assert "pinpool" in {r["impl"] for r in res}, "no pinpool results"
@@ -477,6 +491,16 @@ EOF
 }
 
 check_json "$WORK/latest.json"
+# The charts latest.md links (and the README, for the full run's) were
+# drawn by this run: checked before anything is replaced, in $WORK, so that
+# a stale PNG of an earlier run cannot stand in for one.
+for png in $(grep -o '([a-z0-9_]*\.png)' "$WORK/latest.md" | tr -d '()' |
+  sort -u); do
+  if [[ ! -s "$WORK/png/$png" ]]; then
+    echo "bench/run.sh: latest.md links $png, which this run did not draw" >&2
+    exit 1
+  fi
+done
 cp "$WORK/latest.json" "$OUT/latest.json.tmp"
 cp "$WORK/latest.md" "$OUT/latest.md.tmp"
 mv "$OUT/latest.json.tmp" "$OUT/latest.json"
@@ -484,14 +508,6 @@ mv "$OUT/latest.md.tmp" "$OUT/latest.md"
 if ((CHARTS)); then
   for png in "$WORK"/png/*.png; do
     [[ -f "$png" ]] && cp "$png" "$OUT/"
-  done
-  # The charts latest.md links (and the README, for the full run's).
-  for png in $(grep -o '([a-z0-9_]*\.png)' "$OUT/latest.md" | tr -d '()' |
-    sort -u); do
-    if [[ ! -s "$OUT/$png" ]]; then
-      echo "bench/run.sh: latest.md links $png, which was not drawn" >&2
-      FAILED=1
-    fi
   done
 fi
 check_json "$OUT/latest.json"

@@ -38,14 +38,20 @@ static int open_counter(uint64_t id) {
   return (int)syscall(SYS_perf_event_open, &a, 0, -1, -1, PERF_FLAG_FD_CLOEXEC);
 }
 
-static bool read_id(const char *call, uint64_t *id) {
+/* On failure *err is the first fopen error other than ENOENT (EACCES:
+ * tracefs is there but not readable by this user), else ENOENT. */
+static bool read_id(const char *call, uint64_t *id, int *err) {
+  *err = ENOENT;
   for (size_t t = 0; t < sizeof k_tracefs / sizeof k_tracefs[0]; t++) {
     char path[160];
     snprintf(path, sizeof path, "%s/events/syscalls/sys_enter_%s/id",
              k_tracefs[t], call);
     FILE *f = fopen(path, "r");
-    if (f == NULL)
+    if (f == NULL) {
+      if (errno != ENOENT && *err == ENOENT)
+        *err = errno;
       continue;
+    }
     unsigned long long v = 0;
     int n = fscanf(f, "%llu", &v);
     fclose(f);
@@ -86,11 +92,17 @@ static int register_fds(const int *fds, size_t n) {
 
 bool syscount_init(char *why, size_t len) {
   for (size_t i = 0; i < NCALLS; i++) {
-    if (!read_id(k_calls[i], &g_ids[i])) {
-      snprintf(why, len,
-               "no tracepoint id for sys_enter_%s (tracefs not mounted at "
-               "%s or %s?)",
-               k_calls[i], k_tracefs[0], k_tracefs[1]);
+    int err;
+    if (!read_id(k_calls[i], &g_ids[i], &err)) {
+      if (err == ENOENT)
+        snprintf(why, len,
+                 "no tracepoint id for sys_enter_%s (tracefs not mounted at "
+                 "%s or %s?)",
+                 k_calls[i], k_tracefs[0], k_tracefs[1]);
+      else
+        snprintf(why, len,
+                 "tracepoint id for sys_enter_%s: %s (tracefs needs root)",
+                 k_calls[i], strerror(err));
       return false;
     }
   }
