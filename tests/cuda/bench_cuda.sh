@@ -22,7 +22,7 @@ out="$(PINPOOL_LIBCUDA=/nonexistent/libcuda.so.1 "$BENCH" --cuda-probe)"
 rc=$?
 ((rc == 1)) || fail "probe without a driver: exit $rc (want 1)"
 [[ "$out" == *"no CUDA driver"* ]] || fail "probe without a driver: '$out'"
-for impl in pinpool-cuda refpool-cuda cuhostalloc; do
+for impl in pinpool-cuda pinpool-cuda-register refpool-cuda cuhostalloc; do
   err="$(PINPOOL_LIBCUDA=/nonexistent/libcuda.so.1 "$BENCH" --workload W1 \
     --impl "$impl" --case 0 --quick 2>&1 >/dev/null)"
   rc=$?
