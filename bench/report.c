@@ -1592,7 +1592,7 @@ static void write_plots(void) {
               "time per op). Above 1: pinpool ahead. Malloc peers in touch "
               "mode'\n"
               "set style data histograms\nset style histogram clustered "
-              "gap 1\nset logscale y\nset yrange [*:*] noextend\n"
+              "gap 1\nset logscale y\nset yrange [0.1:*]\n"
               "set ylabel 'ratio (log)'\n"
               "set xtics rotate by -30 scale 0\nset bmargin 5\n"
               "set arrow 1 from graph 0, first 1 to graph 1, first 1 nohead "
@@ -1632,13 +1632,14 @@ static void write_plots(void) {
               "set title 'Memory overhead, 1 thread: peak reserved (malloc: "
               "peak RSS growth) ÷ peak requested; W4: ÷ (live + in flight). "
               "Lower is better'\n"
-              "set logscale y\nset yrange [0.8:*] noextend\n"
+              "set logscale y\nset yrange [0.8:*]\n"
+              "set ytics (0.8, 1, 1.1, 1.25, 1.5, 2, 3, 5, 10, 20)\n"
               "set ylabel 'overhead (log)'\nset xtics rotate by -30 scale 0\n"
               "set arrow 1 from graph 0, first 1 to graph 1, first 1 nohead "
               "lw 2 lc rgb 'black'\n");
   gp_bars(gp, "overhead.dat", oimpl, noimpl);
   fprintf(gp, "unset arrow 1\nunset logscale\nset yrange [*:*]\n"
-              "unset ylabel\n");
+              "set ytics autofreq\nunset ylabel\n");
 
   /* W4: reuse lag per implementation, 1 thread. */
   ns = series("W4", 1, true, ser, 32);
