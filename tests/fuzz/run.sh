@@ -124,15 +124,8 @@ run_fuzzer() {
   local bin="$1" secs="$2" prefix="$3" flag="$4"
   shift 4
   echo "fuzz: $bin for ${secs}s, artifacts in $OUT/"
-  # intercept_tls_get_addr=0: as scripts/test.sh's asan step. clang 14's
-  # __tls_get_addr interceptor takes a dynamic TLS block that happens to
-  # start at sizeof(glibc 2.19's header) into a page for such a header and
-  # hands LeakSanitizer a bogus range; its tracer then dies at the leak
-  # check ("Tracer caught signal 11", no leak reported, an empty crash
-  # input). The API fuzzer loads libunwind (history's stacks) with dlopen,
-  # whose TLS is dynamic: seen once in a 40 s run here.
   # shellcheck disable=SC2086 # FUZZ_ARGS is a list of flags
-  ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:malloc_context_size=10:intercept_tls_get_addr=0}" \
+  ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:malloc_context_size=10}" \
     UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
     "${NO_ASLR[@]}" "$bin" \
     -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 \
