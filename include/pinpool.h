@@ -293,6 +293,9 @@ typedef struct pinpool_stats {
   uint64_t remapped_segments; /* of cache_misses: new segments made by
                                  resizing an idle one of another class
                                  (remap) instead of new backend memory */
+  uint64_t history_lost_writes; /* history entries not recorded: their ring
+                                   slot was still being written by a writer
+                                   a whole lap behind (docs/stats.md) */
 } pinpool_stats_t;
 
 /* Fill *out. `current` values are exact when no other thread is inside a

@@ -285,6 +285,7 @@ static PyObject *Pool_stats(PyObject *obj, PyObject *unused) {
                 {"trimmed_segments", st.trimmed_segments},
                 {"borrowed_blocks", st.borrowed_blocks},
                 {"remapped_segments", st.remapped_segments},
+                {"history_lost_writes", st.history_lost_writes},
                 {"mlock_failures", st.mlock_failures},
                 {"locked_bytes", st.locked_bytes},
                 {"peak_slack_bytes", st.peak_slack_bytes},

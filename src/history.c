@@ -15,6 +15,10 @@
  *  - Ring slots are written by any thread and copied by snapshots: each is
  *    guarded by its sequence word (a seqlock whose fields are all atomics),
  *    so a reader skips a slot it saw half written instead of reading it.
+ *    A writer claims its slot with a CAS that fails while a writer of an
+ *    older lap still holds it: two writers never fill one slot at once (the
+ *    seqlock alone let a reader accept fields of two entries). The loser
+ *    drops its entry and counts it (hist.lost: stats history_lost_writes).
  *  - A block's info word is written by the allocating thread and read by
  *    snapshots: one atomic (PyTorch wrote such fields under one lock and
  *    read them under another; mutant BLOCKINFO_PLAIN puts that back).
@@ -321,17 +325,35 @@ static void emit(pinpool_t *pool, int action, uint64_t addr, uint64_t size,
     return;
   uint64_t seq = pp_fetch_add_relaxed(&r->head, 1);
   pp_hslot_t *s = &r->slots[seq & r->mask];
-  /* Odd first, then the fields, then the final value with release: a
-   * reader that sees 2*seq+2 before and after its copy copied this entry. */
-  pp_store_relaxed(&s->seq, 2 * seq + 1);
+  /* Claim the slot: from an even (complete) value below ours to odd, in
+   * one CAS. A slot's sequence word only grows, so the claim also proves
+   * that no writer of an older lap is still filling it: one preempted for a
+   * whole lap left it odd (or wrote its final value after a newer claim
+   * failed), and then this entry is dropped and counted instead of being
+   * written beside the other writer's fields. Without the claim a reader
+   * accepted a mix of two entries (docs/verification.md, "Review
+   * defects", 1). */
+  uint64_t cur = pp_load_relaxed(&s->seq);
+  do {
+    if ((cur & 1) != 0 || cur >= 2 * seq + 2) {
+      pp_fetch_add_relaxed(&pool->hist.lost, 1);
+      return;
+    }
+  } while (!atomic_compare_exchange_weak_explicit(
+      &s->seq, &cur, 2 * seq + 1, memory_order_relaxed, memory_order_relaxed));
+  /* The odd value is visible before any field (a reader that sees a field
+   * of ours also sees the claim, and its re-check fails). */
   atomic_thread_fence(memory_order_release);
+  pp_hook(PP_HOOK_HIST_CLAIMED);
   pp_store_relaxed(&s->time, pp_hist_clock(pool));
   pp_store_relaxed(&s->addr, addr);
+  pp_hook(PP_HOOK_HIST_FIELDS);
   pp_store_relaxed(&s->size, size);
   pp_store_relaxed(&s->req, req);
   pp_store_relaxed(&s->stream, stream);
   pp_store_relaxed(&s->tid_action, (uint64_t)tid << 8 | (uint64_t)action);
   pp_store_relaxed(&s->stack, stack);
+  pp_hook(PP_HOOK_HIST_PUBLISH);
   pp_store_release(&s->seq, 2 * seq + 2);
 }
 
@@ -410,6 +432,7 @@ int pp_hist_init(pinpool_t *pool) {
   atomic_init(&h->ring, NULL);
   atomic_init(&h->max_entries, 0);
   atomic_init(&h->base_seq, 0);
+  atomic_init(&h->lost, 0);
   atomic_init(&h->stacks, NULL);
   pp_mutex_init(&h->lock);
   h->retired = NULL;

@@ -105,6 +105,28 @@ bool pp_mutex_held(pp_mutex_t *m);
 #define pp_assert_held(m) ((void)0)
 #endif
 
+/* ---- Test hooks (testhook.c) -------------------------------------------
+ * Named points on slow paths where a test can stop a thread to force one
+ * interleaving deterministically (docs/verification.md: a race is proven
+ * fixed by a test that replays it, not by a lucky stress run). NULL outside
+ * tests: one acquire load per point, and no point is on a hot path. Tests
+ * reach pp_test_hook through the static library (hidden in the shared one). */
+enum {
+  PP_HOOK_HIST_CLAIMED = 1, /* emit: slot claimed, before any field */
+  PP_HOOK_HIST_FIELDS,      /* emit: half of the fields written */
+  PP_HOOK_HIST_PUBLISH,     /* emit: every field written, not yet published */
+  PP_HOOK_SNAP_HISTORY,     /* snapshot: ring bounds read, entries not yet */
+  PP_HOOK_EVENT_DONE,       /* last event of a block done, block not cached */
+  PP_HOOK_RESET_PEAK,       /* reset_peak_stats: a peak read, not yet set */
+};
+typedef void (*pp_test_hook_fn)(int point);
+extern _Atomic(pp_test_hook_fn) pp_test_hook;
+static inline void pp_hook(int point) {
+  pp_test_hook_fn f = atomic_load_explicit(&pp_test_hook, memory_order_acquire);
+  if (pp_unlikely(f != NULL))
+    f(point);
+}
+
 /* ---- Errors (error.c) ----------------------------------------------------
  * pp_fail records a message for pinpool_last_error() and returns `code`. */
 int pp_fail(int code, const char *fmt, ...)
@@ -200,6 +222,7 @@ enum {
   PP_FAULT_RECORD,   /* an event record */
   PP_FAULT_QUERY,    /* an event query */
   PP_FAULT_REGISTER, /* backend=cuda-register: cuMemHostRegister */
+  PP_FAULT_SSET,     /* record_stream: memory for a block's stream set */
   PP_FAULT_SITES
 };
 typedef struct pp_fault {
@@ -597,6 +620,9 @@ typedef struct pp_history {
   _Atomic(pp_hring_t *) ring;    /* never NULL again once set */
   _Atomic(uint64_t) max_entries; /* entries a snapshot keeps */
   _Atomic(uint64_t) base_seq;    /* entries before it were cleared */
+  /* Entries dropped because their slot was still being written by a
+   * writer a lap behind (emit); never reset. */
+  pp_counter_t lost;
   _Atomic(pp_stacktab_t *) stacks;
   pp_mutex_t lock;     /* record_history; the retired list */
   pp_hring_t *retired; /* replaced rings, freed at destroy (late writers) */
@@ -695,10 +721,19 @@ struct pinpool {
   void *error_arg;
   pp_cuda_t *cuda;
   pp_mutex_t sset_locks[64];
-  pp_mutex_t streams_lock; /* the list of stream queues */
-  struct pp_squeue *squeues;
+  pp_mutex_t streams_lock; /* the stream queues: qtab, squeues, items */
+  struct pp_qtab *qtab;      /* stream -> queue, for queues with events */
+  struct pp_squeue *squeues; /* the queues with events (active list) */
   pp_counter_t pending_bytes, pending_blocks;
-  pp_counter_t pending_live; /* pending blocks still waiting for events */
+  /* Pending blocks whose events are not all resolved, or that are still
+   * moving out of PENDING; seq_cst (stream.c, "Waiting"). */
+  _Atomic(uint64_t) pending_live;
+  /* pinpool_synchronize's sleep: sync_gen (under sync_mu, a leaf lock)
+   * counts progress made while sync_waiters > 0. */
+  pthread_mutex_t sync_mu;
+  pthread_cond_t sync_cv;
+  uint64_t sync_gen;
+  _Atomic(unsigned) sync_waiters;
   pp_counter_t ev_recorded, ev_completed, ev_errors;
   pp_counter_t rc_count, rc_total, rc_max; /* reclaim latency */
   pthread_t bg_thread;

@@ -260,6 +260,7 @@ typedef struct snap {
   sentry_t *ent; /* big_alloc'ed, cap_ent entries */
   size_t nent, cap_ent;
   uint64_t recorded, hist_dropped, max_entries;
+  uint64_t hist_lost; /* history.lost when the ring was copied */
   unsigned level, depth;
   pp_stacks_copy_t stacks;
 } snap_t;
@@ -403,19 +404,35 @@ static int read_blocks(snap_t *s, sseg_t *g) {
 
 static int copy_history(snap_t *s) {
   pp_history_t *h = &s->pool->hist;
+  /* The ring, its base and the settings are read together under hist.lock,
+   * under which pinpool_record_history changes them together (a clear
+   * moves the base to the head; a larger ring starts at the old head, which
+   * becomes the base). Read apart, a clear between the head and the base
+   * made base > head and the entry count wrapped: a spurious ENOMEM
+   * (docs/verification.md, "Review defects", 2). The head is read after
+   * the lock: it only grows, and the base was the ring's head when it was
+   * set, so base <= head. A short hold: record_history maps rings before
+   * it takes the lock. */
+  uint64_t t0 = pp_now_ns();
+  pp_mutex_lock(&h->lock);
   s->level = pp_load_relaxed(&h->level);
   s->depth = pp_load_relaxed(&h->depth);
   s->max_entries = pp_load_relaxed(&h->max_entries);
   pp_hring_t *r = pp_load_acquire(&h->ring);
+  uint64_t base = pp_load_relaxed(&h->base_seq);
+  pp_mutex_unlock(&h->lock);
+  hold_done(s, t0);
+  s->hist_lost = pp_load_relaxed(&h->lost);
   if (r == NULL)
     return 0;
+  pp_hook(PP_HOOK_SNAP_HISTORY);
   uint64_t head = pp_load_acquire(&r->head);
-  uint64_t base = pp_load_relaxed(&h->base_seq);
+  pp_assert(head >= base);
   uint64_t keep = s->max_entries < r->mask + 1 ? s->max_entries : r->mask + 1;
   uint64_t start = head > keep ? head - keep : 0;
   if (start < base)
     start = base;
-  s->recorded = head > base ? head - base : 0;
+  s->recorded = head - base;
   if (s->flags & PINPOOL_SNAPSHOT_NO_HISTORY) {
     s->hist_dropped = s->recorded;
     return 0;
@@ -693,7 +710,8 @@ static void write_stats(wbuf_t *w, const pinpool_stats_t *t) {
   wb_kv(w, "peak_slack_bytes", t->peak_slack_bytes, true);
   wb_kv(w, "reserve_bytes", t->reserve_bytes, true);
   wb_kv(w, "max_cached", t->max_cached, true);
-  wb_kv(w, "max_reserved", t->max_reserved, false);
+  wb_kv(w, "max_reserved", t->max_reserved, true);
+  wb_kv(w, "history_lost_writes", t->history_lost_writes, false);
   wb_lit(w, "},\n");
 }
 
@@ -866,6 +884,7 @@ static void write_history(wbuf_t *w, const snap_t *s, const stack_out_t *o) {
   wb_kv(w, "max_entries", s->max_entries, true);
   wb_kv(w, "recorded", s->recorded, true);
   wb_kv(w, "dropped", s->hist_dropped, true);
+  wb_kv(w, "lost_writes", s->hist_lost, true);
   wb_lit(w, "\"fields\":[\"seq\",\"time_ns\",\"action\",\"address\",\"size\","
             "\"requested_size\",\"stream\",\"thread\",\"stack\"],"
             "\"entries\":[");

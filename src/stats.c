@@ -184,6 +184,7 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   st.trimmed_segments = pp_load_relaxed(&g->trimmed);
   st.borrowed_blocks = pp_load_relaxed(&g->borrowed);
   st.remapped_segments = pp_load_relaxed(&g->remapped);
+  st.history_lost_writes = pp_load_relaxed(&pool->hist.lost);
   st.mlock_failures = pp_load_relaxed(&g->mlock_failures);
   st.locked_bytes = pp_load_relaxed(&g->locked_bytes);
   st.backend_alloc = (pinpool_duration_t){pp_load_relaxed(&g->ba_count),
@@ -197,6 +198,23 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   st.max_reserved = pool->cfg.max_reserved;
   *out = st;
   return 0;
+}
+
+/* Set *peak to *cur without losing a concurrent maximum: a thread that
+ * raised cur also raises peak (pp_atomic_max_relaxed), and a plain store of
+ * a cur read earlier could overwrite that new peak with an older, lower
+ * value (docs/verification.md, "Review defects", 7). The peak is read
+ * first and replaced only if it did not change meanwhile; otherwise both
+ * are read again. */
+static void reset_peak(pp_counter_t *peak, pp_counter_t *cur) {
+  uint64_t old = pp_load_relaxed(peak);
+  for (;;) {
+    uint64_t c = pp_load_relaxed(cur);
+    pp_hook(PP_HOOK_RESET_PEAK);
+    if (atomic_compare_exchange_weak_explicit(
+            peak, &old, c, memory_order_relaxed, memory_order_relaxed))
+      return;
+  }
 }
 
 int pinpool_reset_peak_stats(pinpool_t *pool) {
@@ -213,8 +231,7 @@ int pinpool_reset_peak_stats(pinpool_t *pool) {
   pool->rs.max_ncaches = pool->rs.ncaches;
   next_epoch(pool);
   pp_mutex_unlock(&pool->reg_lock);
-  pp_store_relaxed(&pool->gs.reserved_peak,
-                   pp_load_relaxed(&pool->gs.reserved_cur));
-  pp_store_relaxed(&pool->gs.segs_peak, pp_load_relaxed(&pool->gs.segs_cur));
+  reset_peak(&pool->gs.reserved_peak, &pool->gs.reserved_cur);
+  reset_peak(&pool->gs.segs_peak, &pool->gs.segs_cur);
   return 0;
 }

@@ -10,10 +10,24 @@
  * back blocks used only by fast ones (PyTorch polls one global FIFO). When
  * the last event of a block completes, the block goes to its central bin.
  *
+ * Queues exist only while they hold events: a stream's queue is made by the
+ * first event queued on it, found through a hash table, and freed when its
+ * last event is taken off. A poll walks the queues that hold events, never
+ * every stream ever used (servers make a stream per request: a list of
+ * every queue ever made cost 16x more per operation at 16,000 streams).
+ *
  * Locks: the stripe locks (sset_locks) guard the per-block stream sets;
- * streams_lock guards the list of queues; each queue has its own lock.
- * None is held across a provider call (invariant 1): a poller marks a
- * queue's head as being polled, drops the lock, queries, and retakes it.
+ * streams_lock guards the queues (the table, the active list, their items
+ * and polling flags). None is held across a provider call (invariant 1): a
+ * poller marks a queue's head as being polled, drops the lock, queries, and
+ * retakes it; a queue being polled is never freed.
+ *
+ * Waiting (pinpool_synchronize): pending_live counts the blocks whose
+ * events are not all resolved. It drops only after such a block has left
+ * PENDING (cached, or, after an event error, kept PENDING for good): a
+ * caller that sees 0 sees no block in transit. A waiter whose remaining
+ * heads are polled by other threads sleeps on sync_cv until a poller makes
+ * progress; it does not spin.
  */
 #include "internal.h"
 
@@ -43,15 +57,28 @@ typedef struct pp_qitem {
   void *event;
   pp_pending_t *p;
   struct pp_qitem *next;
+  int event_result; /* once taken off its queue: 1 done, < 0 error */
 } pp_qitem_t;
 
+/* All fields under pool->streams_lock (stream: immutable). */
 typedef struct pp_squeue {
-  pinpool_stream_t stream; /* immutable */
-  pp_mutex_t lock;
-  pp_qitem_t *head, *tail; /* under lock */
-  bool polling;            /* under lock: a thread is querying head */
-  struct pp_squeue *next;  /* under pool->streams_lock; never unlinked */
+  pinpool_stream_t stream;
+  pp_qitem_t *head, *tail;
+  bool polling;                /* a thread is querying head, unlocked */
+  struct pp_squeue *hnext;     /* hash chain */
+  struct pp_squeue *prev, *next; /* the active list (queues with items) */
 } pp_squeue_t;
+
+/* The stream -> queue table (pool->qtab), under streams_lock. */
+typedef struct pp_qtab {
+  pp_squeue_t **b; /* buckets; a power of two */
+  size_t nb, n;
+} pp_qtab_t;
+
+static size_t qhash(pinpool_stream_t s, size_t nb) {
+  uint64_t x = (uint64_t)s * 0x9e3779b97f4a7c15u;
+  return (size_t)(x >> 32) & (nb - 1);
+}
 
 static pp_mutex_t *stripe(pinpool_t *pool, pp_segment_t *seg, uint32_t idx) {
   uintptr_t h = ((uintptr_t)seg >> 6) * 31u + idx;
@@ -119,11 +146,31 @@ int pinpool_record_stream(pinpool_t *pool, void *ptr, pinpool_stream_t stream) {
   /* Set the streams bit while the block is ALLOCATED, under the stripe
    * lock: a concurrent free either sees the bit (and then takes the set
    * under this lock, after we added the stream) or has already changed the
-   * state, and we refuse. */
+   * state, and we refuse. The set's memory is obtained first: a call that
+   * fails for want of it leaves the bit as it was (a set bit without a set
+   * made the free wait for nothing and report the block as stream-used). */
   uint64_t w = pp_load_acquire(&seg->word[idx]);
+  pp_sset_t *set = pp_load_relaxed(slot);
+  bool found = false;
+  for (uint32_t i = 0; set != NULL && i < set->n; i++)
+    found |= set->s[i] == stream;
+  pp_sset_t *grown = NULL;
+  if (!found && (set == NULL || set->n == set->cap)) {
+    uint32_t cap = set == NULL ? 4 : set->cap * 2;
+    grown = pp_fault_hit(&pool->cfg, PP_FAULT_SSET)
+                ? NULL
+                : malloc(sizeof *set + cap * sizeof set->s[0]);
+    if (grown == NULL) {
+      pp_mutex_unlock(lk);
+      return pp_fail(PINPOOL_ENOMEM, "pinpool_record_stream: out of memory");
+    }
+    grown->n = 0;
+    grown->cap = cap;
+  }
   do {
     if (PP_WORD_STATE(w) != PP_ALLOCATED) {
       pp_mutex_unlock(lk);
+      free(grown);
       if (PP_WORD_STATE(w) == PP_NEVER)
         return pp_fail(PINPOOL_ENOTOWNED,
                        "pinpool_record_stream: %p was never handed out", ptr);
@@ -132,20 +179,12 @@ int pinpool_record_stream(pinpool_t *pool, void *ptr, pinpool_stream_t stream) {
     }
   } while (!(w & PP_WORD_STREAMS) &&
            !pp_cas_acq_rel(&seg->word[idx], &w, w | PP_WORD_STREAMS));
-  pp_sset_t *set = pp_load_relaxed(slot);
-  bool found = false;
-  for (uint32_t i = 0; set != NULL && i < set->n; i++)
-    found |= set->s[i] == stream;
-  if (!found && (set == NULL || set->n == set->cap)) {
-    uint32_t cap = set == NULL ? 4 : set->cap * 2;
-    pp_sset_t *grown = realloc(set, sizeof *set + cap * sizeof set->s[0]);
-    if (grown == NULL) {
-      pp_mutex_unlock(lk);
-      return pp_fail(PINPOOL_ENOMEM, "pinpool_record_stream: out of memory");
+  if (grown != NULL) {
+    if (set != NULL) {
+      memcpy(grown->s, set->s, set->n * sizeof set->s[0]);
+      grown->n = set->n;
     }
-    if (set == NULL)
-      grown->n = 0;
-    grown->cap = cap;
+    free(set);
     set = grown;
     pp_store_relaxed(slot, set);
   }
@@ -158,26 +197,115 @@ int pinpool_record_stream(pinpool_t *pool, void *ptr, pinpool_stream_t stream) {
 /* ---- Queues ----------------------------------------------------------------
  */
 
-static pp_squeue_t *queue_for(pinpool_t *pool, pinpool_stream_t stream) {
+static pp_squeue_t **qfind(pp_qtab_t *t, pinpool_stream_t stream) {
+  pp_squeue_t **pq = &t->b[qhash(stream, t->nb)];
+  while (*pq != NULL && (*pq)->stream != stream)
+    pq = &(*pq)->hnext;
+  return pq;
+}
+
+/* Grow the table when it holds twice as many queues as buckets. Failure
+ * is harmless: chains get longer. */
+static void qtab_grow(pp_qtab_t *t) {
+  size_t nb = t->nb * 2;
+  pp_squeue_t **b = calloc(nb, sizeof *b);
+  if (b == NULL)
+    return;
+  for (size_t i = 0; i < t->nb; i++)
+    for (pp_squeue_t *q = t->b[i], *next; q != NULL; q = next) {
+      next = q->hnext;
+      size_t h = qhash(q->stream, nb);
+      q->hnext = b[h];
+      b[h] = q;
+    }
+  free(t->b);
+  t->b = b;
+  t->nb = nb;
+}
+
+/* Append `it` to the queue of `stream`, made if the stream has none.
+ * Returns false (nothing queued) when there is no memory for a queue. */
+static bool enqueue(pinpool_t *pool, pinpool_stream_t stream, pp_qitem_t *it) {
+  pp_qtab_t *t = pool->qtab;
   pp_mutex_lock(&pool->streams_lock);
-  pp_squeue_t *q = pool->squeues;
-  while (q != NULL && q->stream != stream)
-    q = q->next;
-  if (q == NULL && (q = calloc(1, sizeof *q)) != NULL) {
+  pp_squeue_t **pq = qfind(t, stream);
+  pp_squeue_t *q = *pq;
+  if (q == NULL) {
+    q = calloc(1, sizeof *q);
+    if (q == NULL) {
+      pp_mutex_unlock(&pool->streams_lock);
+      return false;
+    }
     q->stream = stream;
-    pp_mutex_init(&q->lock);
+    *pq = q;
     q->next = pool->squeues;
+    if (q->next != NULL)
+      q->next->prev = q;
     pool->squeues = q;
+    if (++t->n > 2 * t->nb)
+      qtab_grow(t);
   }
+#ifdef PINPOOL_MUTANT_QUEUE_NO_LOCK
+  /* Race mutant (docs/verification.md): the append outside the lock. */
   pp_mutex_unlock(&pool->streams_lock);
-  return q;
+#endif
+  if (q->tail != NULL)
+    q->tail->next = it;
+  else
+    q->head = it;
+  q->tail = it;
+#ifndef PINPOOL_MUTANT_QUEUE_NO_LOCK
+  pp_mutex_unlock(&pool->streams_lock);
+#endif
+  return true;
+}
+
+/* Take an empty queue that nobody polls out of the table and the active
+ * list, and free it. */
+static void queue_drop_locked(pinpool_t *pool, pp_squeue_t *q) {
+  pp_assert_held(&pool->streams_lock);
+  pp_assert(q->head == NULL && !q->polling);
+  pp_qtab_t *t = pool->qtab;
+  pp_squeue_t **pq = qfind(t, q->stream);
+  pp_assert(*pq == q);
+  *pq = q->hnext;
+  t->n--;
+  if (q->prev != NULL)
+    q->prev->next = q->next;
+  else
+    pool->squeues = q->next;
+  if (q->next != NULL)
+    q->next->prev = q->prev;
+  free(q);
+}
+
+/* Wake pinpool_synchronize callers waiting for progress. The check of
+ * sync_waiters and the waiter's check of pending_live are both seq_cst
+ * (a store-load pair each side): either the waiter sees our progress
+ * before it sleeps, or we see it waiting and wake it under sync_mu. */
+static void progress(pinpool_t *pool) {
+  if (atomic_load(&pool->sync_waiters) == 0)
+    return;
+  pthread_mutex_lock(&pool->sync_mu);
+  pool->sync_gen++;
+  pthread_cond_broadcast(&pool->sync_cv);
+  pthread_mutex_unlock(&pool->sync_mu);
+}
+
+/* A block's events are all resolved and it has left transit (cached, or
+ * kept PENDING for good after an error): the last step, so that a caller
+ * that sees pending_live at 0 sees no block still moving. */
+static void live_done(pinpool_t *pool) {
+  atomic_fetch_sub(&pool->pending_live, 1); /* seq_cst: see progress() */
+  progress(pool);
 }
 
 static void report_error(pinpool_t *pool, int err, pp_pending_t *p) {
   pp_fetch_add_relaxed(&pool->ev_errors, 1);
-  bool was = atomic_exchange_explicit(&p->failed, true, memory_order_acq_rel);
-  if (!was)
-    pp_fetch_sub_relaxed(&pool->pending_live, 1);
+  /* The block stays in pending_live until its other events are resolved
+   * too: synchronize, and so destroy, wait for every stream that may
+   * still use it (an error on one stream says nothing about the others). */
+  atomic_store_explicit(&p->failed, true, memory_order_release);
   if (pool->on_error != NULL) {
     size_t bs = pp_load_relaxed(&p->seg->block_size);
     void *block = (void *)(pp_load_relaxed(&p->seg->base) + p->idx * bs);
@@ -226,24 +354,31 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
     return;
   if (pp_load_acquire(&p->failed)) {
     /* The device may have faulted while using the block: keep it PENDING
-     * forever rather than hand out memory in an unknown state. */
+     * forever rather than hand out memory in an unknown state. Its other
+     * streams are done with it (this is their last event): destroy may
+     * give its segment back. */
     free(p);
+    live_done(pool);
     return;
   }
   size_t bs = pp_class_size(p->cls);
   pp_tentry_t e = {
       (void *)(pp_load_relaxed(&p->seg->base) + (uintptr_t)p->idx * bs), p->seg,
       p->idx};
-  pp_fetch_sub_relaxed(&pool->pending_bytes, bs);
-  pp_fetch_sub_relaxed(&pool->pending_blocks, 1);
-  pp_fetch_sub_relaxed(&pool->pending_live, 1);
   pp_backend_timed(&pool->rc_count, &pool->rc_total, &pool->rc_max,
                    p->freed_ns);
   block_done(pool, p->seg, p->idx, bs, p->req);
   free(p);
+  pp_hook(PP_HOOK_EVENT_DONE);
   /* PENDING -> CACHED happens inside the bin push (one store, under the
-   * bin lock), so no reader ever sees the block in two states. */
+   * bin lock), so no reader ever sees the block in two states. The pending
+   * counters drop after it: a synchronize that returns, and a validate
+   * after it, find the block cached (they dropped before, and validate
+   * failed; docs/verification.md, "Review defects", 3). */
   pp_central_give(pool, pp_class_index(bs), &e, 1);
+  pp_fetch_sub_relaxed(&pool->pending_bytes, bs);
+  pp_fetch_sub_relaxed(&pool->pending_blocks, 1);
+  live_done(pool);
 }
 
 /* ---- Free ---------------------------------------------------------------- */
@@ -264,7 +399,7 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
   pp_owner_add(&tc->c.blk_free, bs);
   pp_fetch_add_relaxed(&pool->pending_bytes, bs);
   pp_fetch_add_relaxed(&pool->pending_blocks, 1);
-  pp_fetch_add_relaxed(&pool->pending_live, 1);
+  atomic_fetch_add(&pool->pending_live, 1);
 
   /* The set stays in its slot while the block is PENDING, so a snapshot
    * can list the streams awaited; nobody changes it meanwhile (record_stream
@@ -291,13 +426,13 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
         pool->ev.release(pool->ev.ctx, ev);
       }
     }
-    pp_fetch_sub_relaxed(&pool->pending_bytes, bs);
-    pp_fetch_sub_relaxed(&pool->pending_blocks, 1);
-    pp_fetch_sub_relaxed(&pool->pending_live, 1);
     pp_tentry_t e = {(void *)(pp_load_relaxed(&seg->base) + idx * bs), seg,
                      idx};
     block_done(pool, seg, idx, bs, req);
     pp_central_give(pool, pp_class_index(bs), &e, 1);
+    pp_fetch_sub_relaxed(&pool->pending_bytes, bs);
+    pp_fetch_sub_relaxed(&pool->pending_blocks, 1);
+    live_done(pool);
     return 0;
   }
   *p = (pp_pending_t){.seg = seg,
@@ -316,8 +451,17 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
                  ? pp_fail(PINPOOL_EDEVICE, "injected failure of an event "
                                             "record")
                  : pool->ev.record(pool->ev.ctx, set->s[i], &ev);
-    pp_squeue_t *q = rc == 0 ? queue_for(pool, set->s[i]) : NULL;
-    pp_qitem_t *it = q != NULL ? malloc(sizeof *it) : NULL;
+    pp_qitem_t *it = rc == 0 ? malloc(sizeof *it) : NULL;
+    if (it != NULL) {
+      *it = (pp_qitem_t){ev, p, NULL, 0};
+      /* Counted before a poller can complete it (completed <= recorded). */
+      pp_fetch_add_relaxed(&pool->ev_recorded, 1);
+      if (!enqueue(pool, set->s[i], it)) {
+        pp_fetch_sub_relaxed(&pool->ev_recorded, 1);
+        free(it);
+        it = NULL;
+      }
+    }
     if (it == NULL) {
       if (rc == 0)
         pool->ev.release(pool->ev.ctx, ev);
@@ -330,19 +474,6 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
       dropped++;
       continue;
     }
-    pp_fetch_add_relaxed(&pool->ev_recorded, 1);
-    *it = (pp_qitem_t){ev, p, NULL};
-#ifndef PINPOOL_MUTANT_QUEUE_NO_LOCK
-    pp_mutex_lock(&q->lock);
-#endif
-    if (q->tail != NULL)
-      q->tail->next = it;
-    else
-      q->head = it;
-    q->tail = it;
-#ifndef PINPOOL_MUTANT_QUEUE_NO_LOCK
-    pp_mutex_unlock(&q->lock);
-#endif
   }
   /* Our +1 is still held, so this cannot reach zero. */
   atomic_fetch_sub_explicit(&p->remaining, dropped, memory_order_acq_rel);
@@ -353,54 +484,76 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
 /* ---- Polling ---------------------------------------------------------------
  */
 
-void pp_process(pinpool_t *pool, unsigned budget, bool wait) {
-  if (!pool->has_events || pp_load_relaxed(&pool->pending_live) == 0)
-    return;
+/* Resolve the events taken off the queues (no lock held): release them,
+ * count them, and let their blocks go when it was their last. */
+static void finish(pinpool_t *pool, pp_qitem_t *done) {
+  while (done != NULL) {
+    pp_qitem_t *it = done;
+    done = it->next;
+    int r = it->event_result;
+    pool->ev.release(pool->ev.ctx, it->event);
+    if (r == 1)
+      pp_fetch_add_relaxed(&pool->ev_completed, 1);
+    else
+      report_error(pool, r < 0 ? r : PINPOOL_EDEVICE, it->p);
+    event_done(pool, it->p);
+    free(it);
+  }
+}
+
+/* Poll the heads of the queues that hold events: up to `budget`
+ * completions. wait: synchronize each head instead of querying it. One
+ * pass over the active list; completed items are resolved at the next
+ * unlock (finish), so the walk never restarts. */
+static void process(pinpool_t *pool, unsigned budget, bool wait) {
+  pp_qitem_t *done = NULL, **done_tail = &done;
   pp_mutex_lock(&pool->streams_lock);
-  pp_squeue_t *first = pool->squeues; /* queues are never unlinked */
-  pp_mutex_unlock(&pool->streams_lock);
-  for (pp_squeue_t *q = first; q != NULL && budget > 0;) {
-    pp_mutex_lock(&q->lock);
-    pp_qitem_t *it = q->polling ? NULL : q->head;
-    if (it == NULL) {
-      pp_mutex_unlock(&q->lock);
-      pp_mutex_lock(&pool->streams_lock);
+  pp_squeue_t *q = pool->squeues;
+  while (q != NULL && budget > 0) {
+    pp_qitem_t *it = q->head;
+    if (it == NULL || q->polling) {
       q = q->next;
-      pp_mutex_unlock(&pool->streams_lock);
       continue;
     }
-    q->polling = true;
-    pp_mutex_unlock(&q->lock);
+    q->polling = true; /* q is not freed while set, by anyone */
+    pp_mutex_unlock(&pool->streams_lock);
+    finish(pool, done);
+    done = NULL;
+    done_tail = &done;
     int r = wait ? pool->ev.synchronize(pool->ev.ctx, it->event)
             : pp_fault_hit(&pool->cfg, PP_FAULT_QUERY)
                 ? pp_fail(PINPOOL_EDEVICE, "injected failure of an event query")
                 : pool->ev.query(pool->ev.ctx, it->event);
     if (wait && r == 0)
       r = 1;
-    pp_mutex_lock(&q->lock);
+    pp_mutex_lock(&pool->streams_lock);
     q->polling = false;
+    /* A synchronize that found this head busy may now wait on it itself. */
+    progress(pool);
+    pp_squeue_t *next = q->next;
     if (r != 0) {
       q->head = it->next;
-      if (q->head == NULL)
+      if (q->head == NULL) {
         q->tail = NULL;
+        queue_drop_locked(pool, q);
+      }
+      it->event_result = r;
+      it->next = NULL;
+      *done_tail = it;
+      done_tail = &it->next;
+      budget--;
     }
-    pp_mutex_unlock(&q->lock);
-    if (r == 0) { /* head not done: nothing behind it on this stream is */
-      pp_mutex_lock(&pool->streams_lock);
-      q = q->next;
-      pp_mutex_unlock(&pool->streams_lock);
-      continue;
-    }
-    pool->ev.release(pool->ev.ctx, it->event);
-    if (r == 1) {
-      pp_fetch_add_relaxed(&pool->ev_completed, 1);
-    } else {
-      report_error(pool, r < 0 ? r : PINPOOL_EDEVICE, it->p);
-    }
-    event_done(pool, it->p);
-    free(it);
-    budget--;
+    /* Not done: nothing behind the head on this stream is either. */
+    q = next;
   }
+  pp_mutex_unlock(&pool->streams_lock);
+  finish(pool, done);
+}
+
+void pp_process(pinpool_t *pool, unsigned budget, bool wait) {
+  if (!pool->has_events || pp_load_relaxed(&pool->pending_live) == 0)
+    return;
+  process(pool, budget, wait);
 }
 
 int pinpool_process_events(pinpool_t *pool) {
@@ -413,12 +566,26 @@ int pinpool_process_events(pinpool_t *pool) {
 int pinpool_synchronize(pinpool_t *pool) {
   if (pool == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_synchronize: pool is NULL");
-  /* Another thread may be polling a head: it will finish it shortly. */
-  while (pp_load_relaxed(&pool->pending_live) != 0) {
-    pp_process(pool, UINT32_MAX, true);
-    if (pp_load_relaxed(&pool->pending_live) != 0)
-      (void)sched_yield();
+  if (!pool->has_events)
+    return 0;
+  /* A waiter from the start: progress made by others during a pass below
+   * bumps sync_gen, so it is not slept through. */
+  atomic_fetch_add(&pool->sync_waiters, 1);
+  for (;;) {
+    pthread_mutex_lock(&pool->sync_mu);
+    uint64_t gen = pool->sync_gen;
+    pthread_mutex_unlock(&pool->sync_mu);
+    if (atomic_load(&pool->pending_live) == 0)
+      break;
+    process(pool, UINT32_MAX, true);
+    /* What is left is polled by other threads (or completing in event_done
+     * on them): sleep until one of them makes progress. */
+    pthread_mutex_lock(&pool->sync_mu);
+    while (pool->sync_gen == gen && atomic_load(&pool->pending_live) != 0)
+      pthread_cond_wait(&pool->sync_cv, &pool->sync_mu);
+    pthread_mutex_unlock(&pool->sync_mu);
   }
+  atomic_fetch_sub(&pool->sync_waiters, 1);
   return 0;
 }
 
@@ -462,6 +629,18 @@ int pp_streams_init(pinpool_t *pool) {
   pp_mutex_init(&pool->streams_lock);
   (void)pthread_mutex_init(&pool->bg_mutex, NULL);
   (void)pthread_cond_init(&pool->bg_cond, NULL);
+  (void)pthread_mutex_init(&pool->sync_mu, NULL);
+  (void)pthread_cond_init(&pool->sync_cv, NULL);
+  atomic_init(&pool->sync_waiters, 0);
+  pool->sync_gen = 0;
+  pool->squeues = NULL;
+  pool->qtab = calloc(1, sizeof *pool->qtab);
+  if (pool->qtab != NULL) {
+    pool->qtab->nb = 16;
+    pool->qtab->b = calloc(pool->qtab->nb, sizeof *pool->qtab->b);
+  }
+  if (pool->qtab == NULL || pool->qtab->b == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "pinpool_create: out of memory");
   if (pool->has_events && pool->cfg.background) {
     int e = pthread_create(&pool->bg_thread, NULL, bg_main, pool);
     if (e != 0)
@@ -482,8 +661,8 @@ void pp_streams_fini(pinpool_t *pool) {
     (void)pthread_join(pool->bg_thread, NULL);
     pool->bg_running = false;
   }
-  /* destroy: nobody else uses the pool. Queued events are released; their
-   * blocks go down with their segments. */
+  /* destroy (after synchronize: the queues are empty) or a failed create
+   * (no event was ever queued). */
   for (pp_squeue_t *q = pool->squeues, *next; q != NULL; q = next) {
     next = q->next;
     for (pp_qitem_t *it = q->head, *n2; it != NULL; it = n2) {
@@ -494,10 +673,16 @@ void pp_streams_fini(pinpool_t *pool) {
         free(it->p);
       free(it);
     }
-    pp_mutex_destroy(&q->lock);
     free(q);
   }
   pool->squeues = NULL;
+  if (pool->qtab != NULL) {
+    free(pool->qtab->b);
+    free(pool->qtab);
+    pool->qtab = NULL;
+  }
+  (void)pthread_mutex_destroy(&pool->sync_mu);
+  (void)pthread_cond_destroy(&pool->sync_cv);
   for (int i = 0; i < 64; i++)
     pp_mutex_destroy(&pool->sset_locks[i]);
   pp_mutex_destroy(&pool->streams_lock);

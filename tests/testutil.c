@@ -182,6 +182,7 @@ void pp_check_stats_equal_(const pinpool_stats_t *a, const pinpool_stats_t *b,
   CMP_U64(trimmed_segments)
   CMP_U64(borrowed_blocks)
   CMP_U64(remapped_segments)
+  CMP_U64(history_lost_writes)
   CMP_U64(mlock_failures)
   CMP_U64(locked_bytes)
   CMP_U64(backend_alloc.count)

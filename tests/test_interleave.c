@@ -1,0 +1,513 @@
+/*
+ * Interleavings forced through the library's test hook (src/internal.h,
+ * "Test hooks"): each test stops one thread at a named point inside a
+ * pinpool call, makes the other thread do exactly the conflicting step, and
+ * then lets the first go on. Each replays a defect an independent review
+ * found and the stress tests missed, because the window is a few
+ * instructions wide (docs/verification.md, "Review defects"): a test that
+ * fails before the fix on every run, not on a lucky one.
+ */
+#include "testutil.h"
+
+#include "internal.h" /* pp_test_hook */
+
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+static void sleep_ms(unsigned ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* ---- The gate: stop the armed thread at a hook point ----------------------
+ * A thread arms points for itself (stop_here) or any thread arms a point for
+ * whichever thread reaches it first (stop_anyone). The first arrival at an
+ * armed point waits there until the test releases it. */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static unsigned g_arrived, g_released, g_any; /* bit masks of points */
+static _Thread_local unsigned t_armed;
+
+static void gate_hook(int point) {
+  unsigned bit = 1u << point;
+  pthread_mutex_lock(&g_mu);
+  bool mine = (t_armed & bit) != 0 || (g_any & bit) != 0;
+  if (!mine || (g_arrived & bit) != 0) {
+    pthread_mutex_unlock(&g_mu);
+    return;
+  }
+  t_armed &= ~bit;
+  g_any &= ~bit;
+  g_arrived |= bit;
+  pthread_cond_broadcast(&g_cv);
+  while ((g_released & bit) == 0)
+    pthread_cond_wait(&g_cv, &g_mu);
+  pthread_mutex_unlock(&g_mu);
+}
+
+static void gate_reset(void) {
+  pthread_mutex_lock(&g_mu);
+  g_arrived = g_released = g_any = 0;
+  pthread_mutex_unlock(&g_mu);
+  t_armed = 0;
+  atomic_store(&pp_test_hook, gate_hook);
+}
+
+static void gate_off(void) { atomic_store(&pp_test_hook, NULL); }
+
+static void stop_here(int point) { t_armed |= 1u << point; }
+
+static void stop_anyone(int point) {
+  pthread_mutex_lock(&g_mu);
+  g_any |= 1u << point;
+  pthread_mutex_unlock(&g_mu);
+}
+
+/* Wait (up to 10 s) until a thread stopped at `point`. */
+static void wait_arrived(int point) {
+  struct timespec dl;
+  clock_gettime(CLOCK_REALTIME, &dl);
+  dl.tv_sec += 10;
+  pthread_mutex_lock(&g_mu);
+  int rc = 0;
+  while ((g_arrived & (1u << point)) == 0 && rc == 0)
+    rc = pthread_cond_timedwait(&g_cv, &g_mu, &dl);
+  bool ok = (g_arrived & (1u << point)) != 0;
+  pthread_mutex_unlock(&g_mu);
+  PP_ASSERT(ok, "no thread reached hook point %d", point);
+}
+
+static void release(int point) {
+  pthread_mutex_lock(&g_mu);
+  g_released |= 1u << point;
+  pthread_cond_broadcast(&g_cv);
+  pthread_mutex_unlock(&g_mu);
+}
+
+static uint32_t gettid_(void) { return (uint32_t)syscall(SYS_gettid); }
+
+static json_t *snapshot_json(pinpool_t *pool) {
+  char *text = NULL;
+  size_t len = 0;
+  PP_OK(pinpool_snapshot_write_mem(pool, &text, &len,
+                                   PINPOOL_SNAPSHOT_NO_SYMBOLS));
+  json_error_t err;
+  json_t *root = json_loads(text, 0, &err);
+  PP_ASSERT(root != NULL, "snapshot is not JSON: %s (line %d)", err.text,
+            err.line);
+  pinpool_snapshot_free(text);
+  return root;
+}
+
+/* ---- 1. A writer a whole lap behind must not tear a newer entry ---------- */
+
+enum { VICTIM_REQ = 3000, VICTIM_BS = 3072, MAIN_REQ = 5000, MAIN_BS = 5120 };
+
+typedef struct victim {
+  pinpool_t *pool;
+  void *p;
+  uint32_t tid;
+} victim_t;
+
+static void *victim_alloc(void *arg) {
+  victim_t *v = arg;
+  v->tid = gettid_();
+  stop_here(PP_HOOK_HIST_FIELDS);
+  stop_here(PP_HOOK_HIST_PUBLISH);
+  PP_OK(pinpool_alloc(v->pool, VICTIM_REQ, &v->p));
+  t_armed = 0;
+  return NULL;
+}
+
+static void test_history_lapped_writer(void **state) {
+  (void)state;
+  pinpool_t *pool;
+  PP_OK(pinpool_create("", &pool));
+  /* The victim's class has a segment with free blocks already: its
+   * allocation records one entry (alloc), no segment_alloc. */
+  void *warm;
+  PP_OK(pinpool_alloc(pool, VICTIM_REQ, &warm));
+  PP_OK(pinpool_free(pool, warm));
+  PP_OK(pinpool_alloc(pool, MAIN_REQ, &warm));
+  PP_OK(pinpool_free(pool, warm));
+  pinpool_history_options_t ho = {PINPOOL_HISTORY_ALLOC, 1024, 0, 0};
+  PP_OK(pinpool_record_history(pool, &ho));
+  gate_reset();
+
+  victim_t v = {pool, NULL, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, victim_alloc, &v);
+  /* The victim claimed its slot and wrote half of its entry. */
+  wait_arrived(PP_HOOK_HIST_FIELDS);
+  /* A lap and a half of entries from this thread: the victim's slot comes
+   * round again. */
+  for (int i = 0; i < 800; i++) {
+    void *p;
+    PP_OK(pinpool_alloc(pool, MAIN_REQ, &p));
+    PP_OK(pinpool_free(pool, p));
+  }
+  /* The victim writes the rest of its fields and stops before publishing. */
+  release(PP_HOOK_HIST_FIELDS);
+  wait_arrived(PP_HOOK_HIST_PUBLISH);
+  json_t *root = snapshot_json(pool);
+  release(PP_HOOK_HIST_PUBLISH);
+  pthread_join(th, NULL);
+  gate_off();
+
+  uint32_t me = gettid_();
+  json_t *entries = json_object_get(json_object_get(root, "history"),
+                                    "entries");
+  PP_ASSERT(json_array_size(entries) > 0, "no history entries");
+  size_t i;
+  json_t *e;
+  json_array_foreach(entries, i, e) {
+    uint64_t addr = (uint64_t)json_integer_value(json_array_get(e, 3));
+    uint64_t size = (uint64_t)json_integer_value(json_array_get(e, 4));
+    uint64_t req = (uint64_t)json_integer_value(json_array_get(e, 5));
+    uint32_t tid = (uint32_t)json_integer_value(json_array_get(e, 7));
+    /* Every field of an entry comes from one event: the victim's has its
+     * request, block size, thread and address; every other is this
+     * thread's. */
+    if (tid == v.tid || req == VICTIM_REQ)
+      PP_ASSERT(tid == v.tid && req == VICTIM_REQ && size == VICTIM_BS &&
+                    addr == (uint64_t)(uintptr_t)v.p,
+                "entry %zu mixes two events: thread %u (victim %u), request "
+                "%llu, size %llu, address %#llx (victim's block %p)",
+                i, tid, v.tid, (unsigned long long)req,
+                (unsigned long long)size, (unsigned long long)addr, v.p);
+    else
+      PP_ASSERT(tid == me && size == MAIN_BS &&
+                    (req == MAIN_REQ || req == 0),
+                "entry %zu: thread %u request %llu size %llu", i, tid,
+                (unsigned long long)req, (unsigned long long)size);
+  }
+  /* The entry that found its slot still being written was dropped, and
+   * counted where a user looks. */
+  json_t *hist = json_object_get(root, "history");
+  uint64_t lost =
+      (uint64_t)json_integer_value(json_object_get(hist, "lost_writes"));
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.history_lost_writes >= 1 && lost >= 1,
+            "lost writes: stats %llu, snapshot %llu",
+            (unsigned long long)st.history_lost_writes,
+            (unsigned long long)lost);
+  json_decref(root);
+  PP_OK(pinpool_free(pool, v.p));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+/* ---- 2. A snapshot racing record_history (clear, a larger ring) ---------- */
+
+typedef struct snap_arg {
+  pinpool_t *pool;
+  int rc;
+  char *text;
+  size_t len;
+} snap_arg_t;
+
+static void *snap_thread(void *arg) {
+  snap_arg_t *a = arg;
+  stop_here(PP_HOOK_SNAP_HISTORY);
+  a->rc = pinpool_snapshot_write_mem(a->pool, &a->text, &a->len,
+                                     PINPOOL_SNAPSHOT_NO_SYMBOLS);
+  t_armed = 0;
+  return NULL;
+}
+
+static void snapshot_vs_record(const pinpool_history_options_t *change) {
+  pinpool_t *pool;
+  PP_OK(pinpool_create("", &pool));
+  pinpool_history_options_t ho = {PINPOOL_HISTORY_ALLOC, 1024, 0, 0};
+  PP_OK(pinpool_record_history(pool, &ho));
+  for (int i = 0; i < 50; i++) {
+    void *p;
+    PP_OK(pinpool_alloc(pool, 4096, &p));
+    PP_OK(pinpool_free(pool, p));
+  }
+  gate_reset();
+  snap_arg_t a = {pool, -1, NULL, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, snap_thread, &a);
+  wait_arrived(PP_HOOK_SNAP_HISTORY);
+  /* Entries after the snapshot read the ring's bounds, then the change.
+   * (121 at most in all: 120 for the pairs, one segment_alloc.) */
+  for (int i = 0; i < 10; i++) {
+    void *p;
+    PP_OK(pinpool_alloc(pool, 4096, &p));
+    PP_OK(pinpool_free(pool, p));
+  }
+  PP_OK(pinpool_record_history(pool, change));
+  release(PP_HOOK_SNAP_HISTORY);
+  pthread_join(th, NULL);
+  gate_off();
+  PP_ASSERT(a.rc == 0, "snapshot failed with %s: %s", pp_code_name(a.rc),
+            pinpool_last_error());
+  json_error_t err;
+  json_t *root = json_loads(a.text, 0, &err);
+  PP_ASSERT(root != NULL, "snapshot is not JSON: %s", err.text);
+  json_t *hist = json_object_get(root, "history");
+  uint64_t recorded =
+      (uint64_t)json_integer_value(json_object_get(hist, "recorded"));
+  uint64_t dropped =
+      (uint64_t)json_integer_value(json_object_get(hist, "dropped"));
+  size_t n = json_array_size(json_object_get(hist, "entries"));
+  PP_ASSERT(recorded <= 121 && n + dropped == recorded,
+            "history: recorded %llu, dropped %llu, %zu entries",
+            (unsigned long long)recorded, (unsigned long long)dropped, n);
+  json_decref(root);
+  pinpool_snapshot_free(a.text);
+  pinpool_destroy(pool);
+}
+
+static void test_snapshot_vs_clear(void **state) {
+  (void)state;
+  pinpool_history_options_t clear = {PINPOOL_HISTORY_ALLOC, 0, 0, 1};
+  snapshot_vs_record(&clear);
+}
+
+static void test_snapshot_vs_larger_ring(void **state) {
+  (void)state;
+  pinpool_history_options_t grow = {PINPOOL_HISTORY_ALLOC, 8192, 0, 0};
+  snapshot_vs_record(&grow);
+}
+
+/* ---- Controllable events (callbacks provider) ---------------------------- */
+typedef struct ev {
+  _Atomic(int) state; /* 0 pending, 1 done, -1 error */
+  pinpool_stream_t stream;
+  struct ev *next;
+} ev_t;
+
+typedef struct evp {
+  pthread_mutex_t mu;
+  ev_t *all;
+} evp_t;
+
+static int evp_record(void *ctx, pinpool_stream_t s, void **out) {
+  evp_t *p = ctx;
+  ev_t *e = calloc(1, sizeof *e);
+  if (e == NULL)
+    return PINPOOL_ENOMEM;
+  e->stream = s;
+  pthread_mutex_lock(&p->mu);
+  e->next = p->all;
+  p->all = e;
+  pthread_mutex_unlock(&p->mu);
+  *out = e;
+  return 0;
+}
+static int evp_query(void *ctx, void *e) {
+  (void)ctx;
+  int s = atomic_load(&((ev_t *)e)->state);
+  return s < 0 ? PINPOOL_EDEVICE : s;
+}
+static int evp_sync(void *ctx, void *ev) {
+  (void)ctx;
+  ev_t *e = ev;
+  while (atomic_load(&e->state) == 0)
+    sleep_ms(1);
+  return atomic_load(&e->state) < 0 ? PINPOOL_EDEVICE : 0;
+}
+static void evp_release(void *ctx, void *e) {
+  (void)ctx;
+  (void)e;
+}
+static ev_t *evp_find(evp_t *p, pinpool_stream_t s) {
+  pthread_mutex_lock(&p->mu);
+  ev_t *e = p->all;
+  while (e != NULL && e->stream != s)
+    e = e->next;
+  pthread_mutex_unlock(&p->mu);
+  return e;
+}
+static void evp_fini(evp_t *p) {
+  for (ev_t *e = p->all, *n; e != NULL; e = n) {
+    n = e->next;
+    free(e);
+  }
+}
+
+typedef struct call_arg {
+  pinpool_t *pool;
+  _Atomic(int) done;
+} call_arg_t;
+
+static void *sync_thread(void *arg) {
+  call_arg_t *c = arg;
+  PP_OK(pinpool_synchronize(c->pool));
+  atomic_store(&c->done, 1);
+  return NULL;
+}
+
+static void on_error_quiet(void *arg, int err, const char *msg, void *b) {
+  (void)arg, (void)err, (void)msg, (void)b;
+}
+
+/* ---- 3. synchronize must not return before the block left PENDING ------- */
+
+static void test_synchronize_waits_for_cache(void **state) {
+  (void)state;
+  evp_t evp = {PTHREAD_MUTEX_INITIALIZER, NULL};
+  pinpool_events_t evt = {"gate",      evp_record,  evp_query,
+                          evp_sync,    evp_release, &evp};
+  pinpool_hooks_t hooks = {NULL, &evt, NULL, NULL};
+  pinpool_t *pool;
+  PP_OK(pinpool_create_ex("background=1,poll_us=200", &hooks, &pool));
+  void *p;
+  PP_OK(pinpool_alloc(pool, 64 * KiB, &p));
+  PP_OK(pinpool_record_stream(pool, p, 1));
+  PP_OK(pinpool_free(pool, p));
+  gate_reset();
+  /* The background thread sees the event complete and stops before the
+   * block is cached. */
+  stop_anyone(PP_HOOK_EVENT_DONE);
+  atomic_store(&evp_find(&evp, 1)->state, 1);
+  wait_arrived(PP_HOOK_EVENT_DONE);
+  call_arg_t c = {pool, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, sync_thread, &c);
+  sleep_ms(100);
+  bool early = atomic_load(&c.done) != 0;
+  int vrc = early ? pinpool_validate(pool) : 0;
+  release(PP_HOOK_EVENT_DONE);
+  pthread_join(th, NULL);
+  gate_off();
+  PP_ASSERT(!early,
+            "pinpool_synchronize returned while the block was still in "
+            "transit from PENDING (validate: %s)",
+            pp_code_name(vrc));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  evp_fini(&evp);
+}
+
+/* ---- 5. An event error must not let the memory go while another stream
+ * may still use it ---------------------------------------------------------- */
+
+typedef struct destroy_arg {
+  pinpool_t *pool;
+  _Atomic(int) done;
+} destroy_arg_t;
+
+static void *destroy_thread(void *arg) {
+  destroy_arg_t *d = arg;
+  pinpool_destroy(d->pool);
+  atomic_store(&d->done, 1);
+  return NULL;
+}
+
+static void test_error_keeps_other_streams(void **state) {
+  (void)state;
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_backend_t bt = cb_table(&cb, 0);
+  evp_t evp = {PTHREAD_MUTEX_INITIALIZER, NULL};
+  pinpool_events_t evt = {"gate",      evp_record,  evp_query,
+                          evp_sync,    evp_release, &evp};
+  pinpool_hooks_t hooks = {&bt, &evt, on_error_quiet, NULL};
+  pinpool_t *pool;
+  PP_OK(pinpool_create_ex("tcache_bytes=0", &hooks, &pool));
+  void *p;
+  PP_OK(pinpool_alloc(pool, 1 * MiB, &p));
+  PP_OK(pinpool_record_stream(pool, p, 1));
+  PP_OK(pinpool_record_stream(pool, p, 2));
+  PP_OK(pinpool_free(pool, p));
+  /* Stream 1's event fails; stream 2 is still running. */
+  atomic_store(&evp_find(&evp, 1)->state, -1);
+  PP_OK(pinpool_process_events(pool));
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.event_errors == 1 && st.pending_blocks == 1,
+            "errors %llu pending %llu", (unsigned long long)st.event_errors,
+            (unsigned long long)st.pending_blocks);
+
+  call_arg_t c = {pool, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, sync_thread, &c);
+  sleep_ms(100);
+  bool sync_early = atomic_load(&c.done) != 0;
+  /* destroy as well: it must not give the segment back meanwhile. */
+  destroy_arg_t d = {pool, 0};
+  pthread_t td;
+  pthread_create(&td, NULL, destroy_thread, &d);
+  sleep_ms(100);
+  bool destroy_early = atomic_load(&d.done) != 0;
+  cb_counts_t mid = cb_counts(&cb);
+  atomic_store(&evp_find(&evp, 2)->state, 1);
+  pthread_join(th, NULL);
+  pthread_join(td, NULL);
+  PP_ASSERT(!sync_early,
+            "pinpool_synchronize returned while stream 2 still used the "
+            "block");
+  PP_ASSERT(!destroy_early && mid.nfree == 0,
+            "pinpool_destroy returned (%d) or freed %llu backend "
+            "allocations while stream 2 still used the block",
+            (int)destroy_early, (unsigned long long)mid.nfree);
+  /* Every stream is done with it now: destroy gave it back. */
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+  evp_fini(&evp);
+}
+
+/* ---- 7. reset_peak_stats must not lose a peak reached meanwhile --------- */
+
+static void *reset_thread(void *arg) {
+  pinpool_t *pool = arg;
+  stop_here(PP_HOOK_RESET_PEAK);
+  PP_OK(pinpool_reset_peak_stats(pool));
+  t_armed = 0;
+  return NULL;
+}
+
+static void test_reset_peak_keeps_new_peak(void **state) {
+  (void)state;
+  pinpool_t *pool;
+  PP_OK(pinpool_create("tcache_bytes=0", &pool));
+  void *a;
+  PP_OK(pinpool_alloc(pool, 8 * MiB, &a));
+  gate_reset();
+  pthread_t th;
+  pthread_create(&th, NULL, reset_thread, pool);
+  wait_arrived(PP_HOOK_RESET_PEAK);
+  /* A new segment while the reset is between its read and its write. */
+  void *b;
+  PP_OK(pinpool_alloc(pool, 16 * MiB, &b));
+  release(PP_HOOK_RESET_PEAK);
+  pthread_join(th, NULL);
+  gate_off();
+  /* The 16 MiB segment goes; the peak must remember it. */
+  PP_OK(pinpool_free(pool, b));
+  PP_OK(pinpool_empty_cache(pool));
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.reserved_bytes.current == 8 * MiB &&
+                st.reserved_bytes.peak >= 24 * MiB && st.segments.peak >= 2,
+            "peak lost by reset: reserved %llu, peak %llu (want >= %zu); "
+            "segments peak %llu (want >= 2)",
+            (unsigned long long)st.reserved_bytes.current,
+            (unsigned long long)st.reserved_bytes.peak, 24 * MiB,
+            (unsigned long long)st.segments.peak);
+  PP_OK(pinpool_free(pool, a));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+int main(void) {
+  pp_clean_env();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_history_lapped_writer),
+      cmocka_unit_test(test_snapshot_vs_clear),
+      cmocka_unit_test(test_snapshot_vs_larger_ring),
+      cmocka_unit_test(test_synchronize_waits_for_cache),
+      cmocka_unit_test(test_error_keeps_other_streams),
+      cmocka_unit_test(test_reset_peak_keeps_new_peak),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
