@@ -72,6 +72,17 @@ void pp_assert_fail(const char *expr, const char *file, int line);
 #endif
 
 typedef _Atomic(uint64_t) pp_counter_t;
+
+/* Saturating arithmetic for sums and products of configured sizes, which
+ * may be anything up to 2^64 - 1 (a wrapped cap trimmed every segment). */
+static inline uint64_t pp_sat_add(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+static inline uint64_t pp_sat_mul(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
 void pp_atomic_max_relaxed(pp_counter_t *p, uint64_t v);
 
 /* ---- Locks ---------------------------------------------------------------

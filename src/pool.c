@@ -1028,13 +1028,17 @@ void pp_trim_to_cap(pinpool_t *pool) {
      * releases a segment more or less, never a block in use. */
     uint64_t res = pp_load_relaxed(&pool->gs.reserved_cur);
     uint64_t used = res > cached ? res - cached : 0;
-    uint64_t rel = used / 100 * pool->cfg.max_cached_pct;
+    uint64_t rel = pp_sat_mul(used / 100, pool->cfg.max_cached_pct);
     if (rel < cap)
       cap = rel;
   }
-  if (cached <= cap + exempt)
+  /* Saturating: a cap near 2^64 plus the reserve wrapped to a small number
+   * and trimmed every idle segment (docs/verification.md, "Review
+   * defects", 6). */
+  uint64_t limit = pp_sat_add(cap, exempt);
+  if (cached <= limit)
     return;
-  pp_segment_t *batch = detach_oldest(pool, cached - cap - exempt);
+  pp_segment_t *batch = detach_oldest(pool, cached - limit);
   pp_fetch_add_relaxed(&pool->gs.trimmed, release_batch(pool, batch));
 }
 

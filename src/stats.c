@@ -159,7 +159,8 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   uint64_t pend = pp_load_relaxed(&pool->pending_bytes);
   st.cached_bytes = stat_of(res_alloc + blk_free - pend, res_freed + blk_alloc,
                             c.cached, r->peak_cached);
-  st.peak_slack_bytes = (uint64_t)r->max_ncaches * 2 * pool->cfg.tcache_bytes;
+  st.peak_slack_bytes =
+      pp_sat_mul(pp_sat_mul(r->max_ncaches, 2), pool->cfg.tcache_bytes);
   pp_mutex_unlock(&pool->reg_lock);
 
   st.reserved_bytes =

@@ -607,6 +607,95 @@ static void mlock_child(void) {
   _exit(0);
 }
 
+/* ---- Every size key at its limits --------------------------------------
+ * Each size key at 0, 1, a page, 2^63 and 2^64 - 1: create either succeeds
+ * or refuses the value with ECONFIG, and a pool that was created works
+ * (allocations, frees, trimming, stats) without arithmetic wrapping. The
+ * review found two wraps this catches: max_cached + the reserve in
+ * trimming (a cap near 2^64 with a reserve trimmed every idle segment) and
+ * peak_slack_bytes (threads x 2 x tcache_bytes). */
+static void test_size_keys_at_limits(void **state) {
+  (void)state;
+  static const char *keys[] = {"max_cached", "remap_min", "max_reserved",
+                               "reserve", "populate_parallel_min",
+                               "tcache_bytes"};
+  static const char *values[] = {"0", "1", "4096", "9223372036854775808",
+                                 "18446744073709551615"};
+  for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+    for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
+      char conf[128];
+      snprintf(conf, sizeof conf, "%s=%s", keys[k], values[v]);
+      pinpool_t *pool = NULL;
+      int rc = pinpool_create(conf, &pool);
+      if (rc != 0) {
+        /* Only a reserve that cannot be had may be refused. */
+        PP_ASSERT(strcmp(keys[k], "reserve") == 0 &&
+                      (rc == PINPOOL_ECONFIG || rc == PINPOOL_ENOMEM) &&
+                      pool == NULL,
+                  "%s: %s (%s)", conf, pp_code_name(rc), pinpool_last_error());
+        continue;
+      }
+      void *p[3];
+      size_t sizes[3] = {1000, 300 * KiB, 5 * MiB};
+      for (int i = 0; i < 3; i++) {
+        rc = pinpool_alloc(pool, sizes[i], &p[i]);
+        /* max_reserved=1 (or a page) refuses what does not fit. */
+        PP_ASSERT(rc == 0 || (strcmp(keys[k], "max_reserved") == 0 &&
+                              rc == PINPOOL_ENOMEM),
+                  "%s: alloc %zu: %s", conf, sizes[i], pp_code_name(rc));
+        if (rc != 0)
+          p[i] = NULL;
+        else
+          memset(p[i], 0x5a, sizes[i]);
+      }
+      for (int i = 0; i < 3; i++)
+        if (p[i] != NULL)
+          PP_OK(pinpool_free(pool, p[i]));
+      pinpool_stats_t st;
+      PP_STATS(pool, &st);
+      uint64_t tb = strcmp(keys[k], "tcache_bytes") == 0
+                        ? strtoull(values[v], NULL, 10)
+                        : (uint64_t)64 << 20;
+      /* At least one cache (this thread's): slack >= 2 x tcache_bytes,
+       * saturated rather than wrapped. */
+      uint64_t want = tb > UINT64_MAX / 2 ? UINT64_MAX : 2 * tb;
+      PP_ASSERT(st.peak_slack_bytes >= want,
+                "%s: peak_slack_bytes %" PRIu64 " < %" PRIu64, conf,
+                st.peak_slack_bytes, want);
+      /* A cap this large trims nothing (a reserve is exempt on top). */
+      if (strcmp(keys[k], "max_cached") == 0 && v >= 3)
+        PP_ASSERT(st.trimmed_segments == 0, "%s: %" PRIu64 " trimmed", conf,
+                  st.trimmed_segments);
+      PP_CHECK_CONSISTENT(pool);
+      PP_OK(pinpool_empty_cache(pool));
+      PP_CHECK_CONSISTENT(pool);
+      pinpool_destroy(pool);
+    }
+  }
+  /* The wrap itself: a cap near 2^64 beside a reserve. */
+  static const char *near[] = {"18446744073709551615", "18446744073709551614",
+                               "18446744073709547520"};
+  for (int i = 0; i < 3; i++) {
+    char conf[128];
+    snprintf(conf, sizeof conf, "max_cached=%s,reserve=2MiB,tcache_bytes=0",
+             near[i]);
+    pinpool_t *pool;
+    PP_OK(pinpool_create(conf, &pool));
+    void *a, *b;
+    PP_OK(pinpool_alloc(pool, 8 * MiB, &a));
+    PP_OK(pinpool_alloc(pool, 12 * MiB, &b));
+    PP_OK(pinpool_free(pool, a));
+    PP_OK(pinpool_free(pool, b));
+    pinpool_stats_t st;
+    PP_STATS(pool, &st);
+    PP_ASSERT(st.trimmed_segments == 0 && st.segments.current >= 2,
+              "%s: %" PRIu64 " segments trimmed under a cap of 2^64", conf,
+              st.trimmed_segments);
+    PP_CHECK_CONSISTENT(pool);
+    pinpool_destroy(pool);
+  }
+}
+
 static void test_mlock_fallback_and_require(void **state) {
   (void)state;
   fflush(stdout);
@@ -684,6 +773,7 @@ int main(void) {
       cmocka_unit_test(test_max_cached_shuffled),
       cmocka_unit_test(test_max_cached_below_one_segment),
       cmocka_unit_test(test_reserve),
+      cmocka_unit_test(test_size_keys_at_limits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
