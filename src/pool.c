@@ -439,8 +439,13 @@ static pp_tentry_t seg_pop(pp_segment_t *s) {
     idx = s->carved++;
     pp_assert(idx < pp_load_relaxed(&s->nblocks));
   }
-  /* The block stays CACHED (now in a thread's hands) until allocated. */
-  pp_store_relaxed(&s->word[idx], PP_WORD(0, PP_CACHED));
+  /* The block stays CACHED (now in a thread's hands) until allocated.
+   * Release, as every store of a state word after the segment's
+   * publication: a snapshot that reads it (acquire) also sees the gen bumps
+   * before it, so its generation re-check drops a segment that was recycled
+   * while it read (snapshot.c, read_blocks). Relaxed, that ordering held on
+   * x86 and ARMv8 but not by the C11 model (docs/verification.md). */
+  pp_store_release(&s->word[idx], PP_WORD(0, PP_CACHED));
   s->free_count--;
   size_t bs = pp_load_relaxed(&s->block_size);
   pp_tentry_t e = {(void *)(pp_load_relaxed(&s->base) + idx * bs), s, idx};
@@ -460,7 +465,8 @@ static bool seg_listed(pp_segment_t *s, uint32_t idx) {
 
 static void seg_push(pp_segment_t *s, uint32_t idx) {
   pp_assert_expensive(!seg_listed(s, idx));
-  pp_store_relaxed(&s->word[idx], PP_WORD(s->free_head, PP_CACHED));
+  /* Release: see seg_pop. */
+  pp_store_release(&s->word[idx], PP_WORD(s->free_head, PP_CACHED));
   s->free_head = idx + 1;
   s->free_count++;
 }

@@ -392,7 +392,14 @@ static int read_blocks(snap_t *s, sseg_t *g) {
     g->nblk++;
   }
   /* Seqlock check: a release (or a release and reuse) during the reads
-   * bumped gen before it changed any word we could have read. */
+   * bumped gen before it changed any word we could have read. By the C11
+   * model, not only by the hardware: every store of a word of a live
+   * segment is a release (or acq_rel CAS) and was preceded (in
+   * happens-before) by the publication's gen bump; our acquire load of such
+   * a word therefore makes that bump visible to the load below. The words
+   * reset to NEVER at publication are ordered after the release's bump by
+   * the release fence in seg_publish before their relaxed stores, which
+   * synchronizes with our acquire load of one. */
   atomic_thread_fence(memory_order_acquire);
   if (pp_load_relaxed(&d->gen) != g->gen) {
     s->nblk = g->first;
