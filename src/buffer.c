@@ -41,10 +41,11 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -368,6 +369,23 @@ static bool attr_begin(pinpool_buffer_t *b, int *expected) {
 }
 #endif
 
+/* A thread that finds another computing the attributes sleeps on the state
+ * word (a futex) instead of spinning: the computation makes system calls
+ * (move_pages, the driver) and may take a while. A spurious or missed wake
+ * costs nothing but a loop: the wait returns at once unless the word is
+ * still BUSY, and the computer wakes every waiter after each change away
+ * from BUSY. */
+static void attr_wait(pinpool_buffer_t *b) {
+  (void)syscall(SYS_futex, (int *)&b->attr_state, FUTEX_WAIT_PRIVATE,
+                ATTR_BUSY, NULL, NULL, 0);
+}
+
+static void attr_done(pinpool_buffer_t *b, int state) {
+  attr_store(b, state);
+  (void)syscall(SYS_futex, (int *)&b->attr_state, FUTEX_WAKE_PRIVATE, INT_MAX,
+                NULL, NULL, 0);
+}
+
 static void fill_attrs(const pinpool_buffer_t *b, const lazy_attrs_t *l,
                        pinpool_mem_attrs_t *out) {
   *out = b->known;
@@ -384,25 +402,25 @@ int pinpool_buffer_attrs(pinpool_buffer_t *buf, pinpool_mem_attrs_t *out) {
     *out = buf->known;
     return 0;
   }
-  for (unsigned spins = 0;; spins++) {
+  for (;;) {
     int st = attr_load(buf);
     if (st == ATTR_READY) {
       fill_attrs(buf, &buf->computed, out);
       return 0;
     }
     if (st == ATTR_BUSY) { /* another thread computes: wait for it */
-      if (spins > 64)
-        sched_yield();
+      attr_wait(buf);
       continue;
     }
     int expected = ATTR_UNINIT;
     if (!attr_begin(buf, &expected))
       continue;
+    pp_hook(PP_HOOK_ATTR_BUSY);
     /* Ours to compute. Hold the block so that a concurrent close cannot
      * give it back (and the pool release its pages) while we look. */
     int rc = hold_acquire(buf, "pinpool_buffer_attrs");
     if (rc != 0) {
-      attr_store(buf, ATTR_UNINIT);
+      attr_done(buf, ATTR_UNINIT);
       return rc;
     }
     lazy_attrs_t l;
@@ -411,9 +429,9 @@ int pinpool_buffer_attrs(pinpool_buffer_t *buf, pinpool_mem_attrs_t *out) {
       fill_attrs(buf, &l, out);
     if (rc == 0) {
       buf->computed = l;
-      attr_store(buf, ATTR_READY); /* publishes `computed` */
+      attr_done(buf, ATTR_READY); /* publishes `computed` */
     } else {
-      attr_store(buf, ATTR_UNINIT); /* failed or incomplete: retry later */
+      attr_done(buf, ATTR_UNINIT); /* failed or incomplete: retry later */
     }
     hold_release(buf); /* last: the caller's reference keeps buf */
     return rc < 0 ? rc : 0;

@@ -129,6 +129,7 @@ enum {
   PP_HOOK_SNAP_HISTORY,     /* snapshot: ring bounds read, entries not yet */
   PP_HOOK_EVENT_DONE,       /* last event of a block done, block not cached */
   PP_HOOK_RESET_PEAK,       /* reset_peak_stats: a peak read, not yet set */
+  PP_HOOK_ATTR_BUSY,        /* buffer_attrs: computing, others must wait */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

@@ -499,6 +499,130 @@ static void test_reset_peak_keeps_new_peak(void **state) {
   pinpool_destroy(pool);
 }
 
+/* ---- Waiting threads sleep --------------------------------------------
+ * A thread that waits for another (the first attribute query of a buffer;
+ * synchronize while another thread polls the last head) must not burn a
+ * CPU meanwhile: they spun with sched_yield. Measured as the waiter's own
+ * CPU time over a 300 ms wait, which a spin fills (~300 ms) and a sleep
+ * does not (a few ms at most, even under the sanitizers). */
+
+static uint64_t thread_cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+typedef struct attr_arg {
+  pinpool_buffer_t *buf;
+  _Atomic(int) started, done;
+  uint64_t cpu_ns;
+} attr_arg_t;
+
+static void *attr_first(void *arg) {
+  attr_arg_t *a = arg;
+  stop_here(PP_HOOK_ATTR_BUSY);
+  pinpool_mem_attrs_t m;
+  PP_OK(pinpool_buffer_attrs(a->buf, &m));
+  t_armed = 0;
+  return NULL;
+}
+
+static void *attr_second(void *arg) {
+  attr_arg_t *a = arg;
+  uint64_t t0 = thread_cpu_ns();
+  atomic_store(&a->started, 1);
+  pinpool_mem_attrs_t m;
+  PP_OK(pinpool_buffer_attrs(a->buf, &m));
+  a->cpu_ns = thread_cpu_ns() - t0;
+  atomic_store(&a->done, 1);
+  return NULL;
+}
+
+static void test_attr_waiter_sleeps(void **state) {
+  (void)state;
+  pinpool_t *pool;
+  PP_OK(pinpool_create("", &pool));
+  pinpool_buffer_t *buf;
+  PP_OK(pinpool_buffer_alloc(pool, 64 * KiB, &buf));
+  gate_reset();
+  attr_arg_t a = {buf, 0, 0, 0};
+  pthread_t t1, t2;
+  pthread_create(&t1, NULL, attr_first, &a);
+  wait_arrived(PP_HOOK_ATTR_BUSY); /* t1 computes (and is stopped there) */
+  pthread_create(&t2, NULL, attr_second, &a);
+  while (!atomic_load(&a.started))
+    sleep_ms(1);
+  sleep_ms(300);
+  bool early = atomic_load(&a.done) != 0;
+  release(PP_HOOK_ATTR_BUSY);
+  pthread_join(t1, NULL);
+  pthread_join(t2, NULL);
+  gate_off();
+  PP_ASSERT(!early, "the second query returned before the first computed");
+  PP_ASSERT(a.cpu_ns < 100000000u,
+            "the waiting query used %.1f ms of CPU in a 300 ms wait (spins)",
+            (double)a.cpu_ns / 1e6);
+  PP_OK(pinpool_buffer_release(buf));
+  pinpool_destroy(pool);
+}
+
+/* A query that blocks until the test lets it answer: the background thread
+ * polls the head and stays in the provider. */
+static _Atomic(int) g_query_gate; /* 1: queries may answer */
+static _Atomic(int) g_in_query;
+static int slow_query(void *ctx, void *ev) {
+  atomic_store(&g_in_query, 1);
+  while (!atomic_load(&g_query_gate))
+    sleep_ms(1);
+  return evp_query(ctx, ev);
+}
+
+static void *sync_timed(void *arg) {
+  attr_arg_t *a = arg; /* reused: started, done, cpu_ns */
+  pinpool_t *pool = (pinpool_t *)(void *)a->buf;
+  uint64_t t0 = thread_cpu_ns();
+  atomic_store(&a->started, 1);
+  PP_OK(pinpool_synchronize(pool));
+  a->cpu_ns = thread_cpu_ns() - t0;
+  atomic_store(&a->done, 1);
+  return NULL;
+}
+
+static void test_synchronize_sleeps(void **state) {
+  (void)state;
+  evp_t evp = {PTHREAD_MUTEX_INITIALIZER, NULL};
+  pinpool_events_t evt = {"slow",    evp_record,  slow_query,
+                          evp_sync,  evp_release, &evp};
+  pinpool_hooks_t hooks = {NULL, &evt, NULL, NULL};
+  pinpool_t *pool;
+  atomic_store(&g_query_gate, 0);
+  atomic_store(&g_in_query, 0);
+  PP_OK(pinpool_create_ex("background=1,poll_us=100", &hooks, &pool));
+  void *p;
+  PP_OK(pinpool_alloc(pool, 64 * KiB, &p));
+  PP_OK(pinpool_record_stream(pool, p, 1));
+  PP_OK(pinpool_free(pool, p));
+  atomic_store(&evp_find(&evp, 1)->state, 1); /* done, once asked */
+  while (!atomic_load(&g_in_query)) /* the background thread polls it */
+    sleep_ms(1);
+  attr_arg_t a = {(pinpool_buffer_t *)(void *)pool, 0, 0, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, sync_timed, &a);
+  while (!atomic_load(&a.started))
+    sleep_ms(1);
+  sleep_ms(300);
+  bool early = atomic_load(&a.done) != 0;
+  atomic_store(&g_query_gate, 1);
+  pthread_join(th, NULL);
+  PP_ASSERT(!early, "synchronize returned while the head was not done");
+  PP_ASSERT(a.cpu_ns < 100000000u,
+            "synchronize used %.1f ms of CPU in a 300 ms wait (spins)",
+            (double)a.cpu_ns / 1e6);
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  evp_fini(&evp);
+}
+
 int main(void) {
   pp_clean_env();
   const struct CMUnitTest tests[] = {
@@ -508,6 +632,8 @@ int main(void) {
       cmocka_unit_test(test_synchronize_waits_for_cache),
       cmocka_unit_test(test_error_keeps_other_streams),
       cmocka_unit_test(test_reset_peak_keeps_new_peak),
+      cmocka_unit_test(test_attr_waiter_sleeps),
+      cmocka_unit_test(test_synchronize_sleeps),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
