@@ -634,6 +634,43 @@ static void test_synchronize_sleeps(void **state) {
   evp_fini(&evp);
 }
 
+/* ---- record_stream out of memory changes nothing ------------------------ */
+static void test_record_stream_enomem(void **state) {
+  (void)state;
+  pinpool_t *pool;
+  PP_OK(pinpool_create("events=simulated,fault=sset:1", &pool));
+  void *p;
+  PP_OK(pinpool_alloc(pool, 8192, &p));
+  pinpool_stats_t before, after;
+  PP_STATS(pool, &before);
+  PP_CHECK_RC(pinpool_record_stream(pool, p, 5), PINPOOL_ENOMEM);
+  PP_STATS(pool, &after);
+  PP_CHECK_STATS_EQUAL(&before, &after, "after a failed record_stream");
+  /* The block's word: still ALLOCATED, no streams bit. */
+  pp_segment_t *seg = pp_segmap_find(pool->map, (uintptr_t)p);
+  PP_ASSERT(seg != NULL, "block not found");
+  uint32_t idx = (uint32_t)(((uintptr_t)p - pp_load_relaxed(&seg->base)) /
+                            pp_load_relaxed(&seg->block_size));
+  uint64_t w = pp_load_acquire(&seg->word[idx]);
+  PP_ASSERT(PP_WORD_STATE(w) == PP_ALLOCATED && !(w & PP_WORD_STREAMS),
+            "word %#llx: the failed call left the streams bit set",
+            (unsigned long long)w);
+  /* Its free is a plain one: no event recorded, nothing pending. */
+  PP_OK(pinpool_free(pool, p));
+  PP_STATS(pool, &after);
+  PP_ASSERT(after.events_recorded == 0 && after.pending_blocks == 0,
+            "events %llu pending %llu",
+            (unsigned long long)after.events_recorded,
+            (unsigned long long)after.pending_blocks);
+  /* The next call (the fault fired once) works. */
+  PP_OK(pinpool_alloc(pool, 8192, &p));
+  PP_OK(pinpool_record_stream(pool, p, 5));
+  PP_OK(pinpool_free(pool, p));
+  PP_OK(pinpool_synchronize(pool));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
 int main(void) {
   pp_clean_env();
   const struct CMUnitTest tests[] = {
@@ -645,6 +682,7 @@ int main(void) {
       cmocka_unit_test(test_reset_peak_keeps_new_peak),
       cmocka_unit_test(test_attr_waiter_sleeps),
       cmocka_unit_test(test_synchronize_sleeps),
+      cmocka_unit_test(test_record_stream_enomem),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
