@@ -10,6 +10,17 @@
  * several times faster for large segments; it is also the only way to
  * place pinned memory on a NUMA node.
  *
+ * Large segments: one cuMemHostRegister of 512 GiB or more fails on recent
+ * drivers, so a segment is registered in pieces of at most register_max
+ * bytes (default 64 GiB; a multiple of the segment's page size, so no huge
+ * page is split between two registrations), in address order; a piece that
+ * fails unregisters the ones before it. The pieces follow from the
+ * segment's size alone, so the free unregisters the same pieces. The
+ * driver's view of an interior pointer (cuPointerGetAttribute) is the
+ * piece's, which is the same memory: attributes do not depend on where a
+ * block sits. backend=cuda has no pieces (one cuMemHostAlloc is one
+ * range): a segment above register_max is refused there.
+ *
  * Called with no pool lock held, from any thread, concurrently (invariant
  * 1): each call pushes the pool's context, so a thread that never used CUDA
  * can allocate.
@@ -39,6 +50,13 @@ static int cuda_error(const cuda_ctx_t *b, pp_cu_result_t cr, const char *call,
 static int cuda_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
   const cuda_ctx_t *b = ctx;
   void *p = NULL;
+  if (size > b->cfg.register_max)
+    return pp_fail(PINPOOL_ENOMEM,
+                   "cuda backend: a segment of %zu bytes is above "
+                   "register_max (%llu): one cuMemHostAlloc call that large "
+                   "fails on recent drivers; use backend=cuda-register, "
+                   "which registers it in pieces",
+                   size, (unsigned long long)b->cfg.register_max);
   pp_cu_result_t cr = pp_cuda_push(b->cuda);
   if (cr != PP_CU_SUCCESS)
     return cuda_error(b, cr, "cuCtxPushCurrent before cuMemHostAlloc", size);
@@ -72,6 +90,13 @@ static void cuda_free(void *ctx, void *ptr, size_t size) {
   pp_cuda_pop(b->cuda);
 }
 
+/* Unregister the pieces of [p, p + len): those of a segment of `size`
+ * bytes that start below p + len. Context pushed by the caller. */
+static void unregister_pieces(const cuda_ctx_t *b, char *p, size_t len) {
+  for (size_t off = 0; off < len; off += b->cfg.register_max)
+    (void)b->cuda->cuMemHostUnregister(p + off);
+}
+
 static int register_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
   const cuda_ctx_t *b = ctx;
   void *p = NULL;
@@ -80,17 +105,35 @@ static int register_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
   if (rc != 0)
     return rc;
   pp_cu_result_t cr = pp_cuda_push(b->cuda);
-  if (cr == PP_CU_SUCCESS) {
+  if (cr != PP_CU_SUCCESS) {
+    pp_host_unmap(p, size);
+    return cuda_error(b, cr, "cuCtxPushCurrent before cuMemHostRegister", size);
+  }
+  size_t off = 0, piece = 0;
+  while (off < size) {
+    piece = size - off < b->cfg.register_max ? size - off
+                                              : (size_t)b->cfg.register_max;
     /* fault=register:N (tests): the driver refuses, as when it is out of
      * pinnable memory. */
     cr = pp_fault_hit(&b->cfg, PP_FAULT_REGISTER)
              ? PP_CU_ERROR_OUT_OF_MEMORY
-             : b->cuda->cuMemHostRegister(p, size, b->reg_flags);
-    pp_cuda_pop(b->cuda);
+             : b->cuda->cuMemHostRegister((char *)p + off, piece, b->reg_flags);
+    if (cr != PP_CU_SUCCESS)
+      break;
+    off += piece;
   }
+  if (cr != PP_CU_SUCCESS)
+    unregister_pieces(b, p, off); /* the pieces before the failed one */
+  pp_cuda_pop(b->cuda);
   if (cr != PP_CU_SUCCESS) {
     pp_host_unmap(p, size);
-    return cuda_error(b, cr, "cuMemHostRegister", size);
+    if (size <= b->cfg.register_max)
+      return cuda_error(b, cr, "cuMemHostRegister", size);
+    char what[96];
+    (void)snprintf(what, sizeof what,
+                   "cuMemHostRegister of piece %zu (at offset %zu, %zu bytes)",
+                   off / (size_t)b->cfg.register_max, off, piece);
+    return cuda_error(b, cr, what, size);
   }
   *flags = f | PP_SEG_LOCKED;
   *out = p;
@@ -103,7 +146,7 @@ static void register_free(void *ctx, void *ptr, size_t size) {
    * before the pages go back to the kernel. If the context is gone, the
    * mapping is still ours to remove. */
   if (pp_cuda_push(b->cuda) == PP_CU_SUCCESS) {
-    (void)b->cuda->cuMemHostUnregister(ptr);
+    unregister_pieces(b, ptr, size);
     pp_cuda_pop(b->cuda);
   }
   pp_host_unmap(ptr, size);

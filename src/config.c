@@ -55,6 +55,7 @@ static const key_desc_t keys[] = {
     {"sim_delay_us", K_UINT, CFG_OFF(sim_delay_us), 0, 10000000},
     {"cuda_flags", K_CUDA_FLAGS, CFG_OFF(cuda_flags), 0, 0},
     {"register_threads", K_UINT, CFG_OFF(register_threads), 1, 64},
+    {"register_max", K_SIZE, CFG_OFF(register_max), 0, 0},
     {"device", K_INT, CFG_OFF(device), -1, 1024},
     {"numa_node", K_INT, CFG_OFF(numa_node), -1, 1023},
     {"fault", K_FAULT, CFG_OFF(fault_site), 0, 0},
@@ -125,6 +126,7 @@ static void config_defaults(pp_config_t *c) {
   c->sim_delay_us = 100;
   c->cuda_flags = PP_CUDA_PORTABLE;
   c->register_threads = c->populate_threads;
+  c->register_max = (uint64_t)64 << 30; /* docs/cuda.md, "Large segments" */
   c->device = -1;
   c->numa_node = -1;
 }
@@ -405,6 +407,15 @@ int pp_config_parse(const char *text, bool user_backend, bool user_events,
                    (unsigned long long)c.max_reserved);
   if (c.reserve > PP_MAX_REQUEST)
     return pp_fail(PINPOOL_ECONFIG, "config: key 'reserve' is too large");
+  /* Pieces are cut at the segment's page size (2 MiB with hugepages). */
+  uint64_t piece_unit = c.hugepages ? (uint64_t)2 << 20 : PP_PAGE;
+  if (c.register_max < piece_unit || c.register_max % piece_unit != 0)
+    return pp_fail(PINPOOL_ECONFIG,
+                   "config: bad value %llu for key 'register_max' (expected "
+                   "a multiple of %llu bytes%s, at least one)",
+                   (unsigned long long)c.register_max,
+                   (unsigned long long)piece_unit,
+                   c.hugepages ? ", the huge page size" : "");
   *out = c;
   return 0;
 }
@@ -438,8 +449,8 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
       "reserve=%llu,mlock=%s,"
       "hugepages=%d,populate=%d,populate_threads=%u,populate_parallel_min=%"
       "llu,tcache_bytes=%llu,shards=%u%s%s,background=%d,poll_us=%u,"
-      "sim_delay_us=%u,cuda_flags=%s,register_threads=%u,device=%d,"
-      "numa_node=%d",
+      "sim_delay_us=%u,cuda_flags=%s,register_threads=%u,register_max=%llu,"
+      "device=%d,numa_node=%d",
       backend_name ? "backend=" : "", backend_name ? backend_name : "",
       backend_name ? "," : "", (unsigned long long)c->max_cached,
       c->max_cached_pct, c->borrow, c->remap ? 1 : 0,
@@ -449,7 +460,8 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
       (unsigned long long)c->populate_parallel_min,
       (unsigned long long)c->tcache_bytes, c->shards, ev ? ",events=" : "",
       ev ? ev : "", c->background ? 1 : 0, c->poll_us, c->sim_delay_us, flags,
-      c->register_threads, c->device, c->numa_node);
+      c->register_threads, (unsigned long long)c->register_max, c->device,
+      c->numa_node);
   if (n >= 0 && c->fault_site != PP_FAULT_NONE) {
     size_t used = (size_t)n;
     int m = snprintf(used < len ? buf + used : NULL,

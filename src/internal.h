@@ -217,6 +217,8 @@ typedef struct pp_config {
   unsigned sim_delay_us;     /* simulated streams: time each event takes */
   unsigned cuda_flags;       /* PP_CUDA_* for backend=cuda */
   unsigned register_threads; /* populate threads for backend=cuda-register */
+  uint64_t register_max;     /* the largest piece one cuMemHostRegister (or
+                                cuMemHostAlloc) call is given */
   int device;                /* -1: the context current at create */
   int numa_node;             /* -1: no placement */
   /* fault=SITE:N[:COUNT] (tests): fail calls N .. N+COUNT-1 at SITE. The

@@ -372,6 +372,81 @@ static void test_caller_context_preserved(void **state) {
   CT_FAKE_BALANCED();
 }
 
+/* ---- Registration in pieces (register_max) ----------------------------
+ * A segment above register_max is registered in pieces of at most that
+ * size (one call of 512 GiB or more fails on recent drivers); the free
+ * unregisters the same pieces; a piece that fails rolls back the pieces
+ * before it, nothing leaks and the pool stays usable. */
+static void test_register_pieces(void **state) {
+  (void)state;
+  CT_REQUIRE_FAKE();
+  pinpool_t *pool = CREATE("backend=cuda-register,device=0,register_max=2MiB,"
+                           "tcache_bytes=0");
+  char cfg[1024];
+  CT_OK(pinpool_get_config(pool, cfg, sizeof cfg, NULL));
+  CT_ASSERT(strstr(cfg, "register_max=2097152") != NULL, "config: %s", cfg);
+  void *p = NULL;
+  CT_OK(pinpool_alloc(pool, 9 * MiB, &p)); /* a 9 MiB segment: 5 pieces */
+  pinpool_stats_t st = stats(pool);
+  long long seg = (long long)st.reserved_bytes.current;
+  long long pieces = (seg + (long long)(2 * MiB) - 1) / (long long)(2 * MiB);
+  CT_ASSERT(pieces >= 5, "segment of %lld bytes", seg);
+  CT_FAKE_EQ("calls:cuMemHostRegister", pieces);
+  CT_FAKE_EQ("live_registrations", pieces);
+  CT_FAKE_EQ("registered_bytes", seg);
+  memset(p, 7, 9 * MiB);
+  CT_OK(pinpool_free(pool, p));
+  CT_OK(pinpool_empty_cache(pool));
+  CT_FAKE_EQ("live_registrations", 0);
+  CT_FAKE_EQ("calls:cuMemHostUnregister", pieces);
+
+  /* Piece k fails: the pieces before it are unregistered, the mapping
+   * given back, the error names the piece. (Not out of memory: that one
+   * the pool retries after giving idle memory back.) */
+  for (unsigned k = 1; k <= 5; k++) {
+    ct_fake.reset();
+    CT_ASSERT(ct_fake.inject("cuMemHostRegister", k,
+                             CUDA_ERROR_INVALID_VALUE) == 0,
+              "arm");
+    CT_RC(pinpool_alloc(pool, 9 * MiB, &p), PINPOOL_EBACKEND);
+    CT_ERROR_HAS("piece");
+    CT_FAKE_EQ("calls:cuMemHostRegister", k);
+    CT_FAKE_EQ("calls:cuMemHostUnregister", k - 1);
+    CT_FAKE_EQ("live_registrations", 0);
+    CT_FAKE_EQ("registered_bytes", 0);
+    st = stats(pool);
+    CT_ASSERT(st.reserved_bytes.current == 0, "reserved after the failure");
+    CT_OK(pinpool_validate(pool));
+  }
+  CT_OK(pinpool_alloc(pool, 9 * MiB, &p)); /* usable afterwards */
+  CT_OK(pinpool_free(pool, p));
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+
+  /* Hugepages: pieces are whole huge pages; register_max must be too. */
+  pinpool_t *bad = NULL;
+  CT_RC(pinpool_create("backend=cuda-register,device=0,hugepages=1,"
+                       "register_max=1MiB",
+                       &bad),
+        PINPOOL_ECONFIG);
+  CT_ERROR_HAS("register_max");
+  CT_RC(pinpool_create("backend=cuda-register,device=0,register_max=5000", &bad),
+        PINPOOL_ECONFIG);
+  CT_RC(pinpool_create("backend=cuda-register,device=0,register_max=0", &bad),
+        PINPOOL_ECONFIG);
+
+  /* backend=cuda cannot cut an allocation: above register_max, refused. */
+  ct_fake.reset();
+  pool = CREATE("backend=cuda,device=0,register_max=4MiB");
+  CT_RC(pinpool_alloc(pool, 9 * MiB, &p), PINPOOL_ENOMEM);
+  CT_ERROR_HAS("register_max");
+  CT_FAKE_EQ("calls:cuMemHostAlloc", 0);
+  CT_OK(pinpool_alloc(pool, 3 * MiB, &p));
+  CT_OK(pinpool_free(pool, p));
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+}
+
 int main(void) {
   ct_init();
   const struct CMUnitTest tests[] = {
@@ -384,6 +459,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_reserve, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_cuda_flags, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_out_of_memory, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_register_pieces, ct_setup,
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_backend_errors, ct_setup,
                                       ct_teardown),
