@@ -350,16 +350,44 @@ int pp_backend_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
 int pp_events_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
                         pp_events_t *out);
 
-/* ---- Reserve region (reserve.c): a first-fit range allocator over one
- * backend allocation made at create and kept until destroy. ------------- */
-typedef struct pp_range pp_range_t;
+/* ---- Extents (extent.c): free space of chunks, carved at a granule and
+ * coalesced; good fit in O(1) (size bins, a bitmap) and merges in O(1) (a
+ * boundary map per chunk). Not thread-safe: the owner's lock. ----------- */
+typedef struct pp_xnode pp_xnode_t;
+typedef struct pp_xchunk pp_xchunk_t;
+#define PP_EXT_BIN_WORDS ((PP_NCLASSES + 63) / 64)
+typedef struct pp_extents {
+  size_t granule;
+  pp_xnode_t *bins[PP_NCLASSES]; /* free extents by size class */
+  uint64_t nonempty[PP_EXT_BIN_WORDS];
+  pp_xchunk_t **chunks;
+  size_t nchunks;
+  pp_xnode_t *spare; /* >= outstanding nodes, so that a give never fails */
+  size_t nspare, outstanding;
+  size_t free_bytes, total_bytes, nfree; /* nfree: free extents */
+} pp_extents_t;
+void pp_ext_init(pp_extents_t *x, size_t granule);
+void pp_ext_fini(pp_extents_t *x);
+/* [base, base + size) becomes one free extent (granule multiples).
+ * 0 or PINPOOL_ENOMEM (nothing changed). */
+int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size);
+/* A free range of `size` bytes (a granule multiple), or NULL. */
+void *pp_ext_take(pp_extents_t *x, size_t size);
+/* Give back a range taken before; merges with free neighbours. Never
+ * fails. */
+void pp_ext_give(pp_extents_t *x, void *ptr, size_t size);
+pp_xchunk_t *pp_ext_chunk_of(const pp_extents_t *x, const void *p);
+size_t pp_ext_largest(const pp_extents_t *x); /* largest free extent */
+bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len);
+
+/* ---- Reserve region (reserve.c): extents of one backend allocation made
+ * at create and kept until destroy. ------------------------------------- */
 typedef struct pp_reserve {
   pp_mutex_t lock;
   uintptr_t base;    /* immutable after create */
   size_t size;       /* immutable after create */
   unsigned flags;    /* immutable: PP_SEG_* of the region */
-  pp_range_t *free;  /* sorted by address, coalesced; under lock */
-  size_t free_bytes; /* under lock */
+  pp_extents_t ext;  /* under lock */
 } pp_reserve_t;
 void pp_reserve_init(pp_reserve_t *r, void *base, size_t size, unsigned flags);
 void pp_reserve_fini(pp_reserve_t *r);
