@@ -423,6 +423,32 @@ static void test_register_pieces(void **state) {
   pinpool_destroy(pool);
   CT_FAKE_BALANCED();
 
+  /* Blocks in every piece: the driver knows each as pinned host memory
+   * (cuPointerGetAttribute on an address inside a later piece). 256 KiB
+   * blocks: the class's second slab is 2 MiB, two 1 MiB pieces. */
+  ct_fake.reset();
+  pool = CREATE("backend=cuda-register,device=0,register_max=1MiB,"
+                "tcache_bytes=0");
+  enum { NB = 12 };
+  pinpool_buffer_t *bufs[NB];
+  for (int i = 0; i < NB; i++) {
+    CT_OK(pinpool_buffer_alloc(pool, 256 * KiB, &bufs[i]));
+    pinpool_mem_attrs_t a;
+    CT_OK(pinpool_buffer_attrs(bufs[i], &a));
+    CT_ASSERT(a.device_accessible == 1 && a.device_id == 0 && a.page_locked,
+              "block %d: accessible %d device %d locked %d", i,
+              a.device_accessible, a.device_id, a.page_locked);
+  }
+  CT_ASSERT(ct_fake.get("calls:cuPointerGetAttribute") >= NB,
+            "the driver was not asked");
+  CT_ASSERT(ct_fake.get("live_registrations") >= 3,
+            "%lld registrations: no segment in pieces",
+            ct_fake.get("live_registrations"));
+  for (int i = 0; i < NB; i++)
+    CT_OK(pinpool_buffer_release(bufs[i]));
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+
   /* Hugepages: pieces are whole huge pages; register_max must be too. */
   pinpool_t *bad = NULL;
   CT_RC(pinpool_create("backend=cuda-register,device=0,hugepages=1,"

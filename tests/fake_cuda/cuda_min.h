@@ -43,6 +43,10 @@ typedef unsigned long long cuuint64_t;
 #define CU_MEMHOSTREGISTER_PORTABLE 0x1
 #define CU_MEMHOSTREGISTER_DEVICEMAP 0x2
 #define CU_GET_PROC_ADDRESS_LEGACY_STREAM 0x1
+#define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define CU_MEMORYTYPE_HOST 1
+#define CU_MEMORYTYPE_DEVICE 2
 
 /* Exported names (the _v2 ones are what cuda.h maps the plain names to). */
 CUresult cuInit(unsigned flags);
@@ -67,6 +71,7 @@ CUresult cuMemHostAlloc(void **p, size_t size, unsigned flags);
 CUresult cuMemFreeHost(void *p);
 CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags);
 CUresult cuMemHostUnregister(void *p);
+CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr);
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n,

@@ -49,6 +49,7 @@
   X(cuMemFreeHost)                                                             \
   X(cuMemHostRegister_v2)                                                      \
   X(cuMemHostUnregister)                                                       \
+  X(cuPointerGetAttribute)                                                     \
   X(cuMemAlloc_v2)                                                             \
   X(cuMemFree_v2)                                                              \
   X(cuMemcpyHtoDAsync_v2)                                                      \
@@ -655,6 +656,33 @@ CUresult cuMemHostUnregister(void *p) {
   return rc;
 }
 
+/* What the driver knows of any address inside a range it allocated or
+ * registered (interior pointers included: the driver answers for every
+ * byte of a registration), or of device memory. */
+CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
+  CUresult rc = enter_locked(E_cuPointerGetAttribute, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && data == NULL)
+    rc = CUDA_ERROR_INVALID_VALUE;
+  if (rc == CUDA_SUCCESS) {
+    uintptr_t p = (uintptr_t)ptr;
+    int type = ranges_containing(&g.host, p, 1) >= 0 ||
+                       ranges_containing(&g.reg, p, 1) >= 0
+                   ? CU_MEMORYTYPE_HOST
+               : ranges_containing(&g.dev, p, 1) >= 0 ? CU_MEMORYTYPE_DEVICE
+                                                      : 0;
+    if (type == 0)
+      rc = CUDA_ERROR_INVALID_VALUE; /* not memory the driver knows */
+    else if (attribute == CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+      *(unsigned *)data = (unsigned)type;
+    else if (attribute == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+      *(int *)data = current()->device;
+    else
+      rc = CUDA_ERROR_INVALID_VALUE;
+  }
+  unlock();
+  return rc;
+}
+
 /* ---- Device memory and copies ------------------------------------------ */
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
   CUresult rc = enter_locked(E_cuMemAlloc_v2, NEED_INIT | NEED_CTX);
@@ -931,6 +959,7 @@ static void *lookup(const char *name) {
   L("cuMemFreeHost", cuMemFreeHost)
   L("cuMemHostRegister", cuMemHostRegister_v2)
   L("cuMemHostUnregister", cuMemHostUnregister)
+  L("cuPointerGetAttribute", cuPointerGetAttribute)
   L("cuMemAlloc", cuMemAlloc_v2)
   L("cuMemFree", cuMemFree_v2)
   L("cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2)
