@@ -112,7 +112,7 @@ static int register_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
   size_t off = 0, piece = 0;
   while (off < size) {
     piece = size - off < b->cfg.register_max ? size - off
-                                              : (size_t)b->cfg.register_max;
+                                             : (size_t)b->cfg.register_max;
     /* fault=register:N (tests): the driver refuses, as when it is out of
      * pinnable memory. */
     cr = pp_fault_hit(&b->cfg, PP_FAULT_REGISTER)

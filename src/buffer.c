@@ -41,11 +41,11 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <limits.h>
-#include <linux/futex.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -376,8 +376,8 @@ static bool attr_begin(pinpool_buffer_t *b, int *expected) {
  * still BUSY, and the computer wakes every waiter after each change away
  * from BUSY. */
 static void attr_wait(pinpool_buffer_t *b) {
-  (void)syscall(SYS_futex, (int *)&b->attr_state, FUTEX_WAIT_PRIVATE,
-                ATTR_BUSY, NULL, NULL, 0);
+  (void)syscall(SYS_futex, (int *)&b->attr_state, FUTEX_WAIT_PRIVATE, ATTR_BUSY,
+                NULL, NULL, 0);
 }
 
 static void attr_done(pinpool_buffer_t *b, int state) {

@@ -136,11 +136,12 @@ int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size) {
             (uintptr_t)base % x->granule == 0);
   pp_xchunk_t *c = malloc(sizeof *c);
   pp_xnode_t *n = malloc(sizeof *n);
-  pp_xchunk_t **cs = realloc(x->chunks, (x->nchunks + 1) * sizeof *cs);
+  pp_xchunk_t **cs =
+      realloc(x->chunks, (x->nchunks + 1) * sizeof(pp_xchunk_t *));
   if (cs != NULL)
     x->chunks = cs;
   if (c == NULL || n == NULL || cs == NULL ||
-      (c->map = calloc(granules(x, size), sizeof *c->map)) == NULL) {
+      (c->map = calloc(granules(x, size), sizeof(pp_xnode_t *))) == NULL) {
     free(c);
     free(n);
     return PINPOOL_ENOMEM;
@@ -159,8 +160,7 @@ int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size) {
 static pp_xnode_t *fit(pp_extents_t *x, size_t size) {
   unsigned b = bin_of(size);
   int k = 0;
-  for (pp_xnode_t *n = x->bins[b]; n != NULL && k < FIT_LOOK;
-       n = n->next, k++)
+  for (pp_xnode_t *n = x->bins[b]; n != NULL && k < FIT_LOOK; n = n->next, k++)
     if (n->size >= size)
       return n;
   /* Bins above b hold only extents larger than class(b) >= size. */
@@ -290,9 +290,8 @@ bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len) {
         return false;
       }
       /* Fully coalesced: no free neighbour on either side. */
-      pp_xnode_t *l = n->base > c->base
-                          ? *map_at(c, x, n->base - x->granule)
-                          : NULL;
+      pp_xnode_t *l =
+          n->base > c->base ? *map_at(c, x, n->base - x->granule) : NULL;
       pp_xnode_t *r = n->base + n->size < c->base + c->size
                           ? *map_at(c, x, n->base + n->size)
                           : NULL;
@@ -307,8 +306,9 @@ bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len) {
     }
   }
   if (sum != x->free_bytes || count != x->nfree) {
-    (void)snprintf(why, len, "extents: %zu free bytes in %zu extents listed, "
-                             "%zu in %zu counted",
+    (void)snprintf(why, len,
+                   "extents: %zu free bytes in %zu extents listed, "
+                   "%zu in %zu counted",
                    sum, count, x->free_bytes, x->nfree);
     return false;
   }

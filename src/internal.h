@@ -384,10 +384,10 @@ bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len);
  * at create and kept until destroy. ------------------------------------- */
 typedef struct pp_reserve {
   pp_mutex_t lock;
-  uintptr_t base;    /* immutable after create */
-  size_t size;       /* immutable after create */
-  unsigned flags;    /* immutable: PP_SEG_* of the region */
-  pp_extents_t ext;  /* under lock */
+  uintptr_t base;   /* immutable after create */
+  size_t size;      /* immutable after create */
+  unsigned flags;   /* immutable: PP_SEG_* of the region */
+  pp_extents_t ext; /* under lock */
 } pp_reserve_t;
 void pp_reserve_init(pp_reserve_t *r, void *base, size_t size, unsigned flags);
 void pp_reserve_fini(pp_reserve_t *r);
@@ -763,7 +763,7 @@ struct pinpool {
   void *error_arg;
   pp_cuda_t *cuda;
   pp_mutex_t sset_locks[64];
-  pp_mutex_t streams_lock; /* the stream queues: qtab, squeues, items */
+  pp_mutex_t streams_lock;   /* the stream queues: qtab, squeues, items */
   struct pp_qtab *qtab;      /* stream -> queue, for queues with events */
   struct pp_squeue *squeues; /* the queues with events (active list) */
   pp_counter_t pending_bytes, pending_blocks;

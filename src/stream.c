@@ -64,8 +64,8 @@ typedef struct pp_qitem {
 typedef struct pp_squeue {
   pinpool_stream_t stream;
   pp_qitem_t *head, *tail;
-  bool polling;                /* a thread is querying head, unlocked */
-  struct pp_squeue *hnext;     /* hash chain */
+  bool polling;                  /* a thread is querying head, unlocked */
+  struct pp_squeue *hnext;       /* hash chain */
   struct pp_squeue *prev, *next; /* the active list (queues with items) */
 } pp_squeue_t;
 
@@ -208,7 +208,7 @@ static pp_squeue_t **qfind(pp_qtab_t *t, pinpool_stream_t stream) {
  * is harmless: chains get longer. */
 static void qtab_grow(pp_qtab_t *t) {
   size_t nb = t->nb * 2;
-  pp_squeue_t **b = calloc(nb, sizeof *b);
+  pp_squeue_t **b = calloc(nb, sizeof(pp_squeue_t *));
   if (b == NULL)
     return;
   for (size_t i = 0; i < t->nb; i++)
@@ -503,10 +503,12 @@ static void finish(pinpool_t *pool, pp_qitem_t *done) {
 
 /* Poll the heads of the queues that hold events: up to `budget`
  * completions. wait: synchronize each head instead of querying it. One
- * pass over the active list; completed items are resolved at the next
- * unlock (finish), so the walk never restarts. */
+ * pass over the active list: a completed item is taken off under the lock
+ * and resolved at the next unlock (finish), so the walk goes on from the
+ * queue after it (which is still listed: only this pass's own drop can
+ * unlink a queue while the lock is held) and never restarts. */
 static void process(pinpool_t *pool, unsigned budget, bool wait) {
-  pp_qitem_t *done = NULL, **done_tail = &done;
+  pp_qitem_t *done = NULL; /* taken off since the last unlock: one */
   pp_mutex_lock(&pool->streams_lock);
   pp_squeue_t *q = pool->squeues;
   while (q != NULL && budget > 0) {
@@ -519,7 +521,6 @@ static void process(pinpool_t *pool, unsigned budget, bool wait) {
     pp_mutex_unlock(&pool->streams_lock);
     finish(pool, done);
     done = NULL;
-    done_tail = &done;
     int r = wait ? pool->ev.synchronize(pool->ev.ctx, it->event)
             : pp_fault_hit(&pool->cfg, PP_FAULT_QUERY)
                 ? pp_fail(PINPOOL_EDEVICE, "injected failure of an event query")
@@ -539,8 +540,7 @@ static void process(pinpool_t *pool, unsigned budget, bool wait) {
       }
       it->event_result = r;
       it->next = NULL;
-      *done_tail = it;
-      done_tail = &it->next;
+      done = it;
       budget--;
     }
     /* Not done: nothing behind the head on this stream is either. */
@@ -637,7 +637,7 @@ int pp_streams_init(pinpool_t *pool) {
   pool->qtab = calloc(1, sizeof *pool->qtab);
   if (pool->qtab != NULL) {
     pool->qtab->nb = 16;
-    pool->qtab->b = calloc(pool->qtab->nb, sizeof *pool->qtab->b);
+    pool->qtab->b = calloc(pool->qtab->nb, sizeof(pp_squeue_t *));
   }
   if (pool->qtab == NULL || pool->qtab->b == NULL)
     return pp_fail(PINPOOL_ENOMEM, "pinpool_create: out of memory");

@@ -32,9 +32,8 @@ static void check(pp_extents_t *x, const char *when, int step) {
 static void test_extent_model(void **state) {
   (void)state;
   static const size_t chunk_size[NCH] = {64 * MiB, 4 * MiB, 160 * MiB};
-  static const uintptr_t chunk_base[NCH] = {(uintptr_t)1 << 40,
-                                            ((uintptr_t)1 << 40) + 64 * MiB,
-                                            (uintptr_t)3 << 40};
+  static const uintptr_t chunk_base[NCH] = {
+      (uintptr_t)1 << 40, ((uintptr_t)1 << 40) + 64 * MiB, (uintptr_t)3 << 40};
   pp_extents_t x;
   pp_ext_init(&x, G);
   size_t total = 0;
@@ -54,8 +53,8 @@ static void test_extent_model(void **state) {
       size_t largest = pp_ext_largest(&x);
       void *p = pp_ext_take(&x, n);
       PP_ASSERT((p != NULL) == (largest >= n),
-                "step %d: take of %zu -> %p with a largest extent of %zu",
-                step, n, p, largest);
+                "step %d: take of %zu -> %p with a largest extent of %zu", step,
+                n, p, largest);
       if (p != NULL) {
         uintptr_t a = (uintptr_t)p;
         pp_xchunk_t *c = pp_ext_chunk_of(&x, p);

@@ -160,8 +160,8 @@ static void test_history_lapped_writer(void **state) {
   gate_off();
 
   uint32_t me = gettid_();
-  json_t *entries = json_object_get(json_object_get(root, "history"),
-                                    "entries");
+  json_t *entries =
+      json_object_get(json_object_get(root, "history"), "entries");
   PP_ASSERT(json_array_size(entries) > 0, "no history entries");
   size_t i;
   json_t *e;
@@ -181,8 +181,7 @@ static void test_history_lapped_writer(void **state) {
                 i, tid, v.tid, (unsigned long long)req,
                 (unsigned long long)size, (unsigned long long)addr, v.p);
     else
-      PP_ASSERT(tid == me && size == MAIN_BS &&
-                    (req == MAIN_REQ || req == 0),
+      PP_ASSERT(tid == me && size == MAIN_BS && (req == MAIN_REQ || req == 0),
                 "entry %zu: thread %u request %llu size %llu", i, tid,
                 (unsigned long long)req, (unsigned long long)size);
   }
@@ -355,8 +354,8 @@ static void on_error_quiet(void *arg, int err, const char *msg, void *b) {
 static void test_synchronize_waits_for_cache(void **state) {
   (void)state;
   evp_t evp = {PTHREAD_MUTEX_INITIALIZER, NULL};
-  pinpool_events_t evt = {"gate",      evp_record,  evp_query,
-                          evp_sync,    evp_release, &evp};
+  pinpool_events_t evt = {"gate",   evp_record,  evp_query,
+                          evp_sync, evp_release, &evp};
   pinpool_hooks_t hooks = {NULL, &evt, NULL, NULL};
   pinpool_t *pool;
   PP_OK(pinpool_create_ex("background=1,poll_us=200", &hooks, &pool));
@@ -389,7 +388,8 @@ static void test_synchronize_waits_for_cache(void **state) {
 }
 
 /* ---- 5. An event error must not let the memory go while another stream
- * may still use it ---------------------------------------------------------- */
+ * may still use it ----------------------------------------------------------
+ */
 
 typedef struct destroy_arg {
   pinpool_t *pool;
@@ -409,8 +409,8 @@ static void test_error_keeps_other_streams(void **state) {
   cb_init(&cb);
   pinpool_backend_t bt = cb_table(&cb, 0);
   evp_t evp = {PTHREAD_MUTEX_INITIALIZER, NULL};
-  pinpool_events_t evt = {"gate",      evp_record,  evp_query,
-                          evp_sync,    evp_release, &evp};
+  pinpool_events_t evt = {"gate",   evp_record,  evp_query,
+                          evp_sync, evp_release, &evp};
   pinpool_hooks_t hooks = {&bt, &evt, on_error_quiet, NULL};
   pinpool_t *pool;
   PP_OK(pinpool_create_ex("tcache_bytes=0", &hooks, &pool));
@@ -459,8 +459,7 @@ static void test_error_keeps_other_streams(void **state) {
   PP_ASSERT(!destroy_early && mid.nfree == before.nfree,
             "pinpool_destroy returned (%d) or freed %llu backend "
             "allocations while stream 4 still used the block",
-            (int)destroy_early,
-            (unsigned long long)(mid.nfree - before.nfree));
+            (int)destroy_early, (unsigned long long)(mid.nfree - before.nfree));
   /* Every stream is done with it now: destroy gave it back. */
   PP_CHECK_CB_BALANCED(&cb);
   cb_fini(&cb);
@@ -602,8 +601,8 @@ static void *sync_timed(void *arg) {
 static void test_synchronize_sleeps(void **state) {
   (void)state;
   evp_t evp = {PTHREAD_MUTEX_INITIALIZER, NULL};
-  pinpool_events_t evt = {"slow",    evp_record,  slow_query,
-                          evp_sync,  evp_release, &evp};
+  pinpool_events_t evt = {"slow",   evp_record,  slow_query,
+                          evp_sync, evp_release, &evp};
   pinpool_hooks_t hooks = {NULL, &evt, NULL, NULL};
   pinpool_t *pool;
   atomic_store(&g_query_gate, 0);

@@ -405,9 +405,9 @@ static void test_register_pieces(void **state) {
    * the pool retries after giving idle memory back.) */
   for (unsigned k = 1; k <= 5; k++) {
     ct_fake.reset();
-    CT_ASSERT(ct_fake.inject("cuMemHostRegister", k,
-                             CUDA_ERROR_INVALID_VALUE) == 0,
-              "arm");
+    CT_ASSERT(
+        ct_fake.inject("cuMemHostRegister", k, CUDA_ERROR_INVALID_VALUE) == 0,
+        "arm");
     CT_RC(pinpool_alloc(pool, 9 * MiB, &p), PINPOOL_EBACKEND);
     CT_ERROR_HAS("piece");
     CT_FAKE_EQ("calls:cuMemHostRegister", k);
@@ -456,8 +456,9 @@ static void test_register_pieces(void **state) {
                        &bad),
         PINPOOL_ECONFIG);
   CT_ERROR_HAS("register_max");
-  CT_RC(pinpool_create("backend=cuda-register,device=0,register_max=5000", &bad),
-        PINPOOL_ECONFIG);
+  CT_RC(
+      pinpool_create("backend=cuda-register,device=0,register_max=5000", &bad),
+      PINPOOL_ECONFIG);
   CT_RC(pinpool_create("backend=cuda-register,device=0,register_max=0", &bad),
         PINPOOL_ECONFIG);
 
