@@ -197,6 +197,8 @@ pkg_version() {
 REPORT_PEERS=(--peer "glibc=$(pkg_version libc6)")
 for p in "${PEERS[@]}"; do
   REPORT_PEERS+=(--peer "$p=$(pkg_version "${PEER_DEB[$p]}")")
+  [[ "$p" == tcmalloc ]] && REPORT_PEERS+=(--peer \
+    "tcmalloc-rr0=$(pkg_version "${PEER_DEB[$p]}") with TCMALLOC_RELEASE_RATE=0")
 done
 for p in jemalloc mimalloc tcmalloc; do
   if [[ ! " ${PEERS[*]} " =~ \ $p\  ]]; then
@@ -260,28 +262,44 @@ LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
 export TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=1099511627776
 
 # ---- Run ------------------------------------------------------------------------------
-# An implementation: binary:impl:mode
+# An implementation: binary:impl:mode[:name[:VAR=VALUE]] (name: the malloc
+# peer's reported name; VAR=VALUE: the environment of its process).
+# Every implementation runs in both modes, touch (one byte written per
+# 4 KiB page of every block) and alloc (nothing written), except the floor
+# (touch only: the touches on a pre-faulted region no allocator manages)
+# and the GPU implementations (touch only: they are pools like pinpool,
+# whose alloc mode the CPU run already measures).
 impls_for() { # workload
-  local w="$1" p
-  local list=("pp_bench:pinpool:resident")
+  local w="$1" p m
   if [[ "$w" == W1h ]]; then
-    printf '%s\n' "${list[@]}" "pp_bench:pinpool-h-alloc:resident" \
-      "pp_bench:pinpool-h-all:resident" "pp_bench:pinpool-h-all16:resident"
+    printf '%s\n' "pp_bench:pinpool:alloc" "pp_bench:pinpool-h-alloc:alloc" \
+      "pp_bench:pinpool-h-all:alloc" "pp_bench:pinpool-h-all16:alloc"
     return
   fi
   if [[ "$w" == W8 ]]; then
-    printf '%s\n' "${list[@]}"
+    printf '%s\n' "pp_bench:pinpool:alloc"
     return
   fi
-  [[ "$w" == W1 ]] && list+=("pp_bench:pinpool-tc:resident")
-  [[ "$w" == W2 ]] && list+=("pp_bench:pinpool-remap0:resident")
-  list+=("pp_bench:refpool:resident" "pp_bench:naive:resident"
-    "pp_bench:malloc:touch" "pp_bench:malloc:alloc")
-  for p in "${CUDA_IMPLS[@]}"; do
-    list+=("pp_bench:$p:resident")
+  local list=() pools=(pinpool refpool rmmpool)
+  [[ "$w" == W1 ]] && pools+=(pinpool-tc)
+  # The per-request baseline: not in W2, whose steady state it never has
+  # (every operation maps, populates and locks; ~2 ms for a 6 MiB block).
+  [[ "$w" != W2 ]] && pools+=(naive)
+  for m in touch alloc; do
+    for p in "${pools[@]}"; do
+      list+=("pp_bench:$p:$m")
+    done
+    list+=("pp_bench:malloc:$m")
+    for p in "${PEERS[@]}"; do
+      list+=("pp_bench_$p:malloc:$m")
+    done
+    if [[ " ${PEERS[*]} " == *" tcmalloc "* ]]; then
+      list+=("pp_bench_tcmalloc:malloc:$m:tcmalloc-rr0:TCMALLOC_RELEASE_RATE=0")
+    fi
   done
-  for p in "${PEERS[@]}"; do
-    list+=("pp_bench_$p:malloc:touch" "pp_bench_$p:malloc:alloc")
+  list+=("pp_bench:floor:touch")
+  for p in "${CUDA_IMPLS[@]}"; do
+    list+=("pp_bench:$p:touch")
   done
   printf '%s\n' "${list[@]}"
 }
@@ -326,23 +344,28 @@ for w in $WORKLOADS; do
       for ((c = 0; c < ncases; c++)); do
         for ((k = 0; k < nimpl; k++)); do
           spec="${IMPLS[$(((k + rep + c) % nimpl))]}"
-          IFS=: read -r bin impl mode <<<"$spec"
+          IFS=: read -r bin impl mode name envset <<<"$spec"
+          NAME_ARG=()
+          [[ -n "$name" ]] && NAME_ARG=(--name "$name")
+          ENV_SET=()
+          [[ -n "$envset" ]] && ENV_SET=("$envset")
           RUNS=$((RUNS + 1))
           rc=0
           us0="${EPOCHREALTIME/./}"
-          timeout 600 "$BUILD/bench/$bin" --workload "$w" --impl "$impl" \
-            --mode "$mode" --threads "$threads" --case "$c" --rep "$rep" \
-            "${QUICK_ARG[@]}" >>"$RAW" 2>"$WORK/stderr" || rc=$?
+          env "${ENV_SET[@]}" timeout 600 "$BUILD/bench/$bin" --workload "$w" \
+            --impl "$impl" --mode "$mode" --threads "$threads" --case "$c" \
+            --rep "$rep" "${QUICK_ARG[@]}" "${NAME_ARG[@]}" \
+            >>"$RAW" 2>"$WORK/stderr" || rc=$?
           printf 'T\t%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\n' "$w" "$c" "$bin" \
-            "$impl" "$mode" "$threads" "$rep" \
+            "${name:-$impl}" "$mode" "$threads" "$rep" \
             "$((${EPOCHREALTIME/./} - us0))" >>"$RAW"
           if ((rc != 0)); then
             FAILED=1
             why="$(tail -n 1 "$WORK/stderr" | tr '\t' ' ')"
             printf 'F\t%s case %d, %s %s/%s, %d thread(s), rep %d: exit %d: %s\n' \
-              "$w" "$c" "$bin" "$impl" "$mode" "$threads" "$rep" "$rc" \
+              "$w" "$c" "$bin" "${name:-$impl}" "$mode" "$threads" "$rep" "$rc" \
               "$why" >>"$RAW"
-            echo "bench/run.sh: FAILED: $w case $c $bin $impl/$mode" \
+            echo "bench/run.sh: FAILED: $w case $c $bin ${name:-$impl}/$mode" \
               "threads=$threads rep=$rep: exit $rc: $why" >&2
           fi
         done
@@ -403,6 +426,7 @@ try:
     for key in ("uname", "nproc", "cpu_model"):
         assert key in doc["machine"], "machine has no '%s'" % key
     res = doc["results"]
+    MALLOCS = ("glibc", "jemalloc", "mimalloc", "tcmalloc", "tcmalloc-rr0")
     assert isinstance(res, list) and res, "no results"
     num = (int, float)
     def isnum(v):
@@ -435,8 +459,7 @@ try:
             if v is None:
                 why = " ".join(r.get("notes") or [])
                 assert r["workload"] == "W8" or (
-                    key == "backend_calls" and
-                    r["mode"] in ("alloc", "touch") and
+                    key == "backend_calls" and r["impl"] in MALLOCS and
                     "not counted" in why), \
                     "record %s/%s/%s/%d threads: '%s' is null" % (
                         r["workload"], r["impl"], r["case"], r["threads"],
@@ -444,9 +467,30 @@ try:
             else:
                 assert isnum(v), "record %s/%s: bad '%s'" % (
                     r["workload"], r["impl"], key)
+        assert r["mode"] in ("alloc", "touch"), \
+            "record %s/%s: mode %r" % (r["workload"], r["impl"], r["mode"])
+        # Distance to the floor: in touch mode where a floor was measured.
+        for key in ("ns_over_floor", "ratio_to_floor"):
+            assert key in r, "record %s/%s/%s: no '%s'" % (
+                r["workload"], r["impl"], r["case"], key)
+            assert r[key] is None or isnum(r[key]), \
+                "record %s/%s: bad '%s'" % (r["workload"], r["impl"], key)
+        if r["mode"] == "touch" and r["workload"] not in ("W1h", "W8") \
+                and r["impl"] != "floor" and not doc["failures"]:
+            assert r["ns_over_floor"] is not None, \
+                "record %s/%s/%s/%d threads: no distance to the floor" % (
+                    r["workload"], r["impl"], r["case"], r["threads"])
+        # W2: the fill apart from the steady state, and the late half.
+        if r["workload"] == "W2":
+            for key in ("fill_ops", "fill_ops_per_s", "fill_minflt_per_op",
+                        "steady_ops_per_thread", "late_ops_per_s",
+                        "late_minflt_per_op", "live_cap_mib"):
+                assert isnum(r["metrics"].get(key)), \
+                    "W2 %s/%s/%s: no metric '%s'" % (r["impl"], r["mode"],
+                                                     r["case"], key)
         # W6's blocks (16 MiB and up) are far above every malloc's mmap
         # threshold: a malloc peer whose calls were counted made some.
-        if r["workload"] == "W6" and r["mode"] in ("alloc", "touch") and \
+        if r["workload"] == "W6" and r["impl"] in MALLOCS and \
                 r["backend_calls"] is not None:
             assert r["backend_calls"] > 0, \
                 "W6 %s/%s: no memory system calls counted" % (r["impl"],
@@ -466,7 +510,7 @@ try:
             assert ts == want, "%s %s (%s): threads %s, expected %s" % (
                 w, impl, mode, sorted(ts), sorted(want))
         for (w, impl, mode), cs in sorted(cases.items()):
-            ref = cases.get((w, "pinpool", "resident"), set())
+            ref = cases.get((w, "pinpool", mode), set())
             assert cs == ref, "%s %s (%s): cases %s, pinpool's %s" % (
                 w, impl, mode, sorted(cs ^ ref), sorted(ref))
     for w in workloads:
