@@ -3,11 +3,12 @@
 #
 #   bench/run.sh [--quick] [--reps N] [--workloads "W1 W4"] [--out DIR]
 #
-#   --quick       small sizes and counts (well under 2 minutes); writes to
+#   --quick       small sizes and counts (about 1.5 minutes); writes to
 #                 bench/results/quick/ (not committed) unless --out is given
 #   --reps N      repetitions of every workload (default: full 5 for W1, W1h,
-#                 W3, W4 and W5 (the two-thread cases are noisy), 3 for the
-#                 others; quick 2, W8 1)
+#                 W3, W4 and W5 (the two-thread cases are noisy), 2 for W2
+#                 (12 long cases), 3 for the others; quick 2 for W1, 1 for
+#                 the others)
 #   --workloads   a subset of W1..W7, W1h, W8 (the report then covers only
 #                 those; e.g. --workloads "W1h W8" --out /tmp/w8)
 #   --out DIR     where latest.json, latest.md and the charts go
@@ -308,15 +309,20 @@ reps_for() { # workload
   if [[ -n "$REPS_OVERRIDE" ]]; then
     echo "$REPS_OVERRIDE"
   elif ((QUICK)); then
-    # --quick checks the suite's shape, not its speed: two repetitions
-    # still exercise the merge (medians, rotation of the order) and keep
-    # it near a minute with the fake driver's implementations (1,012 runs
-    # took 100-110 s with three). A W8 process fills a history ring and
-    # writes snapshots in three phases: one repetition.
-    [[ "$1" == W8 ]] && echo 1 || echo 2
+    # --quick checks the suite's shape, not its speed. W1 runs twice (the
+    # merge of repetitions, medians and the rotation of the order, is
+    # exercised), the rest once: with every implementation in both modes
+    # that keeps it near a minute and a half with the fake driver's
+    # implementations (1,014 runs took 137 s with two repetitions, on 2
+    # busy cores).
+    [[ "$1" == W1 ]] && echo 2 || echo 1
   else
+    # W2: 12 cases of 10,000 steady operations per thread; a malloc peer
+    # that faults its pages in takes 20-50 s per run of the 64 MiB-block
+    # cases (1.2 us per 4 KiB fault): 2 repetitions (~1.5 h on 2 cores).
     case "$1" in
       W1 | W1h | W3 | W4 | W5) echo 5 ;;
+      W2) echo 2 ;;
       *) echo 3 ;;
     esac
   fi
@@ -379,6 +385,23 @@ LOAD_END="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
 [[ -n "${BENCH_RAW:-}" ]] && cp "$RAW" "$BENCH_RAW"
 
 # ---- Report, charts, check ------------------------------------------------------------
+# The old method's pinpool numbers (its last full run, kept in
+# bench/results/before-fair.json): the report's "W3-W7 no more than 10 %
+# slower than before" goal, where a case of this run matches one of those.
+BEFORE="$ROOT/bench/results/before-fair.json"
+if [[ -f "$BEFORE" ]] && command -v python3 >/dev/null; then
+  python3 - "$BEFORE" >>"$RAW" <<'EOF' || echo "bench/run.sh: NOTE: $BEFORE unreadable" >&2
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for r in doc["results"]:
+    if r["impl"] == "pinpool" and r["mode"] == "resident" and \
+            r["workload"] in ("W3", "W4", "W5", "W6", "W7") and \
+            r.get("ns_per_op_median") and r.get("ops_per_s"):
+        print("B\t%s\t%s\t%d\t%.9g\t%.9g" % (
+            r["workload"], r["case"], r["threads"], r["ns_per_op_median"],
+            r["ops_per_s"]))
+EOF
+fi
 mkdir -p "$OUT" "$WORK/plots" "$WORK/png"
 CHARTS=0
 command -v gnuplot >/dev/null && CHARTS=1
