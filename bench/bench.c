@@ -353,15 +353,16 @@ static inline void use_block(void *p, size_t size) {
   g_sink = p;
 }
 
-/* ---- The floor ---------------------------------------------------------------
- * Memory no allocator manages: one region, populated (MAP_POPULATE) before
- * the measurement, split in one ring per thread; an allocation is the next
- * `size` bytes of the thread's ring (page-aligned; back to the ring's start
- * when they do not fit) and a free does nothing. Each workload sizes the
- * rings to its live set (plus one block), so that the touches of touch mode
- * land on memory whose reuse distance is that of the workload: what is left
- * is the cost of the touches themselves (TLB and cache misses, no faults),
- * the bound every implementation is measured against. */
+/* ---- The floor
+ * --------------------------------------------------------------- Memory no
+ * allocator manages: one region, populated (MAP_POPULATE) before the
+ * measurement, split in one ring per thread; an allocation is the next `size`
+ * bytes of the thread's ring (page-aligned; back to the ring's start when they
+ * do not fit) and a free does nothing. Each workload sizes the rings to its
+ * live set (plus one block), so that the touches of touch mode land on memory
+ * whose reuse distance is that of the workload: what is left is the cost of the
+ * touches themselves (TLB and cache misses, no faults), the bound every
+ * implementation is measured against. */
 typedef struct floor_ring {
   alignas(64) char *start, *end, *cur;
 } floor_ring_t;
@@ -1536,7 +1537,8 @@ static void w2_run(int ci) {
     rec_num("fill_minflt_per_op", fill_flt / fill_ops);
   }
   if (cf.calls_known && c0.calls_known)
-    rec_num("fill_backend_calls", (double)(c0.backend_calls - cf.backend_calls));
+    rec_num("fill_backend_calls",
+            (double)(c0.backend_calls - cf.backend_calls));
   if (late_ops > 0) {
     rec_num("late_ops_per_s", late_ns > 0 ? late_ops * 1e9 / late_ns : 0);
     rec_num("late_minflt_per_op", late_flt / late_ops);

@@ -65,8 +65,8 @@ static int cmp_d(const void *a, const void *b) {
 
 /* ns per operation after n streams were used, or < 0 on error. */
 static double run(unsigned long n) {
-  pinpool_events_t ev = {"micro", ev_record, ev_query, ev_sync, ev_release,
-                         NULL};
+  pinpool_events_t ev = {"micro", ev_record,  ev_query,
+                         ev_sync, ev_release, NULL};
   pinpool_hooks_t hooks = {NULL, &ev, NULL, NULL};
   pinpool_t *pool;
   if (pinpool_create_ex("", &hooks, &pool) != 0) {

@@ -54,7 +54,7 @@ typedef struct group {
   int nnotes;
   metric_t agg[MAX_METRICS];
   int nagg;
-  double ratio_ns, ratio_ops; /* NAN if no pinpool baseline */
+  double ratio_ns, ratio_ops;        /* NAN if no pinpool baseline */
   double over_floor_ns, ratio_floor; /* touch mode: distance to the floor */
 } group_t;
 
@@ -306,11 +306,13 @@ static double op_ns(const group_t *g) {
 /* Rows: touch mode first (the headline), then alloc; the floor first. */
 static int impl_rank(const group_t *g) {
   static const char *order[] = {
-      "floor",        "pinpool",      "pinpool-tc",      "pinpool-remap0",
-      "pinpool-h-alloc", "pinpool-h-all", "pinpool-h-all16", "pinpool-cuda",
-      "pinpool-cuda-register", "rmmpool", "refpool",        "refpool-cuda",
-      "naive",        "cuhostalloc",  "glibc",           "jemalloc",
-      "mimalloc",     "tcmalloc",     "tcmalloc-rr0"};
+      "floor",           "pinpool",         "pinpool-tc",
+      "pinpool-remap0",  "pinpool-h-alloc", "pinpool-h-all",
+      "pinpool-h-all16", "pinpool-cuda",    "pinpool-cuda-register",
+      "rmmpool",         "refpool",         "refpool-cuda",
+      "naive",           "cuhostalloc",     "glibc",
+      "jemalloc",        "mimalloc",        "tcmalloc",
+      "tcmalloc-rr0"};
   int r = 99;
   for (int i = 0; i < (int)(sizeof order / sizeof order[0]); i++)
     if (strcmp(g->impl, order[i]) == 0)
@@ -554,7 +556,6 @@ static const char *label(const group_t *g, char *buf, size_t len) {
   return buf;
 }
 
-
 static void goals_w1(void) {
   goal_t *a = goal_new("W1: cached alloc+free pair <= 20 ns at every size "
                        "(alloc mode: nothing written), 1 thread");
@@ -632,26 +633,26 @@ static void goal_ahead_min(const char *wl, const char *title, double min_big) {
         ok += met;
         if (!head)
           goal_add(g, "%s**%s mode**: ", g->detail[0] ? "; " : "", modes[m]);
-        goal_add(g, "%s%s %dT %s %s (%s vs %s %s)%s", head ? "; " : "",
-                 p->kase, t, met ? "ahead" : "BEHIND",
-                 fmt_ratio(r, buf, sizeof buf), fmt_num(speed(p), buf2,
-                                                         sizeof buf2),
-                 wg->impl, fmt_num(speed(wg), buf3, sizeof buf3),
-                 need > 1.0 ? (r >= need ? " (>= 1.5x: met)"
-                                         : " (>= 1.5x asked)")
-                            : "");
+        goal_add(g, "%s%s %dT %s %s (%s vs %s %s)%s", head ? "; " : "", p->kase,
+                 t, met ? "ahead" : "BEHIND", fmt_ratio(r, buf, sizeof buf),
+                 fmt_num(speed(p), buf2, sizeof buf2), wg->impl,
+                 fmt_num(speed(wg), buf3, sizeof buf3),
+                 need > 1.0
+                     ? (r >= need ? " (>= 1.5x: met)" : " (>= 1.5x asked)")
+                     : "");
         head = true;
       }
     }
   }
   snprintf(g->status, sizeof g->status, "%s",
-           n == 0       ? "n/a"
-           : ok == n    ? "met"
-           : ok > 0     ? "partly"
-                        : "missed");
+           n == 0    ? "n/a"
+           : ok == n ? "met"
+           : ok > 0  ? "partly"
+                     : "missed");
   if (n > 0)
-    goal_add(g, ". %d of %d (case, threads, mode) met; ratio = pinpool "
-                "%s ÷ the fastest peer's in the same mode",
+    goal_add(g,
+             ". %d of %d (case, threads, mode) met; ratio = pinpool "
+             "%s ÷ the fastest peer's in the same mode",
              ok, n, strcmp(wl, "W4") == 0 ? "1e9 / mean ns" : "ops/s");
 }
 
@@ -691,17 +692,17 @@ static void goals_faults(void) {
       continue;
     n += nw;
     ok += okw;
-    goal_add(g, "%s%s: %d of %d cases at 0", g->detail[0] ? "; " : "",
-             wls[w], okw, nw);
+    goal_add(g, "%s%s: %d of %d cases at 0", g->detail[0] ? "; " : "", wls[w],
+             okw, nw);
     if (okw < nw)
-      goal_add(g, ", worst %.3g faults/op (%s, %d thread%s)", worst,
-               wg->kase, wg->threads, wg->threads > 1 ? "s" : "");
+      goal_add(g, ", worst %.3g faults/op (%s, %d thread%s)", worst, wg->kase,
+               wg->threads, wg->threads > 1 ? "s" : "");
   }
   snprintf(g->status, sizeof g->status, "%s",
-           n == 0     ? "n/a"
-           : ok == n  ? "met"
-           : ok > 0   ? "partly"
-                      : "missed");
+           n == 0    ? "n/a"
+           : ok == n ? "met"
+           : ok > 0  ? "partly"
+                     : "missed");
 }
 
 static void goals_w2(void) {
@@ -719,12 +720,12 @@ static void goals_w2(void) {
       double ov = get(p, "overhead");
       const group_t *r =
           find_group("W2", p->kase, "rmmpool", "touch", t, false);
-      const group_t *f = find_group("W2", p->kase, "refpool", "touch", t,
-                                    false);
+      const group_t *f =
+          find_group("W2", p->kase, "refpool", "touch", t, false);
       n++;
       ok += ov <= 1.10;
-      goal_add(a, "%s%s %dT pinpool %.2f", a->detail[0] ? "; " : "",
-               p->kase, t, ov);
+      goal_add(a, "%s%s %dT pinpool %.2f", a->detail[0] ? "; " : "", p->kase, t,
+               ov);
       if (r != NULL)
         goal_add(a, " (rmmpool %.2f", get(r, "overhead"));
       if (f != NULL)
@@ -742,9 +743,10 @@ static void goals_w2(void) {
                      : "missed");
   if (n > 0)
     goal_add(a, ". %d of %d met", ok, n);
-  goal_ahead_min("W2", "W2: ahead of every peer on every variant, like for "
-                       "like (touch and alloc modes, 1 and 2 threads), by "
-                       ">= 1.5x over the best at >= 1 GiB live",
+  goal_ahead_min("W2",
+                 "W2: ahead of every peer on every variant, like for "
+                 "like (touch and alloc modes, 1 and 2 threads), by "
+                 ">= 1.5x over the best at >= 1 GiB live",
                  1.5);
 }
 
@@ -759,16 +761,16 @@ static void goals_before(void) {
   char b1[64], b2[64], b3[64];
   if (strcmp(g_o.mode, "full") != 0) {
     snprintf(g->status, sizeof g->status, "n/a");
-    goal_add(g, "%s run: its cases are shorter than the old full run's, "
-                "not compared",
+    goal_add(g,
+             "%s run: its cases are shorter than the old full run's, "
+             "not compared",
              g_o.mode);
     return;
   }
   for (int k = 0; k < g_nbefore; k++) {
     const before_t *b = &g_before[k];
     const group_t *p =
-        find_group(b->workload, b->kase, "pinpool", "alloc", b->threads,
-                   false);
+        find_group(b->workload, b->kase, "pinpool", "alloc", b->threads, false);
     if (p == NULL || p->nruns == 0)
       continue;
     double now = get(p, "ns_med");
@@ -789,9 +791,10 @@ static void goals_before(void) {
     goal_add(g, "no case of this run matches the old full run's (quick "
                 "runs use other sizes; bench/results/before-fair.json)");
   else
-    goal_add(g, ". %d of %d within 10 %%. The old method wrote one byte "
-                "per block, alloc mode writes none; both runs' machine load "
-                "differs (see each run's load average)",
+    goal_add(g,
+             ". %d of %d within 10 %%. The old method wrote one byte "
+             "per block, alloc mode writes none; both runs' machine load "
+             "differs (see each run's load average)",
              ok, n);
 }
 
@@ -877,8 +880,7 @@ static void goals_history(void) {
         find_group("W1h", g->kase, "pinpool-h-all", "alloc", 1, false);
     const group_t *a16 =
         find_group("W1h", g->kase, "pinpool-h-all16", "alloc", 1, false);
-    const group_t *w1 =
-        find_group("W1", g->kase, "pinpool", "alloc", 1, false);
+    const group_t *w1 = find_group("W1", g->kase, "pinpool", "alloc", 1, false);
     any = true;
     goal_add(off, "%s%s %s", off->detail[0] ? "; " : "", g->kase,
              fmt_ns(get(g, "ns_med"), b1, sizeof b1));
@@ -1450,8 +1452,9 @@ static void md_w2_summary(FILE *f) {
       const group_t *q = best_peer(p);
       const group_t *fl =
           find_group("W2", p->kase, "floor", "touch", p->threads, false);
-      fprintf(f, "| %s | %d | %s | %s | %s | %.2f | %s | %s | %s | %.2f | "
-                 "**%s** | %s |\n",
+      fprintf(f,
+              "| %s | %d | %s | %s | %s | %.2f | %s | %s | %s | %.2f | "
+              "**%s** | %s |\n",
               p->kase, p->threads, p->mode,
               fmt_num(speed(p), b[0], sizeof b[0]),
               fmt_num(get(p, "minflt_per_op"), b[1], sizeof b[1]),
@@ -1515,30 +1518,29 @@ static void write_md(const machine_t *m) {
                  "(cuMemHostAlloc / cuMemFreeHost per block: the naive "
                  "baseline on a GPU machine); all with "
                  "CU_MEMHOSTALLOC_PORTABLE.\n");
-  fprintf(f,
-          "- Modes, the same for every implementation: `touch` writes one "
-          "byte in every 4 KiB page of every block handed out (the "
-          "headline: a pinned block is written by its user; a pool's pages "
-          "are resident, a malloc's may fault); `alloc` writes nothing (the "
-          "allocator alone). Every ratio compares an implementation with "
-          "pinpool in the same mode. `floor` (touch mode only) is the "
-          "touches alone; `over floor /op` = an implementation's time per "
-          "operation (1 / ops/s) minus the floor's, `÷ floor` their ratio.\n"
-          "- Every number is the median over `reps` runs; each run is one "
-          "process, implementations interleaved with a rotating order. "
-          "`time ÷ pinpool` = ns/op median ÷ pinpool's (> 1: pinpool is "
-          "faster); `ops/s ÷ pinpool` (< 1: pinpool is faster). "
-          "Memory held (`overhead`) = peak reserved ÷ peak requested bytes "
-          "for the pools, naive and the floor (its ring), peak RSS (VmHWM) "
-          "growth ÷ peak requested for malloc peers (meaningless in `alloc` "
-          "mode, where their pages are never touched). Page faults per "
-          "operation (minor faults of the process in the measured phase) "
-          "and backend calls in the measured phase: segment or chunk "
-          "allocations + releases for pools, mappings + unmappings for "
-          "naive, and for malloc peers their memory system calls (mmap, "
-          "munmap, mremap, brk, mprotect, madvise, counted by the kernel "
-          "on its syscall tracepoints; left out, with a note, where it "
-          "cannot count them).\n\n");
+  fprintf(f, "- Modes, the same for every implementation: `touch` writes one "
+             "byte in every 4 KiB page of every block handed out (the "
+             "headline: a pinned block is written by its user; a pool's pages "
+             "are resident, a malloc's may fault); `alloc` writes nothing (the "
+             "allocator alone). Every ratio compares an implementation with "
+             "pinpool in the same mode. `floor` (touch mode only) is the "
+             "touches alone; `over floor /op` = an implementation's time per "
+             "operation (1 / ops/s) minus the floor's, `÷ floor` their ratio.\n"
+             "- Every number is the median over `reps` runs; each run is one "
+             "process, implementations interleaved with a rotating order. "
+             "`time ÷ pinpool` = ns/op median ÷ pinpool's (> 1: pinpool is "
+             "faster); `ops/s ÷ pinpool` (< 1: pinpool is faster). "
+             "Memory held (`overhead`) = peak reserved ÷ peak requested bytes "
+             "for the pools, naive and the floor (its ring), peak RSS (VmHWM) "
+             "growth ÷ peak requested for malloc peers (meaningless in `alloc` "
+             "mode, where their pages are never touched). Page faults per "
+             "operation (minor faults of the process in the measured phase) "
+             "and backend calls in the measured phase: segment or chunk "
+             "allocations + releases for pools, mappings + unmappings for "
+             "naive, and for malloc peers their memory system calls (mmap, "
+             "munmap, mremap, brk, mprotect, madvise, counted by the kernel "
+             "on its syscall tracepoints; left out, with a note, where it "
+             "cannot count them).\n\n");
   md_w2_summary(f);
 
   fprintf(f, "## Goals (issues 21, 7 and 4; reported, not asserted)\n\n"
@@ -1616,16 +1618,22 @@ static const char *style(const char *impl, const char *mode, char *buf,
                          size_t len) {
   static const struct {
     const char *impl, *rgb;
-  } colours[] = {
-      {"pinpool", "#000000"},        {"pinpool-tc", "#7f7f7f"},
-      {"pinpool-remap0", "#7f7f7f"}, {"refpool", "#9467bd"},
-      {"rmmpool", "#17becf"},        {"floor", "#bbbbbb"},
-      {"tcmalloc-rr0", "#ffbb78"},
-      {"naive", "#8c564b"},          {"glibc", "#1f77b4"},
-      {"pinpool-cuda", "#393b79"},   {"pinpool-cuda-register", "#bcbd22"},
-      {"refpool-cuda", "#c5b0d5"},   {"cuhostalloc", "#e377c2"},
-      {"jemalloc", "#d62728"},       {"mimalloc", "#2ca02c"},
-      {"tcmalloc", "#ff7f0e"}};
+  } colours[] = {{"pinpool", "#000000"},
+                 {"pinpool-tc", "#7f7f7f"},
+                 {"pinpool-remap0", "#7f7f7f"},
+                 {"refpool", "#9467bd"},
+                 {"rmmpool", "#17becf"},
+                 {"floor", "#bbbbbb"},
+                 {"tcmalloc-rr0", "#ffbb78"},
+                 {"naive", "#8c564b"},
+                 {"glibc", "#1f77b4"},
+                 {"pinpool-cuda", "#393b79"},
+                 {"pinpool-cuda-register", "#bcbd22"},
+                 {"refpool-cuda", "#c5b0d5"},
+                 {"cuhostalloc", "#e377c2"},
+                 {"jemalloc", "#d62728"},
+                 {"mimalloc", "#2ca02c"},
+                 {"tcmalloc", "#ff7f0e"}};
   const char *rgb = "#555555";
   for (size_t i = 0; i < sizeof colours / sizeof colours[0]; i++)
     if (strcmp(colours[i].impl, impl) == 0)
@@ -1665,9 +1673,8 @@ static const char *short_case(const group_t *g, bool threads, char *buf,
 }
 
 static const char *g_bar_peers[] = {
-    "rmmpool/touch",  "refpool/touch",  "naive/touch",
-    "glibc/touch",    "jemalloc/touch", "mimalloc/touch",
-    "tcmalloc/touch", "tcmalloc-rr0/touch"};
+    "rmmpool/touch",  "refpool/touch",  "naive/touch",    "glibc/touch",
+    "jemalloc/touch", "mimalloc/touch", "tcmalloc/touch", "tcmalloc-rr0/touch"};
 #define N_BAR_PEERS ((int)(sizeof g_bar_peers / sizeof g_bar_peers[0]))
 
 /* One histogram plot command over `file` with columns 2..n+1 styled as

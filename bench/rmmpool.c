@@ -121,10 +121,10 @@ static size_t lower_bound(const rm_block_t *v, size_t n, const char *p) {
 /* Insert b in address order, merged with its free neighbours. */
 static bool list_insert(rm_stream_t *s, rm_block_t b) {
   size_t i = lower_bound(s->free, s->nfree, b.ptr);
-  bool prev = i > 0 && s->free[i - 1].ptr + s->free[i - 1].size == b.ptr &&
-              !b.head;
-  bool next = i < s->nfree && b.ptr + b.size == s->free[i].ptr &&
-              !s->free[i].head;
+  bool prev =
+      i > 0 && s->free[i - 1].ptr + s->free[i - 1].size == b.ptr && !b.head;
+  bool next =
+      i < s->nfree && b.ptr + b.size == s->free[i].ptr && !s->free[i].head;
   if (prev && next) {
     s->free[i - 1].size += b.size + s->free[i].size;
     memmove(&s->free[i], &s->free[i + 1],
