@@ -1769,7 +1769,7 @@ static void write_plots(void) {
     fprintf(d, "\n");
   }
   fclose(d);
-  fprintf(gp, "set terminal pngcairo size 1200,560 font 'sans,10'\n"
+  fprintf(gp, "set terminal pngcairo size 1600,600 font 'sans,10'\n"
               "set output outdir.'/throughput.png'\n"
               "set title 'Throughput: pinpool ÷ peer (ops/s; W4: allocator "
               "time per op), touch mode, like for like. Above 1: pinpool "
@@ -1812,7 +1812,7 @@ static void write_plots(void) {
     fprintf(d, "\n");
   }
   fclose(d);
-  fprintf(gp, "set terminal pngcairo size 1100,540 font 'sans,10'\n"
+  fprintf(gp, "set terminal pngcairo size 1400,560 font 'sans,10'\n"
               "set output outdir.'/overhead.png'\n"
               "set title 'Memory overhead, 1 thread: peak reserved (malloc: "
               "peak RSS growth) ÷ peak requested; W4: ÷ (live + in flight). "
