@@ -6,7 +6,7 @@
 #   --quick       small sizes and counts (about 1.5 minutes); writes to
 #                 bench/results/quick/ (not committed) unless --out is given
 #   --reps N      repetitions of every workload (default: full 5 for W1, W1h,
-#                 W3, W4 and W5 (the two-thread cases are noisy), 2 for W2
+#                 W3, W4 and W5 (the two-thread cases are noisy), 1 for W2
 #                 (12 long cases), 3 for the others; quick 2 for W1, 1 for
 #                 the others)
 #   --workloads   a subset of W1..W7, W1h, W8 (the report then covers only
@@ -318,11 +318,14 @@ reps_for() { # workload
     [[ "$1" == W1 ]] && echo 2 || echo 1
   else
     # W2: 12 cases of 10,000 steady operations per thread; a malloc peer
-    # that faults its pages in takes 20-50 s per run of the 64 MiB-block
-    # cases (1.2 us per 4 KiB fault): 2 repetitions (~1.5 h on 2 cores).
+    # that faults its pages in takes 30-70 s per run of the 1-64 MiB cases
+    # (glibc at 1 GiB live: 147 ops/s, 1,400 faults per operation, on a
+    # busy machine), and so does pinpool before the arena redesign (~100
+    # faults per operation): one repetition (~1 h on 2 cores; --reps 2
+    # doubles it).
     case "$1" in
       W1 | W1h | W3 | W4 | W5) echo 5 ;;
-      W2) echo 2 ;;
+      W2) echo 1 ;;
       *) echo 3 ;;
     esac
   fi
