@@ -300,6 +300,8 @@ impls_for() { # workload
   done
   list+=("pp_bench:floor:touch")
   for p in "${CUDA_IMPLS[@]}"; do
+    # cuhostalloc is naive's GPU twin: not in W2 either.
+    [[ "$w" == W2 && "$p" == cuhostalloc ]] && continue
     list+=("pp_bench:$p:touch")
   done
   printf '%s\n' "${list[@]}"
