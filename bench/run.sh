@@ -22,14 +22,22 @@
 # goals), draw the charts with gnuplot, check the JSON's shape, and only
 # then replace latest.json / latest.md / *.png.
 #
+# Like for like (docs/benchmarks.md, "The fair method"): every
+# implementation runs in touch mode (one byte written per 4 KiB page of
+# every block) and alloc mode (nothing written); the floor (the touches on
+# a pre-faulted region no allocator manages) in touch mode; peers: glibc,
+# jemalloc, mimalloc, tcmalloc at its defaults and as tcmalloc-rr0
+# (TCMALLOC_RELEASE_RATE=0 in its environment), refpool (PyTorch's policy),
+# rmmpool (RMM's), naive (not in W2).
+#
 # W1h (history cost on W1's pair) and W8 (snapshots) measure pinpool alone:
 # no peer has those features.
 #
 # On a machine with a CUDA driver and a device (pp_bench --cuda-probe), the
-# GPU implementations join W1..W7: pinpool-cuda and pinpool-cuda-register
-# (pinpool's CUDA backends), refpool-cuda (the PyTorch policy on
-# cuMemHostAlloc) and cuhostalloc (cuMemHostAlloc / cuMemFreeHost per
-# block). PINPOOL_LIBCUDA names the driver as for the library (the tests
+# GPU implementations join W1..W7 in touch mode: pinpool-cuda and
+# pinpool-cuda-register (pinpool's CUDA backends), refpool-cuda (the
+# PyTorch policy on cuMemHostAlloc) and cuhostalloc (cuMemHostAlloc /
+# cuMemFreeHost per block; not in W2). PINPOOL_LIBCUDA names the driver as for the library (the tests
 # point it at their fake driver to run these paths without a GPU).
 #
 # Exits non-zero if a benchmark run failed or latest.json is missing or
