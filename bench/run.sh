@@ -328,11 +328,10 @@ reps_for() { # workload
     [[ "$1" == W1 ]] && echo 2 || echo 1
   else
     # W2: 12 cases of 10,000 steady operations per thread; a malloc peer
-    # that faults its pages in takes 30-70 s per run of the 1-64 MiB cases
-    # (glibc at 1 GiB live: 147 ops/s, 1,400 faults per operation, on a
-    # busy machine), and so does pinpool before the arena redesign (~100
-    # faults per operation): one repetition (~1 h on 2 cores; --reps 2
-    # doubles it).
+    # that faults its pages in takes 70-180 s per run of the 1-64 MiB
+    # cases in touch mode (jemalloc and mimalloc at 1 GiB live: 3,600
+    # faults per operation, ~60 ops/s, on a busy machine): one repetition
+    # (1-2 h on 2 cores; --reps 2 doubles it).
     case "$1" in
       W1 | W1h | W3 | W4 | W5) echo 5 ;;
       W2) echo 1 ;;
