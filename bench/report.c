@@ -1777,7 +1777,7 @@ static void write_plots(void) {
               "set style data histograms\nset style histogram clustered "
               "gap 1\nset logscale y\nset yrange [0.1:*]\n"
               "set ylabel 'ratio (log)'\n"
-              "set xtics rotate by -30 scale 0\nset bmargin 5\n"
+              "set xtics rotate by -30 scale 0\nset bmargin 8\n"
               "set arrow 1 from graph 0, first 1 to graph 1, first 1 nohead "
               "lw 2 lc rgb 'black'\n");
   gp_bars(gp, "throughput.dat", g_bar_peers, N_BAR_PEERS);
