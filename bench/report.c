@@ -486,6 +486,12 @@ static void json_num(FILE *f, double v) {
 
 /* A time in ns as "12 ns", "3.4 µs", "5.6 ms", "1.2 s". */
 static const char *fmt_ns(double ns, char *buf, size_t len) {
+  if (isfinite(ns) && ns < 0) { /* under the floor */
+    char tmp[32];
+    fmt_ns(-ns, tmp, sizeof tmp);
+    snprintf(buf, len, "−%s", tmp);
+    return buf;
+  }
   if (!isfinite(ns))
     snprintf(buf, len, "–");
   else if (ns < 1e3)
