@@ -14,7 +14,7 @@
  * process keeps the peak RSS (VmHWM) of a case free of the others.
  *
  *   pp_bench --workload W --impl NAME [--mode alloc|touch]
- *            [--threads 1|2] [--case N] [--rep N] [--quick]
+ *            [--threads 1|2] [--case N] [--rep N] [--quick] [--name NAME]
  *   pp_bench --list W [--threads N] [--quick]   the number of cases
  *
  * Workloads: W1..W7 (every implementation), W1h (W1's pair with pinpool's
@@ -29,14 +29,22 @@
  *   pinpool-h-alloc, pinpool-h-all, pinpool-h-all16  W1h only: pinpool
  *            with history level alloc (no stacks), all (no stacks), all
  *            with 16-frame stacks
- *   refpool  the PyTorch-policy reference pool
+ *   refpool  the PyTorch-policy reference pool (refpool.c)
+ *   rmmpool  the RMM pool_memory_resource-policy reference pool
+ *            (rmmpool.c: coalescing best fit in populated chunks)
  *   naive    mmap(MAP_POPULATE) + mlock per allocation, munlock + munmap
  *            per free: the CPU analogue of cudaHostAlloc / cudaFreeHost
- *   malloc   this binary's malloc (glibc, jemalloc, mimalloc or tcmalloc)
- * Modes: pools and naive hand out resident (populated, locked) memory and
- * write one byte of each block ("resident"); malloc runs "alloc" (one byte
- * written) or "touch" (one byte written in every 4 KiB page of every block
- * it hands out: the fair comparison, as pinned memory is resident).
+ *   floor    touch mode only: no allocator; blocks are consecutive pieces
+ *            of a pre-faulted region (a ring per thread the size of the
+ *            workload's live set), frees do nothing: the cost of the
+ *            touches alone
+ *   malloc   this binary's malloc (glibc, jemalloc, mimalloc or tcmalloc;
+ *            --name renames it, e.g. tcmalloc-rr0 for the tcmalloc binary
+ *            run under TCMALLOC_RELEASE_RATE=0)
+ * Modes, the same for every implementation: "touch" writes one byte in
+ * every 4 KiB page of every block handed out (pinned memory is written by
+ * its user; the pools' pages are resident, the mallocs' may fault);
+ * "alloc" writes nothing (the allocator alone).
  *
  * Output lines (tab-separated):
  *   R <workload> <case> <impl> <mode> <threads> <rep> <config> k=v ...
@@ -68,6 +76,7 @@
 #include "cudapeer.h"
 #include "pinpool.h"
 #include "refpool.h"
+#include "rmmpool.h"
 #include "syscount.h"
 
 #ifndef PEER_NAME
@@ -287,25 +296,35 @@ typedef struct options {
   int rep;
   bool quick;
   const char *config; /* overrides the workload's pinpool config */
+  const char *name;   /* the reported name of a malloc peer (--name) */
 } options_t;
 
-static options_t g_opt = {NULL, NULL, false, 1, 0, 1, false, NULL};
+static options_t g_opt = {NULL, NULL, false, 1, 0, 1, false, NULL, NULL};
 
 /* ---- Implementations ----------------------------------------------------- */
 
 /* K_CUHOST: cuMemHostAlloc / cuMemFreeHost per block, the naive baseline on
  * a GPU machine (counted like K_NAIVE). */
-typedef enum kind { K_PINPOOL, K_REFPOOL, K_NAIVE, K_CUHOST, K_MALLOC } kind_t;
+typedef enum kind {
+  K_PINPOOL,
+  K_REFPOOL,
+  K_RMMPOOL,
+  K_NAIVE,
+  K_CUHOST,
+  K_MALLOC,
+  K_FLOOR
+} kind_t;
 
 typedef struct impl {
   kind_t kind;
   const char *name; /* as reported */
-  const char *mode; /* resident, alloc, touch */
+  const char *mode; /* alloc, touch */
   bool touch;
   bool cuda; /* calls the CUDA driver itself: every thread enters its context */
   char config[256];
   pinpool_t *pool;
   refpool_t *ref;
+  rmmpool_t *rmm;
   atomic_uint_fast64_t nv_reserved, nv_peak, nv_calls, nv_mlock_fail;
 } impl_t;
 
@@ -316,16 +335,70 @@ static char g_syscount_why[256];
  * between the threads of a 2-thread run. */
 static _Thread_local void *volatile g_sink;
 
-/* Write to the block: its first byte, or one byte per page (touch mode). */
+/* The worker's index (0 on the main thread): the floor's ring of each
+ * thread. */
+static _Thread_local int g_tidx;
+/* The stream an allocation is for (W4; 0 elsewhere): rmmpool's
+ * stream-ordered free lists. */
+static _Thread_local uintptr_t g_cur_stream;
+
+/* Use the block the same way for every implementation: touch mode writes
+ * one byte in every 4 KiB page of it, alloc mode writes nothing. */
 static inline void use_block(void *p, size_t size) {
-  unsigned char *b = p;
   if (g_im.touch) {
+    volatile unsigned char *b = p;
     for (size_t off = 0; off < size; off += PAGE)
       b[off] = (unsigned char)off;
-  } else {
-    b[0] = 1;
   }
   g_sink = p;
+}
+
+/* ---- The floor
+ * --------------------------------------------------------------- Memory no
+ * allocator manages: one region, populated (MAP_POPULATE) before the
+ * measurement, split in one ring per thread; an allocation is the next `size`
+ * bytes of the thread's ring (page-aligned; back to the ring's start when they
+ * do not fit) and a free does nothing. Each workload sizes the rings to its
+ * live set (plus one block), so that the touches of touch mode land on memory
+ * whose reuse distance is that of the workload: what is left is the cost of the
+ * touches themselves (TLB and cache misses, no faults), the bound every
+ * implementation is measured against. */
+typedef struct floor_ring {
+  alignas(64) char *start, *end, *cur;
+} floor_ring_t;
+
+static char *g_floor_base;
+static size_t g_floor_len;
+static floor_ring_t g_floor[MAX_THREADS];
+
+/* Called by each workload before its threads start: `per_thread` bytes for
+ * each of `threads` rings (a no-op for other implementations). */
+static void floor_prepare(size_t per_thread, int threads) {
+  if (g_im.kind != K_FLOOR || g_floor_base != NULL)
+    return;
+  per_thread = (per_thread + PAGE - 1) & ~(PAGE - 1);
+  g_floor_len = per_thread * (size_t)threads;
+  void *p = mmap(NULL, g_floor_len, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED)
+    die("floor: mmap(%zu) failed: %s", g_floor_len, strerror(errno));
+  g_floor_base = p;
+  for (int t = 0; t < threads; t++) {
+    g_floor[t].start = g_floor[t].cur = g_floor_base + per_thread * (size_t)t;
+    g_floor[t].end = g_floor[t].start + per_thread;
+  }
+}
+
+static void *floor_alloc(size_t size) {
+  floor_ring_t *r = &g_floor[g_tidx];
+  size_t len = (size + PAGE - 1) & ~(PAGE - 1);
+  if (r->start == NULL || len > (size_t)(r->end - r->start))
+    die("floor: a %zu-byte block does not fit the workload's ring", size);
+  if (len > (size_t)(r->end - r->cur))
+    r->cur = r->start;
+  char *p = r->cur;
+  r->cur += len;
+  return p;
 }
 
 /* Backend calls and reserved bytes of the per-request baselines. */
@@ -422,6 +495,11 @@ static void *im_alloc(size_t size, void **ctx) {
       die("refpool_alloc(%zu) failed%s%s", size, g_im.cuda ? ": " : "",
           g_im.cuda ? cudapeer_last_error() : "");
     break;
+  case K_RMMPOOL:
+    p = rmmpool_alloc(g_im.rmm, size, g_cur_stream);
+    if (p == NULL)
+      die("rmmpool_alloc(%zu) failed", size);
+    break;
   case K_NAIVE:
   case K_CUHOST:
     p = baseline_alloc(size);
@@ -430,6 +508,9 @@ static void *im_alloc(size_t size, void **ctx) {
     p = malloc(size);
     if (p == NULL)
       die("malloc(%zu) failed", size);
+    break;
+  case K_FLOOR:
+    p = floor_alloc(size);
     break;
   }
   use_block(p, size);
@@ -447,12 +528,17 @@ static void im_free(void *p, size_t size, void *ctx) {
   case K_REFPOOL:
     refpool_free(g_im.ref, ctx);
     break;
+  case K_RMMPOOL:
+    rmmpool_free(g_im.rmm, p, size, 0, false);
+    break;
   case K_NAIVE:
   case K_CUHOST:
     baseline_free(p, size);
     break;
   case K_MALLOC:
     free(p);
+    break;
+  case K_FLOOR:
     break;
   }
 }
@@ -496,6 +582,20 @@ static void im_get_counters(im_counters_t *c) {
     c->mlock_failures = s.mlock_failures;
     break;
   }
+  case K_RMMPOOL: {
+    rmmpool_stats_t s;
+    rmmpool_get_stats(g_im.rmm, &s);
+    c->known = true;
+    c->backend_calls = s.backend_allocs + s.backend_frees;
+    c->reserved_peak = s.reserved_peak;
+    c->reserved_now = s.reserved_bytes;
+    c->mlock_failures = s.mlock_failures;
+    break;
+  }
+  case K_FLOOR:
+    c->known = true;
+    c->reserved_peak = c->reserved_now = g_floor_len;
+    break;
   case K_NAIVE:
   case K_CUHOST:
     c->known = true;
@@ -646,7 +746,6 @@ static void im_setup(const char *pool_config, const char *variant,
                 : hv != NULL ? hv->name
                 : cp != NULL ? cp->name
                              : "pinpool";
-    g_im.mode = "resident";
     snprintf(g_im.config, sizeof g_im.config, "%s%s", pool_config,
              var          ? variant_config
              : cp != NULL ? cp->config
@@ -669,38 +768,63 @@ static void im_setup(const char *pool_config, const char *variant,
     g_im.kind = K_REFPOOL;
     g_im.cuda = strcmp(impl, "refpool-cuda") == 0;
     g_im.name = g_im.cuda ? "refpool-cuda" : "refpool";
-    g_im.mode = "resident";
     snprintf(g_im.config, sizeof g_im.config,
              "pow2, no split, global event FIFO%s",
              g_im.cuda ? ", cuMemHostAlloc(PORTABLE) per block" : "");
     if (refpool_create(&ev, g_im.cuda ? &cu : NULL, &g_im.ref) != 0)
       die("refpool_create failed");
+  } else if (strcmp(impl, "rmmpool") == 0) {
+    static const refpool_events_t ev = {ref_record, ref_query, NULL};
+    g_im.kind = K_RMMPOOL;
+    g_im.name = "rmmpool";
+    snprintf(g_im.config, sizeof g_im.config,
+             "RMM pool_memory_resource policy: coalescing best fit, 256 B "
+             "alignment, initial 0, grows by max(request, pool size), "
+             "per-stream free lists");
+    if (rmmpool_create(0, &ev, NULL, &g_im.rmm) != 0)
+      die("rmmpool_create failed");
+  } else if (strcmp(impl, "floor") == 0) {
+    g_im.kind = K_FLOOR;
+    g_im.name = "floor";
+    snprintf(g_im.config, sizeof g_im.config,
+             "pre-faulted region, a ring per thread sized to the live set, "
+             "free is a no-op");
   } else if (strcmp(impl, "naive") == 0) {
     g_im.kind = K_NAIVE;
     g_im.name = "naive";
-    g_im.mode = "resident";
     snprintf(g_im.config, sizeof g_im.config,
              "mmap+MAP_POPULATE+mlock / munlock+munmap per block");
   } else if (strcmp(impl, "cuhostalloc") == 0) {
     g_im.kind = K_CUHOST;
     g_im.cuda = true;
     g_im.name = "cuhostalloc";
-    g_im.mode = "resident";
     snprintf(g_im.config, sizeof g_im.config,
              "cuMemHostAlloc(PORTABLE) / cuMemFreeHost per block");
   } else if (strcmp(impl, "malloc") == 0) {
     g_im.kind = K_MALLOC;
-    g_im.name = PEER_NAME;
-    g_im.touch = g_opt.touch;
-    g_im.mode = g_opt.touch ? "touch" : "alloc";
-    snprintf(g_im.config, sizeof g_im.config, "%s malloc/free, defaults",
-             PEER_NAME);
+    g_im.name = g_opt.name != NULL ? g_opt.name : PEER_NAME;
+    /* A tuned peer is the same executable under its tuning variable (set by
+     * bench/run.sh before the process starts: tcmalloc reads it then). */
+    const char *rr = getenv("TCMALLOC_RELEASE_RATE");
+    if (strcmp(PEER_NAME, "tcmalloc") == 0 && rr != NULL)
+      snprintf(g_im.config, sizeof g_im.config,
+               "%s malloc/free, TCMALLOC_RELEASE_RATE=%s", PEER_NAME, rr);
+    else
+      snprintf(g_im.config, sizeof g_im.config, "%s malloc/free, defaults",
+               PEER_NAME);
     /* Its backend calls: counted on every thread that calls it (here for
      * W6's main thread, worker_main for the workers). */
     (void)syscount_init(g_syscount_why, sizeof g_syscount_why);
   } else {
     die("unknown --impl '%s'", impl);
   }
+  if (g_opt.name != NULL && g_im.kind != K_MALLOC)
+    die("--name renames a malloc peer only");
+  /* Every implementation's blocks are used the same way (use_block). */
+  g_im.touch = g_opt.touch;
+  g_im.mode = g_opt.touch ? "touch" : "alloc";
+  if (g_im.kind == K_FLOOR && !g_opt.touch)
+    die("the floor is measured in touch mode only");
 }
 
 static void im_teardown(void) {
@@ -710,6 +834,12 @@ static void im_teardown(void) {
   } else if (g_im.kind == K_REFPOOL) {
     refpool_destroy(g_im.ref);
     g_im.ref = NULL;
+  } else if (g_im.kind == K_RMMPOOL) {
+    rmmpool_destroy(g_im.rmm);
+    g_im.rmm = NULL;
+  } else if (g_im.kind == K_FLOOR && g_floor_base != NULL) {
+    munmap(g_floor_base, g_floor_len);
+    g_floor_base = NULL;
   }
 }
 
@@ -913,6 +1043,7 @@ typedef struct worker {
 
 static void *worker_main(void *arg) {
   worker_t *w = arg;
+  g_tidx = w->idx;
   if (g_im.kind == K_MALLOC)
     syscount_thread_start();
   if (g_opt.threads > 1)
@@ -1001,11 +1132,31 @@ static inline __attribute__((always_inline)) void pool_pair(size_t size,
     die_pp("pinpool_free", rc);
 }
 
+/* W1's use of a block: nothing (alloc mode) or one byte per page (touch
+ * mode), as use_block, inlined into the timed loops. */
+static inline __attribute__((always_inline)) void w1_use(void *p, size_t size,
+                                                         uint64_t i) {
+  if (g_im.touch) {
+    volatile unsigned char *b = p;
+    for (size_t off = 0; off < size; off += PAGE)
+      b[off] = (unsigned char)i;
+  }
+  g_sink = p;
+}
+
 static void w1_pairs(size_t size, uint64_t n) {
   switch (g_im.kind) {
   case K_PINPOOL:
-    for (uint64_t i = 0; i < n; i++)
-      pool_pair(size, i);
+    for (uint64_t i = 0; i < n; i++) {
+      void *p;
+      int rc = pinpool_alloc(g_im.pool, size, &p);
+      if (rc != PINPOOL_OK)
+        die_pp("pinpool_alloc", rc);
+      w1_use(p, size, i);
+      rc = pinpool_free(g_im.pool, p);
+      if (rc != PINPOOL_OK)
+        die_pp("pinpool_free", rc);
+    }
     break;
   case K_REFPOOL:
     for (uint64_t i = 0; i < n; i++) {
@@ -1014,17 +1165,24 @@ static void w1_pairs(size_t size, uint64_t n) {
       if (p == NULL)
         die("refpool_alloc(%zu) failed%s%s", size, g_im.cuda ? ": " : "",
             g_im.cuda ? cudapeer_last_error() : "");
-      *(volatile unsigned char *)p = (unsigned char)i;
-      g_sink = p;
+      w1_use(p, size, i);
       refpool_free(g_im.ref, ctx);
+    }
+    break;
+  case K_RMMPOOL:
+    for (uint64_t i = 0; i < n; i++) {
+      void *p = rmmpool_alloc(g_im.rmm, size, 0);
+      if (p == NULL)
+        die("rmmpool_alloc(%zu) failed", size);
+      w1_use(p, size, i);
+      rmmpool_free(g_im.rmm, p, size, 0, false);
     }
     break;
   case K_NAIVE:
   case K_CUHOST:
     for (uint64_t i = 0; i < n; i++) {
       void *p = baseline_alloc(size);
-      *(volatile unsigned char *)p = (unsigned char)i;
-      g_sink = p;
+      w1_use(p, size, i);
       baseline_free(p, size);
     }
     break;
@@ -1033,15 +1191,13 @@ static void w1_pairs(size_t size, uint64_t n) {
       unsigned char *p = malloc(size);
       if (p == NULL)
         die("malloc(%zu) failed", size);
-      if (g_im.touch) {
-        for (size_t off = 0; off < size; off += PAGE)
-          ((volatile unsigned char *)p)[off] = (unsigned char)i;
-      } else {
-        *(volatile unsigned char *)p = (unsigned char)i;
-      }
-      g_sink = p;
+      w1_use(p, size, i);
       free(p);
     }
+    break;
+  case K_FLOOR:
+    for (uint64_t i = 0; i < n; i++)
+      w1_use(floor_alloc(size), size, i);
     break;
   }
 }
@@ -1113,6 +1269,7 @@ static void w1_measure(const char *workload, int ci) {
   memset(ws, 0, sizeof ws);
   size_str(a.size, sz, sizeof sz);
   rec_begin(workload, sz);
+  floor_prepare(a.size, g_opt.threads); /* the block, reused */
   req_reset(g_opt.threads);
   rss_begin();
   run_workers(ws, g_opt.threads, w1_thread, &a);
@@ -1200,37 +1357,83 @@ typedef struct lblock {
 } lblock_t;
 
 /* ==== W2: log-uniform sizes, live set capped =================================
- * Each thread keeps a live set under cap / threads bytes (full: 1 GiB in
- * all, sizes 4 KiB - 64 MiB; quick: 64 MiB, 4 KiB - 16 MiB): per operation
- * it draws a log-uniform size, frees random live blocks until the new one
- * fits, and allocates it. An operation (frees + allocation + use) is timed
- * after a warm-up. */
+ * Each thread keeps a live set under live / threads bytes: per operation it
+ * draws a log-uniform size in [lo, hi], frees random live blocks until the
+ * new one fits, allocates it and uses it (use_block). The sequence of sizes
+ * and frees depends only on the seed, never on the implementation, so every
+ * implementation runs the same operations:
+ *   - the fill: operations 0 .. F-1, F being the first operation that needs
+ *     a free (the live set has reached the cap: the heap grew until then);
+ *   - the steady state: operations F .. F+N-1, N = 10,000 per thread
+ *     (quick: 1,000), timed per operation and as a whole, with the page
+ *     faults and memory system calls of the phase; its second half (the
+ *     "late" half) is reported apart too, to show whether the numbers
+ *     still drift.
+ * Cases: live set 64 MiB, 256 MiB, 1 GiB, 4 GiB × sizes 4 KiB–4 MiB,
+ * 1 MiB–64 MiB, 4 KiB–64 MiB (quick: 64 MiB and 4 KiB–4 MiB only). */
+
+typedef struct w2_case {
+  size_t live, lo, hi;
+} w2_case_t;
+
+static const w2_case_t w2_cases[] = {
+    {64 * MIB, 4 * KIB, 4 * MIB},   {64 * MIB, 1 * MIB, 64 * MIB},
+    {64 * MIB, 4 * KIB, 64 * MIB},  {256 * MIB, 4 * KIB, 4 * MIB},
+    {256 * MIB, 1 * MIB, 64 * MIB}, {256 * MIB, 4 * KIB, 64 * MIB},
+    {1 * GIB, 4 * KIB, 4 * MIB},    {1 * GIB, 1 * MIB, 64 * MIB},
+    {1 * GIB, 4 * KIB, 64 * MIB},   {4 * GIB, 4 * KIB, 4 * MIB},
+    {4 * GIB, 1 * MIB, 64 * MIB},   {4 * GIB, 4 * KIB, 64 * MIB},
+};
+
+/* Quick: the smallest live set and size range only (case 0), with 1,000
+ * steady operations per thread: it checks the suite's shape. */
+static int w2_ncases(void) { return g_opt.quick ? 1 : 12; }
 
 typedef struct w2_arg {
-  size_t cap;
+  size_t cap; /* per thread */
   size_t lo, hi;
-  uint64_t warm;
-  span_t span;
+  uint64_t steady; /* operations per thread after the fill */
 } w2_arg_t;
 
+static uint64_t thread_minflt(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_THREAD, &ru);
+  return (uint64_t)ru.ru_minflt;
+}
+
+/* extra[]: 0 fill ops, 1 fill ns, 2 fill faults, 3 late ops, 4 late ns,
+ * 5 late faults, 6 steady faults (this thread's). */
 static void *w2_thread(worker_t *w) {
   const w2_arg_t *a = w->arg;
-  size_t maxlive = a->cap / a->lo + 1;
+  size_t maxlive = a->cap / a->lo + 2;
   lblock_t *live = xmalloc(maxlive * sizeof *live);
   size_t nlive = 0, bytes = 0;
   rng_t r = {0x5eed0002u + (uint64_t)w->idx * 7919u};
-  uint64_t i, t1 = 0;
-  samples_init(&w->ns, a->span.min_ops * 2);
-  pthread_barrier_wait(&g_barrier); /* start */
+  bool steady = false;
+  uint64_t i, n_steady = 0, t_fill = 0, f_fill = 0, t_half = 0, f_half = 0;
+  uint64_t f_start = 0;
+  samples_init(&w->ns, a->steady);
+  pthread_barrier_wait(&g_barrier); /* start: the fill */
+  uint64_t t_fill0 = now_ns(), f_fill0 = thread_minflt();
   for (i = 0;; i++) {
-    if (i == a->warm) {
-      pthread_barrier_wait(&g_barrier); /* warm-up done */
-      pthread_barrier_wait(&g_barrier); /* counters taken */
-      w->t_start = t1 = now_ns();
-    }
-    if (i >= a->warm && span_done(&a->span, i - a->warm, t1 - w->t_start))
-      break;
     size_t s = log_uniform(&r, a->lo, a->hi);
+    if (!steady && bytes + s > a->cap && nlive > 0) {
+      /* Operation F: the fill ends here, for every implementation. */
+      t_fill = now_ns() - t_fill0;
+      f_fill = thread_minflt() - f_fill0;
+      w->extra[0] = (double)i;
+      pthread_barrier_wait(&g_barrier); /* fill done */
+      pthread_barrier_wait(&g_barrier); /* counters taken */
+      steady = true;
+      f_start = thread_minflt();
+      w->t_start = now_ns();
+    }
+    if (steady && n_steady == a->steady / 2) {
+      t_half = now_ns();
+      f_half = thread_minflt();
+    }
+    if (steady && n_steady == a->steady)
+      break;
     uint64_t t0 = now_ns();
     while (bytes + s > a->cap && nlive > 0) {
       size_t k = rng_below(&r, nlive);
@@ -1241,15 +1444,24 @@ static void *w2_thread(worker_t *w) {
     }
     void *ctx = NULL;
     void *p = im_alloc(s, &ctx);
-    t1 = now_ns();
+    uint64_t t1 = now_ns();
     req_alloc(w->idx, s);
     live[nlive++] = (lblock_t){p, ctx, s};
     bytes += s;
-    if (i >= a->warm)
+    if (steady) {
       samples_add(&w->ns, t1 - t0);
+      n_steady++;
+    }
   }
-  w->t_end = t1;
-  w->ops = i - a->warm;
+  w->t_end = now_ns();
+  uint64_t f_end = thread_minflt();
+  w->ops = n_steady;
+  w->extra[1] = (double)t_fill;
+  w->extra[2] = (double)f_fill;
+  w->extra[3] = (double)(n_steady - a->steady / 2);
+  w->extra[4] = (double)(w->t_end - t_half);
+  w->extra[5] = (double)(f_end - f_half);
+  w->extra[6] = (double)(f_end - f_start);
   pthread_barrier_wait(&g_barrier); /* measured phase done */
   pthread_barrier_wait(&g_barrier); /* counters taken: clean up */
   for (size_t k = 0; k < nlive; k++)
@@ -1259,24 +1471,26 @@ static void *w2_thread(worker_t *w) {
 }
 
 static void w2_run(int ci) {
-  (void)ci;
   worker_t ws[MAX_THREADS];
   w2_arg_t a;
+  char name[96], b1[32], b2[32], b3[32];
+  const w2_case_t *wc = &w2_cases[ci];
   memset(ws, 0, sizeof ws);
-  a.cap = (g_opt.quick ? 64 * MIB : 1 * GIB) / (size_t)g_opt.threads;
-  a.lo = 4 * KIB;
-  a.hi = g_opt.quick ? 16 * MIB : 64 * MIB;
-  /* Operation counts are per thread: the totals do not grow with threads. */
-  a.warm = (g_opt.quick ? 30u : 150u) / (unsigned)g_opt.threads;
-  a.span = (span_t){(g_opt.quick ? 60u : 300u) / (unsigned)g_opt.threads,
-                    200000, min_phase_ns()};
-  rec_begin("W2",
-            g_opt.quick ? "4KiB-16MiB live<=64MiB" : "4KiB-64MiB live<=1GiB");
+  a.cap = wc->live / (size_t)g_opt.threads;
+  a.lo = wc->lo;
+  a.hi = wc->hi;
+  a.steady = g_opt.quick ? 1000 : 10000;
+  snprintf(name, sizeof name, "%s-%s live<=%s", size_str(a.lo, b1, sizeof b1),
+           size_str(a.hi, b2, sizeof b2), size_str(wc->live, b3, sizeof b3));
+  rec_begin("W2", name);
+  floor_prepare(a.cap + a.hi, g_opt.threads);
   req_reset(g_opt.threads);
   rss_begin();
   run_workers(ws, g_opt.threads, w2_thread, &a);
   pthread_barrier_wait(&g_barrier); /* start */
-  pthread_barrier_wait(&g_barrier); /* warm-up done */
+  im_counters_t cf;
+  im_get_counters(&cf);
+  pthread_barrier_wait(&g_barrier); /* fill done */
   im_counters_t c0;
   im_get_counters(&c0);
   uint64_t f0 = minflt_now();
@@ -1293,10 +1507,20 @@ static void w2_run(int ci) {
   samples_t all;
   samples_init(&all, 1024);
   uint64_t ops = 0;
+  double fill_ops = 0, fill_ns = 0, fill_flt = 0, late_ops = 0, late_ns = 0,
+         late_flt = 0;
   for (int i = 0; i < g_opt.threads; i++) {
     samples_merge(&all, &ws[i].ns);
     ops += ws[i].ops;
     samples_free(&ws[i].ns);
+    fill_ops += ws[i].extra[0];
+    if (ws[i].extra[1] > fill_ns) /* the threads fill side by side */
+      fill_ns = ws[i].extra[1];
+    fill_flt += ws[i].extra[2];
+    late_ops += ws[i].extra[3];
+    if (ws[i].extra[4] > late_ns)
+      late_ns = ws[i].extra[4];
+    late_flt += ws[i].extra[5];
   }
   common_t c = {&all,
                 ops,
@@ -1305,7 +1529,20 @@ static void w2_run(int ci) {
                 c1.backend_calls - c0.backend_calls,
                 c0.calls_known && c1.calls_known};
   rec_common(&c);
-  rec_num("live_cap_mib", (double)(a.cap * (size_t)g_opt.threads) / MIB);
+  rec_num("live_cap_mib", (double)wc->live / MIB);
+  rec_num("steady_ops_per_thread", (double)a.steady);
+  rec_num("fill_ops", fill_ops);
+  if (fill_ops > 0) {
+    rec_num("fill_ops_per_s", fill_ns > 0 ? fill_ops * 1e9 / fill_ns : 0);
+    rec_num("fill_minflt_per_op", fill_flt / fill_ops);
+  }
+  if (cf.calls_known && c0.calls_known)
+    rec_num("fill_backend_calls",
+            (double)(c0.backend_calls - cf.backend_calls));
+  if (late_ops > 0) {
+    rec_num("late_ops_per_s", late_ns > 0 ? late_ops * 1e9 / late_ns : 0);
+    rec_num("late_minflt_per_op", late_flt / late_ops);
+  }
   rec_end();
   samples_free(&all);
 }
@@ -1484,6 +1721,7 @@ static void w3_run(int ci) {
   snprintf(name, sizeof name, "%s batch, depth %u",
            size_str(a.size, sz, sizeof sz), a.depth);
   rec_begin("W3", name);
+  floor_prepare(a.size * (a.depth + 2), g_opt.threads);
   req_reset(g_opt.threads);
   rss_begin();
   run_workers(ws, g_opt.threads, g_opt.threads > 1 ? w3_pair : w3_single, &a);
@@ -1695,6 +1933,7 @@ static void *w4_thread(worker_t *w) {
       for (int k = 0; k < W4_STREAMS_PER_THREAD; k++)
         shim_drain(&shq[k], &g_streams[s0 + k], true);
     void *ctx = NULL;
+    g_cur_stream = (uintptr_t)pick; /* rmmpool: allocated for that stream */
     void *p = im_alloc(W4_SIZE, &ctx);
     uint64_t ta = now_ns();
     atomic_fetch_add_explicit(&g_w4_allocs, 1, memory_order_relaxed);
@@ -1736,6 +1975,11 @@ static void *w4_thread(worker_t *w) {
       if (refpool_record_stream(g_im.ref, p, ctx, (uintptr_t)pick) != 0)
         die("refpool_record_stream failed");
       refpool_free(g_im.ref, ctx);
+      break;
+    case K_RMMPOOL: /* freed on the stream, reused once its event completed */
+      rmmpool_free(g_im.rmm, p, W4_SIZE, (uintptr_t)pick, true);
+      break;
+    case K_FLOOR: /* the ring comes back to it after 256 blocks */
       break;
     case K_NAIVE:
     case K_CUHOST:
@@ -1804,6 +2048,12 @@ static void w4_run(int ci) {
   w4_arg_t a = {g_opt.quick ? 400 : 2000};
   memset(ws, 0, sizeof ws);
   rec_begin("W4", "1MiB blocks, fast 50us + slow 2ms streams, 4 in flight");
+  /* 8 blocks in flight at most, but a slow copy can stay pending while
+   * the fast stream goes through a hundred blocks or more: 256 blocks a
+   * thread. The floor reuses by address order, not by completion: its
+   * early reuses, when the ring laps a pending slow copy anyway, mean
+   * nothing (the floor's writes are never checked). */
+  floor_prepare(256 * W4_SIZE, g_opt.threads);
   atomic_init(&g_w4_allocs, 0);
   atomic_init(&g_w4_done, 0);
   if (g_im.kind != K_PINPOOL) {
@@ -1811,7 +2061,7 @@ static void w4_run(int ci) {
     if (rc != PINPOOL_OK)
       die_pp("pinpool_create(clock)", rc);
   }
-  if (g_im.kind == K_REFPOOL) {
+  if (g_im.kind == K_REFPOOL || g_im.kind == K_RMMPOOL) {
     g_ref_cap = a.ops * (uint64_t)g_opt.threads + 16;
     g_ref_events = xmalloc(g_ref_cap * sizeof *g_ref_events);
     atomic_init(&g_ref_next, 0);
@@ -1880,6 +2130,11 @@ static void w4_run(int ci) {
   } else if (g_im.kind == K_REFPOOL) {
     refpool_stats_t st;
     refpool_get_stats(g_im.ref, &st);
+    rec_n = (double)st.reclaim_count;
+    rec_ns = (double)st.reclaim_total_ns;
+  } else if (g_im.kind == K_RMMPOOL) {
+    rmmpool_stats_t st;
+    rmmpool_get_stats(g_im.rmm, &st);
     rec_n = (double)st.reclaim_count;
     rec_ns = (double)st.reclaim_total_ns;
   } else {
@@ -2083,6 +2338,8 @@ static void w5_run(int ci) {
   atomic_init(&a.tail, 0);
   atomic_init(&a.done, false);
   rec_begin("W5", "4KiB-4MiB log-uniform, batches of 64");
+  /* ~5 batches live (64 blocks of 605 KiB on average each). */
+  floor_prepare(256 * MIB, g_opt.threads);
   req_reset(g_opt.threads);
   rss_begin();
   run_workers(ws, g_opt.threads, w5_thread, &a);
@@ -2196,6 +2453,7 @@ static void w6_run(int ci) {
   memset(ws, 0, sizeof ws);
   rec_begin("W6", g_opt.quick ? "16-64MiB cycle, 2 live, cap 32MiB"
                               : "256MiB-1GiB cycle, 2 live, cap 512MiB");
+  floor_prepare(3 * a.sizes[3] / a.div, g_opt.threads);
   req_reset(g_opt.threads);
   rss_begin();
   run_workers(ws, g_opt.threads, w6_thread, &a);
@@ -2386,6 +2644,7 @@ static void w7_run(int ci) {
   snprintf(name, sizeof name, "%s pages, live<=%s",
            size_str(a.page, sz, sizeof sz), g_opt.quick ? "64MiB" : "1GiB");
   rec_begin("W7", name);
+  floor_prepare(a.cap + a.page, g_opt.threads);
   req_reset(g_opt.threads);
   rss_begin();
   run_workers(ws, g_opt.threads, w7_thread, &a);
@@ -2865,7 +3124,7 @@ static int one_case(void) { return 1; }
 static const workload_t g_workloads[] = {
     {"W1", "mlock=1", "pinpool-tc", ",tcache_bytes=8GiB", w1_ncases, w1_run, 2,
      false, false},
-    {"W2", "mlock=1", "pinpool-remap0", ",remap_min=0", one_case, w2_run, 2,
+    {"W2", "mlock=1", "pinpool-remap0", ",remap_min=0", w2_ncases, w2_run, 2,
      false, false},
     {"W3", "mlock=1", NULL, NULL, w3_ncases, w3_run, 2, false, false},
     {"W4", "mlock=1,events=simulated,sim_delay_us=0", NULL, NULL, one_case,
@@ -2891,14 +3150,16 @@ static void usage(FILE *f) {
       f,
       "usage: pp_bench --workload W --impl NAME [--mode alloc|touch]\n"
       "                [--threads 1|2] [--case N] [--rep N] [--quick]\n"
+      "                [--name NAME]\n"
       "                [--config PINPOOL_CONFIG]\n"
       "       pp_bench --list W [--threads N] [--quick]\n"
       "       pp_bench --cuda-probe\n"
       "       pp_bench --hold-syscount\n"
       "workloads: W1..W7, W1h (history cost), W8 (snapshots)\n"
       "impls: pinpool, pinpool-tc (W1), pinpool-remap0 (W2), pinpool-h-alloc,\n"
-      "       pinpool-h-all, pinpool-h-all16 (W1h), refpool, naive,\n"
-      "       malloc (%s); W1h and W8 measure pinpool only\n"
+      "       pinpool-h-all, pinpool-h-all16 (W1h), refpool, rmmpool, naive,\n"
+      "       floor (touch mode only), malloc (%s; --name NAME reports it\n"
+      "       under another name); W1h and W8 measure pinpool only\n"
       "       with a CUDA driver and device (W1..W7): pinpool-cuda,\n"
       "       pinpool-cuda-register, refpool-cuda, cuhostalloc\n"
       "       pp_bench --cuda-probe: exit 0 if those can run (prints the\n"
@@ -2967,8 +3228,12 @@ int main(int argc, char **argv) {
       list = v;
     else if (strcmp(a, "--impl") == 0)
       g_opt.impl = v;
-    else if (strcmp(a, "--mode") == 0)
+    else if (strcmp(a, "--mode") == 0) {
+      if (strcmp(v, "touch") != 0 && strcmp(v, "alloc") != 0)
+        die("--mode is alloc or touch, not '%s'", v);
       g_opt.touch = strcmp(v, "touch") == 0;
+    } else if (strcmp(a, "--name") == 0)
+      g_opt.name = v;
     else if (strcmp(a, "--threads") == 0)
       g_opt.threads = (int)parse_int(v, "--threads");
     else if (strcmp(a, "--case") == 0)

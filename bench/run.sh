@@ -3,11 +3,12 @@
 #
 #   bench/run.sh [--quick] [--reps N] [--workloads "W1 W4"] [--out DIR]
 #
-#   --quick       small sizes and counts (well under 2 minutes); writes to
+#   --quick       small sizes and counts (about 1.5 minutes); writes to
 #                 bench/results/quick/ (not committed) unless --out is given
 #   --reps N      repetitions of every workload (default: full 5 for W1, W1h,
-#                 W3, W4 and W5 (the two-thread cases are noisy), 3 for the
-#                 others; quick 2, W8 1)
+#                 W3, W4 and W5 (the two-thread cases are noisy), 1 for W2
+#                 (12 long cases), 3 for the others; quick 2 for W1, 1 for
+#                 the others)
 #   --workloads   a subset of W1..W7, W1h, W8 (the report then covers only
 #                 those; e.g. --workloads "W1h W8" --out /tmp/w8)
 #   --out DIR     where latest.json, latest.md and the charts go
@@ -21,14 +22,22 @@
 # goals), draw the charts with gnuplot, check the JSON's shape, and only
 # then replace latest.json / latest.md / *.png.
 #
+# Like for like (docs/benchmarks.md, "The fair method"): every
+# implementation runs in touch mode (one byte written per 4 KiB page of
+# every block) and alloc mode (nothing written); the floor (the touches on
+# a pre-faulted region no allocator manages) in touch mode; peers: glibc,
+# jemalloc, mimalloc, tcmalloc at its defaults and as tcmalloc-rr0
+# (TCMALLOC_RELEASE_RATE=0 in its environment), refpool (PyTorch's policy),
+# rmmpool (RMM's), naive (not in W2).
+#
 # W1h (history cost on W1's pair) and W8 (snapshots) measure pinpool alone:
 # no peer has those features.
 #
 # On a machine with a CUDA driver and a device (pp_bench --cuda-probe), the
-# GPU implementations join W1..W7: pinpool-cuda and pinpool-cuda-register
-# (pinpool's CUDA backends), refpool-cuda (the PyTorch policy on
-# cuMemHostAlloc) and cuhostalloc (cuMemHostAlloc / cuMemFreeHost per
-# block). PINPOOL_LIBCUDA names the driver as for the library (the tests
+# GPU implementations join W1..W7 in touch mode: pinpool-cuda and
+# pinpool-cuda-register (pinpool's CUDA backends), refpool-cuda (the
+# PyTorch policy on cuMemHostAlloc) and cuhostalloc (cuMemHostAlloc /
+# cuMemFreeHost per block; not in W2). PINPOOL_LIBCUDA names the driver as for the library (the tests
 # point it at their fake driver to run these paths without a GPU).
 #
 # Exits non-zero if a benchmark run failed or latest.json is missing or
@@ -197,6 +206,8 @@ pkg_version() {
 REPORT_PEERS=(--peer "glibc=$(pkg_version libc6)")
 for p in "${PEERS[@]}"; do
   REPORT_PEERS+=(--peer "$p=$(pkg_version "${PEER_DEB[$p]}")")
+  [[ "$p" == tcmalloc ]] && REPORT_PEERS+=(--peer \
+    "tcmalloc-rr0=$(pkg_version "${PEER_DEB[$p]}") with TCMALLOC_RELEASE_RATE=0")
 done
 for p in jemalloc mimalloc tcmalloc; do
   if [[ ! " ${PEERS[*]} " =~ \ $p\  ]]; then
@@ -260,28 +271,46 @@ LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
 export TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=1099511627776
 
 # ---- Run ------------------------------------------------------------------------------
-# An implementation: binary:impl:mode
+# An implementation: binary:impl:mode[:name[:VAR=VALUE]] (name: the malloc
+# peer's reported name; VAR=VALUE: the environment of its process).
+# Every implementation runs in both modes, touch (one byte written per
+# 4 KiB page of every block) and alloc (nothing written), except the floor
+# (touch only: the touches on a pre-faulted region no allocator manages)
+# and the GPU implementations (touch only: they are pools like pinpool,
+# whose alloc mode the CPU run already measures).
 impls_for() { # workload
-  local w="$1" p
-  local list=("pp_bench:pinpool:resident")
+  local w="$1" p m
   if [[ "$w" == W1h ]]; then
-    printf '%s\n' "${list[@]}" "pp_bench:pinpool-h-alloc:resident" \
-      "pp_bench:pinpool-h-all:resident" "pp_bench:pinpool-h-all16:resident"
+    printf '%s\n' "pp_bench:pinpool:alloc" "pp_bench:pinpool-h-alloc:alloc" \
+      "pp_bench:pinpool-h-all:alloc" "pp_bench:pinpool-h-all16:alloc"
     return
   fi
   if [[ "$w" == W8 ]]; then
-    printf '%s\n' "${list[@]}"
+    printf '%s\n' "pp_bench:pinpool:alloc"
     return
   fi
-  [[ "$w" == W1 ]] && list+=("pp_bench:pinpool-tc:resident")
-  [[ "$w" == W2 ]] && list+=("pp_bench:pinpool-remap0:resident")
-  list+=("pp_bench:refpool:resident" "pp_bench:naive:resident"
-    "pp_bench:malloc:touch" "pp_bench:malloc:alloc")
-  for p in "${CUDA_IMPLS[@]}"; do
-    list+=("pp_bench:$p:resident")
+  local list=() pools=(pinpool refpool rmmpool)
+  [[ "$w" == W1 ]] && pools+=(pinpool-tc)
+  # The per-request baseline: not in W2, whose steady state it never has
+  # (every operation maps, populates and locks; ~2 ms for a 6 MiB block).
+  [[ "$w" != W2 ]] && pools+=(naive)
+  for m in touch alloc; do
+    for p in "${pools[@]}"; do
+      list+=("pp_bench:$p:$m")
+    done
+    list+=("pp_bench:malloc:$m")
+    for p in "${PEERS[@]}"; do
+      list+=("pp_bench_$p:malloc:$m")
+    done
+    if [[ " ${PEERS[*]} " == *" tcmalloc "* ]]; then
+      list+=("pp_bench_tcmalloc:malloc:$m:tcmalloc-rr0:TCMALLOC_RELEASE_RATE=0")
+    fi
   done
-  for p in "${PEERS[@]}"; do
-    list+=("pp_bench_$p:malloc:touch" "pp_bench_$p:malloc:alloc")
+  list+=("pp_bench:floor:touch")
+  for p in "${CUDA_IMPLS[@]}"; do
+    # cuhostalloc is naive's GPU twin: not in W2 either.
+    [[ "$w" == W2 && "$p" == cuhostalloc ]] && continue
+    list+=("pp_bench:$p:touch")
   done
   printf '%s\n' "${list[@]}"
 }
@@ -290,15 +319,22 @@ reps_for() { # workload
   if [[ -n "$REPS_OVERRIDE" ]]; then
     echo "$REPS_OVERRIDE"
   elif ((QUICK)); then
-    # --quick checks the suite's shape, not its speed: two repetitions
-    # still exercise the merge (medians, rotation of the order) and keep
-    # it near a minute with the fake driver's implementations (1,012 runs
-    # took 100-110 s with three). A W8 process fills a history ring and
-    # writes snapshots in three phases: one repetition.
-    [[ "$1" == W8 ]] && echo 1 || echo 2
+    # --quick checks the suite's shape, not its speed. W1 runs twice (the
+    # merge of repetitions, medians and the rotation of the order, is
+    # exercised), the rest once: with every implementation in both modes
+    # that keeps it near a minute and a half with the fake driver's
+    # implementations (1,014 runs took 137 s with two repetitions, on 2
+    # busy cores).
+    [[ "$1" == W1 ]] && echo 2 || echo 1
   else
+    # W2: 12 cases of 10,000 steady operations per thread; a malloc peer
+    # that faults its pages in takes 70-180 s per run of the 1-64 MiB
+    # cases in touch mode (jemalloc and mimalloc at 1 GiB live: 3,600
+    # faults per operation, ~60 ops/s, on a busy machine): one repetition
+    # (1-2 h on 2 cores; --reps 2 doubles it).
     case "$1" in
       W1 | W1h | W3 | W4 | W5) echo 5 ;;
+      W2) echo 1 ;;
       *) echo 3 ;;
     esac
   fi
@@ -326,23 +362,28 @@ for w in $WORKLOADS; do
       for ((c = 0; c < ncases; c++)); do
         for ((k = 0; k < nimpl; k++)); do
           spec="${IMPLS[$(((k + rep + c) % nimpl))]}"
-          IFS=: read -r bin impl mode <<<"$spec"
+          IFS=: read -r bin impl mode name envset <<<"$spec"
+          NAME_ARG=()
+          [[ -n "$name" ]] && NAME_ARG=(--name "$name")
+          ENV_SET=()
+          [[ -n "$envset" ]] && ENV_SET=("$envset")
           RUNS=$((RUNS + 1))
           rc=0
           us0="${EPOCHREALTIME/./}"
-          timeout 600 "$BUILD/bench/$bin" --workload "$w" --impl "$impl" \
-            --mode "$mode" --threads "$threads" --case "$c" --rep "$rep" \
-            "${QUICK_ARG[@]}" >>"$RAW" 2>"$WORK/stderr" || rc=$?
+          env "${ENV_SET[@]}" timeout 600 "$BUILD/bench/$bin" --workload "$w" \
+            --impl "$impl" --mode "$mode" --threads "$threads" --case "$c" \
+            --rep "$rep" "${QUICK_ARG[@]}" "${NAME_ARG[@]}" \
+            >>"$RAW" 2>"$WORK/stderr" || rc=$?
           printf 'T\t%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\n' "$w" "$c" "$bin" \
-            "$impl" "$mode" "$threads" "$rep" \
+            "${name:-$impl}" "$mode" "$threads" "$rep" \
             "$((${EPOCHREALTIME/./} - us0))" >>"$RAW"
           if ((rc != 0)); then
             FAILED=1
             why="$(tail -n 1 "$WORK/stderr" | tr '\t' ' ')"
             printf 'F\t%s case %d, %s %s/%s, %d thread(s), rep %d: exit %d: %s\n' \
-              "$w" "$c" "$bin" "$impl" "$mode" "$threads" "$rep" "$rc" \
+              "$w" "$c" "$bin" "${name:-$impl}" "$mode" "$threads" "$rep" "$rc" \
               "$why" >>"$RAW"
-            echo "bench/run.sh: FAILED: $w case $c $bin $impl/$mode" \
+            echo "bench/run.sh: FAILED: $w case $c $bin ${name:-$impl}/$mode" \
               "threads=$threads rep=$rep: exit $rc: $why" >&2
           fi
         done
@@ -356,6 +397,23 @@ LOAD_END="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
 [[ -n "${BENCH_RAW:-}" ]] && cp "$RAW" "$BENCH_RAW"
 
 # ---- Report, charts, check ------------------------------------------------------------
+# The old method's pinpool numbers (its last full run, kept in
+# bench/results/before-fair.json): the report's "W3-W7 no more than 10 %
+# slower than before" goal, where a case of this run matches one of those.
+BEFORE="$ROOT/bench/results/before-fair.json"
+if [[ -f "$BEFORE" ]] && command -v python3 >/dev/null; then
+  python3 - "$BEFORE" >>"$RAW" <<'EOF' || echo "bench/run.sh: NOTE: $BEFORE unreadable" >&2
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for r in doc["results"]:
+    if r["impl"] == "pinpool" and r["mode"] == "resident" and \
+            r["workload"] in ("W3", "W4", "W5", "W6", "W7") and \
+            r.get("ns_per_op_median") and r.get("ops_per_s"):
+        print("B\t%s\t%s\t%d\t%.9g\t%.9g" % (
+            r["workload"], r["case"], r["threads"], r["ns_per_op_median"],
+            r["ops_per_s"]))
+EOF
+fi
 mkdir -p "$OUT" "$WORK/plots" "$WORK/png"
 CHARTS=0
 command -v gnuplot >/dev/null && CHARTS=1
@@ -403,6 +461,7 @@ try:
     for key in ("uname", "nproc", "cpu_model"):
         assert key in doc["machine"], "machine has no '%s'" % key
     res = doc["results"]
+    MALLOCS = ("glibc", "jemalloc", "mimalloc", "tcmalloc", "tcmalloc-rr0")
     assert isinstance(res, list) and res, "no results"
     num = (int, float)
     def isnum(v):
@@ -435,8 +494,7 @@ try:
             if v is None:
                 why = " ".join(r.get("notes") or [])
                 assert r["workload"] == "W8" or (
-                    key == "backend_calls" and
-                    r["mode"] in ("alloc", "touch") and
+                    key == "backend_calls" and r["impl"] in MALLOCS and
                     "not counted" in why), \
                     "record %s/%s/%s/%d threads: '%s' is null" % (
                         r["workload"], r["impl"], r["case"], r["threads"],
@@ -444,9 +502,30 @@ try:
             else:
                 assert isnum(v), "record %s/%s: bad '%s'" % (
                     r["workload"], r["impl"], key)
+        assert r["mode"] in ("alloc", "touch"), \
+            "record %s/%s: mode %r" % (r["workload"], r["impl"], r["mode"])
+        # Distance to the floor: in touch mode where a floor was measured.
+        for key in ("ns_over_floor", "ratio_to_floor"):
+            assert key in r, "record %s/%s/%s: no '%s'" % (
+                r["workload"], r["impl"], r["case"], key)
+            assert r[key] is None or isnum(r[key]), \
+                "record %s/%s: bad '%s'" % (r["workload"], r["impl"], key)
+        if r["mode"] == "touch" and r["workload"] not in ("W1h", "W8") \
+                and r["impl"] != "floor" and not doc["failures"]:
+            assert r["ns_over_floor"] is not None, \
+                "record %s/%s/%s/%d threads: no distance to the floor" % (
+                    r["workload"], r["impl"], r["case"], r["threads"])
+        # W2: the fill apart from the steady state, and the late half.
+        if r["workload"] == "W2":
+            for key in ("fill_ops", "fill_ops_per_s", "fill_minflt_per_op",
+                        "steady_ops_per_thread", "late_ops_per_s",
+                        "late_minflt_per_op", "live_cap_mib"):
+                assert isnum(r["metrics"].get(key)), \
+                    "W2 %s/%s/%s: no metric '%s'" % (r["impl"], r["mode"],
+                                                     r["case"], key)
         # W6's blocks (16 MiB and up) are far above every malloc's mmap
         # threshold: a malloc peer whose calls were counted made some.
-        if r["workload"] == "W6" and r["mode"] in ("alloc", "touch") and \
+        if r["workload"] == "W6" and r["impl"] in MALLOCS and \
                 r["backend_calls"] is not None:
             assert r["backend_calls"] > 0, \
                 "W6 %s/%s: no memory system calls counted" % (r["impl"],
@@ -466,7 +545,7 @@ try:
             assert ts == want, "%s %s (%s): threads %s, expected %s" % (
                 w, impl, mode, sorted(ts), sorted(want))
         for (w, impl, mode), cs in sorted(cases.items()):
-            ref = cases.get((w, "pinpool", "resident"), set())
+            ref = cases.get((w, "pinpool", mode), set())
             assert cs == ref, "%s %s (%s): cases %s, pinpool's %s" % (
                 w, impl, mode, sorted(cs ^ ref), sorted(ref))
     for w in workloads:
