@@ -490,6 +490,26 @@ static PyTypeObject PoolType = {
  * first calls each build a pool, one wins, the others drop theirs. */
 static _Atomic(PyObject *) default_pool_obj;
 
+#ifdef PINPOOL_MUTANT_DEFAULT_POOL_PLAIN
+/* Race mutant (tests/freethreaded, docs/verification.md): the default pool
+ * published as a plain pointer, checked and then set, as lazy module state
+ * is often written for the GIL. Free-threaded, racing first calls read and
+ * write it at once (and may each keep a pool); ThreadSanitizer must say so. */
+static PyObject *get_default_pool(void) {
+  PyObject **plain = (PyObject **)&default_pool_obj;
+  if (*plain != NULL)
+    return Py_NewRef(*plain);
+  PyObject *fresh = PyObject_CallNoArgs((PyObject *)&PoolType);
+  if (fresh == NULL)
+    return NULL;
+  if (*plain == NULL) {
+    *plain = fresh;
+    return Py_NewRef(fresh);
+  }
+  Py_DECREF(fresh);
+  return Py_NewRef(*plain);
+}
+#else
 static PyObject *get_default_pool(void) {
   PyObject *p = atomic_load_explicit(&default_pool_obj, memory_order_acquire);
   if (p != NULL)
@@ -505,6 +525,7 @@ static PyObject *get_default_pool(void) {
   Py_DECREF(fresh);
   return Py_NewRef(expected);
 }
+#endif
 
 static PyObject *mod_default_pool(PyObject *m, PyObject *unused) {
   (void)m;
