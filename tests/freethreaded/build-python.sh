@@ -57,9 +57,13 @@ log() { echo "build-python: $*" >&2; }
 
 # A finished build of any 3.13.x with these flags will do.
 find_cached() {
-  local d
-  for d in $(ls -d "$CACHE"/cpython-3.13.*-ft-tsan-"$KEY" 2>/dev/null |
-    sort -V -r); do
+  local d dirs
+  shopt -s nullglob
+  dirs=("$CACHE"/cpython-3.13.*-ft-tsan-"$KEY")
+  shopt -u nullglob
+  ((${#dirs[@]})) || return 1
+  mapfile -t dirs < <(printf '%s\n' "${dirs[@]}" | sort -V -r)
+  for d in "${dirs[@]}"; do
     if [[ -f "$d/.complete" && -x "$d/bin/python3.13t" ]]; then
       echo "$d"
       return 0
@@ -81,7 +85,10 @@ fi
 
 # ---- download ---------------------------------------------------------------
 DL="${PINPOOL_FT_DOWNLOADS:-$CACHE/downloads}"
-if ! ls "$DL"/python3.13_*.dsc >/dev/null 2>&1; then
+shopt -s nullglob
+dscs=("$DL"/python3.13_*.dsc)
+shopt -u nullglob
+if ((${#dscs[@]} == 0)); then
   command -v dpkg-source >/dev/null || {
     log "dpkg-source missing: apt-get install dpkg-dev"
     exit 1
@@ -99,7 +106,14 @@ if ! ls "$DL"/python3.13_*.dsc >/dev/null 2>&1; then
   apt-get "${APT_OPTS[@]}" update -q >&2
   (cd "$DL" && apt-get "${APT_OPTS[@]}" source --download-only python3.13 >&2)
 fi
-DSC="$(ls "$DL"/python3.13_*.dsc | sort -V | tail -n 1)"
+shopt -s nullglob
+dscs=("$DL"/python3.13_*.dsc)
+shopt -u nullglob
+if ((${#dscs[@]} == 0)); then
+  log "apt-get source left no python3.13 .dsc in $DL"
+  exit 1
+fi
+DSC="$(printf '%s\n' "${dscs[@]}" | sort -V | tail -n 1)"
 # 3.13.5-2+deb13u5 -> 3.13.5
 UPSTREAM="$(basename "$DSC" .dsc | sed -e 's/^python3.13_//' -e 's/-[^-]*$//')"
 PREFIX="$CACHE/cpython-$UPSTREAM-ft-tsan-$KEY"
@@ -138,8 +152,16 @@ if ! (build) >"$LOG" 2>&1; then
 fi
 # The build tree goes; the suppressions file the runner uses stays.
 cp "$WORK/src/Tools/tsan/suppressions_free_threading.txt" "$PREFIX/tsan-suppressions.txt"
-"${NO_ASLR[@]}" "$PREFIX/bin/python3.13t" -c \
-  'import sys, sysconfig; assert not sys._is_gil_enabled(); assert sysconfig.get_config_var("Py_GIL_DISABLED")' >&2
+# Free-threaded, and with the modules the tests need (ctypes needs
+# libffi-dev at build time: without it configure silently leaves it out,
+# and a cached interpreter without it would fail every later run).
+if ! "${NO_ASLR[@]}" "$PREFIX/bin/python3.13t" -c '
+import sys, sysconfig, ctypes, json, queue, subprocess
+assert sysconfig.get_config_var("Py_GIL_DISABLED")
+assert not sys._is_gil_enabled()' >&2; then
+  log "the new interpreter is not free-threaded or lacks a module (see above)"
+  exit 1
+fi
 touch "$PREFIX/.complete"
 rm -rf "$WORK"
 log "built in $((SECONDS - t0))s: $PREFIX"
