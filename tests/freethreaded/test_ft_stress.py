@@ -73,9 +73,9 @@ def run_threads_on(make, target, n=THREADS):
     what the others did before theirs), while the owner changes it with
     plain operations. With the owner among the racing threads, part of
     their accesses are ordered by nothing but pinpool's own
-    synchronization, and a race in pinpool is reported far more often (the
-    EXPORT_COUNT_PLAIN mutant: 2 of 3 runs went unreported with the main
-    thread as owner)."""
+    synchronization, and a race in pinpool is reported more often (the
+    EXPORT_COUNT_PLAIN mutant went unreported in one run of three with the
+    main thread as owner, and was reported in five of five since)."""
     box = []
     made = threading.Event()
 
@@ -283,39 +283,57 @@ ATTRS = ("numa_node", "huge_pages", "attributes", "page_locked",
 @pytest.mark.parametrize("config", ["", "backend=cuda,device=0"])
 def test_lazy_attributes_first_queried_by_many_threads(config):
     """cuda-python's Buffer race: lazily computed attributes, first queried
-    by many threads at once. Each round a fresh buffer (nothing computed
-    yet, pages written so that the answer is final), then every thread
-    asks a different attribute first; all must see the same values (the
-    ATTR_FLAG_PLAIN mutant makes the flag a plain field). With
-    backend=cuda (the fake driver of tests/fake_cuda, built with TSAN too)
-    the first query also asks the driver about the pointer."""
+    by many threads at once. Each round worker 0 makes a fresh buffer
+    (nothing computed yet, pages written so that the answer is final; made
+    by a racing worker, see run_threads_on), then every thread asks a
+    different attribute first; all must see the same values (the
+    ATTR_FLAG_PLAIN mutant makes the flag a plain field). With backend=cuda
+    (the fake driver of tests/fake_cuda, built with TSAN too) the first
+    query also asks the driver about the pointer."""
     if "cuda" in config and not os.environ.get("PINPOOL_LIBCUDA"):
         pytest.skip("PINPOOL_LIBCUDA not set (no fake CUDA driver)")
     pool = pinpool.Pool(config)
-    rounds = 60
-    seen = [[None] * THREADS for _ in range(rounds)]
-    barrier = threading.Barrier(THREADS)
+    # (a timeout: a thread that fails must not leave the others waiting)
+    barrier = threading.Barrier(THREADS, timeout=300)
+    current = [None, 0]  # this round's buffer (None: stop), round number
+    rounds = []  # per round, what each thread saw
 
-    def make():  # on a worker: see run_threads_on
-        bufs = []
-        for _ in range(rounds):
-            b = pool.alloc(1 << 16)
-            memoryview(b)[::4096] = b"\1" * 16
-            bufs.append(b)
-        return bufs
-
-    def work(i, bufs):
-        for r, b in enumerate(bufs):
-            barrier.wait()
+    def work(i):
+        rounds_left = for_a_while()
+        for r in range(1, 1 << 30):
+            if i == 0:
+                if next(rounds_left, None) is None:
+                    current[0] = None
+                else:
+                    b = pool.alloc(1 << 16)
+                    memoryview(b)[::4096] = b"\1" * 16
+                    current[0] = b
+                    rounds.append([None] * THREADS)
+                    del b
+                current[1] = r  # go
+            else:
+                # A spin, not a barrier: a barrier lets its threads go one
+                # at a time, and the first one's query was over before the
+                # next one woke; spinning threads that are on a CPU start
+                # their queries together.
+                end = time.monotonic() + 300
+                while current[1] != r and time.monotonic() < end:
+                    pass
+            b = current[0]
+            if b is None:
+                return
             getattr(b, ATTRS[i % len(ATTRS)])
-            seen[r][i] = b.attributes
+            rounds[-1][i] = b.attributes
+            del b
+            barrier.wait()  # everyone is done with it
 
-    bufs = run_threads_on(make, work)
-    for r, b in enumerate(bufs):
-        assert all(a == seen[r][0] for a in seen[r]), seen[r]
-        assert seen[r][0]["host_accessible"] is True
-        assert seen[r][0]["device_accessible"] is ("cuda" in config)
-        b.close()
+    run_threads(work)
+    assert rounds
+    for seen in rounds:
+        assert all(a == seen[0] for a in seen), seen
+        assert seen[0]["host_accessible"] is True
+        assert seen[0]["device_accessible"] is ("cuda" in config)
+    gc.collect()
     assert live_blocks(pool) == 0
 
 
