@@ -123,7 +123,10 @@ LOG="$CACHE/build-cpython-$UPSTREAM-ft-tsan-$KEY.log"
 rm -rf "$WORK" "$PREFIX"
 mkdir -p "$WORK"
 log "unpacking $(basename "$DSC") (upstream tree, Debian patches not applied)"
-# dpkg-source verifies the tarballs against the .dsc's checksums.
+# dpkg-source verifies the tarballs against the .dsc's checksums. It warns
+# that it cannot check the uploader's signature of the .dsc (that needs
+# debian-keyring); apt-get has already checked every file against trixie's
+# Sources index, whose Release file is signed by the archive key.
 dpkg-source --skip-patches -x "$DSC" "$WORK/src" >&2
 
 # ---- build -------------------------------------------------------------------
@@ -133,17 +136,16 @@ t0=$SECONDS
 # compileall); a race report there must not fail the build (exitcode=0),
 # and the known interpreter-internal ones are suppressed.
 export TSAN_OPTIONS="exitcode=0 suppressions=$WORK/src/Tools/tsan/suppressions_free_threading.txt"
+# (Each command checked: set -e does not apply inside `if ! build`.)
 build() {
-  set -e
-  mkdir -p "$WORK/obj"
-  cd "$WORK/obj"
+  mkdir -p "$WORK/obj" && cd "$WORK/obj" || return 1
   "${NO_ASLR[@]}" ../src/configure CC="$CC_NAME" OPT="$OPT_FLAGS" \
-    --prefix="$PREFIX" "${CONFIGURE_FLAGS[@]}"
-  "${NO_ASLR[@]}" make -j"$JOBS"
+    --prefix="$PREFIX" "${CONFIGURE_FLAGS[@]}" || return 1
+  "${NO_ASLR[@]}" make -j"$JOBS" || return 1
   # compileall -l: only the top level of Lib at install time; the rest is
   # compiled on first import (a TSAN interpreter compiles slowly, and the
   # tests import a small part of the standard library).
-  "${NO_ASLR[@]}" make install COMPILEALL_OPTS="-j$JOBS -l"
+  "${NO_ASLR[@]}" make install COMPILEALL_OPTS="-j$JOBS -l" || return 1
 }
 if ! (build) >"$LOG" 2>&1; then
   log "FAILED after $((SECONDS - t0))s; last lines of $LOG:"
