@@ -10,7 +10,7 @@
 #    tests/python, whose result line is printed after ctest),
 # 3. the Python module on a free-threaded CPython 3.13 with ThreadSanitizer
 #    (tests/freethreaded/run.sh: builds that interpreter from Debian trixie's
-#    source package the first time, 3-4 minutes, then reuses it from
+#    source package the first time, 3-11 minutes, then reuses it from
 #    /var/cache/pinpool; the stress suite, tests/python without NumPy and
 #    torch, and three race mutants that must be reported),
 # 4. lint (scripts/lint.sh build/release),

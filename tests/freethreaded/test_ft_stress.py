@@ -90,14 +90,15 @@ def run_threads_on(make, target, n=THREADS):
     return box[0]
 
 
-def for_a_while(seconds=SECONDS):
-    """Yield round numbers until `seconds` have passed (at least one)."""
+def for_a_while(seconds=SECONDS, min_rounds=1):
+    """Yield round numbers until `seconds` have passed and at least
+    `min_rounds` were yielded (a busy machine may give a thread few)."""
     end = time.monotonic() + seconds
     r = 0
     while True:
         yield r
         r += 1
-        if time.monotonic() >= end:
+        if r >= min_rounds and time.monotonic() >= end:
             return
 
 
@@ -212,7 +213,7 @@ def test_many_threads_export_one_buffer(pool):
         return b
 
     def work(i, b):
-        for r in for_a_while():
+        for r in for_a_while(min_rounds=4):  # each kind at least once
             kind = (i + r) % 4
             if kind == 0:
                 with memoryview(b) as m:
@@ -455,9 +456,11 @@ def test_blocks_written_by_one_thread_reused_by_another(pool):
 
 def test_snapshots_and_history_while_allocating(pool, tmp_path):
     """PyTorch's two snapshot races, through the module: the history level
-    switched while other threads allocate, and snapshots read blocks while
-    they change state. Every snapshot must satisfy reserved = allocated +
-    pending + cached."""
+    switched (by two threads) while other threads allocate, and snapshots
+    read blocks while they change state; a third thread makes every other
+    Pool call meanwhile (empty_cache, process_events, synchronize,
+    reset_peak_stats, stats, config). Every snapshot must satisfy reserved
+    = allocated + pending + cached."""
     stop = threading.Event()
     sizes = (100, 5000, 70000, 1 << 20, 3 << 20)
     shots = []
@@ -472,6 +475,25 @@ def test_snapshots_and_history_while_allocating(pool, tmp_path):
                                         stack_depth=r % 17, clear=r % 5 == 0)
             finally:
                 stop.set()
+            return
+        if i == 2:
+            levels = ("state", "all", False, "alloc")
+            r = 0
+            while not stop.is_set():
+                pool.record_history(levels[r % len(levels)],
+                                    max_entries=100 + r % 700, clear=r % 3 == 0)
+                r += 1
+            return
+        if i == 3:
+            while not stop.is_set():
+                pool.empty_cache()
+                pool.process_events()
+                pool.synchronize()
+                pool.reset_peak_stats()
+                st = pool.stats()
+                assert st["reserved_bytes"]["current"] >= 0
+                assert pool.config.startswith("backend=")
+                assert "pinpool.Pool" in repr(pool)
             return
         if i == 1:
             r = 0
