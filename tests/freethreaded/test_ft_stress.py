@@ -523,6 +523,83 @@ def test_snapshots_and_history_while_allocating(pool, tmp_path):
     pool.record_history(None)
 
 
+# ---- dicts built by the module -------------------------------------------------------
+
+KEYS_INTERNED_AT_IMPORT = textwrap.dedent("""
+    import json, sys
+    import pinpool
+    late = []
+    for name in json.loads(sys.argv[1]):
+        fresh = "".join(list(name))  # a new str, not the interned one
+        if sys.intern(fresh) is fresh:  # nobody had interned it yet
+            late.append(name)
+    print(json.dumps(late))
+""")
+
+
+def dict_keys(d):
+    keys = []
+    for k, v in d.items():
+        keys.append(k)
+        if isinstance(v, dict):
+            keys += dict_keys(v)
+    return keys
+
+
+def test_dict_keys_interned_at_import(pool):
+    """Regression test. The keys of the dicts that stats() and the
+    attributes return must exist as interned strings once the module is
+    imported, before any call. They used to be made by
+    PyDict_SetItemString at every call, which interns a new str each time,
+    and in CPython 3.13 free-threaded two threads interning the same new
+    string at once race inside the interpreter (intern_common,
+    python/cpython#129701): TSAN reported it when several threads built
+    their first attributes dict at once (1 run of the stress suite in about
+    10; test_first_dicts_built_by_many_threads below). Checked
+    deterministically here: in a fresh process, after the import, every
+    key is already interned."""
+    b = pool.alloc(100)
+    names = sorted(set(dict_keys(pool.stats()) + dict_keys(b.attributes)))
+    b.close()
+    r = subprocess.run([sys.executable, "-c", KEYS_INTERNED_AT_IMPORT,
+                        json.dumps(names)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [], "keys interned only at the first call"
+
+
+FIRST_DICTS = textwrap.dedent("""
+    import threading, time, pinpool
+    n = 8
+    p = pinpool.Pool("")
+    bufs = [p.alloc(4096) for _ in range(n)]
+    go = [False]
+    def first(i):
+        while not go[0]:  # a spin: the threads on a CPU start together
+            pass
+        if i % 2:
+            p.stats(); bufs[i].attributes
+        else:
+            bufs[i].attributes; p.stats()
+    ts = [threading.Thread(target=first, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    time.sleep(0.05)
+    go[0] = True
+    for t in ts:
+        t.join()
+""")
+
+
+def test_first_dicts_built_by_many_threads():
+    """The race above as it happened: fresh processes whose threads build
+    their first stats() and attributes dicts at once (it showed in about
+    one process in twenty before the fix; a smoke test now)."""
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", FIRST_DICTS], timeout=300)
+        assert r.returncode == 0, f"child exit status {r.returncode}"
+
+
 # ---- the default pool ------------------------------------------------------------------
 
 DEFAULT_POOL_RACE = textwrap.dedent("""
