@@ -8,8 +8,9 @@
 #    (build-python.sh: Debian trixie's source package, cached outside the
 #    repository after the first run);
 # 2. the library and the module compiled with -fsanitize=thread against it,
-#    once clean and once per race mutant (a direct compile: four variants
-#    of two or three files each, not worth a CMake tree apiece);
+#    once clean and once per race mutant (a direct compile: the variants
+#    differ in one file each, not worth a CMake tree apiece), and the fake
+#    CUDA driver;
 # 3. every test of tests/python that does not need NumPy or torch (they skip
 #    themselves: those packages do not exist for this interpreter), then the
 #    free-threaded stress suite (test_ft_stress.py), both with Debian's
@@ -41,6 +42,7 @@ if ((rnd_bits > 28)) && command -v setarch >/dev/null; then
 fi
 
 t_start=$SECONDS
+# "-- NAME (T s)": T is the time since the start of the step.
 phase() { echo "-- $* ($((SECONDS - t_start))s)"; }
 
 # ---- 1. the interpreter --------------------------------------------------------
