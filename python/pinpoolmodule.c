@@ -7,8 +7,10 @@
  * when the object is created and never change; everything that does
  * change (references, exports, close, lazy attributes) is a C atomic in
  * the library. The module-level default pool is published with one
- * compare-and-swap. So the module declares Py_MOD_GIL_NOT_USED where the
- * Python supports it, and needs no critical section.
+ * compare-and-swap; the str keys of the dicts it returns are made at import
+ * (see "Dict keys": interning them at each call raced in CPython 3.13t).
+ * So the module declares Py_MOD_GIL_NOT_USED where the Python supports it,
+ * and needs no critical section.
  *
  * Exports (the rules of CPython's bf_getbuffer contract, python/cpython
  * #130409, and the exporter races of JAX, NumPy and CPython):
@@ -211,21 +213,69 @@ static PyObject *Pool_reset_peak_stats(PyObject *self, PyObject *unused) {
                    "Pool.reset_peak_stats");
 }
 
-static int set_u64(PyObject *d, const char *key, uint64_t v) {
-  PyObject *o = PyLong_FromUnsignedLongLong(v);
+/* ---- Dict keys --------------------------------------------------------------
+ * The keys of the dicts that stats() and the attributes return, made once
+ * when the module is executed (interned; immortal on a free-threaded build)
+ * and kept for the life of the process. Not PyDict_SetItemString: it makes
+ * and interns a new str at every call, and on CPython 3.13 free-threaded
+ * two threads interning the same new string at once race inside the
+ * interpreter (intern_common sets the refcount of a string another thread
+ * already holds with a plain store: python/cpython#129701). ThreadSanitizer
+ * showed it (tests/freethreaded) when threads built their first attributes
+ * dicts at once; with the keys made at import no call interns anything. */
+static const char *const dict_key_names[] = {
+    /* stat_dict, duration_dict */
+    "current", "peak", "allocated", "freed", "count", "total_ns", "max_ns",
+    /* Pool_stats */
+    "requests", "requested_bytes", "blocks", "block_bytes", "reserved_bytes",
+    "cached_bytes", "segments", "pending_bytes", "pending_blocks",
+    "events_recorded", "events_completed", "event_errors", "cache_hits",
+    "cache_misses", "tcache_hits", "oom_count", "retries", "trimmed_segments",
+    "borrowed_blocks", "remapped_segments", "mlock_failures", "locked_bytes",
+    "peak_slack_bytes", "reserve_bytes", "max_cached", "max_reserved",
+    "reclaim", "backend_alloc", "backend_free",
+    /* attrs_dict */
+    "host_accessible", "device_accessible", "device_id", "page_locked",
+    "numa_node", "huge_pages", "huge_advised", "backend"};
+#define N_DICT_KEYS (sizeof dict_key_names / sizeof dict_key_names[0])
+
+/* Written by module_exec only (under the import lock, before any other
+ * thread can call into the module) and only where still NULL. */
+static PyObject *dict_keys[N_DICT_KEYS];
+
+static int make_dict_keys(void) {
+  for (size_t i = 0; i < N_DICT_KEYS; i++) {
+    if (dict_keys[i] != NULL)
+      continue; /* executed before (the module imported again) */
+    dict_keys[i] = PyUnicode_InternFromString(dict_key_names[i]);
+    if (dict_keys[i] == NULL)
+      return -1;
+  }
+  return 0;
+}
+
+/* The key made at import for `name` (borrowed), or NULL with SystemError
+ * for a name missing from dict_key_names (a test of every dict finds it). */
+static PyObject *dict_key(const char *name) {
+  for (size_t i = 0; i < N_DICT_KEYS; i++)
+    if (strcmp(dict_key_names[i], name) == 0)
+      return dict_keys[i];
+  PyErr_Format(PyExc_SystemError,
+               "pinpool: dict key '%s' missing from dict_key_names", name);
+  return NULL;
+}
+
+static int set_obj(PyObject *d, const char *name, PyObject *o) {
   if (o == NULL)
     return -1;
-  int rc = PyDict_SetItemString(d, key, o);
+  PyObject *key = dict_key(name);
+  int rc = key != NULL ? PyDict_SetItem(d, key, o) : -1;
   Py_DECREF(o);
   return rc;
 }
 
-static int set_obj(PyObject *d, const char *key, PyObject *o) {
-  if (o == NULL)
-    return -1;
-  int rc = PyDict_SetItemString(d, key, o);
-  Py_DECREF(o);
-  return rc;
+static int set_u64(PyObject *d, const char *name, uint64_t v) {
+  return set_obj(d, name, PyLong_FromUnsignedLongLong(v));
 }
 
 static PyObject *stat_dict(const pinpool_stat_t *s) {
@@ -491,6 +541,26 @@ static PyTypeObject PoolType = {
  * first calls each build a pool, one wins, the others drop theirs. */
 static _Atomic(PyObject *) default_pool_obj;
 
+#ifdef PINPOOL_MUTANT_DEFAULT_POOL_PLAIN
+/* Race mutant (tests/freethreaded, docs/verification.md): the default pool
+ * published as a plain pointer, checked and then set, as lazy module state
+ * is often written for the GIL. Free-threaded, racing first calls read and
+ * write it at once (and may each keep a pool); ThreadSanitizer must say so. */
+static PyObject *get_default_pool(void) {
+  PyObject **plain = (PyObject **)&default_pool_obj;
+  if (*plain != NULL)
+    return Py_NewRef(*plain);
+  PyObject *fresh = PyObject_CallNoArgs((PyObject *)&PoolType);
+  if (fresh == NULL)
+    return NULL;
+  if (*plain == NULL) {
+    *plain = fresh;
+    return Py_NewRef(fresh);
+  }
+  Py_DECREF(fresh);
+  return Py_NewRef(*plain);
+}
+#else
 static PyObject *get_default_pool(void) {
   PyObject *p = atomic_load_explicit(&default_pool_obj, memory_order_acquire);
   if (p != NULL)
@@ -506,6 +576,7 @@ static PyObject *get_default_pool(void) {
   Py_DECREF(fresh);
   return Py_NewRef(expected);
 }
+#endif
 
 static PyObject *mod_default_pool(PyObject *m, PyObject *unused) {
   (void)m;
@@ -1038,7 +1109,8 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static int module_exec(PyObject *m) {
-  if (PyType_Ready(&PoolType) < 0 || PyType_Ready(&BufferType) < 0)
+  if (make_dict_keys() < 0 || PyType_Ready(&PoolType) < 0 ||
+      PyType_Ready(&BufferType) < 0)
     return -1;
   if (PyModule_AddObjectRef(m, "Pool", (PyObject *)&PoolType) < 0 ||
       PyModule_AddObjectRef(m, "Buffer", (PyObject *)&BufferType) < 0 ||

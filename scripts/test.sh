@@ -8,15 +8,21 @@
 # 2. for each preset release, debug, asan, tsan: configure, build, ctest
 #    (in release and debug this includes the Python module's pytest suite,
 #    tests/python, whose result line is printed after ctest),
-# 3. lint (scripts/lint.sh build/release),
-# 4. install-consumer test (tests/consumer/run.sh build/release),
-# 5. bench/run.sh --quick if present (with the fake CUDA driver when the
+# 3. the Python module on a free-threaded CPython 3.13 with ThreadSanitizer
+#    (tests/freethreaded/run.sh: builds that interpreter from Debian trixie's
+#    source package the first time, 3-11 minutes, then reuses it from
+#    /var/cache/pinpool; the stress suite, tests/python without NumPy and
+#    torch, and three race mutants that must be reported),
+# 4. lint (scripts/lint.sh build/release),
+# 5. install-consumer test (tests/consumer/run.sh build/release),
+# 6. bench/run.sh --quick if present (with the fake CUDA driver when the
 #    release build has it: the GPU implementations run through it too).
 # Every step runs even when an earlier one failed; a summary follows and the
 # exit status is non-zero if any step failed.
 #
 # Environment: PRESETS="release debug" to run a subset of the presets,
-# SKIP_APT=1 to skip the package step.
+# SKIP_APT=1 to skip the package step, SKIP_FREETHREADED=1 to skip step 3
+# (for quick local runs; CI runs it).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,7 +36,8 @@ PACKAGES=(build-essential cmake ninja-build clang clang-tidy clang-format
   cppcheck pkg-config libcmocka-dev
   libclang-rt-14-dev llvm
   python3-dev python3-numpy python3-pytest python3-torch
-  libjansson-dev libdw-dev libunwind8 python3-jsonschema chromium)
+  libjansson-dev libdw-dev libunwind8 python3-jsonschema chromium
+  dpkg-dev xz-utils libffi-dev)
 OPTIONAL_PACKAGES=(valgrind)
 
 declare -a RESULTS=()
@@ -158,6 +165,15 @@ fi
 for p in $PRESETS; do
   step "preset $p" run_preset "$p"
 done
+
+# A build failure of the interpreter fails this step: never a silent skip.
+if [[ "${SKIP_FREETHREADED:-0}" == 1 ]]; then
+  echo
+  echo "SKIP_FREETHREADED=1: not running tests/freethreaded"
+  RESULTS+=("SKIP  python free-threaded tsan (SKIP_FREETHREADED=1)")
+else
+  step "python free-threaded tsan" env JOBS="$JOBS" tests/freethreaded/run.sh
+fi
 
 step "lint" scripts/lint.sh build/release
 

@@ -6,14 +6,33 @@ Run with Debian's interpreter and the build's module on the path:
 
 ctest (label "python") does exactly that, with PINPOOL_LIBCUDA pointing at
 the fake CUDA driver of tests/fake_cuda for the CUDA-pinned cases.
+
+NumPy and torch are optional: tests/freethreaded runs these tests on a
+free-threaded CPython 3.13 that has neither, and there only the tests that
+need them are skipped (needs_numpy, needs_torch), not whole files.
 """
 
 import gc
+import importlib
 import os
 
 import pytest
 
 import pinpool
+
+
+def optional_import(name):
+    """The module, or None where it cannot be imported."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+np = optional_import("numpy")
+torch = optional_import("torch")
+needs_numpy = pytest.mark.skipif(np is None, reason="needs NumPy")
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch")
 
 
 @pytest.fixture

@@ -8,13 +8,10 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 
 import pinpool
-from conftest import live_blocks
-
-torch = pytest.importorskip("torch")
+from conftest import live_blocks, needs_numpy, needs_torch, np, torch
 
 
 # ---- buffer protocol --------------------------------------------------------
@@ -49,6 +46,7 @@ def test_memoryview_slices_and_casts(pool):
     b.close()
 
 
+@needs_numpy
 def test_numpy_frombuffer_writes_visible(pool):
     b = pool.alloc(4000)
     a = np.frombuffer(b, dtype=np.uint8)
@@ -65,6 +63,7 @@ def test_numpy_frombuffer_writes_visible(pool):
     b.close()
 
 
+@needs_numpy
 def test_numpy_from_dlpack(pool):
     b = pool.alloc(256)
     memoryview(b)[:] = bytes(range(256))
@@ -80,6 +79,8 @@ def test_numpy_from_dlpack(pool):
     b.close()
 
 
+@needs_numpy
+@needs_torch
 def test_torch_from_dlpack_writes_visible(pool):
     b = pool.alloc(1 << 16)
     t = torch.from_dlpack(b)
@@ -211,9 +212,10 @@ def test_dlpack_copy(pool):
     assert b.exports == 0 and live_blocks(pool) == 2
     m.contents.deleter(m)
     assert live_blocks(pool) == 1
-    a = np.from_dlpack(b)  # copy=None: no copy needed, none made
-    assert a.ctypes.data == b.ptr
-    del a
+    if np is not None:
+        a = np.from_dlpack(b)  # copy=None: no copy needed, none made
+        assert a.ctypes.data == b.ptr
+        del a
     c = b.__dlpack__(copy=False)
     del c
     b.close()
@@ -249,6 +251,8 @@ def test_dlpack_device_and_stream_arguments(pool):
     b.close()
 
 
+@needs_numpy
+@needs_torch
 def test_cuda_pinned_is_kdlcudahost(cuda_pool):
     b = cuda_pool.alloc(1000)
     assert b.__dlpack_device__() == (pinpool.kDLCUDAHost, 0)
@@ -285,6 +289,8 @@ class _CPUView:
 
 # ---- close and lifetimes ----------------------------------------------------------
 
+@needs_numpy
+@needs_torch
 def test_close_is_idempotent_and_deferred(pool):
     b = pool.alloc(1 << 20)
     m = memoryview(b)
@@ -312,6 +318,8 @@ def test_close_is_idempotent_and_deferred(pool):
     assert live_blocks(pool) == 0
 
 
+@needs_numpy
+@needs_torch
 def test_consumers_outlive_buffer_object(pool):
     b = pool.alloc(10000)
     ptr = b.ptr
@@ -334,6 +342,8 @@ def test_consumers_outlive_buffer_object(pool):
     assert live_blocks(pool) == 0
 
 
+@needs_numpy
+@needs_torch
 def test_exports_outlive_pool_object():
     p = pinpool.Pool("")
     b = p.alloc(3000)
@@ -356,12 +366,17 @@ def test_capsules_alive_at_interpreter_exit():
     """Exports still alive when the interpreter finalizes: their deleters
     run (or are leaked) without touching Python state; no crash."""
     code = textwrap.dedent("""
-        import numpy as np, pinpool
+        import pinpool
+        try:
+            import numpy as np
+        except ImportError:  # the free-threaded run: no NumPy
+            np = None
         keep = []
         b = pinpool.Pool("").alloc(4096)
         keep.append(b.__dlpack__())
         keep.append(b.__dlpack__(max_version=(1, 0)))
-        keep.append(np.from_dlpack(b))
+        if np is not None:
+            keep.append(np.from_dlpack(b))
         keep.append(memoryview(b))
         b.close()
         print("ok")

@@ -2,18 +2,15 @@
 consumer, while others query attributes and one closes it. With the GIL
 (Python 3.11) the threads interleave at bytecode boundaries and around the
 calls that release it; on a free-threaded Python they run truly at once
-(the module declares Py_MOD_GIL_NOT_USED there)."""
+(the module declares Py_MOD_GIL_NOT_USED there: tests/freethreaded runs
+these tests on such a Python, with ThreadSanitizer, where NumPy and torch
+do not exist and the consumers are memoryviews and DLPack capsules)."""
 
 import gc
 import threading
 
-import numpy as np
-import pytest
-
 import pinpool
-from conftest import live_blocks
-
-torch = pytest.importorskip("torch")
+from conftest import live_blocks, np, torch
 
 THREADS = 8
 ROUNDS = 200
@@ -38,31 +35,49 @@ def run_threads(target, n=THREADS):
     assert not errors, errors
 
 
+def _write_memoryview(b, i):
+    m = memoryview(b)
+    m[i] = i  # each thread writes its own byte
+    m.release()
+
+
+def _write_frombuffer(b, i):
+    a = np.frombuffer(b, dtype=np.uint8)
+    a[i] = i
+
+
+def _numpy_from_dlpack(b, i):
+    a = np.from_dlpack(b)
+    assert a.shape == (1 << 16,)
+
+
+def _write_torch(b, i):
+    t = torch.from_dlpack(b)
+    t[i] = i
+
+
+def _unconsumed_capsule(b, i):
+    c = b.__dlpack__(max_version=(1, 0))
+    del c
+
+
+def export_kinds():
+    """The ways to export a buffer that this Python has."""
+    kinds = [_write_memoryview, _unconsumed_capsule]
+    if np is not None:
+        kinds += [_write_frombuffer, _numpy_from_dlpack]
+    if torch is not None:
+        kinds.append(_write_torch)
+    return kinds
+
+
 def test_many_threads_export_release_same_buffer(pool):
     b = pool.alloc(1 << 16)
+    kinds = export_kinds()
 
     def work(i):
         for r in range(ROUNDS):
-            kind = (i + r) % 5
-            if kind == 0:
-                m = memoryview(b)
-                m[i] = i  # each thread writes its own byte
-                m.release()
-            elif kind == 1:
-                a = np.frombuffer(b, dtype=np.uint8)
-                a[i] = i
-                del a
-            elif kind == 2:
-                a = np.from_dlpack(b)
-                assert a.shape == (1 << 16,)
-                del a
-            elif kind == 3:
-                t = torch.from_dlpack(b)
-                t[i] = i
-                del t
-            else:
-                c = b.__dlpack__(max_version=(1, 0))
-                del c
+            kinds[(i + r) % len(kinds)](b, i)
             assert b.attributes["host_accessible"] is True
 
     run_threads(work)
@@ -108,11 +123,12 @@ def test_close_races_exports(pool):
 def test_exports_released_on_other_threads(pool):
     """Consumers created on one thread, dropped on others."""
     b = pool.alloc(1 << 12)
-    consumers = []
-    for k in range(64):
-        consumers.append([memoryview(b), np.frombuffer(b, dtype=np.uint8),
-                          np.from_dlpack(b), torch.from_dlpack(b),
-                          b.__dlpack__()][k % 5])
+    makers = [memoryview, lambda b: b.__dlpack__()]
+    if np is not None:
+        makers += [lambda b: np.frombuffer(b, dtype=np.uint8), np.from_dlpack]
+    if torch is not None:
+        makers.append(torch.from_dlpack)
+    consumers = [makers[k % len(makers)](b) for k in range(64)]
     b.close()
     assert live_blocks(pool) == 1
 
