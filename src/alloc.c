@@ -221,14 +221,38 @@ __attribute__((noinline)) static int alloc_general(pinpool_t *pool, size_t size,
                    "pinpool_alloc: %zu bytes is beyond the largest class "
                    "(2^60)",
                    size);
+  if (pp_unlikely(pool->forked_cuda))
+    return pp_fail(PINPOOL_EFORKED,
+                   "pinpool_alloc: a CUDA pool in a child of fork");
   pp_tcache_t *tc = tcache_get(pool);
   if (tc == NULL)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
   unsigned cls = pp_class_index(size);
   pp_tbin_t *b = &tc->bins[cls];
+  int rc;
+  pp_busy_enter(); /* fork.c: a fork waits until we leave */
   if (b->n > 0 && tc->epoch == pp_load_relaxed(&pool->flush_epoch))
-    return alloc_hit(pool, tc, b, size, out, ra, true);
-  return alloc_slow(pool, tc, cls, size, out, ra);
+    rc = alloc_hit(pool, tc, b, size, out, ra, true);
+  else
+    rc = alloc_slow(pool, tc, cls, size, out, ra);
+  pp_busy_leave();
+  return rc;
+}
+
+/* The hit paths' busy section (internal.h, "Fork"): busy == 0 was checked
+ * with the pool id, so this is the outer section; one TLS store and a
+ * load of the gate, which is up only while a fork is being prepared. */
+static inline __attribute__((always_inline)) bool hot_enter(void) {
+  pp_store_relaxed(&pp_tls.busy, 1);
+  atomic_signal_fence(memory_order_seq_cst);
+  if (pp_likely(pp_load_relaxed(&pp_fork_gate) == 0))
+    return true;
+  pp_store_relaxed(&pp_tls.busy, 0); /* the general path waits */
+  return false;
+}
+static inline __attribute__((always_inline)) int hot_leave(int rc) {
+  pp_store_release(&pp_tls.busy, 0);
+  return rc;
 }
 
 /* The hit path: a pop from this thread's cache with history off. It keeps
@@ -238,18 +262,21 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
   const void *ra = __builtin_return_address(0);
   /* size - 1 wraps for size 0: one compare rejects 0 and > 2^60. */
   if (pp_likely(pool != NULL && out != NULL && size - 1 < PP_MAX_REQUEST &&
-                pp_tls.pool_id == pool->id)) {
+                pp_tls.pool_id == pool->id &&
+                pp_load_relaxed(&pp_tls.busy) == 0)) {
     pp_tcache_t *tc = pp_tls.tc; /* set with pool_id, never NULL then */
     pp_tbin_t *b = &tc->bins[pp_class_index(size)];
     /* History: one atomic load and a branch when it is off. */
     if (pp_likely(tc->epoch == pp_load_relaxed(&pool->flush_epoch) &&
-                  pp_hist_level(pool) == PINPOOL_HISTORY_NONE)) {
+                  pp_hist_level(pool) == PINPOOL_HISTORY_NONE &&
+                  hot_enter())) {
       if (pp_likely(b->n > 0))
-        return alloc_hit(pool, tc, b, size, out, ra, false);
+        return hot_leave(alloc_hit(pool, tc, b, size, out, ra, false));
       /* An empty stack, or a class without one (above tcache_bytes: W1 at
        * 1 GiB, W3's 147 MiB batches): everything alloc_general would
        * check again is checked. */
-      return alloc_slow(pool, tc, pp_class_index(size), size, out, ra);
+      return hot_leave(
+          alloc_slow(pool, tc, pp_class_index(size), size, out, ra));
     }
   }
   return alloc_general(pool, size, out, ra);
@@ -404,6 +431,8 @@ free_block(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
 /* Everything pinpool_free's hit path does not handle: bad arguments, no
  * hint or a wrong one, a thread's first call, streams, history, a race
  * with another free of the same block. */
+static int free_claimed(pinpool_t *pool, pp_tcache_t *tc, void *ptr,
+                        pp_segment_t *seg, uint32_t idx, const void *ra);
 __attribute__((noinline)) static int free_general(pinpool_t *pool, void *ptr,
                                                   const void *ra) {
   if (pool == NULL || ptr == NULL)
@@ -413,11 +442,23 @@ __attribute__((noinline)) static int free_general(pinpool_t *pool, void *ptr,
   int rc = lookup_block(pool, ptr, "pinpool_free", &seg, &idx);
   if (rc != 0)
     return rc;
+  if (pp_unlikely(pool->forked_cuda))
+    return pp_fail(PINPOOL_EFORKED,
+                   "pinpool_free: a CUDA pool in a child of fork");
   /* The cache only now, so that a pointer that is not ours creates
    * nothing; but before the state flips, after which we must not fail. */
   pp_tcache_t *tc = tcache_get(pool);
   if (tc == NULL)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
+  pp_busy_enter(); /* fork.c: a fork waits until we leave */
+  rc = free_claimed(pool, tc, ptr, seg, idx, ra);
+  pp_busy_leave();
+  return rc;
+}
+
+/* free_general after the checks, in its busy section. */
+static int free_claimed(pinpool_t *pool, pp_tcache_t *tc, void *ptr,
+                        pp_segment_t *seg, uint32_t idx, const void *ra) {
   uint64_t w = pp_load_acquire(&seg->word[idx]);
   do {
     if (PP_WORD_STATE(w) != PP_ALLOCATED)
@@ -458,7 +499,8 @@ __attribute__((noinline)) static int free_general(pinpool_t *pool, void *ptr,
 int pinpool_free(pinpool_t *pool, void *ptr) {
   const void *ra = __builtin_return_address(0);
   uintptr_t a = (uintptr_t)ptr;
-  if (pp_likely(pool != NULL && ptr != NULL && pp_tls.pool_id == pool->id)) {
+  if (pp_likely(pool != NULL && ptr != NULL && pp_tls.pool_id == pool->id &&
+                pp_load_relaxed(&pp_tls.busy) == 0)) {
     pp_tcache_t *tc = pp_tls.tc;
     const pp_fhint_t *h = &tc->hint;
     uintptr_t off = a - h->base;
@@ -472,9 +514,12 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
         uint64_t w = pp_load_acquire(&seg->word[idx]);
         if (pp_likely(PP_WORD_STATE(w) == PP_ALLOCATED &&
                       !(w & PP_WORD_STREAMS) &&
-                      claim_block(&seg->word[idx], &w))) {
-          /* History is below ALLOC (checked above): no entry to write. */
-          return free_block(pool, tc, ptr, seg, (uint32_t)idx, w, ra, false);
+                      hot_enter())) {
+          if (pp_likely(claim_block(&seg->word[idx], &w)))
+            /* History is below ALLOC (checked above): no entry to write. */
+            return hot_leave(
+                free_block(pool, tc, ptr, seg, (uint32_t)idx, w, ra, false));
+          pp_store_relaxed(&pp_tls.busy, 0); /* free_general starts over */
         }
       }
     }

@@ -248,8 +248,12 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
 
 /* ---- Free ---------------------------------------------------------------- */
 
+static void bg_restart(pinpool_t *pool);
+
 int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
                    uint32_t idx, uint64_t w, const void *ra) {
+  if (pp_unlikely(pp_load_relaxed(&pool->bg_restart)))
+    bg_restart(pool); /* a child of fork: the first pending block */
   /* ALLOCATED(+streams) -> PENDING, keeping the requested size: the one
    * CAS that decides between this free and a concurrent double free. */
   do {
@@ -377,6 +381,13 @@ void pp_process(pinpool_t *pool, unsigned budget, bool wait) {
                 : pool->ev.query(pool->ev.ctx, it->event);
     if (wait && r == 0)
       r = 1;
+    /* From taking the item off its queue to caching its block: a busy
+     * section (fork.c), so no child inherits a block between the two.
+     * Nested in an allocation's section, or a thread without a record (out
+     * of memory for one): no section of its own. */
+    bool busy = pp_thread_get() != NULL;
+    if (busy)
+      pp_busy_enter();
     pp_mutex_lock(&q->lock);
     q->polling = false;
     if (r != 0) {
@@ -386,6 +397,8 @@ void pp_process(pinpool_t *pool, unsigned budget, bool wait) {
     }
     pp_mutex_unlock(&q->lock);
     if (r == 0) { /* head not done: nothing behind it on this stream is */
+      if (busy)
+        pp_busy_leave();
       pp_mutex_lock(&pool->streams_lock);
       q = q->next;
       pp_mutex_unlock(&pool->streams_lock);
@@ -398,6 +411,8 @@ void pp_process(pinpool_t *pool, unsigned budget, bool wait) {
       report_error(pool, r < 0 ? r : PINPOOL_EDEVICE, it->p);
     }
     event_done(pool, it->p);
+    if (busy)
+      pp_busy_leave();
     free(it);
     budget--;
   }
@@ -503,4 +518,48 @@ void pp_streams_fini(pinpool_t *pool) {
   pp_mutex_destroy(&pool->streams_lock);
   (void)pthread_mutex_destroy(&pool->bg_mutex);
   (void)pthread_cond_destroy(&pool->bg_cond);
+}
+
+/* ---- Fork (fork.c) ---------------------------------------------------------
+ * The leaf locks of this file: none is held while another lock is taken. */
+void pp_streams_fork(pinpool_t *pool, int phase) {
+  if (phase == PP_FORK_PREPARE) {
+    for (int i = 0; i < 64; i++)
+      pp_mutex_lock(&pool->sset_locks[i]);
+    pp_mutex_lock(&pool->streams_lock);
+    for (pp_squeue_t *q = pool->squeues; q != NULL; q = q->next)
+      pp_mutex_lock(&q->lock);
+    pthread_mutex_lock(&pool->bg_mutex);
+    return;
+  }
+  if (phase == PP_FORK_CHILD) {
+    /* Its waiters are gone: a new condition variable (glibc's destroy
+     * would wait for them forever). */
+    (void)pthread_cond_init(&pool->bg_cond, NULL);
+    if (pool->bg_running) {
+      pool->bg_running = false; /* not this process's thread */
+      pp_store_relaxed(&pool->bg_restart, true);
+    }
+  }
+  pthread_mutex_unlock(&pool->bg_mutex);
+  for (pp_squeue_t *q = pool->squeues; q != NULL; q = q->next) {
+    if (phase == PP_FORK_CHILD)
+      q->polling = false; /* its poller is gone; no poll is in flight */
+    pp_mutex_unlock(&q->lock);
+  }
+  pp_mutex_unlock(&pool->streams_lock);
+  for (int i = 64; i-- > 0;)
+    pp_mutex_unlock(&pool->sset_locks[i]);
+}
+
+/* A child of fork whose parent ran the background thread: start this
+ * process's own (until then the slow paths reclaim inline). */
+static void bg_restart(pinpool_t *pool) {
+  pthread_mutex_lock(&pool->bg_mutex);
+  if (pp_load_relaxed(&pool->bg_restart) && !pool->bg_stop) {
+    pp_store_relaxed(&pool->bg_restart, false);
+    if (pthread_create(&pool->bg_thread, NULL, bg_main, pool) == 0)
+      pool->bg_running = true;
+  }
+  pthread_mutex_unlock(&pool->bg_mutex);
 }
