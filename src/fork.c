@@ -44,7 +44,14 @@ static void atfork_init(void) {
    * a pool pays nothing at fork. */
   membarrier_ok = syscall(SYS_membarrier,
                           MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+#ifndef PINPOOL_MUTANT_NO_ATFORK
   (void)pthread_atfork(fork_prepare, fork_parent, fork_child);
+#else
+  /* Mutant (docs/verification.md): no handlers at all. */
+  (void)fork_prepare;
+  (void)fork_parent;
+  (void)fork_child;
+#endif
 }
 
 void pp_fork_barrier(void) {

@@ -358,6 +358,10 @@ void pp_tcache_fork_prepare(void) {
    * section to end. A section holds no lock on entry, so the pool locks it
    * needs are free of us (we take them after this). */
   for (pp_thread_t *t = threads; t != NULL; t = t->next) {
+#ifdef PINPOOL_MUTANT_NO_BUSY_WAIT
+    /* Mutant (docs/verification.md): locks only, no wait for sections. */
+    break;
+#endif
     if (t->tls == &pp_tls)
       continue;
     for (unsigned spins = 0; pp_load_acquire(&t->tls->busy) != 0; spins++)
