@@ -64,6 +64,13 @@ static int run_child(int (*fn)(void *), void *arg, unsigned timeout_ms) {
     if (r == pid)
       break;
     if (waited >= timeout_ms) {
+      if (getenv("PINPOOL_FORK_GDB") != NULL) { /* debugging a hang */
+        char cmd[128];
+        (void)snprintf(cmd, sizeof cmd,
+                       "gdb -p %d -batch -ex 'thread apply all bt' >&2",
+                       (int)pid);
+        (void)system(cmd);
+      }
       (void)kill(pid, SIGKILL);
       (void)waitpid(pid, &status, 0);
       return -1;
@@ -293,9 +300,22 @@ static void *snapshotter(void *arg) {
   return NULL;
 }
 
+/* PINPOOL_FORK_CHILD_WORK=0 (the tsan preset): children leave at once.
+ * ThreadSanitizer of clang 14 does not hold its own allocator's locks
+ * across fork (llvm-project#96600, LLVM 19), so a child of a busy parent
+ * can deadlock in its free(), in the runtime, not in pinpool; and it stops
+ * checking in a child of a multithreaded parent anyway. What it checks
+ * here is the parent: the handlers against the threads around them. */
+static int child_exit(void *arg) {
+  (void)arg;
+  return 0;
+}
+
 static void test_stress(void **state) {
   (void)state;
   unsigned rounds = env_uint("PINPOOL_FORK_ROUNDS", 1000);
+  int (*child)(void *) =
+      env_uint("PINPOOL_FORK_CHILD_WORK", 1) ? child_main : child_exit;
   unsigned deadline = env_uint("PINPOOL_FORK_DEADLINE_MS", 10000);
   stress_t s = {0};
   PP_OK(pinpool_create("mlock=0,populate=0,tcache_bytes=4MiB", &s.a));
@@ -309,7 +329,7 @@ static void test_stress(void **state) {
   unsigned hung = 0, failed = 0;
   int first_rc = 0;
   for (unsigned r = 0; r < rounds; r++) {
-    int rc = run_child(child_main, r % 2 ? s.a : s.b, deadline);
+    int rc = run_child(child, r % 2 ? s.a : s.b, deadline);
     hung += rc == -1;
     if (rc != 0 && failed++ == 0)
       first_rc = rc;
