@@ -248,12 +248,69 @@ static void test_one_block_consumer(void **state) {
   pinpool_destroy(h.pool);
 }
 
+/* A pinpool call from a TLS destructor that runs after pinpool's own (a key
+ * created later: glibc runs a round of destructors in key order) makes a
+ * new thread record; its pthread_setspecific makes glibc run another round
+ * (up to PTHREAD_DESTRUCTOR_ITERATIONS), in which pinpool's destructor
+ * retires that record too: no cache is left behind, the block freed in the
+ * destructor is back in the bins, and the pool validates. */
+static pthread_key_t late_key;
+
+static void late_destructor(void *arg) {
+  pinpool_t *pool = arg;
+  void *p = NULL;
+  if (pinpool_alloc(pool, 4096, &p) == 0)
+    (void)pinpool_free(pool, p); /* into the recreated record's cache */
+}
+
+static void *late_thread(void *arg) {
+  pinpool_t *pool = arg;
+  void *p = NULL;
+  if (pinpool_alloc(pool, 8192, &p) == 0)
+    (void)pinpool_free(pool, p);
+  (void)pthread_setspecific(late_key, pool);
+  return NULL;
+}
+
+static void test_tls_destructor_after_ours(void **state) {
+  (void)state;
+  pinpool_t *warm = NULL, *pool = NULL;
+  PP_OK(pinpool_create("mlock=0,populate=0", &warm));
+  void *p = NULL;
+  PP_OK(pinpool_alloc(warm, 4096, &p)); /* pinpool's key exists now */
+  PP_OK(pinpool_free(warm, p));
+  PP_ASSERT(pthread_key_create(&late_key, late_destructor) == 0, "key");
+  PP_OK(pinpool_create("mlock=0,populate=0", &pool));
+  pthread_t t;
+  PP_ASSERT(pthread_create(&t, NULL, late_thread, pool) == 0, "thread");
+  PP_ASSERT(pthread_join(t, NULL) == 0, "join");
+  pp_mutex_lock(&pool->reg_lock);
+  unsigned n = pool->rs.ncaches, most = pool->rs.max_ncaches;
+  pp_mutex_unlock(&pool->reg_lock);
+  PP_ASSERT(n == 0, "%u thread caches left after the thread exited", n);
+  PP_ASSERT(most == 1, "the recreated record's cache was never made (%u)",
+            most);
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.requests.current == 0, "a block still allocated");
+  PP_ASSERT(st.requests.allocated == 2 && st.requests.freed == 2,
+            "%llu allocations, %llu frees (2 each expected: the thread's "
+            "and its late destructor's)",
+            (unsigned long long)st.requests.allocated,
+            (unsigned long long)st.requests.freed);
+  PP_OK(pinpool_validate(pool));
+  (void)pthread_key_delete(late_key);
+  pinpool_destroy(pool);
+  pinpool_destroy(warm);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_consumer),
       cmocka_unit_test(test_mixed_keeps_budget),
       cmocka_unit_test(test_recovers),
       cmocka_unit_test(test_one_block_consumer),
+      cmocka_unit_test(test_tls_destructor_after_ours),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
