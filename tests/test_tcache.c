@@ -17,6 +17,8 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
+#include <time.h>
 
 #define NBLOCKS 1024
 #define TB (64 * MiB) /* tcache_bytes, the default */
@@ -304,6 +306,67 @@ static void test_tls_destructor_after_ours(void **state) {
   pinpool_destroy(warm);
 }
 
+/* An exiting thread flushes its caches without pp_global_lock (tcache.c,
+ * thread_exit): while its flush waits for a bin lock of one pool, another
+ * thread's first call on another pool (which takes pp_global_lock to make
+ * its record and cache) goes through. Before, the flush ran under
+ * pp_global_lock and that call waited for it: here, for as long as the
+ * test holds the bin locks (2 s, then the test fails). */
+static _Atomic(int) cached, go_exit, other_done;
+
+static void *exit_with_cache(void *arg) {
+  pinpool_t *pool = arg;
+  void *p = NULL;
+  if (pinpool_alloc(pool, 4096, &p) == 0)
+    (void)pinpool_free(pool, p); /* cached: the exit flushes it */
+  atomic_store(&cached, 1);
+  while (!atomic_load(&go_exit))
+    (void)sched_yield();
+  return NULL;
+}
+
+static void *first_call(void *arg) {
+  pinpool_t *pool = arg;
+  void *p = NULL;
+  if (pinpool_alloc(pool, 4096, &p) == 0)
+    (void)pinpool_free(pool, p);
+  atomic_store(&other_done, 1);
+  return NULL;
+}
+
+static void test_exit_flush_unlocked(void **state) {
+  (void)state;
+  pinpool_t *a = NULL, *b = NULL;
+  PP_OK(pinpool_create("mlock=0,populate=0", &a));
+  PP_OK(pinpool_create("mlock=0,populate=0", &b));
+  pthread_t t1, t2;
+  PP_ASSERT(pthread_create(&t1, NULL, exit_with_cache, a) == 0, "thread");
+  while (!atomic_load(&cached))
+    (void)sched_yield();
+  unsigned cls = pp_class_index(4096);
+  for (unsigned s = 0; s < a->cfg.shards; s++)
+    pp_mutex_lock(&pp_bin(a, cls, s)->lock);
+  atomic_store(&go_exit, 1);
+  struct timespec ts = {0, 100 * 1000 * 1000};
+  (void)nanosleep(&ts, NULL); /* t1 is in its flush, waiting for a bin */
+  PP_ASSERT(pthread_create(&t2, NULL, first_call, b) == 0, "thread");
+  int done = 0;
+  for (int i = 0; i < 2000 && !(done = atomic_load(&other_done)); i++) {
+    ts.tv_nsec = 1000 * 1000;
+    (void)nanosleep(&ts, NULL);
+  }
+  for (unsigned s = a->cfg.shards; s-- > 0;)
+    pp_mutex_unlock(&pp_bin(a, cls, s)->lock);
+  PP_ASSERT(pthread_join(t1, NULL) == 0 && pthread_join(t2, NULL) == 0,
+            "join");
+  PP_ASSERT(done, "a first call on another pool waited for an exiting "
+                  "thread's flush (pp_global_lock held across it)");
+  PP_OK(pinpool_validate(a));
+  PP_OK(pinpool_validate(b));
+  pinpool_destroy(a);
+  pinpool_destroy(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_consumer),
@@ -311,6 +374,7 @@ int main(void) {
       cmocka_unit_test(test_recovers),
       cmocka_unit_test(test_one_block_consumer),
       cmocka_unit_test(test_tls_destructor_after_ours),
+      cmocka_unit_test(test_exit_flush_unlocked),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
