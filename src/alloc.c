@@ -17,8 +17,9 @@
 #include <stdlib.h>
 
 static inline pp_tcache_t *tcache_get(pinpool_t *pool) {
-  if (pp_likely(pp_tls.pool_id == pool->id))
-    return pp_tls.tc;
+  pp_tls_way_t *w = pp_tls_way(pool->id);
+  if (pp_likely(w->pool_id == pool->id))
+    return w->tc;
   return pp_tcache_get_slow(pool);
 }
 
@@ -262,9 +263,10 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
   const void *ra = __builtin_return_address(0);
   /* size - 1 wraps for size 0: one compare rejects 0 and > 2^60. */
   if (pp_likely(pool != NULL && out != NULL && size - 1 < PP_MAX_REQUEST &&
-                pp_tls.pool_id == pool->id &&
+                pp_tls_way(pool->id)->pool_id == pool->id &&
                 pp_load_relaxed(&pp_tls.busy) == 0)) {
-    pp_tcache_t *tc = pp_tls.tc; /* set with pool_id, never NULL then */
+    /* Set with pool_id, never NULL then. */
+    pp_tcache_t *tc = pp_tls_way(pool->id)->tc;
     pp_tbin_t *b = &tc->bins[pp_class_index(size)];
     /* History: one atomic load and a branch when it is off. */
     if (pp_likely(tc->epoch == pp_load_relaxed(&pool->flush_epoch) &&
@@ -499,9 +501,10 @@ static int free_claimed(pinpool_t *pool, pp_tcache_t *tc, void *ptr,
 int pinpool_free(pinpool_t *pool, void *ptr) {
   const void *ra = __builtin_return_address(0);
   uintptr_t a = (uintptr_t)ptr;
-  if (pp_likely(pool != NULL && ptr != NULL && pp_tls.pool_id == pool->id &&
+  if (pp_likely(pool != NULL && ptr != NULL &&
+                pp_tls_way(pool->id)->pool_id == pool->id &&
                 pp_load_relaxed(&pp_tls.busy) == 0)) {
-    pp_tcache_t *tc = pp_tls.tc;
+    pp_tcache_t *tc = pp_tls_way(pool->id)->tc;
     const pp_fhint_t *h = &tc->hint;
     uintptr_t off = a - h->base;
     if (pp_likely(off < h->size)) {

@@ -563,10 +563,12 @@ static inline void pp_tcache_budget_up(pp_tcache_t *tc, uint64_t tb) {
 }
 /* The calling thread's state, reachable in one TLS access.
  *
- * Thread caches: way 0 is the pool used last (one TLS compare on the hot
- * path); ways 1 .. PP_TLS_WAYS - 1 the pools used before it, searched on a
- * miss of way 0 and swapped into it (tcache.c): a thread that alternates
- * between up to PP_TLS_WAYS pools never takes the process-wide lock. Pool
+ * Thread caches: way[id % PP_TLS_WAYS] holds the (pool id, cache) pair of
+ * the pool used last among those whose id falls there (direct-mapped: one
+ * TLS compare on the hot path, whichever pool); victim[] the pairs evicted
+ * from the ways, searched on a miss and swapped back (tcache.c). A thread
+ * that alternates between up to PP_TLS_WAYS pools of consecutive ids (or
+ * any PP_TLS_VICTIMS + 1 pools) never takes the process-wide lock. Pool
  * ids are never reused, so a stale entry for a destroyed pool can never
  * match a live one (its tc is never read).
  *
@@ -574,18 +576,23 @@ static inline void pp_tcache_budget_up(pp_tcache_t *tc, uint64_t tb) {
  * (pp_busy_enter, fork.c): written by the owner, read by a forking thread.
  * thr: the thread's record (tcache.c), NULL before its first cache. */
 #define PP_TLS_WAYS 8
+#define PP_TLS_VICTIMS 8
 typedef struct pp_tls_way {
   uint64_t pool_id;
   pp_tcache_t *tc;
 } pp_tls_way_t;
 typedef struct pp_tls {
-  uint64_t pool_id; /* way 0 */
-  pp_tcache_t *tc;
+  pp_tls_way_t way[PP_TLS_WAYS];
   _Atomic(unsigned) busy;
+  unsigned victim_next; /* the victim slot the next eviction takes */
   pp_thread_t *thr;
-  pp_tls_way_t way[PP_TLS_WAYS - 1];
+  pp_tls_way_t victim[PP_TLS_VICTIMS];
 } pp_tls_t;
 extern _Thread_local pp_tls_t pp_tls PP_TLS_MODEL;
+/* The way of pool id `id` in this thread's pp_tls. */
+static inline pp_tls_way_t *pp_tls_way(uint64_t id) {
+  return &pp_tls.way[id & (PP_TLS_WAYS - 1)];
+}
 /* ---- Fork (fork.c, tcache.c) ---------------------------------------------
  * A pinpool operation that changes a thread cache or moves a block between
  * lists without a pool lock (the hot paths, a cache flush, a reclaimed

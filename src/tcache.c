@@ -164,10 +164,10 @@ static void tcache_detach(pp_tcache_t *tc) {
  * tls_destructor_after_ours). */
 static void thread_exit(void *arg) {
   pp_thread_t *thr = arg;
-  pp_tls.pool_id = 0;
-  pp_tls.tc = NULL;
-  for (unsigned i = 0; i < PP_TLS_WAYS - 1; i++)
+  for (unsigned i = 0; i < PP_TLS_WAYS; i++)
     pp_tls.way[i] = (pp_tls_way_t){0, NULL};
+  for (unsigned i = 0; i < PP_TLS_VICTIMS; i++)
+    pp_tls.victim[i] = (pp_tls_way_t){0, NULL};
   pp_tls.thr = NULL;
   pp_mutex_lock(&pp_global_lock);
   if (pp_test_exit_locked_hook != NULL)
@@ -237,25 +237,26 @@ pp_thread_t *pp_thread_get(void) {
   return thr;
 }
 
-/* Make (id, tc) way 0; the ways before `from` move down one, the old way 0
- * goes to way[0]; way[from] (taken by the caller, or the last way: evicted)
- * is overwritten. */
-static void tls_promote(unsigned from, uint64_t id, pp_tcache_t *tc) {
-  pp_tls_way_t old0 = {pp_tls.pool_id, pp_tls.tc};
-  for (unsigned i = from; i > 0; i--)
-    pp_tls.way[i] = pp_tls.way[i - 1];
-  pp_tls.way[0] = old0;
-  pp_tls.pool_id = id;
-  pp_tls.tc = tc;
+/* (id, tc) into its way; the pair there goes to a victim slot (round
+ * robin: the oldest eviction is overwritten). */
+static void tls_install(uint64_t id, pp_tcache_t *tc) {
+  pp_tls_way_t *w = pp_tls_way(id);
+  if (w->pool_id != 0) {
+    pp_tls.victim[pp_tls.victim_next] = *w;
+    pp_tls.victim_next = (pp_tls.victim_next + 1) % PP_TLS_VICTIMS;
+  }
+  *w = (pp_tls_way_t){id, tc};
 }
 
 pp_tcache_t *pp_tcache_get_slow(pinpool_t *pool) {
-  /* The other ways first: no lock, no shared write. */
-  for (unsigned i = 0; i < PP_TLS_WAYS - 1; i++) {
-    if (pp_tls.way[i].pool_id == pool->id) {
-      pp_tcache_t *tc = pp_tls.way[i].tc;
-      tls_promote(i, pool->id, tc);
-      return tc;
+  /* The victims first: no lock, no shared write. Found: swapped with the
+   * pair in its way. */
+  for (unsigned i = 0; i < PP_TLS_VICTIMS; i++) {
+    if (pp_tls.victim[i].pool_id == pool->id) {
+      pp_tls_way_t *w = pp_tls_way(pool->id), found = pp_tls.victim[i];
+      pp_tls.victim[i] = *w;
+      *w = found;
+      return found.tc;
     }
   }
   pp_thread_t *thr = pp_thread_get();
@@ -290,7 +291,7 @@ pp_tcache_t *pp_tcache_get_slow(pinpool_t *pool) {
   }
   pp_mutex_unlock(&pp_global_lock);
   if (tc != NULL)
-    tls_promote(PP_TLS_WAYS - 2, pool->id, tc); /* evicts the last way */
+    tls_install(pool->id, tc);
   return tc;
 }
 
@@ -318,8 +319,8 @@ int pinpool_thread_flush(pinpool_t *pool) {
   if (pp_unlikely(pool->forked_cuda))
     return pp_fail(PINPOOL_EFORKED, "pinpool_thread_flush: a CUDA pool in a "
                                     "child of fork");
-  pp_tcache_t *tc =
-      pp_tls.pool_id == pool->id ? pp_tls.tc : pp_tcache_get_slow(pool);
+  pp_tls_way_t *w = pp_tls_way(pool->id);
+  pp_tcache_t *tc = w->pool_id == pool->id ? w->tc : pp_tcache_get_slow(pool);
   if (tc == NULL)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
   pp_busy_enter();

@@ -28,8 +28,9 @@
 static size_t size_of(unsigned i) { return 64 * KiB + (i % 16) * 28 * KiB; }
 
 static pp_tcache_t *my_cache(pinpool_t *pool) {
-  PP_ASSERT(pp_tls.pool_id == pool->id, "no cache for this pool here");
-  return pp_tls.tc;
+  PP_ASSERT(pp_tls_way(pool->id)->pool_id == pool->id,
+            "no cache for this pool here");
+  return pp_tls_way(pool->id)->tc;
 }
 
 /* A pool (address space only) and NBLOCKS blocks of size_of(i) from it. */
@@ -197,7 +198,9 @@ static void *free_handed(void *arg) {
       if (h->give[k] != NULL)
         PP_OK(pinpool_free(h->pool, h->give[k]));
     h->held =
-        pp_tls.pool_id == h->pool->id ? pp_load_relaxed(&pp_tls.tc->bytes) : 0;
+        pp_tls_way(h->pool->id)->pool_id == h->pool->id
+            ? pp_load_relaxed(&pp_tls_way(h->pool->id)->tc->bytes)
+            : 0;
     pthread_barrier_wait(&h->done);
   }
   return NULL;
