@@ -10,6 +10,7 @@
  * the shared one (pp_bench_multipool_so), whose TLS model differs.
  *
  *   pp_bench_multipool [pairs per rep, default 5000000] [reps, default 11]
+ *                      [N: only that many pools]
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -54,15 +55,21 @@ int main(int argc, char **argv) {
   getenv_touch = getenv("NOTOUCH") == NULL;
   uint64_t pairs = argc > 1 ? strtoull(argv[1], NULL, 10) : 5000000u;
   unsigned reps = argc > 2 ? (unsigned)strtoul(argv[2], NULL, 10) : 11;
-  static const unsigned ns[] = {1, 2, 4, 8, 9};
+  static unsigned ns[] = {1, 2, 4, 8, 9};
   pinpool_t *pools[9];
   for (unsigned i = 0; i < 9; i++)
     if (pinpool_create("mlock=0", &pools[i]) != 0) {
       fprintf(stderr, "pinpool_create: %s\n", pinpool_last_error());
       return 1;
     }
-  enum { NC = sizeof ns / sizeof ns[0] };
-  static double t[NC][64];
+  unsigned NC = sizeof ns / sizeof ns[0], only = 0;
+  if (argc > 3) {
+    only = (unsigned)strtoul(argv[3], NULL, 10);
+    NC = 1;
+  }
+  static double t[5][64];
+  if (only != 0)
+    ns[0] = only > 9 ? 9 : only;
   reps = reps > 64 ? 64 : reps;
   for (unsigned c = 0; c < NC; c++)
     (void)run(pools, ns[c], pairs / 10); /* warm every way */

@@ -261,17 +261,17 @@ static inline __attribute__((always_inline)) int hot_leave(int rc) {
  * alloc_general (a tail call), which checks everything again. */
 int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
   const void *ra = __builtin_return_address(0);
-  /* size - 1 wraps for size 0: one compare rejects 0 and > 2^60. */
+  /* size - 1 wraps for size 0: one compare rejects 0 and > 2^60. The busy
+   * section starts as early as it can (pinpool_free says why). */
   if (pp_likely(pool != NULL && out != NULL && size - 1 < PP_MAX_REQUEST &&
                 pp_tls_way(pool->id)->pool_id == pool->id &&
-                pp_load_relaxed(&pp_tls.busy) == 0)) {
+                pp_load_relaxed(&pp_tls.busy) == 0 && hot_enter())) {
     /* Set with pool_id, never NULL then. */
     pp_tcache_t *tc = pp_tls_way(pool->id)->tc;
     pp_tbin_t *b = &tc->bins[pp_class_index(size)];
     /* History: one atomic load and a branch when it is off. */
     if (pp_likely(tc->epoch == pp_load_relaxed(&pool->flush_epoch) &&
-                  pp_hist_level(pool) == PINPOOL_HISTORY_NONE &&
-                  hot_enter())) {
+                  pp_hist_level(pool) == PINPOOL_HISTORY_NONE)) {
       if (pp_likely(b->n > 0))
         return hot_leave(alloc_hit(pool, tc, b, size, out, ra, false));
       /* An empty stack, or a class without one (above tcache_bytes: W1 at
@@ -280,6 +280,7 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
       return hot_leave(
           alloc_slow(pool, tc, pp_class_index(size), size, out, ra));
     }
+    pp_store_relaxed(&pp_tls.busy, 0); /* alloc_general starts over */
   }
   return alloc_general(pool, size, out, ra);
 }
@@ -501,9 +502,12 @@ static int free_claimed(pinpool_t *pool, pp_tcache_t *tc, void *ptr,
 int pinpool_free(pinpool_t *pool, void *ptr) {
   const void *ra = __builtin_return_address(0);
   uintptr_t a = (uintptr_t)ptr;
+  /* The busy section starts first: its store then commits while the hint
+   * is checked, instead of holding up the claim's locked instruction
+   * (which waits for every earlier store). */
   if (pp_likely(pool != NULL && ptr != NULL &&
                 pp_tls_way(pool->id)->pool_id == pool->id &&
-                pp_load_relaxed(&pp_tls.busy) == 0)) {
+                pp_load_relaxed(&pp_tls.busy) == 0 && hot_enter())) {
     pp_tcache_t *tc = pp_tls_way(pool->id)->tc;
     const pp_fhint_t *h = &tc->hint;
     uintptr_t off = a - h->base;
@@ -517,15 +521,13 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
         uint64_t w = pp_load_acquire(&seg->word[idx]);
         if (pp_likely(PP_WORD_STATE(w) == PP_ALLOCATED &&
                       !(w & PP_WORD_STREAMS) &&
-                      hot_enter())) {
-          if (pp_likely(claim_block(&seg->word[idx], &w)))
-            /* History is below ALLOC (checked above): no entry to write. */
-            return hot_leave(
-                free_block(pool, tc, ptr, seg, (uint32_t)idx, w, ra, false));
-          pp_store_relaxed(&pp_tls.busy, 0); /* free_general starts over */
-        }
+                      claim_block(&seg->word[idx], &w)))
+          /* History is below ALLOC (checked above): no entry to write. */
+          return hot_leave(
+              free_block(pool, tc, ptr, seg, (uint32_t)idx, w, ra, false));
       }
     }
+    pp_store_relaxed(&pp_tls.busy, 0); /* free_general starts over */
   }
   return free_general(pool, ptr, ra);
 }

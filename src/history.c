@@ -46,8 +46,7 @@
 
 /* ---- Thread ids ---------------------------------------------------------- */
 
-static _Thread_local uint32_t tid_cache
-    __attribute__((tls_model("initial-exec")));
+static _Thread_local uint32_t tid_cache PP_TLS_MODEL;
 
 uint32_t pp_thread_id(void) {
   if (pp_unlikely(tid_cache == 0))

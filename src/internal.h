@@ -41,14 +41,17 @@ void pp_assert_fail(const char *expr, const char *file, int line);
 #define pp_assert_expensive(x) ((void)0)
 #endif
 
-/* The TLS model of pinpool's thread-local state. Initial-exec marks the
- * object STATIC_TLS: dlopen fails once the static TLS surplus is used up.
- * Left to the compiler (global-dynamic for position-independent code,
- * TLSDESC where the build asks for -mtls-dialect=gnu2), a late dlopen
- * works, and an executable that links the static library still gets
- * local-exec from the linker (docs/api.md, "Loading"). */
+/* The TLS model of pinpool's thread-local state: the compiler's default
+ * for position-independent code (global-dynamic; the build asks for the
+ * TLSDESC dialect where the compiler has it, -mtls-dialect=gnu2: one call
+ * that returns an offset kept in a register, no __tls_get_addr). Not
+ * initial-exec: that marks the shared library and the Python module
+ * STATIC_TLS, and dlopen then fails once other libraries have used up the
+ * static TLS surplus ("cannot allocate memory in static TLS block"). An
+ * executable that links the static library still gets local-exec: the
+ * linker relaxes the accesses (docs/api.md, "Loading"; test_dlopen_tls). */
 #ifndef PP_TLS_MODEL
-#define PP_TLS_MODEL __attribute__((tls_model("initial-exec")))
+#define PP_TLS_MODEL
 #endif
 
 #define pp_likely(x) __builtin_expect(!!(x), 1)
