@@ -5,10 +5,12 @@
  * As jemalloc and mimalloc do, the pthread_atfork handlers take every lock
  * before the fork and release them after it, in the parent and in the
  * child; the child then repairs what did not survive:
- *  - prepare: the registry lock (no pool is created or torn down), then
- *    tcache.c's pp_global_lock and its wait for every busy section to end
- *    (internal.h, "Fork": no thread cache is half updated, no block is
- *    between two lists), then each pool's locks in the order of pool.c's
+ *  - prepare: tcache.c's pp_global_lock and its wait for every busy
+ *    section to end (internal.h, "Fork": no thread cache is half updated,
+ *    no block is between two lists), then the registry lock (no pool is
+ *    created or torn down; taken after the wait, so that a backend
+ *    callback inside a section may create a pool), then each pool's locks
+ *    in the order of pool.c's
  *    comment (reg_lock -> seg_lock -> trim_lock -> bins -> idle_lock ->
  *    reserve), then the leaf locks, which are never held while another
  *    lock is taken (the stripe, stream and queue locks, the background
@@ -121,8 +123,8 @@ static void pool_unlock_all(pinpool_t *pool, int phase) {
 }
 
 static void fork_prepare(void) {
-  pp_mutex_lock(&pools_lock);
   pp_tcache_fork_prepare();
+  pp_mutex_lock(&pools_lock);
   for (pinpool_t *p = pools; p != NULL; p = p->reg_next)
     pool_lock_all(p);
 }
@@ -131,8 +133,8 @@ static void fork_parent(void) {
   /* Any order: nothing else runs until pools_lock goes. */
   for (pinpool_t *p = pools; p != NULL; p = p->reg_next)
     pool_unlock_all(p, PP_FORK_PARENT);
-  pp_tcache_fork_parent();
   pp_mutex_unlock(&pools_lock);
+  pp_tcache_fork_parent();
 }
 
 /* ---- CUDA in the child -------------------------------------------------
@@ -193,6 +195,6 @@ static void fork_child(void) {
     if (p->cuda != NULL)
       cut_off_cuda(p);
   }
-  pp_tcache_fork_child(); /* releases pp_global_lock */
   pp_mutex_unlock(&pools_lock);
+  pp_tcache_fork_child(); /* releases pp_global_lock */
 }

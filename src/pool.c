@@ -3,7 +3,7 @@
  * trimming, empty_cache, create and destroy.
  *
  * Locks and their order (a lock may only be taken while holding locks to
- * its left): fork.c's registry lock -> pp_global_lock (tcache.c) ->
+ * its left): pp_global_lock (tcache.c) -> fork.c's registry lock ->
  * reg_lock -> seg_lock -> trim_lock -> bin locks (ascending index) ->
  * idle_lock -> reserve.lock; then the leaf locks, never held while another
  * lock is taken (stream.c's stripe, stream-list and queue locks, bg_mutex,
