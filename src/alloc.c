@@ -240,12 +240,28 @@ __attribute__((noinline)) static int alloc_general(pinpool_t *pool, size_t size,
   return rc;
 }
 
+/* alloc_slow for pinpool_alloc's hit path, which ends its busy section
+ * here: the hit path then tail-calls it and keeps no state across. */
+__attribute__((noinline)) static int alloc_slow_hot(pinpool_t *pool,
+                                                    pp_tcache_t *tc,
+                                                    unsigned cls, size_t size,
+                                                    void **out,
+                                                    const void *ra) {
+  int rc = alloc_slow(pool, tc, cls, size, out, ra);
+  pp_store_release(&pp_tls.busy, 0);
+  return rc;
+}
+
 /* The hit paths' busy section (internal.h, "Fork"): busy == 0 was checked
  * with the pool id, so this is the outer section; one TLS store and a
  * load of the gate, which is up only while a fork is being prepared. */
 static inline __attribute__((always_inline)) bool hot_enter(void) {
   pp_store_relaxed(&pp_tls.busy, 1);
-  atomic_signal_fence(memory_order_seq_cst);
+  /* The store, then the load, for the compiler (the hardware's side is the
+   * forker's membarrier): an empty asm that reads busy and "writes" the
+   * gate. Unlike a signal fence it leaves every other value in its
+   * register, so the hit paths keep no more state than before. */
+  __asm__ volatile("" : "+m"(pp_fork_gate) : "m"(pp_tls.busy));
   if (pp_likely(pp_load_relaxed(&pp_fork_gate) == 0))
     return true;
   pp_store_relaxed(&pp_tls.busy, 0); /* the general path waits */
@@ -263,11 +279,13 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
   const void *ra = __builtin_return_address(0);
   /* size - 1 wraps for size 0: one compare rejects 0 and > 2^60. The busy
    * section starts as early as it can (pinpool_free says why). */
+  pp_tls_way_t *way;
   if (pp_likely(pool != NULL && out != NULL && size - 1 < PP_MAX_REQUEST &&
-                pp_tls_way(pool->id)->pool_id == pool->id &&
-                pp_load_relaxed(&pp_tls.busy) == 0 && hot_enter())) {
-    /* Set with pool_id, never NULL then. */
-    pp_tcache_t *tc = pp_tls_way(pool->id)->tc;
+                (way = pp_tls_way(pool->id))->pool_id == pool->id &&
+                pp_load_relaxed(&pp_tls.busy) == 0)) {
+    pp_tcache_t *tc = way->tc; /* set with pool_id, never NULL then */
+    if (pp_unlikely(!hot_enter()))
+      return alloc_general(pool, size, out, ra);
     pp_tbin_t *b = &tc->bins[pp_class_index(size)];
     /* History: one atomic load and a branch when it is off. */
     if (pp_likely(tc->epoch == pp_load_relaxed(&pool->flush_epoch) &&
@@ -277,8 +295,7 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
       /* An empty stack, or a class without one (above tcache_bytes: W1 at
        * 1 GiB, W3's 147 MiB batches): everything alloc_general would
        * check again is checked. */
-      return hot_leave(
-          alloc_slow(pool, tc, pp_class_index(size), size, out, ra));
+      return alloc_slow_hot(pool, tc, pp_class_index(size), size, out, ra);
     }
     pp_store_relaxed(&pp_tls.busy, 0); /* alloc_general starts over */
   }
@@ -372,6 +389,16 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
   return 0;
 }
 
+/* free_push_slow for pinpool_free's hit path, which ends its busy section
+ * here: the hit path then tail-calls it and keeps no state across. */
+__attribute__((noinline)) static int
+free_push_slow_hot(pinpool_t *pool, pp_tcache_t *tc, void *ptr,
+                   pp_segment_t *seg, uint32_t idx, unsigned cls, size_t req) {
+  int rc = free_push_slow(pool, tc, ptr, seg, idx, cls, req);
+  pp_store_release(&pp_tls.busy, 0);
+  return rc;
+}
+
 static int state_error(const void *p, const char *fn, uint64_t w) {
   if (PP_WORD_STATE(w) == PP_NEVER)
     return pp_fail(PINPOOL_ENOTOWNED, "%s: %p was never handed out", fn, p);
@@ -409,7 +436,8 @@ hint_current(pp_segment_t *seg, const pp_fhint_t *h) {
 
 /* The block (seg, idx) at ptr, whose state word was read as w, goes back
  * to the caller's cache tc. Shared by both paths of pinpool_free; hist:
- * write the free_completed entry if history is at ALLOC or above. */
+ * write the free_completed entry if history is at ALLOC or above (the
+ * general path); !hist: the hit path, whose busy section ends here. */
 static inline __attribute__((always_inline)) int
 free_block(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
            uint32_t idx, uint64_t w, const void *ra, bool hist) {
@@ -426,8 +454,12 @@ free_block(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
     account_free(tc, req, bs);
     b->items[b->n++] = (pp_tentry_t){ptr, seg, idx};
     pp_store_relaxed(&tc->bytes, bytes);
+    if (!hist) /* the hit path: its busy section ends here */
+      pp_store_release(&pp_tls.busy, 0);
     return 0;
   }
+  if (!hist) /* the hit path's busy section ends there */
+    return free_push_slow_hot(pool, tc, ptr, seg, idx, cls, req);
   return free_push_slow(pool, tc, ptr, seg, idx, cls, req); /* counts it */
 }
 
@@ -505,10 +537,13 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
   /* The busy section starts first: its store then commits while the hint
    * is checked, instead of holding up the claim's locked instruction
    * (which waits for every earlier store). */
+  pp_tls_way_t *way;
   if (pp_likely(pool != NULL && ptr != NULL &&
-                pp_tls_way(pool->id)->pool_id == pool->id &&
-                pp_load_relaxed(&pp_tls.busy) == 0 && hot_enter())) {
-    pp_tcache_t *tc = pp_tls_way(pool->id)->tc;
+                (way = pp_tls_way(pool->id))->pool_id == pool->id &&
+                pp_load_relaxed(&pp_tls.busy) == 0)) {
+    pp_tcache_t *tc = way->tc;
+    if (pp_unlikely(!hot_enter()))
+      return free_general(pool, ptr, ra);
     const pp_fhint_t *h = &tc->hint;
     uintptr_t off = a - h->base;
     if (pp_likely(off < h->size)) {
@@ -523,8 +558,8 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
                       !(w & PP_WORD_STREAMS) &&
                       claim_block(&seg->word[idx], &w)))
           /* History is below ALLOC (checked above): no entry to write. */
-          return hot_leave(
-              free_block(pool, tc, ptr, seg, (uint32_t)idx, w, ra, false));
+          /* Its slow part ends the busy section itself (a tail call). */
+          return free_block(pool, tc, ptr, seg, (uint32_t)idx, w, ra, false);
       }
     }
     pp_store_relaxed(&pp_tls.busy, 0); /* free_general starts over */
