@@ -51,7 +51,13 @@ void pp_assert_fail(const char *expr, const char *file, int line);
  * executable that links the static library still gets local-exec: the
  * linker relaxes the accesses (docs/api.md, "Loading"; test_dlopen_tls). */
 #ifndef PP_TLS_MODEL
+#if defined(PINPOOL_TLS_INITIAL_EXEC) && PINPOOL_TLS_INITIAL_EXEC
+/* cmake -DPINPOOL_TLS_INITIAL_EXEC=ON: for a libpinpool.so that is only
+ * ever linked at startup, never dlopen'ed (docs/api.md, "Loading"). */
+#define PP_TLS_MODEL __attribute__((tls_model("initial-exec")))
+#else
 #define PP_TLS_MODEL
+#endif
 #endif
 
 #define pp_likely(x) __builtin_expect(!!(x), 1)
