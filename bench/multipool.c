@@ -6,8 +6,9 @@
  * One thread; N pools (1, 2, 4, 8, 9: one more than the thread's cache
  * ways); pair i allocates 4 KiB from pool i % N, writes a byte, frees it.
  * Prints the median over repetitions (cases interleaved) of the ns per
- * pair, its ratio to N = 1, and the fastest repetition. Built twice: against the static library (pp_bench_multipool) and
- * the shared one (pp_bench_multipool_so), whose TLS model differs.
+ * pair, its ratio to N = 1, and the fastest repetition. Built twice: against
+ * the static library (pp_bench_multipool) and the shared one
+ * (pp_bench_multipool_so), whose TLS model differs.
  *
  *   pp_bench_multipool [pairs per rep, default 5000000] [reps, default 11]
  *                      [N: only that many pools]

@@ -242,11 +242,9 @@ __attribute__((noinline)) static int alloc_general(pinpool_t *pool, size_t size,
 
 /* alloc_slow for pinpool_alloc's hit path, which ends its busy section
  * here: the hit path then tail-calls it and keeps no state across. */
-__attribute__((noinline)) static int alloc_slow_hot(pinpool_t *pool,
-                                                    pp_tcache_t *tc,
-                                                    unsigned cls, size_t size,
-                                                    void **out,
-                                                    const void *ra) {
+__attribute__((noinline)) static int
+alloc_slow_hot(pinpool_t *pool, pp_tcache_t *tc, unsigned cls, size_t size,
+               void **out, const void *ra) {
   int rc = alloc_slow(pool, tc, cls, size, out, ra);
   pp_store_release(&pp_tls.busy, 0);
   return rc;

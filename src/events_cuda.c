@@ -164,7 +164,7 @@ int pp_events_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
   // cppcheck-suppress memleak ; ownership passes to *out (ctx)
   /* No fork hook: a child never uses this provider (fork.c replaces it,
    * and the driver cannot be used there). */
-  *out = (pp_events_t){"cuda",         e,          ev_record, ev_query,
+  *out = (pp_events_t){"cuda",         e,          ev_record,  ev_query,
                        ev_synchronize, ev_release, ev_destroy, NULL};
   return 0;
 }

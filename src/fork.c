@@ -181,10 +181,10 @@ static void cut_off_cuda(pinpool_t *pool) {
    * matches, so every call reaches a general path that refuses. */
   pool->id = pp_fetch_add_relaxed(&child_ids, 1);
   pool->prov = (pp_provider_t){pool->prov.name, NULL, forked_alloc,
-                               forked_free, NULL, NULL};
+                               forked_free,     NULL, NULL};
   if (pool->has_events)
-    pool->ev = (pp_events_t){pool->ev.name, NULL,           forked_record,
-                             forked_query,  forked_query,   forked_release,
+    pool->ev = (pp_events_t){pool->ev.name, NULL,         forked_record,
+                             forked_query,  forked_query, forked_release,
                              NULL,          NULL};
   pool->cuda = NULL; /* the driver's handle is the parent's */
 }

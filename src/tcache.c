@@ -33,9 +33,9 @@
 _Thread_local pp_tls_t pp_tls PP_TLS_MODEL;
 
 struct pp_thread {
-  pp_tcache_t *caches;               /* pp_global_lock */
-  pp_tls_t *tls;                     /* the thread's pp_tls; immutable */
-  struct pp_thread *prev, *next;     /* list of threads; pp_global_lock */
+  pp_tcache_t *caches;           /* pp_global_lock */
+  pp_tls_t *tls;                 /* the thread's pp_tls; immutable */
+  struct pp_thread *prev, *next; /* list of threads; pp_global_lock */
 };
 
 static pp_mutex_t pp_global_lock = {.m = PTHREAD_MUTEX_INITIALIZER};

@@ -197,10 +197,9 @@ static void *free_handed(void *arg) {
     for (int k = 0; k < 2; k++)
       if (h->give[k] != NULL)
         PP_OK(pinpool_free(h->pool, h->give[k]));
-    h->held =
-        pp_tls_way(h->pool->id)->pool_id == h->pool->id
-            ? pp_load_relaxed(&pp_tls_way(h->pool->id)->tc->bytes)
-            : 0;
+    h->held = pp_tls_way(h->pool->id)->pool_id == h->pool->id
+                  ? pp_load_relaxed(&pp_tls_way(h->pool->id)->tc->bytes)
+                  : 0;
     pthread_barrier_wait(&h->done);
   }
   return NULL;
@@ -360,8 +359,7 @@ static void test_exit_flush_unlocked(void **state) {
   }
   for (unsigned s = a->cfg.shards; s-- > 0;)
     pp_mutex_unlock(&pp_bin(a, cls, s)->lock);
-  PP_ASSERT(pthread_join(t1, NULL) == 0 && pthread_join(t2, NULL) == 0,
-            "join");
+  PP_ASSERT(pthread_join(t1, NULL) == 0 && pthread_join(t2, NULL) == 0, "join");
   PP_ASSERT(done, "a first call on another pool waited for an exiting "
                   "thread's flush (pp_global_lock held across it)");
   PP_OK(pinpool_validate(a));

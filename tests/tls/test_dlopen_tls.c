@@ -40,11 +40,12 @@ static int static_tls(const char *path) {
     return -1;
   Elf64_Ehdr eh;
   int r = -1;
-  if (fread(&eh, sizeof eh, 1, f) != 1 || memcmp(eh.e_ident, ELFMAG, SELFMAG))
+  if (fread(&eh, sizeof eh, 1, f) != 1 || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0)
     goto out;
   for (unsigned i = 0; i < eh.e_shnum; i++) {
     Elf64_Shdr sh;
-    if (fseek(f, (long)(eh.e_shoff + (Elf64_Off)i * eh.e_shentsize), SEEK_SET) ||
+    if (fseek(f, (long)(eh.e_shoff + (Elf64_Off)i * eh.e_shentsize),
+              SEEK_SET) ||
         fread(&sh, sizeof sh, 1, f) != 1)
       goto out;
     if (sh.sh_type != SHT_DYNAMIC)
@@ -123,7 +124,10 @@ int main(int argc, char **argv) {
   *(void **)&p_free = dlsym(h, "pinpool_free");
   *(void **)&p_validate = dlsym(h, "pinpool_validate");
   *(void **)&p_destroy = dlsym(h, "pinpool_destroy");
-  CHECK(p_create && p_alloc && p_free && p_validate && p_destroy, "dlsym");
+  if (!p_create || !p_alloc || !p_free || !p_validate || !p_destroy) {
+    fprintf(stderr, "FAIL: dlsym: %s\n", dlerror());
+    return 1;
+  }
   if (fails)
     return 1;
   CHECK(p_create("mlock=0,populate=0", &pool) == 0, "pinpool_create");
