@@ -861,6 +861,8 @@ void pp_pool_ref(struct pinpool *pool);
 void pp_pool_unref(struct pinpool *pool);
 /* A reference unless the last one is already gone (a teardown has begun). */
 bool pp_pool_try_ref(struct pinpool *pool);
+/* Drop a reference unless it is the last (which pp_pool_unref drops). */
+bool pp_pool_unref_unless_last(struct pinpool *pool);
 
 /* stream.c */
 int pp_streams_init(struct pinpool *pool); /* after ev is set */

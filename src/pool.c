@@ -1277,6 +1277,17 @@ int pinpool_create_ex(const char *config, const pinpool_hooks_t *hooks,
  * such as a buffer (pp_pool_ref). */
 void pp_pool_ref(pinpool_t *pool) { pp_fetch_add_relaxed(&pool->refs, 1); }
 
+bool pp_pool_unref_unless_last(pinpool_t *pool) {
+  uint64_t r = pp_load_relaxed(&pool->refs);
+  do {
+    if (r <= 1)
+      return false;
+    /* Release: this holder's writes before a teardown's acquire. */
+  } while (!atomic_compare_exchange_weak_explicit(
+      &pool->refs, &r, r - 1, memory_order_release, memory_order_relaxed));
+  return true;
+}
+
 bool pp_pool_try_ref(pinpool_t *pool) {
   uint64_t r = pp_load_relaxed(&pool->refs);
   do {

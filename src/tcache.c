@@ -192,8 +192,14 @@ static void thread_exit(void *arg) {
   unsigned d = pp_load_relaxed(&pp_tls.busy);
   pp_store_relaxed(&pp_tls.busy, d + 1);
   pp_mutex_unlock(&pp_global_lock);
-  for (pp_tcache_t *tc = flush; tc != NULL; tc = tc->thr_next)
+  /* Each reference is dropped in the section too unless it is the last:
+   * a child forked after the section then holds no reference of a thread
+   * that did not survive (its pinpool_destroy tears the pool down). */
+  for (pp_tcache_t *tc = flush; tc != NULL; tc = tc->thr_next) {
     tcache_detach(tc);
+    if (pp_pool_unref_unless_last(tc->pool))
+      tc->pool = NULL;
+  }
   pp_busy_leave();
   /* Outside the section: a last reference may tear the pool down, which
    * takes pp_global_lock (a forker holding it waits for busy == 0). */
@@ -201,7 +207,8 @@ static void thread_exit(void *arg) {
     next = tc->thr_next;
     pinpool_t *pool = tc->pool;
     tbin_free(tc);
-    pp_pool_unref(pool);
+    if (pool != NULL)
+      pp_pool_unref(pool);
   }
   pp_mutex_lock(&pp_global_lock);
   thread_unlink_locked(thr);
