@@ -102,6 +102,9 @@ static _Atomic(pp_sset_t *) *sset_slot(pp_segment_t *seg, uint32_t idx) {
 int pinpool_record_stream(pinpool_t *pool, void *ptr, pinpool_stream_t stream) {
   if (pool == NULL || ptr == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_record_stream: NULL argument");
+  if (pp_unlikely(pool->forked_cuda))
+    return pp_fail(PINPOOL_EFORKED, "pinpool_record_stream: a CUDA pool in "
+                                    "a child of fork");
   if (!pool->has_events)
     return pp_fail(PINPOOL_EBUSY,
                    "pinpool_record_stream: the pool has no event provider "

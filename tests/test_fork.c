@@ -22,8 +22,9 @@
  *  - streams: simulated streams and background=1: the child's pending
  *    blocks complete and its stream-ordered frees work (both threads are
  *    restarted in the child).
- *  - cuda: a pool on the fake driver refuses every call in the child with
- *    PINPOOL_EFORKED, and is destroyed without a driver call.
+ *  - cuda: a pool on the fake driver (backend and events) refuses every
+ *    call in the child with PINPOOL_EFORKED, and is destroyed without a
+ *    driver call.
  */
 #include "testutil.h"
 
@@ -427,6 +428,10 @@ static int child_cuda(void *arg) {
     return 31;
   if (pinpool_thread_flush(pool) != PINPOOL_EFORKED)
     return 32;
+  if (pinpool_record_stream(pool, cuda_block, 1) != PINPOOL_EFORKED)
+    return 35;
+  if (pinpool_synchronize(pool) != 0) /* no driver call, no wait */
+    return 36;
   pinpool_destroy(pool); /* no driver call; must not hang or crash */
   return 0;
 }
@@ -447,7 +452,7 @@ static void test_cuda(void **state) {
   if (getenv("PINPOOL_LIBCUDA") == NULL)
     skip(); /* the fake driver (tests/fake_cuda) */
   pinpool_t *pool = NULL;
-  PP_OK(pinpool_create("backend=cuda,device=0", &pool));
+  PP_OK(pinpool_create("backend=cuda,device=0,events=cuda", &pool));
   void *p = NULL;
   PP_OK(pinpool_alloc(pool, 4096, &p));
   PP_OK(pinpool_alloc(pool, 8192, &cuda_block));
