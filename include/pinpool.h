@@ -57,7 +57,9 @@ PINPOOL_API const char *pinpool_version(void);
  *  PINPOOL_EBUSY       the operation is refused in the current state
  *  PINPOOL_ENODRIVER   CUDA requested but unusable: no driver library, the
  *                      toolkit's stub library, no device, or no context
- *  PINPOOL_EDEVICE     an event provider reported a device error */
+ *  PINPOOL_EDEVICE     an event provider reported a device error
+ *  PINPOOL_EFORKED     a pool that uses CUDA, in a child of fork(): the
+ *                      driver cannot be used there (docs/api.md, "Fork") */
 #define PINPOOL_OK 0
 #define PINPOOL_EINVAL (-1)
 #define PINPOOL_ENOMEM (-2)
@@ -72,6 +74,7 @@ PINPOOL_API const char *pinpool_version(void);
 #define PINPOOL_EBUSY (-11)
 #define PINPOOL_ENODRIVER (-12)
 #define PINPOOL_EDEVICE (-13)
+#define PINPOOL_EFORKED (-14)
 
 /* A static string naming the code ("PINPOOL_ENOMEM: out of memory ...").
  * Unknown codes give "unknown pinpool error". Thread-safe. */

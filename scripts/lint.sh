@@ -60,12 +60,19 @@ if ((${#SRC_FILES[@]})); then
       "(configure first: cmake --preset release)"
     failed+=(clang-tidy)
   else
+    # The library is built with gcc's -mtls-dialect=gnu2 (CMakeLists.txt,
+    # the TLS model), which clang 14 does not know: clang-tidy reads a
+    # copy of the database without it.
+    TIDY_DB="$(mktemp -d)"
+    sed 's/ -mtls-dialect=gnu2//g' "$BUILD_DIR/compile_commands.json" \
+      >"$TIDY_DB/compile_commands.json"
     # One process per file, JOBS at a time; each prints its own findings.
     if ! printf '%s\0' "${SRC_FILES[@]}" |
-      xargs -0 -n 1 -P "$JOBS" "$CLANG_TIDY" --quiet -p "$BUILD_DIR"; then
+      xargs -0 -n 1 -P "$JOBS" "$CLANG_TIDY" --quiet -p "$TIDY_DB"; then
       echo "clang-tidy: FAILED"
       failed+=(clang-tidy)
     fi
+    rm -rf "$TIDY_DB"
   fi
 fi
 

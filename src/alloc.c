@@ -17,8 +17,9 @@
 #include <stdlib.h>
 
 static inline pp_tcache_t *tcache_get(pinpool_t *pool) {
-  if (pp_likely(pp_tls.pool_id == pool->id))
-    return pp_tls.tc;
+  pp_tls_way_t *w = pp_tls_way(pool->id);
+  if (pp_likely(w->pool_id == pool->id))
+    return w->tc;
   return pp_tcache_get_slow(pool);
 }
 
@@ -221,14 +222,52 @@ __attribute__((noinline)) static int alloc_general(pinpool_t *pool, size_t size,
                    "pinpool_alloc: %zu bytes is beyond the largest class "
                    "(2^60)",
                    size);
+  if (pp_unlikely(pool->forked_cuda))
+    return pp_fail(PINPOOL_EFORKED,
+                   "pinpool_alloc: a CUDA pool in a child of fork");
   pp_tcache_t *tc = tcache_get(pool);
   if (tc == NULL)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
   unsigned cls = pp_class_index(size);
   pp_tbin_t *b = &tc->bins[cls];
+  int rc;
+  pp_busy_enter(); /* fork.c: a fork waits until we leave */
   if (b->n > 0 && tc->epoch == pp_load_relaxed(&pool->flush_epoch))
-    return alloc_hit(pool, tc, b, size, out, ra, true);
-  return alloc_slow(pool, tc, cls, size, out, ra);
+    rc = alloc_hit(pool, tc, b, size, out, ra, true);
+  else
+    rc = alloc_slow(pool, tc, cls, size, out, ra);
+  pp_busy_leave();
+  return rc;
+}
+
+/* alloc_slow for pinpool_alloc's hit path, which ends its busy section
+ * here: the hit path then tail-calls it and keeps no state across. */
+__attribute__((noinline)) static int
+alloc_slow_hot(pinpool_t *pool, pp_tcache_t *tc, unsigned cls, size_t size,
+               void **out, const void *ra) {
+  int rc = alloc_slow(pool, tc, cls, size, out, ra);
+  pp_store_release(&pp_tls.busy, 0);
+  return rc;
+}
+
+/* The hit paths' busy section (internal.h, "Fork"): busy == 0 was checked
+ * with the pool id, so this is the outer section; one TLS store and a
+ * load of the gate, which is up only while a fork is being prepared. */
+static inline __attribute__((always_inline)) bool hot_enter(void) {
+  pp_store_relaxed(&pp_tls.busy, 1);
+  /* The store, then the load, for the compiler (the hardware's side is the
+   * forker's membarrier): an empty asm that reads busy and "writes" the
+   * gate. Unlike a signal fence it leaves every other value in its
+   * register, so the hit paths keep no more state than before. */
+  __asm__ volatile("" : "+m"(pp_fork_gate) : "m"(pp_tls.busy));
+  if (pp_likely(pp_load_relaxed(&pp_fork_gate) == 0))
+    return true;
+  pp_store_relaxed(&pp_tls.busy, 0); /* the general path waits */
+  return false;
+}
+static inline __attribute__((always_inline)) int hot_leave(int rc) {
+  pp_store_release(&pp_tls.busy, 0);
+  return rc;
 }
 
 /* The hit path: a pop from this thread's cache with history off. It keeps
@@ -236,21 +275,27 @@ __attribute__((noinline)) static int alloc_general(pinpool_t *pool, size_t size,
  * alloc_general (a tail call), which checks everything again. */
 int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
   const void *ra = __builtin_return_address(0);
-  /* size - 1 wraps for size 0: one compare rejects 0 and > 2^60. */
+  /* size - 1 wraps for size 0: one compare rejects 0 and > 2^60. The busy
+   * section starts as early as it can (pinpool_free says why). */
+  pp_tls_way_t *way;
   if (pp_likely(pool != NULL && out != NULL && size - 1 < PP_MAX_REQUEST &&
-                pp_tls.pool_id == pool->id)) {
-    pp_tcache_t *tc = pp_tls.tc; /* set with pool_id, never NULL then */
+                (way = pp_tls_way(pool->id))->pool_id == pool->id &&
+                pp_load_relaxed(&pp_tls.busy) == 0)) {
+    pp_tcache_t *tc = way->tc; /* set with pool_id, never NULL then */
+    if (pp_unlikely(!hot_enter()))
+      return alloc_general(pool, size, out, ra);
     pp_tbin_t *b = &tc->bins[pp_class_index(size)];
     /* History: one atomic load and a branch when it is off. */
     if (pp_likely(tc->epoch == pp_load_relaxed(&pool->flush_epoch) &&
                   pp_hist_level(pool) == PINPOOL_HISTORY_NONE)) {
       if (pp_likely(b->n > 0))
-        return alloc_hit(pool, tc, b, size, out, ra, false);
+        return hot_leave(alloc_hit(pool, tc, b, size, out, ra, false));
       /* An empty stack, or a class without one (above tcache_bytes: W1 at
        * 1 GiB, W3's 147 MiB batches): everything alloc_general would
        * check again is checked. */
-      return alloc_slow(pool, tc, pp_class_index(size), size, out, ra);
+      return alloc_slow_hot(pool, tc, pp_class_index(size), size, out, ra);
     }
+    pp_store_relaxed(&pp_tls.busy, 0); /* alloc_general starts over */
   }
   return alloc_general(pool, size, out, ra);
 }
@@ -342,6 +387,16 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
   return 0;
 }
 
+/* free_push_slow for pinpool_free's hit path, which ends its busy section
+ * here: the hit path then tail-calls it and keeps no state across. */
+__attribute__((noinline)) static int
+free_push_slow_hot(pinpool_t *pool, pp_tcache_t *tc, void *ptr,
+                   pp_segment_t *seg, uint32_t idx, unsigned cls, size_t req) {
+  int rc = free_push_slow(pool, tc, ptr, seg, idx, cls, req);
+  pp_store_release(&pp_tls.busy, 0);
+  return rc;
+}
+
 static int state_error(const void *p, const char *fn, uint64_t w) {
   if (PP_WORD_STATE(w) == PP_NEVER)
     return pp_fail(PINPOOL_ENOTOWNED, "%s: %p was never handed out", fn, p);
@@ -379,7 +434,8 @@ hint_current(pp_segment_t *seg, const pp_fhint_t *h) {
 
 /* The block (seg, idx) at ptr, whose state word was read as w, goes back
  * to the caller's cache tc. Shared by both paths of pinpool_free; hist:
- * write the free_completed entry if history is at ALLOC or above. */
+ * write the free_completed entry if history is at ALLOC or above (the
+ * general path); !hist: the hit path, whose busy section ends here. */
 static inline __attribute__((always_inline)) int
 free_block(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
            uint32_t idx, uint64_t w, const void *ra, bool hist) {
@@ -396,14 +452,20 @@ free_block(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
     account_free(tc, req, bs);
     b->items[b->n++] = (pp_tentry_t){ptr, seg, idx};
     pp_store_relaxed(&tc->bytes, bytes);
+    if (!hist) /* the hit path: its busy section ends here */
+      pp_store_release(&pp_tls.busy, 0);
     return 0;
   }
+  if (!hist) /* the hit path's busy section ends there */
+    return free_push_slow_hot(pool, tc, ptr, seg, idx, cls, req);
   return free_push_slow(pool, tc, ptr, seg, idx, cls, req); /* counts it */
 }
 
 /* Everything pinpool_free's hit path does not handle: bad arguments, no
  * hint or a wrong one, a thread's first call, streams, history, a race
  * with another free of the same block. */
+static int free_claimed(pinpool_t *pool, pp_tcache_t *tc, void *ptr,
+                        pp_segment_t *seg, uint32_t idx, const void *ra);
 __attribute__((noinline)) static int free_general(pinpool_t *pool, void *ptr,
                                                   const void *ra) {
   if (pool == NULL || ptr == NULL)
@@ -413,11 +475,23 @@ __attribute__((noinline)) static int free_general(pinpool_t *pool, void *ptr,
   int rc = lookup_block(pool, ptr, "pinpool_free", &seg, &idx);
   if (rc != 0)
     return rc;
+  if (pp_unlikely(pool->forked_cuda))
+    return pp_fail(PINPOOL_EFORKED,
+                   "pinpool_free: a CUDA pool in a child of fork");
   /* The cache only now, so that a pointer that is not ours creates
    * nothing; but before the state flips, after which we must not fail. */
   pp_tcache_t *tc = tcache_get(pool);
   if (tc == NULL)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
+  pp_busy_enter(); /* fork.c: a fork waits until we leave */
+  rc = free_claimed(pool, tc, ptr, seg, idx, ra);
+  pp_busy_leave();
+  return rc;
+}
+
+/* free_general after the checks, in its busy section. */
+static int free_claimed(pinpool_t *pool, pp_tcache_t *tc, void *ptr,
+                        pp_segment_t *seg, uint32_t idx, const void *ra) {
   uint64_t w = pp_load_acquire(&seg->word[idx]);
   do {
     if (PP_WORD_STATE(w) != PP_ALLOCATED)
@@ -458,8 +532,16 @@ __attribute__((noinline)) static int free_general(pinpool_t *pool, void *ptr,
 int pinpool_free(pinpool_t *pool, void *ptr) {
   const void *ra = __builtin_return_address(0);
   uintptr_t a = (uintptr_t)ptr;
-  if (pp_likely(pool != NULL && ptr != NULL && pp_tls.pool_id == pool->id)) {
-    pp_tcache_t *tc = pp_tls.tc;
+  /* The busy section starts first: its store then commits while the hint
+   * is checked, instead of holding up the claim's locked instruction
+   * (which waits for every earlier store). */
+  pp_tls_way_t *way;
+  if (pp_likely(pool != NULL && ptr != NULL &&
+                (way = pp_tls_way(pool->id))->pool_id == pool->id &&
+                pp_load_relaxed(&pp_tls.busy) == 0)) {
+    pp_tcache_t *tc = way->tc;
+    if (pp_unlikely(!hot_enter()))
+      return free_general(pool, ptr, ra);
     const pp_fhint_t *h = &tc->hint;
     uintptr_t off = a - h->base;
     if (pp_likely(off < h->size)) {
@@ -472,12 +554,13 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
         uint64_t w = pp_load_acquire(&seg->word[idx]);
         if (pp_likely(PP_WORD_STATE(w) == PP_ALLOCATED &&
                       !(w & PP_WORD_STREAMS) &&
-                      claim_block(&seg->word[idx], &w))) {
+                      claim_block(&seg->word[idx], &w)))
           /* History is below ALLOC (checked above): no entry to write. */
+          /* Its slow part ends the busy section itself (a tail call). */
           return free_block(pool, tc, ptr, seg, (uint32_t)idx, w, ra, false);
-        }
       }
     }
+    pp_store_relaxed(&pp_tls.busy, 0); /* free_general starts over */
   }
   return free_general(pool, ptr, ra);
 }

@@ -45,6 +45,8 @@ const char *pinpool_strerror(int err) {
     return "PINPOOL_ENODRIVER: CUDA driver, device or context unavailable";
   case PINPOOL_EDEVICE:
     return "PINPOOL_EDEVICE: the device reported an error for an event";
+  case PINPOOL_EFORKED:
+    return "PINPOOL_EFORKED: a CUDA pool cannot be used in a child of fork";
   default:
     return "unknown pinpool error";
   }

@@ -162,7 +162,9 @@ int pp_events_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
   e->cuda = cuda;
   pp_mutex_init(&e->lock);
   // cppcheck-suppress memleak ; ownership passes to *out (ctx)
-  *out = (pp_events_t){"cuda",         e,          ev_record, ev_query,
-                       ev_synchronize, ev_release, ev_destroy};
+  /* No fork hook: a child never uses this provider (fork.c replaces it,
+   * and the driver cannot be used there). */
+  *out = (pp_events_t){"cuda",         e,          ev_record,  ev_query,
+                       ev_synchronize, ev_release, ev_destroy, NULL};
   return 0;
 }

@@ -33,6 +33,7 @@ typedef struct sim_item {
 typedef struct sim_stream {
   pinpool_stream_t id;
   pthread_t thread;
+  bool running; /* thread is this process's (false in a child of fork) */
   pthread_cond_t wake;
   sim_item_t *head, *tail; /* under sim->lock */
   struct sim_stream *next;
@@ -46,6 +47,10 @@ typedef struct sim {
   sim_event_t *free_events;
   uint64_t delay_ns;
   bool stop;
+  /* A child of fork: the workers did not survive. The first call that
+   * needs one starts those of the streams with queued work (restart_locked);
+   * what a worker was running at the fork runs again, from its start. */
+  _Atomic(bool) restart;
 } sim_t;
 
 static void sleep_ns(uint64_t ns) {
@@ -91,20 +96,38 @@ static void *worker(void *arg) {
   return NULL;
 }
 
+/* Start st's worker. Caller holds sim->lock. */
+static bool start_locked(sim_stream_t *st) {
+  st->running = pthread_create(&st->thread, NULL, worker, st) == 0;
+  return st->running;
+}
+
+/* A child of fork: a worker for every stream with queued work (an event
+ * of the parent's may be waited for). Caller holds sim->lock. */
+static void restart_locked(sim_t *sim) {
+  if (!pp_load_relaxed(&sim->restart))
+    return;
+  pp_store_relaxed(&sim->restart, false);
+  for (sim_stream_t *st = sim->streams; st != NULL; st = st->next)
+    if (!st->running && st->head != NULL)
+      (void)start_locked(st);
+}
+
 /* The stream's worker, started on first use. Caller holds sim->lock. */
 static sim_stream_t *stream_locked(sim_t *sim, pinpool_stream_t id) {
+  restart_locked(sim);
   sim_stream_t *st = sim->streams;
   while (st != NULL && st->id != id)
     st = st->next;
   if (st != NULL)
-    return st;
+    return st->running || start_locked(st) ? st : NULL;
   st = calloc(1, sizeof *st);
   if (st == NULL)
     return NULL;
   st->id = id;
   st->sim = sim;
   (void)pthread_cond_init(&st->wake, NULL);
-  if (pthread_create(&st->thread, NULL, worker, st) != 0) {
+  if (!start_locked(st)) {
     (void)pthread_cond_destroy(&st->wake);
     free(st);
     return NULL;
@@ -164,7 +187,12 @@ static int sim_record(void *ctx, pinpool_stream_t stream, void **event) {
 }
 
 static int sim_query(void *ctx, void *event) {
-  (void)ctx;
+  sim_t *sim = ctx;
+  if (pp_unlikely(pp_load_relaxed(&sim->restart))) {
+    pthread_mutex_lock(&sim->lock);
+    restart_locked(sim);
+    pthread_mutex_unlock(&sim->lock);
+  }
   return pp_load_acquire(&((sim_event_t *)event)->done) ? 1 : 0;
 }
 
@@ -172,6 +200,7 @@ static int sim_synchronize(void *ctx, void *event) {
   sim_t *sim = ctx;
   sim_event_t *ev = event;
   pthread_mutex_lock(&sim->lock);
+  restart_locked(sim);
   while (!pp_load_acquire(&ev->done))
     pthread_cond_wait(&sim->done_cv, &sim->lock);
   pthread_mutex_unlock(&sim->lock);
@@ -198,7 +227,8 @@ static void sim_destroy(void *ctx) {
   pthread_mutex_unlock(&sim->lock);
   for (sim_stream_t *st = sim->streams, *next; st != NULL; st = next) {
     next = st->next;
-    (void)pthread_join(st->thread, NULL);
+    if (st->running)
+      (void)pthread_join(st->thread, NULL);
     (void)pthread_cond_destroy(&st->wake);
     free(st);
   }
@@ -211,6 +241,24 @@ static void sim_destroy(void *ctx) {
   free(sim);
 }
 
+static void sim_atfork(void *ctx, int phase) {
+  sim_t *sim = ctx;
+  if (phase == PP_FORK_PREPARE) {
+    pthread_mutex_lock(&sim->lock);
+    return;
+  }
+  if (phase == PP_FORK_CHILD) {
+    /* The waiters are gone: new condition variables. */
+    (void)pthread_cond_init(&sim->done_cv, NULL);
+    for (sim_stream_t *st = sim->streams; st != NULL; st = st->next) {
+      (void)pthread_cond_init(&st->wake, NULL);
+      st->running = false;
+    }
+    pp_store_relaxed(&sim->restart, true);
+  }
+  pthread_mutex_unlock(&sim->lock);
+}
+
 int pp_events_sim_open(const pp_config_t *cfg, pp_events_t *out) {
   sim_t *sim = calloc(1, sizeof *sim);
   if (sim == NULL)
@@ -218,7 +266,7 @@ int pp_events_sim_open(const pp_config_t *cfg, pp_events_t *out) {
   (void)pthread_mutex_init(&sim->lock, NULL);
   (void)pthread_cond_init(&sim->done_cv, NULL);
   sim->delay_ns = (uint64_t)cfg->sim_delay_us * 1000u;
-  *out = (pp_events_t){"simulated",     sim,         sim_record, sim_query,
-                       sim_synchronize, sim_release, sim_destroy};
+  *out = (pp_events_t){"simulated",     sim,         sim_record,  sim_query,
+                       sim_synchronize, sim_release, sim_destroy, sim_atfork};
   return 0;
 }

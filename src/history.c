@@ -50,8 +50,7 @@
 
 /* ---- Thread ids ---------------------------------------------------------- */
 
-static _Thread_local uint32_t tid_cache
-    __attribute__((tls_model("initial-exec")));
+static _Thread_local uint32_t tid_cache PP_TLS_MODEL;
 
 uint32_t pp_thread_id(void) {
   if (pp_unlikely(tid_cache == 0))
@@ -556,3 +555,23 @@ int pinpool_record_history(pinpool_t *pool,
   ring_free(fresh); /* not needed after all */
   return 0;
 }
+
+/* ---- Fork (fork.c) -------------------------------------------------------
+ * hist.lock, then the stack table's lock (the order record_history nests
+ * them in). The stack table is set under hist.lock, so it is stable here. */
+void pp_hist_fork_lock(pinpool_t *pool) {
+  pp_mutex_lock(&pool->hist.lock);
+  pp_stacktab_t *t = pp_load_acquire(&pool->hist.stacks);
+  if (t != NULL)
+    pp_mutex_lock(&t->lock);
+}
+
+void pp_hist_fork_unlock(pinpool_t *pool) {
+  pp_stacktab_t *t = pp_load_acquire(&pool->hist.stacks);
+  if (t != NULL)
+    pp_mutex_unlock(&t->lock);
+  pp_mutex_unlock(&pool->hist.lock);
+}
+
+/* The child of fork: its only thread has a new id. */
+void pp_thread_id_reset(void) { tid_cache = 0; }

@@ -41,6 +41,25 @@ void pp_assert_fail(const char *expr, const char *file, int line);
 #define pp_assert_expensive(x) ((void)0)
 #endif
 
+/* The TLS model of pinpool's thread-local state: the compiler's default
+ * for position-independent code (global-dynamic; the build asks for the
+ * TLSDESC dialect where the compiler has it, -mtls-dialect=gnu2: one call
+ * that returns an offset kept in a register, no __tls_get_addr). Not
+ * initial-exec: that marks the shared library and the Python module
+ * STATIC_TLS, and dlopen then fails once other libraries have used up the
+ * static TLS surplus ("cannot allocate memory in static TLS block"). An
+ * executable that links the static library still gets local-exec: the
+ * linker relaxes the accesses (docs/api.md, "Loading"; test_dlopen_tls). */
+#ifndef PP_TLS_MODEL
+#if defined(PINPOOL_TLS_INITIAL_EXEC) && PINPOOL_TLS_INITIAL_EXEC
+/* cmake -DPINPOOL_TLS_INITIAL_EXEC=ON: for a libpinpool.so that is only
+ * ever linked at startup, never dlopen'ed (docs/api.md, "Loading"). */
+#define PP_TLS_MODEL __attribute__((tls_model("initial-exec")))
+#else
+#define PP_TLS_MODEL
+#endif
+#endif
+
 #define pp_likely(x) __builtin_expect(!!(x), 1)
 #define pp_unlikely(x) __builtin_expect(!!(x), 0)
 
@@ -328,7 +347,13 @@ typedef struct pp_events {
   int (*synchronize)(void *ctx, void *event);
   void (*release)(void *ctx, void *event);
   void (*destroy)(void *ctx); /* may be NULL */
+  /* May be NULL (user callbacks: the user's own pthread_atfork). The fork
+   * handlers' hook: PP_FORK_PREPARE takes the provider's locks, PARENT
+   * releases them, CHILD makes the provider usable in the child (its
+   * threads are gone). */
+  void (*atfork)(void *ctx, int phase);
 } pp_events_t;
+enum { PP_FORK_PREPARE = 0, PP_FORK_PARENT = 1, PP_FORK_CHILD = 2 };
 int pp_events_sim_open(const pp_config_t *cfg, pp_events_t *out);
 int pp_events_sim_submit(void *ctx, pinpool_stream_t stream,
                          uint64_t duration_ns, void (*fn)(void *), void *arg);
@@ -610,14 +635,88 @@ pp_tcache_t *pp_tcache_get_slow(struct pinpool *pool);
 static inline void pp_tcache_budget_up(pp_tcache_t *tc, uint64_t tb) {
   tc->budget = tc->budget <= tb / 2 ? tc->budget * 2 : tb; /* no wrap */
 }
-/* The calling thread's cache for the pool it used last: one TLS compare on
- * the hot path. Pool ids are never reused, so a stale entry for a destroyed
- * pool can never match a live one. */
-typedef struct pp_tls {
+/* The calling thread's state, reachable in one TLS access.
+ *
+ * Thread caches: way[id % PP_TLS_WAYS] holds the (pool id, cache) pair of
+ * the pool used last among those whose id falls there (direct-mapped: one
+ * TLS compare on the hot path, whichever pool); victim[] the pairs evicted
+ * from the ways, searched on a miss and swapped back (tcache.c). A thread
+ * that alternates between up to PP_TLS_WAYS pools of consecutive ids (or
+ * any PP_TLS_VICTIMS + 1 pools) never takes the process-wide lock. Pool
+ * ids are never reused, so a stale entry for a destroyed pool can never
+ * match a live one (its tc is never read).
+ *
+ * busy: how deep the thread is in sections the fork handler waits for
+ * (pp_busy_enter, fork.c): written by the owner, read by a forking thread.
+ * thr: the thread's record (tcache.c), NULL before its first cache. */
+#define PP_TLS_WAYS 8
+#define PP_TLS_VICTIMS 8
+typedef struct pp_tls_way {
   uint64_t pool_id;
   pp_tcache_t *tc;
+} pp_tls_way_t;
+typedef struct pp_tls {
+  pp_tls_way_t way[PP_TLS_WAYS];
+  _Atomic(unsigned) busy;
+  unsigned victim_next; /* the victim slot the next eviction takes */
+  pp_thread_t *thr;
+  pp_tls_way_t victim[PP_TLS_VICTIMS];
 } pp_tls_t;
-extern _Thread_local pp_tls_t pp_tls __attribute__((tls_model("initial-exec")));
+extern _Thread_local pp_tls_t pp_tls PP_TLS_MODEL;
+/* The way of pool id `id` in this thread's pp_tls. */
+static inline pp_tls_way_t *pp_tls_way(uint64_t id) {
+  return &pp_tls.way[id & (PP_TLS_WAYS - 1)];
+}
+/* ---- Fork (fork.c, tcache.c) ---------------------------------------------
+ * A pinpool operation that changes a thread cache or moves a block between
+ * lists without a pool lock (the hot paths, a cache flush, a reclaimed
+ * event) runs inside a busy section; a fork waits until no thread is inside
+ * one, then takes every lock, so the child inherits no half-done
+ * operation (DESIGN.md, invariant 9). The handshake is an asymmetric
+ * Dekker: the thread stores busy, then loads pp_fork_gate with only a
+ * compiler barrier between; the forking thread stores the gate, runs
+ * membarrier(2) (a full barrier on every CPU running this process), then
+ * reads every thread's busy. Either the thread sees the gate (and waits
+ * for the fork outside the section) or the forker sees busy (and waits for
+ * the section to end). The hot paths pay two TLS stores and one load. */
+extern _Atomic(unsigned) pp_fork_gate;
+void pp_busy_wait_fork(void); /* tcache.c: leave, wait for the fork, enter */
+/* Enter a busy section. The thread has a record (pp_tls.thr): the forking
+ * thread finds busy through it. */
+static inline void pp_busy_enter(void) {
+  unsigned d = pp_load_relaxed(&pp_tls.busy);
+  pp_store_relaxed(&pp_tls.busy, d + 1);
+  atomic_signal_fence(memory_order_seq_cst); /* the store, then the load */
+  /* Nested (a callback inside a section): the forker already waits for
+   * the outer one. */
+  if (pp_unlikely(pp_load_relaxed(&pp_fork_gate) != 0) && d == 0)
+    pp_busy_wait_fork();
+}
+/* Release: everything the section wrote is seen by the forker that reads
+ * busy == 0 (acquire), so the child sees it too. */
+static inline void pp_busy_leave(void) {
+  pp_store_release(&pp_tls.busy, pp_load_relaxed(&pp_tls.busy) - 1);
+}
+/* The calling thread's record, created if needed (NULL: out of memory).
+ * Takes pp_global_lock: never inside a busy section. */
+pp_thread_t *pp_thread_get(void);
+/* tcache.c's part of the fork handlers: the global lock, the busy wait;
+ * in the child, the caches of the threads that did not survive. */
+void pp_tcache_fork_prepare(void);
+void pp_tcache_fork_parent(void);
+void pp_tcache_fork_child(void);
+/* fork.c: the registry of live pools that the handlers walk. */
+void pp_fork_register(struct pinpool *pool);
+void pp_fork_unregister(struct pinpool *pool);
+void pp_fork_barrier(void); /* a full barrier on every thread (membarrier) */
+/* history.c: its locks, and the cached thread id, for the fork handlers. */
+void pp_hist_fork_lock(struct pinpool *pool);
+void pp_hist_fork_unlock(struct pinpool *pool);
+void pp_thread_id_reset(void);
+/* Test hook (tests/test_fork.c): called by an exiting thread while it
+ * holds pp_global_lock. NULL outside that test. */
+extern void (*pp_test_exit_locked_hook)(void);
+
 void pp_tcache_flush_bin(pp_tcache_t *tc, unsigned cls, uint32_t keep);
 void pp_tcache_flush_all(pp_tcache_t *tc);
 void pp_tcache_shrink(pp_tcache_t *tc);
@@ -779,7 +878,15 @@ struct pinpool {
   pp_counter_t ev_recorded, ev_completed, ev_errors;
   pp_counter_t rc_count, rc_total, rc_max; /* reclaim latency */
   pthread_t bg_thread;
-  bool bg_running;
+  bool bg_running; /* a bg_thread runs (this process's: false in a child) */
+  /* A child of fork: the background thread did not survive. The next
+   * stream-ordered free starts one (stream.c); until then the slow paths
+   * reclaim inline, as with background=0. */
+  _Atomic(bool) bg_restart;
+  /* A child of fork of a pool that uses CUDA (backend or events): the
+   * driver cannot be used, every call fails with PINPOOL_EFORKED. */
+  bool forked_cuda;
+  struct pinpool *reg_prev, *reg_next; /* fork.c's registry */
   pthread_mutex_t bg_mutex;
   pthread_cond_t bg_cond;
   bool bg_stop; /* under bg_mutex */
@@ -829,10 +936,17 @@ void pp_segment_release_all(struct pinpool *pool); /* destroy only */
 /* pool.c: keep the pool alive past pinpool_destroy (buffers, exports). */
 void pp_pool_ref(struct pinpool *pool);
 void pp_pool_unref(struct pinpool *pool);
+/* A reference unless the last one is already gone (a teardown has begun). */
+bool pp_pool_try_ref(struct pinpool *pool);
+/* Drop a reference unless it is the last (which pp_pool_unref drops). */
+bool pp_pool_unref_unless_last(struct pinpool *pool);
 
 /* stream.c */
 int pp_streams_init(struct pinpool *pool); /* after ev is set */
 void pp_streams_fini(struct pinpool *pool);
+/* Fork handlers' part (fork.c): the stream locks and the background
+ * thread's mutex (PP_FORK_*). */
+void pp_streams_fork(struct pinpool *pool, int phase);
 /* The free of an ALLOCATED block with the streams bit: word `w` as read. */
 int pp_stream_free(struct pinpool *pool, pp_tcache_t *tc, pp_segment_t *seg,
                    uint32_t idx, uint64_t w, const void *ra);

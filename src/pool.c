@@ -3,8 +3,12 @@
  * trimming, empty_cache, create and destroy.
  *
  * Locks and their order (a lock may only be taken while holding locks to
- * its left): pp_global_lock (tcache.c) -> reg_lock -> seg_lock -> trim_lock
- * -> bin locks (ascending index) -> idle_lock -> reserve.lock.
+ * its left): pp_global_lock (tcache.c) -> fork.c's registry lock ->
+ * reg_lock -> seg_lock -> trim_lock -> bin locks (ascending index) ->
+ * idle_lock -> reserve.lock; then the leaf locks, never held while another
+ * lock is taken (stream.c's stripe, stream-list and queue locks, bg_mutex,
+ * history's locks, the event provider's). Only the fork handlers hold the
+ * locks of several pools at once (fork.c, in the order of its registry).
  * No provider call (mmap, munmap, mlock, driver) happens under any of them
  * (invariant 1): segments are created before their bin is locked, and
  * detached from every list before they are released.
@@ -1235,6 +1239,7 @@ static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
     pp_reserve_init(&pool->reserve, mem, size, flags);
     pool->has_reserve = true;
   }
+  pp_fork_register(pool); /* fork.c: the fork handlers see it from now */
   *out = pool;
   return 0;
 }
@@ -1282,6 +1287,27 @@ int pinpool_create_ex(const char *config, const pinpool_hooks_t *hooks,
  * such as a buffer (pp_pool_ref). */
 void pp_pool_ref(pinpool_t *pool) { pp_fetch_add_relaxed(&pool->refs, 1); }
 
+bool pp_pool_unref_unless_last(pinpool_t *pool) {
+  uint64_t r = pp_load_relaxed(&pool->refs);
+  do {
+    if (r <= 1)
+      return false;
+    /* Release: this holder's writes before a teardown's acquire. */
+  } while (!atomic_compare_exchange_weak_explicit(
+      &pool->refs, &r, r - 1, memory_order_release, memory_order_relaxed));
+  return true;
+}
+
+bool pp_pool_try_ref(pinpool_t *pool) {
+  uint64_t r = pp_load_relaxed(&pool->refs);
+  do {
+    if (r == 0)
+      return false;
+  } while (!atomic_compare_exchange_weak_explicit(
+      &pool->refs, &r, r + 1, memory_order_relaxed, memory_order_relaxed));
+  return true;
+}
+
 static void pool_teardown(pinpool_t *pool);
 
 void pp_pool_unref(pinpool_t *pool) {
@@ -1297,6 +1323,9 @@ void pinpool_destroy(pinpool_t *pool) {
 }
 
 static void pool_teardown(pinpool_t *pool) {
+  /* First: a fork from now on neither locks nor repairs this pool (in a
+   * child it is garbage, as in the parent). */
+  pp_fork_unregister(pool);
   /* Wait for the device before the memory goes back to the backend: a
    * stream may still be reading a pending block. */
   (void)pinpool_synchronize(pool);

@@ -129,6 +129,9 @@ static _Atomic(pp_sset_t *) *sset_slot(pp_segment_t *seg, uint32_t idx) {
 int pinpool_record_stream(pinpool_t *pool, void *ptr, pinpool_stream_t stream) {
   if (pool == NULL || ptr == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_record_stream: NULL argument");
+  if (pp_unlikely(pool->forked_cuda))
+    return pp_fail(PINPOOL_EFORKED, "pinpool_record_stream: a CUDA pool in "
+                                    "a child of fork");
   if (!pool->has_events)
     return pp_fail(PINPOOL_EBUSY,
                    "pinpool_record_stream: the pool has no event provider "
@@ -383,8 +386,12 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
 
 /* ---- Free ---------------------------------------------------------------- */
 
+static void bg_restart(pinpool_t *pool);
+
 int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
                    uint32_t idx, uint64_t w, const void *ra) {
+  if (pp_unlikely(pp_load_relaxed(&pool->bg_restart)))
+    bg_restart(pool); /* a child of fork: the first pending block */
   /* ALLOCATED(+streams) -> PENDING, keeping the requested size: the one
    * CAS that decides between this free and a concurrent double free. */
   do {
@@ -509,6 +516,7 @@ static void finish(pinpool_t *pool, pp_qitem_t *done) {
  * unlink a queue while the lock is held) and never restarts. */
 static void process(pinpool_t *pool, unsigned budget, bool wait) {
   pp_qitem_t *done = NULL; /* taken off since the last unlock: one */
+  bool done_busy = false;  /* in a busy section for it */
   pp_mutex_lock(&pool->streams_lock);
   pp_squeue_t *q = pool->squeues;
   while (q != NULL && budget > 0) {
@@ -520,13 +528,25 @@ static void process(pinpool_t *pool, unsigned budget, bool wait) {
     q->polling = true; /* q is not freed while set, by anyone */
     pp_mutex_unlock(&pool->streams_lock);
     finish(pool, done);
+    if (done_busy)
+      pp_busy_leave();
     done = NULL;
+    done_busy = false;
     int r = wait ? pool->ev.synchronize(pool->ev.ctx, it->event)
             : pp_fault_hit(&pool->cfg, PP_FAULT_QUERY)
                 ? pp_fail(PINPOOL_EDEVICE, "injected failure of an event query")
                 : pool->ev.query(pool->ev.ctx, it->event);
     if (wait && r == 0)
       r = 1;
+    /* From taking a resolved item off its queue to caching its block (in
+     * finish, at the next unlock): a busy section (fork.c), so no child
+     * inherits a block that left its queue and not PENDING. Entered before
+     * the lock (a thread that waits at the fork gate holds none). Nested
+     * in an allocation's section, it only deepens it; a thread without a
+     * record (out of memory for one) has no section. */
+    bool busy = r != 0 && pp_thread_get() != NULL;
+    if (busy)
+      pp_busy_enter();
     pp_mutex_lock(&pool->streams_lock);
     q->polling = false;
     /* A synchronize that found this head busy may now wait on it itself. */
@@ -541,6 +561,7 @@ static void process(pinpool_t *pool, unsigned budget, bool wait) {
       it->event_result = r;
       it->next = NULL;
       done = it;
+      done_busy = busy;
       budget--;
     }
     /* Not done: nothing behind the head on this stream is either. */
@@ -548,6 +569,8 @@ static void process(pinpool_t *pool, unsigned budget, bool wait) {
   }
   pp_mutex_unlock(&pool->streams_lock);
   finish(pool, done);
+  if (done_busy)
+    pp_busy_leave();
 }
 
 void pp_process(pinpool_t *pool, unsigned budget, bool wait) {
@@ -688,4 +711,51 @@ void pp_streams_fini(pinpool_t *pool) {
   pp_mutex_destroy(&pool->streams_lock);
   (void)pthread_mutex_destroy(&pool->bg_mutex);
   (void)pthread_cond_destroy(&pool->bg_cond);
+}
+
+/* ---- Fork (fork.c) ---------------------------------------------------------
+ * This file's locks, in their order: the stripes and streams_lock are never
+ * held together; streams_lock -> sync_mu (progress); bg_mutex alone. No
+ * other pool lock is taken while one of them is held. */
+void pp_streams_fork(pinpool_t *pool, int phase) {
+  if (phase == PP_FORK_PREPARE) {
+    for (int i = 0; i < 64; i++)
+      pp_mutex_lock(&pool->sset_locks[i]);
+    pp_mutex_lock(&pool->streams_lock);
+    pthread_mutex_lock(&pool->bg_mutex);
+    pthread_mutex_lock(&pool->sync_mu);
+    return;
+  }
+  if (phase == PP_FORK_CHILD) {
+    /* Their waiters are gone: new condition variables (glibc's destroy
+     * would wait for them forever). */
+    (void)pthread_cond_init(&pool->bg_cond, NULL);
+    (void)pthread_cond_init(&pool->sync_cv, NULL);
+    /* The forking thread is in no synchronize; nobody else survived. */
+    atomic_store(&pool->sync_waiters, 0);
+    if (pool->bg_running) {
+      pool->bg_running = false; /* not this process's thread */
+      pp_store_relaxed(&pool->bg_restart, true);
+    }
+    /* Their pollers are gone; no poll is in flight. */
+    for (pp_squeue_t *q = pool->squeues; q != NULL; q = q->next)
+      q->polling = false;
+  }
+  pthread_mutex_unlock(&pool->sync_mu);
+  pthread_mutex_unlock(&pool->bg_mutex);
+  pp_mutex_unlock(&pool->streams_lock);
+  for (int i = 64; i-- > 0;)
+    pp_mutex_unlock(&pool->sset_locks[i]);
+}
+
+/* A child of fork whose parent ran the background thread: start this
+ * process's own (until then the slow paths reclaim inline). */
+static void bg_restart(pinpool_t *pool) {
+  pthread_mutex_lock(&pool->bg_mutex);
+  if (pp_load_relaxed(&pool->bg_restart) && !pool->bg_stop) {
+    pp_store_relaxed(&pool->bg_restart, false);
+    if (pthread_create(&pool->bg_thread, NULL, bg_main, pool) == 0)
+      pool->bg_running = true;
+  }
+  pthread_mutex_unlock(&pool->bg_mutex);
 }

@@ -12,25 +12,37 @@
  * drain from another thread would need a lock or a read-modify-write on
  * every hot-path operation.
  *
- * Links: every cache is on its pool's list (reg_lock + pp_global_lock) and
- * on its thread's list (pp_global_lock). Thread exit and pool destroy both
- * take pp_global_lock, so neither can free a cache the other is using.
+ * Links: every cache is on its pool's list (reg_lock + pp_global_lock) and,
+ * while its thread lives, on its thread's list (pp_global_lock); every
+ * thread record is on the list of threads (pp_global_lock), which the fork
+ * handlers walk. pp_global_lock is held only for these links, never for
+ * per-pool work: an exiting thread detaches its caches under it, taking a
+ * reference on each pool (pp_pool_try_ref, so that no destroy can free a
+ * cache it is flushing), and flushes them after it has dropped it.
+ *
+ * Lookup: pp_tls (internal.h) caches PP_TLS_WAYS (pool id, cache) pairs;
+ * only a thread's first call on a pool, or one on a pool that fell out of
+ * those ways, takes pp_global_lock.
  */
 #include "internal.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
-_Thread_local pp_tls_t pp_tls __attribute__((tls_model("initial-exec")));
+_Thread_local pp_tls_t pp_tls PP_TLS_MODEL;
 
 struct pp_thread {
-  pp_tcache_t *caches;
+  pp_tcache_t *caches;           /* pp_global_lock */
+  pp_tls_t *tls;                 /* the thread's pp_tls; immutable */
+  struct pp_thread *prev, *next; /* list of threads; pp_global_lock */
 };
 
 static pp_mutex_t pp_global_lock = {.m = PTHREAD_MUTEX_INITIALIZER};
+static pp_thread_t *threads; /* pp_global_lock */
 static pthread_key_t thread_key;
 static pthread_once_t thread_key_once = PTHREAD_ONCE_INIT;
-static _Thread_local pp_thread_t *tls_thread;
+void (*pp_test_exit_locked_hook)(void);
 
 static void tbin_free(pp_tcache_t *tc) {
   for (unsigned c = 0; c < PP_NCLASSES; c++)
@@ -111,30 +123,97 @@ static void unlink_from_pool_locked(pp_tcache_t *tc) {
   pool->rs.ncaches--;
 }
 
+static void thread_unlink_locked(pp_thread_t *thr) {
+  pp_assert_held(&pp_global_lock);
+  if (thr->prev != NULL)
+    thr->prev->next = thr->next;
+  else
+    threads = thr->next;
+  if (thr->next != NULL)
+    thr->next->prev = thr->prev;
+}
+
+/* A cache whose thread is gone: its blocks back to the central bins, its
+ * counters into the pool's dead-thread totals, off the pool's list (the
+ * caller frees it). The caller owns tc (its thread is exiting, or did not
+ * survive a fork) and keeps the pool alive. */
+static void tcache_detach(pp_tcache_t *tc) {
+  pinpool_t *pool = tc->pool;
+  pp_tcache_flush_all(tc);
+  pp_mutex_lock(&pool->reg_lock);
+  unlink_from_pool_locked(tc);
+  pp_stats_fold_dead(pool, tc);
+  pp_mutex_unlock(&pool->reg_lock);
+}
+
 /* pthread key destructor: the thread is exiting. Its blocks go back to the
  * central bins of pools that are still alive (a destroyed pool has already
- * removed its caches from this list). */
+ * removed its caches from this list).
+ *
+ * pp_global_lock is held only to detach the caches: each pool is pinned by
+ * a reference, then the caches are flushed with per-pool locks only. A
+ * pool whose last reference is already gone is being torn down by another
+ * thread, which is waiting for pp_global_lock to free our cache: free it
+ * here instead (no flush: its memory goes back with the pool).
+ *
+ * A pinpool call from a destructor that runs after this one (a later key
+ * of the same round, another library's) finds no record (pp_tls.thr is
+ * cleared) and makes a new one, whose pthread_setspecific makes glibc run
+ * another round of destructors (up to PTHREAD_DESTRUCTOR_ITERATIONS, 4),
+ * which runs this again for the new record (test_tcache:
+ * tls_destructor_after_ours). */
 static void thread_exit(void *arg) {
   pp_thread_t *thr = arg;
-  pp_tls.pool_id = 0;
-  pp_tls.tc = NULL;
-  tls_thread = NULL;
+  for (unsigned i = 0; i < PP_TLS_WAYS; i++)
+    pp_tls.way[i] = (pp_tls_way_t){0, NULL};
+  for (unsigned i = 0; i < PP_TLS_VICTIMS; i++)
+    pp_tls.victim[i] = (pp_tls_way_t){0, NULL};
+  pp_tls.thr = NULL;
   pp_mutex_lock(&pp_global_lock);
-  pp_tcache_t *tc = thr->caches;
-  while (tc != NULL) {
-    pp_tcache_t *next = tc->thr_next;
+  if (pp_test_exit_locked_hook != NULL)
+    pp_test_exit_locked_hook();
+  pp_tcache_t *flush = NULL;
+  for (pp_tcache_t *tc = thr->caches, *next; tc != NULL; tc = next) {
+    next = tc->thr_next;
     pinpool_t *pool = tc->pool;
-    pp_tcache_flush_all(tc);
-    pp_mutex_lock(&pool->reg_lock);
-    unlink_from_pool_locked(tc);
-    pp_stats_fold_dead(pool, tc);
-    pp_mutex_unlock(&pool->reg_lock);
-    tbin_free(tc);
-    tc = next;
+    if (pp_pool_try_ref(pool)) {
+      tc->thr_next = flush;
+      flush = tc;
+    } else {
+      pp_mutex_lock(&pool->reg_lock);
+      unlink_from_pool_locked(tc);
+      pp_mutex_unlock(&pool->reg_lock);
+      tbin_free(tc);
+    }
   }
+  thr->caches = NULL;
+  /* A busy section (fork.c): a fork waits for the flush. No gate check:
+   * the gate is only ever up while its forker holds pp_global_lock. */
+  unsigned d = pp_load_relaxed(&pp_tls.busy);
+  pp_store_relaxed(&pp_tls.busy, d + 1);
   pp_mutex_unlock(&pp_global_lock);
-  /* max_cached is enforced at the next slow path of a live thread: releasing
-   * segments here would call the backend under pp_global_lock. */
+  /* Each reference is dropped in the section too unless it is the last:
+   * a child forked after the section then holds no reference of a thread
+   * that did not survive (its pinpool_destroy tears the pool down). */
+  for (pp_tcache_t *tc = flush; tc != NULL; tc = tc->thr_next) {
+    tcache_detach(tc);
+    if (pp_pool_unref_unless_last(tc->pool))
+      tc->pool = NULL;
+  }
+  pp_busy_leave();
+  /* Outside the section: a last reference may tear the pool down, which
+   * takes pp_global_lock (a forker holding it waits for busy == 0). */
+  for (pp_tcache_t *tc = flush, *next; tc != NULL; tc = next) {
+    next = tc->thr_next;
+    pinpool_t *pool = tc->pool;
+    tbin_free(tc);
+    if (pool != NULL)
+      pp_pool_unref(pool);
+  }
+  pp_mutex_lock(&pp_global_lock);
+  thread_unlink_locked(thr);
+  pp_mutex_unlock(&pp_global_lock);
+  /* max_cached is enforced at the next slow path of a live thread. */
   free(thr);
 }
 
@@ -142,19 +221,54 @@ static void make_key(void) {
   (void)pthread_key_create(&thread_key, thread_exit);
 }
 
-pp_tcache_t *pp_tcache_get_slow(pinpool_t *pool) {
-  pp_thread_t *thr = tls_thread;
-  if (thr == NULL) {
-    (void)pthread_once(&thread_key_once, make_key);
-    thr = calloc(1, sizeof *thr);
-    if (thr == NULL)
-      return NULL;
-    if (pthread_setspecific(thread_key, thr) != 0) {
-      free(thr);
-      return NULL;
-    }
-    tls_thread = thr;
+pp_thread_t *pp_thread_get(void) {
+  pp_thread_t *thr = pp_tls.thr;
+  if (thr != NULL)
+    return thr;
+  (void)pthread_once(&thread_key_once, make_key);
+  thr = calloc(1, sizeof *thr);
+  if (thr == NULL)
+    return NULL;
+  if (pthread_setspecific(thread_key, thr) != 0) {
+    free(thr);
+    return NULL;
   }
+  thr->tls = &pp_tls;
+  pp_mutex_lock(&pp_global_lock);
+  thr->next = threads;
+  if (threads != NULL)
+    threads->prev = thr;
+  threads = thr;
+  pp_mutex_unlock(&pp_global_lock);
+  pp_tls.thr = thr;
+  return thr;
+}
+
+/* (id, tc) into its way; the pair there goes to a victim slot (round
+ * robin: the oldest eviction is overwritten). */
+static void tls_install(uint64_t id, pp_tcache_t *tc) {
+  pp_tls_way_t *w = pp_tls_way(id);
+  if (w->pool_id != 0) {
+    pp_tls.victim[pp_tls.victim_next] = *w;
+    pp_tls.victim_next = (pp_tls.victim_next + 1) % PP_TLS_VICTIMS;
+  }
+  *w = (pp_tls_way_t){id, tc};
+}
+
+pp_tcache_t *pp_tcache_get_slow(pinpool_t *pool) {
+  /* The victims first: no lock, no shared write. Found: swapped with the
+   * pair in its way. */
+  for (unsigned i = 0; i < PP_TLS_VICTIMS; i++) {
+    if (pp_tls.victim[i].pool_id == pool->id) {
+      pp_tls_way_t *w = pp_tls_way(pool->id), found = pp_tls.victim[i];
+      pp_tls.victim[i] = *w;
+      *w = found;
+      return found.tc;
+    }
+  }
+  pp_thread_t *thr = pp_thread_get();
+  if (thr == NULL)
+    return NULL;
   pp_mutex_lock(&pp_global_lock);
   pp_tcache_t *tc = thr->caches;
   while (tc != NULL && tc->pool != pool)
@@ -183,10 +297,8 @@ pp_tcache_t *pp_tcache_get_slow(pinpool_t *pool) {
     }
   }
   pp_mutex_unlock(&pp_global_lock);
-  if (tc != NULL) {
-    pp_tls.pool_id = pool->id;
-    pp_tls.tc = tc;
-  }
+  if (tc != NULL)
+    tls_install(pool->id, tc);
   return tc;
 }
 
@@ -211,11 +323,86 @@ void pp_tcache_pool_destroy(pinpool_t *pool) {
 int pinpool_thread_flush(pinpool_t *pool) {
   if (pool == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_thread_flush: pool is NULL");
-  pp_tcache_t *tc =
-      pp_tls.pool_id == pool->id ? pp_tls.tc : pp_tcache_get_slow(pool);
+  if (pp_unlikely(pool->forked_cuda))
+    return pp_fail(PINPOOL_EFORKED, "pinpool_thread_flush: a CUDA pool in a "
+                                    "child of fork");
+  pp_tls_way_t *w = pp_tls_way(pool->id);
+  pp_tcache_t *tc = w->pool_id == pool->id ? w->tc : pp_tcache_get_slow(pool);
   if (tc == NULL)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
+  pp_busy_enter();
   pp_tcache_flush_all(tc);
+  pp_busy_leave();
   pp_trim_to_cap(pool);
   return 0;
+}
+
+/* ---- Fork (fork.c calls these in its handlers) ---------------------------
+ */
+
+_Atomic(unsigned) pp_fork_gate;
+
+void pp_busy_wait_fork(void) {
+  for (;;) {
+    pp_store_release(&pp_tls.busy, 0);
+    /* The gate is up only while a forker holds pp_global_lock: taking it
+     * waits for that fork to be over. */
+    while (pp_load_acquire(&pp_fork_gate) != 0) {
+      pp_mutex_lock(&pp_global_lock);
+      pp_mutex_unlock(&pp_global_lock);
+    }
+    pp_store_relaxed(&pp_tls.busy, 1);
+    atomic_signal_fence(memory_order_seq_cst);
+    if (pp_load_relaxed(&pp_fork_gate) == 0)
+      return;
+  }
+}
+
+void pp_tcache_fork_prepare(void) {
+  pp_mutex_lock(&pp_global_lock);
+  pp_store_relaxed(&pp_fork_gate, 1);
+  pp_fork_barrier(); /* fork.c: membarrier */
+  /* No thread can start or end a thread record now; wait for every busy
+   * section to end. A section holds no lock on entry, so the pool locks it
+   * needs are free of us (we take them after this). */
+  for (pp_thread_t *t = threads; t != NULL; t = t->next) {
+#ifdef PINPOOL_MUTANT_NO_BUSY_WAIT
+    /* Mutant (docs/verification.md): locks only, no wait for sections. */
+    break;
+#endif
+    if (t->tls == &pp_tls)
+      continue;
+    for (unsigned spins = 0; pp_load_acquire(&t->tls->busy) != 0; spins++)
+      if (spins > 64)
+        (void)sched_yield();
+  }
+}
+
+void pp_tcache_fork_parent(void) {
+  pp_store_relaxed(&pp_fork_gate, 0);
+  pp_mutex_unlock(&pp_global_lock);
+}
+
+/* The child: every other thread is gone. Their caches are retired as if
+ * they had exited (the blocks back to the bins, the counters folded), with
+ * this process's only thread as their owner now; a cache of a pool being
+ * torn down in the parent (no reference left: nobody will use it here) is
+ * only freed. Pool locks are already usable (fork.c released them). */
+void pp_tcache_fork_child(void) {
+  pp_store_relaxed(&pp_fork_gate, 0);
+  pp_thread_id_reset();
+  for (pp_thread_t *t = threads, *next; t != NULL; t = next) {
+    next = t->next;
+    if (t->tls == &pp_tls)
+      continue;
+    for (pp_tcache_t *tc = t->caches, *n2; tc != NULL; tc = n2) {
+      n2 = tc->thr_next;
+      if (pp_load_relaxed(&tc->pool->refs) != 0)
+        tcache_detach(tc);
+      tbin_free(tc);
+    }
+    thread_unlink_locked(t);
+    free(t);
+  }
+  pp_mutex_unlock(&pp_global_lock);
 }

@@ -17,6 +17,8 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
+#include <time.h>
 
 #define NBLOCKS 1024
 #define TB (64 * MiB) /* tcache_bytes, the default */
@@ -26,8 +28,9 @@
 static size_t size_of(unsigned i) { return 64 * KiB + (i % 16) * 28 * KiB; }
 
 static pp_tcache_t *my_cache(pinpool_t *pool) {
-  PP_ASSERT(pp_tls.pool_id == pool->id, "no cache for this pool here");
-  return pp_tls.tc;
+  PP_ASSERT(pp_tls_way(pool->id)->pool_id == pool->id,
+            "no cache for this pool here");
+  return pp_tls_way(pool->id)->tc;
 }
 
 /* A pool (address space only) and NBLOCKS blocks of size_of(i) from it. */
@@ -194,8 +197,9 @@ static void *free_handed(void *arg) {
     for (int k = 0; k < 2; k++)
       if (h->give[k] != NULL)
         PP_OK(pinpool_free(h->pool, h->give[k]));
-    h->held =
-        pp_tls.pool_id == h->pool->id ? pp_load_relaxed(&pp_tls.tc->bytes) : 0;
+    h->held = pp_tls_way(h->pool->id)->pool_id == h->pool->id
+                  ? pp_load_relaxed(&pp_tls_way(h->pool->id)->tc->bytes)
+                  : 0;
     pthread_barrier_wait(&h->done);
   }
   return NULL;
@@ -248,12 +252,130 @@ static void test_one_block_consumer(void **state) {
   pinpool_destroy(h.pool);
 }
 
+/* A pinpool call from a TLS destructor that runs after pinpool's own (a key
+ * created later: glibc runs a round of destructors in key order) makes a
+ * new thread record; its pthread_setspecific makes glibc run another round
+ * (up to PTHREAD_DESTRUCTOR_ITERATIONS), in which pinpool's destructor
+ * retires that record too: no cache is left behind, the block freed in the
+ * destructor is back in the bins, and the pool validates. */
+static pthread_key_t late_key;
+
+static void late_destructor(void *arg) {
+  pinpool_t *pool = arg;
+  void *p = NULL;
+  if (pinpool_alloc(pool, 4096, &p) == 0)
+    (void)pinpool_free(pool, p); /* into the recreated record's cache */
+}
+
+static void *late_thread(void *arg) {
+  pinpool_t *pool = arg;
+  void *p = NULL;
+  if (pinpool_alloc(pool, 8192, &p) == 0)
+    (void)pinpool_free(pool, p);
+  (void)pthread_setspecific(late_key, pool);
+  return NULL;
+}
+
+static void test_tls_destructor_after_ours(void **state) {
+  (void)state;
+  pinpool_t *warm = NULL, *pool = NULL;
+  PP_OK(pinpool_create("mlock=0,populate=0", &warm));
+  void *p = NULL;
+  PP_OK(pinpool_alloc(warm, 4096, &p)); /* pinpool's key exists now */
+  PP_OK(pinpool_free(warm, p));
+  PP_ASSERT(pthread_key_create(&late_key, late_destructor) == 0, "key");
+  PP_OK(pinpool_create("mlock=0,populate=0", &pool));
+  pthread_t t;
+  PP_ASSERT(pthread_create(&t, NULL, late_thread, pool) == 0, "thread");
+  PP_ASSERT(pthread_join(t, NULL) == 0, "join");
+  pp_mutex_lock(&pool->reg_lock);
+  unsigned n = pool->rs.ncaches, most = pool->rs.max_ncaches;
+  pp_mutex_unlock(&pool->reg_lock);
+  PP_ASSERT(n == 0, "%u thread caches left after the thread exited", n);
+  PP_ASSERT(most == 1, "the recreated record's cache was never made (%u)",
+            most);
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.requests.current == 0, "a block still allocated");
+  PP_ASSERT(st.requests.allocated == 2 && st.requests.freed == 2,
+            "%llu allocations, %llu frees (2 each expected: the thread's "
+            "and its late destructor's)",
+            (unsigned long long)st.requests.allocated,
+            (unsigned long long)st.requests.freed);
+  PP_OK(pinpool_validate(pool));
+  (void)pthread_key_delete(late_key);
+  pinpool_destroy(pool);
+  pinpool_destroy(warm);
+}
+
+/* An exiting thread flushes its caches without pp_global_lock (tcache.c,
+ * thread_exit): while its flush waits for a bin lock of one pool, another
+ * thread's first call on another pool (which takes pp_global_lock to make
+ * its record and cache) goes through. Before, the flush ran under
+ * pp_global_lock and that call waited for it: here, for as long as the
+ * test holds the bin locks (2 s, then the test fails). */
+static _Atomic(int) cached, go_exit, other_done;
+
+static void *exit_with_cache(void *arg) {
+  pinpool_t *pool = arg;
+  void *p = NULL;
+  if (pinpool_alloc(pool, 4096, &p) == 0)
+    (void)pinpool_free(pool, p); /* cached: the exit flushes it */
+  atomic_store(&cached, 1);
+  while (!atomic_load(&go_exit))
+    (void)sched_yield();
+  return NULL;
+}
+
+static void *first_call(void *arg) {
+  pinpool_t *pool = arg;
+  void *p = NULL;
+  if (pinpool_alloc(pool, 4096, &p) == 0)
+    (void)pinpool_free(pool, p);
+  atomic_store(&other_done, 1);
+  return NULL;
+}
+
+static void test_exit_flush_unlocked(void **state) {
+  (void)state;
+  pinpool_t *a = NULL, *b = NULL;
+  PP_OK(pinpool_create("mlock=0,populate=0", &a));
+  PP_OK(pinpool_create("mlock=0,populate=0", &b));
+  pthread_t t1, t2;
+  PP_ASSERT(pthread_create(&t1, NULL, exit_with_cache, a) == 0, "thread");
+  while (!atomic_load(&cached))
+    (void)sched_yield();
+  unsigned cls = pp_class_index(4096);
+  for (unsigned s = 0; s < a->cfg.shards; s++)
+    pp_mutex_lock(&pp_bin(a, cls, s)->lock);
+  atomic_store(&go_exit, 1);
+  struct timespec ts = {0, 100 * 1000 * 1000};
+  (void)nanosleep(&ts, NULL); /* t1 is in its flush, waiting for a bin */
+  PP_ASSERT(pthread_create(&t2, NULL, first_call, b) == 0, "thread");
+  int done = 0;
+  for (int i = 0; i < 2000 && !(done = atomic_load(&other_done)); i++) {
+    ts.tv_nsec = 1000 * 1000;
+    (void)nanosleep(&ts, NULL);
+  }
+  for (unsigned s = a->cfg.shards; s-- > 0;)
+    pp_mutex_unlock(&pp_bin(a, cls, s)->lock);
+  PP_ASSERT(pthread_join(t1, NULL) == 0 && pthread_join(t2, NULL) == 0, "join");
+  PP_ASSERT(done, "a first call on another pool waited for an exiting "
+                  "thread's flush (pp_global_lock held across it)");
+  PP_OK(pinpool_validate(a));
+  PP_OK(pinpool_validate(b));
+  pinpool_destroy(a);
+  pinpool_destroy(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_consumer),
       cmocka_unit_test(test_mixed_keeps_budget),
       cmocka_unit_test(test_recovers),
       cmocka_unit_test(test_one_block_consumer),
+      cmocka_unit_test(test_tls_destructor_after_ours),
+      cmocka_unit_test(test_exit_flush_unlocked),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -34,6 +34,8 @@ const char *pp_code_name(int code) {
     return "PINPOOL_ENODRIVER";
   case PINPOOL_EDEVICE:
     return "PINPOOL_EDEVICE";
+  case PINPOOL_EFORKED:
+    return "PINPOOL_EFORKED";
   default:
     return "(unknown code)";
   }

@@ -1,0 +1,200 @@
+/*
+ * Fork: a process that forks while other threads use pinpool gets a child
+ * whose pools work (DESIGN.md, invariant 9; docs/api.md, "Fork").
+ *
+ * As jemalloc and mimalloc do, the pthread_atfork handlers take every lock
+ * before the fork and release them after it, in the parent and in the
+ * child; the child then repairs what did not survive:
+ *  - prepare: tcache.c's pp_global_lock and its wait for every busy
+ *    section to end (internal.h, "Fork": no thread cache is half updated,
+ *    no block is between two lists), then the registry lock (no pool is
+ *    created or torn down; taken after the wait, so that a backend
+ *    callback inside a section may create a pool), then each pool's locks
+ *    in the order of pool.c's
+ *    comment (reg_lock -> seg_lock -> trim_lock -> bins -> idle_lock ->
+ *    reserve), then the leaf locks, which are never held while another
+ *    lock is taken (the stripe, stream and queue locks, the background
+ *    thread's mutex, history's locks, the event provider's own);
+ *  - parent: all released, in reverse;
+ *  - child: all released; the condition variables made anew (their
+ *    waiters are gone, and glibc's destroy would wait for them); the
+ *    background and simulated-stream threads marked gone and restarted
+ *    lazily (stream.c, events_sim.c); the caches of threads that did not
+ *    survive retired as if they had exited (tcache.c); a pool that uses
+ *    CUDA cut off from the driver (every call: PINPOOL_EFORKED).
+ *
+ * No pinpool call may be made from a pthread_atfork handler, a signal
+ * handler, or a pinpool callback that forks (docs/api.md).
+ */
+#include "internal.h"
+
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static pp_mutex_t pools_lock = {.m = PTHREAD_MUTEX_INITIALIZER};
+static pinpool_t *pools; /* live pools, newest first; pools_lock */
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static bool membarrier_ok; /* written once, in atfork_init */
+
+static void fork_prepare(void);
+static void fork_parent(void);
+static void fork_child(void);
+
+static void atfork_init(void) {
+  /* Registered before the first pool exists; a process that never makes
+   * a pool pays nothing at fork. */
+  membarrier_ok = syscall(SYS_membarrier,
+                          MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+#ifndef PINPOOL_MUTANT_NO_ATFORK
+  (void)pthread_atfork(fork_prepare, fork_parent, fork_child);
+#else
+  /* Mutant (docs/verification.md): no handlers at all. */
+  (void)fork_prepare;
+  (void)fork_parent;
+  (void)fork_child;
+#endif
+}
+
+void pp_fork_barrier(void) {
+  if (membarrier_ok &&
+      syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
+    return;
+  /* Without the expedited command: the global one (a grace period,
+   * milliseconds; only at fork). */
+  if (syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) == 0)
+    return;
+  atomic_thread_fence(memory_order_seq_cst); /* best effort */
+}
+
+void pp_fork_register(pinpool_t *pool) {
+  (void)pthread_once(&atfork_once, atfork_init);
+  pp_mutex_lock(&pools_lock);
+  pool->reg_prev = NULL;
+  pool->reg_next = pools;
+  if (pools != NULL)
+    pools->reg_prev = pool;
+  pools = pool;
+  pp_mutex_unlock(&pools_lock);
+}
+
+void pp_fork_unregister(pinpool_t *pool) {
+  pp_mutex_lock(&pools_lock);
+  if (pool->reg_prev != NULL)
+    pool->reg_prev->reg_next = pool->reg_next;
+  else
+    pools = pool->reg_next;
+  if (pool->reg_next != NULL)
+    pool->reg_next->reg_prev = pool->reg_prev;
+  pp_mutex_unlock(&pools_lock);
+}
+
+static void pool_lock_all(pinpool_t *pool) {
+  pp_mutex_lock(&pool->reg_lock);
+  pp_mutex_lock(&pool->seg_lock);
+  pp_mutex_lock(&pool->trim_lock);
+  size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
+  for (size_t i = 0; i < nbins; i++)
+    pp_mutex_lock(&pool->bins[i].lock);
+  pp_mutex_lock(&pool->idle_lock);
+  if (pool->has_reserve)
+    pp_mutex_lock(&pool->reserve.lock);
+  /* Leaves. */
+  pp_streams_fork(pool, PP_FORK_PREPARE);
+  pp_hist_fork_lock(pool);
+  if (pool->has_events && pool->ev.atfork != NULL)
+    pool->ev.atfork(pool->ev.ctx, PP_FORK_PREPARE);
+}
+
+static void pool_unlock_all(pinpool_t *pool, int phase) {
+  if (pool->has_events && pool->ev.atfork != NULL)
+    pool->ev.atfork(pool->ev.ctx, phase);
+  pp_hist_fork_unlock(pool);
+  pp_streams_fork(pool, phase);
+  if (pool->has_reserve)
+    pp_mutex_unlock(&pool->reserve.lock);
+  pp_mutex_unlock(&pool->idle_lock);
+  size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
+  for (size_t i = nbins; i-- > 0;)
+    pp_mutex_unlock(&pool->bins[i].lock);
+  pp_mutex_unlock(&pool->trim_lock);
+  pp_mutex_unlock(&pool->seg_lock);
+  pp_mutex_unlock(&pool->reg_lock);
+}
+
+static void fork_prepare(void) {
+  pp_tcache_fork_prepare();
+  pp_mutex_lock(&pools_lock);
+  for (pinpool_t *p = pools; p != NULL; p = p->reg_next)
+    pool_lock_all(p);
+}
+
+static void fork_parent(void) {
+  /* Any order: nothing else runs until pools_lock goes. */
+  for (pinpool_t *p = pools; p != NULL; p = p->reg_next)
+    pool_unlock_all(p, PP_FORK_PARENT);
+  pp_mutex_unlock(&pools_lock);
+  pp_tcache_fork_parent();
+}
+
+/* ---- CUDA in the child -------------------------------------------------
+ * The driver's state does not survive fork (CUDA's documentation: a child
+ * must not use a context of its parent), and the driver marks pinned
+ * memory MADV_DONTFORK, so the child may not even have the pages. The
+ * pool's provider and events are replaced by these: nothing is handed
+ * out, nothing is given back to the driver, and destroy frees only the
+ * pool's own metadata. */
+static int forked_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
+  (void)ctx;
+  (void)out;
+  (void)flags;
+  return pp_fail(PINPOOL_EFORKED,
+                 "a CUDA pool in a child of fork: cannot allocate %zu bytes",
+                 size);
+}
+static void forked_free(void *ctx, void *ptr, size_t size) {
+  (void)ctx;
+  (void)ptr;
+  (void)size;
+}
+static int forked_record(void *ctx, pinpool_stream_t s, void **event) {
+  (void)ctx;
+  (void)s;
+  (void)event;
+  return pp_fail(PINPOOL_EFORKED, "a CUDA pool in a child of fork");
+}
+static int forked_query(void *ctx, void *event) {
+  (void)ctx;
+  (void)event;
+  return pp_fail(PINPOOL_EFORKED, "a CUDA pool in a child of fork");
+}
+static void forked_release(void *ctx, void *event) {
+  (void)ctx;
+  (void)event;
+}
+
+static _Atomic(uint64_t) child_ids = (uint64_t)1 << 62;
+
+static void cut_off_cuda(pinpool_t *pool) {
+  pool->forked_cuda = true;
+  /* A fresh id: no thread cache way (pp_tls) of the forking thread
+   * matches, so every call reaches a general path that refuses. */
+  pool->id = pp_fetch_add_relaxed(&child_ids, 1);
+  pool->prov = (pp_provider_t){pool->prov.name, NULL, forked_alloc,
+                               forked_free,     NULL, NULL};
+  if (pool->has_events)
+    pool->ev = (pp_events_t){pool->ev.name, NULL,         forked_record,
+                             forked_query,  forked_query, forked_release,
+                             NULL,          NULL};
+  pool->cuda = NULL; /* the driver's handle is the parent's */
+}
+
+static void fork_child(void) {
+  for (pinpool_t *p = pools; p != NULL; p = p->reg_next) {
+    pool_unlock_all(p, PP_FORK_CHILD);
+    if (p->cuda != NULL)
+      cut_off_cuda(p);
+  }
+  pp_mutex_unlock(&pools_lock);
+  pp_tcache_fork_child(); /* releases pp_global_lock */
+}
