@@ -1364,11 +1364,24 @@ int pinpool_empty_cache(pinpool_t *pool) {
     pp_tcache_flush_all(tc);
   pp_mutex_unlock(&pool->reg_lock);
 #endif
+  if (pp_unlikely(pool->forked_cuda))
+    return pp_fail(PINPOOL_EFORKED,
+                   "pinpool_empty_cache: a CUDA pool in a child of fork");
+  /* The cache before the busy section: finding it may take pp_global_lock,
+   * which a fork holds while it waits for busy sections. */
+  pp_tls_way_t *w = pp_tls_way(pool->id);
+  pp_tcache_t *tc = w->pool_id == pool->id ? w->tc : pp_tcache_get_slow(pool);
+  if (tc == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
+  /* A busy section (fork.c): draining the hot slots and releasing idle
+   * segments move segments between lists and counters without one lock
+   * held throughout, which no child may inherit half done. */
+  pp_busy_enter();
   pp_process(pool, UINT32_MAX, false); /* reclaim what has completed */
-  int rc = pinpool_thread_flush(pool);
-  if (rc != 0)
-    return rc;
+  pp_tcache_flush_all(tc);
+  pp_trim_to_cap(pool);
   (void)pp_release_idle(pool, false);
+  pp_busy_leave();
   return 0;
 }
 

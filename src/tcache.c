@@ -330,10 +330,12 @@ int pinpool_thread_flush(pinpool_t *pool) {
   pp_tcache_t *tc = w->pool_id == pool->id ? w->tc : pp_tcache_get_slow(pool);
   if (tc == NULL)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
+  /* Trimming too: it detaches idle segments, then releases them (fork.c
+   * must not see one between the two). */
   pp_busy_enter();
   pp_tcache_flush_all(tc);
-  pp_busy_leave();
   pp_trim_to_cap(pool);
+  pp_busy_leave();
   return 0;
 }
 

@@ -18,7 +18,7 @@
  *    fails (mutant NO_BUSY_WAIT: test_fork_no_busy_wait).
  *  - stress: PINPOOL_FORK_ROUNDS forks (1,000; fewer under sanitizers)
  *    while threads allocate and free on two pools, threads are created and
- *    exit continuously, and another writes snapshots.
+ *    exit continuously, and another writes snapshots and empties a cache.
  *  - streams: simulated streams and background=1: the child's pending
  *    blocks complete and its stream-ordered frees work (both threads are
  *    restarted in the child).
@@ -286,9 +286,16 @@ static void *spawner(void *arg) {
   return NULL;
 }
 
+/* Snapshots of pool a, and every tenth round pinpool_empty_cache of pool
+ * b (hot slots drained, idle segments detached and released) and a
+ * thread flush of a (trimming b's cap happens on the others' frees). */
 static void *snapshotter(void *arg) {
   stress_t *s = arg;
-  while (!atomic_load(&s->stop)) {
+  for (unsigned round = 0; !atomic_load(&s->stop); round++) {
+    if (round % 10 == 9) {
+      (void)pinpool_empty_cache(s->b);
+      (void)pinpool_thread_flush(s->a);
+    }
     char *text = NULL;
     size_t len = 0;
     if (pinpool_snapshot_write_mem(s->a, &text, &len,
