@@ -11,9 +11,21 @@ import signal
 import threading
 import time
 
+import sysconfig
+
 import pytest
 
 import pinpool
+
+# Under ThreadSanitizer (the free-threaded step, tests/freethreaded) fork
+# from a threaded program deadlocks inside clang 14's TSAN runtime itself
+# (its allocator's slot lock, llvm-project#96600): the pytest process hung
+# there in a realloc after the forks. The C test test_fork covers fork
+# under TSAN the way that runtime allows (children that exit at once).
+pytestmark = pytest.mark.skipif(
+    "--with-thread-sanitizer" in (sysconfig.get_config_var("CONFIG_ARGS") or ""),
+    reason="fork under clang 14's ThreadSanitizer deadlocks in its runtime "
+    "(llvm-project#96600); tests/test_fork.c covers it")
 
 FORKS = 200
 DEADLINE = 30.0  # seconds for a child
