@@ -149,6 +149,8 @@ enum {
   PP_HOOK_EVENT_DONE,       /* last event of a block done, block not cached */
   PP_HOOK_RESET_PEAK,       /* reset_peak_stats: a peak read, not yet set */
   PP_HOOK_ATTR_BUSY,        /* buffer_attrs: computing, others must wait */
+  PP_HOOK_FREE_COUNTED,     /* stream free: pending_live counted, no event
+                               queued yet */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

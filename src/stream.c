@@ -226,6 +226,19 @@ static void qtab_grow(pp_qtab_t *t) {
   t->nb = nb;
 }
 
+/* Wake pinpool_synchronize callers waiting for progress. The check of
+ * sync_waiters and the waiter's check of pending_live are both seq_cst
+ * (a store-load pair each side): either the waiter sees our progress
+ * before it sleeps, or we see it waiting and wake it under sync_mu. */
+static void progress(pinpool_t *pool) {
+  if (atomic_load(&pool->sync_waiters) == 0)
+    return;
+  pthread_mutex_lock(&pool->sync_mu);
+  pool->sync_gen++;
+  pthread_cond_broadcast(&pool->sync_cv);
+  pthread_mutex_unlock(&pool->sync_mu);
+}
+
 /* Append `it` to the queue of `stream`, made if the stream has none.
  * Returns false (nothing queued) when there is no memory for a queue. */
 static bool enqueue(pinpool_t *pool, pinpool_stream_t stream, pp_qitem_t *it) {
@@ -260,6 +273,11 @@ static bool enqueue(pinpool_t *pool, pinpool_stream_t stream, pp_qitem_t *it) {
 #ifndef PINPOOL_MUTANT_QUEUE_NO_LOCK
   pp_mutex_unlock(&pool->streams_lock);
 #endif
+  /* A synchronize may have counted this block in pending_live and walked
+   * the queues before the item was there: it must look again, or it
+   * sleeps with nothing left to wake it (the API fuzzer hung so, 1 run in
+   * 10 of one input). */
+  progress(pool);
   return true;
 }
 
@@ -280,19 +298,6 @@ static void queue_drop_locked(pinpool_t *pool, pp_squeue_t *q) {
   if (q->next != NULL)
     q->next->prev = q->prev;
   free(q);
-}
-
-/* Wake pinpool_synchronize callers waiting for progress. The check of
- * sync_waiters and the waiter's check of pending_live are both seq_cst
- * (a store-load pair each side): either the waiter sees our progress
- * before it sleeps, or we see it waiting and wake it under sync_mu. */
-static void progress(pinpool_t *pool) {
-  if (atomic_load(&pool->sync_waiters) == 0)
-    return;
-  pthread_mutex_lock(&pool->sync_mu);
-  pool->sync_gen++;
-  pthread_cond_broadcast(&pool->sync_cv);
-  pthread_mutex_unlock(&pool->sync_mu);
 }
 
 /* A block's events are all resolved and it has left transit (cached, or
@@ -407,6 +412,7 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
   pp_fetch_add_relaxed(&pool->pending_bytes, bs);
   pp_fetch_add_relaxed(&pool->pending_blocks, 1);
   atomic_fetch_add(&pool->pending_live, 1);
+  pp_hook(PP_HOOK_FREE_COUNTED);
 
   /* The set stays in its slot while the block is PENDING, so a snapshot
    * can list the streams awaited; nobody changes it meanwhile (record_stream
