@@ -277,11 +277,11 @@ typedef struct pinpool_stats {
   uint64_t event_errors;          /* of those, failed: block kept pending */
   pinpool_duration_t reclaim;     /* free of a stream-used block -> cached */
   uint64_t cache_hits;            /* allocations served without the backend */
-  uint64_t cache_misses;          /* allocations that needed a new segment */
+  uint64_t cache_misses;          /* allocations that grew the arena */
   uint64_t tcache_hits;           /* of cache_hits: from the thread cache */
   uint64_t oom_count;             /* allocations that failed with ENOMEM */
   uint64_t retries;               /* max_reserved hit, idle memory released */
-  uint64_t trimmed_segments;      /* segments released by max_cached/retry */
+  uint64_t trimmed_segments;      /* chunks released: caps, retry, empty_cache */
   uint64_t mlock_failures;        /* segments that could not be locked */
   uint64_t locked_bytes;          /* reserved bytes that are page-locked */
   pinpool_duration_t backend_alloc; /* backend alloc calls */
@@ -291,11 +291,13 @@ typedef struct pinpool_stats {
   uint64_t reserve_bytes;    /* configured reserve kept for the pool's life */
   uint64_t max_cached;       /* configured caps (0 = none) */
   uint64_t max_reserved;
-  uint64_t borrowed_blocks;   /* of cache_misses avoided: allocations served by
-                                 an idle block of a larger class (borrow) */
-  uint64_t remapped_segments; /* of cache_misses: new segments made by
-                                 resizing an idle one of another class
-                                 (remap) instead of new backend memory */
+  /* The arena (docs/allocation-policy.md, "Arenas"): the chunks the
+   * backend gave, and the free space inside them, which is what
+   * fragmentation is made of. */
+  uint64_t arena_chunks;        /* chunks held now (the reserve included) */
+  uint64_t chunk_free_bytes;    /* bytes free inside chunks (cached) */
+  uint64_t free_extents;        /* free ranges those bytes are in */
+  uint64_t largest_free_extent; /* the largest block carved without growing */
   uint64_t history_lost_writes; /* history entries not recorded: their ring
                                    slot was still being written by a writer
                                    a whole lap behind (docs/stats.md) */

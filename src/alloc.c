@@ -78,26 +78,71 @@ account_free(pp_tcache_t *tc, size_t req, size_t bs) {
 }
 
 static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
-                           pp_tentry_t *out, uint32_t want, bool *missed,
-                           const void *ra) {
+                           size_t bs, pp_tentry_t *out, uint32_t want,
+                           bool *missed, const void *ra) {
   /* Bounded reclaim of completed stream-ordered frees before the bins are
    * searched: cheap (one load) when nothing is pending. */
   pp_process(pool, 64, false);
-  int n = pp_central_take(pool, cls, tc->shard, out, want, missed);
+  int n = pp_central_take(pool, cls, bs, tc->shard, out, want, missed);
   if (n == PINPOOL_ENOMEM) {
     /* max_reserved reached (or the backend is out): give back what is
-     * idle, ours included, and retry exactly once. */
+     * idle, ours included (every whole free chunk), and retry exactly
+     * once. */
     pp_fetch_add_relaxed(&pool->gs.retries, 1);
     pp_tcache_flush_all(tc);
-    pp_fetch_add_relaxed(&pool->gs.trimmed, pp_release_idle(pool, true));
-    n = pp_central_take(pool, cls, tc->shard, out, want, missed);
+    (void)pp_release_idle(pool);
+    pp_fetch_add_relaxed(&pool->gs.trimmed,
+                         pp_arena_release(pool, UINT64_MAX));
+    n = pp_central_take(pool, cls, bs, tc->shard, out, want, missed);
   }
   if (n == PINPOOL_ENOMEM) {
     pp_fetch_add_relaxed(&pool->gs.oom, 1);
-    pp_hist_event(pool, PP_H_OOM, 0, pp_class_size(cls), 0, 0, ra);
+    pp_hist_event(pool, PP_H_OOM, 0, bs, 0, 0, ra);
   }
   return n;
 }
+
+/* The size of the block a request of `size` bytes (class cls) gets: its
+ * class's up to PP_SLAB_MAX_BLOCK, the request rounded up to a page above
+ * (large blocks are carved from the arena at that size: less than a page
+ * of waste per block). */
+static inline size_t block_bytes(unsigned cls, size_t size) {
+  return size > PP_SLAB_MAX_BLOCK
+             ? (size + PP_PAGE - 1) & ~(size_t)(PP_PAGE - 1)
+             : pp_class_size(cls);
+}
+
+/* The top block of stack b fits a request of `size` bytes: any block of a
+ * slab class does; a large block only if it is the request rounded up to a
+ * page (a block size is a page multiple: bs - size < PP_PAGE, unsigned,
+ * says bs == the rounded request). */
+static inline __attribute__((always_inline)) bool tbin_fits(const pp_tbin_t *b,
+                                                             size_t size) {
+  return size <= PP_SLAB_MAX_BLOCK || b->items[b->n - 1].bs - size < PP_PAGE;
+}
+
+/* A large class's stack whose top block is of another size: bring a block
+ * of exactly bs bytes to the top, or, if there is none, give the stack's
+ * blocks back to the arena (sizes that are not being asked for; their
+ * space may coalesce into the block that is). Returns whether the top now
+ * fits. */
+static bool tbin_match(pp_tcache_t *tc, unsigned cls, size_t bs) {
+  pp_tbin_t *b = &tc->bins[cls];
+  for (uint32_t i = b->n; i-- > 0;) {
+    if (b->items[i].bs == bs) {
+      pp_tentry_t t = b->items[i];
+      b->items[i] = b->items[b->n - 1];
+      b->items[b->n - 1] = t;
+      return true;
+    }
+  }
+  pp_tcache_flush_bin(tc, cls, 0);
+  return false;
+}
+
+static inline __attribute__((always_inline)) int
+alloc_hit(pinpool_t *pool, pp_tcache_t *tc, pp_tbin_t *b, size_t size,
+          void **out, const void *ra, bool hist);
 
 /* Out of line, so that the hit path needs no stack frame. */
 __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
@@ -106,14 +151,19 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
                                                 const void *ra) {
   if (tc->epoch != pp_load_relaxed(&pool->flush_epoch))
     pp_tcache_flush_all(tc); /* pinpool_empty_cache asked for it */
-  size_t bs = pp_class_size(cls);
+  size_t bs = block_bytes(cls, size);
+  bool large = size > PP_SLAB_MAX_BLOCK;
   pp_tbin_t *b = &tc->bins[cls];
   bool missed = false;
   int n;
   uint64_t taken; /* bytes that left the central bins for this thread */
   pp_owner_add(&tc->c.slow_allocs, 1);
-  bool stack = b->items != NULL || tbin_init(pool, tc, b, bs);
-  if (!stack || b->cap == 1) {
+  if (large && b->n > 0 && tbin_match(tc, cls, bs))
+    return alloc_hit(pool, tc, b, size, out, ra, true);
+  bool stack = b->items != NULL || tbin_init(pool, tc, b, pp_class_size(cls));
+  /* Large classes take one block at a time: a refill of several would
+   * carve blocks of one exact size that may never be asked for again. */
+  if (!stack || b->cap == 1 || large) {
     /* Bypass: straight from the central bin to the caller; also the refill
      * of a stack of one block, which would hand that block straight out
      * (it looks into the hot slot first, where a consumer's frees of the
@@ -125,7 +175,7 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     /* The hot slot first (pool.c): one exchange. Completed stream-ordered
      * frees are then reclaimed by the next allocation that goes on to the
      * bins (take_with_retry), not by this one. */
-    if (pp_hot_take(pool, cls, tc->shard, &e, &tc->c.slot_out)) {
+    if (large && pp_hot_take(pool, cls, bs, tc->shard, &e, &tc->c.slot_out)) {
       /* Paired (stats.c): the free that filled the slot read the epoch
        * before it was counted, so no sample that has moved the epoch on
        * since saw it, and the latest sample counted this block as
@@ -137,11 +187,12 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
                pp_load_acquire(&pool->gs.peak_epoch) ==
                    pp_load_relaxed(&e.seg->hot_epoch);
     } else {
-      n = take_with_retry(pool, tc, cls, &e, 1, &missed, ra);
+      n = take_with_retry(pool, tc, cls, bs, &e, 1, &missed, ra);
       if (n < 0)
         return n;
     }
-    size_t ebs = pp_load_relaxed(&e.seg->block_size); /* > bs if borrowed */
+    size_t ebs = e.bs;
+    pp_assert(ebs == bs);
     if (pp_hist_level(pool) != PINPOOL_HISTORY_NONE)
       pp_hist_alloc(pool, e.seg, e.idx, ebs, size, ra);
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
@@ -155,17 +206,16 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     uint64_t room = tc->budget > held ? tc->budget - held : 0;
     uint64_t want = room / bs;
     want = want < 1 ? 1 : want > b->batch ? b->batch : want;
-    n = take_with_retry(pool, tc, cls, b->items, (uint32_t)want, &missed, ra);
+    n = take_with_retry(pool, tc, cls, bs, b->items, (uint32_t)want, &missed,
+                        ra);
     if (n < 0)
       return n;
     b->n = (uint32_t)n;
     pp_store_relaxed(&tc->bytes,
                      pp_load_relaxed(&tc->bytes) + (uint64_t)n * bs);
-    /* A borrowed block of a larger class (pp_central_take) comes alone
-     * (n == 1): it is the one popped here and never stays in the stack. */
     pp_tentry_t e = b->items[--b->n];
-    size_t ebs = pp_load_relaxed(&e.seg->block_size);
-    pp_assert(ebs == bs || (n == 1 && b->n == 0));
+    size_t ebs = e.bs;
+    pp_assert(ebs == bs);
     pp_hist_alloc(pool, e.seg, e.idx, ebs, size, ra);
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
     pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) - bs);
@@ -196,8 +246,8 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
 static inline __attribute__((always_inline)) int
 alloc_hit(pinpool_t *pool, pp_tcache_t *tc, pp_tbin_t *b, size_t size,
           void **out, const void *ra, bool hist) {
-  size_t bs = b->bs;
   pp_tentry_t e = b->items[--b->n];
+  size_t bs = e.bs;
   if (hist && pp_hist_level(pool) != PINPOOL_HISTORY_NONE)
     pp_hist_alloc(pool, e.seg, e.idx, bs, size, ra);
   /* Release: whoever later reads ALLOCATED (a free on another thread, a
@@ -232,7 +282,8 @@ __attribute__((noinline)) static int alloc_general(pinpool_t *pool, size_t size,
   pp_tbin_t *b = &tc->bins[cls];
   int rc;
   pp_busy_enter(); /* fork.c: a fork waits until we leave */
-  if (b->n > 0 && tc->epoch == pp_load_relaxed(&pool->flush_epoch))
+  if (b->n > 0 && tbin_fits(b, size) &&
+      tc->epoch == pp_load_relaxed(&pool->flush_epoch))
     rc = alloc_hit(pool, tc, b, size, out, ra, true);
   else
     rc = alloc_slow(pool, tc, cls, size, out, ra);
@@ -288,7 +339,7 @@ int pinpool_alloc(pinpool_t *pool, size_t size, void **out) {
     /* History: one atomic load and a branch when it is off. */
     if (pp_likely(tc->epoch == pp_load_relaxed(&pool->flush_epoch) &&
                   pp_hist_level(pool) == PINPOOL_HISTORY_NONE)) {
-      if (pp_likely(b->n > 0))
+      if (pp_likely(b->n > 0 && tbin_fits(b, size)))
         return hot_leave(alloc_hit(pool, tc, b, size, out, ra, false));
       /* An empty stack, or a class without one (above tcache_bytes: W1 at
        * 1 GiB, W3's 147 MiB batches): everything alloc_general would
@@ -350,8 +401,9 @@ lookup_block(pinpool_t *pool, const void *p, const char *fn,
 __attribute__((noinline)) static int
 free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
                uint32_t idx, unsigned cls, size_t req) {
-  pp_tentry_t e = {ptr, seg, idx};
-  size_t bs = pp_class_size(cls);
+  size_t bs = pp_load_relaxed(&seg->block_size);
+  pp_tentry_t e = {ptr, seg, bs, idx};
+  size_t cbs = pp_class_size(cls); /* the stack's class */
   pp_tbin_t *b = &tc->bins[cls];
   if (tc->epoch != pp_load_relaxed(&pool->flush_epoch))
     pp_tcache_flush_all(tc); /* pinpool_empty_cache asked for it */
@@ -362,8 +414,8 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
    * pool by a fourth batch). Such a free goes where a class above
    * tcache_bytes goes; the thread's first allocation of the class opens
    * the stack. */
-  bool bypass = b->items == NULL && (tbin_one(bs, pool->cfg.tcache_bytes) ||
-                                     !tbin_init(pool, tc, b, bs));
+  bool bypass = b->items == NULL && (tbin_one(cbs, pool->cfg.tcache_bytes) ||
+                                     !tbin_init(pool, tc, b, cbs));
   /* Read before the free is counted (the pairing in alloc_slow): a sample
    * whose epoch this reads did all its loads before our counters change.
    * Only for a hot slot: the line is written by every central take. */
@@ -450,7 +502,7 @@ free_block(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
   if (pp_likely(b->n < b->cap && bytes <= tc->budget &&
                 tc->epoch == pp_load_relaxed(&pool->flush_epoch))) {
     account_free(tc, req, bs);
-    b->items[b->n++] = (pp_tentry_t){ptr, seg, idx};
+    b->items[b->n++] = (pp_tentry_t){ptr, seg, bs, idx};
     pp_store_relaxed(&tc->bytes, bytes);
     if (!hist) /* the hit path: its busy section ends here */
       pp_store_release(&pp_tls.busy, 0);

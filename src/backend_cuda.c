@@ -184,14 +184,12 @@ int pp_backend_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
                  ((cfg->cuda_flags & PP_CUDA_DEVICEMAP)
                       ? (unsigned)PP_CU_MEMHOSTREGISTER_DEVICEMAP
                       : 0u);
-  /* No remap: the driver knows pinned memory by its address range (a
-   * registration, or its own allocation), which mremap would move. */
   if (reg)
     *out = (pp_provider_t){"cuda-register", b,   register_alloc, register_free,
-                           cuda_destroy,    NULL};
+                           cuda_destroy};
   else
     *out =
-        (pp_provider_t){"cuda", b, cuda_alloc, cuda_free, cuda_destroy, NULL};
+        (pp_provider_t){"cuda", b, cuda_alloc, cuda_free, cuda_destroy};
   // cppcheck-suppress memleak ; ownership passed to *out (ctx)
   return 0;
 }

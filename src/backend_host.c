@@ -6,7 +6,7 @@
  * Called with no pool lock held (invariant 1): a 1 GiB segment takes
  * hundreds of milliseconds to populate.
  */
-#define _GNU_SOURCE /* mremap */
+#define _GNU_SOURCE
 #include "internal.h"
 
 #include <errno.h>
@@ -238,99 +238,6 @@ static void host_free(void *ctx, void *ptr, size_t size) {
   (void)munmap(ptr, size);
 }
 
-/* Unmap pieces [from, n): a failed remap gives every piece back. */
-static void unmap_pieces(const pp_piece_t *pc, unsigned from, unsigned n) {
-  for (unsigned i = from; i < n; i++)
-    (void)munmap(pc[i].p, pc[i].size);
-}
-
-/* The provider's remap (internal.h), for a miss that recycles idle
- * segments of other classes (pool.c: remap_idle). mremap moves page
- * tables, not pages: what the pieces had stays resident and, with mlock,
- * locked (VM_LOCKED travels with the mapping, as does the NUMA policy).
- *
- * One piece first tries to grow in place (the kernel populates and locks
- * what it adds to a locked mapping, or refuses past RLIMIT_MEMLOCK). Else
- * the pieces move side by side into a range reserved for them, placed so
- * that the first (the largest: remap_gather's order) keeps its offset
- * within 2 MiB: the kernel then moves whole page-table pages for it
- * instead of every entry, which measured 1 ns per 4 KiB page against
- * about 70 (the moves dominate a remap's cost). The reservation's tail,
- * if the pieces fall short, becomes memory and is populated. Each piece
- * lies within one kernel mapping (the pool passes a segment's parts, not
- * the segment): a move across mappings needs Linux 6.17. */
-static int host_remap(void *ctx, const pp_piece_t *pc, unsigned n,
-                      size_t new_size, void **out, unsigned *flags) {
-  const host_ctx_t *h = ctx;
-  bool locked = (*flags & PP_SEG_LOCKED) != 0;
-  size_t total = 0;
-  for (unsigned i = 0; i < n; i++)
-    total += pc[i].size;
-  size_t span = new_size; /* >= total (internal.h) */
-  char *p = MAP_FAILED;
-  bool moved = true; /* the tail below is the reservation's */
-  int e = 0;
-  if (n == 1)
-    p = mremap(pc[0].p, total, new_size, 0); /* in place, or fails */
-  if (p != MAP_FAILED) {
-    moved = false;
-  } else {
-    char *r = mmap(NULL, span + HUGE_ALIGN, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (r == MAP_FAILED) {
-      e = errno;
-      unmap_pieces(pc, 0, n);
-    } else {
-      uintptr_t phase = (uintptr_t)pc[0].p & (HUGE_ALIGN - 1);
-      p = (char *)((((uintptr_t)r + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1)) -
-                   (phase != 0 ? HUGE_ALIGN - phase : 0));
-      if (p < r)
-        p += HUGE_ALIGN;
-      if (p > r)
-        (void)munmap(r, (size_t)(p - r));
-      if (r + span + HUGE_ALIGN > p + span)
-        (void)munmap(p + span, (size_t)(r + span + HUGE_ALIGN - (p + span)));
-    }
-    size_t off = 0;
-    for (unsigned i = 0; e == 0 && i < n; off += pc[i++].size) {
-      if (mremap(pc[i].p, pc[i].size, pc[i].size, MREMAP_MAYMOVE | MREMAP_FIXED,
-                 p + off) == MAP_FAILED) {
-        e = errno;
-        unmap_pieces(pc, i, n);
-        (void)munmap(p, span); /* the pieces moved so far */
-      }
-    }
-  }
-  if (e == 0 && moved && new_size > total) {
-    /* The reservation's tail becomes memory: bound, then populated. */
-    size_t add = new_size - total;
-    if (bind_node(p + total, add, h->cfg.numa_node) != 0)
-      e = EINVAL; /* before the first touch, as in pp_host_map */
-    else if (mprotect(p + total, add, PROT_READ | PROT_WRITE) != 0 ||
-             (locked && mlock(p + total, add) != 0))
-      e = errno;
-    if (e != 0)
-      (void)munmap(p, new_size);
-  }
-  if (e != 0)
-    return pp_fail(e == ENOMEM || e == EAGAIN ? PINPOOL_ENOMEM
-                                              : PINPOOL_EBACKEND,
-                   "host backend: making %u idle segments (%zu bytes) into "
-                   "%zu bytes: %s",
-                   n, total, new_size, strerror(e));
-  if (total < new_size && h->cfg.populate) {
-    size_t add = new_size - total;
-    int err = pp_fault_hit(&h->cfg, PP_FAULT_POPULATE) ? ENOMEM : 0;
-    if (err == 0 && !locked)
-      err = populate(p + total, add,
-                     populate_nt(&h->cfg, add, h->cfg.populate_threads), false);
-    if (err != 0)
-      return populate_failed(p, new_size, add, err);
-  }
-  *out = p;
-  return 0;
-}
-
 static void host_destroy(void *ctx) { free(ctx); }
 
 int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out) {
@@ -343,7 +250,5 @@ int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out) {
   out->alloc = host_alloc;
   out->free = host_free;
   out->destroy = host_destroy;
-  /* THP wants 2 MiB-aligned segments, which a moving grow would lose. */
-  out->remap = cfg->hugepages ? NULL : host_remap;
   return 0;
 }

@@ -29,9 +29,7 @@ static void malloc_free(void *ctx, void *ptr, size_t size) {
 
 int pp_backend_malloc_open(const pp_config_t *cfg, pp_provider_t *out) {
   (void)cfg;
-  /* No remap: realloc may copy, and tests rely on this backend's plain
-   * one-call-per-segment behaviour. */
-  *out = (pp_provider_t){"malloc", NULL, malloc_alloc, malloc_free, NULL, NULL};
+  *out = (pp_provider_t){"malloc", NULL, malloc_alloc, malloc_free, NULL};
   return 0;
 }
 
@@ -85,6 +83,5 @@ int pp_backend_user_open(const pinpool_backend_t *user, pp_provider_t *out) {
   out->alloc = user_alloc;
   out->free = user_free;
   out->destroy = user_destroy;
-  out->remap = NULL; /* pinpool_backend_t has no remap */
   return 0;
 }

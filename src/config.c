@@ -33,13 +33,18 @@ typedef struct key_desc {
 } key_desc_t;
 
 #define CFG_OFF(f) offsetof(pp_config_t, f)
+/* Keys of earlier versions: refused with a message that says why. */
+static bool removed_key(const char *key) {
+  static const char *const gone[] = {"remap", "remap_min", "borrow"};
+  for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++)
+    if (strcmp(key, gone[i]) == 0)
+      return true;
+  return false;
+}
 static const key_desc_t keys[] = {
     {"backend", K_BACKEND, CFG_OFF(backend), 0, 0},
     {"max_cached", K_SIZE, CFG_OFF(max_cached), 0, 0},
     {"max_cached_pct", K_UINT, CFG_OFF(max_cached_pct), 0, 10000},
-    {"borrow", K_UINT, CFG_OFF(borrow), 0, 16},
-    {"remap", K_BOOL, CFG_OFF(remap), 0, 0},
-    {"remap_min", K_SIZE, CFG_OFF(remap_min), 0, 0},
     {"max_reserved", K_SIZE, CFG_OFF(max_reserved), 0, 0},
     {"reserve", K_SIZE, CFG_OFF(reserve), 0, 0},
     {"mlock", K_MLOCK, CFG_OFF(mlock), 0, 0},
@@ -117,9 +122,6 @@ static void config_defaults(pp_config_t *c) {
   c->populate_threads = ncpu < 1 ? 1u : ncpu > 8 ? 8u : (unsigned)ncpu;
   c->populate_parallel_min = (uint64_t)64 << 20;
   c->tcache_bytes = (uint64_t)64 << 20;
-  c->borrow = 16;                   /* docs/allocation-policy.md, "Borrowing" */
-  c->remap = true;                  /* docs/allocation-policy.md */
-  c->remap_min = (uint64_t)4 << 20; /* ditto: why 4 MiB */
   c->shards = 4;
   c->events = PP_EVENTS_NONE;
   c->poll_us = 100;
@@ -386,7 +388,13 @@ int pp_config_parse(const char *text, bool user_backend, bool user_events,
     while (i < NKEYS && strcmp(keys[i].name, key) != 0)
       i++;
     if (i == NKEYS) {
-      rc = pp_fail(PINPOOL_ECONFIG, "config: unknown key '%s'", key);
+      rc = removed_key(key)
+               ? pp_fail(PINPOOL_ECONFIG,
+                         "config: key '%s' was removed: large blocks "
+                         "are carved from arenas, which neither remap nor "
+                         "borrow (docs/configuration.md, \"Removed keys\")",
+                         key)
+               : pp_fail(PINPOOL_ECONFIG, "config: unknown key '%s'", key);
     } else if (seen[i]) {
       rc = pp_fail(PINPOOL_ECONFIG, "config: key '%s' given twice", key);
     } else if (*val == '\0') {
@@ -444,8 +452,7 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
   const char *ev = c->events < 3 ? event_names[c->events] : NULL;
   int n = snprintf(
       buf, len,
-      "%s%s%smax_cached=%llu,max_cached_pct=%u,borrow=%u,remap=%d,"
-      "remap_min=%llu,max_reserved=%llu,"
+      "%s%s%smax_cached=%llu,max_cached_pct=%u,max_reserved=%llu,"
       "reserve=%llu,mlock=%s,"
       "hugepages=%d,populate=%d,populate_threads=%u,populate_parallel_min=%"
       "llu,tcache_bytes=%llu,shards=%u%s%s,background=%d,poll_us=%u,"
@@ -453,8 +460,7 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
       "device=%d,numa_node=%d",
       backend_name ? "backend=" : "", backend_name ? backend_name : "",
       backend_name ? "," : "", (unsigned long long)c->max_cached,
-      c->max_cached_pct, c->borrow, c->remap ? 1 : 0,
-      (unsigned long long)c->remap_min, (unsigned long long)c->max_reserved,
+      c->max_cached_pct, (unsigned long long)c->max_reserved,
       (unsigned long long)c->reserve, mlock_names[c->mlock],
       c->hugepages ? 1 : 0, c->populate ? 1 : 0, c->populate_threads,
       (unsigned long long)c->populate_parallel_min,

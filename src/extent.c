@@ -1,7 +1,8 @@
 /*
- * Extents: the free space of chunks of memory, carved and coalesced at a
- * granule (a page). The reserve is one chunk today (reserve.c); the
- * arenas of large blocks (issue 21) are made of many.
+ * Extents: the free space of the arena's chunks (arena.c), carved and
+ * coalesced at a granule (a page). Free extents never span two chunks:
+ * chunks are separate backend allocations (and registrations), so a chunk
+ * can go back to the backend whole once it is all free.
  *
  * Free extents only have nodes (malloc'd: metadata never lives in pinned
  * memory, invariant 4). A node sits on the list of its size's bin (the
@@ -22,7 +23,7 @@
  * the give that merges with no neighbour (the one case that needs a new
  * node) never calls malloc.
  *
- * Not thread-safe: the owner holds its lock (the reserve's).
+ * Not thread-safe: the owner holds its lock (the arena's).
  */
 #include "internal.h"
 
@@ -43,6 +44,8 @@ struct pp_xnode {
 struct pp_xchunk {
   uintptr_t base;
   size_t size;
+  unsigned flags; /* the backend's PP_SEG_* for the whole chunk */
+  uint64_t seq;   /* order of arrival: the oldest free chunk goes first */
   pp_xnode_t **map; /* granule -> free extent starting or ending there */
 };
 
@@ -131,7 +134,8 @@ void pp_ext_fini(pp_extents_t *x) {
   memset(x, 0, sizeof *x);
 }
 
-int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size) {
+int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size,
+                     unsigned flags) {
   pp_assert(size > 0 && size % x->granule == 0 &&
             (uintptr_t)base % x->granule == 0);
   pp_xchunk_t *c = malloc(sizeof *c);
@@ -148,7 +152,13 @@ int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size) {
   }
   c->base = (uintptr_t)base;
   c->size = size;
-  x->chunks[x->nchunks++] = c;
+  c->flags = flags;
+  c->seq = x->next_seq++;
+  /* Sorted by address, for pp_ext_chunk_of's binary search. */
+  size_t i = x->nchunks++;
+  for (; i > 0 && x->chunks[i - 1]->base > c->base; i--)
+    x->chunks[i] = x->chunks[i - 1];
+  x->chunks[i] = c;
   *n = (pp_xnode_t){(uintptr_t)base, size, c, NULL, NULL, 0};
   link_free(x, n);
   x->free_bytes += size;
@@ -179,7 +189,7 @@ static pp_xnode_t *fit(pp_extents_t *x, size_t size) {
   return NULL;
 }
 
-void *pp_ext_take(pp_extents_t *x, size_t size) {
+void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags) {
   if (size == 0 || size % x->granule != 0)
     return NULL;
   pp_xnode_t *n = fit(x, size);
@@ -202,16 +212,84 @@ void *pp_ext_take(pp_extents_t *x, size_t size) {
   }
   x->free_bytes -= size;
   x->outstanding++;
+  if (flags != NULL)
+    *flags = n->chunk->flags;
   return (void *)out;
 }
 
 pp_xchunk_t *pp_ext_chunk_of(const pp_extents_t *x, const void *p) {
   uintptr_t a = (uintptr_t)p;
-  for (size_t i = 0; i < x->nchunks; i++)
-    if (a >= x->chunks[i]->base && a - x->chunks[i]->base < x->chunks[i]->size)
-      return x->chunks[i];
-  return NULL;
+  size_t lo = 0, hi = x->nchunks; /* the last chunk based at or below a */
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (x->chunks[mid]->base <= a)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0)
+    return NULL;
+  pp_xchunk_t *c = x->chunks[lo - 1];
+  return a - c->base < c->size ? c : NULL;
 }
+
+/* The chunk's one free extent if the chunk is all free, else NULL. */
+static pp_xnode_t *whole_free(const pp_extents_t *x, pp_xchunk_t *c) {
+  pp_xnode_t *n = c->map[0];
+  (void)x;
+  return n != NULL && n->base == c->base && n->size == c->size ? n : NULL;
+}
+
+bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags,
+                              void **base, size_t *size, unsigned *flags) {
+  size_t best = SIZE_MAX;
+  for (size_t i = 0; i < x->nchunks; i++) {
+    pp_xchunk_t *c = x->chunks[i];
+    if (!(c->flags & skip_flags) && whole_free(x, c) != NULL &&
+        (best == SIZE_MAX || c->seq < x->chunks[best]->seq))
+      best = i;
+  }
+  if (best == SIZE_MAX)
+    return false;
+  pp_xchunk_t *c = x->chunks[best];
+  pp_xnode_t *n = whole_free(x, c);
+  unlink_free(x, n);
+  spare_put(x, n);
+  while (x->nspare > x->outstanding + 4)
+    free(spare_get(x));
+  x->free_bytes -= c->size;
+  x->total_bytes -= c->size;
+  memmove(&x->chunks[best], &x->chunks[best + 1],
+          (x->nchunks - best - 1) * sizeof(pp_xchunk_t *));
+  x->nchunks--;
+  *base = (void *)c->base;
+  *size = c->size;
+  *flags = c->flags;
+  free(c->map);
+  free(c);
+  return true;
+}
+
+void pp_ext_chunk_info(const pp_xchunk_t *c, uintptr_t *base, size_t *size,
+                       unsigned *flags) {
+  *base = c->base;
+  *size = c->size;
+  *flags = c->flags;
+}
+
+size_t pp_ext_free_chunks(const pp_extents_t *x, unsigned skip_flags,
+                          size_t *bytes) {
+  size_t n = 0;
+  *bytes = 0;
+  for (size_t i = 0; i < x->nchunks; i++)
+    if (!(x->chunks[i]->flags & skip_flags) &&
+        whole_free(x, x->chunks[i]) != NULL) {
+      n++;
+      *bytes += x->chunks[i]->size;
+    }
+  return n;
+}
+
 
 void pp_ext_give(pp_extents_t *x, void *ptr, size_t size) {
   uintptr_t b = (uintptr_t)ptr;

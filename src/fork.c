@@ -97,8 +97,8 @@ static void pool_lock_all(pinpool_t *pool) {
   for (size_t i = 0; i < nbins; i++)
     pp_mutex_lock(&pool->bins[i].lock);
   pp_mutex_lock(&pool->idle_lock);
-  if (pool->has_reserve)
-    pp_mutex_lock(&pool->reserve.lock);
+  if (pool->arena_ready)
+    pp_mutex_lock(&pool->arena.lock);
   /* Leaves. */
   pp_streams_fork(pool, PP_FORK_PREPARE);
   pp_hist_fork_lock(pool);
@@ -111,8 +111,8 @@ static void pool_unlock_all(pinpool_t *pool, int phase) {
     pool->ev.atfork(pool->ev.ctx, phase);
   pp_hist_fork_unlock(pool);
   pp_streams_fork(pool, phase);
-  if (pool->has_reserve)
-    pp_mutex_unlock(&pool->reserve.lock);
+  if (pool->arena_ready)
+    pp_mutex_unlock(&pool->arena.lock);
   pp_mutex_unlock(&pool->idle_lock);
   size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
   for (size_t i = nbins; i-- > 0;)
@@ -180,8 +180,8 @@ static void cut_off_cuda(pinpool_t *pool) {
   /* A fresh id: no thread cache way (pp_tls) of the forking thread
    * matches, so every call reaches a general path that refuses. */
   pool->id = pp_fetch_add_relaxed(&child_ids, 1);
-  pool->prov = (pp_provider_t){pool->prov.name, NULL, forked_alloc,
-                               forked_free,     NULL, NULL};
+  pool->prov =
+      (pp_provider_t){pool->prov.name, NULL, forked_alloc, forked_free, NULL};
   if (pool->has_events)
     pool->ev = (pp_events_t){pool->ev.name, NULL,         forked_record,
                              forked_query,  forked_query, forked_release,

@@ -215,14 +215,6 @@ typedef struct pp_config {
   int backend;
   uint64_t max_cached;     /* 0: no cap */
   unsigned max_cached_pct; /* idle central bytes <= pct % of those in use */
-  unsigned borrow;         /* a miss may use an idle segment this many
-                              classes larger (one-block segments below
-                              remap_min; all where the pool cannot remap or
-                              has a reserve) */
-  bool remap;              /* a miss may make its segment of idle segments of
-                              other classes (providers with remap) */
-  uint64_t remap_min;      /* segments from this size are also gathered from
-                              smaller ones; below it only split from one */
   uint64_t max_reserved;   /* 0: no cap */
   uint64_t reserve;
   int mlock;
@@ -283,45 +275,12 @@ enum {
   PP_SEG_HUGE = 1u << 2,         /* MADV_HUGEPAGE applied */
   PP_SEG_FROM_RESERVE = 1u << 3, /* carved from the reserve region */
 };
-typedef struct pp_piece {
-  void *p;
-  size_t size;
-} pp_piece_t;
-#define PP_REMAP_MAX 16 /* idle segments one remap gathers, at most */
-/* A remapped segment spans at most this many kernel mappings (VMAs): they
- * never merge once moved (each keeps its page offset), a move costs about
- * 11 us per mapping, and a process has at most vm.max_map_count of them. */
-#ifndef PP_PARTS_MAX /* tests build a variant with fewer (test_remap) */
-#define PP_PARTS_MAX 64
-#endif
-/* Parts of all segments together beyond which only one-part segments are
- * moved (the others are released: populating afresh is what brings the
- * pool's mappings back down): a quarter of Linux's default
- * vm.max_map_count (65530), which the whole process shares. */
-#define PP_PARTS_BUDGET 16384
-/* The byte lengths of the parts of a segment, in address order; each part
- * lies within one kernel mapping, so the provider can move it alone (a
- * move across mappings needs Linux 6.17). */
-typedef struct pp_parts {
-  unsigned n;
-  size_t len[PP_PARTS_MAX];
-} pp_parts_t;
 typedef struct pp_provider {
   const char *name;
   void *ctx;
   int (*alloc)(void *ctx, size_t size, void **out, unsigned *flags);
   void (*free)(void *ctx, void *ptr, size_t size);
   void (*destroy)(void *ctx); /* may be NULL */
-  /* May be NULL. Make one mapping of new_size bytes out of n (1 ..
-   * PP_PARTS_MAX) pieces of memory the pool no longer uses, each within one
-   * mapping, all with the same flags (*flags, updated): page multiples
-   * that sum to at most new_size, in the order they are to be laid out.
-   * Their pages stay resident and locked as they are: only what is added
-   * is populated (and locked, if they are). On success *out is the new
-   * mapping (anywhere). On failure every piece has been given back
-   * (unmapped). */
-  int (*remap)(void *ctx, const pp_piece_t *pieces, unsigned n, size_t new_size,
-               void **out, unsigned *flags);
 } pp_provider_t;
 int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out);
 /* backend_host.c, shared with backend=cuda-register: anonymous mmap of
@@ -377,9 +336,9 @@ int pp_backend_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
 int pp_events_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
                         pp_events_t *out);
 
-/* ---- Extents (extent.c): free space of chunks, carved at a granule and
- * coalesced; good fit in O(1) (size bins, a bitmap) and merges in O(1) (a
- * boundary map per chunk). Not thread-safe: the owner's lock. ----------- */
+/* ---- Extents (extent.c): free space of the arena's chunks, carved at a
+ * granule and coalesced; good fit in O(1) (size bins, a bitmap) and merges
+ * in O(1) (a boundary map per chunk). Not thread-safe: the arena's lock. */
 typedef struct pp_xnode pp_xnode_t;
 typedef struct pp_xchunk pp_xchunk_t;
 #define PP_EXT_BIN_WORDS ((PP_NCLASSES + 63) / 64)
@@ -387,42 +346,73 @@ typedef struct pp_extents {
   size_t granule;
   pp_xnode_t *bins[PP_NCLASSES]; /* free extents by size class */
   uint64_t nonempty[PP_EXT_BIN_WORDS];
-  pp_xchunk_t **chunks;
+  pp_xchunk_t **chunks; /* sorted by address */
   size_t nchunks;
+  uint64_t next_seq;
   pp_xnode_t *spare; /* >= outstanding nodes, so that a give never fails */
   size_t nspare, outstanding;
   size_t free_bytes, total_bytes, nfree; /* nfree: free extents */
 } pp_extents_t;
 void pp_ext_init(pp_extents_t *x, size_t granule);
 void pp_ext_fini(pp_extents_t *x);
-/* [base, base + size) becomes one free extent (granule multiples).
- * 0 or PINPOOL_ENOMEM (nothing changed). */
-int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size);
-/* A free range of `size` bytes (a granule multiple), or NULL. */
-void *pp_ext_take(pp_extents_t *x, size_t size);
+/* [base, base + size) becomes a chunk of one free extent (granule
+ * multiples) with the given flags. 0 or PINPOOL_ENOMEM (nothing changed). */
+int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size,
+                     unsigned flags);
+/* A free range of `size` bytes (a granule multiple), or NULL; *flags (if
+ * not NULL): its chunk's. */
+void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags);
 /* Give back a range taken before; merges with free neighbours. Never
  * fails. */
 void pp_ext_give(pp_extents_t *x, void *ptr, size_t size);
 pp_xchunk_t *pp_ext_chunk_of(const pp_extents_t *x, const void *p);
+void pp_ext_chunk_info(const pp_xchunk_t *c, uintptr_t *base, size_t *size,
+                       unsigned *flags);
+/* Take the oldest chunk that is all free and has none of skip_flags out of
+ * x: true with its range and flags (the caller gives it back to the
+ * backend), or false. */
+bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags,
+                              void **base, size_t *size, unsigned *flags);
+/* Chunks all free without skip_flags, and their bytes. */
+size_t pp_ext_free_chunks(const pp_extents_t *x, unsigned skip_flags,
+                          size_t *bytes);
 size_t pp_ext_largest(const pp_extents_t *x); /* largest free extent */
 bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len);
 
-/* ---- Reserve region (reserve.c): extents of one backend allocation made
- * at create and kept until destroy. ------------------------------------- */
-typedef struct pp_reserve {
+/* ---- The arena (arena.c): every segment's memory. Chunks come from the
+ * backend (populated, locked, registered once) and go back to it only
+ * whole and all free, by pinpool_empty_cache, the caps, an allocation
+ * that found max_reserved reached, and destroy; segments (slabs, and large
+ * blocks at their page-rounded size) are carved from them and given back,
+ * coalescing. The reserve is a chunk that never goes back
+ * (PP_SEG_FROM_RESERVE). ----------------------------------------------- */
+typedef struct pp_arena {
   pp_mutex_t lock;
-  uintptr_t base;   /* immutable after create */
-  size_t size;      /* immutable after create */
-  unsigned flags;   /* immutable: PP_SEG_* of the region */
   pp_extents_t ext; /* under lock */
-} pp_reserve_t;
-void pp_reserve_init(pp_reserve_t *r, void *base, size_t size, unsigned flags);
-void pp_reserve_fini(pp_reserve_t *r);
-void *pp_reserve_take(pp_reserve_t *r, size_t size); /* NULL: no room */
-void pp_reserve_give(pp_reserve_t *r, void *ptr, size_t size);
-bool pp_reserve_contains(const pp_reserve_t *r, const void *ptr);
-size_t pp_reserve_free_bytes(pp_reserve_t *r);
-bool pp_reserve_validate(pp_reserve_t *r, char *why, size_t len);
+  /* Read without the lock by the growth policy (a size, not a
+   * correctness input). */
+  pp_counter_t total;
+} pp_arena_t;
+struct pinpool;
+/* At create: the reserve chunk, if configured. */
+int pp_arena_init(struct pinpool *pool);
+/* At teardown: every chunk back to the backend. */
+void pp_arena_fini(struct pinpool *pool);
+/* `size` bytes (a page multiple) carved from a chunk, a new chunk made if
+ * none has room (*grew set): 0 with *mem and *flags (the chunk's), or an
+ * error. No lock held; takes the arena's. */
+int pp_arena_take(struct pinpool *pool, size_t size, void **mem,
+                  unsigned *flags, bool *grew);
+void pp_arena_give(struct pinpool *pool, void *mem, size_t size);
+/* Give whole free chunks (never the reserve) back to the backend, oldest
+ * first, until `budget` bytes went back; returns the chunks released. No
+ * lock held. */
+unsigned pp_arena_release(struct pinpool *pool, uint64_t budget);
+typedef struct pp_arena_info {
+  uint64_t chunks, total, free_bytes, free_extents, largest, free_chunks;
+} pp_arena_info_t;
+void pp_arena_info(struct pinpool *pool, pp_arena_info_t *out);
+bool pp_arena_validate(struct pinpool *pool, char *why, size_t len);
 
 /* ---- Segments and blocks ------------------------------------------------
  * A block's state word: (payload << 3) | streams bit | state. Payload: the
@@ -487,12 +477,6 @@ struct pp_segment {
    * recycling; each word is one atomic, written by the allocating thread
    * and read by snapshots (PyTorch read such fields under another lock). */
   _Atomic(_Atomic(uint64_t) *) info;
-
-  /* The kernel mappings the segment's memory spans (one when the provider
-   * made it; more once remap_idle moved pieces side by side). Written
-   * before publication like cls; read by remapping and the validator only,
-   * so it sits after the lines the hot paths read. */
-  pp_parts_t parts;
 
   /* Under the lock of bin (cls, shard). */
   _Alignas(64) uint32_t carved; /* blocks [0, carved) handed out once */
@@ -572,9 +556,13 @@ static inline pp_segment_t *pp_segmap_find(pp_segmap_t *m, uintptr_t p) {
 }
 
 /* ---- Thread caches (tcache.c) ------------------------------------------ */
+/* A cached block. bs: its size (a large block's is its page-rounded
+ * request, not its class's), so that the hit path can match a large
+ * request to the exact block without reading the descriptor. */
 typedef struct pp_tentry {
   void *ptr;
   pp_segment_t *seg;
+  size_t bs;
   uint32_t idx;
 } pp_tentry_t;
 
@@ -782,8 +770,7 @@ typedef struct pp_bin {
   /* PP_BIN_PARTIAL | PP_BIN_IDLE: which lists are non-empty. Written under
    * the lock whenever they change, read without it as a hint: a thread
    * looking for a block skips a bin that says it has none instead of taking
-   * its lock (a miss tries every shard, and borrowing several classes, so
-   * up to 20 locks, most of them of empty bins). A stale "empty" costs at
+   * its lock (a miss tries every shard, most of them empty bins). A stale "empty" costs at
    * worst a segment that was not needed; a stale "non-empty" a lock. */
   _Atomic(unsigned) avail;
   /* A one-block segment whose block was freed, outside the lists: the
@@ -806,8 +793,6 @@ typedef struct pp_gstats {
    * (alloc.c, "paired"). */
   pp_counter_t peak_epoch;
   pp_counter_t misses, oom, retries, trimmed;
-  pp_counter_t borrowed; /* misses served by a larger idle segment */
-  pp_counter_t remapped; /* idle segments recycled into others (remap) */
   pp_counter_t mlock_failures, locked_bytes;
   pp_counter_t ba_count, ba_total, ba_max, bf_count, bf_total, bf_max;
 } pp_gstats_t;
@@ -837,14 +822,15 @@ struct pinpool {
   pp_mutex_t trim_lock; /* serializes detaching idle segments for release */
   pp_mutex_t idle_lock; /* LRU of idle segments */
   pp_segment_t *lru_head, *lru_tail;
-  /* The largest one-block class that ever had a segment: where
-   * remap_gather stops looking for an idle one. Only grows. */
+  /* The largest large class that ever had a block: where draining the
+   * hot slots stops. Only grows. */
   pp_counter_t top_cls;
-  pp_counter_t parts_total;           /* parts.n summed over live segments */
   pp_counter_t cls_segs[PP_NCLASSES]; /* live segments per class */
 
-  pp_reserve_t reserve;
+  pp_arena_t arena;
+  uint64_t reserve_size; /* the reserve chunk's bytes; immutable */
   bool has_reserve;
+  bool arena_ready; /* arena.lock initialized: pool_free_struct ends it */
 
   pp_mutex_t reg_lock; /* tcache list, rstats */
   pp_tcache_t *caches;
@@ -907,11 +893,12 @@ static inline pp_bin_t *pp_bin(struct pinpool *pool, unsigned cls,
 
 /* pool.c: the central layer used by the thread caches. */
 /* Take up to `want` blocks of class `cls` into out[]; returns the count
- * (>= 1) or a negative error. When every bin is empty: one block of a
- * larger class (central_borrow: out[0].seg's class is not cls), else a new
- * segment. */
-int pp_central_take(struct pinpool *pool, unsigned cls, unsigned shard,
-                    pp_tentry_t *out, uint32_t want, bool *missed);
+ * (>= 1) or a negative error. A large class (above PP_SLAB_MAX_BLOCK)
+ * takes one block of exactly `bs` bytes (the page-rounded request), from
+ * the hot slot or carved from the arena; a slab class's bs is its size. */
+int pp_central_take(struct pinpool *pool, unsigned cls, size_t bs,
+                    unsigned shard, pp_tentry_t *out, uint32_t want,
+                    bool *missed);
 /* Hot slots (pool.c): put e (a one-block segment's block, freed with
  * request req after reading peak_epoch as epoch) into its bin's slot, or
  * false when it does not qualify; take the block of a slot of class cls,
@@ -920,8 +907,8 @@ int pp_central_take(struct pinpool *pool, unsigned cls, unsigned shard,
  * slot_out), or in gs.central_in/out when ctr is NULL. */
 bool pp_hot_put(struct pinpool *pool, unsigned cls, const pp_tentry_t *e,
                 uint64_t req, uint64_t epoch, pp_counter_t *ctr);
-bool pp_hot_take(struct pinpool *pool, unsigned cls, unsigned shard,
-                 pp_tentry_t *out, pp_counter_t *ctr);
+bool pp_hot_take(struct pinpool *pool, unsigned cls, size_t bs,
+                 unsigned shard, pp_tentry_t *out, pp_counter_t *ctr);
 void pp_hot_drain(struct pinpool *pool);
 /* Give `n` cached blocks of class `cls` back to their segments' bins. */
 void pp_central_give(struct pinpool *pool, unsigned cls, pp_tentry_t *in,
@@ -930,9 +917,9 @@ void pp_central_give(struct pinpool *pool, unsigned cls, pp_tentry_t *in,
  * max_cached cap. Takes and drops locks itself; call with none held. */
 void pp_trim_to_cap(struct pinpool *pool);
 
-/* Release every idle segment (keep_reserve: except those carved from the
- * reserve). Call with no lock held. */
-unsigned pp_release_idle(struct pinpool *pool, bool keep_reserve);
+/* Give every idle segment and hot-slot block back to the arena (no memory
+ * leaves the pool: pp_arena_release does that). Call with no lock held. */
+unsigned pp_release_idle(struct pinpool *pool);
 void pp_segment_release_all(struct pinpool *pool); /* destroy only */
 
 /* pool.c: keep the pool alive past pinpool_destroy (buffers, exports). */

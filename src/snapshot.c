@@ -250,7 +250,7 @@ typedef struct snap {
   double unix_time;
   pinpool_stats_t stats;
   char *config;
-  uint64_t reserve_free;
+  uint64_t chunk_free;
   sseg_t *segs;
   size_t nsegs;
   sblk_t *blk; /* big_alloc'ed, cap_blk entries */
@@ -494,9 +494,11 @@ static int gather(snap_t *s) {
   s->config = malloc(need);
   if (s->config == NULL || pinpool_get_config(pool, s->config, need, NULL) != 0)
     return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory");
-  if (pool->has_reserve) {
+  {
     t0 = pp_now_ns();
-    s->reserve_free = pp_reserve_free_bytes(&pool->reserve);
+    pp_arena_info_t ai;
+    pp_arena_info(pool, &ai);
+    s->chunk_free = ai.free_bytes;
     hold_done(s, t0);
   }
   rc = copy_segments(s);
@@ -708,8 +710,10 @@ static void write_stats(wbuf_t *w, const pinpool_stats_t *t) {
   wb_kv(w, "oom_count", t->oom_count, true);
   wb_kv(w, "retries", t->retries, true);
   wb_kv(w, "trimmed_segments", t->trimmed_segments, true);
-  wb_kv(w, "borrowed_blocks", t->borrowed_blocks, true);
-  wb_kv(w, "remapped_segments", t->remapped_segments, true);
+  wb_kv(w, "arena_chunks", t->arena_chunks, true);
+  wb_kv(w, "chunk_free_bytes", t->chunk_free_bytes, true);
+  wb_kv(w, "free_extents", t->free_extents, true);
+  wb_kv(w, "largest_free_extent", t->largest_free_extent, true);
   wb_kv(w, "mlock_failures", t->mlock_failures, true);
   wb_kv(w, "locked_bytes", t->locked_bytes, true);
   write_dur(w, "backend_alloc", t->backend_alloc, true);
@@ -751,14 +755,14 @@ static void write_totals(wbuf_t *w, const snap_t *s) {
   wb_lit(w, "\"totals\":{");
   wb_kv(w, "segments", s->nsegs, true);
   wb_kv(w, "segment_bytes", seg_bytes, true);
-  wb_kv(w, "reserve_free_bytes", s->reserve_free, true);
-  wb_kv(w, "reserved_bytes", seg_bytes + s->reserve_free, true);
+  wb_kv(w, "chunk_free_bytes", s->chunk_free, true);
+  wb_kv(w, "reserved_bytes", seg_bytes + s->chunk_free, true);
   wb_kv(w, "allocated_bytes", alloc_b, true);
   wb_kv(w, "allocated_blocks", alloc_n, true);
   wb_kv(w, "requested_bytes", req, true);
   wb_kv(w, "pending_bytes", pend_b, true);
   wb_kv(w, "pending_blocks", pend_n, true);
-  wb_kv(w, "cached_bytes", cached_b + uncarved + tail + s->reserve_free, true);
+  wb_kv(w, "cached_bytes", cached_b + uncarved + tail + s->chunk_free, true);
   wb_kv(w, "cached_blocks", cached_n, true);
   wb_kv(w, "uncarved_bytes", uncarved, true);
   wb_kv(w, "tail_bytes", tail, false);

@@ -183,8 +183,12 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   st.oom_count = pp_load_relaxed(&g->oom);
   st.retries = pp_load_relaxed(&g->retries);
   st.trimmed_segments = pp_load_relaxed(&g->trimmed);
-  st.borrowed_blocks = pp_load_relaxed(&g->borrowed);
-  st.remapped_segments = pp_load_relaxed(&g->remapped);
+  pp_arena_info_t ai;
+  pp_arena_info(pool, &ai);
+  st.arena_chunks = ai.chunks;
+  st.chunk_free_bytes = ai.free_bytes;
+  st.free_extents = ai.free_extents;
+  st.largest_free_extent = ai.largest;
   st.history_lost_writes = pp_load_relaxed(&pool->hist.lost);
   st.mlock_failures = pp_load_relaxed(&g->mlock_failures);
   st.locked_bytes = pp_load_relaxed(&g->locked_bytes);
@@ -194,7 +198,7 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   st.backend_free = (pinpool_duration_t){pp_load_relaxed(&g->bf_count),
                                          pp_load_relaxed(&g->bf_total),
                                          pp_load_relaxed(&g->bf_max)};
-  st.reserve_bytes = pool->has_reserve ? pool->reserve.size : 0;
+  st.reserve_bytes = pool->reserve_size;
   st.max_cached = pool->cfg.max_cached;
   st.max_reserved = pool->cfg.max_reserved;
   *out = st;

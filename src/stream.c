@@ -47,7 +47,7 @@ typedef struct pp_pending {
   pp_segment_t *seg;
   uint32_t idx;
   size_t req;
-  unsigned cls;
+  size_t bs; /* the block's size (a large block's is not its class's) */
   uint64_t freed_ns;
   _Atomic(uint32_t) remaining; /* events not yet complete */
   _Atomic(bool) failed;        /* an event failed: never reused */
@@ -369,10 +369,10 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
     live_done(pool);
     return;
   }
-  size_t bs = pp_class_size(p->cls);
+  size_t bs = p->bs;
   pp_tentry_t e = {
       (void *)(pp_load_relaxed(&p->seg->base) + (uintptr_t)p->idx * bs), p->seg,
-      p->idx};
+      bs, p->idx};
   pp_backend_timed(&pool->rc_count, &pool->rc_total, &pool->rc_max,
                    p->freed_ns);
   block_done(pool, p->seg, p->idx, bs, p->req);
@@ -440,7 +440,7 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
       }
     }
     pp_tentry_t e = {(void *)(pp_load_relaxed(&seg->base) + idx * bs), seg,
-                     idx};
+                     bs, idx};
     block_done(pool, seg, idx, bs, req);
     pp_central_give(pool, pp_class_index(bs), &e, 1);
     pp_fetch_sub_relaxed(&pool->pending_bytes, bs);
@@ -451,7 +451,7 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
   *p = (pp_pending_t){.seg = seg,
                       .idx = idx,
                       .req = req,
-                      .cls = pp_class_index(bs),
+                      .bs = bs,
                       .freed_ns = pp_now_ns()};
   /* +1 for this function: the block cannot complete before every event
    * is queued, however fast the streams are. */

@@ -56,7 +56,9 @@ void pp_tcache_flush_bin(pp_tcache_t *tc, unsigned cls, uint32_t keep) {
   if (b->n <= keep)
     return;
   uint32_t give = b->n - keep;
-  uint64_t bytes = (uint64_t)give * pp_class_size(cls);
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < give; i++)
+    bytes += b->items[i].bs; /* large blocks differ within a class */
   /* Bottom of the stack: the coldest blocks go back first. */
   pp_central_give(tc->pool, cls, b->items, give);
   memmove(b->items, b->items + give, keep * sizeof b->items[0]);

@@ -14,7 +14,7 @@
 typedef struct vstate {
   char why[256];
   bool bad;
-  uint64_t alloc_bytes, alloc_req, alloc_count, cached_bytes, reserved;
+  uint64_t alloc_bytes, alloc_req, alloc_count, cached_bytes, segment_bytes;
   uint64_t in_tcache_by_state; /* CACHED words not on a central list */
   uint64_t pending_count, pending_bytes;
 } vstate_t;
@@ -31,8 +31,13 @@ static void check_segment(pinpool_t *pool, pp_segment_t *s, vstate_t *v) {
   size_t size = pp_load_relaxed(&s->size);
   size_t bs = pp_load_relaxed(&s->block_size);
   uint32_t nb = pp_load_relaxed(&s->nblocks);
-  if (bs != pp_class_size(s->cls) || nb == 0 || nb * bs > size ||
-      nb > s->capacity) {
+  /* A slab's blocks are its class's size; a large block is its own
+   * segment, a page multiple within its class. */
+  bool geom = bs <= PP_SLAB_MAX_BLOCK
+                  ? bs == pp_class_size(s->cls)
+                  : nb == 1 && size == bs && bs % PP_PAGE == 0 &&
+                        pp_class_index(bs) == s->cls;
+  if (!geom || nb == 0 || nb * bs > size || nb > s->capacity) {
     VFAIL(v, "segment %#lx: bad geometry", (unsigned long)base);
     return;
   }
@@ -101,8 +106,19 @@ static void check_segment(pinpool_t *pool, pp_segment_t *s, vstate_t *v) {
   v->cached_bytes += size - (allocated + pending) * bs;
   v->pending_count += pending;
   v->pending_bytes += pending * bs;
-  if (!(s->flags & PP_SEG_FROM_RESERVE))
-    v->reserved += size;
+  v->segment_bytes += size;
+  /* Inside a chunk of the arena, wholly. */
+  pp_mutex_lock(&pool->arena.lock);
+  pp_xchunk_t *c = pp_ext_chunk_of(&pool->arena.ext, (void *)base);
+  uintptr_t cb = 0;
+  size_t cs = 0;
+  unsigned cf = 0;
+  if (c != NULL)
+    pp_ext_chunk_info(c, &cb, &cs, &cf);
+  pp_mutex_unlock(&pool->arena.lock);
+  if (c == NULL || base + size > cb + cs || s->flags != cf)
+    VFAIL(v, "segment %#lx: not inside a chunk with its flags",
+          (unsigned long)base);
 }
 
 static void check_bins(pinpool_t *pool, vstate_t *v) {
@@ -143,7 +159,10 @@ static void check_tcaches(pinpool_t *pool, vstate_t *v) {
         pp_tentry_t *e = &b->items[i];
         size_t bs = pp_load_relaxed(&e->seg->block_size);
         uintptr_t want = pp_load_relaxed(&e->seg->base) + e->idx * bs;
-        if (bs != pp_class_size(c) || (uintptr_t)e->ptr != want ||
+        if (bs != e->bs ||
+            (bs <= PP_SLAB_MAX_BLOCK ? bs != pp_class_size(c)
+                                     : pp_class_index(bs) != c) ||
+            (uintptr_t)e->ptr != want ||
             PP_WORD_STATE(pp_load_relaxed(&e->seg->word[e->idx])) != PP_CACHED)
           VFAIL(v, "thread cache: bad entry %p in class %u", e->ptr, c);
         bytes += bs;
@@ -191,18 +210,8 @@ int pinpool_validate(pinpool_t *pool) {
   /* One bin lock at a time (in the documented order under seg_lock and
    * trim_lock): holding all of them at once would exceed what lock-order
    * checkers such as TSAN's deadlock detector track. */
-  uint64_t nsegs = 0, nparts = 0;
+  uint64_t nsegs = 0;
   for (pp_segment_t *s = pool->all; s != NULL && !v->bad; s = s->all_next) {
-    /* Parts (remap): they tile the segment, each in one kernel mapping. */
-    size_t plen = 0;
-    for (unsigned k = 0; k < s->parts.n && k < PP_PARTS_MAX; k++)
-      plen += s->parts.len[k];
-    if (s->parts.n < 1 || s->parts.n > PP_PARTS_MAX ||
-        plen != pp_load_relaxed(&s->size))
-      VFAIL(v, "segment %p: %u parts of %zu bytes in all, size %zu",
-            (void *)pp_load_relaxed(&s->base), s->parts.n, plen,
-            (size_t)pp_load_relaxed(&s->size));
-    nparts += s->parts.n;
     pp_bin_t *bin = pp_bin(pool, s->cls, s->shard);
     pp_mutex_lock(&bin->lock);
     pp_mutex_lock(&pool->idle_lock);
@@ -221,13 +230,18 @@ int pinpool_validate(pinpool_t *pool) {
       break;
     }
   pp_mutex_unlock(&pool->idle_lock);
-  if (pool->has_reserve) {
-    char why[160];
-    if (!pp_reserve_validate(&pool->reserve, why, sizeof why))
-      VFAIL(v, "%s", why);
-    v->reserved += pool->reserve.size;
-    v->cached_bytes += pp_reserve_free_bytes(&pool->reserve);
-  }
+  /* The arena: its extents are sound, and every chunk byte is in a
+   * segment or a free extent. */
+  char why[160];
+  if (!pp_arena_validate(pool, why, sizeof why))
+    VFAIL(v, "%s", why);
+  pp_arena_info_t ai;
+  pp_arena_info(pool, &ai);
+  if (!v->bad && ai.total != v->segment_bytes + ai.free_bytes)
+    VFAIL(v, "arena: %llu bytes in chunks, %llu in segments + %llu free",
+          (unsigned long long)ai.total, (unsigned long long)v->segment_bytes,
+          (unsigned long long)ai.free_bytes);
+  v->cached_bytes += ai.free_bytes;
   pp_sums_t sums;
   pp_stats_sum(pool, &sums);
   pp_mutex_unlock(&pool->trim_lock);
@@ -240,16 +254,13 @@ int pinpool_validate(pinpool_t *pool) {
   uint64_t req = sums.req_alloc - sums.req_free;
   uint64_t cnt = sums.n_alloc - sums.n_free;
   uint64_t cached = sums.cached;
-  if (!v->bad && nparts != pp_load_relaxed(&pool->parts_total))
-    VFAIL(v, "%llu parts listed, counter says %llu", (unsigned long long)nparts,
-          (unsigned long long)pp_load_relaxed(&pool->parts_total));
   if (!v->bad && nsegs != pp_load_relaxed(&g->segs_cur))
     VFAIL(v, "%llu segments listed, counter says %llu",
           (unsigned long long)nsegs,
           (unsigned long long)pp_load_relaxed(&g->segs_cur));
-  if (!v->bad && v->reserved != reserved)
-    VFAIL(v, "reserved: segments hold %llu, counter says %llu",
-          (unsigned long long)v->reserved, (unsigned long long)reserved);
+  if (!v->bad && ai.total != reserved)
+    VFAIL(v, "reserved: chunks hold %llu, counter says %llu",
+          (unsigned long long)ai.total, (unsigned long long)reserved);
   if (!v->bad &&
       (v->alloc_bytes != blk || v->alloc_req != req || v->alloc_count != cnt))
     VFAIL(v,

@@ -382,11 +382,9 @@ int main(int argc, char **argv) {
            (g_parts & P_STREAMS) ? "events=simulated,sim_delay_us=20,"
                                    "background=1,poll_us=200,"
                                  : "",
-           /* Borrowing and splitting (below 1 MiB) and gathering (from
-            * it up) all racing with trims. */
+           /* Carving and coalescing in the arena racing with trims. */
            (g_parts & P_TRIM) ? "max_cached=4MiB,max_cached_pct=5,"
-                                "max_reserved=96MiB,tcache_bytes=1MiB,shards=2,"
-                                "remap_min=1MiB,borrow=2"
+                                "max_reserved=96MiB,tcache_bytes=1MiB,shards=2"
                               : "tcache_bytes=4MiB"); /* above: hot slots */
   int rc = pinpool_create(config, &g_pool);
   if (rc != 0) {
@@ -427,11 +425,11 @@ int main(int argc, char **argv) {
       (rc = pinpool_validate(g_pool)) != 0)
     fail("empty_cache + validate", rc);
   printf("hammer: parts %#x, %u threads, %.1f s: %llu allocations, %ld "
-         "snapshots, %llu segments remapped, %llu borrowed, %s\n",
+         "snapshots, %llu chunks released, %llu grew the arena, %s\n",
          g_parts, nthreads, g_seconds,
          (unsigned long long)st.requests.allocated, atomic_load(&g_snapshots),
-         (unsigned long long)st.remapped_segments,
-         (unsigned long long)st.borrowed_blocks,
+         (unsigned long long)st.trimmed_segments,
+         (unsigned long long)st.cache_misses,
          atomic_load(&g_failures) ? "FAILED" : "ok");
   pinpool_destroy(g_pool);
   return atomic_load(&g_failures) ? 1 : 0;

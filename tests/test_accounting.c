@@ -256,9 +256,8 @@ static void run_workload(const char *conf, int use_cb, uint64_t seed,
       size_t bs = 0;
       PP_OK(pinpool_block_size(pool, p, &bs));
       PP_ASSERT(pp_ref_block_ok(l->size, bs),
-                "step %d: block_size %zu, want %zu (or a borrowed larger "
-                "class)",
-                step, bs, l->cls);
+                "step %d: block_size %zu, want %zu", step, bs,
+                pp_ref_block(l->size));
       l->cls = bs; /* what the pool accounts for this block */
       PP_ASSERT((uintptr_t)p % 64 == 0, "step %d: %p not 64-aligned", step, p);
       /* 4096 alignment for classes that are multiples of 4096 (header):

@@ -785,11 +785,10 @@ static void test_no_lock_held_during_backend_calls(void **state) {
 
   /* The max_reserved retry, inside pinpool_alloc: 2 MiB (small segment) +
    * 8 MiB idle + 6 MiB new > 12 MiB: the idle segment is released, the
-   * allocation retried (borrow=0: else the 6 MiB request would take the
-   * idle 8 MiB block). */
+   * allocation retried. */
   pr = probe_new();
   pool = probe_pool(pr, &cb,
-                    "tcache_bytes=0,shards=1,max_reserved=12MiB,borrow=0");
+                    "tcache_bytes=0,shards=1,max_reserved=12MiB");
   atomic_store(&pr->where, "alloc (new segment)");
   PP_OK(pinpool_alloc(pool, 8 * MiB, &a));
   PP_OK(pinpool_free(pool, a));
@@ -951,14 +950,16 @@ static void workload_with(const char *conf) {
             "[%s] reserved %" PRIu64 " segments %" PRIu64
             " after freeing all + empty_cache",
             conf, st.reserved_bytes.current, st.segments.current);
-  /* A segment ends with a backend free, or resized into another (remap). */
+  /* Every chunk went back, each with one backend free; every segment
+   * ended. */
   PP_ASSERT(st.backend_alloc.count >= 1 &&
-                st.backend_free.count + st.remapped_segments ==
-                    st.segments.freed,
+                st.backend_free.count == st.backend_alloc.count &&
+                st.arena_chunks == 0 &&
+                st.segments.freed == st.segments.allocated,
             "[%s] backend_alloc %" PRIu64 ", backend_free %" PRIu64
-            ", remapped %" PRIu64 ", segments freed %" PRIu64,
+            ", chunks %" PRIu64 ", segments freed %" PRIu64,
             conf, st.backend_alloc.count, st.backend_free.count,
-            st.remapped_segments, st.segments.freed);
+            st.arena_chunks, st.segments.freed);
   PP_CHECK_CONSISTENT(pool);
   pinpool_destroy(pool);
 }

@@ -122,10 +122,6 @@ static void test_every_key_good(void **state) {
   GOOD("shards=1");
   GOOD("shards=7");
   GOOD("shards=64");
-  GOOD("borrow=0");
-  GOOD("borrow=16");
-  GOOD("remap_min=0");
-  GOOD("remap_min=64MiB");
   GOOD("max_cached_pct=0");
   GOOD("max_cached_pct=10000");
   GOOD("backend=malloc,max_cached=64MiB,max_reserved=1GiB,reserve=2MiB,"
@@ -162,7 +158,7 @@ static void test_every_key_bad(void **state) {
   BAD("backend=", "backend");
   BAD("backend=HOSTX", "backend");
   static const char *size_keys[] = {"max_cached", "max_reserved", "reserve",
-                                    "tcache_bytes", "remap_min"};
+                                    "tcache_bytes"};
   static const char *bad_sizes[] = {
       "abc",
       "-1",
@@ -187,8 +183,10 @@ static void test_every_key_bad(void **state) {
   BAD("populate_threads=-1", "populate_threads");
   BAD("populate_threads=x", "populate_threads");
   BAD("populate_threads=", "populate_threads");
-  BAD("borrow=17", "borrow");
-  BAD("borrow=-1", "borrow");
+  /* Keys of earlier versions: a clear error that says why. */
+  BAD("borrow=0", "was removed");
+  BAD("remap=1", "was removed");
+  BAD("remap_min=4MiB", "was removed");
   BAD("max_cached_pct=10001", "max_cached_pct");
   BAD("max_cached_pct=ten", "max_cached_pct");
   BAD("shards=0", "shards");

@@ -38,7 +38,7 @@ static void test_extent_model(void **state) {
   pp_ext_init(&x, G);
   size_t total = 0;
   for (int c = 0; c < NCH; c++) {
-    PP_OK(pp_ext_add_chunk(&x, (void *)chunk_base[c], chunk_size[c]));
+    PP_OK(pp_ext_add_chunk(&x, (void *)chunk_base[c], chunk_size[c], 0));
     total += chunk_size[c];
   }
   check(&x, "init", 0);
@@ -51,7 +51,7 @@ static void test_extent_model(void **state) {
     if (take) {
       size_t n = (pp_rand_size(&rng, G, 24 * MiB) + G - 1) / G * G;
       size_t largest = pp_ext_largest(&x);
-      void *p = pp_ext_take(&x, n);
+      void *p = pp_ext_take(&x, n, NULL);
       PP_ASSERT((p != NULL) == (largest >= n),
                 "step %d: take of %zu -> %p with a largest extent of %zu", step,
                 n, p, largest);
@@ -101,13 +101,13 @@ static void test_extent_merges(void **state) {
   pp_extents_t x;
   pp_ext_init(&x, G);
   uintptr_t base = (uintptr_t)1 << 40;
-  PP_OK(pp_ext_add_chunk(&x, (void *)base, 10 * G));
+  PP_OK(pp_ext_add_chunk(&x, (void *)base, 10 * G, 0));
   char *p[10];
   for (int i = 0; i < 10; i++) {
-    p[i] = pp_ext_take(&x, G);
+    p[i] = pp_ext_take(&x, G, NULL);
     PP_ASSERT(p[i] == (char *)base + (size_t)i * G, "low end first");
   }
-  PP_ASSERT(pp_ext_take(&x, G) == NULL && x.nfree == 0, "full");
+  PP_ASSERT(pp_ext_take(&x, G, NULL) == NULL && x.nfree == 0, "full");
   pp_ext_give(&x, p[2], G); /* none */
   pp_ext_give(&x, p[4], G); /* none */
   PP_ASSERT(x.nfree == 2, "two islands");
@@ -119,10 +119,10 @@ static void test_extent_merges(void **state) {
   char why[256];
   PP_ASSERT(pp_ext_validate(&x, why, sizeof why), "%s", why);
   /* A take of 5 granules fits exactly; of 6 does not. */
-  PP_ASSERT(pp_ext_take(&x, 6 * G) == NULL, "no 6-granule extent");
-  PP_ASSERT(pp_ext_take(&x, 5 * G) == p[1], "exact fit");
-  PP_ASSERT(pp_ext_take(&x, 3 * G) == NULL, "nothing left");
-  PP_ASSERT(pp_ext_take(&x, 1000) == NULL, "not a granule multiple");
+  PP_ASSERT(pp_ext_take(&x, 6 * G, NULL) == NULL, "no 6-granule extent");
+  PP_ASSERT(pp_ext_take(&x, 5 * G, NULL) == p[1], "exact fit");
+  PP_ASSERT(pp_ext_take(&x, 3 * G, NULL) == NULL, "nothing left");
+  PP_ASSERT(pp_ext_take(&x, 1000, NULL) == NULL, "not a granule multiple");
   pp_ext_fini(&x);
 }
 

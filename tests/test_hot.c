@@ -2,9 +2,9 @@
  * Hot slots (src/pool.c): a class above tcache_bytes has no thread cache;
  * the last block freed into each of its bins waits in an atomic slot,
  * outside the bin's lists, for the next allocation. Whatever needs every
- * idle segment in the lists must see it there too: reuse, borrowing,
- * remapping, releasing idle memory (pinpool_empty_cache, the max_reserved
- * retry), the validator and the stats. Each case below fails if one of
+ * idle byte of the arena must see it there too: reuse, a request of
+ * another size, releasing idle memory (pinpool_empty_cache, the
+ * max_reserved retry), the validator and the stats. Each case below fails if one of
  * those paths forgets the slot; test_slot_used (white box) that the slot
  * is used at all, without which they would pass on the lists alone. (The
  * ordering that hands the memory over is what the race mutant HOT_RELAXED
@@ -77,7 +77,7 @@ static void test_empty_cache(void **state) {
 /* max_reserved: the retry releases idle memory, the slot's included. */
 static void test_max_reserved(void **state) {
   (void)state;
-  pinpool_t *pool = make("remap=0,max_reserved=8MiB");
+  pinpool_t *pool = make("max_reserved=8MiB");
   void *a = pp_alloc_touch(pool, 4 * MiB);
   PP_OK(pinpool_free(pool, a));
   void *b = pp_alloc_touch(pool, 6 * MiB); /* 4 + 6 > 8: only after release */
@@ -90,36 +90,48 @@ static void test_max_reserved(void **state) {
   pinpool_destroy(pool);
 }
 
-/* Borrowing looks in the larger classes' slots. */
-static void test_borrow(void **state) {
+/* A slot's block of another size of the class goes back to the arena,
+ * and the request is carved from its space: no new chunk, exactly the
+ * requested pages. */
+static void test_other_size(void **state) {
   (void)state;
-  pinpool_t *pool = make("remap=0");
+  pinpool_t *pool = make("");
   void *a = pp_alloc_touch(pool, 5 * MiB);
   PP_OK(pinpool_free(pool, a));
-  void *b = pp_alloc_touch(pool, 4 * MiB + 512 * KiB); /* one class below */
+  uint64_t calls = pp_stats_of(pool).backend_alloc.count;
+  void *b = pp_alloc_touch(pool, 4 * MiB + 516 * KiB); /* the same class */
   pinpool_stats_t s = pp_stats_of(pool);
-  PP_ASSERT(b == a && s.borrowed_blocks == 1 && s.segments.current == 1,
-            "borrowed %" PRIu64 " segments %" PRIu64, s.borrowed_blocks,
+  size_t bs = 0;
+  PP_OK(pinpool_block_size(pool, b, &bs));
+  PP_ASSERT(b == a && bs == 4 * MiB + 516 * KiB && s.segments.current == 1 &&
+                s.backend_alloc.count == calls,
+            "block %p (a %p) of %zu, segments %" PRIu64, b, a, bs,
             s.segments.current);
+  PP_CHECK_CONSISTENT(pool);
   PP_OK(pinpool_free(pool, b));
   PP_CHECK_CONSISTENT(pool);
   pinpool_destroy(pool);
 }
 
-/* Remapping takes a slot's segment: split with no new memory. */
-static void test_remap(void **state) {
+/* A smaller class is carved from a slot's block's space too. */
+static void test_split_in_arena(void **state) {
   (void)state;
   pinpool_t *pool = make("");
   void *a = pp_alloc_touch(pool, 8 * MiB);
   PP_OK(pinpool_free(pool, a));
   uint64_t calls = pp_stats_of(pool).backend_alloc.count;
-  void *b = pp_alloc_touch(pool, 1 * MiB); /* 24 classes below: no borrow */
+  void *b = pp_alloc_touch(pool, 1 * MiB);
+  void *c = pp_alloc_touch(pool, 3 * MiB);
   pinpool_stats_t s = pp_stats_of(pool);
-  PP_ASSERT(s.remapped_segments == 1 && s.reserved_bytes.current == 8 * MiB &&
-                s.backend_alloc.count == calls,
-            "remapped %" PRIu64 " reserved %" PRIu64, s.remapped_segments,
-            s.reserved_bytes.current);
+  PP_ASSERT(s.reserved_bytes.current == 8 * MiB && b == a &&
+                (char *)c == (char *)a + 1 * MiB &&
+                s.backend_alloc.count == calls && s.free_extents == 1 &&
+                s.chunk_free_bytes == 4 * MiB &&
+                s.largest_free_extent == 4 * MiB,
+            "reserved %" PRIu64 " b %p c %p (a %p) extents %" PRIu64,
+            s.reserved_bytes.current, b, c, a, s.free_extents);
   PP_OK(pinpool_free(pool, b));
+  PP_OK(pinpool_free(pool, c));
   PP_CHECK_CONSISTENT(pool);
   pinpool_destroy(pool);
 }
@@ -208,8 +220,7 @@ static void test_peak_larger_request(void **state) {
  * or 32 MiB of the 96 MiB peak go unseen. */
 static void test_peak_sample_between(void **state) {
   (void)state;
-  /* remap=0: the miss of 64 MiB would otherwise gather a's segment. */
-  pinpool_t *pool = make("remap=0");
+  pinpool_t *pool = make("");
   void *a = pp_alloc_touch(pool, 32 * MiB);
   PP_OK(pinpool_free(pool, a));
   void *c = pp_alloc_touch(pool, 64 * MiB); /* a miss: samples */
@@ -218,7 +229,7 @@ static void test_peak_sample_between(void **state) {
   PP_OK(pinpool_free(pool, b));
   PP_OK(pinpool_free(pool, c));
   pinpool_stats_t s = pp_stats_of(pool); /* samples: not before this */
-  PP_ASSERT(s.segments.current == 2 && s.remapped_segments == 0,
+  PP_ASSERT(s.segments.current == 2,
             "segments %" PRIu64, s.segments.current);
   PP_ASSERT(s.block_bytes.peak + s.peak_slack_bytes >= 96 * MiB &&
                 s.requests.peak == 2,
@@ -294,8 +305,8 @@ int main(void) {
       cmocka_unit_test(test_reuse),
       cmocka_unit_test(test_empty_cache),
       cmocka_unit_test(test_max_reserved),
-      cmocka_unit_test(test_borrow),
-      cmocka_unit_test(test_remap),
+      cmocka_unit_test(test_other_size),
+      cmocka_unit_test(test_split_in_arena),
       cmocka_unit_test(test_capped),
       cmocka_unit_test(test_other_thread),
       cmocka_unit_test(test_peak_larger_request),

@@ -32,8 +32,7 @@ static void test_max_reserved_large(void **state) {
   const uint64_t cap = 8 * MiB;
   counting_backend_t cb;
   cb_init(&cb);
-  /* borrow=0: the retry below is what is tested, not a borrowed block. */
-  pinpool_t *pool = create_cb("max_reserved=8MiB,tcache_bytes=0,borrow=0", &cb);
+  pinpool_t *pool = create_cb("max_reserved=8MiB,tcache_bytes=0", &cb);
   pinpool_stats_t st, st2;
   PP_STATS(pool, &st);
   PP_ASSERT(st.max_reserved == cap, "max_reserved %" PRIu64, st.max_reserved);
@@ -204,21 +203,20 @@ static void test_max_reserved_random(void **state) {
   cb_fini(&cb);
 }
 
-/* ---- borrow
- * ------------------------------------------------------------------ */
-/* A miss of a large class takes the idle block of a class at most `borrow`
- * classes larger instead of a new segment; freed, the block goes back to
- * its own class. Not beyond the limit, not from a partly used slab, and
- * never with borrow=0. */
-static void borrow_case(const char *conf, size_t have, size_t want,
-                        int expect_borrow) {
+/* ---- carving from the arena
+ * ----------------------------------------------------- */
+/* A large request is carved from the free space of the arena at its
+ * page-rounded size: from an idle block's space, with no backend call and
+ * no miss, under a page of waste; freed, the block coalesces with its free
+ * neighbours, so the larger request fits the same space again. */
+static void carve_case(size_t have, size_t want) {
   counting_backend_t cb;
   cb_init(&cb);
-  pinpool_t *pool = create_cb(conf, &cb);
+  pinpool_t *pool = create_cb("", &cb);
   void *a = NULL, *b = NULL, *c = NULL;
   PP_OK(pinpool_alloc(pool, have, &a));
   PP_OK(pinpool_free(pool, a));
-  PP_OK(pinpool_thread_flush(pool)); /* idle in the central bins */
+  PP_OK(pinpool_thread_flush(pool)); /* back in the arena */
   uint64_t calls = cb_counts(&cb).calls;
   pinpool_stats_t st, st2;
   PP_STATS(pool, &st);
@@ -226,34 +224,26 @@ static void borrow_case(const char *conf, size_t have, size_t want,
   PP_STATS(pool, &st2);
   size_t bs = 0;
   PP_OK(pinpool_block_size(pool, b, &bs));
-  if (expect_borrow) {
-    PP_ASSERT(b == a && bs == pp_ref_class(have),
-              "[%s] %zu from the idle %zu block: got %p (%zu bytes)", conf,
-              want, have, b, bs);
-    PP_ASSERT(cb_counts(&cb).calls == calls, "[%s] a backend call", conf);
-    PP_ASSERT(st2.borrowed_blocks == st.borrowed_blocks + 1 &&
-                  st2.cache_misses == st.cache_misses,
-              "[%s] borrowed %" PRIu64 " -> %" PRIu64 ", misses %" PRIu64
-              " -> %" PRIu64,
-              conf, st.borrowed_blocks, st2.borrowed_blocks, st.cache_misses,
-              st2.cache_misses);
-    PP_ASSERT(st2.block_bytes.current == bs &&
-                  st2.requested_bytes.current == want,
-              "[%s] block bytes %" PRIu64 ", requested %" PRIu64, conf,
-              st2.block_bytes.current, st2.requested_bytes.current);
-  } else {
-    PP_ASSERT(b != a && bs == pp_ref_class(want),
-              "[%s] %zu must not take the idle %zu block (got %zu bytes)", conf,
-              want, have, bs);
-    PP_ASSERT(st2.borrowed_blocks == st.borrowed_blocks, "[%s] borrowed", conf);
-  }
+  size_t pages = (want + 4095) / 4096 * 4096;
+  PP_ASSERT(b == a && bs == pages,
+            "%zu from the idle %zu block's space: got %p (a %p), %zu bytes",
+            want, have, b, a, bs);
+  PP_ASSERT(cb_counts(&cb).calls == calls, "a backend call");
+  PP_ASSERT(st2.cache_misses == st.cache_misses && st2.free_extents == 1 &&
+                st2.chunk_free_bytes == st.chunk_free_bytes - pages,
+            "misses %" PRIu64 " -> %" PRIu64 ", extents %" PRIu64,
+            st.cache_misses, st2.cache_misses, st2.free_extents);
+  PP_ASSERT(st2.block_bytes.current == pages &&
+                st2.requested_bytes.current == want,
+            "block bytes %" PRIu64 ", requested %" PRIu64,
+            st2.block_bytes.current, st2.requested_bytes.current);
   PP_CHECK_CONSISTENT(pool);
   PP_OK(pinpool_free(pool, b));
   PP_OK(pinpool_thread_flush(pool));
   PP_CHECK_CONSISTENT(pool);
-  /* Back in its own class: a request of that class reuses it. */
+  /* Coalesced: the larger request fits the same space again. */
   PP_OK(pinpool_alloc(pool, have, &c));
-  PP_ASSERT(!expect_borrow || c == a, "[%s] not back in its class", conf);
+  PP_ASSERT(c == a && cb_counts(&cb).calls == calls, "not coalesced");
   PP_OK(pinpool_free(pool, c));
   PP_CHECK_CONSISTENT(pool);
   pinpool_destroy(pool);
@@ -261,24 +251,12 @@ static void borrow_case(const char *conf, size_t have, size_t want,
   cb_fini(&cb);
 }
 
-static void test_borrow(void **state) {
+static void test_carve(void **state) {
   (void)state;
-  /* Classes above 2 MiB: 2.25, 2.5, 2.75, 3 (4 up), 3.5, 4 (8 up), 4.5 MiB
-   * (9 up) ... 8 MiB (16 up: the default limit), 9 MiB (17 up). */
-  borrow_case("", 8 * MiB, 2 * MiB, 1);
-  borrow_case("", 8 * MiB, 2 * MiB + 1, 1);
-  borrow_case("", 9 * MiB, 2 * MiB, 0);
-  borrow_case("borrow=4", 3 * MiB, 2 * MiB, 1);
-  borrow_case("borrow=4", 3 * MiB + 512 * KiB, 2 * MiB, 0);
-  borrow_case("borrow=8", 4 * MiB, 2 * MiB, 1);
-  borrow_case("borrow=8", 4 * MiB + 512 * KiB, 2 * MiB, 0);
-  borrow_case("borrow=9", 4 * MiB + 512 * KiB, 2 * MiB, 1);
-  borrow_case("borrow=0", 4 * MiB, 3 * MiB, 0);
-  borrow_case("borrow=1", 2 * MiB + 256 * KiB, 2 * MiB, 1);
-  borrow_case("tcache_bytes=0,shards=3", 7 * MiB, 5 * MiB, 1);
-  /* Smaller never serves larger; slabs (<= 256 KiB) never lend. */
-  borrow_case("", 2 * MiB, 3 * MiB, 0);
-  borrow_case("", 256 * KiB, 160 * KiB, 0);
+  carve_case(8 * MiB, 2 * MiB);
+  carve_case(8 * MiB, 2 * MiB + 1);
+  carve_case(9 * MiB, 300 * KiB + 5);
+  carve_case(64 * MiB, 33 * MiB + 4095);
 }
 
 /* ---- max_cached_pct
@@ -770,7 +748,7 @@ int main(void) {
       cmocka_unit_test(test_max_reserved_large),
       cmocka_unit_test(test_max_reserved_small),
       cmocka_unit_test(test_max_reserved_random),
-      cmocka_unit_test(test_borrow),
+      cmocka_unit_test(test_carve),
       cmocka_unit_test(test_max_cached_pct),
       cmocka_unit_test(test_max_cached_in_order),
       cmocka_unit_test(test_max_cached_shuffled),

@@ -76,15 +76,11 @@ size_t pp_ref_class(size_t s) {
   return (s + step - 1) & ~(step - 1);
 }
 
-int pp_ref_block_ok(size_t size, size_t bs) {
-  size_t cls = pp_ref_class(size);
-  if (bs == cls)
-    return 1;
-  size_t up = cls; /* borrow's default: 16 classes up */
-  for (int i = 0; i < 16; i++)
-    up = pp_ref_class(up + 1);
-  return cls > 256 * KiB && bs > cls && bs <= up && pp_ref_class(bs) == bs;
+size_t pp_ref_block(size_t s) {
+  return s > 256 * KiB ? (s + 4095) / 4096 * 4096 : pp_ref_class(s);
 }
+
+int pp_ref_block_ok(size_t size, size_t bs) { return bs == pp_ref_block(size); }
 
 void pp_get_stats_(pinpool_t *pool, pinpool_stats_t *st, const char *file,
                    int line) {
@@ -182,8 +178,10 @@ void pp_check_stats_equal_(const pinpool_stats_t *a, const pinpool_stats_t *b,
   CMP_U64(oom_count)
   CMP_U64(retries)
   CMP_U64(trimmed_segments)
-  CMP_U64(borrowed_blocks)
-  CMP_U64(remapped_segments)
+  CMP_U64(arena_chunks)
+  CMP_U64(chunk_free_bytes)
+  CMP_U64(free_extents)
+  CMP_U64(largest_free_extent)
   CMP_U64(history_lost_writes)
   CMP_U64(mlock_failures)
   CMP_U64(locked_bytes)

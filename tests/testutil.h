@@ -92,11 +92,12 @@ size_t pp_rand_size(uint64_t *s, size_t lo, size_t hi);
 /* < 512 -> 512; for 2^e <= s < 2^(e+1), e >= 9: round up to a multiple of
  * 2^(e-3). Valid for 1 <= s <= 2^62. */
 size_t pp_ref_class(size_t s);
-/* Whether a block of bs bytes may serve a request of `size` under the
- * default borrow=16: its own class, or, for classes above 256 KiB (one
- * block per segment), one at most 16 classes larger (docs/
- * allocation-policy.md, "Borrowing"). */
+/* Whether bs is the size of the block a request of `size` gets
+ * (pp_ref_block). */
 int pp_ref_block_ok(size_t size, size_t bs);
+/* The block size a request gets: its class up to 256 KiB, above it the
+ * request rounded up to a page (carved from the arena). */
+size_t pp_ref_block(size_t s);
 
 /* ---- Stats ----------------------------------------------------------------
  */

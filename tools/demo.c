@@ -614,8 +614,10 @@ static void print_stats_table(const pinpool_stats_t *s) {
   print_count("oom_count", s->oom_count, "");
   print_count("retries", s->retries, "");
   print_count("trimmed_segments", s->trimmed_segments, "");
-  print_count("borrowed_blocks", s->borrowed_blocks, "");
-  print_count("remapped_segments", s->remapped_segments, "");
+  print_count("arena_chunks", s->arena_chunks, "");
+  print_bytes("chunk_free_bytes", s->chunk_free_bytes, "");
+  print_count("free_extents", s->free_extents, "");
+  print_bytes("largest_free_extent", s->largest_free_extent, "");
   print_count("mlock_failures", s->mlock_failures, "");
   print_bytes("locked_bytes", s->locked_bytes, "");
   print_duration("backend_alloc", &s->backend_alloc);

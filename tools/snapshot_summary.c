@@ -163,7 +163,7 @@ static void problem(problems_t *p, const char *fmt, ...) {
 
 /* The totals object's fields. */
 typedef struct totals {
-  uint64_t segments, segment_bytes, reserve_free, reserved, allocated,
+  uint64_t segments, segment_bytes, chunk_free, reserved, allocated,
       allocated_blocks, requested, pending, pending_blocks, cached,
       cached_blocks, uncarved, tail;
 } totals_t;
@@ -193,7 +193,7 @@ static void read_totals(const snap_t *s, totals_t *t) {
   const json_t *o = json_object_get(s->root, "totals");
   t->segments = snap_u64(o, "segments");
   t->segment_bytes = snap_u64(o, "segment_bytes");
-  t->reserve_free = snap_u64(o, "reserve_free_bytes");
+  t->chunk_free = snap_u64(o, "chunk_free_bytes");
   t->reserved = snap_u64(o, "reserved_bytes");
   t->allocated = snap_u64(o, "allocated_bytes");
   t->allocated_blocks = snap_u64(o, "allocated_blocks");
@@ -346,11 +346,11 @@ static void check_totals(summary_t *m) {
             "totals: reserved_bytes %" PRIu64 " != allocated %" PRIu64
             " + pending %" PRIu64 " + cached %" PRIu64,
             t->reserved, t->allocated, t->pending, t->cached);
-  if (t->reserved != t->segment_bytes + t->reserve_free)
+  if (t->reserved != t->segment_bytes + t->chunk_free)
     problem(&m->problems,
             "totals: reserved_bytes %" PRIu64 " != segment_bytes %" PRIu64
-            " + reserve_free_bytes %" PRIu64,
-            t->reserved, t->segment_bytes, t->reserve_free);
+            " + chunk_free_bytes %" PRIu64,
+            t->reserved, t->segment_bytes, t->chunk_free);
   for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
     uint64_t a, b;
     memcpy(&a, (const char *)t + fields[k].off, sizeof a);
@@ -370,9 +370,9 @@ static void summarize(const snap_t *s, summary_t *m) {
     summarize_segment(s, seg, m, &prev_end);
   /* Cached memory is everything reserved and not live; the reserve's free
    * ranges are not in any segment, so they come from the totals. */
-  m->r.reserve_free = m->t.reserve_free;
-  m->r.cached += m->r.uncarved + m->r.tail + m->r.reserve_free;
-  m->r.reserved = m->r.segment_bytes + m->r.reserve_free;
+  m->r.chunk_free = m->t.chunk_free;
+  m->r.cached += m->r.uncarved + m->r.tail + m->r.chunk_free;
+  m->r.reserved = m->r.segment_bytes + m->r.chunk_free;
   check_totals(m);
 
   for (size_t i = 0; i < s->nentries; i++) {
@@ -493,7 +493,7 @@ static void write_summary_text(const snap_t *s, const char *name,
                                size_t n, size_t top, FILE *out) {
   const totals_t *t = &m->t, *r = &m->r;
   const json_t *h = json_object_get(s->root, "history");
-  uint64_t free_seg = r->cached - r->tail - r->reserve_free;
+  uint64_t free_seg = r->cached - r->tail - r->chunk_free;
   uint64_t waste = r->allocated - r->requested;
   char hb[CLI_BYTES_LEN];
 
@@ -511,14 +511,14 @@ static void write_summary_text(const snap_t *s, const char *name,
     put_row(out, flag_names[k], m->flag_segments[k], m->flag_bytes[k]);
   put_row(out, "(no flags)", m->noflag_segments, m->noflag_bytes);
   fprintf(out, "  %-16s %10s ", "reserve free", "");
-  put_bytes(out, 14, t->reserve_free);
+  put_bytes(out, 14, t->chunk_free);
   fprintf(out, "\n");
 
   fprintf(out, "\nblocks by state\n  %-16s %10s %14s\n", "", "blocks", "bytes");
   put_row(out, "allocated", r->allocated_blocks, r->allocated);
   put_row(out, "pending_free", r->pending_blocks, r->pending);
   put_row(out, "cached", r->cached_blocks,
-          r->cached - r->uncarved - r->tail - r->reserve_free);
+          r->cached - r->uncarved - r->tail - r->chunk_free);
   put_row(out, "uncarved", m->uncarved_blocks, r->uncarved);
   fprintf(out, "  %-16s %10s ", "segment tails", "");
   put_bytes(out, 14, r->tail);
@@ -567,8 +567,8 @@ static void write_summary_text(const snap_t *s, const char *name,
           "  cached    %" PRIu64 " = cached blocks %" PRIu64
           " + uncarved %" PRIu64 " + tails %" PRIu64 " + reserve free %" PRIu64
           "\n",
-          r->cached, r->cached - r->uncarved - r->tail - r->reserve_free,
-          r->uncarved, r->tail, r->reserve_free);
+          r->cached, r->cached - r->uncarved - r->tail - r->chunk_free,
+          r->uncarved, r->tail, r->chunk_free);
   put_stats_check(out, s, t);
   for (size_t k = 0; k < m->problems.n && k < MAX_PROBLEMS; k++)
     fprintf(out, "  MISMATCH  %s\n", m->problems.msg[k]);
@@ -653,7 +653,7 @@ static json_t *summary_json(const snap_t *s, const char *name,
                             size_t n, size_t top) {
   const totals_t *r = &m->r;
   const json_t *h = json_object_get(s->root, "history");
-  uint64_t free_seg = r->cached - r->tail - r->reserve_free;
+  uint64_t free_seg = r->cached - r->tail - r->chunk_free;
   json_t *o = json_object(), *x;
 
   jset(o, "file", jname(name));
@@ -671,7 +671,7 @@ static json_t *summary_json(const snap_t *s, const char *name,
   for (size_t k = 0; k < NFLAGS; k++)
     jset(x, flag_names[k], jcount(m->flag_segments[k], m->flag_bytes[k]));
   jset(x, "no_flags", jcount(m->noflag_segments, m->noflag_bytes));
-  jset(x, "reserve_free_bytes", jint(r->reserve_free));
+  jset(x, "chunk_free_bytes", jint(r->chunk_free));
   jset(o, "segments", x);
 
   x = json_object();
@@ -679,7 +679,7 @@ static json_t *summary_json(const snap_t *s, const char *name,
   jset(x, "pending_free", jcount(r->pending_blocks, r->pending));
   jset(x, "cached",
        jcount(r->cached_blocks,
-              r->cached - r->uncarved - r->tail - r->reserve_free));
+              r->cached - r->uncarved - r->tail - r->chunk_free));
   jset(x, "uncarved", jcount(m->uncarved_blocks, r->uncarved));
   jset(x, "tail_bytes", jint(r->tail));
   jset(o, "blocks", x);

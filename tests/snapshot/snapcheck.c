@@ -121,7 +121,7 @@ int snapcheck(const char *text, size_t len, snapcheck_t *out, char *why,
           (unsigned long long)addrs[i]);
       goto done;
     }
-  uint64_t rfree = u(tot, "reserve_free_bytes");
+  uint64_t rfree = u(tot, "chunk_free_bytes");
   if (u(tot, "allocated_bytes") != alloc_b ||
       u(tot, "pending_bytes") != pend_b ||
       u(tot, "cached_bytes") != cached_b + extra + rfree ||

@@ -594,7 +594,7 @@ def big_snapshot(path, nblocks, nentries):
     doc["segments"] = segs
     doc["totals"] = {
         "segments": nseg, "segment_bytes": nseg * per * bs,
-        "reserve_free_bytes": 0, "reserved_bytes": nseg * per * bs,
+        "chunk_free_bytes": 0, "reserved_bytes": nseg * per * bs,
         "allocated_bytes": alloc, "allocated_blocks": allocb,
         "requested_bytes": req, "pending_bytes": 0, "pending_blocks": 0,
         "cached_bytes": cachedb * bs + unc, "cached_blocks": cachedb,

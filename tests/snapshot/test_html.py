@@ -248,7 +248,7 @@ def synthetic(nblocks, nentries, seed=7):
         addr += size
     seg_bytes = sum(s["size"] for s in segments)
     totals = {"segments": len(segments), "segment_bytes": seg_bytes,
-              "reserve_free_bytes": 0, "reserved_bytes": seg_bytes,
+              "chunk_free_bytes": 0, "reserved_bytes": seg_bytes,
               "allocated_bytes": tot["allocated_bytes"],
               "allocated_blocks": tot["allocated_blocks"],
               "requested_bytes": tot["requested_bytes"],

@@ -1,0 +1,259 @@
+/*
+ * The arena: every segment's memory (docs/allocation-policy.md, "Arenas").
+ *
+ * The backend is asked for chunks, each populated, locked and registered
+ * once; segments are carved from them (extent.c: page granule, good fit,
+ * coalescing) and given back to them. Slabs are carved at their size,
+ * large blocks at their page-rounded request. Memory goes back to the
+ * backend only as whole free chunks, only through pp_arena_release (empty
+ * cache, the caps, an allocation that found max_reserved reached) and at
+ * destroy: the steady state makes no backend call at all.
+ *
+ * Growth: a chunk is an eighth of the arena (so the arena grows by 12.5 %
+ * at a time and the chunk count is logarithmic in its size), rounded up to
+ * 2 MiB, between 2 MiB and 1 GiB, and at least the request rounded up to
+ * 2 MiB: a request above the chunk size gets a chunk of its own. When
+ * max_reserved does not allow that much, the chunk is just the request.
+ *
+ * Locking: the arena's lock is a leaf among the pool's locks (pool.c's
+ * order); no backend call is made under it (invariant 1): a take that
+ * finds no room drops it, makes the chunk, and takes it again.
+ *
+ * Accounting (stats.c, validate.c): a chunk's bytes enter the pool as
+ * cached (central_in) when it is made and leave (central_out) when it is
+ * released; carving a segment and giving it back move idle bytes within
+ * the pool and change no counter.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+
+#define CHUNK_ALIGN ((size_t)2 << 20)
+#define CHUNK_MIN ((size_t)2 << 20)
+#define CHUNK_MAX ((size_t)1 << 30)
+
+static size_t round_up(size_t n, size_t to) {
+  return n > SIZE_MAX - (to - 1) ? SIZE_MAX & ~(to - 1)
+                                 : (n + to - 1) & ~(to - 1);
+}
+
+/* ---- The backend, with the max_reserved cap ----------------------------- */
+
+static bool reserve_bytes(pinpool_t *pool, size_t n) {
+  uint64_t cap = pool->cfg.max_reserved;
+  uint64_t cur = pp_load_relaxed(&pool->gs.reserved_cur);
+  do {
+    if (cap != 0 && (cur + n > cap || cur + n < cur))
+      return false;
+  } while (!atomic_compare_exchange_weak_explicit(&pool->gs.reserved_cur, &cur,
+                                                  cur + n, memory_order_relaxed,
+                                                  memory_order_relaxed));
+  pp_atomic_max_relaxed(&pool->gs.reserved_peak, cur + n);
+  return true;
+}
+
+static int backend_alloc(pinpool_t *pool, size_t size, void **mem,
+                         unsigned *flags) {
+  if (!reserve_bytes(pool, size))
+    return pp_fail(PINPOOL_ENOMEM,
+                   "max_reserved (%llu bytes) reached: %llu reserved, %zu "
+                   "more needed",
+                   (unsigned long long)pool->cfg.max_reserved,
+                   (unsigned long long)pp_load_relaxed(&pool->gs.reserved_cur),
+                   size);
+  uint64_t t0 = pp_now_ns();
+  *flags = 0;
+  int rc = pp_fault_hit(&pool->cfg, PP_FAULT_ALLOC)
+               ? pp_fail(PINPOOL_ENOMEM,
+                         "backend '%s': injected failure of "
+                         "an allocation of %zu bytes",
+                         pool->prov.name, size)
+               : pool->prov.alloc(pool->prov.ctx, size, mem, flags);
+  pp_backend_timed(&pool->gs.ba_count, &pool->gs.ba_total, &pool->gs.ba_max,
+                   t0);
+  if (rc == 0 &&
+      (uintptr_t)*mem + size > ((uintptr_t)1 << PP_MAP_ADDR_BITS)) {
+    /* Segments carved from it could never be mapped (segmap.c). */
+    pool->prov.free(pool->prov.ctx, *mem, size);
+    rc = pp_fail(PINPOOL_EBACKEND,
+                 "backend '%s' returned %p (%zu bytes), beyond 2^48",
+                 pool->prov.name, *mem, size);
+  }
+  if (rc != 0) {
+    pp_fetch_sub_relaxed(&pool->gs.reserved_cur, size);
+    return rc;
+  }
+  pp_fetch_add_relaxed(&pool->gs.reserved_alloc, size);
+  pp_fetch_add_relaxed(&pool->gs.central_in, size); /* new memory is idle */
+  if (*flags & PP_SEG_LOCKED)
+    pp_fetch_add_relaxed(&pool->gs.locked_bytes, size);
+  if (*flags & PP_SEG_LOCK_FAILED)
+    pp_fetch_add_relaxed(&pool->gs.mlock_failures, 1);
+  return 0;
+}
+
+static void backend_free(pinpool_t *pool, void *mem, size_t size,
+                         unsigned flags) {
+  uint64_t t0 = pp_now_ns();
+  pool->prov.free(pool->prov.ctx, mem, size);
+  pp_backend_timed(&pool->gs.bf_count, &pool->gs.bf_total, &pool->gs.bf_max,
+                   t0);
+  pp_fetch_sub_relaxed(&pool->gs.reserved_cur, size);
+  pp_fetch_add_relaxed(&pool->gs.reserved_freed, size);
+  pp_fetch_add_relaxed(&pool->gs.central_out, size);
+  if (flags & PP_SEG_LOCKED)
+    pp_fetch_sub_relaxed(&pool->gs.locked_bytes, size);
+}
+
+/* ---- Chunks --------------------------------------------------------------- */
+
+/* A new chunk with room for `need` bytes, entered into the arena. No lock
+ * held. */
+static int grow(pinpool_t *pool, size_t need) {
+  pp_arena_t *a = &pool->arena;
+  size_t size = (size_t)(pp_load_relaxed(&a->total) / 8);
+  size = size < CHUNK_MIN ? CHUNK_MIN : size > CHUNK_MAX ? CHUNK_MAX : size;
+  size = round_up(size, CHUNK_ALIGN);
+  size_t own = round_up(need, CHUNK_ALIGN);
+  if (own > size)
+    size = own;
+  uint64_t cap = pool->cfg.max_reserved;
+  if (cap != 0 && pp_load_relaxed(&pool->gs.reserved_cur) + size > cap)
+    size = need; /* the cap decides: no more than asked for */
+  void *mem = NULL;
+  unsigned flags = 0;
+  int rc = backend_alloc(pool, size, &mem, &flags);
+  if (rc != 0)
+    return rc;
+  pp_mutex_lock(&a->lock);
+  rc = pp_ext_add_chunk(&a->ext, mem, size, flags);
+  if (rc == 0)
+    pp_store_relaxed(&a->total, a->ext.total_bytes);
+  pp_mutex_unlock(&a->lock);
+  if (rc != 0) {
+    backend_free(pool, mem, size, flags);
+    return pp_fail(PINPOOL_ENOMEM, "out of memory for the arena's metadata");
+  }
+  pp_hist_event(pool, PP_H_SEGMENT_ALLOC, (uintptr_t)mem, size, 0, 0, NULL);
+  return 0;
+}
+
+int pp_arena_init(pinpool_t *pool) {
+  pp_arena_t *a = &pool->arena;
+  pp_mutex_init(&a->lock);
+  pp_ext_init(&a->ext, PP_PAGE);
+  if (pool->cfg.reserve == 0)
+    return 0;
+  size_t size = round_up(pool->cfg.reserve, PP_PAGE);
+  void *mem = NULL;
+  unsigned flags = 0;
+  int rc = backend_alloc(pool, size, &mem, &flags);
+  if (rc != 0)
+    return rc;
+  if (pp_ext_add_chunk(&a->ext, mem, size, flags | PP_SEG_FROM_RESERVE) != 0) {
+    backend_free(pool, mem, size, flags);
+    return pp_fail(PINPOOL_ENOMEM, "out of memory for the reserve's metadata");
+  }
+  pp_store_relaxed(&a->total, size);
+  pool->reserve_size = size;
+  pool->has_reserve = true;
+  return 0;
+}
+
+void pp_arena_fini(pinpool_t *pool) {
+  pp_arena_t *a = &pool->arena;
+  /* Teardown: every segment was released (pp_segment_release_all gave
+   * nothing back to the arena: the chunks go whole). */
+  for (size_t i = 0; i < a->ext.nchunks; i++) {
+    uintptr_t base;
+    size_t size;
+    unsigned flags;
+    pp_ext_chunk_info(a->ext.chunks[i], &base, &size, &flags);
+    backend_free(pool, (void *)base, size, flags);
+  }
+  pp_ext_fini(&a->ext);
+  pp_mutex_destroy(&a->lock);
+}
+
+int pp_arena_take(pinpool_t *pool, size_t size, void **mem, unsigned *flags,
+                  bool *grew) {
+  pp_arena_t *a = &pool->arena;
+  pp_assert(size % PP_PAGE == 0 && size > 0);
+  for (int tries = 0;; tries++) {
+    pp_mutex_lock(&a->lock);
+    void *p = pp_ext_take(&a->ext, size, flags);
+    pp_mutex_unlock(&a->lock);
+    if (p != NULL) {
+      *mem = p;
+      return 0;
+    }
+    /* The first miss gives idle slabs back to their chunks (they may
+     * coalesce into room) before the arena grows; another thread may take
+     * the new chunk's room before us, hence the loop (each lap grows the
+     * arena, so it ends). */
+    if (tries == 0 && pp_release_idle(pool) > 0)
+      continue;
+    int rc = grow(pool, size);
+    if (rc != 0)
+      return rc;
+    *grew = true;
+  }
+}
+
+void pp_arena_give(pinpool_t *pool, void *mem, size_t size) {
+  pp_arena_t *a = &pool->arena;
+  pp_mutex_lock(&a->lock);
+  pp_ext_give(&a->ext, mem, size);
+  pp_mutex_unlock(&a->lock);
+}
+
+unsigned pp_arena_release(pinpool_t *pool, uint64_t budget) {
+  pp_arena_t *a = &pool->arena;
+  unsigned n = 0;
+  uint64_t got = 0;
+  while (got < budget) {
+    void *base;
+    size_t size;
+    unsigned flags;
+    pp_mutex_lock(&a->lock);
+    bool ok = pp_ext_remove_free_chunk(&a->ext, PP_SEG_FROM_RESERVE, &base,
+                                       &size, &flags);
+    if (ok)
+      pp_store_relaxed(&a->total, a->ext.total_bytes);
+    pp_mutex_unlock(&a->lock);
+    if (!ok)
+      break;
+    backend_free(pool, base, size, flags);
+    pp_hist_event(pool, PP_H_SEGMENT_FREE, (uintptr_t)base, size, 0, 0, NULL);
+    got += size;
+    n++;
+  }
+  return n;
+}
+
+void pp_arena_info(pinpool_t *pool, pp_arena_info_t *out) {
+  pp_arena_t *a = &pool->arena;
+  pp_mutex_lock(&a->lock);
+  size_t fb = 0;
+  out->chunks = a->ext.nchunks;
+  out->total = a->ext.total_bytes;
+  out->free_bytes = a->ext.free_bytes;
+  out->free_extents = a->ext.nfree;
+  out->largest = pp_ext_largest(&a->ext);
+  out->free_chunks = pp_ext_free_chunks(&a->ext, PP_SEG_FROM_RESERVE, &fb);
+  pp_mutex_unlock(&a->lock);
+}
+
+bool pp_arena_validate(pinpool_t *pool, char *why, size_t len) {
+  pp_arena_t *a = &pool->arena;
+  pp_mutex_lock(&a->lock);
+  bool ok = pp_ext_validate(&a->ext, why, len);
+  if (ok && pp_load_relaxed(&a->total) != a->ext.total_bytes) {
+    (void)snprintf(why, len, "arena: %zu bytes in chunks, counter says %llu",
+                   a->ext.total_bytes,
+                   (unsigned long long)pp_load_relaxed(&a->total));
+    ok = false;
+  }
+  pp_mutex_unlock(&a->lock);
+  return ok;
+}
