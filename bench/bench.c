@@ -24,8 +24,6 @@
  *   pinpool  pinpool (mlock=1; workload-specific settings in the record)
  *   pinpool-tc  W1 only: pinpool with tcache_bytes=8GiB (every size in the
  *            thread cache)
- *   pinpool-remap0  W2 only: pinpool with remap_min=0 (every one-block
- *            class gathers idle segments, not only those from 4 MiB)
  *   pinpool-h-alloc, pinpool-h-all, pinpool-h-all16  W1h only: pinpool
  *            with history level alloc (no stacks), all (no stacks), all
  *            with 16-frame stacks
@@ -1018,6 +1016,19 @@ static void rec_common(const common_t *c) {
     if (ic.mlock_failures > 0)
       note("%llu mlock failures (RLIMIT_MEMLOCK?): memory not locked",
            (unsigned long long)ic.mlock_failures);
+    if (g_im.kind == K_PINPOOL) {
+      /* Where the held memory is at the end (fragmentation, issue 21):
+       * free inside the arena's chunks, and idle in caches. */
+      pinpool_stats_t s;
+      if (pinpool_get_stats(g_im.pool, &s) == PINPOOL_OK) {
+        rec_num("chunks", (double)s.arena_chunks);
+        rec_num("chunk_free_mib", (double)s.chunk_free_bytes / (double)MIB);
+        rec_num("free_extents", (double)s.free_extents);
+        rec_num("largest_free_mib",
+                (double)s.largest_free_extent / (double)MIB);
+        rec_num("cached_mib", (double)s.cached_bytes.current / (double)MIB);
+      }
+    }
   } else if (req > 0 && g_hwm_reset) {
     rec_num("overhead", (double)rss / (double)req);
   }
@@ -3124,8 +3135,7 @@ static int one_case(void) { return 1; }
 static const workload_t g_workloads[] = {
     {"W1", "mlock=1", "pinpool-tc", ",tcache_bytes=8GiB", w1_ncases, w1_run, 2,
      false, false},
-    {"W2", "mlock=1", "pinpool-remap0", ",remap_min=0", w2_ncases, w2_run, 2,
-     false, false},
+    {"W2", "mlock=1", NULL, NULL, w2_ncases, w2_run, 2, false, false},
     {"W3", "mlock=1", NULL, NULL, w3_ncases, w3_run, 2, false, false},
     {"W4", "mlock=1,events=simulated,sim_delay_us=0", NULL, NULL, one_case,
      w4_run, 2, false, false},
@@ -3156,7 +3166,7 @@ static void usage(FILE *f) {
       "       pp_bench --cuda-probe\n"
       "       pp_bench --hold-syscount\n"
       "workloads: W1..W7, W1h (history cost), W8 (snapshots)\n"
-      "impls: pinpool, pinpool-tc (W1), pinpool-remap0 (W2), pinpool-h-alloc,\n"
+      "impls: pinpool, pinpool-tc (W1), pinpool-h-alloc,\n"
       "       pinpool-h-all, pinpool-h-all16 (W1h), refpool, rmmpool, naive,\n"
       "       floor (touch mode only), malloc (%s; --name NAME reports it\n"
       "       under another name); W1h and W8 measure pinpool only\n"

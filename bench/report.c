@@ -307,7 +307,7 @@ static double op_ns(const group_t *g) {
 static int impl_rank(const group_t *g) {
   static const char *order[] = {
       "floor",           "pinpool",         "pinpool-tc",
-      "pinpool-remap0",  "pinpool-h-alloc", "pinpool-h-all",
+      "pinpool-h-alloc", "pinpool-h-all",
       "pinpool-h-all16", "pinpool-cuda",    "pinpool-cuda-register",
       "rmmpool",         "refpool",         "refpool-cuda",
       "naive",           "cuhostalloc",     "glibc",
@@ -1628,7 +1628,6 @@ static const char *style(const char *impl, const char *mode, char *buf,
     const char *impl, *rgb;
   } colours[] = {{"pinpool", "#000000"},
                  {"pinpool-tc", "#7f7f7f"},
-                 {"pinpool-remap0", "#7f7f7f"},
                  {"refpool", "#9467bd"},
                  {"rmmpool", "#17becf"},
                  {"floor", "#bbbbbb"},

@@ -52,8 +52,8 @@ static bool reserve_bytes(pinpool_t *pool, size_t n) {
   return true;
 }
 
-static int backend_alloc(pinpool_t *pool, size_t size, void **mem,
-                         unsigned *flags) {
+static int backend_alloc(pinpool_t *pool, void *hint, size_t size,
+                         void **mem, unsigned *flags) {
   if (!reserve_bytes(pool, size))
     return pp_fail(PINPOOL_ENOMEM,
                    "max_reserved (%llu bytes) reached: %llu reserved, %zu "
@@ -68,6 +68,8 @@ static int backend_alloc(pinpool_t *pool, size_t size, void **mem,
                          "backend '%s': injected failure of "
                          "an allocation of %zu bytes",
                          pool->prov.name, size)
+           : hint != NULL && pool->prov.alloc_at != NULL
+               ? pool->prov.alloc_at(pool->prov.ctx, hint, size, mem, flags)
                : pool->prov.alloc(pool->prov.ctx, size, mem, flags);
   pp_backend_timed(&pool->gs.ba_count, &pool->gs.ba_total, &pool->gs.ba_max,
                    t0);
@@ -117,12 +119,34 @@ static int grow(pinpool_t *pool, size_t need) {
   size_t own = round_up(need, CHUNK_ALIGN);
   if (own > size)
     size = own;
+  /* backend=cuda makes a chunk with one cuMemHostAlloc, which may not be
+   * larger than register_max (cuda-register registers in pieces): the
+   * chunk stops there, unless the request itself is larger (which the
+   * backend then refuses, with its message). */
+  uint64_t rmax = pool->cfg.register_max & ~(uint64_t)(PP_PAGE - 1);
+  if (pool->cfg.backend == PP_BACKEND_CUDA && size > rmax)
+    size = need > rmax ? need : (size_t)rmax;
   uint64_t cap = pool->cfg.max_reserved;
   if (cap != 0 && pp_load_relaxed(&pool->gs.reserved_cur) + size > cap)
     size = need; /* the cap decides: no more than asked for */
+  /* Beside the arena if that space is free (mappings grow downwards:
+   * below its lowest chunk first), so that the new chunk joins a run. */
+  void *hint = NULL;
+  if (pool->prov.alloc_at != NULL) {
+    pp_mutex_lock(&a->lock);
+    if (a->ext.nchunks > 0) {
+      uintptr_t base;
+      size_t csize;
+      unsigned cflags;
+      pp_ext_chunk_info(a->ext.chunks[0], &base, &csize, &cflags);
+      if (base > size + ((uintptr_t)1 << 32))
+        hint = (void *)(base - size);
+    }
+    pp_mutex_unlock(&a->lock);
+  }
   void *mem = NULL;
   unsigned flags = 0;
-  int rc = backend_alloc(pool, size, &mem, &flags);
+  int rc = backend_alloc(pool, hint, size, &mem, &flags);
   if (rc != 0)
     return rc;
   pp_mutex_lock(&a->lock);
@@ -141,13 +165,13 @@ static int grow(pinpool_t *pool, size_t need) {
 int pp_arena_init(pinpool_t *pool) {
   pp_arena_t *a = &pool->arena;
   pp_mutex_init(&a->lock);
-  pp_ext_init(&a->ext, PP_PAGE);
+  pp_ext_init(&a->ext, PP_PAGE, pool->prov.alloc_at != NULL);
   if (pool->cfg.reserve == 0)
     return 0;
   size_t size = round_up(pool->cfg.reserve, PP_PAGE);
   void *mem = NULL;
   unsigned flags = 0;
-  int rc = backend_alloc(pool, size, &mem, &flags);
+  int rc = backend_alloc(pool, NULL, size, &mem, &flags);
   if (rc != 0)
     return rc;
   if (pp_ext_add_chunk(&a->ext, mem, size, flags | PP_SEG_FROM_RESERVE) != 0) {

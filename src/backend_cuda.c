@@ -101,7 +101,8 @@ static int register_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
   const cuda_ctx_t *b = ctx;
   void *p = NULL;
   unsigned f = 0;
-  int rc = pp_host_map(&b->cfg, size, b->cfg.register_threads, NULL, &p, &f);
+  int rc = pp_host_map(&b->cfg, NULL, size, b->cfg.register_threads, NULL, &p,
+                       &f);
   if (rc != 0)
     return rc;
   pp_cu_result_t cr = pp_cuda_push(b->cuda);
@@ -186,10 +187,10 @@ int pp_backend_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
                       : 0u);
   if (reg)
     *out = (pp_provider_t){"cuda-register", b,   register_alloc, register_free,
-                           cuda_destroy};
+                           cuda_destroy,    NULL};
   else
     *out =
-        (pp_provider_t){"cuda", b, cuda_alloc, cuda_free, cuda_destroy};
+        (pp_provider_t){"cuda", b, cuda_alloc, cuda_free, cuda_destroy, NULL};
   // cppcheck-suppress memleak ; ownership passed to *out (ctx)
   return 0;
 }

@@ -149,19 +149,50 @@ static int bind_node(char *p, size_t size, int node) {
   return 0;
 }
 
-int pp_host_map(const pp_config_t *cfg, size_t size, unsigned nthreads,
-                int *lock_err, void **out, unsigned *flags) {
+/* [hint, hint + size) mapped, if nothing else is mapped there, else
+ * MAP_FAILED. MAP_FIXED_NOREPLACE (Linux 4.17) refuses an occupied range;
+ * an older kernel takes it as a plain hint and may map elsewhere, which
+ * is undone. */
+static char *map_at_hint(void *hint, size_t size) {
+#ifdef MAP_FIXED_NOREPLACE
+  char *p = mmap(hint, size, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  if (p != MAP_FAILED && p != hint) {
+    (void)munmap(p, size);
+    p = MAP_FAILED;
+  }
+  return p;
+#else
+  (void)hint;
+  (void)size;
+  return MAP_FAILED;
+#endif
+}
+
+int pp_host_map(const pp_config_t *cfg, void *hint, size_t size,
+                unsigned nthreads, int *lock_err, void **out, unsigned *flags) {
   bool huge = cfg->hugepages;
   size_t map = huge ? size + HUGE_ALIGN : size;
-  char *p = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                 -1, 0);
+  char *p = MAP_FAILED;
+  *flags = 0;
+  if (hint != NULL && (!huge || ((uintptr_t)hint & (HUGE_ALIGN - 1)) == 0)) {
+    p = map_at_hint(hint, size);
+    if (p != MAP_FAILED) {
+      map = size;
+      huge = false; /* aligned already: no slack to trim */
+    }
+  }
+  if (p == MAP_FAILED)
+    p = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+             -1, 0);
+  else if (cfg->hugepages && madvise(p, size, MADV_HUGEPAGE) == 0)
+    *flags |= PP_SEG_HUGE;
   if (p == MAP_FAILED) {
     int e = errno;
     return pp_fail(e == ENOMEM ? PINPOOL_ENOMEM : PINPOOL_EBACKEND,
                    "host backend: mmap of %zu bytes failed: %s", map,
                    strerror(e));
   }
-  *flags = 0;
   if (huge) {
     /* THP needs 2 MiB-aligned ranges: trim the slack on both sides. */
     char *a = (char *)(((uintptr_t)p + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1));
@@ -202,12 +233,13 @@ int pp_host_map(const pp_config_t *cfg, size_t size, unsigned nthreads,
 
 void pp_host_unmap(void *p, size_t size) { (void)munmap(p, size); }
 
-static int host_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
+static int host_alloc_at(void *ctx, void *hint, size_t size, void **out,
+                         unsigned *flags) {
   const host_ctx_t *h = ctx;
   char *p = NULL;
   int lock_err = 0;
   bool lock = h->cfg.mlock != PP_MLOCK_OFF;
-  int rc = pp_host_map(&h->cfg, size, h->cfg.populate_threads,
+  int rc = pp_host_map(&h->cfg, hint, size, h->cfg.populate_threads,
                        lock ? &lock_err : NULL, (void **)&p, flags);
   if (rc != 0)
     return rc;
@@ -238,6 +270,10 @@ static void host_free(void *ctx, void *ptr, size_t size) {
   (void)munmap(ptr, size);
 }
 
+static int host_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
+  return host_alloc_at(ctx, NULL, size, out, flags);
+}
+
 static void host_destroy(void *ctx) { free(ctx); }
 
 int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out) {
@@ -250,5 +286,6 @@ int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out) {
   out->alloc = host_alloc;
   out->free = host_free;
   out->destroy = host_destroy;
+  out->alloc_at = host_alloc_at;
   return 0;
 }

@@ -1,14 +1,23 @@
 /*
  * Extents: the free space of the arena's chunks (arena.c), carved and
- * coalesced at a granule (a page). Free extents never span two chunks:
- * chunks are separate backend allocations (and registrations), so a chunk
- * can go back to the backend whole once it is all free.
+ * coalesced at a granule (a page).
  *
  * Free extents only have nodes (malloc'd: metadata never lives in pinned
  * memory, invariant 4). A node sits on the list of its size's bin (the
  * pool's size classes: eight per doubling), and its first and last granule
- * point to it in its chunk's boundary map, so that a give finds its free
- * neighbours in O(1) and merges with them.
+ * point to it in the boundary maps of the chunks that hold them, so that a
+ * give finds its free neighbours in O(log chunks) and merges with them.
+ *
+ * Runs. With x->span set (a backend whose memory is the same on both
+ * sides of a chunk boundary: the host backend's mappings), chunks that
+ * are adjacent in the address space and have the same flags form a run,
+ * and a free extent may cross their boundaries: the arena then fragments
+ * like one region, not like many small ones (a block larger than what is
+ * left of any chunk still fits the space two neighbours left free). A
+ * chunk stays the unit the backend gets back: one that lies wholly inside
+ * a free extent is cut out of it (pp_ext_remove_free_chunk). Without
+ * span (memory registered with a driver chunk by chunk) every chunk is a
+ * run of its own.
  *
  * Fit: up to FIT_LOOK extents of the request's own bin (which may hold
  * smaller ones), then the smallest non-empty bin whose every extent is
@@ -16,7 +25,9 @@
  * request's bin. The carve takes the extent's low end. So the extent used
  * is at most one bin (12.5 %) larger than a best fit's unless only the
  * request's own bin has room, a take fails only when no free extent is
- * large enough, and no time goes to long lists.
+ * large enough, and no time goes to long lists. (Exact best fit and
+ * address-ordered first fit measured no better on W2's mix:
+ * docs/allocation-policy.md, "Fragmentation".)
  *
  * Nothing here fails after a take succeeded: there are always at least as
  * many spare nodes as extents handed out (a take makes one if needed), so
@@ -36,7 +47,6 @@
 struct pp_xnode {
   uintptr_t base;
   size_t size;
-  pp_xchunk_t *chunk;
   struct pp_xnode *prev, *next; /* bin list; spare list (next only) */
   unsigned bin;
 };
@@ -45,7 +55,9 @@ struct pp_xchunk {
   uintptr_t base;
   size_t size;
   unsigned flags; /* the backend's PP_SEG_* for the whole chunk */
-  uint64_t seq;   /* order of arrival: the oldest free chunk goes first */
+  /* When the chunk last became all free (x->next_seq): the one free the
+   * longest goes back to the backend first (the coldest memory). */
+  uint64_t seq;
   pp_xnode_t **map; /* granule -> free extent starting or ending there */
 };
 
@@ -55,9 +67,40 @@ static size_t granules(const pp_extents_t *x, size_t bytes) {
   return bytes / x->granule;
 }
 
-static pp_xnode_t **map_at(pp_xchunk_t *c, const pp_extents_t *x,
-                           uintptr_t addr) {
-  return &c->map[granules(x, addr - c->base)];
+/* Index of the chunk containing a, or x->nchunks. */
+static size_t chunk_index(const pp_extents_t *x, uintptr_t a) {
+  size_t lo = 0, hi = x->nchunks; /* the last chunk based at or below a */
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (x->chunks[mid]->base <= a)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0 || a - x->chunks[lo - 1]->base >= x->chunks[lo - 1]->size)
+    return x->nchunks;
+  return lo - 1;
+}
+
+pp_xchunk_t *pp_ext_chunk_of(const pp_extents_t *x, const void *p) {
+  size_t i = chunk_index(x, (uintptr_t)p);
+  return i < x->nchunks ? x->chunks[i] : NULL;
+}
+
+/* Chunks i and i + 1 are one run: a free extent may cross between them. */
+static bool joined(const pp_extents_t *x, size_t i) {
+  if (!x->span || i + 1 >= x->nchunks)
+    return false;
+  const pp_xchunk_t *a = x->chunks[i], *b = x->chunks[i + 1];
+  return a->base + a->size == b->base && a->flags == b->flags;
+}
+
+/* The boundary-map slot of granule a (inside some chunk). */
+static pp_xnode_t **slot(const pp_extents_t *x, uintptr_t a) {
+  size_t i = chunk_index(x, a);
+  pp_assert(i < x->nchunks);
+  pp_xchunk_t *c = x->chunks[i];
+  return &c->map[granules(x, a - c->base)];
 }
 
 static void bin_push(pp_extents_t *x, pp_xnode_t *n) {
@@ -82,18 +125,18 @@ static void bin_remove(pp_extents_t *x, pp_xnode_t *n) {
     x->nonempty[n->bin / 64] &= ~((uint64_t)1 << (n->bin % 64));
 }
 
-/* Enter n (free) into its bin and its chunk's boundary map. */
+/* Enter n (free) into its bin and the boundary maps. */
 static void link_free(pp_extents_t *x, pp_xnode_t *n) {
   bin_push(x, n);
-  *map_at(n->chunk, x, n->base) = n;
-  *map_at(n->chunk, x, n->base + n->size - x->granule) = n;
+  *slot(x, n->base) = n;
+  *slot(x, n->base + n->size - x->granule) = n;
   x->nfree++;
 }
 
 static void unlink_free(pp_extents_t *x, pp_xnode_t *n) {
   bin_remove(x, n);
-  *map_at(n->chunk, x, n->base) = NULL;
-  *map_at(n->chunk, x, n->base + n->size - x->granule) = NULL;
+  *slot(x, n->base) = NULL;
+  *slot(x, n->base + n->size - x->granule) = NULL;
   x->nfree--;
 }
 
@@ -111,9 +154,15 @@ static void spare_put(pp_extents_t *x, pp_xnode_t *n) {
   x->nspare++;
 }
 
-void pp_ext_init(pp_extents_t *x, size_t granule) {
+static void spare_trim(pp_extents_t *x) {
+  while (x->nspare > x->outstanding + 4) /* a few kept for the next takes */
+    free(spare_get(x));
+}
+
+void pp_ext_init(pp_extents_t *x, size_t granule, bool span) {
   memset(x, 0, sizeof *x);
   x->granule = granule;
+  x->span = span;
 }
 
 void pp_ext_fini(pp_extents_t *x) {
@@ -132,6 +181,50 @@ void pp_ext_fini(pp_extents_t *x) {
   }
   free(x->chunks);
   memset(x, 0, sizeof *x);
+}
+
+/* The free extent whose last granule is just below a (left) or whose first
+ * is at a (right), in the same run as the granule beside it, or NULL. */
+static pp_xnode_t *left_of(const pp_extents_t *x, uintptr_t a) {
+  size_t i = chunk_index(x, a - x->granule);
+  if (i == x->nchunks)
+    return NULL;
+  const pp_xchunk_t *c = x->chunks[i];
+  if (a - x->granule < c->base || (a == c->base + c->size && !joined(x, i)))
+    return NULL;
+  pp_xnode_t *n = c->map[granules(x, a - x->granule - c->base)];
+  return n != NULL && n->base + n->size == a ? n : NULL;
+}
+
+static pp_xnode_t *right_of(const pp_extents_t *x, uintptr_t a) {
+  size_t i = chunk_index(x, a);
+  if (i == x->nchunks || (a == x->chunks[i]->base && (i == 0 || !joined(x, i - 1))))
+    return NULL;
+  const pp_xchunk_t *c = x->chunks[i];
+  pp_xnode_t *n = c->map[granules(x, a - c->base)];
+  return n != NULL && n->base == a ? n : NULL;
+}
+
+/* Merge [b, b + size) (free, in no extent) with its free neighbours into
+ * one extent; n0: a spare node for it when it has no left neighbour. */
+static pp_xnode_t *merge_free(pp_extents_t *x, uintptr_t b, size_t size) {
+  pp_xnode_t *left = left_of(x, b), *right = right_of(x, b + size);
+  pp_xnode_t *n;
+  if (left != NULL) {
+    unlink_free(x, left);
+    left->size += size;
+    n = left;
+  } else {
+    n = spare_get(x);
+    *n = (pp_xnode_t){b, size, NULL, NULL, 0};
+  }
+  if (right != NULL) {
+    unlink_free(x, right);
+    n->size += right->size;
+    spare_put(x, right);
+  }
+  link_free(x, n);
+  return n;
 }
 
 int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size,
@@ -154,13 +247,14 @@ int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size,
   c->size = size;
   c->flags = flags;
   c->seq = x->next_seq++;
-  /* Sorted by address, for pp_ext_chunk_of's binary search. */
+  /* Sorted by address, for chunk_index's binary search. */
   size_t i = x->nchunks++;
   for (; i > 0 && x->chunks[i - 1]->base > c->base; i--)
     x->chunks[i] = x->chunks[i - 1];
   x->chunks[i] = c;
-  *n = (pp_xnode_t){(uintptr_t)base, size, c, NULL, NULL, 0};
-  link_free(x, n);
+  /* A new free range: it merges with a free end of a neighbour it joins. */
+  spare_put(x, n);
+  (void)merge_free(x, c->base, size);
   x->free_bytes += size;
   x->total_bytes += size;
   return 0;
@@ -212,62 +306,27 @@ void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags) {
   }
   x->free_bytes -= size;
   x->outstanding++;
-  if (flags != NULL)
-    *flags = n->chunk->flags;
+  if (flags != NULL) /* every chunk of a run has the same flags */
+    *flags = x->chunks[chunk_index(x, out)]->flags;
   return (void *)out;
 }
 
-pp_xchunk_t *pp_ext_chunk_of(const pp_extents_t *x, const void *p) {
-  uintptr_t a = (uintptr_t)p;
-  size_t lo = 0, hi = x->nchunks; /* the last chunk based at or below a */
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (x->chunks[mid]->base <= a)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  if (lo == 0)
-    return NULL;
-  pp_xchunk_t *c = x->chunks[lo - 1];
-  return a - c->base < c->size ? c : NULL;
-}
-
-/* The chunk's one free extent if the chunk is all free, else NULL. */
-static pp_xnode_t *whole_free(const pp_extents_t *x, pp_xchunk_t *c) {
-  pp_xnode_t *n = c->map[0];
-  (void)x;
-  return n != NULL && n->base == c->base && n->size == c->size ? n : NULL;
-}
-
-bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags,
-                              void **base, size_t *size, unsigned *flags) {
-  size_t best = SIZE_MAX;
-  for (size_t i = 0; i < x->nchunks; i++) {
+void pp_ext_give(pp_extents_t *x, void *ptr, size_t size) {
+  uintptr_t b = (uintptr_t)ptr;
+  pp_assert(size % x->granule == 0 && chunk_index(x, b) < x->nchunks &&
+            chunk_index(x, b + size - x->granule) < x->nchunks);
+  pp_assert(x->outstanding > 0 && x->nspare >= x->outstanding);
+  x->outstanding--;
+  pp_xnode_t *n = merge_free(x, b, size);
+  x->free_bytes += size;
+  /* The chunks the range touched that are all free from now. */
+  for (size_t i = chunk_index(x, b);
+       i < x->nchunks && x->chunks[i]->base < b + size; i++) {
     pp_xchunk_t *c = x->chunks[i];
-    if (!(c->flags & skip_flags) && whole_free(x, c) != NULL &&
-        (best == SIZE_MAX || c->seq < x->chunks[best]->seq))
-      best = i;
+    if (n->base <= c->base && c->base + c->size <= n->base + n->size)
+      c->seq = x->next_seq++;
   }
-  if (best == SIZE_MAX)
-    return false;
-  pp_xchunk_t *c = x->chunks[best];
-  pp_xnode_t *n = whole_free(x, c);
-  unlink_free(x, n);
-  spare_put(x, n);
-  while (x->nspare > x->outstanding + 4)
-    free(spare_get(x));
-  x->free_bytes -= c->size;
-  x->total_bytes -= c->size;
-  memmove(&x->chunks[best], &x->chunks[best + 1],
-          (x->nchunks - best - 1) * sizeof(pp_xchunk_t *));
-  x->nchunks--;
-  *base = (void *)c->base;
-  *size = c->size;
-  *flags = c->flags;
-  free(c->map);
-  free(c);
-  return true;
+  spare_trim(x);
 }
 
 void pp_ext_chunk_info(const pp_xchunk_t *c, uintptr_t *base, size_t *size,
@@ -277,56 +336,90 @@ void pp_ext_chunk_info(const pp_xchunk_t *c, uintptr_t *base, size_t *size,
   *flags = c->flags;
 }
 
-size_t pp_ext_free_chunks(const pp_extents_t *x, unsigned skip_flags,
-                          size_t *bytes) {
-  size_t n = 0;
-  *bytes = 0;
-  for (size_t i = 0; i < x->nchunks; i++)
-    if (!(x->chunks[i]->flags & skip_flags) &&
-        whole_free(x, x->chunks[i]) != NULL) {
-      n++;
-      *bytes += x->chunks[i]->size;
-    }
-  return n;
+/* Calls fn(x, extent, chunk index, arg) for every chunk that lies wholly
+ * inside a free extent and has none of skip_flags. */
+static void each_free_chunk(const pp_extents_t *x, unsigned skip_flags,
+                            void (*fn)(const pp_extents_t *, pp_xnode_t *,
+                                       size_t, void *),
+                            void *arg) {
+  for (unsigned b = 0; b < PP_NCLASSES; b++)
+    for (pp_xnode_t *n = x->bins[b]; n != NULL; n = n->next)
+      for (size_t i = chunk_index(x, n->base);
+           i < x->nchunks && x->chunks[i]->base < n->base + n->size; i++) {
+        const pp_xchunk_t *c = x->chunks[i];
+        if (!(c->flags & skip_flags) && n->base <= c->base &&
+            c->base + c->size <= n->base + n->size)
+          fn(x, n, i, arg);
+      }
 }
 
-
-void pp_ext_give(pp_extents_t *x, void *ptr, size_t size) {
-  uintptr_t b = (uintptr_t)ptr;
-  pp_xchunk_t *c = pp_ext_chunk_of(x, ptr);
-  pp_assert(c != NULL && size % x->granule == 0 &&
-            b + size <= c->base + c->size);
-  pp_xnode_t *left = NULL, *right = NULL;
-  if (b > c->base) {
-    left = *map_at(c, x, b - x->granule);
-    if (left != NULL && left->base + left->size != b)
-      left = NULL; /* a free extent starting there, not ending */
-  }
-  if (b + size < c->base + c->size) {
-    right = *map_at(c, x, b + size);
-    if (right != NULL && right->base != b + size)
-      right = NULL;
-  }
-  pp_assert(x->outstanding > 0 && x->nspare >= x->outstanding);
-  x->outstanding--;
+typedef struct oldest {
   pp_xnode_t *n;
-  if (left != NULL) {
-    unlink_free(x, left);
-    left->size += size;
-    n = left;
+  size_t i;
+  uint64_t seq;
+  size_t count, bytes;
+} oldest_t;
+
+static void pick_oldest(const pp_extents_t *x, pp_xnode_t *n, size_t i,
+                        void *arg) {
+  oldest_t *o = arg;
+  o->count++;
+  o->bytes += x->chunks[i]->size;
+  if (o->n == NULL || x->chunks[i]->seq < o->seq)
+    *o = (oldest_t){n, i, x->chunks[i]->seq, o->count, o->bytes};
+}
+
+bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags,
+                              void **base, size_t *size, unsigned *flags) {
+  oldest_t o = {NULL, 0, 0, 0, 0};
+  each_free_chunk(x, skip_flags, pick_oldest, &o);
+  if (o.n == NULL)
+    return false;
+  pp_xchunk_t *c = x->chunks[o.i];
+  pp_xnode_t *n = o.n;
+  uintptr_t nb = n->base, ne = n->base + n->size;
+  uintptr_t cb = c->base, ce = c->base + c->size;
+  /* Cut the chunk out of its extent: what is left on either side stays
+   * free (in the neighbouring chunks of the run). */
+  pp_xnode_t *right = NULL;
+  if (ce < ne && nb < cb) {
+    right = malloc(sizeof *right);
+    if (right == NULL)
+      return false; /* nothing changed: the chunk stays */
+  }
+  unlink_free(x, n);
+  if (nb < cb) {
+    n->size = (size_t)(cb - nb);
+    link_free(x, n);
+  } else if (ce < ne) {
+    right = n;
   } else {
-    n = spare_get(x);
-    *n = (pp_xnode_t){b, size, c, NULL, NULL, 0};
+    spare_put(x, n);
   }
-  if (right != NULL) {
-    unlink_free(x, right);
-    n->size += right->size;
-    spare_put(x, right);
+  x->free_bytes -= c->size;
+  x->total_bytes -= c->size;
+  memmove(&x->chunks[o.i], &x->chunks[o.i + 1],
+          (x->nchunks - o.i - 1) * sizeof(pp_xchunk_t *));
+  x->nchunks--;
+  if (right != NULL) { /* after the chunk left the table: slot() */
+    *right = (pp_xnode_t){ce, (size_t)(ne - ce), NULL, NULL, 0};
+    link_free(x, right);
   }
-  link_free(x, n);
-  x->free_bytes += size;
-  while (x->nspare > x->outstanding + 4) /* a few kept for the next takes */
-    free(spare_get(x));
+  spare_trim(x);
+  *base = (void *)c->base;
+  *size = c->size;
+  *flags = c->flags;
+  free(c->map);
+  free(c);
+  return true;
+}
+
+size_t pp_ext_free_chunks(const pp_extents_t *x, unsigned skip_flags,
+                          size_t *bytes) {
+  oldest_t o = {NULL, 0, 0, 0, 0};
+  each_free_chunk(x, skip_flags, pick_oldest, &o);
+  *bytes = o.bytes;
+  return o.count;
 }
 
 size_t pp_ext_largest(const pp_extents_t *x) {
@@ -344,8 +437,33 @@ size_t pp_ext_largest(const pp_extents_t *x) {
   return 0;
 }
 
+/* [a, e) lies in one run of chunks. */
+static bool in_one_run(const pp_extents_t *x, uintptr_t a, uintptr_t e);
+bool pp_ext_run_holds(const pp_extents_t *x, uintptr_t base, size_t size,
+                      unsigned flags) {
+  size_t i = chunk_index(x, base);
+  return i < x->nchunks && x->chunks[i]->flags == flags &&
+         in_one_run(x, base, base + size);
+}
+static bool in_one_run(const pp_extents_t *x, uintptr_t a, uintptr_t e) {
+  size_t i = chunk_index(x, a), j = chunk_index(x, e - x->granule);
+  if (i == x->nchunks || j == x->nchunks)
+    return false;
+  for (size_t k = i; k < j; k++)
+    if (!joined(x, k))
+      return false;
+  return true;
+}
+
 bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len) {
   size_t sum = 0, count = 0;
+  for (size_t i = 0; i + 1 < x->nchunks; i++)
+    if (x->chunks[i]->base + x->chunks[i]->size > x->chunks[i + 1]->base) {
+      (void)snprintf(why, len, "extents: chunks %#lx and %#lx overlap",
+                     (unsigned long)x->chunks[i]->base,
+                     (unsigned long)x->chunks[i + 1]->base);
+      return false;
+    }
   for (unsigned b = 0; b < PP_NCLASSES; b++) {
     bool bit = (x->nonempty[b / 64] >> (b % 64)) & 1;
     if (bit != (x->bins[b] != NULL)) {
@@ -353,28 +471,22 @@ bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len) {
       return false;
     }
     for (pp_xnode_t *n = x->bins[b]; n != NULL; n = n->next) {
-      pp_xchunk_t *c = n->chunk;
       if (n->bin != b || bin_of(n->size) != b || n->size == 0 ||
-          n->size % x->granule != 0 || n->base < c->base ||
-          n->base + n->size > c->base + c->size) {
+          n->size % x->granule != 0 ||
+          !in_one_run(x, n->base, n->base + n->size)) {
         (void)snprintf(why, len, "extents: free extent %#lx+%zu misplaced",
                        (unsigned long)n->base, n->size);
         return false;
       }
-      if (*map_at(c, x, n->base) != n ||
-          *map_at(c, x, n->base + n->size - x->granule) != n) {
+      if (*slot(x, n->base) != n ||
+          *slot(x, n->base + n->size - x->granule) != n) {
         (void)snprintf(why, len, "extents: boundary map of %#lx+%zu",
                        (unsigned long)n->base, n->size);
         return false;
       }
-      /* Fully coalesced: no free neighbour on either side. */
-      pp_xnode_t *l =
-          n->base > c->base ? *map_at(c, x, n->base - x->granule) : NULL;
-      pp_xnode_t *r = n->base + n->size < c->base + c->size
-                          ? *map_at(c, x, n->base + n->size)
-                          : NULL;
-      if ((l != NULL && l->base + l->size == n->base) ||
-          (r != NULL && r->base == n->base + n->size)) {
+      /* Fully coalesced: no free neighbour on either side in its run. */
+      if (left_of(x, n->base) != NULL ||
+          right_of(x, n->base + n->size) != NULL) {
         (void)snprintf(why, len, "extents: %#lx+%zu has a free neighbour",
                        (unsigned long)n->base, n->size);
         return false;

@@ -181,7 +181,8 @@ static void cut_off_cuda(pinpool_t *pool) {
    * matches, so every call reaches a general path that refuses. */
   pool->id = pp_fetch_add_relaxed(&child_ids, 1);
   pool->prov =
-      (pp_provider_t){pool->prov.name, NULL, forked_alloc, forked_free, NULL};
+      (pp_provider_t){pool->prov.name, NULL, forked_alloc,
+                               forked_free,     NULL, NULL};
   if (pool->has_events)
     pool->ev = (pp_events_t){pool->ev.name, NULL,         forked_record,
                              forked_query,  forked_query, forked_release,

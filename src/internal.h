@@ -281,16 +281,24 @@ typedef struct pp_provider {
   int (*alloc)(void *ctx, size_t size, void **out, unsigned *flags);
   void (*free)(void *ctx, void *ptr, size_t size);
   void (*destroy)(void *ctx); /* may be NULL */
+  /* May be NULL. As alloc, placed at `hint` if that range is free (else
+   * anywhere): memory on both sides of a boundary between two such
+   * allocations is alike, so the arena lets blocks cross it (extent.c,
+   * "Runs"). A backend that registers or pins by allocation (cuda) has
+   * none: a block across two registrations is not one pinned range. */
+  int (*alloc_at)(void *ctx, void *hint, size_t size, void **out,
+                  unsigned *flags);
 } pp_provider_t;
 int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out);
 /* backend_host.c, shared with backend=cuda-register: anonymous mmap of
- * `size` bytes, 2 MiB-aligned with MADV_HUGEPAGE if cfg->hugepages, bound
+ * `size` bytes (at `hint` if that range is free and hint is not NULL),
+ * 2 MiB-aligned with MADV_HUGEPAGE if cfg->hugepages, bound
  * to cfg->numa_node with mbind if >= 0, populated by `nthreads` threads
  * if cfg->populate. lock_err non-NULL: also mlock it, in the same pass (the
  * lock faults the pages in); *lock_err is 0, or the refusal's errno and
  * the segment is populated unlocked. */
-int pp_host_map(const pp_config_t *cfg, size_t size, unsigned nthreads,
-                int *lock_err, void **out, unsigned *flags);
+int pp_host_map(const pp_config_t *cfg, void *hint, size_t size,
+                unsigned nthreads, int *lock_err, void **out, unsigned *flags);
 void pp_host_unmap(void *p, size_t size);
 /* 0 if NUMA node `node` exists (node 0 always does), else ECONFIG. */
 int pp_numa_check(int node);
@@ -349,11 +357,12 @@ typedef struct pp_extents {
   pp_xchunk_t **chunks; /* sorted by address */
   size_t nchunks;
   uint64_t next_seq;
+  bool span; /* adjacent chunks with the same flags form one run */
   pp_xnode_t *spare; /* >= outstanding nodes, so that a give never fails */
   size_t nspare, outstanding;
   size_t free_bytes, total_bytes, nfree; /* nfree: free extents */
 } pp_extents_t;
-void pp_ext_init(pp_extents_t *x, size_t granule);
+void pp_ext_init(pp_extents_t *x, size_t granule, bool span);
 void pp_ext_fini(pp_extents_t *x);
 /* [base, base + size) becomes a chunk of one free extent (granule
  * multiples) with the given flags. 0 or PINPOOL_ENOMEM (nothing changed). */
@@ -368,11 +377,15 @@ void pp_ext_give(pp_extents_t *x, void *ptr, size_t size);
 pp_xchunk_t *pp_ext_chunk_of(const pp_extents_t *x, const void *p);
 void pp_ext_chunk_info(const pp_xchunk_t *c, uintptr_t *base, size_t *size,
                        unsigned *flags);
-/* Take the oldest chunk that is all free and has none of skip_flags out of
- * x: true with its range and flags (the caller gives it back to the
- * backend), or false. */
+/* Take the chunk that has been all free the longest and has none of
+ * skip_flags out of x: true with its range and flags (the caller gives it
+ * back to the backend), or false. */
 bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags,
                               void **base, size_t *size, unsigned *flags);
+/* [base, base + size) lies in one run of chunks with these flags (the
+ * validator's check of a segment). */
+bool pp_ext_run_holds(const pp_extents_t *x, uintptr_t base, size_t size,
+                      unsigned flags);
 /* Chunks all free without skip_flags, and their bytes. */
 size_t pp_ext_free_chunks(const pp_extents_t *x, unsigned skip_flags,
                           size_t *bytes);
@@ -825,6 +838,9 @@ struct pinpool {
   /* The largest large class that ever had a block: where draining the
    * hot slots stops. Only grows. */
   pp_counter_t top_cls;
+  /* Bytes in the hot slots (pool.c, "Hot slots"): bounded, so that slots
+   * of sizes nobody asks for again do not hold the arena's space. */
+  pp_counter_t hot_bytes;
   pp_counter_t cls_segs[PP_NCLASSES]; /* live segments per class */
 
   pp_arena_t arena;
@@ -909,7 +925,7 @@ bool pp_hot_put(struct pinpool *pool, unsigned cls, const pp_tentry_t *e,
                 uint64_t req, uint64_t epoch, pp_counter_t *ctr);
 bool pp_hot_take(struct pinpool *pool, unsigned cls, size_t bs,
                  unsigned shard, pp_tentry_t *out, pp_counter_t *ctr);
-void pp_hot_drain(struct pinpool *pool);
+unsigned pp_hot_drain(struct pinpool *pool); /* blocks drained */
 /* Give `n` cached blocks of class `cls` back to their segments' bins. */
 void pp_central_give(struct pinpool *pool, unsigned cls, pp_tentry_t *in,
                      uint32_t n);

@@ -107,17 +107,12 @@ static void check_segment(pinpool_t *pool, pp_segment_t *s, vstate_t *v) {
   v->pending_count += pending;
   v->pending_bytes += pending * bs;
   v->segment_bytes += size;
-  /* Inside a chunk of the arena, wholly. */
+  /* Inside one run of the arena's chunks, with their flags. */
   pp_mutex_lock(&pool->arena.lock);
-  pp_xchunk_t *c = pp_ext_chunk_of(&pool->arena.ext, (void *)base);
-  uintptr_t cb = 0;
-  size_t cs = 0;
-  unsigned cf = 0;
-  if (c != NULL)
-    pp_ext_chunk_info(c, &cb, &cs, &cf);
+  bool held = pp_ext_run_holds(&pool->arena.ext, base, size, s->flags);
   pp_mutex_unlock(&pool->arena.lock);
-  if (c == NULL || base + size > cb + cs || s->flags != cf)
-    VFAIL(v, "segment %#lx: not inside a chunk with its flags",
+  if (!held)
+    VFAIL(v, "segment %#lx: not inside a run of chunks with its flags",
           (unsigned long)base);
 }
 

@@ -4,7 +4,10 @@
  * are compared with our own shadow bookkeeping (exact for requests,
  * requested bytes and block bytes), the accounting identity and
  * current == allocated - freed are checked, and pinpool_validate() must pass.
- * With the counting backend, the backend's view must match as well. */
+ * With the counting backend, the backend's view must match as well: its
+ * ranges are the arena's chunks (arena_chunks, backend calls, misses = the
+ * allocations that grew the arena, trimmed_segments = chunks released), and
+ * every live block lies inside one of them. */
 #define _GNU_SOURCE
 #include "testutil.h"
 
@@ -136,16 +139,69 @@ static void check_step(pinpool_t *pool, const struct shadow *sh,
     print_error("ERROR: step %d: no cache miss recorded\n", step);
     bad = 1;
   }
+  /* Segments are carved from chunks: a large block is a segment of its
+   * own, and each small class with a live block has at least one slab. The
+   * chunks hold the segments (all but chunk_free_bytes of them), and the
+   * segments hold the live blocks. */
+  uint64_t nlarge = 0, nsmall_classes = 0;
+  for (size_t i = 0; i < sh->nlive; i++) {
+    size_t bs = sh->live[i].cls;
+    if (bs > 256 * KiB) {
+      nlarge++;
+      continue;
+    }
+    size_t k = 0;
+    while (k < i && sh->live[k].cls != bs)
+      k++;
+    nsmall_classes += k == i;
+  }
+  if (st.segments.current < nlarge + nsmall_classes) {
+    print_error("ERROR: step %d: segments.current %" PRIu64 " < %" PRIu64
+                " large blocks + %" PRIu64 " small classes live\n",
+                step, st.segments.current, nlarge, nsmall_classes);
+    bad = 1;
+  }
+  if (st.chunk_free_bytes > st.reserved_bytes.current ||
+      st.reserved_bytes.current - st.chunk_free_bytes < sh->cur_blk) {
+    print_error("ERROR: step %d: chunks of %" PRIu64 " bytes, %" PRIu64
+                " free in them: no room for %" PRIu64 " bytes of live blocks\n",
+                step, st.reserved_bytes.current, st.chunk_free_bytes,
+                sh->cur_blk);
+    bad = 1;
+  }
+  if (st.largest_free_extent > st.chunk_free_bytes ||
+      (st.free_extents == 0) != (st.chunk_free_bytes == 0)) {
+    print_error("ERROR: step %d: %" PRIu64 " free bytes in %" PRIu64
+                " extents, the largest %" PRIu64 "\n",
+                step, st.chunk_free_bytes, st.free_extents,
+                st.largest_free_extent);
+    bad = 1;
+  }
   if (cb != NULL) {
+    /* The backend's ranges are the chunks. One thread, no reserve, no
+     * max_reserved: an allocation that grew the arena made exactly one
+     * backend allocation, and the pool frees a chunk only when it releases
+     * it (empty_cache, max_cached). */
     cb_counts_t c = cb_counts(cb);
     EXPECT_EQ(st.backend_alloc.count, c.calls);
     EXPECT_EQ(st.backend_free.count, c.nfree);
     EXPECT_EQ(st.reserved_bytes.current, c.live_bytes);
     EXPECT_EQ(st.reserved_bytes.allocated, c.bytes_alloc);
     EXPECT_EQ(st.reserved_bytes.freed, c.bytes_freed);
-    EXPECT_EQ(st.segments.current, c.live_count);
-    EXPECT_EQ(st.segments.allocated, c.nalloc);
-    EXPECT_EQ(st.segments.freed, c.nfree);
+    EXPECT_EQ(st.arena_chunks, c.live_count);
+    EXPECT_EQ(st.cache_misses, c.nalloc);
+    EXPECT_EQ(st.trimmed_segments, c.nfree);
+    for (size_t i = 0; i < sh->nlive; i++) {
+      const struct live *l = &sh->live[i];
+      cb_rec_t r = cb_find_live(cb, l->p);
+      if (r.ptr == NULL ||
+          (uintptr_t)l->p + l->cls > (uintptr_t)r.ptr + r.size) {
+        print_error("ERROR: step %d: block %p (%zu bytes) is not inside a "
+                    "chunk the backend has out (%p, %zu bytes)\n",
+                    step, (void *)l->p, l->cls, r.ptr, r.size);
+        bad = 1;
+      }
+    }
   }
 #undef EXPECT_EQ
   if (bad)
@@ -155,10 +211,17 @@ static void check_step(pinpool_t *pool, const struct shadow *sh,
     PP_CHECK_CB_CLEAN(cb);
 }
 
-/* After empty_cache (from the only thread), every segment still held by the
- * pool contains at least one live block. */
-static void check_no_idle_segment(const struct shadow *sh,
-                                  counting_backend_t *cb, int step) {
+/* After empty_cache (from the only thread), every chunk still held by the
+ * pool contains at least one live block (whole free chunks go back), and
+ * every segment left holds one (a live block is in one segment). */
+static void check_no_idle_chunk(pinpool_t *pool, const struct shadow *sh,
+                                counting_backend_t *cb, int step) {
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.segments.current <= sh->nlive,
+            "step %d: after empty_cache %" PRIu64
+            " segments for %zu live blocks: an idle segment was kept",
+            step, st.segments.current, sh->nlive);
   size_t n = 0;
   cb_rec_t *r = cb_records(cb, &n);
   for (size_t i = 0; i < n; i++) {
@@ -175,7 +238,7 @@ static void check_no_idle_segment(const struct shadow *sh,
       size_t sz = r[i].size;
       free(r);
       PP_FAIL("step %d: after empty_cache the pool still holds an idle "
-              "segment %p (%zu bytes)",
+              "chunk %p (%zu bytes)",
               step, seg, sz);
     }
   }
@@ -210,13 +273,16 @@ static void run_workload(const char *conf, int use_cb, uint64_t seed,
       PP_OK(pinpool_empty_cache(pool));
       empties++;
       if (cbp)
-        check_no_idle_segment(sh, cbp, step);
+        check_no_idle_chunk(pool, sh, cbp, step);
       if (sh->nlive == 0) {
         pinpool_stats_t st;
         PP_STATS(pool, &st);
-        PP_ASSERT(st.reserved_bytes.current == 0 && st.segments.current == 0,
-                  "step %d: nothing live, after empty_cache reserved %" PRIu64,
-                  step, st.reserved_bytes.current);
+        PP_ASSERT(st.reserved_bytes.current == 0 && st.segments.current == 0 &&
+                      st.arena_chunks == 0,
+                  "step %d: nothing live, after empty_cache reserved %" PRIu64
+                  ", segments %" PRIu64 ", chunks %" PRIu64,
+                  step, st.reserved_bytes.current, st.segments.current,
+                  st.arena_chunks);
       }
     } else if (r < 8) {
       PP_OK(pinpool_reset_peak_stats(pool));
@@ -315,11 +381,13 @@ static void run_workload(const char *conf, int use_cb, uint64_t seed,
   pinpool_stats_t st;
   PP_STATS(pool, &st);
   PP_ASSERT(st.reserved_bytes.current == 0 && st.cached_bytes.current == 0 &&
-                st.segments.current == 0,
+                st.segments.current == 0 && st.arena_chunks == 0 &&
+                st.chunk_free_bytes == 0 && st.free_extents == 0,
             "[%s] after freeing all and empty_cache: reserved %" PRIu64
-            ", cached %" PRIu64 ", segments %" PRIu64,
+            ", cached %" PRIu64 ", segments %" PRIu64 ", chunks %" PRIu64
+            ", %" PRIu64 " bytes free in chunks",
             conf, st.reserved_bytes.current, st.cached_bytes.current,
-            st.segments.current);
+            st.segments.current, st.arena_chunks, st.chunk_free_bytes);
   PP_ASSERT(st.cache_hits > 0, "no cache hit in the whole workload");
   pinpool_destroy(pool);
   if (use_cb) {

@@ -1,8 +1,9 @@
 /* The backend interface, observed through a counting user backend: call
- * balance, carving of small blocks from 2 MiB segments, exact-size segments
- * for large blocks, caching, empty_cache, thread-cache flushing at exit, a
- * backend that runs out of memory, no pool lock held during backend calls,
- * metadata kept outside user memory, and the built-in backends/options. */
+ * balance, chunks (the backend's ranges) and the slabs and page-rounded
+ * large blocks carved from them, caching, empty_cache, thread-cache flushing at
+ * exit, a backend that runs out of memory, no pool lock held during backend
+ * calls, metadata kept outside user memory, and the built-in backends/options.
+ */
 #define _GNU_SOURCE
 #include "testutil.h"
 
@@ -58,10 +59,33 @@ static void check_backend_stats_(pinpool_t *pool, counting_backend_t *cb,
                 c.bytes_alloc, c.bytes_freed);
     bad = 1;
   }
-  if (st.segments.current != c.live_count) {
-    print_error("ERROR: segments.current %" PRIu64
+  /* The backend's ranges are the arena's chunks (segments are carved from
+   * them and are no backend allocations). */
+  if (st.arena_chunks != c.live_count) {
+    print_error("ERROR: arena_chunks %" PRIu64
                 " != ranges held from the backend %" PRIu64 "\n",
-                st.segments.current, c.live_count);
+                st.arena_chunks, c.live_count);
+    bad = 1;
+  }
+  /* The free space inside the chunks is part of what they hold, in
+   * free_extents ranges of which the largest is largest_free_extent. */
+  if (st.chunk_free_bytes > st.reserved_bytes.current ||
+      st.largest_free_extent > st.chunk_free_bytes ||
+      (st.free_extents == 0) != (st.chunk_free_bytes == 0) ||
+      (st.free_extents != 0 && st.largest_free_extent == 0) ||
+      st.largest_free_extent * st.free_extents < st.chunk_free_bytes) {
+    print_error("ERROR: chunk free space: %" PRIu64 " bytes in %" PRIu64
+                " extents, the largest %" PRIu64 ", of %" PRIu64 " reserved\n",
+                st.chunk_free_bytes, st.free_extents, st.largest_free_extent,
+                st.reserved_bytes.current);
+    bad = 1;
+  }
+  /* A miss is an allocation that grew the arena: each made (at least) one
+   * successful backend allocation. */
+  if (st.cache_misses > c.nalloc) {
+    print_error("ERROR: cache_misses %" PRIu64
+                " > successful backend allocations %" PRIu64 "\n",
+                st.cache_misses, c.nalloc);
     bad = 1;
   }
   if (st.backend_alloc.max_ns > st.backend_alloc.total_ns ||
@@ -76,7 +100,44 @@ static void check_backend_stats_(pinpool_t *pool, counting_backend_t *cb,
 #define CHECK_BACKEND_STATS(pool, cb)                                          \
   check_backend_stats_((pool), (cb), __FILE__, __LINE__)
 
-/* ---- Carving and exact-size segments ------------------------------------ */
+/* ---- Carving from chunks ------------------------------------------------ */
+/* The free space inside the chunks (stats) is exactly as given. */
+static void check_chunk_free_(pinpool_t *pool, uint64_t free_bytes,
+                              uint64_t extents, uint64_t largest,
+                              const char *what, const char *file, int line) {
+  pinpool_stats_t st;
+  pp_get_stats_(pool, &st, file, line);
+  if (st.chunk_free_bytes != free_bytes || st.free_extents != extents ||
+      st.largest_free_extent != largest) {
+    print_error("ERROR: %s: chunk_free_bytes %" PRIu64 ", free_extents %" PRIu64
+                ", largest_free_extent %" PRIu64 ", want %" PRIu64 ", %" PRIu64
+                ", %" PRIu64 "\n",
+                what, st.chunk_free_bytes, st.free_extents,
+                st.largest_free_extent, free_bytes, extents, largest);
+    _fail(file, line);
+  }
+}
+#define CHECK_CHUNK_FREE(pool, bytes, extents, largest, what)                  \
+  check_chunk_free_((pool), (bytes), (extents), (largest), (what), __FILE__,   \
+                    __LINE__)
+
+/* Blocks p[0..n) of `bs` bytes all lie in [lo, lo + len). */
+static void check_blocks_in_(void **p, int n, size_t bs, const void *lo,
+                             size_t len, const char *what, const char *file,
+                             int line) {
+  for (int i = 0; i < n; i++) {
+    uintptr_t a = (uintptr_t)p[i];
+    if (a < (uintptr_t)lo || a + bs > (uintptr_t)lo + len || a % 4096 != 0) {
+      print_error("ERROR: %s: block %d (%p) outside [%p, +%zu) or not "
+                  "4096-aligned\n",
+                  what, i, p[i], lo, len);
+      _fail(file, line);
+    }
+  }
+}
+#define CHECK_BLOCKS_IN(p, n, bs, lo, len, what)                               \
+  check_blocks_in_((p), (n), (bs), (lo), (len), (what), __FILE__, __LINE__)
+
 static void test_carving_small_blocks(void **state) {
   (void)state;
   counting_backend_t cb;
@@ -86,80 +147,169 @@ static void test_carving_small_blocks(void **state) {
   PP_ASSERT(c.calls == 0, "%" PRIu64 " backend calls at create (reserve=0)",
             c.calls);
 
-  void *p[100];
-  for (int i = 0; i < 100; i++)
+  /* The first allocation makes the first chunk (2 MiB, the minimum); the
+   * class's first slab (512 KiB: 128 blocks of 4 KiB) is carved from its
+   * low end. */
+  enum { FIRST = 100 };
+  void *p[FIRST];
+  for (int i = 0; i < FIRST; i++)
     PP_OK(pinpool_alloc(pool, 4096, &p[i]));
   c = cb_counts(&cb);
   PP_ASSERT(c.calls == 1 && c.nalloc == 1,
             "100 allocations of 4 KiB made %" PRIu64 " backend calls, want 1",
             c.calls);
-  /* A class's first slab is 512 KiB (128 blocks of 4 KiB). */
   size_t n = 0;
   cb_rec_t *r = cb_records(&cb, &n);
-  PP_ASSERT(n == 1 && r[0].size == 512 * KiB,
-            "small blocks' first segment has %zu bytes, want 512 KiB",
-            r[0].size);
-  for (int i = 0; i < 100; i++) {
-    uintptr_t a = (uintptr_t)p[i];
-    PP_ASSERT(
-        a >= (uintptr_t)r[0].ptr && a + 4096 <= (uintptr_t)r[0].ptr + r[0].size,
-        "block %d (%p) outside the segment [%p, +512KiB)", i, p[i], r[0].ptr);
-    PP_ASSERT(a % 4096 == 0, "block %p not 4096-aligned", p[i]);
-  }
+  PP_ASSERT(n == 1 && r[0].size == 2 * MiB,
+            "the first chunk has %zu bytes, want 2 MiB", r[0].size);
+  void *chunk0 = r[0].ptr;
   free(r);
+  CHECK_BLOCKS_IN(p, FIRST, 4096, chunk0, 512 * KiB,
+                  "the first slab (the chunk's low 512 KiB)");
   pinpool_stats_t st;
   PP_STATS(pool, &st);
-  PP_ASSERT(st.segments.current == 1, "segments %" PRIu64, st.segments.current);
-  PP_ASSERT(st.reserved_bytes.current == 512 * KiB, "reserved %" PRIu64,
+  PP_ASSERT(st.segments.current == 1 && st.arena_chunks == 1,
+            "segments %" PRIu64 ", chunks %" PRIu64, st.segments.current,
+            st.arena_chunks);
+  PP_ASSERT(st.reserved_bytes.current == 2 * MiB, "reserved %" PRIu64,
             st.reserved_bytes.current);
-  /* Then 1 MiB, then 2 MiB, and 2 MiB from there on. */
-  enum { MORE = 128 + 256 + 512 + 28 };
+  CHECK_CHUNK_FREE(pool, 3 * 512 * KiB, 1, 3 * 512 * KiB,
+                   "a 512 KiB slab carved from a 2 MiB chunk");
+  PP_ASSERT(st.cache_misses == 1,
+            "cache_misses %" PRIu64 ", want 1 (one "
+            "allocation grew the arena)",
+            st.cache_misses);
+
+  /* Then a 1 MiB slab (carved from the rest of the first chunk), then
+   * 2 MiB slabs, each of which needs a chunk of its own (2 MiB: an eighth of
+   * the arena is below the minimum). */
+  enum { SLAB2 = 256, SLAB3 = 512, MORE = 28 + SLAB2 + SLAB3 + 128 };
   void **more = calloc(MORE, sizeof *more);
   assert_non_null(more);
-  for (int i = 0; i < MORE; i++)
-    PP_OK(pinpool_alloc(pool, 4096, &more[i]));
+  int k = 0;
+  for (; k < 28 + SLAB2; k++) /* fills the first slab, then the second */
+    PP_OK(pinpool_alloc(pool, 4096, &more[k]));
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.segments.current == 2 && st.arena_chunks == 1 &&
+                cb_counts(&cb).calls == 1,
+            "2nd slab: segments %" PRIu64 ", chunks %" PRIu64
+            ", backend calls %" PRIu64,
+            st.segments.current, st.arena_chunks, cb_counts(&cb).calls);
+  CHECK_BLOCKS_IN(more, 28, 4096, chunk0, 512 * KiB, "the first slab");
+  CHECK_BLOCKS_IN(more + 28, SLAB2, 4096, (char *)chunk0 + 512 * KiB, MiB,
+                  "the second slab (1 MiB after the first)");
+  CHECK_CHUNK_FREE(pool, 512 * KiB, 1, 512 * KiB,
+                   "a 1 MiB slab carved after the first");
+  for (; k < 28 + SLAB2 + SLAB3; k++)
+    PP_OK(pinpool_alloc(pool, 4096, &more[k]));
   r = cb_records(&cb, &n);
-  PP_ASSERT(n == 4 && r[1].size == 1 * MiB && r[2].size == 2 * MiB &&
-                r[3].size == 2 * MiB,
-            "%zu slabs; the 2nd to 4th of %zu, %zu, %zu bytes", n,
-            n > 1 ? r[1].size : 0, n > 2 ? r[2].size : 0,
-            n > 3 ? r[3].size : 0);
+  PP_ASSERT(n == 2 && r[1].size == 2 * MiB,
+            "3rd slab: %zu chunks, the 2nd of %zu bytes (want 2, 2 MiB)", n,
+            n > 1 ? r[1].size : 0);
+  CHECK_BLOCKS_IN(more + 28 + SLAB2, SLAB3, 4096, r[1].ptr, 2 * MiB,
+                  "the third slab (2 MiB, the whole 2nd chunk)");
   free(r);
+  CHECK_CHUNK_FREE(pool, 512 * KiB, 1, 512 * KiB,
+                   "a 2 MiB slab filling a new chunk");
+  for (; k < MORE; k++)
+    PP_OK(pinpool_alloc(pool, 4096, &more[k]));
+  r = cb_records(&cb, &n);
+  PP_ASSERT(n == 3 && r[2].size == 2 * MiB,
+            "4th slab: %zu chunks, the 3rd of %zu bytes (want 3, 2 MiB)", n,
+            n > 2 ? r[2].size : 0);
+  CHECK_BLOCKS_IN(more + 28 + SLAB2 + SLAB3, 128, 4096, r[2].ptr, 2 * MiB,
+                  "the fourth slab (2 MiB, the whole 3rd chunk)");
+  free(r);
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.segments.current == 4 && st.arena_chunks == 3 &&
+                st.reserved_bytes.current == 6 * MiB,
+            "segments %" PRIu64 ", chunks %" PRIu64 ", reserved %" PRIu64,
+            st.segments.current, st.arena_chunks, st.reserved_bytes.current);
+  PP_ASSERT(st.cache_misses == 3, "cache_misses %" PRIu64 ", want 3",
+            st.cache_misses);
+  CHECK_BACKEND_STATS(pool, &cb);
+  PP_CHECK_CONSISTENT(pool);
+
+  /* Everything but p[] freed and released: slabs 2 to 4 go back to their
+   * chunks; the 2nd and 3rd chunks, whole and free, go to the backend; the
+   * first keeps slab 1 (p[] is live) and 1.5 MiB free in one extent (the
+   * second slab coalesced with the tail). */
   for (int i = 0; i < MORE; i++)
     PP_OK(pinpool_free(pool, more[i]));
   free(more);
-  PP_ASSERT(st.cache_misses >= 1, "cache_misses %" PRIu64, st.cache_misses);
+  PP_OK(pinpool_empty_cache(pool));
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.segments.current == 1 && st.arena_chunks == 1 &&
+                cb_counts(&cb).live_count == 1 &&
+                cb_find_live(&cb, chunk0).ptr == chunk0 &&
+                st.trimmed_segments == 2,
+            "after empty_cache: segments %" PRIu64 ", chunks %" PRIu64
+            ", trimmed %" PRIu64 ", the first chunk %s",
+            st.segments.current, st.arena_chunks, st.trimmed_segments,
+            cb_find_live(&cb, chunk0).ptr == chunk0 ? "kept" : "released");
+  CHECK_CHUNK_FREE(pool, 3 * 512 * KiB, 1, 3 * 512 * KiB, "after empty_cache");
   CHECK_BACKEND_STATS(pool, &cb);
   PP_CHECK_CONSISTENT(pool);
 
-  /* 256 KiB is still a small class; 256 KiB + 1 gets its own segment of
-   * exactly its class size; so do larger ones. */
+  /* 256 KiB is still a small class: its first slab is 4 blocks (1 MiB),
+   * carved from the free space without a backend call. */
   void *q256 = NULL, *q257 = NULL, *q4m = NULL, *q1m = NULL;
+  uint64_t calls = cb_counts(&cb).calls;
   PP_OK(pinpool_alloc(pool, 256 * KiB, &q256));
-  c = cb_counts(&cb);
-  PP_ASSERT(cb_find_live(&cb, q256).size == 1 * MiB,
-            "a 256 KiB block's first segment is not 4 blocks (1 MiB)");
-  uint64_t before = cb_counts(&cb).nalloc;
+  CHECK_BLOCKS_IN(&q256, 1, 256 * KiB, (char *)chunk0 + 512 * KiB, MiB,
+                  "a 256 KiB block's slab (after the first slab)");
+  CHECK_CHUNK_FREE(pool, 512 * KiB, 1, 512 * KiB,
+                   "a 256 KiB class's first slab (1 MiB)");
+  /* 256 KiB + 1 is a large block: a segment of its own, the request rounded
+   * up to a page (266240 bytes), carved from the low end of the free
+   * extent. */
   PP_OK(pinpool_alloc(pool, 256 * KiB + 1, &q257));
-  PP_ASSERT(cb_counts(&cb).nalloc == before + 1, "no new segment for 256KiB+1");
-  cb_rec_t seg = cb_find_live(&cb, q257);
-  PP_ASSERT(seg.ptr == q257 && seg.size == 288 * KiB,
-            "a 256KiB+1 request got segment %p of %zu bytes (block %p), want "
-            "its own of 294912",
-            seg.ptr, seg.size, q257);
+  size_t bs = 0;
+  PP_OK(pinpool_block_size(pool, q257, &bs));
+  PP_ASSERT(bs == pp_ref_block(256 * KiB + 1) && bs == 266240,
+            "block_size of 256KiB+1: %zu, want 266240", bs);
+  assert_ptr_equal(q257, (char *)chunk0 + 3 * 512 * KiB);
+  CHECK_CHUNK_FREE(pool, 512 * KiB - 266240, 1, 512 * KiB - 266240,
+                   "a 256KiB+1 block carved at its page-rounded size");
+  PP_STATS(pool, &st);
+  PP_ASSERT(cb_counts(&cb).calls == calls && st.segments.current == 3,
+            "256 KiB and 256KiB+1: %" PRIu64 " backend calls, segments %" PRIu64
+            " (want 0, 3)",
+            cb_counts(&cb).calls - calls, st.segments.current);
+  /* A request above the chunk size gets a chunk of its own, of exactly the
+   * request rounded up to 2 MiB. */
   PP_OK(pinpool_alloc(pool, 4 * MiB, &q4m));
-  seg = cb_find_live(&cb, q4m);
+  cb_rec_t seg = cb_find_live(&cb, q4m);
   PP_ASSERT(seg.ptr == q4m && seg.size == 4 * MiB,
-            "4 MiB request: segment %p of %zu bytes", seg.ptr, seg.size);
+            "4 MiB request: chunk %p of %zu bytes (block %p), want its own of "
+            "4 MiB",
+            seg.ptr, seg.size, q4m);
+  CHECK_CHUNK_FREE(pool, 512 * KiB - 266240, 1, 512 * KiB - 266240,
+                   "a 4 MiB block filling its chunk");
+  /* 1 MiB + 1 does not fit the rest: a new chunk of 2 MiB (an eighth of
+   * 6 MiB is below the minimum), the block (1 MiB + 4 KiB) at its low
+   * end. */
   PP_OK(pinpool_alloc(pool, MiB + 1, &q1m));
   seg = cb_find_live(&cb, q1m);
-  PP_ASSERT(seg.ptr == q1m && seg.size == pp_ref_class(MiB + 1),
-            "1MiB+1 request: segment of %zu bytes, want %zu", seg.size,
-            pp_ref_class(MiB + 1));
+  PP_OK(pinpool_block_size(pool, q1m, &bs));
+  PP_ASSERT(seg.ptr == q1m && seg.size == 2 * MiB &&
+                bs == pp_ref_block(MiB + 1) && bs == MiB + 4 * KiB,
+            "1MiB+1 request: chunk %p of %zu bytes (block %p), block_size "
+            "%zu, want a 2 MiB chunk and %zu",
+            seg.ptr, seg.size, q1m, bs, pp_ref_block(MiB + 1));
+  CHECK_CHUNK_FREE(pool, 512 * KiB - 266240 + MiB - 4 * KiB, 2, MiB - 4 * KiB,
+                   "a 1MiB+1 block in a new 2 MiB chunk");
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.segments.current == 5 && st.arena_chunks == 3 &&
+                st.cache_misses == 5 && st.reserved_bytes.current == 8 * MiB,
+            "segments %" PRIu64 ", chunks %" PRIu64 ", cache_misses %" PRIu64
+            ", reserved %" PRIu64 " (want 5, 3, 5, 8 MiB)",
+            st.segments.current, st.arena_chunks, st.cache_misses,
+            st.reserved_bytes.current);
   CHECK_BACKEND_STATS(pool, &cb);
   PP_CHECK_CONSISTENT(pool);
 
-  /* Destroy with live blocks: every segment goes back exactly once. */
+  /* Destroy with live blocks: every chunk goes back exactly once. */
   pinpool_destroy(pool);
   PP_CHECK_CB_BALANCED(&cb);
   cb_fini(&cb);
@@ -444,7 +594,8 @@ static void empty_cache_vs_other_cache(size_t size) {
               h.after[i], size);
     size_t bs = 0;
     PP_OK(pinpool_block_size(pool, h.after[i], &bs));
-    PP_ASSERT(bs == pp_ref_class(size), "block_size %zu", bs);
+    PP_ASSERT(bs == pp_ref_block(size), "block_size %zu, want %zu", bs,
+              pp_ref_block(size));
     memset(h.after[i], 0x5a, size);
   }
   for (int i = 0; i < 16; i++)
@@ -752,13 +903,13 @@ static void test_no_lock_held_during_backend_calls(void **state) {
   struct probe *pr = probe_new();
   counting_backend_t cb;
 
-  /* New segments and empty_cache. */
+  /* New chunks and empty_cache. */
   pinpool_t *pool = probe_pool(pr, &cb, "tcache_bytes=0,shards=1");
   void *a = NULL, *b = NULL, *c = NULL;
   atomic_store(&pr->where, "alloc (new segment)");
   PP_OK(pinpool_alloc(pool, 4 * MiB, &a));
   PP_OK(pinpool_alloc(pool, 3 * MiB, &b));
-  PP_ASSERT(atomic_load(&pr->probes) >= 2, "%d probes for 2 new segments",
+  PP_ASSERT(atomic_load(&pr->probes) >= 2, "%d probes for 2 new chunks",
             atomic_load(&pr->probes));
   atomic_store(&pr->where, "empty_cache");
   int before = atomic_load(&pr->probes);
@@ -783,20 +934,30 @@ static void test_no_lock_held_during_backend_calls(void **state) {
             "no backend free during the max_cached trim");
   probe_finish(pr, &cb, pool);
 
-  /* The max_reserved retry, inside pinpool_alloc: 2 MiB (small segment) +
-   * 8 MiB idle + 6 MiB new > 12 MiB: the idle segment is released, the
-   * allocation retried. */
+  /* The max_reserved retry, inside pinpool_alloc: a 2 MiB chunk (the small
+   * blocks) + an idle 8 MiB chunk + 9 MiB more > 12 MiB, and 9 MiB does not
+   * fit the idle chunk: the whole free chunk goes back to the backend and
+   * the allocation is retried (a new chunk). */
   pr = probe_new();
-  pool = probe_pool(pr, &cb,
-                    "tcache_bytes=0,shards=1,max_reserved=12MiB");
+  pool = probe_pool(pr, &cb, "tcache_bytes=0,shards=1,max_reserved=12MiB");
   atomic_store(&pr->where, "alloc (new segment)");
   PP_OK(pinpool_alloc(pool, 8 * MiB, &a));
   PP_OK(pinpool_free(pool, a));
   atomic_store(&pr->where, "alloc (max_reserved retry)");
+  pinpool_stats_t s0, s1;
+  PP_STATS(pool, &s0);
   before = atomic_load(&pr->probes);
-  PP_OK(pinpool_alloc(pool, 6 * MiB, &c));
+  PP_OK(pinpool_alloc(pool, 9 * MiB, &c));
+  PP_STATS(pool, &s1);
   PP_ASSERT(atomic_load(&pr->probes) >= before + 2,
-            "the retry did not free the idle segment and allocate");
+            "the retry did not free the idle chunk and allocate");
+  PP_ASSERT(s1.retries == s0.retries + 1 &&
+                s1.trimmed_segments == s0.trimmed_segments + 1 &&
+                s1.arena_chunks == 2 && s1.reserved_bytes.current <= 12 * MiB,
+            "retries %" PRIu64 " -> %" PRIu64 ", trimmed %" PRIu64
+            " -> %" PRIu64 ", chunks %" PRIu64 ", reserved %" PRIu64,
+            s0.retries, s1.retries, s0.trimmed_segments, s1.trimmed_segments,
+            s1.arena_chunks, s1.reserved_bytes.current);
   PP_OK(pinpool_free(pool, c));
   probe_finish(pr, &cb, pool);
 }

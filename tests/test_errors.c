@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "testutil.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 
 #define SENTINEL_PTR ((void *)(uintptr_t)0xdeadbee0)
@@ -259,7 +260,9 @@ static void *df_thread(void *p) {
   return NULL;
 }
 
-static void bad_pointers_with(const char *conf) {
+/* large_cached: whether the pool's thread caches hold a freed 3 MiB block
+ * (tcache on; else the block waits in its class's hot slot). */
+static void bad_pointers_with(const char *conf, int large_cached) {
   pinpool_t *pool = NULL, *other = NULL;
   PP_OK(pinpool_create(conf, &pool));
   PP_OK(pinpool_create(conf, &other));
@@ -304,8 +307,8 @@ static void bad_pointers_with(const char *conf) {
     size_t cls;
   } blocks[] = {{small512, 512},
                 {small4k, 4096},
-                {mid, pp_ref_class(100000)},
-                {large, 4 * MiB}};
+                {mid, pp_ref_block(100000)},
+                {large, pp_ref_block(4 * MiB)}};
   for (size_t i = 0; i < 4; i++) {
     char *b = blocks[i].base;
     size_t offs[] = {1,
@@ -368,13 +371,31 @@ static void bad_pointers_with(const char *conf) {
   PP_ASSERT(pinpool_block_size(pool, keep, &sz) == 0, "keep lost");
   EXPECT_NOCHANGE(pool, pinpool_free(pool, victim), PINPOOL_EDOUBLEFREE);
 
-  /* A large block freed (cached): double free; released: not owned. */
+  /* A large block freed and still held by the pool as a block (in the
+   * thread cache or the hot slot): double free. Given back to the central
+   * layer, its segment goes back to the arena at once: its address is in no
+   * segment any more and a second free is "not owned". A thread flush does
+   * that to a block in the thread cache; a block in the hot slot stays
+   * there until empty_cache. */
+  PP_STATS(pool, &before);
   PP_OK(pinpool_free(pool, large_victim));
   EXPECT_NOCHANGE(pool, pinpool_free(pool, large_victim), PINPOOL_EDOUBLEFREE);
+  EXPECT_NOCHANGE(pool, pinpool_block_size(pool, large_victim, &sz),
+                  PINPOOL_EDOUBLEFREE);
   PP_OK(pinpool_thread_flush(pool));
-  EXPECT_NOCHANGE(pool, pinpool_free(pool, large_victim), PINPOOL_EDOUBLEFREE);
+  PP_STATS(pool, &after);
+  PP_ASSERT(after.segments.current ==
+                before.segments.current - (large_cached ? 1 : 0),
+            "[%s] segments %" PRIu64 " -> %" PRIu64
+            " after freeing a large block and a thread flush (%s)",
+            conf, before.segments.current, after.segments.current,
+            large_cached ? "back to the arena" : "kept in the hot slot");
+  EXPECT_NOCHANGE(pool, pinpool_free(pool, large_victim),
+                  large_cached ? PINPOOL_ENOTOWNED : PINPOOL_EDOUBLEFREE);
   PP_OK(pinpool_empty_cache(pool));
   EXPECT_NOCHANGE(pool, pinpool_free(pool, large_victim), PINPOOL_ENOTOWNED);
+  EXPECT_NOCHANGE(pool, pinpool_block_size(pool, large_victim, &sz),
+                  PINPOOL_ENOTOWNED);
 
   /* A reallocated block is live again and frees once. */
   void *again = NULL;
@@ -409,15 +430,15 @@ static void bad_pointers_with(const char *conf) {
 
 static void test_bad_pointers_default(void **state) {
   (void)state;
-  bad_pointers_with("");
+  bad_pointers_with("", 1);
 }
 static void test_bad_pointers_no_tcache(void **state) {
   (void)state;
-  bad_pointers_with("tcache_bytes=0");
+  bad_pointers_with("tcache_bytes=0", 0);
 }
 static void test_bad_pointers_malloc_backend(void **state) {
   (void)state;
-  bad_pointers_with("backend=malloc,shards=1");
+  bad_pointers_with("backend=malloc,shards=1", 1);
 }
 
 /* A pointer inside a segment but in space that was never handed out. */
@@ -427,17 +448,24 @@ static void test_pointer_into_unused_segment_space(void **state) {
   PP_OK(pinpool_create("tcache_bytes=0", &pool));
   void *p = NULL;
   PP_OK(pinpool_alloc(pool, 4096, &p));
-  /* Small blocks come from a 2 MiB segment; probe the rest of it. Each
-   * probe is either inside an unallocated region or an interior pointer. */
+  /* The block is at the low end of a 512 KiB slab carved from the low end
+   * of a 2 MiB chunk; probe the rest of both. In the slab, each probe is
+   * either inside an unallocated region or an interior pointer; beyond it
+   * the chunk's free space is in no segment: not owned. */
   for (size_t off = 4096; off < 2 * MiB; off += 64 * 1024 + 64) {
     char *q = (char *)p + off;
     pinpool_stats_t b, a;
     PP_STATS(pool, &b);
     int rc = pinpool_free(pool, q);
-    PP_ASSERT(rc == PINPOOL_EINTERIOR || rc == PINPOOL_EDOUBLEFREE ||
-                  rc == PINPOOL_ENOTOWNED,
-              "free of never-allocated space %p returned %d (%s)", (void *)q,
-              rc, pp_code_name(rc));
+    if (off < 512 * KiB)
+      PP_ASSERT(rc == PINPOOL_EINTERIOR || rc == PINPOOL_EDOUBLEFREE ||
+                    rc == PINPOOL_ENOTOWNED,
+                "free of never-allocated space %p returned %d (%s)", (void *)q,
+                rc, pp_code_name(rc));
+    else
+      PP_ASSERT(rc == PINPOOL_ENOTOWNED,
+                "free of %p, in the chunk beyond the slab, returned %d (%s)",
+                (void *)q, rc, pp_code_name(rc));
     PP_STATS(pool, &a);
     PP_CHECK_STATS_EQUAL(&b, &a, "free of never-allocated space");
   }

@@ -29,20 +29,41 @@ static void check(pp_extents_t *x, const char *when, int step) {
   PP_ASSERT(pp_ext_validate(x, why, sizeof why), "%s %d: %s", when, step, why);
 }
 
-static void test_extent_model(void **state) {
-  (void)state;
+/* [a, a + n) lies in one run: one chunk, or (span) adjacent chunks 0 and 1,
+ * which the model's layout puts side by side. */
+static bool in_run(pp_extents_t *x, uintptr_t a, size_t n, bool span) {
+  pp_xchunk_t *c0 = pp_ext_chunk_of(x, (void *)a);
+  pp_xchunk_t *c1 = pp_ext_chunk_of(x, (void *)(a + n - 1));
+  if (c0 == NULL || c1 == NULL)
+    return false;
+  if (c0 == c1)
+    return true;
+  uintptr_t b0, b1;
+  size_t s0, s1;
+  unsigned f0, f1;
+  pp_ext_chunk_info(c0, &b0, &s0, &f0);
+  pp_ext_chunk_info(c1, &b1, &s1, &f1);
+  return span && b0 + s0 == b1 && f0 == f1;
+}
+
+/* span: chunks 0 and 1 are adjacent with the same flags, one run; every
+ * so often the oldest free chunk is cut out of the extents (as the arena
+ * gives it back to the backend) and added again. */
+static void extent_model(bool span) {
   static const size_t chunk_size[NCH] = {64 * MiB, 4 * MiB, 160 * MiB};
   static const uintptr_t chunk_base[NCH] = {
       (uintptr_t)1 << 40, ((uintptr_t)1 << 40) + 64 * MiB, (uintptr_t)3 << 40};
   pp_extents_t x;
-  pp_ext_init(&x, G);
+  pp_ext_init(&x, G, span);
   size_t total = 0;
   for (int c = 0; c < NCH; c++) {
     PP_OK(pp_ext_add_chunk(&x, (void *)chunk_base[c], chunk_size[c], 0));
     total += chunk_size[c];
   }
   check(&x, "init", 0);
-  PP_ASSERT(x.nfree == NCH, "adjacent chunks are not merged");
+  PP_ASSERT(x.nfree == (span ? NCH - 1u : NCH),
+            "adjacent chunks merged: %d (span %d)", (int)x.nfree, (int)span);
+  int removed = 0, crossed = 0;
   live_t *lv = calloc(MAXLIVE, sizeof *lv);
   size_t nlive = 0, held = 0;
   uint64_t rng = pp_seed(42);
@@ -57,10 +78,9 @@ static void test_extent_model(void **state) {
                 n, p, largest);
       if (p != NULL) {
         uintptr_t a = (uintptr_t)p;
-        pp_xchunk_t *c = pp_ext_chunk_of(&x, p);
-        PP_ASSERT(c != NULL && pp_ext_chunk_of(&x, (char *)p + n - 1) == c &&
-                      a % G == 0,
-                  "step %d: %p+%zu outside one chunk", step, p, n);
+        PP_ASSERT(in_run(&x, a, n, span) && a % G == 0,
+                  "step %d: %p+%zu outside one run", step, p, n);
+        crossed += pp_ext_chunk_of(&x, p) != pp_ext_chunk_of(&x, (char *)p + n - 1);
         lv[nlive++] = (live_t){a, n};
         held += n;
       }
@@ -69,6 +89,28 @@ static void test_extent_model(void **state) {
       pp_ext_give(&x, (void *)lv[i].p, lv[i].n);
       held -= lv[i].n;
       lv[i] = lv[--nlive];
+    }
+    if (step % 97 == 0) {
+      /* The arena's release: a chunk wholly free goes, then comes back. */
+      void *cb;
+      size_t cs;
+      unsigned cf;
+      size_t fb = 0, nf = pp_ext_free_chunks(&x, 0, &fb);
+      if (pp_ext_remove_free_chunk(&x, 0, &cb, &cs, &cf)) {
+        removed++;
+        check(&x, "removed", step);
+        PP_ASSERT(nf >= 1 && fb >= cs && x.total_bytes == total - cs,
+                  "step %d: removed %zu of %zu free chunk bytes", step, cs,
+                  fb);
+        for (size_t i = 0; i < nlive; i++)
+          PP_ASSERT(lv[i].p + lv[i].n <= (uintptr_t)cb ||
+                        lv[i].p >= (uintptr_t)cb + cs,
+                    "step %d: a removed chunk held a live range", step);
+        PP_OK(pp_ext_add_chunk(&x, cb, cs, cf));
+        check(&x, "added back", step);
+      } else {
+        PP_ASSERT(nf == 0, "step %d: %zu free chunks, none removed", step, nf);
+      }
     }
     PP_ASSERT(x.free_bytes + held == total, "step %d: %zu free + %zu held",
               step, x.free_bytes, held);
@@ -86,12 +128,87 @@ static void test_extent_model(void **state) {
     nlive--;
   }
   check(&x, "drained", 0);
-  PP_ASSERT(x.nfree == NCH && x.free_bytes == total &&
+  PP_ASSERT(x.nfree == (span ? NCH - 1u : NCH) && x.free_bytes == total &&
                 pp_ext_largest(&x) == 160 * MiB,
             "after giving everything back: %zu extents, %zu bytes", x.nfree,
             x.free_bytes);
   PP_ASSERT(x.nspare <= 4, "%zu spare nodes kept", x.nspare);
+  /* Every chunk free: all of them go, the run cut apart. */
+  void *cb;
+  size_t cs;
+  unsigned cf;
+  int n = 0;
+  while (pp_ext_remove_free_chunk(&x, 0, &cb, &cs, &cf)) {
+    n++;
+    check(&x, "emptied", n);
+  }
+  PP_ASSERT(n == NCH && x.nchunks == 0 && x.free_bytes == 0 && x.nfree == 0,
+            "%d chunks removed, %zu left", n, x.nchunks);
+  PP_ASSERT(removed > 0 && (!span || crossed > 0),
+            "the model removed %d chunks, crossed a boundary %d times",
+            removed, crossed);
   free(lv);
+  pp_ext_fini(&x);
+}
+
+static void test_extent_model(void **state) {
+  (void)state;
+  extent_model(false);
+}
+
+static void test_extent_model_runs(void **state) {
+  (void)state;
+  extent_model(true);
+}
+
+/* Runs (span): a block may cross the boundary of adjacent chunks with the
+ * same flags, never of chunks with other flags or a gap between them; a
+ * chunk wholly free inside an extent is cut out of it, leaving both sides
+ * free; the oldest free chunk goes first. */
+static void test_extent_runs(void **state) {
+  (void)state;
+  pp_extents_t x;
+  pp_ext_init(&x, G, true);
+  uintptr_t b = (uintptr_t)1 << 40;
+  PP_OK(pp_ext_add_chunk(&x, (void *)b, 4 * G, 0));
+  PP_OK(pp_ext_add_chunk(&x, (void *)(b + 4 * G), 4 * G, 0));
+  PP_OK(pp_ext_add_chunk(&x, (void *)(b + 8 * G), 4 * G, 1)); /* other flags */
+  PP_OK(pp_ext_add_chunk(&x, (void *)(b + 16 * G), 4 * G, 0)); /* a gap */
+  check(&x, "init", 0);
+  PP_ASSERT(x.nfree == 3 && pp_ext_largest(&x) == 8 * G, "one run of two");
+  unsigned f = 9;
+  char *p = pp_ext_take(&x, 6 * G, &f);
+  PP_ASSERT(p == (char *)b && f == 0, "6 granules across the boundary");
+  PP_ASSERT(pp_ext_take(&x, 5 * G, NULL) == NULL, "no 5 across flags or gap");
+  char *q = pp_ext_take(&x, 2 * G, NULL);
+  PP_ASSERT(q == (char *)b + 6 * G, "the run's rest");
+  pp_ext_give(&x, p, 6 * G);
+  check(&x, "given", 1);
+  PP_ASSERT(x.nfree == 3, "merged across the boundary");
+  /* Chunk 0 wholly free, chunk 1 not: only chunk 0 (and the others) can
+   * go; freeing q makes chunk 1 free, the newest. */
+  size_t fb = 0;
+  PP_ASSERT(pp_ext_free_chunks(&x, 0, &fb) == 3 && fb == 12 * G,
+            "free chunks %zu", fb);
+  pp_ext_give(&x, q, 2 * G);
+  void *cb;
+  size_t cs;
+  unsigned cf;
+  /* Oldest free first: chunks 2 and 3 (free since added), then 0, 1. */
+  PP_ASSERT(pp_ext_remove_free_chunk(&x, 0, &cb, &cs, &cf) &&
+                cb == (void *)(b + 8 * G) && cf == 1,
+            "the oldest free chunk first: %p", cb);
+  PP_ASSERT(pp_ext_remove_free_chunk(&x, 0, &cb, &cs, &cf) &&
+                cb == (void *)(b + 16 * G),
+            "then the next: %p", cb);
+  /* Cut chunk 0 out of the run's one extent: chunk 1 stays free. */
+  PP_ASSERT(pp_ext_remove_free_chunk(&x, 0, &cb, &cs, &cf) &&
+                cb == (void *)b && cs == 4 * G,
+            "chunk 0: %p", cb);
+  check(&x, "cut", 2);
+  PP_ASSERT(x.nfree == 1 && x.free_bytes == 4 * G &&
+                pp_ext_take(&x, 4 * G, NULL) == (char *)b + 4 * G,
+            "chunk 1 alone: %zu extents", x.nfree);
   pp_ext_fini(&x);
 }
 
@@ -99,7 +216,7 @@ static void test_extent_model(void **state) {
 static void test_extent_merges(void **state) {
   (void)state;
   pp_extents_t x;
-  pp_ext_init(&x, G);
+  pp_ext_init(&x, G, false);
   uintptr_t base = (uintptr_t)1 << 40;
   PP_OK(pp_ext_add_chunk(&x, (void *)base, 10 * G, 0));
   char *p[10];
@@ -129,6 +246,8 @@ static void test_extent_merges(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_extent_model),
+      cmocka_unit_test(test_extent_model_runs),
+      cmocka_unit_test(test_extent_runs),
       cmocka_unit_test(test_extent_merges),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

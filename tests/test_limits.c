@@ -69,11 +69,24 @@ static void test_max_reserved_large(void **state) {
   PP_ASSERT(cb_counts(&cb).calls == calls, "cached block not reused");
   PP_OK(pinpool_free(pool, c));
 
-  /* A different size: the idle 4 MiB segment is released and the allocation
-   * retried. */
+  /* A smaller size is carved from the idle block's space in the arena: no
+   * backend call, no retry. */
   PP_STATS(pool, &st);
-  void *d = NULL;
+  void *d = NULL, *e = NULL;
   PP_OK(pinpool_alloc(pool, 2 * MiB + 1, &d));
+  PP_STATS(pool, &st2);
+  PP_ASSERT(d == a && cb_counts(&cb).calls == calls &&
+                st2.retries == st.retries,
+            "2 MiB + 1 not carved from the idle 4 MiB (%p, a %p), retries "
+            "%" PRIu64 " -> %" PRIu64,
+            d, a, st.retries, st2.retries);
+  PP_OK(pinpool_free(pool, d));
+  PP_OK(pinpool_free(pool, b));
+  /* A larger one fits no free extent, and two idle 4 MiB chunks plus a
+   * new 6 MiB one exceed the cap: the idle chunks are released and the
+   * allocation retried. */
+  PP_STATS(pool, &st);
+  PP_OK(pinpool_alloc(pool, 6 * MiB, &e));
   PP_STATS(pool, &st2);
   PP_ASSERT(st2.retries >= st.retries + 1, "retries %" PRIu64 " -> %" PRIu64,
             st.retries, st2.retries);
@@ -92,8 +105,7 @@ static void test_max_reserved_large(void **state) {
             st2.reserved_bytes.current, cc.live_bytes);
   PP_CHECK_CONSISTENT(pool);
 
-  PP_OK(pinpool_free(pool, b));
-  PP_OK(pinpool_free(pool, d));
+  PP_OK(pinpool_free(pool, e));
   PP_CHECK_CONSISTENT(pool);
   pinpool_destroy(pool);
   PP_CHECK_CB_BALANCED(&cb);
@@ -101,10 +113,10 @@ static void test_max_reserved_large(void **state) {
   PP_ASSERT(cc.peak_live_bytes <= cap, "backend peak %" PRIu64 " > cap",
             cc.peak_live_bytes);
   cb_fini(&cb);
-  /* The segment released for the retry counts as trimmed (stats.h: "segments
-   * released by max_cached/retry"). Checked last so that the checks above
-   * still run when this one fails. */
-  PP_ASSERT(trimmed_after >= trimmed_before + 1,
+  /* The chunks released for the retry count as trimmed (pinpool.h: "chunks
+   * released: caps, retry, empty_cache"). Checked last so that the checks
+   * above still run when this one fails. */
+  PP_ASSERT(trimmed_after >= trimmed_before + 2,
             "max_reserved retry released a segment but trimmed_segments went "
             "%" PRIu64 " -> %" PRIu64,
             trimmed_before, trimmed_after);
@@ -261,30 +273,43 @@ static void test_carve(void **state) {
 
 /* ---- max_cached_pct
  * ---------------------------------------------------------- */
+/* The largest range the backend ever handed out (a chunk). */
+static size_t largest_chunk(counting_backend_t *cb) {
+  size_t n = 0, best = 0;
+  cb_rec_t *r = cb_records(cb, &n);
+  for (size_t i = 0; i < n; i++)
+    if (r[i].size > best)
+      best = r[i].size;
+  free(r);
+  return best;
+}
 /* Idle bytes in the bins are trimmed to pct % of the bytes in use. */
 static void test_max_cached_pct(void **state) {
   (void)state;
   counting_backend_t cb;
   cb_init(&cb);
-  pinpool_t *pool = create_cb("max_cached_pct=25,tcache_bytes=0,borrow=0", &cb);
+  pinpool_t *pool = create_cb("max_cached_pct=25,tcache_bytes=0", &cb);
   enum { N = 16 };
   void *p[N];
   for (int i = 0; i < N; i++)
     PP_OK(pinpool_alloc(pool, 4 * MiB, &p[i]));
   pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  uint64_t chunks = st.arena_chunks;
   for (int i = 0; i < N; i++) {
     PP_OK(pinpool_free(pool, p[i]));
     PP_STATS(pool, &st);
     uint64_t used = st.reserved_bytes.current - st.cached_bytes.current;
-    /* One segment of slack: the cap is checked before the free that
-     * crosses it is trimmed only by whole segments. */
-    PP_ASSERT(st.cached_bytes.current <= used / 4 + 4 * MiB,
+    /* One chunk of slack (the largest here is 8 MiB: an eighth of the
+     * arena, rounded up to 2 MiB): the cap is met by whole chunks. */
+    PP_ASSERT(st.cached_bytes.current <= used / 4 + largest_chunk(&cb),
               "after %d frees: cached %" PRIu64 " > 25%% of %" PRIu64, i + 1,
               st.cached_bytes.current, used);
     PP_CHECK_CONSISTENT(pool);
   }
-  PP_ASSERT(st.trimmed_segments >= N - 4, "trimmed %" PRIu64,
-            st.trimmed_segments);
+  PP_ASSERT(st.trimmed_segments >= chunks - 2 && st.arena_chunks <= 2,
+            "trimmed %" PRIu64 " of %" PRIu64 " chunks", st.trimmed_segments,
+            chunks);
   PP_ASSERT(st.max_cached == 0, "max_cached %" PRIu64, st.max_cached);
   /* The oldest idle segments went first: the newest one is still cached. */
   uint64_t calls = cb_counts(&cb).calls;
@@ -304,14 +329,18 @@ static void test_max_cached_pct(void **state) {
 static void max_cached_order(const int order[10]) {
   counting_backend_t cb;
   cb_init(&cb);
-  pinpool_t *pool = create_cb("max_cached=8MiB,tcache_bytes=0", &cb);
+  /* max_reserved=40MiB: the arena's growth would make the tenth chunk
+   * 6 MiB (an eighth of the arena, rounded to 2 MiB); at the cap a chunk
+   * is just the request, so each block has a chunk of its own. */
+  pinpool_t *pool =
+      create_cb("max_cached=8MiB,tcache_bytes=0,max_reserved=40MiB", &cb);
   void *p[10];
   for (int i = 0; i < 10; i++)
     PP_OK(pinpool_alloc(pool, 4 * MiB, &p[i]));
   for (int i = 0; i < 10; i++) {
     cb_rec_t r = cb_find_live(&cb, p[i]);
     PP_ASSERT(r.ptr == p[i] && r.size == 4 * MiB,
-              "block %d has no segment of its own", i);
+              "block %d has no chunk of its own", i);
   }
   for (int k = 0; k < 10; k++) {
     PP_OK(pinpool_free(pool, p[order[k]]));
@@ -595,7 +624,6 @@ static void mlock_child(void) {
 static void test_size_keys_at_limits(void **state) {
   (void)state;
   static const char *keys[] = {"max_cached",
-                               "remap_min",
                                "max_reserved",
                                "reserve",
                                "populate_parallel_min",
@@ -669,8 +697,9 @@ static void test_size_keys_at_limits(void **state) {
     PP_OK(pinpool_free(pool, b));
     pinpool_stats_t st;
     PP_STATS(pool, &st);
-    PP_ASSERT(st.trimmed_segments == 0 && st.segments.current >= 2,
-              "%s: %" PRIu64 " segments trimmed under a cap of 2^64", conf,
+    PP_ASSERT(st.trimmed_segments == 0 && st.arena_chunks >= 2 &&
+                  st.reserved_bytes.current >= 22 * MiB,
+              "%s: %" PRIu64 " chunks trimmed under a cap of 2^64", conf,
               st.trimmed_segments);
     PP_CHECK_CONSISTENT(pool);
     pinpool_destroy(pool);

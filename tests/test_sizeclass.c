@@ -164,8 +164,9 @@ static void test_largest_class(void **state) {
 
 struct blk {
   uintptr_t p;
-  size_t cls;
+  size_t cls; /* the block's size */
   size_t size;
+  unsigned char fill;
 };
 
 static int blk_cmp(const void *a, const void *b) {
@@ -191,23 +192,36 @@ static void check_alignment_with(const char *conf) {
         continue; /* a few large ones suffice */
       void *p = NULL;
       PP_OK(pinpool_alloc(pool, s, &p));
+      /* The block: the request's class up to 256 KiB, above it the request
+       * rounded up to a page (carved from the arena at that size). */
       size_t cls = pp_ref_class(s);
+      size_t want = pp_ref_block(s);
+      if (s == 256 * KiB + 1) /* 65 pages, not its class (288 KiB) */
+        PP_ASSERT(want == 266240 && cls == 294912, "pp_ref_block(%zu) = %zu", s,
+                  want);
       size_t bs = 0;
       PP_OK(pinpool_block_size(pool, p, &bs));
-      PP_ASSERT(bs == cls, "block_size of a %zu-byte request = %zu, want %zu",
-                s, bs, cls);
+      PP_ASSERT(bs == want, "block_size of a %zu-byte request = %zu, want %zu",
+                s, bs, want);
+      PP_ASSERT(bs >= s && bs <= cls,
+                "block_size %zu of a %zu-byte request: below the request or "
+                "above its class %zu",
+                bs, s, cls);
       PP_ASSERT((uintptr_t)p % 64 == 0, "block %p of %zu bytes not 64-aligned",
                 p, s);
       /* include/pinpool.h: a block whose size class is a multiple of 4096
-       * is 4096-byte aligned. */
-      if (cls % 4096 == 0)
+       * is 4096-byte aligned (every class above 256 KiB is, and so is every
+       * large block's page-rounded size). */
+      if (cls % 4096 == 0 || bs % 4096 == 0)
         PP_ASSERT((uintptr_t)p % 4096 == 0,
-                  "block %p of class %zu not 4096-aligned", p, cls);
-      /* The whole class is usable. */
-      memset(p, (int)(n & 0xff), cls);
+                  "block %p of class %zu (block %zu) not 4096-aligned", p, cls,
+                  bs);
+      /* The whole block is usable. */
+      memset(p, (int)(n & 0xff), bs);
       blocks[n].p = (uintptr_t)p;
-      blocks[n].cls = cls;
+      blocks[n].cls = bs;
       blocks[n].size = s;
+      blocks[n].fill = (unsigned char)(n & 0xff);
       n++;
     }
   }
@@ -217,6 +231,12 @@ static void check_alignment_with(const char *conf) {
     PP_ASSERT(blocks[i].p + blocks[i].cls <= blocks[i + 1].p,
               "blocks %#lx (+%zu) and %#lx overlap", (unsigned long)blocks[i].p,
               blocks[i].cls, (unsigned long)blocks[i + 1].p);
+  for (size_t i = 0; i < n; i++) {
+    const unsigned char *b = (const unsigned char *)blocks[i].p;
+    PP_ASSERT(b[0] == blocks[i].fill && b[blocks[i].cls - 1] == blocks[i].fill,
+              "block %p (%zu bytes): fill changed", (const void *)b,
+              blocks[i].cls);
+  }
   PP_CHECK_CONSISTENT(pool);
   for (size_t i = 0; i < n; i++)
     PP_OK(pinpool_free(pool, (void *)blocks[i].p));

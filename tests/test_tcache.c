@@ -7,7 +7,8 @@
  * allocating gets it back.
  *
  * White box (the budget is not public): test_consumer also checks what a
- * user sees, that the producer's next round needs few new segments.
+ * user sees, that the producer's next round does not grow the pool (no
+ * backend call, no new arena chunk).
  * test_one_block_consumer: a thread that only frees a class whose stack
  * holds one block does not cache it at all.
  */
@@ -78,13 +79,14 @@ static void test_consumer(void **state) {
   PP_ASSERT(pthread_create(&t, NULL, consume, &c) == 0, "pthread_create");
   pthread_barrier_wait(&c.freed);
   /* Main's cache holds only the rest of its refills' batches, so nearly
-   * every block of the second round comes from the central bins or a new
-   * segment. */
-  uint64_t segs0 = pp_stats_of(pool).segments.current;
+   * every block of the second round comes from the central bins, the
+   * arena (the large blocks the consumer gave back went there), or a new
+   * arena chunk. */
+  pinpool_stats_t st0 = pp_stats_of(pool);
   int rc = 0;
   for (unsigned i = 0; i < NBLOCKS && rc == 0; i++)
     rc = pinpool_alloc(pool, size_of(i), &blocks[i]);
-  uint64_t segs1 = pp_stats_of(pool).segments.current;
+  pinpool_stats_t st1 = pp_stats_of(pool);
   pthread_barrier_wait(&c.done);
   pthread_join(t, NULL);
   pthread_barrier_destroy(&c.freed);
@@ -92,10 +94,21 @@ static void test_consumer(void **state) {
   PP_OK(rc);
   PP_ASSERT(c.budget <= TB / 16 && c.budget >= TB / 64 && c.held <= TB / 16,
             "consumer: budget %" PRIu64 ", holds %" PRIu64, c.budget, c.held);
-  /* What the consumer still holds (a few MiB) costs a few segments (5
-   * here); holding tcache_bytes / 2 or more, as it did, cost 66. */
-  PP_ASSERT(segs1 - segs0 <= 8, "second round: %" PRIu64 " new segments",
-            segs1 - segs0);
+  /* What the consumer still holds (3 MiB here) fits in the room the first
+   * round left in the arena (26 MiB after the second round here): the pool
+   * does not grow. A consumer that kept its whole budget held 40 MiB and
+   * cost a new chunk of 40 MiB (an eighth of the arena). */
+  PP_ASSERT(st1.cache_misses == st0.cache_misses &&
+                st1.backend_alloc.count == st0.backend_alloc.count &&
+                st1.arena_chunks == st0.arena_chunks &&
+                st1.reserved_bytes.current == st0.reserved_bytes.current,
+            "second round grew the pool: %" PRIu64 " misses, %" PRIu64
+            " backend allocations, %" PRIu64 " -> %" PRIu64 " chunks, %" PRIu64
+            " -> %" PRIu64 " bytes",
+            st1.cache_misses - st0.cache_misses,
+            st1.backend_alloc.count - st0.backend_alloc.count, st0.arena_chunks,
+            st1.arena_chunks, st0.reserved_bytes.current,
+            st1.reserved_bytes.current);
   for (unsigned i = 0; i < NBLOCKS; i++)
     PP_OK(pinpool_free(pool, blocks[i]));
   PP_CHECK_CONSISTENT(pool);

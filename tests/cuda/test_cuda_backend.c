@@ -1,9 +1,10 @@
 /* The cuda and cuda-register backends through the public API: every
- * segment the pool reserves is one cuMemHostAlloc (or one mmap +
- * cuMemHostRegister) given back exactly once; cuda_flags reach the driver;
- * driver errors become PINPOOL_ENOMEM / PINPOOL_EBACKEND with the driver's
- * error name and leave the pool usable; threads that never touched CUDA can
- * allocate, and a caller's own context stack is left as it was.
+ * arena chunk the pool reserves is one cuMemHostAlloc (or one mmap +
+ * cuMemHostRegister, in pieces of at most register_max) given back exactly
+ * once, whatever number of segments is carved from it; cuda_flags reach the
+ * driver; driver errors become PINPOOL_ENOMEM / PINPOOL_EBACKEND with the
+ * driver's error name and leave the pool usable; threads that never touched
+ * CUDA can allocate, and a caller's own context stack is left as it was.
  *
  * Runs against the fake driver (counts checked) and, from
  * scripts/gpu-check.sh, against a real one (the fake-only checks skip). */
@@ -27,7 +28,8 @@ static pinpool_stats_t stats(pinpool_t *pool) {
 }
 
 /* Allocate a mix of sizes, write them, free them; check the driver holds
- * exactly the pool's segments, all of them page-locked. */
+ * exactly the pool's arena chunks (segments are carved from them and cost
+ * no driver call), all of them page-locked. */
 static void churn(pinpool_t *pool, bool reg) {
   static const size_t sizes[] = {1,      512,     4096,    5000,
                                  100000, 1 << 20, 3 << 20, 9 << 20};
@@ -47,8 +49,18 @@ static void churn(pinpool_t *pool, bool reg) {
             "locked %llu of %llu reserved bytes",
             (unsigned long long)st.locked_bytes,
             (unsigned long long)st.reserved_bytes.current);
+  CT_ASSERT(st.arena_chunks > 0 && st.arena_chunks == st.backend_alloc.count -
+                                                          st.backend_free.count,
+            "%llu chunks, %llu backend allocations, %llu frees",
+            (unsigned long long)st.arena_chunks,
+            (unsigned long long)st.backend_alloc.count,
+            (unsigned long long)st.backend_free.count);
+  /* More segments than chunks: several are carved from one chunk. */
+  CT_ASSERT(st.segments.current > st.arena_chunks, "%llu segments, %llu chunks",
+            (unsigned long long)st.segments.current,
+            (unsigned long long)st.arena_chunks);
   CT_FAKE_EQ(reg ? "live_registrations" : "live_host_allocs",
-             (long long)st.segments.current);
+             (long long)st.arena_chunks);
   CT_FAKE_EQ(reg ? "registered_bytes" : "host_alloc_bytes",
              (long long)st.reserved_bytes.current);
   CT_FAKE_EQ(reg ? "live_host_allocs" : "live_registrations", 0);
@@ -61,11 +73,20 @@ static void churn(pinpool_t *pool, bool reg) {
 static void check_released(pinpool_t *pool, bool reg) {
   CT_OK(pinpool_empty_cache(pool));
   pinpool_stats_t st = stats(pool);
-  CT_ASSERT(st.reserved_bytes.current == 0, "%llu bytes still reserved",
-            (unsigned long long)st.reserved_bytes.current);
+  CT_ASSERT(st.reserved_bytes.current == 0 && st.arena_chunks == 0,
+            "%llu bytes still reserved in %llu chunks",
+            (unsigned long long)st.reserved_bytes.current,
+            (unsigned long long)st.arena_chunks);
   CT_FAKE_EQ(reg ? "live_registrations" : "live_host_allocs", 0);
+  /* Every chunk given back, each with one driver call. */
+  CT_ASSERT(st.backend_free.count == st.backend_alloc.count,
+            "%llu chunks allocated, %llu freed",
+            (unsigned long long)st.backend_alloc.count,
+            (unsigned long long)st.backend_free.count);
   CT_FAKE_EQ(reg ? "calls:cuMemHostUnregister" : "calls:cuMemFreeHost",
-             (long long)st.segments.allocated);
+             (long long)st.backend_free.count);
+  CT_FAKE_EQ(reg ? "calls:cuMemHostRegister" : "calls:cuMemHostAlloc",
+             (long long)st.backend_alloc.count);
 }
 
 static void test_cuda_alloc_free(void **state) {
@@ -119,15 +140,29 @@ static void test_reserve(void **state) {
   (void)state;
   CT_REQUIRE_FAKE();
   pinpool_t *pool = CREATE("backend=cuda,device=0,reserve=8MiB");
-  /* The reserve is one backend allocation made at create. */
+  /* The reserve is one backend allocation made at create: the arena's
+   * first chunk. */
   CT_FAKE_EQ("live_host_allocs", 1);
   CT_FAKE_EQ("host_alloc_bytes", 8 << 20);
-  void *p = NULL;
+  CT_ASSERT(stats(pool).arena_chunks == 1, "chunks");
+  /* Small and large blocks are carved from it. */
+  void *p = NULL, *s = NULL;
   CT_OK(pinpool_alloc(pool, MiB, &p));
+  CT_OK(pinpool_alloc(pool, 1000, &s));
   CT_FAKE_EQ("live_host_allocs", 1);
+  /* More than its room left: the arena grows by one chunk. */
+  void *q = NULL;
+  CT_OK(pinpool_alloc(pool, 7 * MiB, &q));
+  CT_FAKE_EQ("live_host_allocs", 2);
+  CT_ASSERT(stats(pool).arena_chunks == 2, "chunks");
+  CT_OK(pinpool_free(pool, q));
+  CT_OK(pinpool_free(pool, s));
   CT_OK(pinpool_free(pool, p));
   CT_OK(pinpool_empty_cache(pool));
-  CT_FAKE_EQ("live_host_allocs", 1); /* kept for the pool's life */
+  /* The grown chunk goes back; the reserve is kept for the pool's life. */
+  CT_FAKE_EQ("live_host_allocs", 1);
+  CT_FAKE_EQ("host_alloc_bytes", 8 << 20);
+  CT_ASSERT(stats(pool).arena_chunks == 1, "chunks");
   pinpool_destroy(pool);
   CT_FAKE_BALANCED();
 }
@@ -373,10 +408,10 @@ static void test_caller_context_preserved(void **state) {
 }
 
 /* ---- Registration in pieces (register_max) ----------------------------
- * A segment above register_max is registered in pieces of at most that
- * size (one call of 512 GiB or more fails on recent drivers); the free
- * unregisters the same pieces; a piece that fails rolls back the pieces
- * before it, nothing leaks and the pool stays usable. */
+ * An arena chunk above register_max is registered in pieces of at most
+ * that size (one call of 512 GiB or more fails on recent drivers); the
+ * chunk's release unregisters the same pieces; a piece that fails rolls
+ * back the pieces before it, nothing leaks and the pool stays usable. */
 static void test_register_pieces(void **state) {
   (void)state;
   CT_REQUIRE_FAKE();
@@ -386,11 +421,16 @@ static void test_register_pieces(void **state) {
   CT_OK(pinpool_get_config(pool, cfg, sizeof cfg, NULL));
   CT_ASSERT(strstr(cfg, "register_max=2097152") != NULL, "config: %s", cfg);
   void *p = NULL;
-  CT_OK(pinpool_alloc(pool, 9 * MiB, &p)); /* a 9 MiB segment: 5 pieces */
+  /* 9 MiB, above the 2 MiB first chunk: a chunk of its own, the request
+   * rounded up to 2 MiB (10 MiB), 5 pieces. */
+  CT_OK(pinpool_alloc(pool, 9 * MiB, &p));
   pinpool_stats_t st = stats(pool);
   long long seg = (long long)st.reserved_bytes.current;
   long long pieces = (seg + (long long)(2 * MiB) - 1) / (long long)(2 * MiB);
-  CT_ASSERT(pieces >= 5, "segment of %lld bytes", seg);
+  CT_ASSERT(st.arena_chunks == 1 && seg == (long long)(10 * MiB),
+            "%llu chunks of %lld bytes", (unsigned long long)st.arena_chunks,
+            seg);
+  CT_ASSERT(pieces == 5, "chunk of %lld bytes", seg);
   CT_FAKE_EQ("calls:cuMemHostRegister", pieces);
   CT_FAKE_EQ("live_registrations", pieces);
   CT_FAKE_EQ("registered_bytes", seg);
@@ -423,9 +463,32 @@ static void test_register_pieces(void **state) {
   pinpool_destroy(pool);
   CT_FAKE_BALANCED();
 
+  /* A chunk that is not a multiple of register_max: under max_reserved
+   * the chunk is exactly the (page-rounded) request, 9 MiB, registered as
+   * four 2 MiB pieces and a last one of 1 MiB. */
+  ct_fake.reset();
+  pool = CREATE("backend=cuda-register,device=0,register_max=2MiB,"
+                "max_reserved=9MiB,tcache_bytes=0");
+  CT_OK(pinpool_alloc(pool, 9 * MiB, &p));
+  st = stats(pool);
+  CT_ASSERT(st.arena_chunks == 1 && st.reserved_bytes.current == 9 * MiB,
+            "%llu chunks, %llu bytes", (unsigned long long)st.arena_chunks,
+            (unsigned long long)st.reserved_bytes.current);
+  CT_FAKE_EQ("calls:cuMemHostRegister", 5);
+  CT_FAKE_EQ("live_registrations", 5);
+  CT_FAKE_EQ("registered_bytes", (long long)(9 * MiB));
+  memset(p, 9, 9 * MiB);
+  CT_OK(pinpool_free(pool, p));
+  CT_OK(pinpool_empty_cache(pool));
+  CT_FAKE_EQ("live_registrations", 0);
+  CT_FAKE_EQ("calls:cuMemHostUnregister", 5);
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+
   /* Blocks in every piece: the driver knows each as pinned host memory
    * (cuPointerGetAttribute on an address inside a later piece). 256 KiB
-   * blocks: the class's second slab is 2 MiB, two 1 MiB pieces. */
+   * blocks, 3 MiB of them: slabs carved from at least two chunks of at
+   * least 2 MiB, each registered as 1 MiB pieces. */
   ct_fake.reset();
   pool = CREATE("backend=cuda-register,device=0,register_max=1MiB,"
                 "tcache_bytes=0");
@@ -441,9 +504,17 @@ static void test_register_pieces(void **state) {
   }
   CT_ASSERT(ct_fake.get("calls:cuPointerGetAttribute") >= NB,
             "the driver was not asked");
-  CT_ASSERT(ct_fake.get("live_registrations") >= 3,
-            "%lld registrations: no segment in pieces",
-            ct_fake.get("live_registrations"));
+  st = stats(pool);
+  CT_ASSERT(st.arena_chunks >= 2, "%llu chunks",
+            (unsigned long long)st.arena_chunks);
+  CT_ASSERT(ct_fake.get("live_registrations") > (long long)st.arena_chunks,
+            "%lld registrations for %llu chunks: no chunk in pieces",
+            ct_fake.get("live_registrations"),
+            (unsigned long long)st.arena_chunks);
+  /* Chunks are whole 2 MiB multiples here: exactly one piece per MiB. */
+  CT_FAKE_EQ("live_registrations",
+             (long long)(st.reserved_bytes.current / MiB));
+  CT_FAKE_EQ("registered_bytes", (long long)st.reserved_bytes.current);
   for (int i = 0; i < NB; i++)
     CT_OK(pinpool_buffer_release(bufs[i]));
   pinpool_destroy(pool);
@@ -470,6 +541,34 @@ static void test_register_pieces(void **state) {
   CT_FAKE_EQ("calls:cuMemHostAlloc", 0);
   CT_OK(pinpool_alloc(pool, 3 * MiB, &p));
   CT_OK(pinpool_free(pool, p));
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+
+  /* ... and the arena's chunks stop at register_max too: a small request
+   * under register_max=1MiB (the first chunk would be 2 MiB), and a
+   * growing arena whose eighth passes register_max (regression: the
+   * tenth 4 MiB block asked for a 6 MiB chunk and every allocation that
+   * grew the arena failed from then on). */
+  ct_fake.reset();
+  pool = CREATE("backend=cuda,device=0,register_max=1MiB");
+  CT_OK(pinpool_alloc(pool, 4096, &p));
+  CT_FAKE_EQ("live_host_allocs", 1);
+  CT_OK(pinpool_free(pool, p));
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+  enum { NK = 40 };
+  void *keep[NK];
+  pool = CREATE("backend=cuda,device=0,register_max=4MiB,tcache_bytes=0");
+  for (int i = 0; i < NK; i++)
+    CT_OK(pinpool_alloc(pool, 4 * MiB, &keep[i]));
+  st = stats(pool);
+  CT_ASSERT(st.arena_chunks == NK && st.reserved_bytes.current == NK * 4 * MiB,
+            "%llu chunks, %llu bytes", (unsigned long long)st.arena_chunks,
+            (unsigned long long)st.reserved_bytes.current);
+  CT_OK(pinpool_alloc(pool, 1 * MiB, &p));
+  CT_OK(pinpool_free(pool, p));
+  for (int i = 0; i < NK; i++)
+    CT_OK(pinpool_free(pool, keep[i]));
   pinpool_destroy(pool);
   CT_FAKE_BALANCED();
 }

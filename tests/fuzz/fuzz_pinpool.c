@@ -723,20 +723,43 @@ static void check_pool(fpool_t *fp) {
         (unsigned long long)fp->max_reserved);
   CHECK(st.reserved_bytes.current >= st.reserve_bytes,
         "pool %s: reserved below the reserve", fp->name);
+  /* The arena: free space in chunks is cached memory, in page-multiple
+   * extents, the largest no more than all of it; chunks hold the segments
+   * and every reserved byte. */
+  CHECK(st.chunk_free_bytes <= st.cached_bytes.current &&
+            st.chunk_free_bytes % 4096 == 0 &&
+            st.largest_free_extent <= st.chunk_free_bytes &&
+            st.largest_free_extent % 4096 == 0 &&
+            (st.free_extents == 0) == (st.chunk_free_bytes == 0) &&
+            st.free_extents * 4096 <= st.chunk_free_bytes &&
+            (st.chunk_free_bytes == 0 ||
+             st.largest_free_extent * st.free_extents >= st.chunk_free_bytes),
+        "pool %s: %llu bytes free in chunks in %llu extents, the largest "
+        "%llu, %llu cached",
+        fp->name, (unsigned long long)st.chunk_free_bytes,
+        (unsigned long long)st.free_extents,
+        (unsigned long long)st.largest_free_extent,
+        (unsigned long long)st.cached_bytes.current);
+  CHECK((st.arena_chunks == 0) == (st.reserved_bytes.current == 0) &&
+            (st.segments.current == 0 || st.arena_chunks > 0) &&
+            st.reserved_bytes.current >= st.arena_chunks * 4096,
+        "pool %s: %llu chunks, %llu segments, %llu bytes reserved", fp->name,
+        (unsigned long long)st.arena_chunks,
+        (unsigned long long)st.segments.current,
+        (unsigned long long)st.reserved_bytes.current);
   if (fp->hs != NULL && fp->hs->ub != NULL) {
     uint64_t out = ub_outstanding(fp->hs->ub);
     CHECK(out == st.reserved_bytes.current,
           "pool %s: the backend has %llu bytes out, reserved_bytes says %llu",
           fp->name, (unsigned long long)out,
           (unsigned long long)st.reserved_bytes.current);
-    if (fp->reserve == 0) { /* one backend range per segment */
-      pthread_mutex_lock(&fp->hs->ub->lock);
-      unsigned ranges = fp->hs->ub->n;
-      pthread_mutex_unlock(&fp->hs->ub->lock);
-      CHECK(ranges == st.segments.current,
-            "pool %s: the backend has %u ranges out, %llu segments", fp->name,
-            ranges, (unsigned long long)st.segments.current);
-    }
+    /* One backend range per arena chunk (the reserve is one). */
+    pthread_mutex_lock(&fp->hs->ub->lock);
+    unsigned ranges = fp->hs->ub->n;
+    pthread_mutex_unlock(&fp->hs->ub->lock);
+    CHECK(ranges == st.arena_chunks,
+          "pool %s: the backend has %u ranges out, %llu arena chunks", fp->name,
+          ranges, (unsigned long long)st.arena_chunks);
     uint64_t locked = fp->backend == BK_USER_LOCKED ? out : 0;
     CHECK(st.locked_bytes == locked, "pool %s: locked_bytes %llu, want %llu",
           fp->name, (unsigned long long)st.locked_bytes,
@@ -1012,19 +1035,12 @@ static uintptr_t near_ptr(const blk_t *b, uint8_t k) {
   return p;
 }
 
-/* The block size pinpool_block_size may report for a request of class
- * cls: cls itself, or for classes above 256 KiB a borrowed larger class at
- * most 16 classes up (the largest `borrow`; docs/allocation-policy.md). */
-static bool block_size_ok(size_t cls, size_t got) {
-  if (got == cls)
-    return true;
-  if (cls <= 256 * 1024 || got < cls)
-    return false;
-  size_t c = cls, g = 0;
-  for (int i = 0; i < 16 && c < got; i++)
-    if (pinpool_size_class(c + 1, &c) != 0)
-      return false;
-  return c == got && pinpool_size_class(got, &g) == 0 && g == got;
+/* The size of the block a request of `size` bytes (class cls, size at
+ * most LARGEST_CLASS) gets (docs/allocation-policy.md): its class up to
+ * 256 KiB (slabs); above, a large block carved from the arena at exactly
+ * the request rounded up to a page. */
+static size_t block_size_of(size_t size, size_t cls) {
+  return size <= 256 * KIB ? cls : (size + 4095) & ~(size_t)4095;
 }
 
 static void op_alloc(const ctx_t *cx, fpool_t *fp, model_t *m, size_t size,
@@ -1038,8 +1054,10 @@ static void op_alloc(const ctx_t *cx, fpool_t *fp, model_t *m, size_t size,
   bool armed = fault_armed(fp);
   size_t bs = 0;
   bool valid = size != 0 && size <= LARGEST_CLASS;
-  if (valid)
+  if (valid) {
     CHECK(pinpool_size_class(size, &bs) == 0, "size_class(%zu)", size);
+    bs = block_size_of(size, bs);
+  }
   void *out = SENTINEL;
   prime();
   int rc = pinpool_alloc(fp->pool, size, &out);
@@ -1057,7 +1075,9 @@ static void op_alloc(const ctx_t *cx, fpool_t *fp, model_t *m, size_t size,
           size);
   if (q && rc != 0 && valid && !armed && !fp->tainted &&
       fp->max_reserved != 0) {
-    /* ENOMEM only at the cap: a new segment needs at most max(2 MiB, bs). */
+    /* ENOMEM only at the cap: where the cap is in the way a new arena
+     * chunk is just what the segment needs, at most max(2 MiB, bs) (a slab
+     * is at most 2 MiB). */
     uint64_t need = bs > 2 * MIB ? bs : 2 * MIB;
     CHECK(before.reserved_bytes.current + need > fp->max_reserved,
           "pinpool_alloc(%zu) failed with %s with %llu of %llu bytes "
@@ -1082,9 +1102,8 @@ static void op_alloc(const ctx_t *cx, fpool_t *fp, model_t *m, size_t size,
         "pinpool_alloc(%zu) = %p: class %zu is not page aligned", size, out,
         bs);
   size_t got = 0;
-  CHECK(pinpool_block_size(fp->pool, out, &got) == 0 && block_size_ok(bs, got),
-        "block_size(%p) = %zu, class of %zu is %zu", out, got, size, bs);
-  bs = got; /* a borrowed block is larger than the class */
+  CHECK(pinpool_block_size(fp->pool, out, &got) == 0 && got == bs,
+        "block_size(%p) = %zu, a request of %zu gets %zu", out, got, size, bs);
   check_no_overlap(m, p, bs, "pinpool_alloc");
   if (cx->main) {
     fuzz_t *fz = cx->fz;
@@ -1178,8 +1197,12 @@ static void op_get_config(const ctx_t *cx, fpool_t *fp, uint8_t kind,
 
 /* ---- Configuration strings --------------------------------------------- */
 
+/* Keys by index (a key byte picks one modulo their count: replace, never
+ * remove, or every input's configs change). "remap" and "remap_min" were
+ * removed with the arenas: they stay to probe the refusal ("was removed");
+ * "borrow", removed too, gave its place to "register_max". */
 static const char *const cfg_keys[] = {
-    "backend",      "max_cached",   "max_cached_pct",   "borrow",
+    "backend",      "max_cached",   "max_cached_pct",   "register_max",
     "remap",        "max_reserved", "reserve",          "mlock",
     "hugepages",    "populate",     "populate_threads", "populate_parallel_min",
     "tcache_bytes", "shards",       "events",           "background",
@@ -1338,6 +1361,12 @@ static void op_config(const ctx_t *cx, reader_t *r) {
   if (rc == PINPOOL_ECONFIG)
     CHECK(strstr(pinpool_last_error(), "config") != NULL,
           "create(\"%s\"): ECONFIG with the message \"%s\"", cfg,
+          pinpool_last_error());
+  /* Only a removed key is refused as one (remap, remap_min, borrow). */
+  if (rc == PINPOOL_ECONFIG &&
+      strstr(pinpool_last_error(), "was removed") != NULL)
+    CHECK(strstr(cfg, "remap") != NULL || strstr(cfg, "borrow") != NULL,
+          "create(\"%s\"): refused as a removed key: \"%s\"", cfg,
           pinpool_last_error());
   if (rc != 0) {
     CHECK(p == NULL, "create failed but wrote *out");
@@ -2382,10 +2411,9 @@ static void fz_init_once(void) {
  *       bit 4 reserve=4MiB, bit 5 second pool B, bit 6 hugepages=1 (host),
  *       bit 7 mlock=1 (host);
  *   b1: bits 0-2 tcache_bytes, bits 3-4 shards - 1, bits 5-6 max_cached,
- *       bit 7 max_reserved 24MiB instead of 64MiB; remap_min=0 (host:
- *       every one-block class gathers; else the default 4 MiB, so that
- *       below it only splits) with bit 1 (shared with tcache_bytes: no bit
- *       is left). */
+ *       bit 7 max_reserved 24MiB instead of 64MiB. (Bit 1 also gave
+ *       host pools remap_min=0, a key removed with the arenas: inputs
+ *       that set it now run the same pool without it.) */
 static void setup(fuzz_t *fz, reader_t *r) {
   static const uint64_t tcache[8] = {0,         512, 4096,    64 * KIB,
                                      256 * KIB, MIB, 4 * MIB, 64 * MIB};
@@ -2406,14 +2434,13 @@ static void setup(fuzz_t *fz, reader_t *r) {
   a->variant = (b1 & 1) != 0;
   (void)snprintf(a->config, sizeof a->config,
                  "populate=0,tcache_bytes=%llu,shards=%u,max_cached=%llu,"
-                 "max_reserved=%llu%s%s%s%s%s%s",
+                 "max_reserved=%llu%s%s%s%s%s",
                  (unsigned long long)tcache[b1 & 7], 1u + ((b1 >> 3) & 3),
                  (unsigned long long)a->max_cached,
                  (unsigned long long)a->max_reserved, backends[a->backend],
                  a->events == EV_SIM ? ",events=simulated,sim_delay_us=0" : "",
                  a->reserve ? ",reserve=4MiB" : "", huge ? ",hugepages=1" : "",
-                 a->mlock ? ",mlock=1" : "",
-                 host && (b1 & 2) ? ",remap_min=0" : "");
+                 a->mlock ? ",mlock=1" : "");
   a->hs = hookset_new(a->backend, a->events, UB_CAP);
   pool_open(a);
   fz->has_b = (b0 & 32) != 0;
