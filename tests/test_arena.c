@@ -1,0 +1,209 @@
+/*
+ * The arena (src/arena.c, src/extent.c) through the public API: what issue
+ * 21 asks of it, each as a check that fails when that property is lost.
+ *  - steady state: a random mix of sizes, run past its fill, makes no
+ *    backend free at all and (once the arena fits the mix) no backend
+ *    allocation: memory is populated once;
+ *  - waste: a large block is its request rounded up to a page;
+ *  - release: only whole free chunks go back, the one free longest first,
+ *    and only through empty_cache, the caps and the max_reserved retry;
+ *  - runs: the host backend's chunks placed side by side coalesce, so a
+ *    block larger than any one chunk's free space fits two neighbours'.
+ */
+#include "testutil.h"
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+typedef struct live {
+  void *p;
+  size_t n;
+} live_t;
+
+/* W2's shape, small: free random blocks until the next fits the cap. */
+static void random_mix(pinpool_t *pool, live_t *lv, size_t *nlive,
+                       size_t *bytes, size_t cap, size_t lo, size_t hi,
+                       int ops, uint64_t *rng) {
+  for (int i = 0; i < ops; i++) {
+    size_t s = pp_rand_size(rng, lo, hi);
+    while (*bytes + s > cap && *nlive > 0) {
+      size_t k = (size_t)(pp_rand(rng) % *nlive);
+      PP_OK(pinpool_free(pool, lv[k].p));
+      *bytes -= lv[k].n;
+      lv[k] = lv[--*nlive];
+    }
+    PP_OK(pinpool_alloc(pool, s, &lv[*nlive].p));
+    size_t bs = 0;
+    PP_OK(pinpool_block_size(pool, lv[*nlive].p, &bs));
+    PP_ASSERT(bs == pp_ref_block(s), "block of %zu for %zu", bs, s);
+    lv[(*nlive)++].n = s;
+    *bytes += s;
+  }
+}
+
+static void test_steady_state(void **state) {
+  (void)state;
+  /* populate=0: the test is about calls, not pages. */
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("populate=0,mlock=0", &pool));
+  enum { MAXLIVE = 4096 };
+  live_t *lv = calloc(MAXLIVE, sizeof *lv);
+  size_t nlive = 0, bytes = 0;
+  uint64_t rng = pp_seed(21);
+  const size_t cap = 256 * MiB;
+  random_mix(pool, lv, &nlive, &bytes, cap, 4 * KiB, 16 * MiB, 3000, &rng);
+  pinpool_stats_t a, b;
+  PP_STATS(pool, &a);
+  random_mix(pool, lv, &nlive, &bytes, cap, 4 * KiB, 16 * MiB, 6000, &rng);
+  PP_STATS(pool, &b);
+  PP_ASSERT(b.backend_free.count == a.backend_free.count,
+            "%" PRIu64 " backend frees while serving allocations",
+            b.backend_free.count - a.backend_free.count);
+  /* Growth after the fill is rare and small: at most two chunks. */
+  PP_ASSERT(b.backend_alloc.count <= a.backend_alloc.count + 2 &&
+                b.reserved_bytes.peak <= 2 * cap,
+            "backend allocations %" PRIu64 " -> %" PRIu64 ", reserved peak %" PRIu64,
+            a.backend_alloc.count, b.backend_alloc.count,
+            b.reserved_bytes.peak);
+  PP_CHECK_CONSISTENT(pool);
+  while (nlive > 0)
+    PP_OK(pinpool_free(pool, lv[--nlive].p));
+  PP_OK(pinpool_empty_cache(pool));
+  PP_STATS(pool, &b);
+  PP_ASSERT(b.reserved_bytes.current == 0 && b.arena_chunks == 0 &&
+                b.backend_free.count == b.backend_alloc.count,
+            "after empty_cache: %" PRIu64 " bytes in %" PRIu64 " chunks",
+            b.reserved_bytes.current, b.arena_chunks);
+  free(lv);
+  pinpool_destroy(pool);
+}
+
+/* A chunk with one live block stays through empty_cache; the rest go. */
+static void test_release_whole_chunks(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("populate=0,mlock=0,tcache_bytes=0", &pool));
+  void *small = pp_alloc_touch(pool, 4096); /* a slab in the first chunk */
+  void *big[4];
+  for (int i = 0; i < 4; i++)
+    big[i] = pp_alloc_touch(pool, 8 * MiB);
+  pinpool_stats_t s;
+  PP_STATS(pool, &s);
+  uint64_t chunks = s.arena_chunks;
+  PP_ASSERT(chunks >= 2, "%" PRIu64 " chunks", chunks);
+  for (int i = 0; i < 4; i++)
+    PP_OK(pinpool_free(pool, big[i]));
+  PP_STATS(pool, &s);
+  PP_ASSERT(s.arena_chunks == chunks && s.trimmed_segments == 0,
+            "memory went back without empty_cache");
+  PP_OK(pinpool_empty_cache(pool));
+  PP_STATS(pool, &s);
+  /* Only the slab's chunk may stay: its chunk is not all free. It may be
+   * one run with others, but the backend gets whole chunks only. */
+  PP_ASSERT(s.arena_chunks == 1 && s.trimmed_segments == chunks - 1 &&
+                s.segments.current == 1,
+            "%" PRIu64 " chunks left, %" PRIu64 " released",
+            s.arena_chunks, s.trimmed_segments);
+  PP_CHECK_CONSISTENT(pool);
+  PP_OK(pinpool_free(pool, small));
+  PP_OK(pinpool_empty_cache(pool));
+  PP_STATS(pool, &s);
+  PP_ASSERT(s.arena_chunks == 0 && s.reserved_bytes.current == 0,
+            "%" PRIu64 " chunks left", s.arena_chunks);
+  pinpool_destroy(pool);
+}
+
+/* Runs: freed neighbours in chunks the host backend placed side by side
+ * make room for a block larger than any single chunk. The kernel may
+ * refuse the placement (another mapping below the arena); then the test
+ * says so and checks the fallback instead of failing. */
+static void test_runs(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("populate=0,mlock=0,tcache_bytes=0", &pool));
+  void *p[3];
+  for (int i = 0; i < 3; i++)
+    p[i] = pp_alloc_touch(pool, 8 * MiB); /* a chunk of 8 MiB each */
+  pinpool_stats_t s;
+  PP_STATS(pool, &s);
+  PP_ASSERT(s.arena_chunks == 3 && s.reserved_bytes.current == 24 * MiB,
+            "%" PRIu64 " chunks of %" PRIu64 " bytes", s.arena_chunks,
+            s.reserved_bytes.current);
+  bool adjacent = ((char *)p[1] + 8 * MiB == (char *)p[0] &&
+                   (char *)p[2] + 8 * MiB == (char *)p[1]);
+  for (int i = 0; i < 3; i++)
+    PP_OK(pinpool_free(pool, p[i]));
+  PP_STATS(pool, &s);
+  if (!adjacent) {
+    print_message("test_runs: the kernel placed the chunks apart; "
+                  "runs not exercised\n");
+    PP_ASSERT(s.free_extents == 3, "%" PRIu64 " extents", s.free_extents);
+  } else {
+    /* p[0] waits in the hot slot (one block); p[1] and p[2] coalesced
+     * across their chunks' boundary. */
+    PP_ASSERT(s.free_extents == 1 && s.largest_free_extent == 16 * MiB,
+              "%" PRIu64 " extents, largest %" PRIu64, s.free_extents,
+              s.largest_free_extent);
+    uint64_t calls = s.backend_alloc.count;
+    /* Across two boundaries: no extent is large enough until the slot's
+     * block goes back to the arena (before it grows) and merges. */
+    void *q = pp_alloc_touch(pool, 20 * MiB);
+    PP_STATS(pool, &s);
+    PP_ASSERT(q == p[2] && s.backend_alloc.count == calls,
+              "20 MiB not carved from the run: %p", q);
+    PP_CHECK_CONSISTENT(pool);
+    PP_OK(pinpool_free(pool, q));
+  }
+  PP_OK(pinpool_empty_cache(pool));
+  PP_STATS(pool, &s);
+  PP_ASSERT(s.arena_chunks == 0 && s.backend_free.count == 3,
+            "%" PRIu64 " chunks left after empty_cache", s.arena_chunks);
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+/* The growth policy (docs/allocation-policy.md, "Arenas"): the first chunk
+ * 2 MiB, a request above the chunk size a chunk of its own rounded up to
+ * 2 MiB, and then an eighth of the arena. */
+static void test_growth(void **state) {
+  (void)state;
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_backend_t be = cb_table(&cb, 1);
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create_with_backend("tcache_bytes=0", &be, &pool));
+  void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+  PP_OK(pinpool_alloc(pool, 100, &a));
+  PP_ASSERT(cb_counts(&cb).live_bytes == 2 * MiB, "first chunk %" PRIu64,
+            cb_counts(&cb).live_bytes);
+  /* 61 MiB + 1: its own chunk, rounded up to 2 MiB (62 MiB). */
+  PP_OK(pinpool_alloc(pool, 61 * MiB + 1, &b));
+  PP_ASSERT(cb_counts(&cb).live_bytes == 64 * MiB, "own chunk: %" PRIu64,
+            cb_counts(&cb).live_bytes);
+  PP_OK(pinpool_alloc(pool, 3 * MiB, &c)); /* an eighth of 64 MiB: 8 MiB */
+  PP_ASSERT(cb_counts(&cb).live_bytes == 72 * MiB, "eighth: %" PRIu64,
+            cb_counts(&cb).live_bytes);
+  PP_OK(pinpool_alloc(pool, 5 * MiB, &d)); /* the same chunk's rest */
+  PP_ASSERT(cb_counts(&cb).live_bytes == 72 * MiB &&
+                (char *)d == (char *)c + 3 * MiB,
+            "not carved from the rest");
+  PP_CHECK_CONSISTENT(pool);
+  PP_OK(pinpool_free(pool, a));
+  PP_OK(pinpool_free(pool, b));
+  PP_OK(pinpool_free(pool, c));
+  PP_OK(pinpool_free(pool, d));
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_steady_state),
+      cmocka_unit_test(test_release_whole_chunks),
+      cmocka_unit_test(test_runs),
+      cmocka_unit_test(test_growth),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
