@@ -194,14 +194,14 @@ PINPOOL_API int pinpool_alloc(pinpool_t *pool, size_t size, void **out);
  * Thread-safe. */
 PINPOOL_API int pinpool_free(pinpool_t *pool, void *ptr);
 
-/* The usable size of an allocated block in *out: the request's size class,
- * or a larger class when an idle larger block was borrowed (config key
- * borrow). Errors as pinpool_free. Thread-safe. */
+/* The usable size of an allocated block in *out: the request's size class
+ * up to 256 KiB, above it the request rounded up to 4096 bytes (carved
+ * from the arena). Errors as pinpool_free. Thread-safe. */
 PINPOOL_API int pinpool_block_size(pinpool_t *pool, const void *ptr,
                                    size_t *out);
 
 /* The size class a request of `size` bytes is rounded to, in *out, without
- * allocating (a borrowed block may be larger: pinpool_block_size). Errors:
+ * allocating (a block above 256 KiB is smaller: pinpool_block_size). Errors:
  * PINPOOL_EINVAL, PINPOOL_EZEROSIZE, PINPOOL_EOVERFLOW. */
 PINPOOL_API int pinpool_size_class(size_t size, size_t *out);
 
