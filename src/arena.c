@@ -268,6 +268,15 @@ void pp_arena_info(pinpool_t *pool, pp_arena_info_t *out) {
   pp_mutex_unlock(&a->lock);
 }
 
+int pp_arena_view(pinpool_t *pool, pp_chunk_view_t **chunks, size_t *nchunks,
+                  pp_range_t **free_out, size_t *nfree) {
+  pp_arena_t *a = &pool->arena;
+  pp_mutex_lock(&a->lock);
+  int rc = pp_ext_view(&a->ext, chunks, nchunks, free_out, nfree);
+  pp_mutex_unlock(&a->lock);
+  return rc;
+}
+
 bool pp_arena_validate(pinpool_t *pool, char *why, size_t len) {
   pp_arena_t *a = &pool->arena;
   pp_mutex_lock(&a->lock);

@@ -154,8 +154,15 @@ static void spare_put(pp_extents_t *x, pp_xnode_t *n) {
   x->nspare++;
 }
 
+/* Spare nodes beyond what the extents out may need go back to malloc
+ * only in bulk: a steady mix takes and gives without calling malloc or
+ * free at all (each costs a lock of the allocator's, and a child of fork
+ * whose parent's threads were churning nodes met the sanitizers'
+ * allocator locks held: tests/test_fork.c). */
 static void spare_trim(pp_extents_t *x) {
-  while (x->nspare > x->outstanding + 4) /* a few kept for the next takes */
+  if (x->nspare <= x->outstanding + 64)
+    return;
+  while (x->nspare > x->outstanding + 16)
     free(spare_get(x));
 }
 
@@ -420,6 +427,35 @@ size_t pp_ext_free_chunks(const pp_extents_t *x, unsigned skip_flags,
   each_free_chunk(x, skip_flags, pick_oldest, &o);
   *bytes = o.bytes;
   return o.count;
+}
+
+static int range_cmp(const void *a, const void *b) {
+  const pp_range_t *x = a, *y = b;
+  return x->base < y->base ? -1 : x->base > y->base;
+}
+
+int pp_ext_view(const pp_extents_t *x, pp_chunk_view_t **chunks,
+                size_t *nchunks, pp_range_t **free_out, size_t *nfree) {
+  pp_chunk_view_t *c = malloc((x->nchunks + 1) * sizeof *c);
+  pp_range_t *f = malloc((x->nfree + 1) * sizeof *f);
+  if (c == NULL || f == NULL) {
+    free(c);
+    free(f);
+    return PINPOOL_ENOMEM;
+  }
+  for (size_t i = 0; i < x->nchunks; i++)
+    c[i] = (pp_chunk_view_t){x->chunks[i]->base, x->chunks[i]->size,
+                             x->chunks[i]->flags};
+  size_t n = 0;
+  for (unsigned b = 0; b < PP_NCLASSES; b++)
+    for (pp_xnode_t *e = x->bins[b]; e != NULL; e = e->next)
+      f[n++] = (pp_range_t){e->base, e->size};
+  qsort(f, n, sizeof *f, range_cmp);
+  *chunks = c;
+  *nchunks = x->nchunks;
+  *free_out = f;
+  *nfree = n;
+  return 0;
 }
 
 size_t pp_ext_largest(const pp_extents_t *x) {

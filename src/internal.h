@@ -386,6 +386,19 @@ bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags,
  * validator's check of a segment). */
 bool pp_ext_run_holds(const pp_extents_t *x, uintptr_t base, size_t size,
                       unsigned flags);
+/* A copy of the chunks and free extents, in address order, for snapshots
+ * (malloc'd; 0 or PINPOOL_ENOMEM). */
+typedef struct pp_chunk_view {
+  uintptr_t base;
+  size_t size;
+  unsigned flags;
+} pp_chunk_view_t;
+typedef struct pp_range {
+  uintptr_t base;
+  size_t size;
+} pp_range_t;
+int pp_ext_view(const pp_extents_t *x, pp_chunk_view_t **chunks,
+                size_t *nchunks, pp_range_t **free_out, size_t *nfree);
 /* Chunks all free without skip_flags, and their bytes. */
 size_t pp_ext_free_chunks(const pp_extents_t *x, unsigned skip_flags,
                           size_t *bytes);
@@ -425,6 +438,9 @@ typedef struct pp_arena_info {
   uint64_t chunks, total, free_bytes, free_extents, largest, free_chunks;
 } pp_arena_info_t;
 void pp_arena_info(struct pinpool *pool, pp_arena_info_t *out);
+/* pp_ext_view under the arena's lock. */
+int pp_arena_view(struct pinpool *pool, pp_chunk_view_t **chunks,
+                  size_t *nchunks, pp_range_t **free_out, size_t *nfree);
 bool pp_arena_validate(struct pinpool *pool, char *why, size_t len);
 
 /* ---- Segments and blocks ------------------------------------------------

@@ -251,6 +251,10 @@ typedef struct snap {
   pinpool_stats_t stats;
   char *config;
   uint64_t chunk_free;
+  pp_chunk_view_t *chunks; /* the arena, read in one hold of its lock */
+  size_t nchunks;
+  pp_range_t *free_ext;
+  size_t nfree;
   sseg_t *segs;
   size_t nsegs;
   sblk_t *blk; /* big_alloc'ed, cap_blk entries */
@@ -267,6 +271,8 @@ typedef struct snap {
 
 static void snap_free(snap_t *s) {
   free(s->config);
+  free(s->chunks);
+  free(s->free_ext);
   free(s->segs);
   big_free(s->blk, s->cap_blk * sizeof *s->blk);
   free(s->streams);
@@ -494,13 +500,14 @@ static int gather(snap_t *s) {
   s->config = malloc(need);
   if (s->config == NULL || pinpool_get_config(pool, s->config, need, NULL) != 0)
     return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory");
-  {
-    t0 = pp_now_ns();
-    pp_arena_info_t ai;
-    pp_arena_info(pool, &ai);
-    s->chunk_free = ai.free_bytes;
-    hold_done(s, t0);
-  }
+  t0 = pp_now_ns();
+  rc = pp_arena_view(pool, &s->chunks, &s->nchunks, &s->free_ext, &s->nfree);
+  hold_done(s, t0);
+  if (rc != 0)
+    return pp_fail(rc, "snapshot: out of memory");
+  s->chunk_free = 0;
+  for (size_t i = 0; i < s->nfree; i++)
+    s->chunk_free += s->free_ext[i].size;
   rc = copy_segments(s);
   if (rc != 0)
     return rc;
@@ -776,6 +783,57 @@ static int64_t stack_index(const stack_out_t *o, uint64_t id) {
   return o->remap[id - 1];
 }
 
+static const struct {
+  unsigned bit;
+  const char *name;
+} seg_flags[] = {{PP_SEG_LOCKED, "page_locked"},
+                 {PP_SEG_LOCK_FAILED, "mlock_failed"},
+                 {PP_SEG_HUGE, "huge_advised"},
+                 {PP_SEG_FROM_RESERVE, "reserve"}};
+
+static void write_flags(wbuf_t *w, unsigned flags) {
+  wb_lit(w, "\"flags\":[");
+  const char *sep = "";
+  for (size_t f = 0; f < sizeof seg_flags / sizeof seg_flags[0]; f++)
+    if (flags & seg_flags[f].bit) {
+      wb_lit(w, sep);
+      wb_str(w, seg_flags[f].name);
+      sep = ",";
+    }
+  wb_lit(w, "]");
+}
+
+/* The arena's chunks (memory_viz's device segments: the segments above are
+ * the blocks and slabs carved from them), each with its free ranges; a
+ * free extent that crosses chunks of a run is cut at their boundaries. */
+static void write_chunks(wbuf_t *w, const snap_t *s) {
+  wb_lit(w, "\"chunks\":[");
+  size_t k = 0;
+  for (size_t i = 0; i < s->nchunks; i++) {
+    const pp_chunk_view_t *c = &s->chunks[i];
+    uintptr_t end = c->base + c->size;
+    wb_lit(w, i ? ",\n{" : "\n{");
+    wb_kv(w, "address", c->base, true);
+    wb_kv(w, "size", c->size, true);
+    write_flags(w, c->flags);
+    wb_lit(w, ",\"free\":[");
+    while (k < s->nfree && s->free_ext[k].base + s->free_ext[k].size <= c->base)
+      k++;
+    const char *sep = "";
+    for (size_t j = k; j < s->nfree && s->free_ext[j].base < end; j++) {
+      uintptr_t a = s->free_ext[j].base > c->base ? s->free_ext[j].base
+                                                  : c->base;
+      uintptr_t e = s->free_ext[j].base + s->free_ext[j].size;
+      e = e < end ? e : end;
+      wb_printf(w, "%s[%llu,%llu]", sep, (unsigned long long)a,
+                (unsigned long long)(e - a));
+      sep = ",";
+    }
+    wb_lit(w, "]}");
+  }
+  wb_lit(w, "],\n");
+}
+
 static void write_segments(wbuf_t *w, const snap_t *s, const stack_out_t *o) {
   static const char *const states[4] = {"never", "allocated", "cached",
                                         "pending_free"};
@@ -790,22 +848,8 @@ static void write_segments(wbuf_t *w, const snap_t *s, const stack_out_t *o) {
     wb_kv(w, "blocks_total", g->nblocks, true);
     wb_kv(w, "uncarved_blocks", g->uncarved, true);
     wb_kv(w, "tail_bytes", g->size - (uint64_t)g->nblocks * g->bs, true);
-    wb_lit(w, "\"flags\":[");
-    const char *sep = "";
-    static const struct {
-      unsigned bit;
-      const char *name;
-    } fl[] = {{PP_SEG_LOCKED, "page_locked"},
-              {PP_SEG_LOCK_FAILED, "mlock_failed"},
-              {PP_SEG_HUGE, "huge_advised"},
-              {PP_SEG_FROM_RESERVE, "reserve"}};
-    for (size_t f = 0; f < sizeof fl / sizeof fl[0]; f++)
-      if (g->flags & fl[f].bit) {
-        wb_lit(w, sep);
-        wb_str(w, fl[f].name);
-        sep = ",";
-      }
-    wb_lit(w, "],\"blocks\":[");
+    write_flags(w, g->flags);
+    wb_lit(w, ",\"blocks\":[");
     for (size_t j = g->first; j < g->first + g->nblk; j++) {
       const sblk_t *b = &s->blk[j];
       unsigned st = PP_WORD_STATE(b->word);
@@ -973,6 +1017,7 @@ static int write_all(snap_t *s, wbuf_t *w) {
   write_stats(w, &s->stats);
   write_totals(w, s);
   write_segments(w, s, &o);
+  write_chunks(w, s);
   write_frames(w, s, &o);
   write_history(w, s, &o);
   wb_lit(w, "}\n");

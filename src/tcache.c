@@ -50,6 +50,29 @@ static void tbin_free(pp_tcache_t *tc) {
   free(tc);
 }
 
+/* Records of threads that did not survive a fork, freed by the child's
+ * first pinpool call that needs pp_global_lock (pp_tcache_get_slow), not
+ * by the fork handler itself: a handler that calls free() makes every
+ * child of a busy parent depend on the allocator's locks being free at
+ * the fork, which the sanitizers' runtimes do not ensure (ASan's
+ * quarantine lock, held by a parent thread at the fork: 1 child in about
+ * 1,000 hung in test_fork test_stress). Under pp_global_lock. */
+static pp_thread_t *fork_garbage;
+
+static void free_fork_garbage_locked(void) {
+  pp_assert_held(&pp_global_lock);
+  for (pp_thread_t *t = fork_garbage, *next; t != NULL; t = next) {
+    next = t->next;
+    for (pp_tcache_t *tc = t->caches, *n2; tc != NULL; tc = n2) {
+      n2 = tc->thr_next;
+      tbin_free(tc);
+    }
+    free(t);
+  }
+  fork_garbage = NULL;
+}
+
+
 /* Give back the oldest n - keep blocks of one class. Owner only. */
 void pp_tcache_flush_bin(pp_tcache_t *tc, unsigned cls, uint32_t keep) {
   pp_tbin_t *b = &tc->bins[cls];
@@ -272,6 +295,8 @@ pp_tcache_t *pp_tcache_get_slow(pinpool_t *pool) {
   if (thr == NULL)
     return NULL;
   pp_mutex_lock(&pp_global_lock);
+  if (pp_unlikely(fork_garbage != NULL))
+    free_fork_garbage_locked();
   pp_tcache_t *tc = thr->caches;
   while (tc != NULL && tc->pool != pool)
     tc = tc->thr_next;
@@ -399,14 +424,12 @@ void pp_tcache_fork_child(void) {
     next = t->next;
     if (t->tls == &pp_tls)
       continue;
-    for (pp_tcache_t *tc = t->caches, *n2; tc != NULL; tc = n2) {
-      n2 = tc->thr_next;
+    for (pp_tcache_t *tc = t->caches; tc != NULL; tc = tc->thr_next)
       if (pp_load_relaxed(&tc->pool->refs) != 0)
         tcache_detach(tc);
-      tbin_free(tc);
-    }
     thread_unlink_locked(t);
-    free(t);
+    t->next = fork_garbage;
+    fork_garbage = t;
   }
   pp_mutex_unlock(&pp_global_lock);
 }

@@ -314,7 +314,10 @@ static void *snapshotter(void *arg) {
  * parent can deadlock in their free(), in the runtime, not in pinpool
  * (seen: TSAN's MetaMap::FreeRange, ASan's SizeClassAllocator64, about 1
  * child in 600), and TSAN stops checking in a child of a multithreaded
- * parent anyway. What they check here is the parent: the handlers against
+ * parent anyway. (pinpool's own child handler calls no free() for that
+ * reason: it defers the dead threads' records to the child's first call;
+ * with the frees in it, ASan's quarantine lock hung 1 child in 1,000
+ * here.) What they check here is the parent: the handlers against
  * the threads around them; the deterministic cases' children, forked
  * while the other threads sleep, still run under them. */
 static int child_exit(void *arg) {
