@@ -305,14 +305,15 @@ static double op_ns(const group_t *g) {
 
 /* Rows: touch mode first (the headline), then alloc; the floor first. */
 static int impl_rank(const group_t *g) {
-  static const char *order[] = {
-      "floor",           "pinpool",         "pinpool-tc",
-      "pinpool-h-alloc", "pinpool-h-all",
-      "pinpool-h-all16", "pinpool-cuda",    "pinpool-cuda-register",
-      "rmmpool",         "refpool",         "refpool-cuda",
-      "naive",           "cuhostalloc",     "glibc",
-      "jemalloc",        "mimalloc",        "tcmalloc",
-      "tcmalloc-rr0"};
+  static const char *order[] = {"floor",         "pinpool",
+                                "pinpool-tc",    "pinpool-h-alloc",
+                                "pinpool-h-all", "pinpool-h-all16",
+                                "pinpool-cuda",  "pinpool-cuda-register",
+                                "rmmpool",       "refpool",
+                                "refpool-cuda",  "naive",
+                                "cuhostalloc",   "glibc",
+                                "jemalloc",      "mimalloc",
+                                "tcmalloc",      "tcmalloc-rr0"};
   int r = 99;
   for (int i = 0; i < (int)(sizeof order / sizeof order[0]); i++)
     if (strcmp(g->impl, order[i]) == 0)
@@ -1626,21 +1627,15 @@ static const char *style(const char *impl, const char *mode, char *buf,
                          size_t len) {
   static const struct {
     const char *impl, *rgb;
-  } colours[] = {{"pinpool", "#000000"},
-                 {"pinpool-tc", "#7f7f7f"},
-                 {"refpool", "#9467bd"},
-                 {"rmmpool", "#17becf"},
-                 {"floor", "#bbbbbb"},
-                 {"tcmalloc-rr0", "#ffbb78"},
-                 {"naive", "#8c564b"},
-                 {"glibc", "#1f77b4"},
-                 {"pinpool-cuda", "#393b79"},
-                 {"pinpool-cuda-register", "#bcbd22"},
-                 {"refpool-cuda", "#c5b0d5"},
-                 {"cuhostalloc", "#e377c2"},
-                 {"jemalloc", "#d62728"},
-                 {"mimalloc", "#2ca02c"},
-                 {"tcmalloc", "#ff7f0e"}};
+  } colours[] = {
+      {"pinpool", "#000000"},      {"pinpool-tc", "#7f7f7f"},
+      {"refpool", "#9467bd"},      {"rmmpool", "#17becf"},
+      {"floor", "#bbbbbb"},        {"tcmalloc-rr0", "#ffbb78"},
+      {"naive", "#8c564b"},        {"glibc", "#1f77b4"},
+      {"pinpool-cuda", "#393b79"}, {"pinpool-cuda-register", "#bcbd22"},
+      {"refpool-cuda", "#c5b0d5"}, {"cuhostalloc", "#e377c2"},
+      {"jemalloc", "#d62728"},     {"mimalloc", "#2ca02c"},
+      {"tcmalloc", "#ff7f0e"}};
   const char *rgb = "#555555";
   for (size_t i = 0; i < sizeof colours / sizeof colours[0]; i++)
     if (strcmp(colours[i].impl, impl) == 0)

@@ -281,9 +281,9 @@ typedef struct pinpool_stats {
   uint64_t tcache_hits;           /* of cache_hits: from the thread cache */
   uint64_t oom_count;             /* allocations that failed with ENOMEM */
   uint64_t retries;               /* max_reserved hit, idle memory released */
-  uint64_t trimmed_segments;      /* chunks released: caps, retry, empty_cache */
-  uint64_t mlock_failures;        /* segments that could not be locked */
-  uint64_t locked_bytes;          /* reserved bytes that are page-locked */
+  uint64_t trimmed_segments; /* chunks released: caps, retry, empty_cache */
+  uint64_t mlock_failures;   /* segments that could not be locked */
+  uint64_t locked_bytes;     /* reserved bytes that are page-locked */
   pinpool_duration_t backend_alloc; /* backend alloc calls */
   pinpool_duration_t backend_free;  /* backend free calls */
   uint64_t peak_slack_bytes; /* the block_bytes / requested_bytes peaks may be

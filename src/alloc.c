@@ -91,8 +91,7 @@ static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
     pp_fetch_add_relaxed(&pool->gs.retries, 1);
     pp_tcache_flush_all(tc);
     (void)pp_release_idle(pool);
-    pp_fetch_add_relaxed(&pool->gs.trimmed,
-                         pp_arena_release(pool, UINT64_MAX));
+    pp_fetch_add_relaxed(&pool->gs.trimmed, pp_arena_release(pool, UINT64_MAX));
     n = pp_central_take(pool, cls, bs, tc->shard, out, want, missed);
   }
   if (n == PINPOOL_ENOMEM) {
@@ -117,7 +116,7 @@ static inline size_t block_bytes(unsigned cls, size_t size) {
  * page (a block size is a page multiple: bs - size < PP_PAGE, unsigned,
  * says bs == the rounded request). */
 static inline __attribute__((always_inline)) bool tbin_fits(const pp_tbin_t *b,
-                                                             size_t size) {
+                                                            size_t size) {
   return size <= PP_SLAB_MAX_BLOCK || b->items[b->n - 1].bs - size < PP_PAGE;
 }
 

@@ -52,8 +52,8 @@ static bool reserve_bytes(pinpool_t *pool, size_t n) {
   return true;
 }
 
-static int backend_alloc(pinpool_t *pool, void *hint, size_t size,
-                         void **mem, unsigned *flags) {
+static int backend_alloc(pinpool_t *pool, void *hint, size_t size, void **mem,
+                         unsigned *flags) {
   if (!reserve_bytes(pool, size))
     return pp_fail(PINPOOL_ENOMEM,
                    "max_reserved (%llu bytes) reached: %llu reserved, %zu "
@@ -73,8 +73,7 @@ static int backend_alloc(pinpool_t *pool, void *hint, size_t size,
                : pool->prov.alloc(pool->prov.ctx, size, mem, flags);
   pp_backend_timed(&pool->gs.ba_count, &pool->gs.ba_total, &pool->gs.ba_max,
                    t0);
-  if (rc == 0 &&
-      (uintptr_t)*mem + size > ((uintptr_t)1 << PP_MAP_ADDR_BITS)) {
+  if (rc == 0 && (uintptr_t)*mem + size > ((uintptr_t)1 << PP_MAP_ADDR_BITS)) {
     /* Segments carved from it could never be mapped (segmap.c). */
     pool->prov.free(pool->prov.ctx, *mem, size);
     rc = pp_fail(PINPOOL_EBACKEND,
@@ -107,7 +106,8 @@ static void backend_free(pinpool_t *pool, void *mem, size_t size,
     pp_fetch_sub_relaxed(&pool->gs.locked_bytes, size);
 }
 
-/* ---- Chunks --------------------------------------------------------------- */
+/* ---- Chunks ---------------------------------------------------------------
+ */
 
 /* A new chunk with room for `need` bytes, entered into the arena. No lock
  * held. */

@@ -101,8 +101,8 @@ static int register_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
   const cuda_ctx_t *b = ctx;
   void *p = NULL;
   unsigned f = 0;
-  int rc = pp_host_map(&b->cfg, NULL, size, b->cfg.register_threads, NULL, &p,
-                       &f);
+  int rc =
+      pp_host_map(&b->cfg, NULL, size, b->cfg.register_threads, NULL, &p, &f);
   if (rc != 0)
     return rc;
   pp_cu_result_t cr = pp_cuda_push(b->cuda);

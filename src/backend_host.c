@@ -183,8 +183,8 @@ int pp_host_map(const pp_config_t *cfg, void *hint, size_t size,
     }
   }
   if (p == MAP_FAILED)
-    p = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-             -1, 0);
+    p = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+             0);
   else if (cfg->hugepages && madvise(p, size, MADV_HUGEPAGE) == 0)
     *flags |= PP_SEG_HUGE;
   if (p == MAP_FAILED) {

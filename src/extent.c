@@ -205,7 +205,8 @@ static pp_xnode_t *left_of(const pp_extents_t *x, uintptr_t a) {
 
 static pp_xnode_t *right_of(const pp_extents_t *x, uintptr_t a) {
   size_t i = chunk_index(x, a);
-  if (i == x->nchunks || (a == x->chunks[i]->base && (i == 0 || !joined(x, i - 1))))
+  if (i == x->nchunks ||
+      (a == x->chunks[i]->base && (i == 0 || !joined(x, i - 1))))
     return NULL;
   const pp_xchunk_t *c = x->chunks[i];
   pp_xnode_t *n = c->map[granules(x, a - c->base)];
@@ -234,8 +235,7 @@ static pp_xnode_t *merge_free(pp_extents_t *x, uintptr_t b, size_t size) {
   return n;
 }
 
-int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size,
-                     unsigned flags) {
+int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size, unsigned flags) {
   pp_assert(size > 0 && size % x->granule == 0 &&
             (uintptr_t)base % x->granule == 0);
   pp_xchunk_t *c = malloc(sizeof *c);
@@ -376,8 +376,8 @@ static void pick_oldest(const pp_extents_t *x, pp_xnode_t *n, size_t i,
     *o = (oldest_t){n, i, x->chunks[i]->seq, o->count, o->bytes};
 }
 
-bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags,
-                              void **base, size_t *size, unsigned *flags) {
+bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags, void **base,
+                              size_t *size, unsigned *flags) {
   oldest_t o = {NULL, 0, 0, 0, 0};
   each_free_chunk(x, skip_flags, pick_oldest, &o);
   if (o.n == NULL)
@@ -388,16 +388,20 @@ bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags,
   uintptr_t cb = c->base, ce = c->base + c->size;
   /* Cut the chunk out of its extent: what is left on either side stays
    * free (in the neighbouring chunks of the run). */
-  pp_xnode_t *right = NULL;
-  if (ce < ne && nb < cb) {
-    right = malloc(sizeof *right);
-    if (right == NULL)
+  bool split = ce < ne && nb < cb; /* free on both sides: a node more */
+  if (split && x->nspare <= x->outstanding) {
+    pp_xnode_t *spare = malloc(sizeof *spare);
+    if (spare == NULL)
       return false; /* nothing changed: the chunk stays */
+    spare_put(x, spare);
   }
   unlink_free(x, n);
+  pp_xnode_t *right = NULL;
   if (nb < cb) {
     n->size = (size_t)(cb - nb);
     link_free(x, n);
+    if (split)
+      right = spare_get(x);
   } else if (ce < ne) {
     right = n;
   } else {

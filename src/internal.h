@@ -357,7 +357,7 @@ typedef struct pp_extents {
   pp_xchunk_t **chunks; /* sorted by address */
   size_t nchunks;
   uint64_t next_seq;
-  bool span; /* adjacent chunks with the same flags form one run */
+  bool span;         /* adjacent chunks with the same flags form one run */
   pp_xnode_t *spare; /* >= outstanding nodes, so that a give never fails */
   size_t nspare, outstanding;
   size_t free_bytes, total_bytes, nfree; /* nfree: free extents */
@@ -366,8 +366,7 @@ void pp_ext_init(pp_extents_t *x, size_t granule, bool span);
 void pp_ext_fini(pp_extents_t *x);
 /* [base, base + size) becomes a chunk of one free extent (granule
  * multiples) with the given flags. 0 or PINPOOL_ENOMEM (nothing changed). */
-int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size,
-                     unsigned flags);
+int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size, unsigned flags);
 /* A free range of `size` bytes (a granule multiple), or NULL; *flags (if
  * not NULL): its chunk's. */
 void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags);
@@ -380,8 +379,8 @@ void pp_ext_chunk_info(const pp_xchunk_t *c, uintptr_t *base, size_t *size,
 /* Take the chunk that has been all free the longest and has none of
  * skip_flags out of x: true with its range and flags (the caller gives it
  * back to the backend), or false. */
-bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags,
-                              void **base, size_t *size, unsigned *flags);
+bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags, void **base,
+                              size_t *size, unsigned *flags);
 /* [base, base + size) lies in one run of chunks with these flags (the
  * validator's check of a segment). */
 bool pp_ext_run_holds(const pp_extents_t *x, uintptr_t base, size_t size,
@@ -799,8 +798,9 @@ typedef struct pp_bin {
   /* PP_BIN_PARTIAL | PP_BIN_IDLE: which lists are non-empty. Written under
    * the lock whenever they change, read without it as a hint: a thread
    * looking for a block skips a bin that says it has none instead of taking
-   * its lock (a miss tries every shard, most of them empty bins). A stale "empty" costs at
-   * worst a segment that was not needed; a stale "non-empty" a lock. */
+   * its lock (a miss tries every shard, most of them empty bins). A stale
+   * "empty" costs at worst a segment that was not needed; a stale "non-empty" a
+   * lock. */
   _Atomic(unsigned) avail;
   /* A one-block segment whose block was freed, outside the lists: the
    * next allocation of the class takes it with one exchange and no lock
@@ -939,8 +939,8 @@ int pp_central_take(struct pinpool *pool, unsigned cls, size_t bs,
  * slot_out), or in gs.central_in/out when ctr is NULL. */
 bool pp_hot_put(struct pinpool *pool, unsigned cls, const pp_tentry_t *e,
                 uint64_t req, uint64_t epoch, pp_counter_t *ctr);
-bool pp_hot_take(struct pinpool *pool, unsigned cls, size_t bs,
-                 unsigned shard, pp_tentry_t *out, pp_counter_t *ctr);
+bool pp_hot_take(struct pinpool *pool, unsigned cls, size_t bs, unsigned shard,
+                 pp_tentry_t *out, pp_counter_t *ctr);
 unsigned pp_hot_drain(struct pinpool *pool); /* blocks drained */
 /* Give `n` cached blocks of class `cls` back to their segments' bins. */
 void pp_central_give(struct pinpool *pool, unsigned cls, pp_tentry_t *in,

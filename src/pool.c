@@ -141,8 +141,8 @@ static int seg_publish(pinpool_t *pool, pp_segment_t *d, void *mem, size_t size,
 static int seg_create(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
                       pp_segment_t **out, bool *grew) {
   bool slab = bs <= PP_SLAB_MAX_BLOCK;
-  size_t size = slab ? slab_bytes_for(bs, pp_load_relaxed(&pool->cls_segs[cls]))
-                     : bs;
+  size_t size =
+      slab ? slab_bytes_for(bs, pp_load_relaxed(&pool->cls_segs[cls])) : bs;
   pp_segment_t *d = desc_get(pool, slab);
   if (d == NULL)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for segment metadata");
@@ -311,8 +311,7 @@ static pp_tentry_t seg_pop(pp_segment_t *s) {
   pp_store_release(&s->word[idx], PP_WORD(0, PP_CACHED));
   s->free_count--;
   size_t bs = pp_load_relaxed(&s->block_size);
-  pp_tentry_t e = {(void *)(pp_load_relaxed(&s->base) + idx * bs), s, bs,
-                   idx};
+  pp_tentry_t e = {(void *)(pp_load_relaxed(&s->base) + idx * bs), s, bs, idx};
   return e;
 }
 
@@ -373,8 +372,8 @@ static int large_take(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
                       pp_tentry_t *out, bool *missed) {
   pp_segment_t *s = NULL;
   int rc = seg_create(pool, cls, bs, shard, &s, missed);
-  if (rc != 0)
-    return rc;
+  if (rc != 0 || s == NULL)
+    return rc != 0 ? rc : PINPOOL_ENOMEM;
   s->carved = 1;
   s->free_count = 0;
   /* Release: see seg_pop. */

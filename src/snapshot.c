@@ -821,8 +821,8 @@ static void write_chunks(wbuf_t *w, const snap_t *s) {
       k++;
     const char *sep = "";
     for (size_t j = k; j < s->nfree && s->free_ext[j].base < end; j++) {
-      uintptr_t a = s->free_ext[j].base > c->base ? s->free_ext[j].base
-                                                  : c->base;
+      uintptr_t a =
+          s->free_ext[j].base > c->base ? s->free_ext[j].base : c->base;
       uintptr_t e = s->free_ext[j].base + s->free_ext[j].size;
       e = e < end ? e : end;
       wb_printf(w, "%s[%llu,%llu]", sep, (unsigned long long)a,

@@ -439,8 +439,8 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
         pool->ev.release(pool->ev.ctx, ev);
       }
     }
-    pp_tentry_t e = {(void *)(pp_load_relaxed(&seg->base) + idx * bs), seg,
-                     bs, idx};
+    pp_tentry_t e = {(void *)(pp_load_relaxed(&seg->base) + idx * bs), seg, bs,
+                     idx};
     block_done(pool, seg, idx, bs, req);
     pp_central_give(pool, pp_class_index(bs), &e, 1);
     pp_fetch_sub_relaxed(&pool->pending_bytes, bs);
@@ -448,11 +448,8 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
     live_done(pool);
     return 0;
   }
-  *p = (pp_pending_t){.seg = seg,
-                      .idx = idx,
-                      .req = req,
-                      .bs = bs,
-                      .freed_ns = pp_now_ns()};
+  *p = (pp_pending_t){
+      .seg = seg, .idx = idx, .req = req, .bs = bs, .freed_ns = pp_now_ns()};
   /* +1 for this function: the block cannot complete before every event
    * is queued, however fast the streams are. */
   atomic_init(&p->remaining, n + 1);

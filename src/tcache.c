@@ -72,7 +72,6 @@ static void free_fork_garbage_locked(void) {
   fork_garbage = NULL;
 }
 
-
 /* Give back the oldest n - keep blocks of one class. Owner only. */
 void pp_tcache_flush_bin(pp_tcache_t *tc, unsigned cls, uint32_t keep) {
   pp_tbin_t *b = &tc->bins[cls];

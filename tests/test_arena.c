@@ -23,8 +23,8 @@ typedef struct live {
 
 /* W2's shape, small: free random blocks until the next fits the cap. */
 static void random_mix(pinpool_t *pool, live_t *lv, size_t *nlive,
-                       size_t *bytes, size_t cap, size_t lo, size_t hi,
-                       int ops, uint64_t *rng) {
+                       size_t *bytes, size_t cap, size_t lo, size_t hi, int ops,
+                       uint64_t *rng) {
   for (int i = 0; i < ops; i++) {
     size_t s = pp_rand_size(rng, lo, hi);
     while (*bytes + s > cap && *nlive > 0) {
@@ -61,11 +61,11 @@ static void test_steady_state(void **state) {
             "%" PRIu64 " backend frees while serving allocations",
             b.backend_free.count - a.backend_free.count);
   /* Growth after the fill is rare and small: at most two chunks. */
-  PP_ASSERT(b.backend_alloc.count <= a.backend_alloc.count + 2 &&
-                b.reserved_bytes.peak <= 2 * cap,
-            "backend allocations %" PRIu64 " -> %" PRIu64 ", reserved peak %" PRIu64,
-            a.backend_alloc.count, b.backend_alloc.count,
-            b.reserved_bytes.peak);
+  PP_ASSERT(
+      b.backend_alloc.count <= a.backend_alloc.count + 2 &&
+          b.reserved_bytes.peak <= 2 * cap,
+      "backend allocations %" PRIu64 " -> %" PRIu64 ", reserved peak %" PRIu64,
+      a.backend_alloc.count, b.backend_alloc.count, b.reserved_bytes.peak);
   PP_CHECK_CONSISTENT(pool);
   while (nlive > 0)
     PP_OK(pinpool_free(pool, lv[--nlive].p));
@@ -103,8 +103,8 @@ static void test_release_whole_chunks(void **state) {
    * one run with others, but the backend gets whole chunks only. */
   PP_ASSERT(s.arena_chunks == 1 && s.trimmed_segments == chunks - 1 &&
                 s.segments.current == 1,
-            "%" PRIu64 " chunks left, %" PRIu64 " released",
-            s.arena_chunks, s.trimmed_segments);
+            "%" PRIu64 " chunks left, %" PRIu64 " released", s.arena_chunks,
+            s.trimmed_segments);
   PP_CHECK_CONSISTENT(pool);
   PP_OK(pinpool_free(pool, small));
   PP_OK(pinpool_empty_cache(pool));

@@ -80,7 +80,8 @@ static void extent_model(bool span) {
         uintptr_t a = (uintptr_t)p;
         PP_ASSERT(in_run(&x, a, n, span) && a % G == 0,
                   "step %d: %p+%zu outside one run", step, p, n);
-        crossed += pp_ext_chunk_of(&x, p) != pp_ext_chunk_of(&x, (char *)p + n - 1);
+        crossed +=
+            pp_ext_chunk_of(&x, p) != pp_ext_chunk_of(&x, (char *)p + n - 1);
         lv[nlive++] = (live_t){a, n};
         held += n;
       }
@@ -100,8 +101,7 @@ static void extent_model(bool span) {
         removed++;
         check(&x, "removed", step);
         PP_ASSERT(nf >= 1 && fb >= cs && x.total_bytes == total - cs,
-                  "step %d: removed %zu of %zu free chunk bytes", step, cs,
-                  fb);
+                  "step %d: removed %zu of %zu free chunk bytes", step, cs, fb);
         for (size_t i = 0; i < nlive; i++)
           PP_ASSERT(lv[i].p + lv[i].n <= (uintptr_t)cb ||
                         lv[i].p >= (uintptr_t)cb + cs,
@@ -145,8 +145,8 @@ static void extent_model(bool span) {
   PP_ASSERT(n == NCH && x.nchunks == 0 && x.free_bytes == 0 && x.nfree == 0,
             "%d chunks removed, %zu left", n, x.nchunks);
   PP_ASSERT(removed > 0 && (!span || crossed > 0),
-            "the model removed %d chunks, crossed a boundary %d times",
-            removed, crossed);
+            "the model removed %d chunks, crossed a boundary %d times", removed,
+            crossed);
   free(lv);
   pp_ext_fini(&x);
 }
@@ -172,7 +172,7 @@ static void test_extent_runs(void **state) {
   uintptr_t b = (uintptr_t)1 << 40;
   PP_OK(pp_ext_add_chunk(&x, (void *)b, 4 * G, 0));
   PP_OK(pp_ext_add_chunk(&x, (void *)(b + 4 * G), 4 * G, 0));
-  PP_OK(pp_ext_add_chunk(&x, (void *)(b + 8 * G), 4 * G, 1)); /* other flags */
+  PP_OK(pp_ext_add_chunk(&x, (void *)(b + 8 * G), 4 * G, 1));  /* other flags */
   PP_OK(pp_ext_add_chunk(&x, (void *)(b + 16 * G), 4 * G, 0)); /* a gap */
   check(&x, "init", 0);
   PP_ASSERT(x.nfree == 3 && pp_ext_largest(&x) == 8 * G, "one run of two");
@@ -202,8 +202,8 @@ static void test_extent_runs(void **state) {
                 cb == (void *)(b + 16 * G),
             "then the next: %p", cb);
   /* Cut chunk 0 out of the run's one extent: chunk 1 stays free. */
-  PP_ASSERT(pp_ext_remove_free_chunk(&x, 0, &cb, &cs, &cf) &&
-                cb == (void *)b && cs == 4 * G,
+  PP_ASSERT(pp_ext_remove_free_chunk(&x, 0, &cb, &cs, &cf) && cb == (void *)b &&
+                cs == 4 * G,
             "chunk 0: %p", cb);
   check(&x, "cut", 2);
   PP_ASSERT(x.nfree == 1 && x.free_bytes == 4 * G &&

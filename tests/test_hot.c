@@ -4,8 +4,8 @@
  * outside the bin's lists, for the next allocation. Whatever needs every
  * idle byte of the arena must see it there too: reuse, a request of
  * another size, releasing idle memory (pinpool_empty_cache, the
- * max_reserved retry), the validator and the stats. Each case below fails if one of
- * those paths forgets the slot; test_slot_used (white box) that the slot
+ * max_reserved retry), the validator and the stats. Each case below fails if
+ * one of those paths forgets the slot; test_slot_used (white box) that the slot
  * is used at all, without which they would pass on the lists alone. (The
  * ordering that hands the memory over is what the race mutant HOT_RELAXED
  * shows: tests/mutants.)

@@ -623,11 +623,8 @@ static void mlock_child(void) {
  * peak_slack_bytes (threads x 2 x tcache_bytes). */
 static void test_size_keys_at_limits(void **state) {
   (void)state;
-  static const char *keys[] = {"max_cached",
-                               "max_reserved",
-                               "reserve",
-                               "populate_parallel_min",
-                               "tcache_bytes"};
+  static const char *keys[] = {"max_cached", "max_reserved", "reserve",
+                               "populate_parallel_min", "tcache_bytes"};
   static const char *values[] = {"0", "1", "4096", "9223372036854775808",
                                  "18446744073709551615"};
   for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {

@@ -305,10 +305,9 @@ static const char *const stat_keys[] = {"current", "peak", "allocated",
                                         "freed"};
 static const char *const duration_keys[] = {"count", "total_ns", "max_ns"};
 static const char *const totals_keys[] = {
-    "segments",        "segment_bytes",   "chunk_free_bytes",
-    "reserved_bytes",  "allocated_bytes", "allocated_blocks",
-    "requested_bytes", "pending_bytes",   "pending_blocks",
-    "cached_bytes",    "cached_blocks",   "uncarved_bytes",
+    "segments",        "segment_bytes",    "chunk_free_bytes", "reserved_bytes",
+    "allocated_bytes", "allocated_blocks", "requested_bytes",  "pending_bytes",
+    "pending_blocks",  "cached_bytes",     "cached_blocks",    "uncarved_bytes",
     "tail_bytes"};
 
 static int check_stats(ctx_t *c, const json_t *root) {

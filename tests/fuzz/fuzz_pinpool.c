@@ -1364,7 +1364,7 @@ static void op_config(const ctx_t *cx, reader_t *r) {
           pinpool_last_error());
   /* Only a removed key is refused as one (remap, remap_min, borrow). */
   if (rc == PINPOOL_ECONFIG &&
-      strstr(pinpool_last_error(), "was removed") != NULL)
+      strstr(pinpool_last_error(), "' was removed: large blocks") != NULL)
     CHECK(strstr(cfg, "remap") != NULL || strstr(cfg, "borrow") != NULL,
           "create(\"%s\"): refused as a removed key: \"%s\"", cfg,
           pinpool_last_error());
