@@ -854,9 +854,6 @@ struct pinpool {
   /* The largest large class that ever had a block: where draining the
    * hot slots stops. Only grows. */
   pp_counter_t top_cls;
-  /* Bytes in the hot slots (pool.c, "Hot slots"): bounded, so that slots
-   * of sizes nobody asks for again do not hold the arena's space. */
-  pp_counter_t hot_bytes;
   pp_counter_t cls_segs[PP_NCLASSES]; /* live segments per class */
 
   pp_arena_t arena;

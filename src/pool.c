@@ -475,9 +475,11 @@ void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
  * moving thread's slot_in / slot_out, or in central_in / central_out for a
  * path without a thread cache: hot_count); a block pushed out of its slot,
  * or taken by a request of another size, goes back to the arena, still
- * idle. Whatever needs every idle byte in the arena (releasing idle
- * memory) drains the slots first (pp_hot_drain), and pools with a cap
- * (which trim on every free) do not use them. */
+ * idle. Whatever needs every idle byte in the arena drains the slots
+ * first (pp_hot_drain): an arena about to grow, and releasing idle memory;
+ * so a slot never makes the pool hold more, it only keeps a block whole
+ * for its size. Pools with a cap (which trim on every free) do not use
+ * them. */
 
 /* The slot's exchanges order the block's hand-off: the putter's last use
  * of the memory (and its CACHED word) before the taker's first. */
@@ -490,20 +492,10 @@ void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
 #endif
 
 /* Empty bin's slot: the segment it held, or NULL. */
-static pp_segment_t *hot_grab(pinpool_t *pool, pp_bin_t *bin) {
+static pp_segment_t *hot_grab(pp_bin_t *bin) {
   if (pp_load_relaxed(&bin->hot) == NULL)
     return NULL; /* the common case, without a write to the line */
-  pp_segment_t *s = hot_xchg(&bin->hot, NULL);
-  if (s != NULL)
-    pp_fetch_sub_relaxed(&pool->hot_bytes, pp_load_relaxed(&s->block_size));
-  return s;
-}
-
-/* A block out of its slot back to the arena: idle either way, so no count
- * changes. */
-static void hot_release(pinpool_t *pool, pp_segment_t *s) {
-  pp_fetch_sub_relaxed(&pool->hot_bytes, pp_load_relaxed(&s->block_size));
-  seg_release(pool, s);
+  return hot_xchg(&bin->hot, NULL);
 }
 
 /* Counting: a slot's block is central idle memory, but counted (by the
@@ -518,30 +510,19 @@ static void hot_count(pp_counter_t *ctr, pp_counter_t *global, uint64_t bytes) {
     pp_fetch_add_relaxed(global, bytes);
 }
 
-/* Room for a block of bs bytes in the slots: the slots hold at most
- * tcache_bytes together, or one block of any size (a class above
- * tcache_bytes still gets its one-exchange pair: W1 at 1 GiB). A racy
- * check: the bound may be exceeded by a block per racing thread. */
-static bool hot_room(pinpool_t *pool, size_t bs) {
-  uint64_t held = pp_load_relaxed(&pool->hot_bytes);
-  return held == 0 || held + bs <= pool->cfg.tcache_bytes;
-}
-
 bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e,
                 uint64_t req, uint64_t epoch, pp_counter_t *ctr) {
   pp_segment_t *s = e->seg;
-  if (pp_trims(pool) || pp_load_relaxed(&s->nblocks) != 1 ||
-      !hot_room(pool, e->bs))
+  if (pp_trims(pool) || pp_load_relaxed(&s->nblocks) != 1)
     return false;
   pp_bin_t *bin = pp_bin(pool, cls, s->shard);
-  pp_fetch_add_relaxed(&pool->hot_bytes, e->bs);
   hot_count(ctr, &pool->gs.central_in, e->bs);
   pp_store_relaxed(&s->hot_req, req);
   pp_store_relaxed(&s->hot_epoch, epoch);
   /* Release: the taker sees the block's CACHED word and the segment. */
   pp_segment_t *old = hot_xchg(&bin->hot, s);
   if (old != NULL)
-    hot_release(pool, old);
+    seg_release(pool, old); /* idle either way: no count changes */
   return true;
 }
 
@@ -549,7 +530,7 @@ bool pp_hot_take(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
                  pp_tentry_t *out, pp_counter_t *ctr) {
   unsigned ns = pool->cfg.shards;
   for (unsigned i = 0, sh = shard; i < ns; i++, sh = sh + 1 < ns ? sh + 1 : 0) {
-    pp_segment_t *s = hot_grab(pool, pp_bin(pool, cls, sh));
+    pp_segment_t *s = hot_grab(pp_bin(pool, cls, sh));
     if (s == NULL)
       continue;
     if (pp_load_relaxed(&s->block_size) != bs) {
@@ -571,7 +552,7 @@ unsigned pp_hot_drain(pinpool_t *pool) {
   unsigned n = 0;
   for (unsigned c = lo; c <= top; c++)
     for (unsigned i = 0; i < pool->cfg.shards; i++) {
-      pp_segment_t *s = hot_grab(pool, pp_bin(pool, c, i));
+      pp_segment_t *s = hot_grab(pp_bin(pool, c, i));
       if (s != NULL) {
         seg_release(pool, s);
         n++;
