@@ -358,6 +358,7 @@ typedef struct pp_extents {
   size_t nchunks;
   uint64_t next_seq;
   bool span;         /* adjacent chunks with the same flags form one run */
+  size_t last;       /* the chunk index found last (extent.c, chunk_index) */
   pp_xnode_t *spare; /* >= outstanding nodes, so that a give never fails */
   size_t nspare, outstanding;
   size_t free_bytes, total_bytes, nfree; /* nfree: free extents */
