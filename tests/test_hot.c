@@ -233,8 +233,7 @@ static void test_peak_sample_between(void **state) {
   PP_OK(pinpool_free(pool, b));
   PP_OK(pinpool_free(pool, c));
   pinpool_stats_t s = pp_stats_of(pool); /* samples: not before this */
-  PP_ASSERT(s.segments.current == 2, "segments %" PRIu64,
-            s.segments.current);
+  PP_ASSERT(s.segments.current == 2, "segments %" PRIu64, s.segments.current);
   PP_ASSERT(s.block_bytes.peak + s.peak_slack_bytes >= 96 * MiB &&
                 s.requests.peak == 2,
             "block peak %" PRIu64 " requests peak %" PRIu64, s.block_bytes.peak,
