@@ -258,13 +258,11 @@ unsigned pp_arena_release(pinpool_t *pool, uint64_t budget) {
 void pp_arena_info(pinpool_t *pool, pp_arena_info_t *out) {
   pp_arena_t *a = &pool->arena;
   pp_mutex_lock(&a->lock);
-  size_t fb = 0;
   out->chunks = a->ext.nchunks;
   out->total = a->ext.total_bytes;
   out->free_bytes = a->ext.free_bytes;
   out->free_extents = a->ext.nfree;
   out->largest = pp_ext_largest(&a->ext);
-  out->free_chunks = pp_ext_free_chunks(&a->ext, PP_SEG_FROM_RESERVE, &fb);
   pp_mutex_unlock(&a->lock);
 }
 

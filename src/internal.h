@@ -435,7 +435,7 @@ void pp_arena_give(struct pinpool *pool, void *mem, size_t size);
  * lock held. */
 unsigned pp_arena_release(struct pinpool *pool, uint64_t budget);
 typedef struct pp_arena_info {
-  uint64_t chunks, total, free_bytes, free_extents, largest, free_chunks;
+  uint64_t chunks, total, free_bytes, free_extents, largest;
 } pp_arena_info_t;
 void pp_arena_info(struct pinpool *pool, pp_arena_info_t *out);
 /* pp_ext_view under the arena's lock. */
