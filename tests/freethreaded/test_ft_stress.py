@@ -347,6 +347,11 @@ def test_capsules_deleted_on_other_threads(pool):
     buffer is closed under them and other buffers come and go."""
     q = queue.Queue()
     n_prod = 2
+    # The end marker goes in once every producer is done: put by the first
+    # producer to finish, it let the consumers leave while the other still
+    # produced, and its last items stayed in the queue, alive (12 blocks
+    # "still allocated" in one CI run).
+    producers_done = threading.Barrier(n_prod)
 
     def work(i):
         if i < n_prod:
@@ -357,7 +362,8 @@ def test_capsules_deleted_on_other_threads(pool):
                 q.put(consume(b.__dlpack__(max_version=(1, 0))))
                 b.close()  # the three exports hold the block
                 q.put(b)  # the Buffer object dies on another thread
-            q.put(None)
+            if producers_done.wait() == 0:
+                q.put(None)
             return
         while True:
             item = q.get()
