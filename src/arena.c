@@ -15,9 +15,11 @@
  * 2 MiB: a request above the chunk size gets a chunk of its own. When
  * max_reserved does not allow that much, the chunk is just the request.
  *
- * Locking: the arena's lock is a leaf among the pool's locks (pool.c's
- * order); no backend call is made under it (invariant 1): a take that
- * finds no room drops it, makes the chunk, and takes it again.
+ * Locking: the arena is under the pool's seg_lock, which every carve and
+ * give already held for the segment map (pool.c: a segment is created or
+ * released in one hold). No backend call is made under it (invariant 1):
+ * a take that finds no room drops it, makes the chunk, and takes it
+ * again.
  *
  * Accounting (stats.c, validate.c): a chunk's bytes enter the pool as
  * cached (central_in) when it is made and leave (central_out) when it is
@@ -133,7 +135,7 @@ static int grow(pinpool_t *pool, size_t need) {
    * below its lowest chunk first), so that the new chunk joins a run. */
   void *hint = NULL;
   if (pool->prov.alloc_at != NULL) {
-    pp_mutex_lock(&a->lock);
+    pp_mutex_lock(&pool->seg_lock);
     if (a->ext.nchunks > 0) {
       uintptr_t base;
       size_t csize;
@@ -142,18 +144,18 @@ static int grow(pinpool_t *pool, size_t need) {
       if (base > size + ((uintptr_t)1 << 32))
         hint = (void *)(base - size);
     }
-    pp_mutex_unlock(&a->lock);
+    pp_mutex_unlock(&pool->seg_lock);
   }
   void *mem = NULL;
   unsigned flags = 0;
   int rc = backend_alloc(pool, hint, size, &mem, &flags);
   if (rc != 0)
     return rc;
-  pp_mutex_lock(&a->lock);
+  pp_mutex_lock(&pool->seg_lock);
   rc = pp_ext_add_chunk(&a->ext, mem, size, flags);
   if (rc == 0)
     pp_store_relaxed(&a->total, a->ext.total_bytes);
-  pp_mutex_unlock(&a->lock);
+  pp_mutex_unlock(&pool->seg_lock);
   if (rc != 0) {
     backend_free(pool, mem, size, flags);
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the arena's metadata");
@@ -164,7 +166,6 @@ static int grow(pinpool_t *pool, size_t need) {
 
 int pp_arena_init(pinpool_t *pool) {
   pp_arena_t *a = &pool->arena;
-  pp_mutex_init(&a->lock);
   pp_ext_init(&a->ext, PP_PAGE, pool->prov.alloc_at != NULL);
   if (pool->cfg.reserve == 0)
     return 0;
@@ -196,7 +197,6 @@ void pp_arena_fini(pinpool_t *pool) {
     backend_free(pool, (void *)base, size, flags);
   }
   pp_ext_fini(&a->ext);
-  pp_mutex_destroy(&a->lock);
 }
 
 int pp_arena_take(pinpool_t *pool, size_t size, void **mem, unsigned *flags,
@@ -204,9 +204,9 @@ int pp_arena_take(pinpool_t *pool, size_t size, void **mem, unsigned *flags,
   pp_arena_t *a = &pool->arena;
   pp_assert(size % PP_PAGE == 0 && size > 0);
   for (int tries = 0;; tries++) {
-    pp_mutex_lock(&a->lock);
+    pp_mutex_lock(&pool->seg_lock);
     void *p = pp_ext_take(&a->ext, size, flags);
-    pp_mutex_unlock(&a->lock);
+    pp_mutex_unlock(&pool->seg_lock);
     if (p != NULL) {
       *mem = p;
       return 0;
@@ -224,11 +224,19 @@ int pp_arena_take(pinpool_t *pool, size_t size, void **mem, unsigned *flags,
   }
 }
 
-void pp_arena_give(pinpool_t *pool, void *mem, size_t size) {
+bool pp_arena_take_now(pinpool_t *pool, size_t size, void **mem,
+                       unsigned *flags) {
   pp_arena_t *a = &pool->arena;
-  pp_mutex_lock(&a->lock);
-  pp_ext_give(&a->ext, mem, size);
-  pp_mutex_unlock(&a->lock);
+  pp_assert(size % PP_PAGE == 0 && size > 0);
+  pp_assert_held(&pool->seg_lock);
+  void *p = pp_ext_take(&a->ext, size, flags);
+  *mem = p;
+  return p != NULL;
+}
+
+void pp_arena_give_locked(pinpool_t *pool, void *mem, size_t size) {
+  pp_assert_held(&pool->seg_lock);
+  pp_ext_give(&pool->arena.ext, mem, size);
 }
 
 unsigned pp_arena_release(pinpool_t *pool, uint64_t budget) {
@@ -239,12 +247,12 @@ unsigned pp_arena_release(pinpool_t *pool, uint64_t budget) {
     void *base;
     size_t size;
     unsigned flags;
-    pp_mutex_lock(&a->lock);
+    pp_mutex_lock(&pool->seg_lock);
     bool ok = pp_ext_remove_free_chunk(&a->ext, PP_SEG_FROM_RESERVE, &base,
                                        &size, &flags);
     if (ok)
       pp_store_relaxed(&a->total, a->ext.total_bytes);
-    pp_mutex_unlock(&a->lock);
+    pp_mutex_unlock(&pool->seg_lock);
     if (!ok)
       break;
     backend_free(pool, base, size, flags);
@@ -255,29 +263,34 @@ unsigned pp_arena_release(pinpool_t *pool, uint64_t budget) {
   return n;
 }
 
-void pp_arena_info(pinpool_t *pool, pp_arena_info_t *out) {
+void pp_arena_info_locked(pinpool_t *pool, pp_arena_info_t *out) {
   pp_arena_t *a = &pool->arena;
-  pp_mutex_lock(&a->lock);
+  pp_assert_held(&pool->seg_lock);
   out->chunks = a->ext.nchunks;
   out->total = a->ext.total_bytes;
   out->free_bytes = a->ext.free_bytes;
   out->free_extents = a->ext.nfree;
   out->largest = pp_ext_largest(&a->ext);
-  pp_mutex_unlock(&a->lock);
+}
+
+void pp_arena_info(pinpool_t *pool, pp_arena_info_t *out) {
+  pp_mutex_lock(&pool->seg_lock);
+  pp_arena_info_locked(pool, out);
+  pp_mutex_unlock(&pool->seg_lock);
 }
 
 int pp_arena_view(pinpool_t *pool, pp_chunk_view_t **chunks, size_t *nchunks,
                   pp_range_t **free_out, size_t *nfree) {
   pp_arena_t *a = &pool->arena;
-  pp_mutex_lock(&a->lock);
+  pp_mutex_lock(&pool->seg_lock);
   int rc = pp_ext_view(&a->ext, chunks, nchunks, free_out, nfree);
-  pp_mutex_unlock(&a->lock);
+  pp_mutex_unlock(&pool->seg_lock);
   return rc;
 }
 
-bool pp_arena_validate(pinpool_t *pool, char *why, size_t len) {
+bool pp_arena_validate_locked(pinpool_t *pool, char *why, size_t len) {
   pp_arena_t *a = &pool->arena;
-  pp_mutex_lock(&a->lock);
+  pp_assert_held(&pool->seg_lock);
   bool ok = pp_ext_validate(&a->ext, why, len);
   if (ok && pp_load_relaxed(&a->total) != a->ext.total_bytes) {
     (void)snprintf(why, len, "arena: %zu bytes in chunks, counter says %llu",
@@ -285,6 +298,5 @@ bool pp_arena_validate(pinpool_t *pool, char *why, size_t len) {
                    (unsigned long long)pp_load_relaxed(&a->total));
     ok = false;
   }
-  pp_mutex_unlock(&a->lock);
   return ok;
 }

@@ -4,9 +4,14 @@
  *
  * Free extents only have nodes (malloc'd: metadata never lives in pinned
  * memory, invariant 4). A node sits on the list of its size's bin (the
- * pool's size classes: eight per doubling), and its first and last granule
- * point to it in the boundary maps of the chunks that hold them, so that a
- * give finds its free neighbours in O(log chunks) and merges with them.
+ * pool's size classes: eight per doubling), and its two ends are keys of
+ * the boundary table (an open-addressing hash table: its start address,
+ * and its end address tagged with bit 0), so that a give finds its free
+ * neighbours in O(1) and merges with them. The table has about four slots
+ * per extent that can exist, free or handed out: a few KiB for a steady
+ * mix, in the cache, where the maps it replaced (a pointer per granule of
+ * every chunk: 2 MiB per GiB) cost a cache miss at every end and their
+ * chunk lookups were a quarter of a large block's round trip (W5).
  *
  * Runs. With x->span set (a backend whose memory is the same on both
  * sides of a chunk boundary: the host backend's mappings), chunks that
@@ -34,7 +39,7 @@
  * the give that merges with no neighbour (the one case that needs a new
  * node) never calls malloc.
  *
- * Not thread-safe: the owner holds its lock (the arena's).
+ * Not thread-safe: the owner holds its lock (the pool's seg_lock).
  */
 #include "internal.h"
 
@@ -43,12 +48,14 @@
 #include <string.h>
 
 #define FIT_LOOK 8
+#define FLAGS_OF_CHUNK (~0u) /* merge_free: the flags of b's chunk */
 
 struct pp_xnode {
   uintptr_t base;
   size_t size;
   struct pp_xnode *prev, *next; /* bin list; spare list (next only) */
   unsigned bin;
+  unsigned flags; /* its run's (every chunk of a run has the same) */
 };
 
 struct pp_xchunk {
@@ -58,14 +65,9 @@ struct pp_xchunk {
   /* When the chunk last became all free (x->next_seq): the one free the
    * longest goes back to the backend first (the coldest memory). */
   uint64_t seq;
-  pp_xnode_t **map; /* granule -> free extent starting or ending there */
 };
 
 static unsigned bin_of(size_t size) { return pp_class_index(size); }
-
-static size_t granules(const pp_extents_t *x, size_t bytes) {
-  return bytes / x->granule;
-}
 
 /* Index of the chunk containing a, or x->nchunks. The chunk found last is
  * tried first: a take or give looks up a few granules of one extent, most
@@ -73,18 +75,19 @@ static size_t granules(const pp_extents_t *x, size_t bytes) {
  * only a hint, checked against the table, so a stale one after a chunk
  * left costs a search, nothing else. */
 static size_t chunk_index(const pp_extents_t *x, uintptr_t a) {
+  const pp_range_t *r = x->ranges;
   size_t h = x->last;
-  if (h < x->nchunks && a - x->chunks[h]->base < x->chunks[h]->size)
+  if (h < x->nchunks && a - r[h].base < r[h].size)
     return h;
   size_t lo = 0, hi = x->nchunks; /* the last chunk based at or below a */
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
-    if (x->chunks[mid]->base <= a)
+    if (r[mid].base <= a)
       lo = mid + 1;
     else
       hi = mid;
   }
-  if (lo == 0 || a - x->chunks[lo - 1]->base >= x->chunks[lo - 1]->size)
+  if (lo == 0 || a - r[lo - 1].base >= r[lo - 1].size)
     return x->nchunks;
   ((pp_extents_t *)x)->last = lo - 1; /* a hint: see above */
   return lo - 1;
@@ -101,14 +104,6 @@ static bool joined(const pp_extents_t *x, size_t i) {
     return false;
   const pp_xchunk_t *a = x->chunks[i], *b = x->chunks[i + 1];
   return a->base + a->size == b->base && a->flags == b->flags;
-}
-
-/* The boundary-map slot of granule a (inside some chunk). */
-static pp_xnode_t **slot(const pp_extents_t *x, uintptr_t a) {
-  size_t i = chunk_index(x, a);
-  pp_assert(i < x->nchunks);
-  pp_xchunk_t *c = x->chunks[i];
-  return &c->map[granules(x, a - c->base)];
 }
 
 static void bin_push(pp_extents_t *x, pp_xnode_t *n) {
@@ -133,18 +128,106 @@ static void bin_remove(pp_extents_t *x, pp_xnode_t *n) {
     x->nonempty[n->bin / 64] &= ~((uint64_t)1 << (n->bin % 64));
 }
 
-/* Enter n (free) into its bin and the boundary maps. */
+/* ---- The boundary table ---------------------------------------------------
+ * Keys: an extent's start address, and its end address | 1 (granules are
+ * at least 2 bytes, so bit 0 is free); 0 marks an empty slot. Linear
+ * probing, at most half full, deletion by shifting back (no tombstones).
+ */
+
+static inline uintptr_t end_key(uintptr_t end) { return end | 1; }
+
+static inline size_t tab_home(const pp_extents_t *x, uintptr_t key) {
+  /* Fibonacci hashing: the top bits of the product depend on every bit of
+   * the key, the granule's zero low bits included. */
+  return (size_t)((key * (uint64_t)0x9E3779B97F4A7C15u) >> x->tshift);
+}
+
+static pp_xnode_t *tab_find(const pp_extents_t *x, uintptr_t key) {
+  size_t mask = x->tcap - 1;
+  for (size_t i = tab_home(x, key);; i = (i + 1) & mask) {
+    if (x->tab[i].key == key)
+      return x->tab[i].node;
+    if (x->tab[i].key == 0)
+      return NULL;
+  }
+}
+
+static void tab_put(pp_extents_t *x, uintptr_t key, pp_xnode_t *n) {
+  size_t mask = x->tcap - 1;
+  pp_assert(2 * (x->tcount + 1) <= x->tcap);
+  size_t i = tab_home(x, key);
+  while (x->tab[i].key != 0) {
+    pp_assert(x->tab[i].key != key);
+    i = (i + 1) & mask;
+  }
+  x->tab[i] = (pp_xslot_t){key, n};
+  x->tcount++;
+}
+
+static void tab_del(pp_extents_t *x, uintptr_t key) {
+  size_t mask = x->tcap - 1;
+  size_t i = tab_home(x, key);
+  while (x->tab[i].key != key) {
+    pp_assert(x->tab[i].key != 0);
+    i = (i + 1) & mask;
+  }
+  /* Shift back every later entry of the cluster that may move into the
+   * hole: one whose home is not cyclically in (hole, its slot]. */
+  for (size_t j = (i + 1) & mask; x->tab[j].key != 0; j = (j + 1) & mask) {
+    size_t h = tab_home(x, x->tab[j].key);
+    if (((j - h) & mask) >= ((j - i) & mask)) {
+      x->tab[i] = x->tab[j];
+      i = j;
+    }
+  }
+  x->tab[i] = (pp_xslot_t){0, NULL};
+  x->tcount--;
+}
+
+/* Room for the ends of `extents` extents (at most half full). */
+static bool tab_reserve(pp_extents_t *x, size_t extents) {
+  size_t need = 4 * extents;
+  if (need <= x->tcap)
+    return true;
+  size_t cap = x->tcap == 0 ? 64 : x->tcap;
+  while (cap < need)
+    cap *= 2;
+  pp_xslot_t *t = calloc(cap, sizeof *t);
+  if (t == NULL)
+    return false;
+  pp_xslot_t *old = x->tab;
+  size_t ocap = x->tcap;
+  x->tab = t;
+  x->tcap = cap;
+  x->tshift = 64u - (unsigned)__builtin_ctzll(cap);
+  x->tcount = 0;
+  for (size_t i = 0; i < ocap; i++)
+    if (old[i].key != 0)
+      tab_put(x, old[i].key, old[i].node);
+  free(old);
+  return true;
+}
+
+/* Room for every extent that can exist once one more is made: each one
+ * handed out may come back as an extent of its own. Called before any
+ * change by every operation that may add an extent (and may fail), so
+ * that a give never needs to allocate. */
+static bool room_for_one_more(pp_extents_t *x) {
+  return tab_reserve(x, x->nfree + x->outstanding + 1);
+}
+
+/* Enter n (free) into its bin and the boundary table. */
 static void link_free(pp_extents_t *x, pp_xnode_t *n) {
   bin_push(x, n);
-  *slot(x, n->base) = n;
-  *slot(x, n->base + n->size - x->granule) = n;
+  tab_put(x, n->base, n);
+  tab_put(x, end_key(n->base + n->size), n);
   x->nfree++;
 }
 
 static void unlink_free(pp_extents_t *x, pp_xnode_t *n) {
   bin_remove(x, n);
-  *slot(x, n->base) = NULL;
-  *slot(x, n->base + n->size - x->granule) = NULL;
+  tab_del(x, n->base);
+  tab_del(x, end_key(n->base + n->size));
   x->nfree--;
 }
 
@@ -190,40 +273,57 @@ void pp_ext_fini(pp_extents_t *x) {
     next = n->next;
     free(n);
   }
-  for (size_t i = 0; i < x->nchunks; i++) {
-    free(x->chunks[i]->map);
+  for (size_t i = 0; i < x->nchunks; i++)
     free(x->chunks[i]);
-  }
   free(x->chunks);
+  free(x->ranges);
+  free(x->runs);
+  free(x->tab);
   memset(x, 0, sizeof *x);
 }
 
-/* The free extent whose last granule is just below a (left) or whose first
- * is at a (right), in the same run as the granule beside it, or NULL. */
+/* Address a (a granule boundary) is where a run starts: extents may not
+ * merge across it. Asked only when a free neighbour was found there: a
+ * binary search of the run starts (one for the host backend's arena, whose
+ * chunks are placed side by side). */
+static bool run_starts_at(const pp_extents_t *x, uintptr_t a) {
+  size_t lo = 0, hi = x->nruns;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (x->runs[mid] < a)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < x->nruns && x->runs[lo] == a;
+}
+
+/* After the chunks changed: their run starts (x->runs has room for
+ * nchunks). */
+static void runs_rebuild(pp_extents_t *x) {
+  x->nruns = 0;
+  for (size_t i = 0; i < x->nchunks; i++)
+    if (i == 0 || !joined(x, i - 1))
+      x->runs[x->nruns++] = x->ranges[i].base;
+}
+
+/* The free extent that ends at a (left) or starts at a (right), in the same
+ * run as the granule on a's other side, or NULL. */
 static pp_xnode_t *left_of(const pp_extents_t *x, uintptr_t a) {
-  size_t i = chunk_index(x, a - x->granule);
-  if (i == x->nchunks)
-    return NULL;
-  const pp_xchunk_t *c = x->chunks[i];
-  if (a - x->granule < c->base || (a == c->base + c->size && !joined(x, i)))
-    return NULL;
-  pp_xnode_t *n = c->map[granules(x, a - x->granule - c->base)];
-  return n != NULL && n->base + n->size == a ? n : NULL;
+  pp_xnode_t *n = tab_find(x, end_key(a));
+  return n != NULL && !run_starts_at(x, a) ? n : NULL;
 }
 
 static pp_xnode_t *right_of(const pp_extents_t *x, uintptr_t a) {
-  size_t i = chunk_index(x, a);
-  if (i == x->nchunks ||
-      (a == x->chunks[i]->base && (i == 0 || !joined(x, i - 1))))
-    return NULL;
-  const pp_xchunk_t *c = x->chunks[i];
-  pp_xnode_t *n = c->map[granules(x, a - c->base)];
-  return n != NULL && n->base == a ? n : NULL;
+  pp_xnode_t *n = tab_find(x, a);
+  return n != NULL && !run_starts_at(x, a) ? n : NULL;
 }
 
-/* Merge [b, b + size) (free, in no extent) with its free neighbours into
- * one extent; n0: a spare node for it when it has no left neighbour. */
-static pp_xnode_t *merge_free(pp_extents_t *x, uintptr_t b, size_t size) {
+/* Merge [b, b + size) (free, in no extent, in a run with these flags) with
+ * its free neighbours into one extent (a spare node for it when it has no
+ * left neighbour). */
+static pp_xnode_t *merge_free(pp_extents_t *x, uintptr_t b, size_t size,
+                              unsigned flags) {
   pp_xnode_t *left = left_of(x, b), *right = right_of(x, b + size);
   pp_xnode_t *n;
   if (left != NULL) {
@@ -231,8 +331,10 @@ static pp_xnode_t *merge_free(pp_extents_t *x, uintptr_t b, size_t size) {
     left->size += size;
     n = left;
   } else {
+    if (flags == FLAGS_OF_CHUNK) /* a give: its chunk's, looked up once */
+      flags = x->chunks[chunk_index(x, b)]->flags;
     n = spare_get(x);
-    *n = (pp_xnode_t){b, size, NULL, NULL, 0};
+    *n = (pp_xnode_t){b, size, NULL, NULL, 0, flags};
   }
   if (right != NULL) {
     unlink_free(x, right);
@@ -252,8 +354,14 @@ int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size, unsigned flags) {
       realloc(x->chunks, (x->nchunks + 1) * sizeof(pp_xchunk_t *));
   if (cs != NULL)
     x->chunks = cs;
-  if (c == NULL || n == NULL || cs == NULL ||
-      (c->map = calloc(granules(x, size), sizeof(pp_xnode_t *))) == NULL) {
+  pp_range_t *rs = realloc(x->ranges, (x->nchunks + 1) * sizeof(pp_range_t));
+  if (rs != NULL)
+    x->ranges = rs;
+  uintptr_t *ru = realloc(x->runs, (x->nchunks + 1) * sizeof(uintptr_t));
+  if (ru != NULL)
+    x->runs = ru;
+  if (c == NULL || n == NULL || cs == NULL || rs == NULL || ru == NULL ||
+      !room_for_one_more(x)) {
     free(c);
     free(n);
     return PINPOOL_ENOMEM;
@@ -264,14 +372,20 @@ int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size, unsigned flags) {
   c->seq = x->next_seq++;
   /* Sorted by address, for chunk_index's binary search. */
   size_t i = x->nchunks++;
-  for (; i > 0 && x->chunks[i - 1]->base > c->base; i--)
+  for (; i > 0 && x->chunks[i - 1]->base > c->base; i--) {
     x->chunks[i] = x->chunks[i - 1];
+    x->ranges[i] = x->ranges[i - 1];
+  }
   x->chunks[i] = c;
+  x->ranges[i] = (pp_range_t){c->base, size};
+  runs_rebuild(x);
   /* A new free range: it merges with a free end of a neighbour it joins. */
   spare_put(x, n);
-  (void)merge_free(x, c->base, size);
+  (void)merge_free(x, c->base, size, flags);
   x->free_bytes += size;
   x->total_bytes += size;
+  if (x->min_chunk == 0 || size < x->min_chunk)
+    x->min_chunk = size;
   return 0;
 }
 
@@ -304,13 +418,17 @@ void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags) {
   pp_xnode_t *n = fit(x, size);
   if (n == NULL)
     return NULL;
-  if (x->nspare <= x->outstanding) { /* the node this extent's give may need */
+  /* The node and the table room this extent's give may need. */
+  if (!room_for_one_more(x))
+    return NULL;
+  if (x->nspare <= x->outstanding) {
     pp_xnode_t *spare = malloc(sizeof *spare);
     if (spare == NULL)
       return NULL;
     spare_put(x, spare);
   }
   uintptr_t out = n->base;
+  unsigned nflags = n->flags;
   unlink_free(x, n);
   if (n->size > size) {
     n->base += size;
@@ -321,8 +439,8 @@ void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags) {
   }
   x->free_bytes -= size;
   x->outstanding++;
-  if (flags != NULL) /* every chunk of a run has the same flags */
-    *flags = x->chunks[chunk_index(x, out)]->flags;
+  if (flags != NULL)
+    *flags = nflags;
   return (void *)out;
 }
 
@@ -332,10 +450,11 @@ void pp_ext_give(pp_extents_t *x, void *ptr, size_t size) {
             chunk_index(x, b + size - x->granule) < x->nchunks);
   pp_assert(x->outstanding > 0 && x->nspare >= x->outstanding);
   x->outstanding--;
-  pp_xnode_t *n = merge_free(x, b, size);
+  pp_xnode_t *n = merge_free(x, b, size, FLAGS_OF_CHUNK);
   x->free_bytes += size;
-  /* The chunks the range touched that are all free from now. */
-  for (size_t i = chunk_index(x, b);
+  /* The chunks the range touched that are all free from now (none unless
+   * the extent is at least as large as the smallest chunk). */
+  for (size_t i = n->size < x->min_chunk ? x->nchunks : chunk_index(x, b);
        i < x->nchunks && x->chunks[i]->base < b + size; i++) {
     pp_xchunk_t *c = x->chunks[i];
     if (n->base <= c->base && c->base + c->size <= n->base + n->size)
@@ -397,11 +516,16 @@ bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags, void **base,
   /* Cut the chunk out of its extent: what is left on either side stays
    * free (in the neighbouring chunks of the run). */
   bool split = ce < ne && nb < cb; /* free on both sides: a node more */
-  if (split && x->nspare <= x->outstanding) {
-    pp_xnode_t *spare = malloc(sizeof *spare);
-    if (spare == NULL)
-      return false; /* nothing changed: the chunk stays */
-    spare_put(x, spare);
+  unsigned nflags = n->flags;
+  if (split) { /* nothing changed if this fails: the chunk stays */
+    if (!room_for_one_more(x))
+      return false;
+    if (x->nspare <= x->outstanding) {
+      pp_xnode_t *spare = malloc(sizeof *spare);
+      if (spare == NULL)
+        return false;
+      spare_put(x, spare);
+    }
   }
   unlink_free(x, n);
   pp_xnode_t *right = NULL;
@@ -419,16 +543,22 @@ bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags, void **base,
   x->total_bytes -= c->size;
   memmove(&x->chunks[o.i], &x->chunks[o.i + 1],
           (x->nchunks - o.i - 1) * sizeof(pp_xchunk_t *));
+  memmove(&x->ranges[o.i], &x->ranges[o.i + 1],
+          (x->nchunks - o.i - 1) * sizeof(pp_range_t));
   x->nchunks--;
-  if (right != NULL) { /* after the chunk left the table: slot() */
-    *right = (pp_xnode_t){ce, (size_t)(ne - ce), NULL, NULL, 0};
+  runs_rebuild(x);
+  x->min_chunk = 0;
+  for (size_t i = 0; i < x->nchunks; i++)
+    if (x->min_chunk == 0 || x->ranges[i].size < x->min_chunk)
+      x->min_chunk = x->ranges[i].size;
+  if (right != NULL) {
+    *right = (pp_xnode_t){ce, (size_t)(ne - ce), NULL, NULL, 0, nflags};
     link_free(x, right);
   }
   spare_trim(x);
   *base = (void *)c->base;
   *size = c->size;
   *flags = c->flags;
-  free(c->map);
   free(c);
   return true;
 }
@@ -526,10 +656,17 @@ bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len) {
                        (unsigned long)n->base, n->size);
         return false;
       }
-      if (*slot(x, n->base) != n ||
-          *slot(x, n->base + n->size - x->granule) != n) {
-        (void)snprintf(why, len, "extents: boundary map of %#lx+%zu",
+      if (tab_find(x, n->base) != n ||
+          tab_find(x, end_key(n->base + n->size)) != n) {
+        (void)snprintf(why, len, "extents: boundary table of %#lx+%zu",
                        (unsigned long)n->base, n->size);
+        return false;
+      }
+      size_t ci = chunk_index(x, n->base);
+      if (n->flags != x->chunks[ci]->flags) {
+        (void)snprintf(why, len, "extents: %#lx+%zu has flags %#x, its run %#x",
+                       (unsigned long)n->base, n->size, n->flags,
+                       x->chunks[ci]->flags);
         return false;
       }
       /* Fully coalesced: no free neighbour on either side in its run. */
@@ -543,11 +680,11 @@ bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len) {
       count++;
     }
   }
-  if (sum != x->free_bytes || count != x->nfree) {
+  if (sum != x->free_bytes || count != x->nfree || x->tcount != 2 * count) {
     (void)snprintf(why, len,
                    "extents: %zu free bytes in %zu extents listed, "
-                   "%zu in %zu counted",
-                   sum, count, x->free_bytes, x->nfree);
+                   "%zu in %zu counted, %zu boundary keys",
+                   sum, count, x->free_bytes, x->nfree, x->tcount);
     return false;
   }
   return true;

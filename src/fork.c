@@ -97,8 +97,6 @@ static void pool_lock_all(pinpool_t *pool) {
   for (size_t i = 0; i < nbins; i++)
     pp_mutex_lock(&pool->bins[i].lock);
   pp_mutex_lock(&pool->idle_lock);
-  if (pool->arena_ready)
-    pp_mutex_lock(&pool->arena.lock);
   /* Leaves. */
   pp_streams_fork(pool, PP_FORK_PREPARE);
   pp_hist_fork_lock(pool);
@@ -111,8 +109,6 @@ static void pool_unlock_all(pinpool_t *pool, int phase) {
     pool->ev.atfork(pool->ev.ctx, phase);
   pp_hist_fork_unlock(pool);
   pp_streams_fork(pool, phase);
-  if (pool->arena_ready)
-    pp_mutex_unlock(&pool->arena.lock);
   pp_mutex_unlock(&pool->idle_lock);
   size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
   for (size_t i = nbins; i-- > 0;)

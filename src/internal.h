@@ -346,21 +346,41 @@ int pp_events_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
 
 /* ---- Extents (extent.c): free space of the arena's chunks, carved at a
  * granule and coalesced; good fit in O(1) (size bins, a bitmap) and merges
- * in O(1) (a boundary map per chunk). Not thread-safe: the arena's lock. */
+ * in O(1) (a hash table of extent ends). Not thread-safe: the owner's lock
+ * (the pool's seg_lock). */
 typedef struct pp_xnode pp_xnode_t;
 typedef struct pp_xchunk pp_xchunk_t;
 #define PP_EXT_BIN_WORDS ((PP_NCLASSES + 63) / 64)
+typedef struct pp_range {
+  uintptr_t base;
+  size_t size;
+} pp_range_t;
+typedef struct pp_xslot {
+  uintptr_t key; /* 0: empty */
+  pp_xnode_t *node;
+} pp_xslot_t;
 typedef struct pp_extents {
   size_t granule;
   pp_xnode_t *bins[PP_NCLASSES]; /* free extents by size class */
   uint64_t nonempty[PP_EXT_BIN_WORDS];
   pp_xchunk_t **chunks; /* sorted by address */
+  /* Each chunk's range, parallel to chunks: the lookups that every take
+   * and give make search this contiguous array, not the descriptors. */
+  pp_range_t *ranges;
   size_t nchunks;
+  uintptr_t *runs; /* where each run of chunks starts, ascending */
+  size_t nruns;
   uint64_t next_seq;
   bool span;         /* adjacent chunks with the same flags form one run */
   size_t last;       /* the chunk index found last (extent.c, chunk_index) */
   pp_xnode_t *spare; /* >= outstanding nodes, so that a give never fails */
   size_t nspare, outstanding;
+  /* The boundary table (extent.c): >= 4 slots per extent that may exist
+   * (free, or handed out and given back alone), a power of two. */
+  pp_xslot_t *tab;
+  size_t tcap, tcount;
+  unsigned tshift;                       /* 64 - log2(tcap) */
+  size_t min_chunk;                      /* the smallest chunk's size */
   size_t free_bytes, total_bytes, nfree; /* nfree: free extents */
 } pp_extents_t;
 void pp_ext_init(pp_extents_t *x, size_t granule, bool span);
@@ -393,10 +413,6 @@ typedef struct pp_chunk_view {
   size_t size;
   unsigned flags;
 } pp_chunk_view_t;
-typedef struct pp_range {
-  uintptr_t base;
-  size_t size;
-} pp_range_t;
 int pp_ext_view(const pp_extents_t *x, pp_chunk_view_t **chunks,
                 size_t *nchunks, pp_range_t **free_out, size_t *nfree);
 /* Chunks all free without skip_flags, and their bytes. */
@@ -413,8 +429,7 @@ bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len);
  * coalescing. The reserve is a chunk that never goes back
  * (PP_SEG_FROM_RESERVE). ----------------------------------------------- */
 typedef struct pp_arena {
-  pp_mutex_t lock;
-  pp_extents_t ext; /* under lock */
+  pp_extents_t ext; /* under the pool's seg_lock */
   /* Read without the lock by the growth policy (a size, not a
    * correctness input). */
   pp_counter_t total;
@@ -424,12 +439,17 @@ struct pinpool;
 int pp_arena_init(struct pinpool *pool);
 /* At teardown: every chunk back to the backend. */
 void pp_arena_fini(struct pinpool *pool);
+/* A carve that never grows the arena nor releases idle slabs: false if no
+ * free extent is large enough. Caller holds seg_lock (the arena's lock). */
+bool pp_arena_take_now(struct pinpool *pool, size_t size, void **mem,
+                       unsigned *flags);
 /* `size` bytes (a page multiple) carved from a chunk, a new chunk made if
  * none has room (*grew set): 0 with *mem and *flags (the chunk's), or an
  * error. No lock held; takes the arena's. */
 int pp_arena_take(struct pinpool *pool, size_t size, void **mem,
                   unsigned *flags, bool *grew);
-void pp_arena_give(struct pinpool *pool, void *mem, size_t size);
+/* Caller holds seg_lock. */
+void pp_arena_give_locked(struct pinpool *pool, void *mem, size_t size);
 /* Give whole free chunks (never the reserve) back to the backend, oldest
  * first, until `budget` bytes went back; returns the chunks released. No
  * lock held. */
@@ -438,10 +458,12 @@ typedef struct pp_arena_info {
   uint64_t chunks, total, free_bytes, free_extents, largest;
 } pp_arena_info_t;
 void pp_arena_info(struct pinpool *pool, pp_arena_info_t *out);
-/* pp_ext_view under the arena's lock. */
+void pp_arena_info_locked(struct pinpool *pool, pp_arena_info_t *out);
+/* pp_ext_view under seg_lock. */
 int pp_arena_view(struct pinpool *pool, pp_chunk_view_t **chunks,
                   size_t *nchunks, pp_range_t **free_out, size_t *nfree);
-bool pp_arena_validate(struct pinpool *pool, char *why, size_t len);
+/* Caller holds seg_lock. */
+bool pp_arena_validate_locked(struct pinpool *pool, char *why, size_t len);
 
 /* ---- Segments and blocks ------------------------------------------------
  * A block's state word: (payload << 3) | streams bit | state. Payload: the
@@ -860,7 +882,7 @@ struct pinpool {
   pp_arena_t arena;
   uint64_t reserve_size; /* the reserve chunk's bytes; immutable */
   bool has_reserve;
-  bool arena_ready; /* arena.lock initialized: pool_free_struct ends it */
+  bool arena_ready; /* the arena initialized: pool_free_struct ends it */
 
   pp_mutex_t reg_lock; /* tcache list, rstats */
   pp_tcache_t *caches;

@@ -4,12 +4,12 @@
  *
  * Locks and their order (a lock may only be taken while holding locks to
  * its left): pp_global_lock (tcache.c) -> fork.c's registry lock ->
- * reg_lock -> seg_lock -> trim_lock -> bin locks (ascending index) ->
- * idle_lock -> arena.lock; then the leaf locks, never held while another
- * lock is taken (stream.c's stripe, stream-list and queue locks, bg_mutex,
- * history's locks, the event provider's). Only the fork handlers hold the
- * locks of several pools at once (fork.c, in the order of its registry).
- * No provider call (mmap, munmap, mlock, driver) happens under any of them
+ * reg_lock -> seg_lock (also the arena's: arena.c) -> trim_lock -> bin
+ * locks (ascending index) -> idle_lock; then the leaf locks, never held while
+ * another lock is taken (stream.c's stripe, stream-list and queue locks,
+ * bg_mutex, history's locks, the event provider's). Only the fork handlers hold
+ * the locks of several pools at once (fork.c, in the order of its registry). No
+ * provider call (mmap, munmap, mlock, driver) happens under any of them
  * (invariant 1): segments are created before their bin is locked, and
  * detached from every list before they are released.
  */
@@ -23,20 +23,21 @@ static _Atomic(uint64_t) next_pool_id = 1;
 
 /* ---- Descriptors -------------------------------------------------------- */
 
-static pp_segment_t *desc_get(pinpool_t *pool, bool slab) {
-  pp_segment_t *d;
-  pp_mutex_lock(&pool->seg_lock);
+/* A recycled descriptor, or NULL if its free list is empty. */
+static pp_segment_t *desc_pop_locked(pinpool_t *pool, bool slab) {
+  pp_assert_held(&pool->seg_lock);
   pp_segment_t **head = slab ? &pool->desc_free_slab : &pool->desc_free_large;
-  d = *head;
+  pp_segment_t *d = *head;
   if (d != NULL)
     *head = d->all_next;
-  pp_mutex_unlock(&pool->seg_lock);
-  if (d != NULL)
-    return d;
+  return d;
+}
+
+static pp_segment_t *desc_new(bool slab) {
   uint32_t cap = slab ? (uint32_t)PP_SLAB_MAX_BLOCKS : 1u;
   /* Aligned, so that the cache-line layout of pp_segment_t holds. */
-  size_t bytes = sizeof *d + cap * sizeof(d->word[0]);
-  d = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+  size_t bytes = sizeof(pp_segment_t) + cap * sizeof(_Atomic(uint64_t));
+  pp_segment_t *d = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
   if (d != NULL) {
     memset(d, 0, bytes);
     d->capacity = cap;
@@ -54,7 +55,15 @@ static void desc_put_locked(pinpool_t *pool, pp_segment_t *d) {
   *head = d;
 }
 
-/* ---- Segments ----------------------------------------------------------- */
+/* ---- Segments -----------------------------------------------------------
+ *
+ * A segment is created and released in one hold of seg_lock, which also
+ * guards the arena: the descriptor, the carve or the give, the segment map
+ * and the list of all segments at once. A large block is a segment of its
+ * own, so W5's mix of large sizes creates and releases one per operation
+ * (docs/benchmarks.md, "W5": five lock holds per block before). Only a
+ * carve that needs the arena to grow (or idle slabs given back first)
+ * leaves the lock: growth populates memory (invariant 1). */
 
 /* A small class's segments start small and grow as the class holds more:
  * 512 KiB, 1 MiB, then 2 MiB (four blocks, then eight, above 64 KiB). A
@@ -70,18 +79,25 @@ static size_t slab_bytes_for(size_t bs, uint64_t nsegs) {
   return (nsegs == 0 ? 4 : 8) * bs; /* > 256 KiB: bs > 64 KiB */
 }
 
+/* A counter that only seg_lock's holder writes: a load and a store, no
+ * read-modify-write (lock-free readers see a value it had). */
+static inline void locked_add(pp_counter_t *c, uint64_t v) {
+  pp_store_relaxed(c, pp_load_relaxed(c) + v);
+}
+
 /* Make d a live segment of class cls over [mem, mem + size), blocks of
  * bs bytes (the class size; a large block's page-rounded request), owned
  * by bin (cls, shard): in the map and the list of all segments, in no bin
  * list. On failure d is recycled and the memory given back to the arena.
- * No lock held. */
-static int seg_publish(pinpool_t *pool, pp_segment_t *d, void *mem, size_t size,
-                       unsigned cls, size_t bs, unsigned shard,
-                       unsigned flags) {
+ * Caller holds seg_lock. */
+static int seg_publish_locked(pinpool_t *pool, pp_segment_t *d, void *mem,
+                              size_t size, unsigned cls, size_t bs,
+                              unsigned shard, unsigned flags) {
+  pp_assert_held(&pool->seg_lock);
   uint32_t nblocks = (uint32_t)(size / bs);
-  /* A recycled descriptor: its release bumped gen (seg_lock, taken by
-   * desc_get since). The fence orders that bump before the new bounds, so
-   * that a lookup reading one of them sees gen change (pp_segmap_find). */
+  /* A recycled descriptor: its release bumped gen (under seg_lock). The
+   * fence orders that bump before the new bounds, so that a lookup reading
+   * one of them sees gen change (pp_segmap_find). */
   atomic_thread_fence(memory_order_release);
   pp_store_relaxed(&d->base, (uintptr_t)mem);
   pp_store_relaxed(&d->size, size);
@@ -89,12 +105,11 @@ static int seg_publish(pinpool_t *pool, pp_segment_t *d, void *mem, size_t size,
   pp_store_relaxed(&d->nblocks, nblocks);
   pp_store_relaxed(&d->div_magic, (((uint64_t)1 << 42) + bs - 1) / bs);
   pp_store_relaxed(&d->cls_index, cls);
-  /* A recycled descriptor: its release bumped gen (under seg_lock, which
-   * desc_get took since). The fence orders that before the words below, so
-   * a snapshot that reads one of them also sees the new gen and drops the
-   * segment it was reading (snapshot.c). It also orders the bounds above
-   * before this publication's gen bump (below), which a lookup reads with
-   * acquire (pp_segmap_find). */
+  /* The fence orders that gen bump before the words below, so a snapshot
+   * that reads one of them also sees the new gen and drops the segment it
+   * was reading (snapshot.c). It also orders the bounds above before this
+   * publication's gen bump (below), which a lookup reads with acquire
+   * (pp_segmap_find). */
   atomic_thread_fence(memory_order_release);
   for (uint32_t i = 0; i < nblocks; i++)
     pp_store_relaxed(&d->word[i], PP_WORD(0, PP_NEVER));
@@ -109,65 +124,74 @@ static int seg_publish(pinpool_t *pool, pp_segment_t *d, void *mem, size_t size,
   d->in_lru = false;
   d->flags = flags;
 
-  pp_mutex_lock(&pool->seg_lock);
   int rc = pp_segmap_insert(pool->map, d); /* publishes d (release) */
-  if (rc == 0) {
-    pp_store_relaxed(&d->gen, pp_load_relaxed(&d->gen) + 1);
-    d->all_prev = NULL;
-    d->all_next = pool->all;
-    if (pool->all != NULL)
-      pool->all->all_prev = d;
-    pool->all = d;
-  } else {
-    desc_put_locked(pool, d);
-  }
-  pp_mutex_unlock(&pool->seg_lock);
   if (rc != 0) {
-    pp_arena_give(pool, mem, size);
+    desc_put_locked(pool, d);
+    pp_arena_give_locked(pool, mem, size);
     return rc;
   }
+  pp_store_relaxed(&d->gen, pp_load_relaxed(&d->gen) + 1);
+  d->all_prev = NULL;
+  d->all_next = pool->all;
+  if (pool->all != NULL)
+    pool->all->all_prev = d;
+  pool->all = d;
   if (bs > PP_SLAB_MAX_BLOCK)
     pp_atomic_max_relaxed(&pool->top_cls, cls);
-  pp_fetch_add_relaxed(&pool->cls_segs[cls], 1);
-  pp_fetch_add_relaxed(&pool->gs.segs_alloc, 1);
-  uint64_t n = pp_fetch_add_relaxed(&pool->gs.segs_cur, 1) + 1;
-  pp_atomic_max_relaxed(&pool->gs.segs_peak, n);
+  locked_add(&pool->cls_segs[cls], 1);
+  locked_add(&pool->gs.segs_alloc, 1);
+  locked_add(&pool->gs.segs_cur, 1);
+  pp_atomic_max_relaxed(&pool->gs.segs_peak,
+                        pp_load_relaxed(&pool->gs.segs_cur));
   return 0;
 }
 
-/* Create a segment for class `cls` (blocks of bs bytes: see seg_publish),
- * owned by bin (cls, shard), carved from the arena. Called with no lock
- * held; the segment is live and in the map but in no bin list. */
+/* Create a segment for class `cls` (blocks of bs bytes: see
+ * seg_publish_locked), owned by bin (cls, shard), carved from the arena.
+ * Called with no lock held; the segment is live and in the map but in no
+ * bin list. */
 static int seg_create(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
                       pp_segment_t **out, bool *grew) {
   bool slab = bs <= PP_SLAB_MAX_BLOCK;
   size_t size =
       slab ? slab_bytes_for(bs, pp_load_relaxed(&pool->cls_segs[cls])) : bs;
-  pp_segment_t *d = desc_get(pool, slab);
-  if (d == NULL)
-    return pp_fail(PINPOOL_ENOMEM, "out of memory for segment metadata");
   void *mem = NULL;
   unsigned flags = 0;
-  int rc = pp_arena_take(pool, size, &mem, &flags, grew);
-  if (rc != 0) {
-    pp_mutex_lock(&pool->seg_lock);
-    desc_put_locked(pool, d);
+  int rc;
+  /* The common case: a recycled descriptor and room in the arena. */
+  pp_mutex_lock(&pool->seg_lock);
+  pp_segment_t *d = desc_pop_locked(pool, slab);
+  if (d != NULL && pp_arena_take_now(pool, size, &mem, &flags)) {
+    rc = seg_publish_locked(pool, d, mem, size, cls, bs, shard, flags);
     pp_mutex_unlock(&pool->seg_lock);
+    if (rc == 0)
+      *out = d;
     return rc;
   }
-  rc = seg_publish(pool, d, mem, size, cls, bs, shard, flags);
+  pp_mutex_unlock(&pool->seg_lock);
+  if (d == NULL && (d = desc_new(slab)) == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "out of memory for segment metadata");
+  rc = pp_arena_take(pool, size, &mem, &flags, grew); /* may grow: no lock */
+  pp_mutex_lock(&pool->seg_lock);
+  if (rc != 0)
+    desc_put_locked(pool, d);
+  else
+    rc = seg_publish_locked(pool, d, mem, size, cls, bs, shard, flags);
+  pp_mutex_unlock(&pool->seg_lock);
   if (rc == 0)
     *out = d;
   return rc;
 }
 
 /* Take d, detached (in no bin list, not in the LRU, every block free), out
- * of the segment map and the list of all segments, and recycle its
- * descriptor: lookups and snapshots no longer find it (one racing with this
- * sees the gen bump). Its memory is the caller's. Called with no lock. */
-static void seg_unpublish(pinpool_t *pool, pp_segment_t *d) {
+ * of the segment map and the list of all segments, recycle its descriptor
+ * (lookups and snapshots no longer find it; one racing with this sees the
+ * gen bump) and give its memory back to the arena. Caller holds seg_lock. */
+static void seg_release_locked(pinpool_t *pool, pp_segment_t *d) {
+  pp_assert_held(&pool->seg_lock);
+  uintptr_t base = pp_load_relaxed(&d->base);
+  size_t size = pp_load_relaxed(&d->size);
   unsigned cls = d->cls;
-  pp_mutex_lock(&pool->seg_lock);
   pp_store_relaxed(&d->gen, pp_load_relaxed(&d->gen) + 1);
   pp_segmap_remove(pool->map, d);
   if (d->all_prev != NULL)
@@ -177,27 +201,32 @@ static void seg_unpublish(pinpool_t *pool, pp_segment_t *d) {
   if (d->all_next != NULL)
     d->all_next->all_prev = d->all_prev;
   desc_put_locked(pool, d);
-  pp_mutex_unlock(&pool->seg_lock);
-  pp_fetch_sub_relaxed(&pool->gs.segs_cur, 1);
-  pp_fetch_add_relaxed(&pool->gs.segs_freed, 1);
-  pp_fetch_sub_relaxed(&pool->cls_segs[cls], 1);
+  locked_add(&pool->gs.segs_cur, (uint64_t)-1);
+  locked_add(&pool->gs.segs_freed, 1);
+  locked_add(&pool->cls_segs[cls], (uint64_t)-1);
+  pp_arena_give_locked(pool, (void *)base, size);
 }
 
-/* Give a detached segment's memory back to the arena. No lock held. */
+/* Release a detached segment (see seg_release_locked). No lock held. */
 static void seg_release(pinpool_t *pool, pp_segment_t *d) {
-  uintptr_t base = pp_load_relaxed(&d->base);
-  size_t size = pp_load_relaxed(&d->size);
-  seg_unpublish(pool, d);
-  pp_arena_give(pool, (void *)base, size);
+  pp_mutex_lock(&pool->seg_lock);
+  seg_release_locked(pool, d);
+  pp_mutex_unlock(&pool->seg_lock);
 }
 
+/* A batch linked through ->next, 32 to a hold of seg_lock (an
+ * empty_cache of thousands of slabs would otherwise keep every segment
+ * creation and snapshot waiting for all of them). */
 static unsigned release_batch(pinpool_t *pool, pp_segment_t *batch) {
   unsigned n = 0;
   while (batch != NULL) {
-    pp_segment_t *next = batch->next;
-    seg_release(pool, batch);
-    batch = next;
-    n++;
+    pp_mutex_lock(&pool->seg_lock);
+    for (unsigned k = 0; k < 32 && batch != NULL; k++, n++) {
+      pp_segment_t *next = batch->next;
+      seg_release_locked(pool, batch);
+      batch = next;
+    }
+    pp_mutex_unlock(&pool->seg_lock);
   }
   return n;
 }
@@ -421,10 +450,14 @@ void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
     /* Large blocks go back to the arena at once, where they coalesce
      * with their free neighbours: a block of another size may be carved
      * from the space next time. Still idle bytes: counted in. */
-    for (uint32_t i = 0; i < n; i++) {
-      pp_fetch_add_relaxed(&pool->gs.central_in, in[i].bs);
-      seg_release(pool, in[i].seg);
-    }
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < n; i++)
+      bytes += in[i].bs;
+    pp_fetch_add_relaxed(&pool->gs.central_in, bytes);
+    pp_mutex_lock(&pool->seg_lock);
+    for (uint32_t i = 0; i < n; i++)
+      seg_release_locked(pool, in[i].seg);
+    pp_mutex_unlock(&pool->seg_lock);
     return;
   }
   unsigned ns = pool->cfg.shards;

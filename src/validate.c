@@ -108,9 +108,7 @@ static void check_segment(pinpool_t *pool, pp_segment_t *s, vstate_t *v) {
   v->pending_bytes += pending * bs;
   v->segment_bytes += size;
   /* Inside one run of the arena's chunks, with their flags. */
-  pp_mutex_lock(&pool->arena.lock);
   bool held = pp_ext_run_holds(&pool->arena.ext, base, size, s->flags);
-  pp_mutex_unlock(&pool->arena.lock);
   if (!held)
     VFAIL(v, "segment %#lx: not inside a run of chunks with its flags",
           (unsigned long)base);
@@ -228,10 +226,10 @@ int pinpool_validate(pinpool_t *pool) {
   /* The arena: its extents are sound, and every chunk byte is in a
    * segment or a free extent. */
   char why[160];
-  if (!pp_arena_validate(pool, why, sizeof why))
+  if (!pp_arena_validate_locked(pool, why, sizeof why))
     VFAIL(v, "%s", why);
   pp_arena_info_t ai;
-  pp_arena_info(pool, &ai);
+  pp_arena_info_locked(pool, &ai);
   if (!v->bad && ai.total != v->segment_bytes + ai.free_bytes)
     VFAIL(v, "arena: %llu bytes in chunks, %llu in segments + %llu free",
           (unsigned long long)ai.total, (unsigned long long)v->segment_bytes,
