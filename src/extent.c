@@ -184,6 +184,17 @@ static void tab_del(pp_extents_t *x, uintptr_t key) {
   x->tcount--;
 }
 
+/* Point the existing key at another node. */
+static void tab_set(pp_extents_t *x, uintptr_t key, pp_xnode_t *n) {
+  size_t mask = x->tcap - 1;
+  size_t i = tab_home(x, key);
+  while (x->tab[i].key != key) {
+    pp_assert(x->tab[i].key != 0);
+    i = (i + 1) & mask;
+  }
+  x->tab[i].node = n;
+}
+
 /* Room for the ends of `extents` extents (at most half full). */
 static bool tab_reserve(pp_extents_t *x, size_t extents) {
   size_t need = 4 * extents;
@@ -324,23 +335,43 @@ static pp_xnode_t *right_of(const pp_extents_t *x, uintptr_t a) {
  * left neighbour). */
 static pp_xnode_t *merge_free(pp_extents_t *x, uintptr_t b, size_t size,
                               unsigned flags) {
-  pp_xnode_t *left = left_of(x, b), *right = right_of(x, b + size);
-  pp_xnode_t *n;
+  uintptr_t e = b + size;
+  pp_xnode_t *left = left_of(x, b), *right = right_of(x, e);
+  /* Only the keys that change are touched (the table is most of a give's
+   * time): the ends that meet at b and e go, the outer ends stay. */
+  if (left != NULL && right != NULL) {
+    bin_remove(x, left);
+    bin_remove(x, right);
+    tab_del(x, end_key(b));
+    tab_del(x, e);
+    tab_set(x, end_key(right->base + right->size), left);
+    left->size += size + right->size;
+    bin_push(x, left);
+    spare_put(x, right);
+    x->nfree--;
+    return left;
+  }
   if (left != NULL) {
-    unlink_free(x, left);
+    bin_remove(x, left);
+    tab_del(x, end_key(b));
+    tab_put(x, end_key(e), left);
     left->size += size;
-    n = left;
-  } else {
-    if (flags == FLAGS_OF_CHUNK) /* a give: its chunk's, looked up once */
-      flags = x->chunks[chunk_index(x, b)]->flags;
-    n = spare_get(x);
-    *n = (pp_xnode_t){b, size, NULL, NULL, 0, flags};
+    bin_push(x, left);
+    return left;
   }
   if (right != NULL) {
-    unlink_free(x, right);
-    n->size += right->size;
-    spare_put(x, right);
+    bin_remove(x, right);
+    tab_del(x, e);
+    tab_put(x, b, right);
+    right->base = b;
+    right->size += size;
+    bin_push(x, right);
+    return right;
   }
+  if (flags == FLAGS_OF_CHUNK) /* a give: its chunk's, looked up once */
+    flags = x->chunks[chunk_index(x, b)]->flags;
+  pp_xnode_t *n = spare_get(x);
+  *n = (pp_xnode_t){b, size, NULL, NULL, 0, flags};
   link_free(x, n);
   return n;
 }
@@ -429,12 +460,15 @@ void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags) {
   }
   uintptr_t out = n->base;
   unsigned nflags = n->flags;
-  unlink_free(x, n);
-  if (n->size > size) {
+  if (n->size > size) { /* the low end goes: only the start key moves */
+    bin_remove(x, n);
+    tab_del(x, out);
     n->base += size;
     n->size -= size;
-    link_free(x, n);
+    tab_put(x, n->base, n);
+    bin_push(x, n);
   } else {
+    unlink_free(x, n);
     spare_put(x, n);
   }
   x->free_bytes -= size;
