@@ -8,8 +8,14 @@ from typing import List, Optional
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the tool with argv (default: sys.argv[1:]); its exit status."""
-    from pinpool import _cli
-
+    try:
+        from pinpool import _cli
+    except ImportError as e:
+        # setup.py leaves the tool out where libjansson was missing.
+        print(f"pinpool: the command-line tool was not built into this "
+              f"package ({e}); rebuild it with libjansson-dev installed",
+              file=sys.stderr)
+        return 1
     args = sys.argv[1:] if argv is None else list(argv)
     return _cli.main(["pinpool"] + args)
 

@@ -30,6 +30,7 @@ def parse_shape(shape: Any) -> Tuple[int, ...]:
     if isinstance(shape, (str, bytes)):
         raise TypeError(f"shape must be an int or a sequence of ints, "
                         f"not {type(shape).__name__}")
+    dims: Tuple[int, ...]
     try:
         dims = (operator.index(shape),)
     except TypeError:
@@ -97,7 +98,10 @@ def _view(buf: Buffer, dims: Tuple[int, ...], dt: Any, n: int) -> Any:
     import numpy as np
 
     count = n // dt.itemsize
-    return np.frombuffer(buf, dtype=dt, count=count).reshape(dims)
+    # A Buffer has the buffer protocol, which the typeshed of mypy 1.0
+    # (Debian 12) cannot express yet (PEP 688): hence the ignore.
+    return np.frombuffer(buf, dtype=dt,  # type: ignore[call-overload]
+                         count=count).reshape(dims)
 
 
 def asarray(buf: Buffer, dtype: Any = None,

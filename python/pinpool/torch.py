@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import collections.abc
 import weakref
-from typing import Any, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Union
 
 import torch
 
@@ -78,7 +78,7 @@ def empty(shape: Union[int, Sequence[int]], dtype: torch.dtype = torch.float32,
     itemsize = torch.empty((), dtype=dtype).element_size()
     n = nbytes_of(dims, itemsize)
     buf = p.alloc(max(n, 1))
-    mv = memoryview(buf)
+    mv = memoryview(buf)  # type: ignore[arg-type]  # (as in _array.py)
     if n == 0:
         # torch.frombuffer refuses a count of 0: view one item, keep none.
         flat = torch.frombuffer(mv, dtype=torch.uint8, count=1)[:0]
@@ -193,11 +193,11 @@ def collate(batch: Sequence[Any], pool: Optional[Pool] = None) -> Any:
     if _in_worker():
         from torch.utils.data import default_collate
 
-        return default_collate(batch)
+        return default_collate(list(batch))
     return _collate(list(batch), _pool(pool))
 
 
-def _collate(batch: list, pool: Pool) -> Any:
+def _collate(batch: List[Any], pool: Pool) -> Any:
     if not batch:
         raise TypeError("collate: an empty batch")
     elem = batch[0]
