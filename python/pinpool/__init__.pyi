@@ -5,7 +5,7 @@
 import os
 from types import TracebackType
 from typing import (Any, Dict, Literal, Optional, Sequence, SupportsIndex,
-                    Tuple, Type, Union, overload)
+                    Tuple, Type, TypedDict, Union, overload)
 
 import numpy as np
 import numpy.typing as npt
@@ -19,8 +19,63 @@ kDLCUDAHost: int
 
 _Shape = Union[SupportsIndex, Sequence[SupportsIndex]]
 _Stream = Union[int, Any]  # an int handle, or an object with .cuda_stream
-_Stat = Dict[str, int]
-_StatsValue = Union[int, _Stat]
+
+# Pool.stats() (docs/stats.md): test_stub.py checks these keys against the
+# module's.
+class _Stat(TypedDict):
+    current: int
+    peak: int
+    allocated: int
+    freed: int
+
+class _Duration(TypedDict):
+    count: int
+    total_ns: int
+    max_ns: int
+
+class _Stats(TypedDict):
+    requests: _Stat
+    requested_bytes: _Stat
+    blocks: _Stat
+    block_bytes: _Stat
+    reserved_bytes: _Stat
+    cached_bytes: _Stat
+    segments: _Stat
+    pending_bytes: int
+    pending_blocks: int
+    events_recorded: int
+    events_completed: int
+    event_errors: int
+    cache_hits: int
+    cache_misses: int
+    tcache_hits: int
+    oom_count: int
+    retries: int
+    trimmed_segments: int
+    arena_chunks: int
+    chunk_free_bytes: int
+    free_extents: int
+    largest_free_extent: int
+    history_lost_writes: int
+    mlock_failures: int
+    locked_bytes: int
+    peak_slack_bytes: int
+    reserve_bytes: int
+    max_cached: int
+    max_reserved: int
+    reclaim: _Duration
+    backend_alloc: _Duration
+    backend_free: _Duration
+
+class _Attributes(TypedDict):
+    host_accessible: Optional[bool]
+    device_accessible: Optional[bool]
+    device_id: int
+    page_locked: Optional[bool]
+    numa_node: int
+    huge_pages: Optional[bool]
+    huge_advised: Optional[bool]
+    backend: str
 
 class Pool:
     def __init__(self, config: Optional[str] = None) -> None: ...
@@ -36,7 +91,7 @@ class Pool:
     @overload
     def zeros(self, shape: _Shape, dtype: npt.DTypeLike = None) -> npt.NDArray[Any]: ...
     def empty_cache(self, /) -> None: ...
-    def stats(self, /) -> Dict[str, _StatsValue]: ...
+    def stats(self, /) -> _Stats: ...
     def memory_stats(self) -> Dict[str, int]: ...
     def memory_summary(self) -> str: ...
     def reset_peak_stats(self, /) -> None: ...
@@ -76,7 +131,7 @@ class Buffer:
     @property
     def exports(self) -> int: ...
     @property
-    def attributes(self) -> Dict[str, Union[None, bool, int, str]]: ...
+    def attributes(self) -> _Attributes: ...
     @property
     def host_accessible(self) -> Optional[bool]: ...
     @property

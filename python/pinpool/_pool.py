@@ -5,7 +5,7 @@ them with the pool as the first argument; their docstrings are there.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Tuple, cast
 
 from pinpool import _array
 from pinpool._core import Pool
@@ -47,7 +47,8 @@ _COUNT_KEYS: List[Tuple[str, str]] = [
 
 
 def memory_stats(pool: Pool) -> Dict[str, int]:
-    st = pool.stats()
+    # Read by key names from the tables above: as a plain dict.
+    st = cast(Dict[str, Any], pool.stats())
     out: Dict[str, int] = {}
     for key, field in _STAT_KEYS:
         for part in ("current", "peak", "allocated", "freed"):
