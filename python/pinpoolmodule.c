@@ -1054,8 +1054,9 @@ static int parse_stream(PyObject *arg, pinpool_stream_t *out) {
       return -1;
     }
     if (!PyLong_Check(handle)) {
-      PyErr_Format(PyExc_TypeError, "stream.cuda_stream must be an int, not "
-                                    "%.100s",
+      PyErr_Format(PyExc_TypeError,
+                   "stream.cuda_stream must be an int, not "
+                   "%.100s",
                    Py_TYPE(handle)->tp_name);
       Py_DECREF(handle);
       return -1;
@@ -1270,8 +1271,9 @@ static PyMethodDef Buffer_methods[] = {
 /* Read-only attributes; each doc ends with what makes it thread-safe. */
 #define ATTR(name, id, doc)                                                    \
   { name, Buffer_get_attr, NULL, doc, (void *)(intptr_t)(id) }
-#define LAZY " Computed once, on the first query of any attribute (others\n" \
-             "wait for it); ValueError if the buffer was closed before."
+#define LAZY                                                                   \
+  " Computed once, on the first query of any attribute (others\n"              \
+  "wait for it); ValueError if the buffer was closed before."
 static PyGetSetDef Buffer_getset[] = {
     {"nbytes", Buffer_get_nbytes, NULL,
      "The bytes asked for (== len(buf)). Immutable.", NULL},
@@ -1279,8 +1281,7 @@ static PyGetSetDef Buffer_getset[] = {
      "The usable bytes of the block (its size class, >= nbytes). Immutable.",
      NULL},
     {"ptr", Buffer_get_ptr, NULL,
-     "The address of the first byte, as an int. ValueError once closed.",
-     NULL},
+     "The address of the first byte, as an int. ValueError once closed.", NULL},
     {"pool", Buffer_get_pool, NULL,
      "The Pool it came from (kept alive by the buffer). Immutable.", NULL},
     {"closed", Buffer_get_closed, NULL,
@@ -1294,12 +1295,11 @@ static PyGetSetDef Buffer_getset[] = {
     ATTR("host_accessible", A_HOST, "True: the CPU can access it." LAZY),
     ATTR("device_accessible", A_DEVICE,
          "True: a CUDA device can access it; None: unknown." LAZY),
-    ATTR("device_id", A_DEVICE_ID,
-         "The CUDA device ordinal, -1 if none." LAZY),
+    ATTR("device_id", A_DEVICE_ID, "The CUDA device ordinal, -1 if none." LAZY),
     ATTR("page_locked", A_LOCKED, "True: page-locked (pinned)." LAZY),
     ATTR("numa_node", A_NUMA,
-         "The NUMA node of the first page, -1 if unknown or not yet backed."
-         LAZY),
+         "The NUMA node of the first page, -1 if unknown or not yet "
+         "backed." LAZY),
     ATTR("huge_pages", A_HUGE,
          "True: the first page is a huge page; None: unknown." LAZY),
     ATTR("backend", A_BACKEND,
