@@ -152,8 +152,8 @@ fi
 for v in clean "${MUTANTS[@]}"; do
   rm -rf "${OUT:?}/$v"
   mkdir -p "$OUT/$v/pinpool"
-  cp "$ROOT"/python/pinpool/*.py "$ROOT"/python/pinpool/py.typed \
-    "$OUT/$v/pinpool/"
+  cp "$ROOT"/python/pinpool/*.py "$ROOT"/python/pinpool/*.pyi \
+    "$ROOT"/python/pinpool/py.typed "$OUT/$v/pinpool/"
   # shellcheck disable=SC2086 # a list of object paths (no spaces: ours)
   clang -shared -fsanitize=thread -o "$OUT/$v/pinpool/_core$EXT" \
     ${VARIANT_OBJS[$v]} -lpthread -ldl -lm
