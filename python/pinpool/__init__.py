@@ -33,8 +33,9 @@ __all__ = [
     "default_pool",
     "kDLCPU",
     "kDLCUDAHost",
-    "torch",
 ]
+# Not in __all__: pinpool.torch, so that `from pinpool import *` does not
+# import torch.
 
 
 def __getattr__(name: str) -> object:

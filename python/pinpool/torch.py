@@ -18,9 +18,10 @@ The Buffer is never handed out, so nothing can close it under the tensor.
 
 A registry maps the address of each such storage to its memoryview (held
 weakly: it does not extend any lifetime) so that record_stream and
-buffer_of find the Buffer of a tensor. An entry is removed when its
-memoryview dies, before the block can be handed out again, so an address
-is never found for the wrong block.
+buffer_of find the Buffer of a tensor. A live memoryview holds its block,
+so a live entry always names the block at that address; a dead one is
+never returned, and the removal of a dead entry leaves a newer live one
+for the same address (the block reused) in place.
 """
 
 from __future__ import annotations
