@@ -47,6 +47,13 @@ phase "wheel"
 }
 version="$(sed -n 's/^#define PINPOOL_VERSION_STRING "\(.*\)"$/\1/p' \
   "$ROOT/include/pinpool.h")"
+# The package takes its version from the header; CMake's project() states
+# it too (for the CMake package files): they must agree.
+cmake_version="$(sed -n 's/^  VERSION \([0-9.]*\)$/\1/p' "$ROOT/CMakeLists.txt" | head -n 1)"
+if [[ "$version" != "$cmake_version" ]]; then
+  echo "FAIL: include/pinpool.h says $version, CMakeLists.txt $cmake_version" >&2
+  exit 1
+fi
 "$PY" - "$WORK/dist" "$version" <<'PYEOF'
 import glob, sys, zipfile
 dist, version = sys.argv[1], sys.argv[2]
