@@ -87,3 +87,39 @@ def test_stats_methods_take_no_arguments(pool):
         pool.memory_stats(1)
     with pytest.raises(TypeError):
         pool.memory_summary(abbreviated=True)
+
+
+def test_stats_while_other_threads_allocate(pool):
+    # The Python methods of the C type (found through an import at each
+    # call) from several threads at once, while others allocate: under
+    # tests/freethreaded this runs without a GIL, with TSAN.
+    import threading
+    import time
+
+    stop = time.monotonic() + 0.3
+    errors = []
+
+    def allocate():
+        try:
+            while time.monotonic() < stop:
+                with pool.alloc(4096):
+                    pass
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    def read():
+        try:
+            while time.monotonic() < stop:
+                ms = pool.memory_stats()
+                assert ms["reserved_bytes.all.current"] >= 0
+                assert pool.memory_summary().startswith("|")
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=f) for f in (allocate, read) * 3]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert live_blocks(pool) == 0
