@@ -131,6 +131,10 @@ def test_pin_bad_input(pool):
         ppt.pin(torch.ones(2, 2).to_sparse(), pool)
     with pytest.raises(ValueError):
         ppt.pin(torch.ones(2, device="meta"), pool)
+    with pytest.raises(TypeError):
+        ppt.pin_memory_fn([torch.ones(1)], pool=3)
+    with pytest.raises(TypeError):
+        ppt.collate([torch.ones(1)], pool="pool")
     assert live_blocks(pool) == 0
 
 
