@@ -73,11 +73,15 @@ def memory_stats(pool: Pool) -> Dict[str, int]:
 
 
 def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return ""  # not reached
+    """'512 B', '4.00 KiB', '36.75 MiB' (as tools/cli.c's format)."""
+    if n < 1024:
+        return f"{n} B"
+    value = n / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{value:.2f} TiB"
 
 
 def memory_summary(pool: Pool) -> str:
