@@ -595,10 +595,10 @@ static PyMethodDef Pool_methods[] = {
     KW_METHOD("memory_stats", Pool_memory_stats,
               "memory_stats($self)\n--\n\n"
               "The statistics under torch.cuda.memory_stats() keys, for the\n"
-              "keys that mean the same thing here (\"allocated_bytes.all.\n"
-              "current\", \"reserved_bytes.all.peak\", \"num_alloc_retries\",\n"
-              "\"num_ooms\", ...; docs/python.md has the mapping), as a dict\n"
-              "sorted by key.\n\n"
+              "keys that mean the same thing here, as a dict sorted by key:\n"
+              "'allocated_bytes.all.current', 'reserved_bytes.all.peak',\n"
+              "'num_alloc_retries', 'num_ooms', ... (docs/python.md has the\n"
+              "mapping; stats() has every statistic).\n\n"
               "Thread-safe, as stats()."),
     KW_METHOD("memory_summary", Pool_memory_summary,
               "memory_summary($self)\n--\n\n"
