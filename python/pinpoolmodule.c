@@ -1,6 +1,8 @@
 /*
- * The `pinpool` Python module (docs/python.md): Pool and Buffer over the C
- * API of include/pinpool.h, with the buffer protocol and DLPack exports.
+ * `pinpool._core`, the C core of the `pinpool` package (docs/python.md):
+ * Pool and Buffer over the C API of include/pinpool.h, with the buffer
+ * protocol and DLPack exports. python/pinpool/__init__.py re-exports it;
+ * the NumPy, torch and stats helpers are Python (python/pinpool/).
  *
  * Free-threading: no mutable Python-level state. A Pool's pinpool_t and a
  * Buffer's pinpool_buffer_t (and the Pool object it keeps alive) are set
@@ -494,34 +496,166 @@ static PyObject *Pool_repr(PyObject *self) {
   return r;
 }
 
+/* ---- Methods written in Python ----------------------------------------------
+ * empty, zeros, memory_stats and memory_summary build NumPy arrays, torch
+ * tensors and text tables: Python's job. They live in pinpool/_pool.py and
+ * are methods of this type so that every Pool has them, default_pool()'s
+ * included, and the type stays the one the module defines. The module is
+ * looked up at each call (sys.modules after the first; the import system
+ * serializes a concurrent first import), never cached here: no mutable
+ * state in this file. */
+static PyObject *call_python(const char *name, PyObject *self, PyObject *args,
+                             PyObject *kw) {
+  PyObject *mod = PyImport_ImportModule("pinpool._pool");
+  if (mod == NULL)
+    return NULL;
+  PyObject *fn = PyObject_GetAttrString(mod, name);
+  Py_DECREF(mod);
+  if (fn == NULL)
+    return NULL;
+  Py_ssize_t n = PyTuple_GET_SIZE(args);
+  PyObject *full = PyTuple_New(n + 1);
+  if (full == NULL) {
+    Py_DECREF(fn);
+    return NULL;
+  }
+  PyTuple_SET_ITEM(full, 0, Py_NewRef(self));
+  for (Py_ssize_t i = 0; i < n; i++)
+    PyTuple_SET_ITEM(full, i + 1, Py_NewRef(PyTuple_GET_ITEM(args, i)));
+  PyObject *r = PyObject_Call(fn, full, kw);
+  Py_DECREF(full);
+  Py_DECREF(fn);
+  return r;
+}
+
+#define PY_METHOD(cname, pyname)                                               \
+  static PyObject *cname(PyObject *self, PyObject *args, PyObject *kw) {       \
+    return call_python(pyname, self, args, kw);                                \
+  }
+PY_METHOD(Pool_empty, "empty")
+PY_METHOD(Pool_zeros, "zeros")
+PY_METHOD(Pool_memory_stats, "memory_stats")
+PY_METHOD(Pool_memory_summary, "memory_summary")
+
+/* The docstrings are what help() shows: each starts with the signature
+ * (CPython's "name($self, ...)\n--\n\n" form, which inspect.signature
+ * reads; tests/python/test_stub.py checks it against pinpool/__init__.pyi)
+ * and says what the call does, raises, and how it may be used from several
+ * threads (docs/python.md has the whole contract). */
+#define KW_METHOD(name, fn, doc)                                               \
+  { name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc }
+
 static PyMethodDef Pool_methods[] = {
     {"alloc", Pool_alloc, METH_O,
-     "alloc(nbytes) -> Buffer: nbytes bytes of the pool's memory."},
+     "alloc($self, nbytes, /)\n--\n\n"
+     "Allocate nbytes bytes of the pool's memory as a Buffer.\n\n"
+     "nbytes: an int >= 1; the block is rounded up to a size class\n"
+     "(Buffer.block_size), only nbytes of it are exported. The block goes\n"
+     "back to the pool when the Buffer is closed (or collected) and its\n"
+     "last export (memoryview, ndarray, tensor, DLPack capsule) is gone.\n\n"
+     "Raises ValueError (nbytes <= 0 or too large), TypeError (not an\n"
+     "int), MemoryError (max_reserved reached after one retry, or the\n"
+     "backend is out of memory), RuntimeError (any other backend error).\n\n"
+     "Thread-safe: concurrent with every call on the pool; the GIL is\n"
+     "released while the memory is allocated."},
+    KW_METHOD("empty", Pool_empty,
+              "empty($self, shape, dtype=None)\n--\n\n"
+              "A new uninitialized array on pool memory, without a copy.\n\n"
+              "shape: an int or a sequence of ints >= 0. dtype: a NumPy dtype\n"
+              "(or anything numpy.dtype() takes; None: float64) gives a\n"
+              "numpy.ndarray; a torch.dtype (torch.float32, ...) gives a CPU\n"
+              "torch.Tensor (torch is imported only then). The block goes\n"
+              "back to the pool when the array or tensor, and every view of\n"
+              "it, is gone.\n\n"
+              "Raises ValueError (a negative dimension, a size beyond the\n"
+              "pool's limit), TypeError (shape or dtype of the wrong type),\n"
+              "MemoryError (as alloc), ImportError (NumPy, or torch for a\n"
+              "torch dtype, is not installed).\n\n"
+              "Thread-safe, as alloc."),
+    KW_METHOD("zeros", Pool_zeros,
+              "zeros($self, shape, dtype=None)\n--\n\n"
+              "As empty(), filled with zeros.\n\n"
+              "Raises as empty(). Thread-safe, as alloc."),
     {"empty_cache", Pool_empty_cache, METH_NOARGS,
-     "Return idle memory to the backend (the GIL is released)."},
-    {"stats", Pool_stats, METH_NOARGS, "The pool's statistics, as a dict."},
+     "empty_cache($self, /)\n--\n\n"
+     "Return idle (cached) memory to the backend.\n\n"
+     "Blocks in use and blocks waiting on streams are kept. Raises\n"
+     "RuntimeError if the backend fails.\n\n"
+     "Thread-safe: concurrent with allocations (the GIL is released); the\n"
+     "caches of other threads are flushed at their next call."},
+    {"stats", Pool_stats, METH_NOARGS,
+     "stats($self, /)\n--\n\n"
+     "Every statistic of the pool (pinpool_stats_t), as a dict.\n\n"
+     "Counters are ints; the fields with a current and a peak are dicts\n"
+     "{'current', 'peak', 'allocated', 'freed'}; durations are dicts\n"
+     "{'count', 'total_ns', 'max_ns'} (docs/stats.md). memory_stats()\n"
+     "gives the same numbers under torch.cuda.memory_stats() keys.\n\n"
+     "Thread-safe: each value is recent; the dict is not one atomic\n"
+     "picture while other threads allocate."},
+    KW_METHOD("memory_stats", Pool_memory_stats,
+              "memory_stats($self)\n--\n\n"
+              "The statistics under torch.cuda.memory_stats() keys, for the\n"
+              "keys that mean the same thing here, as a dict sorted by key:\n"
+              "'allocated_bytes.all.current', 'reserved_bytes.all.peak',\n"
+              "'num_alloc_retries', 'num_ooms', ... (docs/python.md has the\n"
+              "mapping; stats() has every statistic).\n\n"
+              "Thread-safe, as stats()."),
+    KW_METHOD("memory_summary", Pool_memory_summary,
+              "memory_summary($self)\n--\n\n"
+              "A readable table of memory_stats(), as\n"
+              "torch.cuda.memory_summary() prints it, plus the pool's\n"
+              "configuration, as a str.\n\n"
+              "Thread-safe, as stats()."),
     {"reset_peak_stats", Pool_reset_peak_stats, METH_NOARGS,
-     "Set every peak to its current value."},
+     "reset_peak_stats($self, /)\n--\n\n"
+     "Set every peak to its current value.\n\n"
+     "Thread-safe: concurrent with everything."},
     {"process_events", Pool_process_events, METH_NOARGS,
-     "Reclaim blocks whose stream work completed (GIL released)."},
+     "process_events($self, /)\n--\n\n"
+     "Reclaim the blocks whose recorded stream work has completed.\n\n"
+     "Thread-safe: concurrent with everything; the GIL is released."},
     {"synchronize", Pool_synchronize, METH_NOARGS,
-     "Wait until no block is pending on a stream (GIL released)."},
-    {"record_history", (PyCFunction)(void (*)(void))Pool_record_history,
-     METH_VARARGS | METH_KEYWORDS,
-     "record_history(enabled='all', max_entries=0, stack_depth=16, "
-     "clear=False): switch the allocation history (None/False, 'state', "
-     "'alloc', 'all'/True)."},
-    {"snapshot", (PyCFunction)(void (*)(void))Pool_snapshot,
-     METH_VARARGS | METH_KEYWORDS,
-     "snapshot(path=None, *, history=True, symbols=True): write a JSON "
-     "snapshot to path, or return it as a str (GIL released)."},
-    {"__enter__", Pool_enter, METH_NOARGS, "Returns the pool."},
-    {"__exit__", Pool_exit, METH_VARARGS, "Empties the cache."},
+     "synchronize($self, /)\n--\n\n"
+     "Wait until no block is pending on a stream.\n\n"
+     "Blocks whose events failed stay pending forever and are not waited\n"
+     "for. Thread-safe: the GIL is released while waiting."},
+    KW_METHOD("record_history", Pool_record_history,
+              "record_history($self, enabled=True, max_entries=0, "
+              "stack_depth=16, clear=False)\n--\n\n"
+              "Switch the allocation history, as PyTorch's\n"
+              "_record_memory_history.\n\n"
+              "enabled: None or False (off), 'state' (blocks remember their\n"
+              "allocating thread and stack), 'alloc' (plus history entries),\n"
+              "'all' or True (stacks for every entry). max_entries: the ring\n"
+              "size (0: keep the current one, 100000 at first). stack_depth:\n"
+              "0..64 frames. clear: drop what was recorded.\n\n"
+              "Raises ValueError (an unknown level, a value out of range),\n"
+              "TypeError (a wrong type).\n\n"
+              "Thread-safe: other threads see the new level at their next\n"
+              "allocation."),
+    KW_METHOD("snapshot", Pool_snapshot,
+              "snapshot($self, path=None, *, history=True, symbols=True)"
+              "\n--\n\n"
+              "Write a JSON snapshot of every segment and block to path and\n"
+              "return None, or return it as a str when path is None\n"
+              "(docs/snapshot-format.md; json.loads() gives a dict).\n\n"
+              "history: include the history ring; symbols: name the frames\n"
+              "of the recorded stacks. Raises OSError (path cannot be\n"
+              "written), RuntimeError (any other failure).\n\n"
+              "Thread-safe: taken while other threads keep allocating; the\n"
+              "GIL is released while it is written."),
+    {"__enter__", Pool_enter, METH_NOARGS,
+     "__enter__($self, /)\n--\n\nReturn the pool."},
+    {"__exit__", Pool_exit, METH_VARARGS,
+     "__exit__($self, exc_type, exc_value, traceback, /)\n--\n\n"
+     "Call empty_cache(); the pool itself lives on. Returns False."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Pool_getset[] = {
     {"config", Pool_get_config, NULL,
-     "The resolved configuration, 'key=value,...'.", NULL},
+     "The resolved configuration, 'key=value,...' (every key, defaults\n"
+     "included; docs/configuration.md). Read-only; thread-safe.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject PoolType = {
@@ -530,9 +664,20 @@ static PyTypeObject PoolType = {
     .tp_dealloc = (destructor)Pool_dealloc,
     .tp_repr = Pool_repr,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Pool(config=None): a caching allocator of pinned host memory.\n"
-              "config is 'key=value,...' (docs/configuration.md); None reads "
-              "PINPOOL_CONF.",
+    .tp_doc =
+        "Pool(config=None)\n--\n\n"
+        "A caching allocator of pinned (page-locked) host memory.\n\n"
+        "config: 'key=value,...' (docs/configuration.md), for example\n"
+        "'max_cached=1GiB,mlock=1' or 'backend=cuda,device=0'; None reads\n"
+        "the PINPOOL_CONF environment variable, '' means the defaults.\n"
+        "A configured reserve is allocated here (the GIL is released).\n\n"
+        "Raises ValueError (a bad config: the message names the key),\n"
+        "TypeError (config not a str), MemoryError, RuntimeError (the\n"
+        "backend, e.g. backend=cuda without a driver).\n\n"
+        "Every method may be called from any number of threads at once, on\n"
+        "a GIL or a free-threaded build. The pool is torn down when this\n"
+        "object and every Buffer and export of its memory are gone. As a\n"
+        "context manager it calls empty_cache() on exit.",
     .tp_methods = Pool_methods,
     .tp_getset = Pool_getset,
     .tp_new = Pool_new,
@@ -888,19 +1033,52 @@ static PyObject *Buffer_close(PyObject *obj, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
-static PyObject *Buffer_record_stream(PyObject *obj, PyObject *arg) {
-  BufferObject *self = (BufferObject *)obj;
-  if (!PyLong_Check(arg)) {
-    PyErr_SetString(PyExc_TypeError, "stream must be an int (a handle)");
-    return NULL;
+/* The stream handle of `arg`: an int, or an object with a `cuda_stream`
+ * attribute that is one (torch.cuda.Stream, cupy's and cuda-python's
+ * streams), so that PyTorch code passes its stream as it would to
+ * Tensor.record_stream. 0, or -1 with TypeError/ValueError. */
+static int parse_stream(PyObject *arg, pinpool_stream_t *out) {
+  PyObject *handle;
+  if (PyLong_Check(arg)) {
+    handle = Py_NewRef(arg);
+  } else {
+    handle = PyObject_GetAttrString(arg, "cuda_stream");
+    if (handle == NULL) {
+      if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+        return -1;
+      PyErr_Clear();
+      PyErr_Format(PyExc_TypeError,
+                   "stream must be an int (a handle) or have a "
+                   "'cuda_stream' attribute (torch.cuda.Stream), not %.100s",
+                   Py_TYPE(arg)->tp_name);
+      return -1;
+    }
+    if (!PyLong_Check(handle)) {
+      PyErr_Format(PyExc_TypeError,
+                   "stream.cuda_stream must be an int, not "
+                   "%.100s",
+                   Py_TYPE(handle)->tp_name);
+      Py_DECREF(handle);
+      return -1;
+    }
   }
-  unsigned long long s = PyLong_AsUnsignedLongLong(arg);
+  unsigned long long s = PyLong_AsUnsignedLongLong(handle);
+  Py_DECREF(handle);
   if (s == (unsigned long long)-1 && PyErr_Occurred()) {
     PyErr_Clear();
     PyErr_SetString(PyExc_ValueError, "stream must be an int >= 0");
-    return NULL;
+    return -1;
   }
-  int rc = pinpool_buffer_record_stream(self->buf, (pinpool_stream_t)s);
+  *out = (pinpool_stream_t)s;
+  return 0;
+}
+
+static PyObject *Buffer_record_stream(PyObject *obj, PyObject *arg) {
+  BufferObject *self = (BufferObject *)obj;
+  pinpool_stream_t s;
+  if (parse_stream(arg, &s) != 0)
+    return NULL;
+  int rc = pinpool_buffer_record_stream(self->buf, s);
   if (rc == PINPOOL_EBUSY && buffer_closed(self)) {
     PyErr_SetString(PyExc_ValueError, "Buffer.record_stream: closed buffer");
     return NULL;
@@ -1046,43 +1224,86 @@ static PyObject *Buffer_repr(PyObject *obj) {
 }
 
 static PyMethodDef Buffer_methods[] = {
-    {"__dlpack__", (PyCFunction)(void (*)(void))Buffer_dlpack,
-     METH_VARARGS | METH_KEYWORDS,
-     "__dlpack__(*, stream=None, max_version=None, dl_device=None, "
-     "copy=None): a DLPack capsule of the bytes (1-D uint8)."},
+    KW_METHOD("__dlpack__", Buffer_dlpack,
+              "__dlpack__($self, *, stream=None, max_version=None, "
+              "dl_device=None, copy=None)\n--\n\n"
+              "A DLPack capsule of the bytes: a 1-D uint8 tensor of nbytes\n"
+              "elements (numpy.from_dlpack, torch.from_dlpack).\n\n"
+              "stream: None or -1 (host memory needs no synchronization; use\n"
+              "record_stream). max_version: None or below (1, 0) gives a\n"
+              "'dltensor' capsule, (1, x) a 'dltensor_versioned' one.\n"
+              "dl_device: None, the buffer's own device or (kDLCPU, 0).\n"
+              "copy: True copies the bytes into a new block of the pool.\n\n"
+              "Raises BufferError (closed buffer, another device, another\n"
+              "stream), TypeError (a malformed argument), MemoryError.\n\n"
+              "Thread-safe: concurrent with close(); the capsule holds the\n"
+              "memory until its consumer releases it, on any thread."),
     {"__dlpack_device__", Buffer_dlpack_device, METH_NOARGS,
-     "(kDLCUDAHost, 0) for CUDA-pinned memory, else (kDLCPU, 0)."},
+     "__dlpack_device__($self, /)\n--\n\n"
+     "(kDLCUDAHost, 0) for memory pinned through the CUDA driver, else\n"
+     "(kDLCPU, 0). Thread-safe."},
     {"close", Buffer_close, METH_NOARGS,
-     "Give the block back to the pool, now or when the last export goes. "
-     "Idempotent."},
+     "close($self, /)\n--\n\n"
+     "Give the block back to the pool: now if nothing is exported, else\n"
+     "when the last export (memoryview, array, tensor, capsule) is\n"
+     "released. New exports are refused from now on. Idempotent.\n\n"
+     "Thread-safe: exactly one of concurrent calls closes; an export that\n"
+     "races with it either gets in first (and keeps the memory) or raises\n"
+     "BufferError."},
     {"record_stream", Buffer_record_stream, METH_O,
-     "record_stream(handle): the block's reuse waits for work queued on "
-     "the stream so far."},
-    {"__enter__", Buffer_enter, METH_NOARGS, "Returns the buffer."},
-    {"__exit__", Buffer_exit, METH_VARARGS, "Closes the buffer."},
+     "record_stream($self, stream, /)\n--\n\n"
+     "Make the block's reuse, after close(), wait for the work queued on\n"
+     "stream so far (as torch.Tensor.record_stream).\n\n"
+     "stream: an int handle (a CUstream for events=cuda, any value for\n"
+     "events=simulated) or an object with a 'cuda_stream' int attribute\n"
+     "(torch.cuda.Stream).\n\n"
+     "Raises ValueError (closed buffer, negative handle), TypeError (not a\n"
+     "stream), RuntimeError (the pool has no event provider: events=none).\n\n"
+     "Thread-safe: the block is held for the call, so a concurrent close()\n"
+     "cannot free it first."},
+    {"__enter__", Buffer_enter, METH_NOARGS,
+     "__enter__($self, /)\n--\n\nReturn the buffer."},
+    {"__exit__", Buffer_exit, METH_VARARGS,
+     "__exit__($self, exc_type, exc_value, traceback, /)\n--\n\n"
+     "Call close(). Returns False."},
     {NULL, NULL, 0, NULL}};
 
+/* Read-only attributes; each doc ends with what makes it thread-safe. */
 #define ATTR(name, id, doc)                                                    \
   { name, Buffer_get_attr, NULL, doc, (void *)(intptr_t)(id) }
+#define LAZY                                                                   \
+  " Computed once, on the first query of any attribute (others\n"              \
+  "wait for it); ValueError if the buffer was closed before."
 static PyGetSetDef Buffer_getset[] = {
-    {"nbytes", Buffer_get_nbytes, NULL, "Bytes asked for (== len()).", NULL},
+    {"nbytes", Buffer_get_nbytes, NULL,
+     "The bytes asked for (== len(buf)). Immutable.", NULL},
     {"block_size", Buffer_get_block_size, NULL,
-     "Usable bytes of the block (its size class).", NULL},
-    {"ptr", Buffer_get_ptr, NULL, "Address of the first byte.", NULL},
-    {"pool", Buffer_get_pool, NULL, "The Pool it came from.", NULL},
-    {"closed", Buffer_get_closed, NULL, "True after close().", NULL},
+     "The usable bytes of the block (its size class, >= nbytes). Immutable.",
+     NULL},
+    {"ptr", Buffer_get_ptr, NULL,
+     "The address of the first byte, as an int. ValueError once closed.", NULL},
+    {"pool", Buffer_get_pool, NULL,
+     "The Pool it came from (kept alive by the buffer). Immutable.", NULL},
+    {"closed", Buffer_get_closed, NULL,
+     "True after close() (or once collected). One atomic read.", NULL},
     {"exports", Buffer_get_exports, NULL,
-     "Live exports (memoryviews, DLPack capsules and their consumers).", NULL},
-    ATTR("attributes", A_ALL, "Every memory attribute, as a dict."),
-    ATTR("host_accessible", A_HOST, "True: the CPU can access it."),
+     "The live exports (memoryviews, DLPack capsules and their consumers).\n"
+     "One atomic read: may change as soon as it is read.",
+     NULL},
+    ATTR("attributes", A_ALL,
+         "Every memory attribute (and 'huge_advised'), as a dict." LAZY),
+    ATTR("host_accessible", A_HOST, "True: the CPU can access it." LAZY),
     ATTR("device_accessible", A_DEVICE,
-         "True: a CUDA device can access it; None: unknown."),
-    ATTR("device_id", A_DEVICE_ID, "CUDA device ordinal, -1 if none."),
-    ATTR("page_locked", A_LOCKED, "True: page-locked (pinned)."),
-    ATTR("numa_node", A_NUMA, "NUMA node of the first page, -1 if unknown."),
+         "True: a CUDA device can access it; None: unknown." LAZY),
+    ATTR("device_id", A_DEVICE_ID, "The CUDA device ordinal, -1 if none." LAZY),
+    ATTR("page_locked", A_LOCKED, "True: page-locked (pinned)." LAZY),
+    ATTR("numa_node", A_NUMA,
+         "The NUMA node of the first page, -1 if unknown or not yet "
+         "backed." LAZY),
     ATTR("huge_pages", A_HUGE,
-         "True: the first page is a huge page; None: unknown."),
-    ATTR("backend", A_BACKEND, "The pool's backend name."),
+         "True: the first page is a huge page; None: unknown." LAZY),
+    ATTR("backend", A_BACKEND,
+         "The pool's backend: 'host', 'malloc', 'cuda', ..." LAZY),
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PySequenceMethods Buffer_as_sequence = {.sq_length = Buffer_len};
@@ -1095,8 +1316,15 @@ static PyTypeObject BufferType = {
     .tp_as_sequence = &Buffer_as_sequence,
     .tp_as_buffer = &Buffer_as_buffer,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A block of a Pool (Pool.alloc): the buffer protocol, DLPack, "
-              "memory attributes. Not created directly.",
+    .tp_doc =
+        "One block of a Pool's memory, made by Pool.alloc (not directly).\n\n"
+        "Exports its bytes, writable and without a copy, through the buffer\n"
+        "protocol (memoryview, numpy.frombuffer, pinpool.asarray) and DLPack\n"
+        "(numpy.from_dlpack, torch.from_dlpack). The memory stays valid while\n"
+        "any export exists, whatever happens to the Buffer or its Pool.\n"
+        "len(buf) is nbytes; as a context manager it closes on exit.\n\n"
+        "Every method and attribute may be used from any number of threads\n"
+        "at once; the bytes themselves are yours to synchronize.",
     .tp_methods = Buffer_methods,
     .tp_getset = Buffer_getset,
 };
@@ -1106,9 +1334,16 @@ static PyTypeObject BufferType = {
 
 static PyMethodDef module_methods[] = {
     {"default_pool", mod_default_pool, METH_NOARGS,
-     "The module's default Pool (created on first use from PINPOOL_CONF)."},
+     "default_pool()\n--\n\n"
+     "The process-wide Pool, created at the first call with the\n"
+     "configuration of PINPOOL_CONF (the defaults if unset).\n\n"
+     "Raises as Pool() for a bad PINPOOL_CONF. Thread-safe: concurrent\n"
+     "first calls race to create it, one wins (a compare-and-swap), every\n"
+     "caller gets the same object."},
     {"alloc", mod_alloc, METH_O,
-     "alloc(nbytes) -> Buffer from the default pool."},
+     "alloc(nbytes, /)\n--\n\n"
+     "default_pool().alloc(nbytes): a Buffer of nbytes bytes.\n\n"
+     "Raises as Pool.alloc. Thread-safe."},
     {NULL, NULL, 0, NULL}};
 
 static int module_exec(PyObject *m) {
@@ -1138,13 +1373,13 @@ static PyModuleDef_Slot module_slots[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "pinpool",
-    .m_doc = "pinpool: a thread-safe caching allocator of pinned host "
-             "memory, with buffer-protocol and DLPack exports.",
+    .m_name = "pinpool._core",
+    .m_doc = "The C core of the pinpool package (import pinpool, not this): "
+             "Pool and Buffer over include/pinpool.h.",
     .m_size = 0,
     .m_methods = module_methods,
     .m_slots = module_slots,
 };
 
-PyMODINIT_FUNC PyInit_pinpool(void);
-PyMODINIT_FUNC PyInit_pinpool(void) { return PyModuleDef_Init(&module_def); }
+PyMODINIT_FUNC PyInit__core(void);
+PyMODINIT_FUNC PyInit__core(void) { return PyModuleDef_Init(&module_def); }

@@ -8,21 +8,25 @@
 # 2. for each preset release, debug, asan, tsan: configure, build, ctest
 #    (in release and debug this includes the Python module's pytest suite,
 #    tests/python, whose result line is printed after ctest),
-# 3. the Python module on a free-threaded CPython 3.13 with ThreadSanitizer
+# 3. the Python package as users install it (tests/python/package.sh, after
+#    the release preset: pip install into a fresh virtual environment,
+#    the wheel, tests/python against the installed copy, mypy on the stub,
+#    the package and the examples of docs/python.md; about a minute),
+# 4. the Python module on a free-threaded CPython 3.13 with ThreadSanitizer
 #    (tests/freethreaded/run.sh: builds that interpreter from Debian trixie's
 #    source package the first time, 3-11 minutes, then reuses it from
 #    /var/cache/pinpool; the stress suite, tests/python without NumPy and
 #    torch, and three race mutants that must be reported),
-# 4. lint (scripts/lint.sh build/release),
-# 5. install-consumer test (tests/consumer/run.sh build/release),
-# 6. bench/run.sh --quick if present (with the fake CUDA driver when the
+# 5. lint (scripts/lint.sh build/release),
+# 6. install-consumer test (tests/consumer/run.sh build/release),
+# 7. bench/run.sh --quick if present (with the fake CUDA driver when the
 #    release build has it: the GPU implementations run through it too).
 # Every step runs even when an earlier one failed; a summary follows and the
 # exit status is non-zero if any step failed.
 #
 # Environment: PRESETS="release debug" to run a subset of the presets,
-# SKIP_APT=1 to skip the package step, SKIP_FREETHREADED=1 to skip step 3
-# (for quick local runs; CI runs it).
+# SKIP_APT=1 to skip the package step, SKIP_PYTHON_PACKAGE=1 to skip step 3
+# and SKIP_FREETHREADED=1 step 4 (for quick local runs; CI runs them).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,6 +40,7 @@ PACKAGES=(build-essential cmake ninja-build clang clang-tidy clang-format
   cppcheck pkg-config libcmocka-dev
   libclang-rt-14-dev llvm
   python3-dev python3-numpy python3-pytest python3-torch
+  python3-setuptools python3-wheel python3-venv python3-build mypy
   libjansson-dev libdw-dev libunwind8 python3-jsonschema chromium
   dpkg-dev xz-utils libffi-dev)
 OPTIONAL_PACKAGES=(valgrind)
@@ -165,6 +170,14 @@ fi
 for p in $PRESETS; do
   step "preset $p" run_preset "$p"
 done
+
+# The package from the sources, installed as a user would (after the
+# release preset: its fake CUDA driver serves the CUDA-pinned tests).
+if [[ "${SKIP_PYTHON_PACKAGE:-0}" == 1 ]]; then
+  RESULTS+=("SKIP  python package (SKIP_PYTHON_PACKAGE=1)")
+elif [[ " $PRESETS " == *" release "* ]]; then
+  step "python package" tests/python/package.sh build/release
+fi
 
 # A build failure of the interpreter fails this step: never a silent skip.
 if [[ "${SKIP_FREETHREADED:-0}" == 1 ]]; then

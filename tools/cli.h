@@ -30,6 +30,11 @@ typedef struct cli_command {
   void (*usage)(FILE *out);
 } cli_command_t;
 
+/* The whole tool: argv[0] is the program's name, argv[1] the subcommand.
+ * Returns the exit status. pinpool.c; called by main() (main.c) and by the
+ * Python package's pinpool._cli (python/climodule.c). */
+int cli_main(int argc, char **argv);
+
 /* ---- Subcommands (one file each) ---------------------------------------- */
 int cli_demo_run(int argc, char **argv);     /* demo.c */
 void cli_demo_usage(FILE *out);              /* demo.c */

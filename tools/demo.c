@@ -996,6 +996,9 @@ int cli_demo_run(int argc, char **argv) {
     if (queue_init(&d.queues[queues_ready], d.opt.depth) != 0)
       goto oom;
 
+  /* Again per run: the Python package runs the tool in-process, maybe more
+   * than once (python/climodule.c). */
+  g_interrupted = 0;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_sigint;
   sigemptyset(&sa.sa_mask);

@@ -6,9 +6,10 @@
  *   pinpool demo [options]
  *   pinpool snapshot summary|diff|html|torch ...
  *
- * main() looks the subcommand up in `commands`; to add one, write its run
- * and usage functions in a file of their own, declare them in cli.h and add
- * a row to the table.
+ * cli_main() looks the subcommand up in `commands` (main() is main.c's; the
+ * Python package calls cli_main too: `python3 -m pinpool`); to add one,
+ * write its run and usage functions in a file of their own, declare them
+ * in cli.h and add a row to the table.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -99,7 +100,7 @@ static int cmd_version(int argc, char **argv) {
   return CLI_EXIT_OK;
 }
 
-int main(int argc, char **argv) {
+int cli_main(int argc, char **argv) {
   const cli_command_t *cmd;
   if (argc < 2) {
     print_overview(stderr);

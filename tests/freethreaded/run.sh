@@ -146,10 +146,16 @@ if ! clang -std=c11 -g -O1 -fsanitize=thread -fPIC -shared \
   echo "FAIL: compiling the fake CUDA driver with -fsanitize=thread" >&2
   exit 1
 fi
+# Each variant is the package: python/pinpool/'s Python files and the C
+# core as pinpool/_core (the command-line tool, pinpool._cli, is not
+# built: it is no part of the module's thread-safety).
 for v in clean "${MUTANTS[@]}"; do
-  mkdir -p "$OUT/$v"
+  rm -rf "${OUT:?}/$v"
+  mkdir -p "$OUT/$v/pinpool"
+  cp "$ROOT"/python/pinpool/*.py "$ROOT"/python/pinpool/*.pyi \
+    "$ROOT"/python/pinpool/py.typed "$OUT/$v/pinpool/"
   # shellcheck disable=SC2086 # a list of object paths (no spaces: ours)
-  clang -shared -fsanitize=thread -o "$OUT/$v/pinpool$EXT" \
+  clang -shared -fsanitize=thread -o "$OUT/$v/pinpool/_core$EXT" \
     ${VARIANT_OBJS[$v]} -lpthread -ldl -lm
 done
 

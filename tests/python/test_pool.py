@@ -173,6 +173,40 @@ def test_record_stream_and_synchronize():
     assert st["events_completed"] == 2
 
 
+class StreamLike:
+    """What record_stream reads of a torch.cuda.Stream (or a cupy or
+    cuda-python stream): an int cuda_stream handle."""
+
+    def __init__(self, handle):
+        self.cuda_stream = handle
+
+
+def test_record_stream_takes_stream_objects():
+    p = pinpool.Pool("events=simulated,sim_delay_us=2000")
+    b = p.alloc(8192)
+    b.record_stream(StreamLike(3))
+    b.record_stream(StreamLike(3))  # the same stream twice counts once
+    b.record_stream(4)
+    b.close()
+    assert p.stats()["pending_blocks"] == 1
+    p.synchronize()
+    assert p.stats()["events_completed"] == 2
+
+
+def test_record_stream_bad_stream_objects():
+    p = pinpool.Pool("events=simulated")
+    b = p.alloc(100)
+    with pytest.raises(TypeError, match="cuda_stream"):
+        b.record_stream(object())
+    with pytest.raises(TypeError, match="cuda_stream"):
+        b.record_stream(StreamLike(None))
+    with pytest.raises(ValueError):
+        b.record_stream(StreamLike(-1))
+    b.close()
+    st = p.stats()
+    assert st["events_recorded"] == 0 and st["pending_blocks"] == 0
+
+
 def test_record_stream_errors(pool):
     b = pool.alloc(100)
     with pytest.raises(RuntimeError, match="event provider|EBUSY|events"):

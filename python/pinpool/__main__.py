@@ -1,0 +1,24 @@
+"""python3 -m pinpool ARGS: the pinpool command-line tool (tools/), the
+same program as the `pinpool` command, compiled into the package
+(pinpool._cli, python/climodule.c)."""
+
+import sys
+from typing import List, Optional
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the tool with argv (default: sys.argv[1:]); its exit status."""
+    try:
+        from pinpool import _cli
+    except ImportError as e:
+        # setup.py leaves the tool out where libjansson was missing.
+        print(f"pinpool: the command-line tool was not built into this "
+              f"package ({e}); rebuild it with libjansson-dev installed",
+              file=sys.stderr)
+        return 1
+    args = sys.argv[1:] if argv is None else list(argv)
+    return _cli.main(["pinpool"] + args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

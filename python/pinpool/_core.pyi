@@ -1,0 +1,5 @@
+# pinpool._core is the C core; its types are those of the package
+# (__init__.pyi), which re-exports it whole.
+from pinpool import (Buffer as Buffer, Pool as Pool, __version__ as __version__,
+                     alloc as alloc, default_pool as default_pool,
+                     kDLCPU as kDLCPU, kDLCUDAHost as kDLCUDAHost)

@@ -1,0 +1,125 @@
+"""Pool.memory_stats (torch.cuda.memory_stats() keys) and memory_summary
+(docs/python.md, "Statistics as PyTorch names them")."""
+
+import gc
+
+import pytest
+
+import pinpool
+from conftest import live_blocks
+
+# Every key memory_stats() gives, and nothing else: a key appears only where
+# its meaning is the one torch.cuda.memory_stats() gives it.
+STAT_PARTS = ("current", "peak", "allocated", "freed")
+EXPECTED_KEYS = (
+    {f"{k}.all.{p}" for k in ("allocated_bytes", "requested_bytes",
+                              "reserved_bytes", "allocation")
+     for p in STAT_PARTS}
+    | {"segment.all.current", "segment.all.allocated", "segment.all.freed",
+       "active_bytes.all.current", "active.all.current",
+       "num_alloc_retries", "num_ooms", "num_device_alloc",
+       "num_device_free"})
+
+
+def test_memory_stats_keys_and_values(pool):
+    bufs = [pool.alloc(1000), pool.alloc(5000)]
+    ms = pool.memory_stats()
+    st = pool.stats()
+    assert set(ms) == EXPECTED_KEYS
+    assert list(ms) == sorted(ms)  # as torch: sorted by key
+    assert all(isinstance(v, int) for v in ms.values())
+    assert ms["allocation.all.current"] == 2
+    assert ms["requested_bytes.all.current"] == 6000
+    assert ms["allocated_bytes.all.current"] == st["block_bytes"]["current"]
+    assert ms["reserved_bytes.all.current"] == st["reserved_bytes"]["current"]
+    assert ms["reserved_bytes.all.current"] >= ms["allocated_bytes.all.current"]
+    assert ms["active_bytes.all.current"] == ms["allocated_bytes.all.current"]
+    for k in ("allocated_bytes", "requested_bytes", "reserved_bytes",
+              "allocation"):
+        assert (ms[f"{k}.all.current"]
+                == ms[f"{k}.all.allocated"] - ms[f"{k}.all.freed"])
+    # A segment is one backend allocation (a chunk of the arena).
+    assert ms["segment.all.current"] == (ms["segment.all.allocated"]
+                                         - ms["segment.all.freed"])
+    assert ms["num_device_alloc"] == ms["segment.all.allocated"] >= 1
+    for b in bufs:
+        b.close()
+    pool.empty_cache()
+    ms = pool.memory_stats()
+    assert ms["allocation.all.current"] == 0
+    assert ms["allocation.all.peak"] == 2
+    assert ms["segment.all.current"] == 0 and ms["num_device_free"] >= 1
+    pool.reset_peak_stats()
+    assert pool.memory_stats()["allocation.all.peak"] == 0
+
+
+def test_memory_stats_ooms_and_retries():
+    p = pinpool.Pool("max_reserved=4MiB")
+    keep = p.alloc(1 << 20)
+    with pytest.raises(MemoryError):
+        p.alloc(8 << 20)
+    ms = p.memory_stats()
+    assert ms["num_ooms"] == 1
+    assert ms["num_alloc_retries"] == p.stats()["retries"] >= 1
+    keep.close()
+
+
+def test_memory_summary(pool):
+    b = pool.alloc(3 << 20)
+    text = pool.memory_summary()
+    assert isinstance(text, str) and text.endswith("\n")
+    lines = text.splitlines()
+    table = [ln for ln in lines if ln.startswith("|")]
+    assert len({len(ln) for ln in table}) == 1, "ragged table"
+    for label in ("Allocated memory", "Reserved memory", "Requested memory",
+                  "Allocations", "OOMs", "Alloc retries"):
+        assert any(ln.startswith(f"| {label}") for ln in table), label
+    alloc_row = next(ln for ln in table if ln.startswith("| Allocated"))
+    assert "MiB" in alloc_row
+    assert lines[-1] == "config: " + pool.config
+    b.close()
+    gc.collect()
+    assert live_blocks(pool) == 0
+
+
+def test_stats_methods_take_no_arguments(pool):
+    with pytest.raises(TypeError):
+        pool.memory_stats(1)
+    with pytest.raises(TypeError):
+        pool.memory_summary(abbreviated=True)
+
+
+def test_stats_while_other_threads_allocate(pool):
+    # The Python methods of the C type (found through an import at each
+    # call) from several threads at once, while others allocate: under
+    # tests/freethreaded this runs without a GIL, with TSAN.
+    import threading
+    import time
+
+    stop = time.monotonic() + 0.3
+    errors = []
+
+    def allocate():
+        try:
+            while time.monotonic() < stop:
+                with pool.alloc(4096):
+                    pass
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    def read():
+        try:
+            while time.monotonic() < stop:
+                ms = pool.memory_stats()
+                assert ms["reserved_bytes.all.current"] >= 0
+                assert pool.memory_summary().startswith("|")
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=f) for f in (allocate, read) * 3]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert live_blocks(pool) == 0

@@ -1,0 +1,305 @@
+"""PyTorch on pool memory (docs/python.md, "PyTorch"): Pool.empty with torch
+dtypes, pinpool.torch.pin / collate / pin_memory_fn / record_stream, and the
+lifetime of a block under tensors and their views. Debian's torch is a CPU
+build: streams are the pool's simulated ones (events=simulated) and objects
+with a cuda_stream attribute, as torch.cuda.Stream has."""
+
+import collections
+import gc
+import subprocess
+import sys
+
+import pytest
+
+import pinpool
+from conftest import live_blocks, needs_numpy, needs_torch, np, torch
+
+pytestmark = needs_torch
+
+if torch is not None:
+    import pinpool.torch as ppt
+
+    DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+              torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
+              torch.bool, torch.complex64]
+else:
+    DTYPES = []
+
+
+def test_import_pinpool_does_not_import_torch():
+    code = ("import sys, pinpool; from pinpool import *; "
+            "assert 'torch' not in sys.modules; "
+            "p = pinpool.Pool(''); p.empty(3, 'float32'); "
+            "assert 'torch' not in sys.modules; import pinpool.torch; "
+            "assert 'torch' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [5, (2, 3), (2, 3, 4), (0,), (3, 0), ()])
+def test_empty_dtypes_and_shapes(pool, dtype, shape):
+    t = pool.empty(shape, dtype=dtype)
+    assert isinstance(t, torch.Tensor)
+    assert t.dtype == dtype and t.device.type == "cpu"
+    assert tuple(t.shape) == (shape if isinstance(shape, tuple) else (shape,))
+    assert t.is_contiguous()
+    assert ppt.is_pooled(t, pool)
+    t.fill_(1)
+    assert bool((t == 1).all())
+    z = pool.zeros(shape, dtype=dtype)
+    assert int(torch.count_nonzero(z)) == 0
+
+
+def test_module_level_empty_uses_the_default_pool():
+    t = ppt.empty((4,), torch.int32)
+    assert ppt.buffer_of(t).pool is pinpool.default_pool()
+    t2 = ppt.zeros(3, pool=pinpool.default_pool())
+    assert t2.dtype == torch.float32 and not bool(t2.any())
+
+
+def test_tensor_is_pool_memory(pool):
+    t = pool.empty((8, 8), dtype=torch.float32)
+    buf = ppt.buffer_of(t)
+    assert isinstance(buf, pinpool.Buffer) and buf.pool is pool
+    assert t.data_ptr() == buf.ptr
+    assert buf.nbytes == t.numel() * t.element_size()
+    assert ppt.buffer_of(torch.zeros(3)) is None
+    assert not ppt.is_pooled(torch.zeros(3))
+
+
+def test_block_returns_when_last_view_dies(pool):
+    t = pool.empty((6, 4), dtype=torch.float64)
+    row = t[2]
+    tr = t.t()
+    flat = t.view(-1)
+    del t
+    gc.collect()
+    assert live_blocks(pool) == 1
+    del row, tr
+    gc.collect()
+    assert live_blocks(pool) == 1, "freed while a view was alive"
+    flat[:] = 3.0  # still valid memory
+    assert ppt.is_pooled(flat, pool)  # a view finds its buffer too
+    del flat
+    gc.collect()
+    assert live_blocks(pool) == 0
+
+
+def test_numpy_view_of_tensor_keeps_block(pool):
+    if np is None:
+        pytest.skip("needs NumPy")
+    t = pool.empty(16, dtype=torch.int32)
+    a = t.numpy()
+    del t
+    gc.collect()
+    assert live_blocks(pool) == 1
+    a[:] = 1
+    del a
+    gc.collect()
+    assert live_blocks(pool) == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pin_non_contiguous(pool, dtype):
+    src = (torch.arange(60) % 7).to(dtype).reshape(3, 4, 5)
+    cases = [src, src.transpose(0, 2), src[:, ::2, 1:], src.permute(1, 2, 0),
+             src.expand(2, 3, 4, 5), src[1]]
+    for x in cases:
+        p = ppt.pin(x, pool)
+        assert ppt.is_pooled(p, pool)
+        assert p.is_contiguous() and p.dtype == x.dtype
+        assert p.shape == x.shape and torch.equal(p, x)
+        assert ppt.pin(p, pool) is p  # already pinned: itself
+    del p, x, cases
+    gc.collect()
+    assert live_blocks(pool) == 0
+
+
+def test_pin_default_pool_and_grad():
+    x = torch.ones(3, requires_grad=True)
+    p = ppt.pin(x)
+    assert ppt.buffer_of(p).pool is pinpool.default_pool()
+    assert p.requires_grad and torch.equal(p.detach(), x.detach())
+
+
+def test_pin_bad_input(pool):
+    with pytest.raises(TypeError):
+        ppt.pin([1, 2, 3], pool)
+    with pytest.raises(TypeError):
+        ppt.pin(torch.ones(2), pool="max_cached=1")
+    with pytest.raises(ValueError):
+        ppt.pin(torch.ones(2, 2).to_sparse(), pool)
+    with pytest.raises(ValueError):
+        ppt.pin(torch.ones(2, device="meta"), pool)
+    with pytest.raises(TypeError):
+        ppt.pin_memory_fn([torch.ones(1)], pool=3)
+    with pytest.raises(TypeError):
+        ppt.collate([torch.ones(1)], pool="pool")
+    assert live_blocks(pool) == 0
+
+
+def test_empty_bad_input(pool):
+    for shape, exc in [((-1, 2), ValueError), ("2", TypeError),
+                       ((2.0,), TypeError)]:
+        with pytest.raises(exc):
+            pool.empty(shape, dtype=torch.float32)
+    with pytest.raises(TypeError):
+        ppt.empty((2,), dtype="float32")  # a torch dtype is required here
+    with pytest.raises(TypeError):
+        ppt.empty((2,), torch.float32, pool=42)
+    assert live_blocks(pool) == 0
+    assert pool.stats()["requests"]["allocated"] == 0
+
+
+Sample = collections.namedtuple("Sample", "x label")
+
+
+def samples(n):
+    return [{"image": torch.full((3, 4), float(i)),
+             "pair": (torch.tensor([i, -i]), i * 0.5),
+             "nt": Sample(torch.arange(3) + i, i),
+             "name": f"s{i}"} for i in range(n)]
+
+
+def test_collate_into_pool(pool):
+    batch = ppt.collate(samples(5), pool)
+    img = batch["image"]
+    assert img.shape == (5, 3, 4) and ppt.is_pooled(img, pool)
+    assert torch.equal(img[2], torch.full((3, 4), 2.0))
+    a, b = batch["pair"]
+    assert torch.equal(a[:, 1], -torch.arange(5)) and ppt.is_pooled(a, pool)
+    assert b.dtype == torch.float64 and ppt.is_pooled(b, pool)
+    assert isinstance(batch["nt"], Sample)
+    assert batch["nt"].label.dtype == torch.int64
+    assert batch["name"] == [f"s{i}" for i in range(5)]
+    # Same values as torch's own collate.
+    from torch.utils.data import default_collate
+    ref = default_collate(samples(5))
+    assert torch.equal(ref["image"], img)
+    assert torch.equal(ref["nt"].x, batch["nt"].x)
+    del batch, img, a, b
+    gc.collect()
+    assert live_blocks(pool) == 0
+
+
+def test_collate_bad_input(pool):
+    with pytest.raises(TypeError):
+        ppt.collate([object(), object()], pool)
+    with pytest.raises(TypeError):
+        ppt.collate([], pool)
+    with pytest.raises(RuntimeError):
+        ppt.collate([torch.ones(2), torch.ones(3)], pool)
+    with pytest.raises(RuntimeError):
+        ppt.collate([[1, 2], [1]], pool)
+    gc.collect()
+    assert live_blocks(pool) == 0
+
+
+class Squares(torch.utils.data.Dataset if torch is not None else object):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return torch.full((2, 3), float(i * i)), i
+
+
+def test_dataloader_main_process_collate(pool):
+    loader = torch.utils.data.DataLoader(
+        Squares(), batch_size=8, collate_fn=lambda b: ppt.collate(b, pool))
+    seen = 0
+    for x, idx in loader:
+        assert ppt.is_pooled(x, pool) and ppt.is_pooled(idx, pool)
+        assert torch.equal(x[:, 0, 0], (idx * idx).to(torch.float32))
+        seen += len(idx)
+    assert seen == 40
+    del x, idx
+    gc.collect()
+    assert live_blocks(pool) == 0
+
+
+def test_dataloader_workers(pool):
+    # Workers collate (default_collate: the batch crosses to this process
+    # through shared memory); pin_memory_fn puts each batch on the pool.
+    loader = torch.utils.data.DataLoader(
+        Squares(), batch_size=8, num_workers=2, collate_fn=ppt.collate,
+        shuffle=True, generator=torch.Generator().manual_seed(1))
+    seen = []
+    for batch in map(lambda b: ppt.pin_memory_fn(b, pool), loader):
+        x, idx = batch
+        assert ppt.is_pooled(x, pool) and ppt.is_pooled(idx, pool)
+        assert torch.equal(x[:, 1, 2], (idx * idx).to(torch.float32))
+        seen += idx.tolist()
+    assert sorted(seen) == list(range(40))
+    del batch, x, idx
+    gc.collect()
+    assert live_blocks(pool) == 0
+
+
+def test_pin_memory_fn_structures(pool):
+    data = {"a": torch.ones(2).t(), "b": [torch.zeros(1), "keep", 3],
+            "c": Sample(torch.arange(2), torch.ones(1)), "d": (torch.ones(1),)}
+    out = ppt.pin_memory_fn(data, pool)
+    assert ppt.is_pooled(out["a"], pool) and out["b"][1:] == ["keep", 3]
+    assert isinstance(out["c"], Sample) and ppt.is_pooled(out["c"].x, pool)
+    assert isinstance(out["d"], tuple) and ppt.is_pooled(out["d"][0], pool)
+    del out
+    gc.collect()
+    assert live_blocks(pool) == 0
+
+
+class FakeStream:
+    """What pinpool reads of a torch.cuda.Stream: its cuda_stream handle."""
+
+    def __init__(self, handle):
+        self.cuda_stream = handle
+
+
+def test_record_stream_waits():
+    p = pinpool.Pool("events=simulated,sim_delay_us=200000")
+    t = p.empty((256,), dtype=torch.float32)
+    ppt.record_stream(t, FakeStream(7))
+    ppt.record_stream(t, 9)  # an int handle too
+    del t
+    gc.collect()
+    st = p.stats()
+    assert st["pending_blocks"] == 1, "reused before the stream's work ended"
+    assert p.memory_stats()["active.all.current"] == 1
+    p.synchronize()
+    assert p.stats()["pending_blocks"] == 0
+    assert live_blocks(p) == 0
+
+
+def test_record_stream_bad_input(pool):
+    t = pool.empty(4, dtype=torch.float32)
+    with pytest.raises(ValueError):
+        ppt.record_stream(torch.zeros(2), 1)  # not pool memory
+    with pytest.raises(TypeError):
+        ppt.record_stream(t, "stream")
+    with pytest.raises(TypeError):
+        ppt.record_stream(t, FakeStream("x"))
+    with pytest.raises(ValueError):
+        ppt.record_stream(t, -1)
+    with pytest.raises(RuntimeError):
+        ppt.record_stream(t, 1)  # events=none: no event provider
+    with pytest.raises(TypeError):
+        ppt.buffer_of("tensor")
+    del t
+    gc.collect()
+    assert live_blocks(pool) == 0
+
+
+def test_record_stream_fake_cuda(cuda_pool):
+    # A CUDA-pinned pool with CUDA events on the fake driver: a stream
+    # object's cuda_stream handle is recorded through cuEventRecord.
+    try:
+        p = pinpool.Pool("backend=cuda,device=0,events=cuda")
+    except (RuntimeError, ValueError) as e:
+        pytest.skip(f"no events=cuda pool on this driver: {e}")
+    t = p.empty((64,), dtype=torch.uint8)
+    buf = ppt.buffer_of(t)
+    assert buf.__dlpack_device__() == (pinpool.kDLCUDAHost, 0)
+    ppt.record_stream(t, FakeStream(0))
+    del t, buf
+    gc.collect()
+    p.synchronize()
+    assert live_blocks(p) == 0
