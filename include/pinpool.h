@@ -284,6 +284,11 @@ typedef struct pinpool_stats {
   uint64_t trimmed_segments; /* chunks released: caps, retry, empty_cache */
   uint64_t mlock_failures;   /* segments that could not be locked */
   uint64_t locked_bytes;     /* reserved bytes that are page-locked */
+  /* pin_failure=pageable (docs/cuda.md, "When pinning fails"): reserved
+   * bytes that are pageable because the driver could not pin them, and
+   * the blocks (allocated or cached) carved from them. */
+  uint64_t fallback_bytes;
+  uint64_t fallback_blocks;
   pinpool_duration_t backend_alloc; /* backend alloc calls */
   pinpool_duration_t backend_free;  /* backend free calls */
   uint64_t peak_slack_bytes; /* the block_bytes / requested_bytes peaks may be

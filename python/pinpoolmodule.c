@@ -234,7 +234,8 @@ static const char *const dict_key_names[] = {
     "events_recorded", "events_completed", "event_errors", "cache_hits",
     "cache_misses", "tcache_hits", "oom_count", "retries", "trimmed_segments",
     "arena_chunks", "chunk_free_bytes", "free_extents", "largest_free_extent",
-    "history_lost_writes", "mlock_failures", "locked_bytes", "peak_slack_bytes",
+    "history_lost_writes", "mlock_failures", "locked_bytes", "fallback_bytes",
+    "fallback_blocks", "peak_slack_bytes",
     "reserve_bytes", "max_cached", "max_reserved", "reclaim", "backend_alloc",
     "backend_free",
     /* attrs_dict */
@@ -343,6 +344,8 @@ static PyObject *Pool_stats(PyObject *obj, PyObject *unused) {
                 {"history_lost_writes", st.history_lost_writes},
                 {"mlock_failures", st.mlock_failures},
                 {"locked_bytes", st.locked_bytes},
+                {"fallback_bytes", st.fallback_bytes},
+                {"fallback_blocks", st.fallback_blocks},
                 {"peak_slack_bytes", st.peak_slack_bytes},
                 {"reserve_bytes", st.reserve_bytes},
                 {"max_cached", st.max_cached},

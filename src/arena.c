@@ -54,6 +54,36 @@ static bool reserve_bytes(pinpool_t *pool, size_t n) {
   return true;
 }
 
+/* pin_failure=pageable: the CUDA backend could not pin `size` bytes (its
+ * error is the thread's last error). Map them pageable instead, populated
+ * and placed as the host backend would (never locked: the driver refused,
+ * and mlock is the host backend's policy). On success the refusal leaves
+ * no trace: the last error is what it was before the call that failed. Not
+ * for a cuda chunk above register_max, which no driver pins (a
+ * configuration problem, not a failure to pin), nor for an injected
+ * failure of the whole backend call (fault=alloc). */
+static bool pin_fallback(pinpool_t *pool, size_t size, const char *saved,
+                         void **mem, unsigned *flags) {
+  const pp_config_t *c = &pool->cfg;
+  if (c->pin_failure != PP_PIN_PAGEABLE ||
+      (c->backend != PP_BACKEND_CUDA &&
+       c->backend != PP_BACKEND_CUDA_REGISTER) ||
+      (c->backend == PP_BACKEND_CUDA && size > c->register_max))
+    return false;
+  char why[256];
+  pp_error_save(why, sizeof why);
+  pp_config_t hc = *c;
+  hc.mlock = PP_MLOCK_OFF;
+  unsigned f = 0;
+  if (pp_host_map(&hc, NULL, size, c->populate_threads, NULL, mem, &f) != 0) {
+    pp_error_restore(why); /* the driver's refusal says more */
+    return false;
+  }
+  pp_error_restore(saved);
+  *flags = (f & ~(unsigned)PP_SEG_LOCKED) | PP_SEG_FALLBACK;
+  return true;
+}
+
 static int backend_alloc(pinpool_t *pool, void *hint, size_t size, void **mem,
                          unsigned *flags) {
   if (!reserve_bytes(pool, size))
@@ -65,19 +95,26 @@ static int backend_alloc(pinpool_t *pool, void *hint, size_t size, void **mem,
                    size);
   uint64_t t0 = pp_now_ns();
   *flags = 0;
-  int rc = pp_fault_hit(&pool->cfg, PP_FAULT_ALLOC)
-               ? pp_fail(PINPOOL_ENOMEM,
-                         "backend '%s': injected failure of "
-                         "an allocation of %zu bytes",
-                         pool->prov.name, size)
+  char saved[256];
+  pp_error_save(saved, sizeof saved);
+  bool injected = pp_fault_hit(&pool->cfg, PP_FAULT_ALLOC);
+  int rc = injected ? pp_fail(PINPOOL_ENOMEM,
+                              "backend '%s': injected failure of "
+                              "an allocation of %zu bytes",
+                              pool->prov.name, size)
            : hint != NULL && pool->prov.alloc_at != NULL
                ? pool->prov.alloc_at(pool->prov.ctx, hint, size, mem, flags)
                : pool->prov.alloc(pool->prov.ctx, size, mem, flags);
+  if (rc != 0 && !injected && pin_fallback(pool, size, saved, mem, flags))
+    rc = 0;
   pp_backend_timed(&pool->gs.ba_count, &pool->gs.ba_total, &pool->gs.ba_max,
                    t0);
   if (rc == 0 && (uintptr_t)*mem + size > ((uintptr_t)1 << PP_MAP_ADDR_BITS)) {
     /* Segments carved from it could never be mapped (segmap.c). */
-    pool->prov.free(pool->prov.ctx, *mem, size);
+    if (*flags & PP_SEG_FALLBACK)
+      pp_host_unmap(*mem, size);
+    else
+      pool->prov.free(pool->prov.ctx, *mem, size);
     rc = pp_fail(PINPOOL_EBACKEND,
                  "backend '%s' returned %p (%zu bytes), beyond 2^48",
                  pool->prov.name, *mem, size);
@@ -92,13 +129,20 @@ static int backend_alloc(pinpool_t *pool, void *hint, size_t size, void **mem,
     pp_fetch_add_relaxed(&pool->gs.locked_bytes, size);
   if (*flags & PP_SEG_LOCK_FAILED)
     pp_fetch_add_relaxed(&pool->gs.mlock_failures, 1);
+  if (*flags & PP_SEG_FALLBACK)
+    pp_fetch_add_relaxed(&pool->gs.fallback_bytes, size);
   return 0;
 }
 
 static void backend_free(pinpool_t *pool, void *mem, size_t size,
                          unsigned flags) {
   uint64_t t0 = pp_now_ns();
-  pool->prov.free(pool->prov.ctx, mem, size);
+  if (flags & PP_SEG_FALLBACK) {
+    pp_host_unmap(mem, size); /* never the driver's: pin_fallback */
+    pp_fetch_sub_relaxed(&pool->gs.fallback_bytes, size);
+  } else {
+    pool->prov.free(pool->prov.ctx, mem, size);
+  }
   pp_backend_timed(&pool->gs.bf_count, &pool->gs.bf_total, &pool->gs.bf_max,
                    t0);
   pp_fetch_sub_relaxed(&pool->gs.reserved_cur, size);
@@ -167,6 +211,7 @@ static int grow(pinpool_t *pool, size_t need) {
 int pp_arena_init(pinpool_t *pool) {
   pp_arena_t *a = &pool->arena;
   pp_ext_init(&a->ext, PP_PAGE, pool->prov.alloc_at != NULL);
+  a->ext.avoid = PP_SEG_FALLBACK; /* carved last, released first */
   if (pool->cfg.reserve == 0)
     return 0;
   size_t size = round_up(pool->cfg.reserve, PP_PAGE);

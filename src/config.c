@@ -19,6 +19,7 @@ typedef enum {
   K_UINT,
   K_INT,
   K_MLOCK,
+  K_PIN,
   K_BACKEND,
   K_EVENTS,
   K_CUDA_FLAGS,
@@ -48,6 +49,7 @@ static const key_desc_t keys[] = {
     {"max_reserved", K_SIZE, CFG_OFF(max_reserved), 0, 0},
     {"reserve", K_SIZE, CFG_OFF(reserve), 0, 0},
     {"mlock", K_MLOCK, CFG_OFF(mlock), 0, 0},
+    {"pin_failure", K_PIN, CFG_OFF(pin_failure), 0, 0},
     {"hugepages", K_BOOL, CFG_OFF(hugepages), 0, 0},
     {"populate", K_BOOL, CFG_OFF(populate), 0, 0},
     {"populate_threads", K_UINT, CFG_OFF(populate_threads), 1, 64},
@@ -329,6 +331,20 @@ static int apply(const key_desc_t *k, const char *v, bool user_backend,
     memcpy(field, &m, sizeof m);
     return 0;
   }
+  case K_PIN: {
+    int pf;
+    if (strcmp(v, "error") == 0)
+      pf = PP_PIN_ERROR;
+    else if (strcmp(v, "pageable") == 0)
+      pf = PP_PIN_PAGEABLE;
+    else
+      return pp_fail(PINPOOL_ECONFIG,
+                     "config: bad value '%s' for key 'pin_failure' (expected "
+                     "error or pageable)",
+                     v);
+    memcpy(field, &pf, sizeof pf);
+    return 0;
+  }
   case K_BACKEND: {
     int be;
     if (user_backend)
@@ -453,7 +469,7 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
   int n = snprintf(
       buf, len,
       "%s%s%smax_cached=%llu,max_cached_pct=%u,max_reserved=%llu,"
-      "reserve=%llu,mlock=%s,"
+      "reserve=%llu,mlock=%s,pin_failure=%s,"
       "hugepages=%d,populate=%d,populate_threads=%u,populate_parallel_min=%"
       "llu,tcache_bytes=%llu,shards=%u%s%s,background=%d,poll_us=%u,"
       "sim_delay_us=%u,cuda_flags=%s,register_threads=%u,register_max=%llu,"
@@ -462,6 +478,7 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
       backend_name ? "," : "", (unsigned long long)c->max_cached,
       c->max_cached_pct, (unsigned long long)c->max_reserved,
       (unsigned long long)c->reserve, mlock_names[c->mlock],
+      c->pin_failure == PP_PIN_PAGEABLE ? "pageable" : "error",
       c->hugepages ? 1 : 0, c->populate ? 1 : 0, c->populate_threads,
       (unsigned long long)c->populate_parallel_min,
       (unsigned long long)c->tcache_bytes, c->shards, ev ? ",events=" : "",

@@ -54,6 +54,14 @@ const char *pinpool_strerror(int err) {
 
 const char *pinpool_last_error(void) { return tls_last_error; }
 
+void pp_error_save(char *buf, size_t len) {
+  (void)snprintf(buf, len, "%s", tls_last_error);
+}
+
+void pp_error_restore(const char *buf) {
+  (void)snprintf(tls_last_error, sizeof tls_last_error, "%s", buf);
+}
+
 int pp_fail(int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

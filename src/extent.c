@@ -69,6 +69,12 @@ struct pp_xchunk {
 
 static unsigned bin_of(size_t size) { return pp_class_index(size); }
 
+/* The bin of a free extent: its size class, in the second half if its run
+ * is to be avoided. */
+static unsigned bin_of_node(const pp_extents_t *x, const pp_xnode_t *n) {
+  return bin_of(n->size) + ((n->flags & x->avoid) ? PP_EXT_HALF : 0u);
+}
+
 /* Index of the chunk containing a, or x->nchunks. The chunk found last is
  * tried first: a take or give looks up a few granules of one extent, most
  * in one chunk (W5: the binary search was 5 % of the time). x->last is
@@ -107,7 +113,7 @@ static bool joined(const pp_extents_t *x, size_t i) {
 }
 
 static void bin_push(pp_extents_t *x, pp_xnode_t *n) {
-  unsigned b = bin_of(n->size);
+  unsigned b = bin_of_node(x, n);
   n->bin = b;
   n->prev = NULL;
   n->next = x->bins[b];
@@ -275,7 +281,7 @@ void pp_ext_init(pp_extents_t *x, size_t granule, bool span) {
 }
 
 void pp_ext_fini(pp_extents_t *x) {
-  for (unsigned b = 0; b < PP_NCLASSES; b++)
+  for (unsigned b = 0; b < 2 * PP_EXT_HALF; b++)
     for (pp_xnode_t *n = x->bins[b], *next; n != NULL; n = next) {
       next = n->next;
       free(n);
@@ -420,15 +426,16 @@ int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size, unsigned flags) {
   return 0;
 }
 
-/* The node of a free extent of at least `size` bytes, or NULL. */
-static pp_xnode_t *fit(pp_extents_t *x, size_t size) {
-  unsigned b = bin_of(size);
+/* The node of a free extent of at least `size` bytes in the half of the
+ * bins that starts at `half`, or NULL. */
+static pp_xnode_t *fit_in(pp_extents_t *x, size_t size, unsigned half) {
+  unsigned b = half + bin_of(size);
   int k = 0;
   for (pp_xnode_t *n = x->bins[b]; n != NULL && k < FIT_LOOK; n = n->next, k++)
     if (n->size >= size)
       return n;
   /* Bins above b hold only extents larger than class(b) >= size. */
-  for (unsigned w = (b + 1) / 64; w < PP_EXT_BIN_WORDS; w++) {
+  for (unsigned w = (b + 1) / 64; w < half / 64 + PP_EXT_BIN_WORDS; w++) {
     uint64_t m = x->nonempty[w];
     if (w == (b + 1) / 64)
       m &= ~(uint64_t)0 << ((b + 1) % 64);
@@ -441,6 +448,13 @@ static pp_xnode_t *fit(pp_extents_t *x, size_t size) {
     if (n->size >= size)
       return n;
   return NULL;
+}
+
+/* The preferred memory first: pageable fallback chunks serve a request
+ * only when no pinned extent is large enough. */
+static pp_xnode_t *fit(pp_extents_t *x, size_t size) {
+  pp_xnode_t *n = fit_in(x, size, 0);
+  return n != NULL || x->avoid == 0 ? n : fit_in(x, size, PP_EXT_HALF);
 }
 
 void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags) {
@@ -510,7 +524,7 @@ static void each_free_chunk(const pp_extents_t *x, unsigned skip_flags,
                             void (*fn)(const pp_extents_t *, pp_xnode_t *,
                                        size_t, void *),
                             void *arg) {
-  for (unsigned b = 0; b < PP_NCLASSES; b++)
+  for (unsigned b = 0; b < 2 * PP_EXT_HALF; b++)
     for (pp_xnode_t *n = x->bins[b]; n != NULL; n = n->next)
       for (size_t i = chunk_index(x, n->base);
            i < x->nchunks && x->chunks[i]->base < n->base + n->size; i++) {
@@ -524,7 +538,7 @@ static void each_free_chunk(const pp_extents_t *x, unsigned skip_flags,
 typedef struct oldest {
   pp_xnode_t *n;
   size_t i;
-  uint64_t seq;
+  uint64_t key; /* pick_oldest's order */
   size_t count, bytes;
 } oldest_t;
 
@@ -533,8 +547,12 @@ static void pick_oldest(const pp_extents_t *x, pp_xnode_t *n, size_t i,
   oldest_t *o = arg;
   o->count++;
   o->bytes += x->chunks[i]->size;
-  if (o->n == NULL || x->chunks[i]->seq < o->seq)
-    *o = (oldest_t){n, i, x->chunks[i]->seq, o->count, o->bytes};
+  /* Chunks to avoid (pageable fallbacks) go first, then the one free the
+   * longest. */
+  uint64_t key = x->chunks[i]->seq |
+                 ((x->chunks[i]->flags & x->avoid) ? 0 : (uint64_t)1 << 63);
+  if (o->n == NULL || key < o->key)
+    *o = (oldest_t){n, i, key, o->count, o->bytes};
 }
 
 bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags, void **base,
@@ -623,7 +641,7 @@ int pp_ext_view(const pp_extents_t *x, pp_chunk_view_t **chunks,
     c[i] = (pp_chunk_view_t){x->chunks[i]->base, x->chunks[i]->size,
                              x->chunks[i]->flags};
   size_t n = 0;
-  for (unsigned b = 0; b < PP_NCLASSES; b++)
+  for (unsigned b = 0; b < 2 * PP_EXT_HALF; b++)
     for (pp_xnode_t *e = x->bins[b]; e != NULL; e = e->next)
       f[n++] = (pp_range_t){e->base, e->size};
   qsort(f, n, sizeof *f, range_cmp);
@@ -635,18 +653,20 @@ int pp_ext_view(const pp_extents_t *x, pp_chunk_view_t **chunks,
 }
 
 size_t pp_ext_largest(const pp_extents_t *x) {
-  for (unsigned w = PP_EXT_BIN_WORDS; w-- > 0;) {
-    uint64_t m = x->nonempty[w];
-    if (m == 0)
-      continue;
-    unsigned b = w * 64 + 63u - (unsigned)__builtin_clzll(m);
-    size_t best = 0;
-    for (pp_xnode_t *n = x->bins[b]; n != NULL; n = n->next)
-      if (n->size > best)
-        best = n->size;
-    return best;
-  }
-  return 0;
+  size_t best = 0;
+  for (unsigned half = 0; half < 2; half++)
+    for (unsigned w = PP_EXT_BIN_WORDS; w-- > 0;) {
+      uint64_t m = x->nonempty[half * PP_EXT_BIN_WORDS + w];
+      if (m == 0)
+        continue;
+      unsigned b = half * PP_EXT_HALF + w * 64 + 63u -
+                   (unsigned)__builtin_clzll(m);
+      for (pp_xnode_t *n = x->bins[b]; n != NULL; n = n->next)
+        if (n->size > best)
+          best = n->size;
+      break;
+    }
+  return best;
 }
 
 /* [a, e) lies in one run of chunks. */
@@ -676,14 +696,14 @@ bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len) {
                      (unsigned long)x->chunks[i + 1]->base);
       return false;
     }
-  for (unsigned b = 0; b < PP_NCLASSES; b++) {
+  for (unsigned b = 0; b < 2 * PP_EXT_HALF; b++) {
     bool bit = (x->nonempty[b / 64] >> (b % 64)) & 1;
     if (bit != (x->bins[b] != NULL)) {
       (void)snprintf(why, len, "extents: bin %u bitmap %d", b, (int)bit);
       return false;
     }
     for (pp_xnode_t *n = x->bins[b]; n != NULL; n = n->next) {
-      if (n->bin != b || bin_of(n->size) != b || n->size == 0 ||
+      if (n->bin != b || bin_of_node(x, n) != b || n->size == 0 ||
           n->size % x->granule != 0 ||
           !in_one_run(x, n->base, n->base + n->size)) {
         (void)snprintf(why, len, "extents: free extent %#lx+%zu misplaced",

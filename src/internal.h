@@ -162,6 +162,10 @@ static inline void pp_hook(int point) {
 
 /* ---- Errors (error.c) ----------------------------------------------------
  * pp_fail records a message for pinpool_last_error() and returns `code`. */
+/* The calling thread's last-error message, saved and put back: a failure
+ * that pinpool recovers from internally leaves no trace (arena.c). */
+void pp_error_save(char *buf, size_t len);
+void pp_error_restore(const char *buf);
 int pp_fail(int code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 uint64_t pp_now_ns(void);
@@ -192,6 +196,7 @@ static inline size_t pp_class_size(unsigned idx) {
 
 /* ---- Configuration (config.c) ------------------------------------------- */
 enum { PP_MLOCK_OFF = 0, PP_MLOCK_TRY = 1, PP_MLOCK_REQUIRE = 2 };
+enum { PP_PIN_ERROR = 0, PP_PIN_PAGEABLE = 1 };
 enum {
   PP_BACKEND_HOST = 0,
   PP_BACKEND_MALLOC = 1,
@@ -218,6 +223,7 @@ typedef struct pp_config {
   uint64_t max_reserved;   /* 0: no cap */
   uint64_t reserve;
   int mlock;
+  int pin_failure; /* PP_PIN_*: a CUDA backend that cannot pin */
   bool hugepages;
   bool populate;
   unsigned populate_threads;
@@ -274,6 +280,9 @@ enum {
   PP_SEG_LOCK_FAILED = 1u << 1,  /* mlock was asked for and refused */
   PP_SEG_HUGE = 1u << 2,         /* MADV_HUGEPAGE applied */
   PP_SEG_FROM_RESERVE = 1u << 3, /* carved from the reserve region */
+  /* Pageable memory taken because pinning failed (pin_failure=pageable;
+   * arena.c): mapped and freed by the host backend's functions. */
+  PP_SEG_FALLBACK = 1u << 4,
 };
 typedef struct pp_provider {
   const char *name;
@@ -351,6 +360,9 @@ int pp_events_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
 typedef struct pp_xnode pp_xnode_t;
 typedef struct pp_xchunk pp_xchunk_t;
 #define PP_EXT_BIN_WORDS ((PP_NCLASSES + 63) / 64)
+/* Bins come in two halves: extents of chunks with none of the avoided
+ * flags first, those with some (pageable fallback memory) after. */
+#define PP_EXT_HALF (PP_EXT_BIN_WORDS * 64)
 typedef struct pp_range {
   uintptr_t base;
   size_t size;
@@ -361,8 +373,11 @@ typedef struct pp_xslot {
 } pp_xslot_t;
 typedef struct pp_extents {
   size_t granule;
-  pp_xnode_t *bins[PP_NCLASSES]; /* free extents by size class */
-  uint64_t nonempty[PP_EXT_BIN_WORDS];
+  pp_xnode_t *bins[2 * PP_EXT_HALF]; /* free extents by size class */
+  uint64_t nonempty[2 * PP_EXT_BIN_WORDS];
+  /* Flags of chunks carved only when no other has room, and released
+   * first (PP_SEG_FALLBACK; 0 in the tests that do not set it). */
+  unsigned avoid;
   pp_xchunk_t **chunks; /* sorted by address */
   /* Each chunk's range, parallel to chunks: the lookups that every take
    * and give make search this contiguous array, not the descriptors. */
@@ -846,6 +861,10 @@ typedef struct pp_gstats {
   pp_counter_t peak_epoch;
   pp_counter_t misses, oom, retries, trimmed;
   pp_counter_t mlock_failures, locked_bytes;
+  /* Pageable fallback (pin_failure=pageable): bytes of such chunks held
+   * now, and the blocks of the live segments carved from them (written
+   * under seg_lock). */
+  pp_counter_t fallback_bytes, fallback_blocks;
   pp_counter_t ba_count, ba_total, ba_max, bf_count, bf_total, bf_max;
 } pp_gstats_t;
 

@@ -139,6 +139,8 @@ static int seg_publish_locked(pinpool_t *pool, pp_segment_t *d, void *mem,
   if (bs > PP_SLAB_MAX_BLOCK)
     pp_atomic_max_relaxed(&pool->top_cls, cls);
   locked_add(&pool->cls_segs[cls], 1);
+  if (flags & PP_SEG_FALLBACK)
+    locked_add(&pool->gs.fallback_blocks, nblocks);
   locked_add(&pool->gs.segs_alloc, 1);
   locked_add(&pool->gs.segs_cur, 1);
   pp_atomic_max_relaxed(&pool->gs.segs_peak,
@@ -192,6 +194,8 @@ static void seg_release_locked(pinpool_t *pool, pp_segment_t *d) {
   uintptr_t base = pp_load_relaxed(&d->base);
   size_t size = pp_load_relaxed(&d->size);
   unsigned cls = d->cls;
+  uint64_t fallback =
+      (d->flags & PP_SEG_FALLBACK) ? pp_load_relaxed(&d->nblocks) : 0;
   pp_store_relaxed(&d->gen, pp_load_relaxed(&d->gen) + 1);
   pp_segmap_remove(pool->map, d);
   if (d->all_prev != NULL)
@@ -203,6 +207,7 @@ static void seg_release_locked(pinpool_t *pool, pp_segment_t *d) {
   desc_put_locked(pool, d);
   locked_add(&pool->gs.segs_cur, (uint64_t)-1);
   locked_add(&pool->gs.segs_freed, 1);
+  locked_add(&pool->gs.fallback_blocks, (uint64_t)0 - fallback);
   locked_add(&pool->cls_segs[cls], (uint64_t)-1);
   pp_arena_give_locked(pool, (void *)base, size);
 }

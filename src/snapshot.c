@@ -723,6 +723,8 @@ static void write_stats(wbuf_t *w, const pinpool_stats_t *t) {
   wb_kv(w, "largest_free_extent", t->largest_free_extent, true);
   wb_kv(w, "mlock_failures", t->mlock_failures, true);
   wb_kv(w, "locked_bytes", t->locked_bytes, true);
+  wb_kv(w, "fallback_bytes", t->fallback_bytes, true);
+  wb_kv(w, "fallback_blocks", t->fallback_blocks, true);
   write_dur(w, "backend_alloc", t->backend_alloc, true);
   write_dur(w, "backend_free", t->backend_free, true);
   wb_kv(w, "peak_slack_bytes", t->peak_slack_bytes, true);
@@ -789,7 +791,8 @@ static const struct {
 } seg_flags[] = {{PP_SEG_LOCKED, "page_locked"},
                  {PP_SEG_LOCK_FAILED, "mlock_failed"},
                  {PP_SEG_HUGE, "huge_advised"},
-                 {PP_SEG_FROM_RESERVE, "reserve"}};
+                 {PP_SEG_FROM_RESERVE, "reserve"},
+                 {PP_SEG_FALLBACK, "pin_fallback"}};
 
 static void write_flags(wbuf_t *w, unsigned flags) {
   wb_lit(w, "\"flags\":[");

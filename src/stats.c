@@ -191,6 +191,8 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   st.largest_free_extent = ai.largest;
   st.history_lost_writes = pp_load_relaxed(&pool->hist.lost);
   st.mlock_failures = pp_load_relaxed(&g->mlock_failures);
+  st.fallback_bytes = pp_load_relaxed(&g->fallback_bytes);
+  st.fallback_blocks = pp_load_relaxed(&g->fallback_blocks);
   st.locked_bytes = pp_load_relaxed(&g->locked_bytes);
   st.backend_alloc = (pinpool_duration_t){pp_load_relaxed(&g->ba_count),
                                           pp_load_relaxed(&g->ba_total),

@@ -110,6 +110,8 @@ static void test_every_key_good(void **state) {
   GOOD("mlock=0");
   GOOD("mlock=1");
   GOOD_CREATE("mlock=require");
+  GOOD("pin_failure=error");
+  GOOD("pin_failure=pageable");
   GOOD("hugepages=0");
   GOOD("hugepages=1");
   GOOD("populate=0");
@@ -150,6 +152,9 @@ static void test_booleans(void **state) {
     }
   }
   BAD("mlock=required", "mlock");
+  BAD("pin_failure=1", "pin_failure");
+  BAD("pin_failure=Pageable", "pin_failure");
+  BAD("pin_failure=", "pin_failure");
 }
 
 static void test_every_key_bad(void **state) {
@@ -418,6 +423,7 @@ static void test_get_config_round_trip(void **state) {
   round_trip("mlock=require,hugepages=1,populate=0,populate_threads=5");
   round_trip("mlock=1,populate=1,populate_threads=64,shards=64");
   round_trip("reserve=2MiB,tcache_bytes=123456");
+  round_trip("pin_failure=pageable,mlock=1");
   round_trip("  shards = 9 ,,hugepages=on,populate=off ");
 }
 

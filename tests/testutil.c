@@ -185,6 +185,8 @@ void pp_check_stats_equal_(const pinpool_stats_t *a, const pinpool_stats_t *b,
   CMP_U64(history_lost_writes)
   CMP_U64(mlock_failures)
   CMP_U64(locked_bytes)
+  CMP_U64(fallback_bytes)
+  CMP_U64(fallback_blocks)
   CMP_U64(backend_alloc.count)
   CMP_U64(backend_alloc.total_ns)
   CMP_U64(backend_alloc.max_ns)

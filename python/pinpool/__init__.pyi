@@ -59,6 +59,8 @@ class _Stats(TypedDict):
     history_lost_writes: int
     mlock_failures: int
     locked_bytes: int
+    fallback_bytes: int
+    fallback_blocks: int
     peak_slack_bytes: int
     reserve_bytes: int
     max_cached: int

@@ -573,6 +573,138 @@ static void test_register_pieces(void **state) {
   CT_FAKE_BALANCED();
 }
 
+/* The attributes of the block a new buffer of `size` bytes gets. */
+static pinpool_buffer_t *buffer_(pinpool_t *pool, size_t size,
+                                 pinpool_mem_attrs_t *a, const char *file,
+                                 int line) {
+  pinpool_buffer_t *b = NULL;
+  ct_rc_(pinpool_buffer_alloc(pool, size, &b), 0, "buffer", file, line);
+  ct_rc_(pinpool_buffer_attrs(b, a), 0, "attrs", file, line);
+  return b;
+}
+#define BUFFER(pool, size, a) buffer_((pool), (size), (a), __FILE__, __LINE__)
+
+/* pin_failure=pageable: the driver refuses to pin a chunk, the pool maps
+ * it pageable instead. The block says page_locked=0, the stats count it,
+ * the driver never sees the range (no cuMemFreeHost / unregister of memory
+ * it did not give: bad_calls), the thread's last error is what it was, the
+ * next chunk is pinned, pinned memory is carved first, and the pageable
+ * chunk is the first to go. For both CUDA backends. */
+static void pin_fallback(const char *backend, const char *entry) {
+  ct_fake.reset();
+  char conf[160];
+  (void)snprintf(conf, sizeof conf,
+                 "backend=%s,device=0,pin_failure=pageable,tcache_bytes=0",
+                 backend);
+  pinpool_t *pool = CREATE(conf);
+  char cfg[1024];
+  CT_OK(pinpool_get_config(pool, cfg, sizeof cfg, NULL));
+  CT_ASSERT(strstr(cfg, "pin_failure=pageable") != NULL, "config: %s", cfg);
+  /* A marker in the last error, from a call that failed before. */
+  CT_RC(pinpool_free(pool, NULL), PINPOOL_EINVAL);
+  char before[256];
+  (void)snprintf(before, sizeof before, "%s", pinpool_last_error());
+  CT_ASSERT(ct_fake.inject(entry, 1, CUDA_ERROR_OUT_OF_MEMORY) == 0, "arm");
+  pinpool_mem_attrs_t a;
+  pinpool_buffer_t *b1 = BUFFER(pool, 1 * MiB, &a);
+  CT_ASSERT(a.page_locked == 0, "a block of the fallback chunk is pageable");
+  CT_ASSERT(strcmp(pinpool_last_error(), before) == 0,
+            "the refusal left '%s' (was '%s')", pinpool_last_error(), before);
+  pinpool_stats_t st = stats(pool);
+  CT_ASSERT(st.fallback_bytes == st.reserved_bytes.current &&
+                st.fallback_bytes >= 1 * MiB && st.locked_bytes == 0 &&
+                st.fallback_blocks >= 1,
+            "fallback %llu bytes, %llu blocks; reserved %llu, locked %llu",
+            (unsigned long long)st.fallback_bytes,
+            (unsigned long long)st.fallback_blocks,
+            (unsigned long long)st.reserved_bytes.current,
+            (unsigned long long)st.locked_bytes);
+  uint64_t fb = st.fallback_bytes;
+  CT_FAKE_EQ("registered_bytes", 0);
+  CT_FAKE_EQ("host_alloc_bytes", 0);
+  /* Larger than what the fallback chunk (2 MiB) has left: a new chunk of
+   * 4 MiB, pinned (the refusal was one call, and left nothing behind in
+   * the driver). */
+  pinpool_buffer_t *b2 = BUFFER(pool, 2560 * KiB, &a);
+  CT_ASSERT(a.page_locked == 1, "the next chunk is pinned");
+  st = stats(pool);
+  CT_ASSERT(st.fallback_bytes == fb && st.locked_bytes == 4 * MiB &&
+                st.arena_chunks == 2,
+            "fallback %llu, locked %llu, %llu chunks",
+            (unsigned long long)st.fallback_bytes,
+            (unsigned long long)st.locked_bytes,
+            (unsigned long long)st.arena_chunks);
+  /* 1 MiB free in the fallback chunk, 1.5 MiB in the pinned one: a slab
+   * of 1 MiB (four 256 KiB blocks) fits the fallback extent best, and is
+   * carved from the pinned one. */
+  pinpool_buffer_t *b3 = BUFFER(pool, 256 * KiB, &a);
+  CT_ASSERT(a.page_locked == 1, "pinned memory is carved first");
+  CT_OK(pinpool_buffer_close(b2));
+  CT_OK(pinpool_buffer_release(b2));
+  CT_OK(pinpool_validate(pool));
+  /* A snapshot marks the fallback chunk and its segment. */
+  char *json = NULL;
+  size_t len = 0;
+  CT_OK(pinpool_snapshot_write_mem(pool, &json, &len, 0));
+  CT_ASSERT(strstr(json, "\"pin_fallback\"") != NULL, "snapshot flags");
+  pinpool_snapshot_free(json);
+  /* Everything idle: the fallback chunk goes back (unmapped by the pool,
+   * not given to the driver). */
+  CT_OK(pinpool_buffer_close(b1));
+  CT_OK(pinpool_buffer_release(b1));
+  CT_OK(pinpool_buffer_close(b3));
+  CT_OK(pinpool_buffer_release(b3));
+  CT_OK(pinpool_empty_cache(pool));
+  st = stats(pool);
+  CT_ASSERT(st.fallback_bytes == 0 && st.fallback_blocks == 0,
+            "after empty_cache: %llu bytes, %llu blocks",
+            (unsigned long long)st.fallback_bytes,
+            (unsigned long long)st.fallback_blocks);
+  pinpool_destroy(pool);
+  CT_FAKE_EQ("bad_calls", 0);
+  CT_FAKE_BALANCED();
+}
+
+static void test_pin_fallback(void **state) {
+  (void)state;
+  CT_REQUIRE_FAKE();
+  pin_fallback("cuda", "cuMemHostAlloc");
+  pin_fallback("cuda-register", "cuMemHostRegister");
+}
+
+/* The default, pin_failure=error: the refusal is the allocation's error,
+ * nothing is held, nothing is counted as a fallback, and the next call
+ * succeeds (the driver API keeps no sticky error: neither does the pool). */
+static void test_pin_failure_error(void **state) {
+  (void)state;
+  CT_REQUIRE_FAKE();
+  static const char *const backends[2][2] = {
+      {"cuda", "cuMemHostAlloc"}, {"cuda-register", "cuMemHostRegister"}};
+  for (int i = 0; i < 2; i++) {
+    ct_fake.reset();
+    char conf[128];
+    (void)snprintf(conf, sizeof conf, "backend=%s,device=0,tcache_bytes=0",
+                   backends[i][0]);
+    pinpool_t *pool = CREATE(conf);
+    CT_ASSERT(ct_fake.inject(backends[i][1], 1, CUDA_ERROR_INVALID_VALUE) == 0,
+              "arm");
+    void *p = NULL;
+    CT_RC(pinpool_alloc(pool, 1 * MiB, &p), PINPOOL_EBACKEND);
+    CT_ERROR_HAS(backends[i][1]);
+    pinpool_stats_t st = stats(pool);
+    CT_ASSERT(st.reserved_bytes.current == 0 && st.fallback_bytes == 0 &&
+                  st.fallback_blocks == 0,
+              "after the refusal: %llu reserved, %llu fallback",
+              (unsigned long long)st.reserved_bytes.current,
+              (unsigned long long)st.fallback_bytes);
+    CT_OK(pinpool_alloc(pool, 1 * MiB, &p));
+    CT_OK(pinpool_free(pool, p));
+    pinpool_destroy(pool);
+    CT_FAKE_EQ("bad_calls", 0);
+    CT_FAKE_BALANCED();
+  }
+}
+
 int main(void) {
   ct_init();
   const struct CMUnitTest tests[] = {
@@ -585,6 +717,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_reserve, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_cuda_flags, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_out_of_memory, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_pin_fallback, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_pin_failure_error, ct_setup,
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_register_pieces, ct_setup,
                                       ct_teardown),

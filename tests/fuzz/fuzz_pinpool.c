@@ -1200,14 +1200,16 @@ static void op_get_config(const ctx_t *cx, fpool_t *fp, uint8_t kind,
 /* Keys by index (a key byte picks one modulo their count: replace, never
  * remove, or every input's configs change). "remap" and "remap_min" were
  * removed with the arenas: they stay to probe the refusal ("was removed");
- * "borrow", removed too, gave its place to "register_max". */
+ * "borrow", removed too, gave its place to "register_max"; the misspelt
+ * "max_cahced" (unknown keys are still probed by "SHARDS" and "a b") to
+ * "pin_failure". */
 static const char *const cfg_keys[] = {
     "backend",      "max_cached",   "max_cached_pct",   "register_max",
     "remap",        "max_reserved", "reserve",          "mlock",
     "hugepages",    "populate",     "populate_threads", "populate_parallel_min",
     "tcache_bytes", "shards",       "events",           "background",
     "poll_us",      "sim_delay_us", "cuda_flags",       "register_threads",
-    "device",       "numa_node",    "max_cahced",       "",
+    "device",       "numa_node",    "pin_failure",      "",
     " shards ",     "SHARDS",       "tcache_bytes\t",   "=",
     "a b",          "fault",        "remap_min"};
 #define N_CFG_KEYS (sizeof cfg_keys / sizeof cfg_keys[0])
@@ -1255,7 +1257,7 @@ static const char *const cfg_values[] = {
     "devicemap+writecombined+portable",
     "portable+",
     "+portable",
-    "portable++devicemap",
+    "pageable",
     "1000000",
     "1000001",
     "10000000",
