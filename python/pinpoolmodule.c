@@ -235,9 +235,8 @@ static const char *const dict_key_names[] = {
     "cache_misses", "tcache_hits", "oom_count", "retries", "trimmed_segments",
     "arena_chunks", "chunk_free_bytes", "free_extents", "largest_free_extent",
     "history_lost_writes", "mlock_failures", "locked_bytes", "fallback_bytes",
-    "fallback_blocks", "peak_slack_bytes",
-    "reserve_bytes", "max_cached", "max_reserved", "reclaim", "backend_alloc",
-    "backend_free",
+    "fallback_blocks", "peak_slack_bytes", "reserve_bytes", "max_cached",
+    "max_reserved", "reclaim", "backend_alloc", "backend_free",
     /* attrs_dict */
     "host_accessible", "device_accessible", "device_id", "page_locked",
     "numa_node", "huge_pages", "huge_advised", "backend"};

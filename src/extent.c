@@ -659,8 +659,8 @@ size_t pp_ext_largest(const pp_extents_t *x) {
       uint64_t m = x->nonempty[half * PP_EXT_BIN_WORDS + w];
       if (m == 0)
         continue;
-      unsigned b = half * PP_EXT_HALF + w * 64 + 63u -
-                   (unsigned)__builtin_clzll(m);
+      unsigned b =
+          half * PP_EXT_HALF + w * 64 + 63u - (unsigned)__builtin_clzll(m);
       for (pp_xnode_t *n = x->bins[b]; n != NULL; n = n->next)
         if (n->size > best)
           best = n->size;

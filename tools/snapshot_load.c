@@ -27,9 +27,8 @@ const char *const snap_action_names[SNAP_NACTIONS] = {"segment_alloc",
                                                       "oom"};
 const char *const snap_state_names[3] = {"allocated", "pending_free", "cached"};
 
-static const char *const flag_names[] = {"page_locked", "mlock_failed",
-                                         "huge_advised", "reserve",
-                                         "pin_fallback"};
+static const char *const flag_names[] = {
+    "page_locked", "mlock_failed", "huge_advised", "reserve", "pin_fallback"};
 static const char *const record_names[] = {"none", "state", "alloc", "all"};
 static const char *const entry_fields[9] = {
     "seq",    "time_ns", "action", "address", "size", "requested_size",

@@ -705,6 +705,40 @@ static void test_pin_failure_error(void **state) {
   }
 }
 
+/* The fallback with a real driver too (scripts/gpu-check.sh): pinpool's
+ * own injection refuses the first registration before the driver sees
+ * it; the chunk is pageable, the next one is registered by the driver. */
+static void test_pin_fallback_injected(void **state) {
+  (void)state;
+  CT_REQUIRE_DRIVER();
+  if (ct_fake.reset != NULL)
+    ct_fake.reset();
+  pinpool_t *pool = CREATE("backend=cuda-register,device=0,"
+                           "pin_failure=pageable,fault=register:1,"
+                           "tcache_bytes=0");
+  pinpool_mem_attrs_t a;
+  pinpool_buffer_t *b1 = BUFFER(pool, 1 * MiB, &a);
+  CT_ASSERT(a.page_locked == 0, "the refused chunk is pageable");
+  pinpool_buffer_t *b2 = BUFFER(pool, 2560 * KiB, &a);
+  CT_ASSERT(a.page_locked == 1, "the next chunk is registered");
+  pinpool_stats_t st = stats(pool);
+  CT_ASSERT(st.fallback_bytes == 2 * MiB && st.locked_bytes == 4 * MiB,
+            "fallback %llu, locked %llu", (unsigned long long)st.fallback_bytes,
+            (unsigned long long)st.locked_bytes);
+  void *p1 = NULL, *p2 = NULL;
+  CT_OK(pinpool_buffer_ptr(b1, &p1));
+  CT_OK(pinpool_buffer_ptr(b2, &p2));
+  memset(p1, 1, 1 * MiB);
+  memset(p2, 2, 2560 * KiB);
+  CT_OK(pinpool_buffer_close(b1));
+  CT_OK(pinpool_buffer_release(b1));
+  CT_OK(pinpool_buffer_close(b2));
+  CT_OK(pinpool_buffer_release(b2));
+  CT_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+  CT_FAKE_EQ("bad_calls", 0);
+}
+
 int main(void) {
   ct_init();
   const struct CMUnitTest tests[] = {
@@ -718,9 +752,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cuda_flags, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_out_of_memory, ct_setup,
                                       ct_teardown),
-      cmocka_unit_test_setup_teardown(test_pin_fallback, ct_setup,
-                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_pin_fallback, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_pin_failure_error, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_pin_fallback_injected, ct_setup,
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_register_pieces, ct_setup,
                                       ct_teardown),
