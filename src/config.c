@@ -241,6 +241,22 @@ static char *trim(char *s) {
   return s;
 }
 
+/* A value that names one of n choices: its value (values[i], or i when
+ * values is NULL) into field, or the error that lists them (`expected`). */
+static int parse_choice(const char *v, const char *key,
+                        const char *const *names, const int *values, int n,
+                        const char *expected, void *field) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(v, names[i]) == 0) {
+      int x = values != NULL ? values[i] : i;
+      memcpy(field, &x, sizeof x);
+      return 0;
+    }
+  return pp_fail(PINPOOL_ECONFIG,
+                 "config: bad value '%s' for key '%s' (expected %s)", v, key,
+                 expected);
+}
+
 static int apply(const key_desc_t *k, const char *v, bool user_backend,
                  bool user_events, pp_config_t *c) {
   char *field = (char *)c + k->offset;
@@ -282,21 +298,13 @@ static int apply(const key_desc_t *k, const char *v, bool user_backend,
     return 0;
   }
   case K_EVENTS: {
-    static const char *names[] = {"none", "simulated", "cuda"};
+    static const char *const names[] = {"none", "simulated", "cuda"};
     if (user_events)
       return pp_fail(PINPOOL_ECONFIG,
                      "config: key 'events' cannot be used with an event "
                      "provider given to pinpool_create_ex");
-    for (int i = 0; i < 3; i++) {
-      if (strcmp(v, names[i]) == 0) {
-        memcpy(field, &i, sizeof i);
-        return 0;
-      }
-    }
-    return pp_fail(PINPOOL_ECONFIG,
-                   "config: bad value '%s' for key 'events' (expected none, "
-                   "simulated or cuda)",
-                   v);
+    return parse_choice(v, "events", names, NULL, 3, "none, simulated or cuda",
+                        field);
   }
   case K_FAULT:
     if (parse_fault(v, c) != 0)
@@ -332,40 +340,22 @@ static int apply(const key_desc_t *k, const char *v, bool user_backend,
     return 0;
   }
   case K_PIN: {
-    int pf;
-    if (strcmp(v, "error") == 0)
-      pf = PP_PIN_ERROR;
-    else if (strcmp(v, "pageable") == 0)
-      pf = PP_PIN_PAGEABLE;
-    else
-      return pp_fail(PINPOOL_ECONFIG,
-                     "config: bad value '%s' for key 'pin_failure' (expected "
-                     "error or pageable)",
-                     v);
-    memcpy(field, &pf, sizeof pf);
-    return 0;
+    static const char *const names[] = {"error", "pageable"};
+    static const int values[] = {PP_PIN_ERROR, PP_PIN_PAGEABLE};
+    return parse_choice(v, "pin_failure", names, values, 2, "error or pageable",
+                        field);
   }
   case K_BACKEND: {
-    int be;
+    static const char *const names[] = {"host", "malloc", "cuda",
+                                        "cuda-register"};
+    static const int values[] = {PP_BACKEND_HOST, PP_BACKEND_MALLOC,
+                                 PP_BACKEND_CUDA, PP_BACKEND_CUDA_REGISTER};
     if (user_backend)
       return pp_fail(PINPOOL_ECONFIG,
                      "config: key 'backend' cannot be used with "
                      "pinpool_create_with_backend");
-    if (strcmp(v, "host") == 0)
-      be = PP_BACKEND_HOST;
-    else if (strcmp(v, "malloc") == 0)
-      be = PP_BACKEND_MALLOC;
-    else if (strcmp(v, "cuda") == 0)
-      be = PP_BACKEND_CUDA;
-    else if (strcmp(v, "cuda-register") == 0)
-      be = PP_BACKEND_CUDA_REGISTER;
-    else
-      return pp_fail(PINPOOL_ECONFIG,
-                     "config: bad value '%s' for key 'backend' (expected "
-                     "host, malloc, cuda or cuda-register)",
-                     v);
-    memcpy(field, &be, sizeof be);
-    return 0;
+    return parse_choice(v, "backend", names, values, 4,
+                        "host, malloc, cuda or cuda-register", field);
   }
   }
   return pp_fail(PINPOOL_ECONFIG, "config: internal error on key '%s'",
