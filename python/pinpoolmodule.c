@@ -236,7 +236,7 @@ static const char *const dict_key_names[] = {
     "arena_chunks", "chunk_free_bytes", "free_extents", "largest_free_extent",
     "history_lost_writes", "mlock_failures", "locked_bytes", "peak_slack_bytes",
     "reserve_bytes", "max_cached", "max_reserved", "reclaim", "backend_alloc",
-    "backend_free",
+    "backend_free", "graph_held_blocks", "graph_held_bytes",
     /* attrs_dict */
     "host_accessible", "device_accessible", "device_id", "page_locked",
     "numa_node", "huge_pages", "huge_advised", "backend"};
@@ -346,7 +346,9 @@ static PyObject *Pool_stats(PyObject *obj, PyObject *unused) {
                 {"peak_slack_bytes", st.peak_slack_bytes},
                 {"reserve_bytes", st.reserve_bytes},
                 {"max_cached", st.max_cached},
-                {"max_reserved", st.max_reserved}};
+                {"max_reserved", st.max_reserved},
+                {"graph_held_blocks", st.graph_held_blocks},
+                {"graph_held_bytes", st.graph_held_bytes}};
   for (size_t i = 0; i < sizeof stats / sizeof stats[0]; i++)
     if (set_obj(d, stats[i].name, stat_dict(stats[i].s)) != 0)
       goto fail;

@@ -63,6 +63,8 @@ class _Stats(TypedDict):
     reserve_bytes: int
     max_cached: int
     max_reserved: int
+    graph_held_blocks: int
+    graph_held_bytes: int
     reclaim: _Duration
     backend_alloc: _Duration
     backend_free: _Duration

@@ -50,6 +50,7 @@ typedef unsigned long long cuuint64_t;
 #define CU_STREAM_CAPTURE_MODE_RELAXED 2
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphExec_st *CUgraphExec;
 
 #define CU_EVENT_DISABLE_TIMING 0x2
 #define CU_STREAM_NON_BLOCKING 0x1
@@ -111,6 +112,10 @@ CUresult cuStreamGetCaptureInfo_v2(CUstream stream, int *status, cuuint64_t *id,
                                    size_t *ndeps);
 CUresult cuThreadExchangeStreamCaptureMode(int *mode);
 CUresult cuGraphDestroy(CUgraph graph);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
+                                     unsigned long long flags);
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
+CUresult cuGraphExecDestroy(CUgraphExec exec);
 
 /* Set the function pointer `var` to the loaded driver's `sym` (NULL if it
  * lacks it). Declare var with the prototype above:

@@ -66,7 +66,10 @@
   X(cuStreamEndCapture)                                                        \
   X(cuStreamGetCaptureInfo_v2)                                                 \
   X(cuThreadExchangeStreamCaptureMode)                                         \
-  X(cuGraphDestroy)
+  X(cuGraphDestroy)                                                            \
+  X(cuGraphInstantiateWithFlags)                                               \
+  X(cuGraphLaunch)                                                             \
+  X(cuGraphExecDestroy)
 
 #define AS_ENUM(n) E_##n,
 enum { FAKE_ENTRIES(AS_ENUM) E_COUNT };
@@ -1132,6 +1135,58 @@ CUresult cuGraphDestroy(CUgraph graph) {
   return rc;
 }
 
+/* An executable graph runs nothing (the fake keeps no nodes' work): a
+ * launch is one operation on the stream, after the stream's delay. */
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
+                                     unsigned long long flags) {
+  CUresult rc =
+      enter_locked(E_cuGraphInstantiateWithFlags, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && (exec == NULL || graph == NULL || flags != 0))
+    rc = CUDA_ERROR_INVALID_VALUE;
+  long long *x = rc == CUDA_SUCCESS ? malloc(sizeof *x) : NULL;
+  if (rc == CUDA_SUCCESS && x == NULL)
+    rc = CUDA_ERROR_OUT_OF_MEMORY;
+  if (rc == CUDA_SUCCESS) {
+    *x = *(long long *)(void *)graph;
+    g.live_graphs++; /* an exec counts as a graph until destroyed */
+    *exec = (CUgraphExec)(void *)x;
+  }
+  unlock();
+  return rc;
+}
+
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+  op_t *o = calloc(1, sizeof *o);
+  CUresult rc = enter_locked(E_cuGraphLaunch, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && (exec == NULL || o == NULL))
+    rc = exec == NULL ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY;
+  fstream_t *s = rc == CUDA_SUCCESS ? resolve_stream_locked(stream) : NULL;
+  if (rc == CUDA_SUCCESS && s == NULL)
+    rc = CUDA_ERROR_OUT_OF_MEMORY;
+  if (rc == CUDA_SUCCESS && s->cap != NULL) {
+    s->cap->nodes++;
+  } else if (rc == CUDA_SUCCESS) {
+    *o = (op_t){.kind = OP_FN};
+    push_op_locked(s, o);
+    o = NULL;
+  }
+  unlock();
+  free(o);
+  return rc;
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec exec) {
+  CUresult rc = enter_locked(E_cuGraphExecDestroy, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && exec == NULL)
+    rc = CUDA_ERROR_INVALID_VALUE;
+  if (rc == CUDA_SUCCESS)
+    g.live_graphs--;
+  unlock();
+  if (rc == CUDA_SUCCESS)
+    free(exec);
+  return rc;
+}
+
 /* ---- cuGetProcAddress ------------------------------------------------- */
 #ifndef FAKE_NO_PROC_ADDRESS
 /* Function pointers travel as void * (as through the real
@@ -1182,6 +1237,9 @@ static void *lookup(const char *name) {
   L("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v2)
   L("cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode)
   L("cuGraphDestroy", cuGraphDestroy)
+  L("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags)
+  L("cuGraphLaunch", cuGraphLaunch)
+  L("cuGraphExecDestroy", cuGraphExecDestroy)
 #undef L
   return NULL;
 }

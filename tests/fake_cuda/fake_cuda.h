@@ -61,11 +61,14 @@ int fake_cuda_set(const char *key, long long value);
  *   captured_event_uses    cuEventQuery / cuEventSynchronize of an event
  *                          last recorded inside a capture
  *   live_captures          cuStreamBeginCapture not yet ended
- *   live_graphs            graphs from cuStreamEndCapture not destroyed
+ *   live_graphs            graphs from cuStreamEndCapture and executable
+ *                          graphs not destroyed
  *
  * Graph capture: cuStreamBeginCapture (modes global, thread-local,
  * relaxed), cuStreamEndCapture, cuStreamGetCaptureInfo (id and status),
- * cuThreadExchangeStreamCaptureMode (per thread) and cuGraphDestroy. In a
+ * cuThreadExchangeStreamCaptureMode (per thread), cuGraphDestroy, and
+ * cuGraphInstantiateWithFlags / cuGraphLaunch / cuGraphExecDestroy (a
+ * launch is an empty operation on the stream). In a
  * capture, copies and event records become nodes (nothing runs); an
  * unsafe call forbidden by the calling thread's mode fails with
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture (so
