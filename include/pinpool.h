@@ -236,7 +236,8 @@ PINPOOL_API int pinpool_record_stream(pinpool_t *pool, void *ptr,
 PINPOOL_API int pinpool_process_events(pinpool_t *pool);
 
 /* Wait until no block is pending (except blocks whose events failed, which
- * stay pending forever). Thread-safe. */
+ * stay pending forever, and blocks held by CUDA graph captures not yet
+ * released: below). Thread-safe. */
 PINPOOL_API int pinpool_synchronize(pinpool_t *pool);
 
 /* ---- CUDA graph capture (events=cuda; docs/cuda.md, "Graph capture") ----
