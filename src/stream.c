@@ -725,8 +725,9 @@ static void settle(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set) {
       free(ids);
     (void)pp_fail(PINPOOL_ENOMEM, "pinpool_free: out of memory");
     report_error(pool, PINPOOL_ENOMEM, p); /* kept PENDING for good */
-    pp_sset_t none = {0, 0};
-    start_events(pool, p, &none, NULL);
+    /* No event: our +1 is the last, the failed block leaves pending_live. */
+    atomic_store_explicit(&p->remaining, 1, memory_order_relaxed);
+    event_done(pool, p);
     return;
   }
   bool any = false;

@@ -319,6 +319,45 @@ static void test_mixed_uses(void **state) {
   ct_ctx_leave();
 }
 
+/* A block used on more streams than settle keeps on its stack (16), one
+ * of them capturing at the free. */
+static void test_many_streams(void **state) {
+  (void)state;
+  require_capture();
+  ct_ctx_enter();
+  enum { NS = 20 };
+  CUstream s[NS];
+  for (int i = 0; i < NS; i++)
+    s[i] = new_stream();
+  pinpool_t *pool = CREATE("events=cuda,device=0");
+  void *blk = NULL;
+  CT_OK(pinpool_alloc(pool, BLOCK, &blk));
+  for (int i = 0; i < NS; i++)
+    CT_OK(pinpool_record_stream(pool, blk, (pinpool_stream_t)s[i]));
+  (void)BEGIN(pool, s[NS - 1], CU_STREAM_CAPTURE_MODE_GLOBAL);
+  CT_OK(pinpool_free(pool, blk));
+  pinpool_stats_t st = stats(pool);
+  CT_ASSERT(st.graph_held_blocks == 1 && st.events_recorded == 0,
+            "graph-held %llu, events %llu",
+            (unsigned long long)st.graph_held_blocks,
+            (unsigned long long)st.events_recorded);
+  END(s[NS - 1]);
+  CT_OK(pinpool_stream_graphs_release(pool, (pinpool_stream_t)s[NS - 1]));
+  CT_OK(pinpool_synchronize(pool));
+  st = stats(pool);
+  CT_ASSERT(st.events_recorded == NS && st.pending_blocks == 0,
+            "events %llu, pending %llu", (unsigned long long)st.events_recorded,
+            (unsigned long long)st.pending_blocks);
+  CT_ASSERT(COMES_BACK(pool, blk), "blk never came back");
+  CT_OK(pinpool_validate(pool));
+  CT_FAKE_CLEAN();
+  pinpool_destroy(pool);
+  for (int i = 0; i < NS; i++)
+    CT_ASSERT(ct_cu.stream_destroy(s[i]) == CUDA_SUCCESS, "cuStreamDestroy");
+  CT_FAKE_BALANCED();
+  ct_ctx_leave();
+}
+
 /* ---- Reclaim while captures run --------------------------------------- */
 typedef struct capturer {
   CUstream s;
@@ -721,6 +760,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_free_during_capture, ct_setup,
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_mixed_uses, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_many_streams, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_reclaim_during_capture, ct_setup,
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_fake_detects_violation, ct_setup,
