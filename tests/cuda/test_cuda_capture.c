@@ -723,6 +723,52 @@ static void test_bad_input(void **state) {
   ct_ctx_leave();
 }
 
+/* A block used on the legacy stream 0, freed while a capture runs: the
+ * driver will not give stream 0's status (a blocking stream captures) and
+ * a record there would break the capture: nothing is recorded, the block
+ * is kept for good, counted and reported, and the capture survives. */
+static int errors_seen;
+static void on_error(void *arg, int err, const char *msg, void *block) {
+  (void)arg;
+  (void)msg;
+  (void)block;
+  if (err == PINPOOL_EDEVICE)
+    errors_seen++;
+}
+
+static void test_legacy_stream_during_capture(void **state) {
+  (void)state;
+  require_capture();
+  ct_ctx_enter();
+  CUstream s = new_stream();
+  pinpool_hooks_t hooks = {NULL, NULL, on_error, NULL};
+  pinpool_t *pool = NULL;
+  CT_OK(pinpool_create_ex("events=cuda,device=0", &hooks, &pool));
+  void *blk = NULL;
+  CT_OK(pinpool_alloc(pool, BLOCK, &blk));
+  CT_OK(pinpool_record_stream(pool, blk, 0));
+  errors_seen = 0;
+  uint64_t id = BEGIN(pool, s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  CT_OK(pinpool_free(pool, blk));
+  pinpool_stats_t st = stats(pool);
+  CT_ASSERT(st.event_errors == 1 && st.pending_blocks == 1 &&
+                st.graph_held_blocks == 0 && st.events_recorded == 0 &&
+                errors_seen == 1,
+            "event_errors %llu, pending %llu, reported %d",
+            (unsigned long long)st.event_errors,
+            (unsigned long long)st.pending_blocks, errors_seen);
+  CT_OK(pinpool_synchronize(pool)); /* does not wait for it */
+  END(s);
+  CT_RC(pinpool_graph_release(pool, id), PINPOOL_EINVAL); /* never tied */
+  NEVER(pool, blk);
+  CT_OK(pinpool_validate(pool));
+  CT_FAKE_CLEAN();
+  pinpool_destroy(pool);
+  CT_ASSERT(ct_cu.stream_destroy(s) == CUDA_SUCCESS, "cuStreamDestroy");
+  CT_FAKE_BALANCED();
+  ct_ctx_leave();
+}
+
 /* A pool destroyed with blocks still held by graphs gives everything back. */
 static void test_destroy_while_held(void **state) {
   (void)state;
@@ -767,6 +813,8 @@ int main(int argc, char **argv) {
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_threads, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_bad_input, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_legacy_stream_during_capture,
+                                      ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_destroy_while_held, ct_setup,
                                       ct_teardown),
   };
