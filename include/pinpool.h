@@ -264,11 +264,12 @@ PINPOOL_API int pinpool_synchronize(pinpool_t *pool);
  * during which no pool block was recorded on or freed is simply unknown. */
 
 /* Whether `stream` is capturing now (a capture invalidated but not yet
- * ended counts): *capturing 1 and its id in *capture_id, or 0 and 0. Call it before cuStreamEndCapture to learn the
- * id to release later (or ask the driver yourself). Errors: PINPOOL_EINVAL
- * (a NULL argument), PINPOOL_EBUSY (the event provider knows no capture:
- * not events=cuda), PINPOOL_EDEVICE (the driver's answer, e.g. the legacy
- * stream 0 while a blocking stream captures), PINPOOL_EFORKED. Thread-safe. */
+ * ended counts): *capturing 1 and its id in *capture_id, or 0 and 0. Call it
+ * before cuStreamEndCapture to learn the id to release later (or ask the driver
+ * yourself). Errors: PINPOOL_EINVAL (a NULL argument), PINPOOL_EBUSY (the event
+ * provider knows no capture: not events=cuda), PINPOOL_EDEVICE (the driver's
+ * answer, e.g. the legacy stream 0 while a blocking stream captures),
+ * PINPOOL_EFORKED. Thread-safe. */
 PINPOOL_API int pinpool_stream_capture(pinpool_t *pool, pinpool_stream_t stream,
                                        int *capturing, uint64_t *capture_id);
 
