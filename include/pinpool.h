@@ -236,8 +236,60 @@ PINPOOL_API int pinpool_record_stream(pinpool_t *pool, void *ptr,
 PINPOOL_API int pinpool_process_events(pinpool_t *pool);
 
 /* Wait until no block is pending (except blocks whose events failed, which
- * stay pending forever). Thread-safe. */
+ * stay pending forever, and blocks held by CUDA graph captures not yet
+ * released: below). Thread-safe. */
 PINPOOL_API int pinpool_synchronize(pinpool_t *pool);
+
+/* ---- CUDA graph capture (events=cuda; docs/cuda.md, "Graph capture") ----
+ * Recording an event on a stream that is capturing a graph would add a
+ * node to the graph instead of marking a point in time, and a graph may
+ * be replayed any number of times until it is destroyed. So, with the cuda
+ * event provider:
+ *  - pinpool_record_stream on a capturing stream records nothing on it: the
+ *    block is tied to the capture (by the capture's id, the one
+ *    cuStreamGetCaptureInfo / cudaStreamGetCaptureInfo reports);
+ *  - pinpool_free of a block that is tied to a capture not yet released,
+ *    or that has a stream capturing at that moment, records nothing
+ *    either: the block stays PENDING (stats graph_held_blocks/_bytes;
+ *    pinpool_synchronize does not wait for it) until every such capture
+ *    is released. Then the block follows the usual stream-ordered path:
+ *    an event is recorded on each of its (non-capturing) streams.
+ * Release a capture once no graph instantiated from it can run any more:
+ * after cuGraphExecDestroy of its executable graphs and after their last
+ * launch completed (for example after cuStreamSynchronize of the launch
+ * stream). pinpool never calls cuEventQuery or cuEventSynchronize on an
+ * event recorded in a capture, and it makes those calls in the relaxed
+ * capture mode, so they never invalidate a capture running on any thread.
+ * Captures the pool never heard of are not an error of the graph: a capture
+ * during which no pool block was recorded on or freed is simply unknown. */
+
+/* Whether `stream` is capturing now (a capture invalidated but not yet
+ * ended counts): *capturing 1 and its id in *capture_id, or 0 and 0. Call it
+ * before cuStreamEndCapture to learn the id to release later (or ask the driver
+ * yourself). Errors: PINPOOL_EINVAL (a NULL argument), PINPOOL_EBUSY (the event
+ * provider knows no capture: not events=cuda), PINPOOL_EDEVICE (the driver's
+ * answer, e.g. the legacy stream 0 while a blocking stream captures),
+ * PINPOOL_EFORKED. Thread-safe. */
+PINPOOL_API int pinpool_stream_capture(pinpool_t *pool, pinpool_stream_t stream,
+                                       int *capturing, uint64_t *capture_id);
+
+/* Every graph made from capture `capture_id` is destroyed and will not run
+ * again: its blocks may be reused once the events of their other streams
+ * complete. Errors (nothing changes): PINPOOL_EINVAL (pool NULL; a capture
+ * the pool does not know: none of its blocks was recorded on or freed
+ * during it, or it was released already), PINPOOL_EBUSY (another thread is
+ * tying a block to it right now: the capture has not ended),
+ * PINPOOL_EFORKED. Thread-safe: any thread, concurrently with frees,
+ * record_stream and reclaim on others. */
+PINPOOL_API int pinpool_graph_release(pinpool_t *pool, uint64_t capture_id);
+
+/* pinpool_graph_release of every capture the pool saw on `stream` (the
+ * stream given to pinpool_record_stream, or a stream of a freed block,
+ * while it was capturing): "all graphs captured on this stream are
+ * destroyed". Errors (nothing changes): PINPOOL_EINVAL (pool NULL, no
+ * capture known on the stream), PINPOOL_EBUSY, PINPOOL_EFORKED. */
+PINPOOL_API int pinpool_stream_graphs_release(pinpool_t *pool,
+                                              pinpool_stream_t stream);
 
 /* events=simulated only: queue fn(arg) on the simulated stream, to run on
  * its worker thread after `duration_ns` of simulated device time, after
@@ -306,6 +358,9 @@ typedef struct pinpool_stats {
   uint64_t history_lost_writes; /* history entries not recorded: their ring
                                    slot was still being written by a writer
                                    a whole lap behind (docs/stats.md) */
+  uint64_t graph_held_blocks;   /* of pending_blocks: held by CUDA graph
+                                   captures not yet released */
+  uint64_t graph_held_bytes;    /* their bytes (of pending_bytes) */
 } pinpool_stats_t;
 
 /* Fill *out. `current` values are exact when no other thread is inside a

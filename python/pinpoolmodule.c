@@ -209,6 +209,57 @@ static PyObject *Pool_synchronize(PyObject *self, PyObject *unused) {
   return pool_call((PoolObject *)self, pinpool_synchronize, "Pool.synchronize");
 }
 
+/* ---- CUDA graph capture (docs/cuda.md, "Graph capture") ---------------- */
+static int parse_stream(PyObject *arg, pinpool_stream_t *out);
+
+static PyObject *Pool_stream_capture(PyObject *self, PyObject *arg) {
+  pinpool_stream_t s;
+  if (parse_stream(arg, &s) != 0)
+    return NULL;
+  int capturing = 0;
+  uint64_t id = 0;
+  int rc =
+      pinpool_stream_capture(((PoolObject *)self)->pool, s, &capturing, &id);
+  if (rc != 0)
+    return raise_rc(rc, "Pool.stream_capture");
+  if (!capturing)
+    Py_RETURN_NONE;
+  return PyLong_FromUnsignedLongLong((unsigned long long)id);
+}
+
+static PyObject *Pool_graph_release(PyObject *self, PyObject *arg) {
+  if (!PyLong_Check(arg)) {
+    PyErr_Format(PyExc_TypeError, "capture_id must be an int, not %.100s",
+                 Py_TYPE(arg)->tp_name);
+    return NULL;
+  }
+  unsigned long long id = PyLong_AsUnsignedLongLong(arg);
+  if (id == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "capture_id must be an int >= 0");
+    return NULL;
+  }
+  /* Settling the released blocks records events (driver calls). */
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc = pinpool_graph_release(((PoolObject *)self)->pool, (uint64_t)id);
+  PyEval_RestoreThread(ts);
+  if (rc != 0)
+    return raise_rc(rc, "Pool.graph_release");
+  Py_RETURN_NONE;
+}
+
+static PyObject *Pool_stream_graphs_release(PyObject *self, PyObject *arg) {
+  pinpool_stream_t s;
+  if (parse_stream(arg, &s) != 0)
+    return NULL;
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc = pinpool_stream_graphs_release(((PoolObject *)self)->pool, s);
+  PyEval_RestoreThread(ts);
+  if (rc != 0)
+    return raise_rc(rc, "Pool.stream_graphs_release");
+  Py_RETURN_NONE;
+}
+
 static PyObject *Pool_reset_peak_stats(PyObject *self, PyObject *unused) {
   (void)unused;
   return pool_call((PoolObject *)self, pinpool_reset_peak_stats,
@@ -237,6 +288,7 @@ static const char *const dict_key_names[] = {
     "history_lost_writes", "mlock_failures", "locked_bytes", "fallback_bytes",
     "fallback_blocks", "peak_slack_bytes", "reserve_bytes", "max_cached",
     "max_reserved", "reclaim", "backend_alloc", "backend_free",
+    "graph_held_blocks", "graph_held_bytes",
     /* attrs_dict */
     "host_accessible", "device_accessible", "device_id", "page_locked",
     "numa_node", "huge_pages", "huge_advised", "backend"};
@@ -348,7 +400,9 @@ static PyObject *Pool_stats(PyObject *obj, PyObject *unused) {
                 {"peak_slack_bytes", st.peak_slack_bytes},
                 {"reserve_bytes", st.reserve_bytes},
                 {"max_cached", st.max_cached},
-                {"max_reserved", st.max_reserved}};
+                {"max_reserved", st.max_reserved},
+                {"graph_held_blocks", st.graph_held_blocks},
+                {"graph_held_bytes", st.graph_held_bytes}};
   for (size_t i = 0; i < sizeof stats / sizeof stats[0]; i++)
     if (set_obj(d, stats[i].name, stat_dict(stats[i].s)) != 0)
       goto fail;
@@ -616,6 +670,26 @@ static PyMethodDef Pool_methods[] = {
      "process_events($self, /)\n--\n\n"
      "Reclaim the blocks whose recorded stream work has completed.\n\n"
      "Thread-safe: concurrent with everything; the GIL is released."},
+    {"stream_capture", Pool_stream_capture, METH_O,
+     "stream_capture($self, stream, /)\n--\n\n"
+     "The id of the CUDA graph capture running on stream (an int handle\n"
+     "or an object with a cuda_stream attribute), or None when it is not\n"
+     "capturing: the id to give graph_release once the graphs made from\n"
+     "the capture are destroyed. Raises RuntimeError on a pool without\n"
+     "events=cuda (or a driver error), TypeError for a bad stream.\n"
+     "Thread-safe."},
+    {"graph_release", Pool_graph_release, METH_O,
+     "graph_release($self, capture_id, /)\n--\n\n"
+     "Every graph made from this capture is destroyed and its last launch\n"
+     "completed: blocks recorded on or freed from a stream during the\n"
+     "capture can be reused once their other streams are done.\n"
+     "Raises ValueError for a capture the pool does not know (nothing of\n"
+     "it was recorded, or it was released already). Thread-safe; the GIL\n"
+     "is released."},
+    {"stream_graphs_release", Pool_stream_graphs_release, METH_O,
+     "stream_graphs_release($self, stream, /)\n--\n\n"
+     "graph_release of every capture the pool saw on stream. Raises\n"
+     "ValueError if it saw none. Thread-safe; the GIL is released."},
     {"synchronize", Pool_synchronize, METH_NOARGS,
      "synchronize($self, /)\n--\n\n"
      "Wait until no block is pending on a stream.\n\n"

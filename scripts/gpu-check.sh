@@ -9,8 +9,11 @@
 #    libcuda.so.1; the tests that need the fake driver skip),
 # 3. runs pp_gpu_bench: cuMemHostAlloc vs pinpool cached alloc latency,
 #    ms/GiB of backend=cuda and backend=cuda-register, H2D/D2H bandwidth
-#    from pool vs pageable memory, and the stream-ordered reuse check with
-#    copies in flight.
+#    from pool vs pageable memory, the stream-ordered reuse check with
+#    copies in flight, and the graph capture check (copies of a pool block
+#    captured into a graph, record_stream and free during the capture, the
+#    graph launched: the capture is not broken, the block is not handed out
+#    until pinpool_graph_release, the device copy is intact).
 # 4. with --bench: the benchmark suite's quick mode on W1, W3 and W5, one
 #    repetition (bench/run.sh: the GPU implementations pinpool-cuda,
 #    pinpool-cuda-register, refpool-cuda and cuhostalloc join the others
@@ -37,7 +40,7 @@ for arg in "$@"; do
 done
 
 BUILD="$ROOT/build/release"
-TESTS=(test_cuda_open test_cuda_backend test_cuda_events)
+TESTS=(test_cuda_open test_cuda_backend test_cuda_events test_cuda_capture)
 # The real driver, and no configuration from the environment.
 unset PINPOOL_LIBCUDA PINPOOL_CONF
 

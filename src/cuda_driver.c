@@ -49,6 +49,9 @@ static const entry_t entries[] = {
     ENTRY(cuEventQuery, "cuEventQuery"),
     ENTRY(cuEventSynchronize, "cuEventSynchronize"),
     ENTRY(cuEventDestroy, "cuEventDestroy_v2"),
+    ENTRY(cuStreamGetCaptureInfo, "cuStreamGetCaptureInfo_v2"),
+    ENTRY(cuThreadExchangeStreamCaptureMode,
+          "cuThreadExchangeStreamCaptureMode"),
 };
 #define NENTRIES (sizeof entries / sizeof entries[0])
 

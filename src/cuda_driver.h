@@ -29,6 +29,17 @@ enum {
   PP_CU_ERROR_NOT_FOUND = 500,
   PP_CU_ERROR_NOT_READY = 600,
 };
+/* CUstreamCaptureStatus and CUstreamCaptureMode. */
+enum {
+  PP_CU_STREAM_CAPTURE_STATUS_NONE = 0,
+  PP_CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+  PP_CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2,
+};
+enum {
+  PP_CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+  PP_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+  PP_CU_STREAM_CAPTURE_MODE_RELAXED = 2,
+};
 enum { PP_CU_EVENT_DISABLE_TIMING = 0x2 };
 enum {
   PP_CU_MEMHOSTREGISTER_PORTABLE = 0x1,
@@ -68,6 +79,14 @@ struct pp_cuda {
   pp_cu_result_t (*cuEventQuery)(pp_cu_event_t ev);
   pp_cu_result_t (*cuEventSynchronize)(pp_cu_event_t ev);
   pp_cu_result_t (*cuEventDestroy)(pp_cu_event_t ev);
+  /* Graph capture (events_cuda.c): the CUDA 12.0 signature of
+   * cuStreamGetCaptureInfo (exported as cuStreamGetCaptureInfo_v2; CUDA
+   * 11.3's, before the _v3 of 12.3 added edge data); graph, dependencies
+   * and their count may be NULL. */
+  pp_cu_result_t (*cuStreamGetCaptureInfo)(pp_cu_stream_t stream, int *status,
+                                           pp_cu_u64_t *id, void **graph,
+                                           const void ***deps, size_t *ndeps);
+  pp_cu_result_t (*cuThreadExchangeStreamCaptureMode)(int *mode);
 };
 
 /* Make the pool's context current on the calling thread, and undo it.

@@ -11,6 +11,15 @@
  * The free list has its own mutex (not a pool lock); it is never held
  * across a driver call, since driver calls take driver-global locks and
  * cuEventSynchronize can block for as long as the device runs.
+ *
+ * Graph capture (docs/cuda.md, "Graph capture"): `capture` asks the driver
+ * whether a stream is capturing (cuStreamGetCaptureInfo), so that stream.c
+ * never records on one. Query and synchronize run in the relaxed capture
+ * mode (cuThreadExchangeStreamCaptureMode, the previous mode restored
+ * after): our events are never recorded inside a capture, and in the
+ * default global mode a cuEventQuery from any thread while another thread
+ * captures in global mode (or from a thread that is itself capturing)
+ * would be an unsafe call that invalidates that capture.
  */
 #include "cuda_driver.h"
 
@@ -89,14 +98,38 @@ static int ev_record(void *ctx, pinpool_stream_t stream, void **event) {
   return 0;
 }
 
+/* Push the pool's context and switch the calling thread to the relaxed
+ * capture mode; *mode receives the thread's mode to restore (leave). */
+static pp_cu_result_t enter(const events_ctx_t *e, int *mode) {
+  pp_cu_result_t cr = pp_cuda_push(e->cuda);
+  if (cr != PP_CU_SUCCESS)
+    return cr;
+#ifdef PINPOOL_MUTANT_NO_RELAXED_MODE
+  /* Mutant (docs/verification.md): query in the thread's own mode. */
+  *mode = PP_CU_STREAM_CAPTURE_MODE_GLOBAL;
+#else
+  *mode = PP_CU_STREAM_CAPTURE_MODE_RELAXED;
+#endif
+  cr = e->cuda->cuThreadExchangeStreamCaptureMode(mode);
+  if (cr != PP_CU_SUCCESS)
+    pp_cuda_pop(e->cuda);
+  return cr;
+}
+
+static void leave(const events_ctx_t *e, int mode) {
+  (void)e->cuda->cuThreadExchangeStreamCaptureMode(&mode);
+  pp_cuda_pop(e->cuda);
+}
+
 static int ev_query(void *ctx, void *event) {
   const events_ctx_t *e = ctx;
   const cu_event_t *n = event;
-  pp_cu_result_t cr = pp_cuda_push(e->cuda);
+  int mode = 0;
+  pp_cu_result_t cr = enter(e, &mode);
   if (cr != PP_CU_SUCCESS)
-    return device_error(e, cr, "cuCtxPushCurrent");
+    return device_error(e, cr, "cuThreadExchangeStreamCaptureMode");
   cr = e->cuda->cuEventQuery(n->ev);
-  pp_cuda_pop(e->cuda);
+  leave(e, mode);
   if (cr == PP_CU_SUCCESS)
     return 1;
   if (cr == PP_CU_ERROR_NOT_READY)
@@ -110,16 +143,42 @@ static int ev_query(void *ctx, void *event) {
 static int ev_synchronize(void *ctx, void *event) {
   const events_ctx_t *e = ctx;
   const cu_event_t *n = event;
-  pp_cu_result_t cr = pp_cuda_push(e->cuda);
+  int mode = 0;
+  pp_cu_result_t cr = enter(e, &mode);
   if (cr != PP_CU_SUCCESS)
-    return device_error(e, cr, "cuCtxPushCurrent");
+    return device_error(e, cr, "cuThreadExchangeStreamCaptureMode");
   cr = e->cuda->cuEventSynchronize(n->ev);
-  pp_cuda_pop(e->cuda);
+  leave(e, mode);
   if (cr == PP_CU_SUCCESS)
     return 0;
   char err[128];
   return pp_fail(PINPOOL_EDEVICE, "cuda events: cuEventSynchronize: %s",
                  pp_cuda_strerror(e->cuda, cr, err, sizeof err));
+}
+
+/* 1 and the capture's id in *id if `stream` is capturing (or its capture
+ * was invalidated and not yet ended: recording there is no better), 0 if
+ * not, < 0 on a driver error (the legacy stream 0 while another thread
+ * captures on a blocking stream: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). */
+static int ev_capture(void *ctx, pinpool_stream_t stream, uint64_t *id) {
+  const events_ctx_t *e = ctx;
+  pp_cu_result_t cr = pp_cuda_push(e->cuda);
+  if (cr != PP_CU_SUCCESS)
+    return device_error(e, cr, "cuCtxPushCurrent");
+  int status = PP_CU_STREAM_CAPTURE_STATUS_NONE;
+  pp_cu_u64_t cid = 0;
+  cr = e->cuda->cuStreamGetCaptureInfo((pp_cu_stream_t)stream, &status, &cid,
+                                       NULL, NULL, NULL);
+  pp_cuda_pop(e->cuda);
+  if (cr != PP_CU_SUCCESS) {
+    char err[128];
+    return pp_fail(PINPOOL_EDEVICE, "cuda events: cuStreamGetCaptureInfo: %s",
+                   pp_cuda_strerror(e->cuda, cr, err, sizeof err));
+  }
+  if (status == PP_CU_STREAM_CAPTURE_STATUS_NONE)
+    return 0;
+  *id = (uint64_t)cid;
+  return 1;
 }
 
 static void ev_release(void *ctx, void *event) { put_free(ctx, event); }
@@ -154,7 +213,9 @@ int pp_events_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
       (rc = PP_CUDA_REQUIRE(cuda, cuEventRecord)) != 0 ||
       (rc = PP_CUDA_REQUIRE(cuda, cuEventQuery)) != 0 ||
       (rc = PP_CUDA_REQUIRE(cuda, cuEventSynchronize)) != 0 ||
-      (rc = PP_CUDA_REQUIRE(cuda, cuEventDestroy)) != 0)
+      (rc = PP_CUDA_REQUIRE(cuda, cuEventDestroy)) != 0 ||
+      (rc = PP_CUDA_REQUIRE(cuda, cuStreamGetCaptureInfo)) != 0 ||
+      (rc = PP_CUDA_REQUIRE(cuda, cuThreadExchangeStreamCaptureMode)) != 0)
     return rc;
   events_ctx_t *e = calloc(1, sizeof *e);
   if (e == NULL)
@@ -165,6 +226,7 @@ int pp_events_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
   /* No fork hook: a child never uses this provider (fork.c replaces it,
    * and the driver cannot be used there). */
   *out = (pp_events_t){"cuda",         e,          ev_record,  ev_query,
-                       ev_synchronize, ev_release, ev_destroy, NULL};
+                       ev_synchronize, ev_release, ev_destroy, NULL,
+                       ev_capture};
   return 0;
 }

@@ -266,7 +266,8 @@ int pp_events_sim_open(const pp_config_t *cfg, pp_events_t *out) {
   (void)pthread_mutex_init(&sim->lock, NULL);
   (void)pthread_cond_init(&sim->done_cv, NULL);
   sim->delay_ns = (uint64_t)cfg->sim_delay_us * 1000u;
-  *out = (pp_events_t){"simulated",     sim,         sim_record,  sim_query,
-                       sim_synchronize, sim_release, sim_destroy, sim_atfork};
+  *out = (pp_events_t){
+      "simulated", sim,         sim_record, sim_query, sim_synchronize,
+      sim_release, sim_destroy, sim_atfork, NULL};
   return 0;
 }

@@ -181,7 +181,7 @@ static void cut_off_cuda(pinpool_t *pool) {
   if (pool->has_events)
     pool->ev = (pp_events_t){pool->ev.name, NULL,         forked_record,
                              forked_query,  forked_query, forked_release,
-                             NULL,          NULL};
+                             NULL,          NULL,         NULL};
   pool->cuda = NULL; /* the driver's handle is the parent's */
 }
 

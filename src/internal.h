@@ -330,6 +330,10 @@ typedef struct pp_events {
    * releases them, CHILD makes the provider usable in the child (its
    * threads are gone). */
   void (*atfork)(void *ctx, int phase);
+  /* May be NULL (no graph capture: simulated streams, callbacks). 1 and
+   * the capture's id in *id if `stream` is capturing a graph, 0 if not,
+   * < 0 on an error. stream.c never records on a capturing stream. */
+  int (*capture)(void *ctx, pinpool_stream_t stream, uint64_t *id);
 } pp_events_t;
 enum { PP_FORK_PREPARE = 0, PP_FORK_PARENT = 1, PP_FORK_CHILD = 2 };
 int pp_events_sim_open(const pp_config_t *cfg, pp_events_t *out);
@@ -925,6 +929,11 @@ struct pinpool {
   struct pp_qtab *qtab;      /* stream -> queue, for queues with events */
   struct pp_squeue *squeues; /* the queues with events (active list) */
   pp_counter_t pending_bytes, pending_blocks;
+  /* Graph capture (stream.c, "Captures"): the captures blocks are tied to,
+   * under streams_lock; the pending blocks parked on them (counted in
+   * pending_* too). */
+  struct pp_capture *captures;
+  pp_counter_t graph_blocks, graph_bytes;
   /* Pending blocks whose events are not all resolved, or that are still
    * moving out of PENDING; seq_cst (stream.c, "Waiting"). */
   _Atomic(uint64_t) pending_live;

@@ -731,7 +731,9 @@ static void write_stats(wbuf_t *w, const pinpool_stats_t *t) {
   wb_kv(w, "reserve_bytes", t->reserve_bytes, true);
   wb_kv(w, "max_cached", t->max_cached, true);
   wb_kv(w, "max_reserved", t->max_reserved, true);
-  wb_kv(w, "history_lost_writes", t->history_lost_writes, false);
+  wb_kv(w, "history_lost_writes", t->history_lost_writes, true);
+  wb_kv(w, "graph_held_blocks", t->graph_held_blocks, true);
+  wb_kv(w, "graph_held_bytes", t->graph_held_bytes, false);
   wb_lit(w, "},\n");
 }
 

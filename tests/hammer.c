@@ -189,6 +189,20 @@ static void op_streams(uint64_t *s) {
       rnd(s) % 8 ? pinpool_process_events(g_pool) : pinpool_synchronize(g_pool);
   if (rc != 0)
     fail("process_events/synchronize", rc);
+  /* Graph capture on simulated streams: no provider capture, no capture
+   * ever known: each call fails the same way, whatever runs meanwhile. */
+  if (rnd(s) % 32 == 0) {
+    int capturing;
+    uint64_t id;
+    pinpool_stream_t st = (pinpool_stream_t)(rnd(s) % 4);
+    if ((rc = pinpool_stream_capture(g_pool, st, &capturing, &id)) !=
+        PINPOOL_EBUSY)
+      fail("stream_capture", rc);
+    if ((rc = pinpool_graph_release(g_pool, rnd(s))) != PINPOOL_EINVAL)
+      fail("graph_release", rc);
+    if ((rc = pinpool_stream_graphs_release(g_pool, st)) != PINPOOL_EINVAL)
+      fail("stream_graphs_release", rc);
+  }
 }
 
 static void op_history(uint64_t *s) {

@@ -209,6 +209,37 @@ static void test_null_arguments(void **state) {
   EXPECT_NOCHANGE(pool, pinpool_synchronize(NULL), PINPOOL_EINVAL);
   EXPECT_NOCHANGE(pool, pinpool_sim_submit(NULL, 0, 0, NULL, NULL),
                   PINPOOL_EINVAL);
+  /* Graph capture (docs/cuda.md): a NULL pool or out-pointer, a capture or
+   * a stream the pool never saw, a provider without capture (here none;
+   * events=simulated below). tests/cuda/test_cuda_capture has the rest. */
+  int capturing = 7;
+  uint64_t cid = 7;
+  EXPECT_NOCHANGE(pool, pinpool_graph_release(NULL, 1), PINPOOL_EINVAL);
+  EXPECT_NOCHANGE(pool, pinpool_graph_release(pool, 1), PINPOOL_EINVAL);
+  EXPECT_NOCHANGE(pool, pinpool_graph_release(pool, 0), PINPOOL_EINVAL);
+  EXPECT_NOCHANGE(pool, pinpool_stream_graphs_release(NULL, 1), PINPOOL_EINVAL);
+  EXPECT_NOCHANGE(pool, pinpool_stream_graphs_release(pool, 1), PINPOOL_EINVAL);
+  EXPECT_NOCHANGE(pool, pinpool_stream_capture(NULL, 1, &capturing, &cid),
+                  PINPOOL_EINVAL);
+  EXPECT_NOCHANGE(pool, pinpool_stream_capture(pool, 1, NULL, &cid),
+                  PINPOOL_EINVAL);
+  EXPECT_NOCHANGE(pool, pinpool_stream_capture(pool, 1, &capturing, NULL),
+                  PINPOOL_EINVAL);
+  EXPECT_NOCHANGE(pool, pinpool_stream_capture(pool, 1, &capturing, &cid),
+                  PINPOOL_EBUSY);
+  PP_ASSERT(capturing == 7 && cid == 7, "out-pointers changed on failure");
+  pinpool_t *sim = NULL;
+  PP_OK(pinpool_create("events=simulated", &sim));
+  void *sb = NULL;
+  PP_OK(pinpool_alloc(sim, 3000, &sb));
+  PP_OK(pinpool_record_stream(sim, sb, 5));
+  PP_OK(pinpool_free(sim, sb)); /* a stream-ordered free, no capture */
+  EXPECT_NOCHANGE(sim, pinpool_stream_capture(sim, 5, &capturing, &cid),
+                  PINPOOL_EBUSY);
+  EXPECT_NOCHANGE(sim, pinpool_stream_graphs_release(sim, 5), PINPOOL_EINVAL);
+  EXPECT_NOCHANGE(sim, pinpool_graph_release(sim, 5), PINPOOL_EINVAL);
+  PP_OK(pinpool_synchronize(sim));
+  pinpool_destroy(sim);
 
   PP_OK(pinpool_free(pool, live));
   PP_CHECK_CONSISTENT(pool);

@@ -50,6 +50,11 @@ void ct_init(void) {
   CU_LOAD(lib, ct_cu.stream_create, "cuStreamCreate");
   CU_LOAD(lib, ct_cu.stream_destroy, "cuStreamDestroy_v2");
   CU_LOAD(lib, ct_cu.stream_sync, "cuStreamSynchronize");
+  CU_LOAD(lib, ct_cu.begin_capture, "cuStreamBeginCapture_v2");
+  CU_LOAD(lib, ct_cu.end_capture, "cuStreamEndCapture");
+  CU_LOAD(lib, ct_cu.capture_info, "cuStreamGetCaptureInfo_v2");
+  CU_LOAD(lib, ct_cu.exchange_mode, "cuThreadExchangeStreamCaptureMode");
+  CU_LOAD(lib, ct_cu.graph_destroy, "cuGraphDestroy");
   ct_have_driver = ct_cu.init != NULL && ct_cu.init(0) == CUDA_SUCCESS &&
                    ct_cu.retain != NULL && ct_cu.release != NULL &&
                    ct_cu.get_current != NULL && ct_cu.set_current != NULL &&
@@ -96,6 +101,9 @@ void ct_fake_clean_(const char *file, int line) {
     return;
   ct_fake_eq_("ctx_errors", 0, file, line);
   ct_fake_eq_("bad_calls", 0, file, line);
+  ct_fake_eq_("captured_records", 0, file, line);
+  ct_fake_eq_("capture_violations", 0, file, line);
+  ct_fake_eq_("captured_event_uses", 0, file, line);
   /* The test's own ct_ctx_enter is the one push allowed to stay. */
   ct_fake_eq_("unpopped", entered_ctx != NULL ? 1 : 0, file, line);
 }

@@ -53,6 +53,12 @@ typedef struct ct_cu {
   __typeof__(&cuStreamCreate) stream_create;
   __typeof__(&cuStreamDestroy_v2) stream_destroy;
   __typeof__(&cuStreamSynchronize) stream_sync;
+  /* Graph capture (NULL if the driver lacks them). */
+  __typeof__(&cuStreamBeginCapture_v2) begin_capture;
+  __typeof__(&cuStreamEndCapture) end_capture;
+  __typeof__(&cuStreamGetCaptureInfo_v2) capture_info;
+  __typeof__(&cuThreadExchangeStreamCaptureMode) exchange_mode;
+  __typeof__(&cuGraphDestroy) graph_destroy;
 } ct_cu_t;
 
 extern ct_fake_t ct_fake;
@@ -109,7 +115,9 @@ void ct_error_has_(const char *needle, const char *file, int line);
 void ct_fake_eq_(const char *key, long long want, const char *file, int line);
 
 /* With the fake: no call without a context, no bad call, every context
- * push popped (but ct_ctx_enter's). Without it: nothing. Call it when no
+ * push popped (but ct_ctx_enter's), no event recorded on a capturing
+ * stream, no unsafe call that broke a capture, no query of an event
+ * recorded in one. Without it: nothing. Call it when no
  * thread is inside a pool call (no background thread either). */
 #define CT_FAKE_CLEAN() ct_fake_clean_(__FILE__, __LINE__)
 void ct_fake_clean_(const char *file, int line);

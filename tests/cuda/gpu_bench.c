@@ -13,6 +13,14 @@
  *      is freed after pinpool_record_stream; allocations of the same size
  *      must not return it until the copies completed (checked against an
  *      event recorded after them), and the data copied back must be intact.
+ *   5. graph capture: H2D copies of a pool block are captured into a graph
+ *      (record_stream and the free happen during the capture, and pinpool
+ *      polls another stream's event meanwhile); the capture must not be
+ *      invalidated, pinpool must say the stream captures with the id the
+ *      driver gives, the block must not come back while the graph is
+ *      launched, nor after its launches completed, until
+ *      pinpool_graph_release; then it must, and the device copy must hold
+ *      the block's data (no scribble reached it).
  *
  * It loads the driver itself (dlopen of $PINPOOL_LIBCUDA or libcuda.so.1),
  * so it builds without CUDA, and runs against the fake driver too (ctest
@@ -58,7 +66,15 @@
   X(event_create, cuEventCreate, "cuEventCreate")                              \
   X(event_record, cuEventRecord, "cuEventRecord")                              \
   X(event_query, cuEventQuery, "cuEventQuery")                                 \
-  X(event_destroy, cuEventDestroy_v2, "cuEventDestroy_v2")
+  X(event_destroy, cuEventDestroy_v2, "cuEventDestroy_v2")                     \
+  X(begin_capture, cuStreamBeginCapture_v2, "cuStreamBeginCapture_v2")         \
+  X(end_capture, cuStreamEndCapture, "cuStreamEndCapture")                     \
+  X(capture_info, cuStreamGetCaptureInfo_v2, "cuStreamGetCaptureInfo_v2")      \
+  X(graph_instantiate, cuGraphInstantiateWithFlags,                            \
+    "cuGraphInstantiateWithFlags")                                             \
+  X(graph_launch, cuGraphLaunch, "cuGraphLaunch")                              \
+  X(graph_exec_destroy, cuGraphExecDestroy, "cuGraphExecDestroy")              \
+  X(graph_destroy, cuGraphDestroy, "cuGraphDestroy")
 
 #define CU_MEMBER(m, fn, sym) __typeof__(&fn) m;
 static struct {
@@ -374,6 +390,114 @@ static int reuse_check(void) {
   return 0;
 }
 
+/* ---- 5. graph capture -------------------------------------------------- */
+/* Allocate `size` up to 4 times while holding each, scribbling on blocks
+ * that are not `blk`; *got_blk: blk came back. */
+static int probe(pinpool_t *pool, size_t size, const void *blk, bool *got_blk) {
+  void *held[4];
+  int n = 0;
+  *got_blk = false;
+  for (; n < 4 && !*got_blk; n++) {
+    PP(pinpool_alloc(pool, size, &held[n]));
+    *got_blk = held[n] == blk;
+    if (!*got_blk)
+      memset(held[n], 0xff, 4096);
+  }
+  for (int i = 0; i < n; i++)
+    PP(pinpool_free(pool, held[i]));
+  return 0;
+}
+
+static int capture_check(void) {
+  size_t size = quick ? 4 * MiB : 64 * MiB;
+  int copies = quick ? 4 : 16, launches = quick ? 2 : 8;
+  char h[32];
+  printf("\n5. graph capture: %d H2D copies of a %s block captured, the "
+         "graph launched %d times\n",
+         copies, human(size, h, sizeof h), launches);
+  CUstream cs = NULL, ls = NULL;
+  CUdeviceptr d = 0;
+  CU(cu.stream_create(&cs, CU_STREAM_NON_BLOCKING));
+  CU(cu.stream_create(&ls, CU_STREAM_NON_BLOCKING));
+  if (cu.fake_stream_delay != NULL)
+    (void)cu.fake_stream_delay(ls, 20000);
+  CU(cu.mem_alloc(&d, size));
+  pinpool_t *pool = NULL;
+  PP(pinpool_create("backend=cuda,device=0,events=cuda", &pool));
+  unsigned char *blk = NULL, *other = NULL;
+  PP(pinpool_alloc(pool, size, (void **)&blk));
+  pattern(blk, size);
+  CU(cu.htod(d, blk, size, cs)); /* outside the capture: d starts right */
+  CU(cu.stream_sync(cs));
+  /* A block with an event pending on ls, for pinpool to poll during the
+   * capture (a query in the global mode would invalidate it). */
+  PP(pinpool_alloc(pool, size, (void **)&other));
+  CU(cu.htod(d, blk, size, ls));
+  PP(pinpool_record_stream(pool, other, (pinpool_stream_t)ls));
+  PP(pinpool_free(pool, other));
+
+  CU(cu.begin_capture(cs, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  for (int i = 0; i < copies; i++)
+    CU(cu.htod(d, blk, size, cs));
+  int capturing = 0, status = 0;
+  uint64_t id = 0;
+  cuuint64_t drv_id = 0;
+  PP(pinpool_stream_capture(pool, (pinpool_stream_t)cs, &capturing, &id));
+  CU(cu.capture_info(cs, &status, &drv_id, NULL, NULL, NULL));
+  PP(pinpool_record_stream(pool, blk, (pinpool_stream_t)cs));
+  PP(pinpool_free(pool, blk));
+  PP(pinpool_process_events(pool));
+  CUgraph graph = NULL;
+  CUresult end = cu.end_capture(cs, &graph);
+  printf("   pinpool: capturing %d, id %llu (driver: status %d, id %llu)\n",
+         capturing, (unsigned long long)id, status, (unsigned long long)drv_id);
+  printf("   capture ended: %s\n", end == CUDA_SUCCESS ? "ok" : cu_err(end));
+  if (end != CUDA_SUCCESS || capturing != 1 || id != drv_id) {
+    fprintf(stderr, "FAIL: the capture was broken or misreported\n");
+    failures++;
+    return -1;
+  }
+  CUgraphExec exec = NULL;
+  CU(cu.graph_instantiate(&exec, graph, 0));
+  for (int i = 0; i < launches; i++)
+    CU(cu.graph_launch(exec, ls));
+  pinpool_stats_t st;
+  PP(pinpool_get_stats(pool, &st));
+  bool early = false, early_done = false, back = false;
+  PP(probe(pool, size, blk, &early)); /* launches in flight */
+  CU(cu.stream_sync(ls));
+  PP(pinpool_synchronize(pool));
+  PP(probe(pool, size, blk, &early_done)); /* launched, not released */
+  CU(cu.graph_exec_destroy(exec));
+  CU(cu.graph_destroy(graph));
+  PP(pinpool_graph_release(pool, id));
+  PP(pinpool_synchronize(pool));
+  PP(probe(pool, size, blk, &back));
+  unsigned char *copy = malloc(size), *want = malloc(size);
+  if (copy == NULL || want == NULL)
+    return -1;
+  CU(cu.dtoh(copy, d, size, ls));
+  CU(cu.stream_sync(ls));
+  pattern(want, size);
+  bool intact = memcmp(copy, want, size) == 0;
+  printf("   held by the graph: %llu block(s); handed out while launched: "
+         "%s, after its launches: %s, after the release: %s\n",
+         (unsigned long long)st.graph_held_blocks, early ? "YES" : "no",
+         early_done ? "YES" : "no", back ? "yes" : "NO");
+  printf("   device copy intact: %s\n", intact ? "yes" : "NO");
+  if (st.graph_held_blocks != 1 || early || early_done || !back || !intact) {
+    fprintf(stderr, "FAIL: graph capture\n");
+    failures++;
+  }
+  free(copy);
+  free(want);
+  pinpool_destroy(pool);
+  CU(cu.mem_free(d));
+  CU(cu.stream_destroy(cs));
+  CU(cu.stream_destroy(ls));
+  return 0;
+}
+
 int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--quick") == 0) {
@@ -392,6 +516,7 @@ int main(int argc, char **argv) {
   (void)bench_segment("cuda-register", seg);
   (void)bench_bandwidth();
   (void)reuse_check();
+  (void)capture_check();
   printf("\nRESULT: %s\n", failures == 0 ? "OK" : "FAILED");
   return failures == 0 ? 0 : 1;
 }

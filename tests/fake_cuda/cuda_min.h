@@ -33,7 +33,24 @@ typedef unsigned long long cuuint64_t;
 #define CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED 712
 #define CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED 713
 #define CUDA_ERROR_LAUNCH_FAILED 719
+#define CUDA_ERROR_ILLEGAL_STATE 401
+#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+#define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
+#define CUDA_ERROR_STREAM_CAPTURE_IMPLICIT 906
+#define CUDA_ERROR_CAPTURED_EVENT 907
+#define CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD 908
 #define CUDA_ERROR_UNKNOWN 999
+
+/* CUstreamCaptureStatus, CUstreamCaptureMode */
+#define CU_STREAM_CAPTURE_STATUS_NONE 0
+#define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
+#define CU_STREAM_CAPTURE_STATUS_INVALIDATED 2
+#define CU_STREAM_CAPTURE_MODE_GLOBAL 0
+#define CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
+#define CU_STREAM_CAPTURE_MODE_RELAXED 2
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphExec_st *CUgraphExec;
 
 #define CU_EVENT_DISABLE_TIMING 0x2
 #define CU_STREAM_NON_BLOCKING 0x1
@@ -86,6 +103,19 @@ CUresult cuEventRecord(CUevent ev, CUstream stream);
 CUresult cuEventQuery(CUevent ev);
 CUresult cuEventSynchronize(CUevent ev);
 CUresult cuEventDestroy_v2(CUevent ev);
+/* Graph capture: cuStreamBeginCapture and cuStreamGetCaptureInfo as cuda.h
+ * of CUDA 12.0 maps them (mode argument; graph and dependencies out). */
+CUresult cuStreamBeginCapture_v2(CUstream stream, int mode);
+CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);
+CUresult cuStreamGetCaptureInfo_v2(CUstream stream, int *status, cuuint64_t *id,
+                                   CUgraph *graph, const CUgraphNode **deps,
+                                   size_t *ndeps);
+CUresult cuThreadExchangeStreamCaptureMode(int *mode);
+CUresult cuGraphDestroy(CUgraph graph);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
+                                     unsigned long long flags);
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
+CUresult cuGraphExecDestroy(CUgraphExec exec);
 
 /* Set the function pointer `var` to the loaded driver's `sym` (NULL if it
  * lacks it). Declare var with the prototype above:

@@ -61,7 +61,15 @@
   X(cuEventRecord)                                                             \
   X(cuEventQuery)                                                              \
   X(cuEventSynchronize)                                                        \
-  X(cuEventDestroy_v2)
+  X(cuEventDestroy_v2)                                                         \
+  X(cuStreamBeginCapture_v2)                                                   \
+  X(cuStreamEndCapture)                                                        \
+  X(cuStreamGetCaptureInfo_v2)                                                 \
+  X(cuThreadExchangeStreamCaptureMode)                                         \
+  X(cuGraphDestroy)                                                            \
+  X(cuGraphInstantiateWithFlags)                                               \
+  X(cuGraphLaunch)                                                             \
+  X(cuGraphExecDestroy)
 
 #define AS_ENUM(n) E_##n,
 enum { FAKE_ENTRIES(AS_ENUM) E_COUNT };
@@ -85,7 +93,17 @@ typedef struct fevent {
   int error;          /* the latest completed record failed with this */
   int pending_ops;    /* markers still queued: freed after the last */
   bool destroyed;
+  bool captured; /* last recorded inside a capture: no time to query */
 } fevent_t;
+
+/* A capture sequence (one stream each: the fake does not join streams). */
+typedef struct fcapture {
+  uint64_t id;
+  int mode;   /* CU_STREAM_CAPTURE_MODE_* given to cuStreamBeginCapture */
+  int status; /* ACTIVE or INVALIDATED */
+  const void *owner; /* the thread that began it (its tl_token) */
+  long long nodes;   /* operations captured */
+} fcapture_t;
 
 enum { OP_MARKER, OP_COPY, OP_FN, OP_STOP };
 typedef struct op {
@@ -108,7 +126,9 @@ struct fstream {
   pthread_cond_t wake;
   op_t *head, *tail;
   uint64_t queued, done;
-  int delay_us; /* < 0: g.delay_us */
+  int delay_us;             /* < 0: g.delay_us */
+  fcapture_t *cap;          /* capturing: work becomes nodes, not operations */
+  struct fstream *cap_next; /* g.capturing list */
 };
 
 typedef struct range {
@@ -148,7 +168,13 @@ static struct {
   long long ops_pending;
   ranges_t host, reg, dev;
   inject_t inj[MAX_INJECT];
-  char hidden[1024]; /* ",a,b," for substring search */
+  char hidden[1024];             /* ",a,b," for substring search */
+  fstream_t *capturing;          /* streams with a capture */
+  uint64_t next_capture_id;      /* ids handed out (never 0) */
+  long long captured_records;    /* cuEventRecord on a capturing stream */
+  long long capture_violations;  /* unsafe calls that broke a capture */
+  long long captured_event_uses; /* query/sync of an event recorded in one */
+  long long live_graphs;
 } g = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
     .done_cv = PTHREAD_COND_INITIALIZER,
@@ -162,6 +188,10 @@ static struct {
 
 static _Thread_local fctx_t *tl_stack[MAX_DEPTH];
 static _Thread_local int tl_depth;
+/* The thread's capture interaction mode (cuThreadExchangeStreamCaptureMode;
+ * GLOBAL by default), and an address that names the thread. */
+static _Thread_local int tl_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+static _Thread_local char tl_token;
 
 static void lock(void) { (void)pthread_mutex_lock(&g.mu); }
 static void unlock(void) { (void)pthread_mutex_unlock(&g.mu); }
@@ -380,6 +410,34 @@ static void push_op_locked(fstream_t *s, op_t *o) {
   (void)pthread_cond_signal(&s->wake);
 }
 
+/* ---- Capture ------------------------------------------------------------
+ * As the driver documents cuThreadExchangeStreamCaptureMode: a thread in
+ * mode GLOBAL may not make a potentially unsafe call (here: cuEventQuery,
+ * cuEventSynchronize) while it has a capture of its own not begun RELAXED,
+ * or while any other thread has one begun GLOBAL; THREAD_LOCAL only minds
+ * its own; RELAXED minds none. Such a call fails with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures it
+ * conflicts with (counted: capture_violations). */
+static CUresult unsafe_call_locked(void) {
+  if (tl_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_SUCCESS;
+  bool bad = false;
+  for (fstream_t *s = g.capturing; s != NULL; s = s->cap_next) {
+    fcapture_t *c = s->cap;
+    bool mine = c->owner == &tl_token;
+    if ((mine && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+        (!mine && tl_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+         c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+      c->status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+      bad = true;
+    }
+  }
+  if (!bad)
+    return CUDA_SUCCESS;
+  g.capture_violations++;
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
 /* ---- Errors ------------------------------------------------------------- */
 typedef struct err_desc {
   int code;
@@ -395,6 +453,9 @@ static const err_desc_t errors[] = {
     {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {401, "CUDA_ERROR_ILLEGAL_STATE",
+     "the operation cannot be performed in "
+     "the present state"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {600, "CUDA_ERROR_NOT_READY", "device not ready"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS",
@@ -404,6 +465,19 @@ static const err_desc_t errors[] = {
     {713, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
      "pointer does not correspond to a registered memory region"},
     {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+    {900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
+    {901, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
+    {906, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+     "operation would make the legacy stream depend on a capturing blocking "
+     "stream"},
+    {907, "CUDA_ERROR_CAPTURED_EVENT",
+     "operation not permitted on an event last recorded in a capturing "
+     "stream"},
+    {908, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+     "attempt to terminate a thread-local capture sequence from another "
+     "thread"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -736,7 +810,9 @@ static CUresult copy_async(int id, void *dst, const void *src, size_t n,
     g.ctx_errors++;
     rc = CUDA_ERROR_INVALID_CONTEXT;
   }
-  if (rc == CUDA_SUCCESS) {
+  if (rc == CUDA_SUCCESS && s->cap != NULL) {
+    s->cap->nodes++; /* a node of the graph: nothing runs now */
+  } else if (rc == CUDA_SUCCESS) {
     *o = (op_t){.kind = OP_COPY, .dst = dst, .src = src, .n = n};
     push_op_locked(s, o);
     o = NULL;
@@ -857,8 +933,16 @@ CUresult cuEventRecord(CUevent ev, CUstream stream) {
     g.ctx_errors++;
     rc = CUDA_ERROR_INVALID_CONTEXT;
   }
-  if (rc == CUDA_SUCCESS) {
+  if (rc == CUDA_SUCCESS && s->cap != NULL) {
+    /* In a capture an event record is a node of the graph: it marks no
+     * point in time, and the event may not be queried until recorded again
+     * outside a capture. */
+    s->cap->nodes++;
+    e->captured = true;
+    g.captured_records++;
+  } else if (rc == CUDA_SUCCESS) {
     int err = 0;
+    e->captured = false;
     for (int i = 0; i < MAX_INJECT; i++) {
       inject_t *in = &g.inj[i];
       if (in->entry == E_cuEventRecord && in->async_event &&
@@ -884,7 +968,12 @@ CUresult cuEventQuery(CUevent ev) {
   CUresult rc = enter_locked(E_cuEventQuery, NEED_INIT | NEED_CTX);
   if (rc == CUDA_SUCCESS && !event_usable_locked(e))
     rc = CUDA_ERROR_INVALID_HANDLE;
-  if (rc == CUDA_SUCCESS) {
+  if (rc == CUDA_SUCCESS)
+    rc = unsafe_call_locked();
+  if (rc == CUDA_SUCCESS && e->captured) {
+    g.captured_event_uses++;
+    rc = CUDA_ERROR_CAPTURED_EVENT;
+  } else if (rc == CUDA_SUCCESS) {
     if (e->completed < e->recorded)
       rc = CUDA_ERROR_NOT_READY;
     else
@@ -899,7 +988,12 @@ CUresult cuEventSynchronize(CUevent ev) {
   CUresult rc = enter_locked(E_cuEventSynchronize, NEED_INIT | NEED_CTX);
   if (rc == CUDA_SUCCESS && !event_usable_locked(e))
     rc = CUDA_ERROR_INVALID_HANDLE;
-  if (rc == CUDA_SUCCESS) {
+  if (rc == CUDA_SUCCESS)
+    rc = unsafe_call_locked();
+  if (rc == CUDA_SUCCESS && e->captured) {
+    g.captured_event_uses++;
+    rc = CUDA_ERROR_CAPTURED_EVENT;
+  } else if (rc == CUDA_SUCCESS) {
     while (e->completed < e->recorded)
       (void)pthread_cond_wait(&g.done_cv, &g.mu);
     rc = e->error;
@@ -924,6 +1018,172 @@ CUresult cuEventDestroy_v2(CUevent ev) {
   unlock();
   if (free_now)
     free(e);
+  return rc;
+}
+
+/* ---- Graph capture --------------------------------------------------------
+ */
+CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
+  fstream_t *s = (fstream_t *)(void *)stream;
+  CUresult rc = enter_locked(E_cuStreamBeginCapture_v2, NEED_INIT | NEED_CTX);
+  fcapture_t *c = NULL;
+  if (rc == CUDA_SUCCESS && (mode < 0 || mode > 2))
+    rc = CUDA_ERROR_INVALID_VALUE;
+  if (rc == CUDA_SUCCESS && s == NULL) /* the legacy stream cannot capture */
+    rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (rc == CUDA_SUCCESS && s->cap != NULL)
+    rc = CUDA_ERROR_ILLEGAL_STATE;
+  if (rc == CUDA_SUCCESS && (c = calloc(1, sizeof *c)) == NULL)
+    rc = CUDA_ERROR_OUT_OF_MEMORY;
+  if (rc == CUDA_SUCCESS) {
+    *c = (fcapture_t){++g.next_capture_id, mode,
+                      CU_STREAM_CAPTURE_STATUS_ACTIVE, &tl_token, 0};
+    s->cap = c;
+    s->cap_next = g.capturing;
+    g.capturing = s;
+  }
+  unlock();
+  return rc;
+}
+
+CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph) {
+  fstream_t *s = (fstream_t *)(void *)stream;
+  CUresult rc = enter_locked(E_cuStreamEndCapture, NEED_INIT | NEED_CTX);
+  fcapture_t *c = NULL;
+  if (rc == CUDA_SUCCESS && (graph == NULL || s == NULL))
+    rc = CUDA_ERROR_INVALID_VALUE;
+  if (rc == CUDA_SUCCESS && s->cap == NULL)
+    rc = CUDA_ERROR_ILLEGAL_STATE;
+  if (rc == CUDA_SUCCESS && s->cap->mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
+      s->cap->owner != &tl_token)
+    rc = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  if (rc == CUDA_SUCCESS) {
+    c = s->cap;
+    s->cap = NULL;
+    for (fstream_t **ps = &g.capturing; *ps != NULL; ps = &(*ps)->cap_next)
+      if (*ps == s) {
+        *ps = s->cap_next;
+        break;
+      }
+    *graph = NULL;
+    if (c->status != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+      rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else {
+      long long *nodes = malloc(sizeof *nodes); /* the "graph" */
+      if (nodes == NULL) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+      } else {
+        *nodes = c->nodes;
+        g.live_graphs++;
+        *graph = (CUgraph)(void *)nodes;
+      }
+    }
+  }
+  unlock();
+  free(c);
+  return rc;
+}
+
+CUresult cuStreamGetCaptureInfo_v2(CUstream stream, int *status, cuuint64_t *id,
+                                   CUgraph *graph, const CUgraphNode **deps,
+                                   size_t *ndeps) {
+  fstream_t *s = (fstream_t *)(void *)stream;
+  CUresult rc = enter_locked(E_cuStreamGetCaptureInfo_v2, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && status == NULL)
+    rc = CUDA_ERROR_INVALID_VALUE;
+  /* The legacy stream while a capture runs (the fake takes every stream
+   * as blocking): the driver refuses to answer. */
+  if (rc == CUDA_SUCCESS && s == NULL && g.capturing != NULL)
+    rc = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  if (rc == CUDA_SUCCESS) {
+    fcapture_t *c = s != NULL ? s->cap : NULL;
+    *status = c != NULL ? c->status : CU_STREAM_CAPTURE_STATUS_NONE;
+    if (id != NULL && c != NULL)
+      *id = c->id;
+    if (graph != NULL)
+      *graph = NULL;
+    if (deps != NULL)
+      *deps = NULL;
+    if (ndeps != NULL)
+      *ndeps = 0;
+  }
+  unlock();
+  return rc;
+}
+
+CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+  CUresult rc = enter(E_cuThreadExchangeStreamCaptureMode, NEED_INIT);
+  if (rc == CUDA_SUCCESS && (mode == NULL || *mode < 0 || *mode > 2))
+    rc = CUDA_ERROR_INVALID_VALUE;
+  if (rc == CUDA_SUCCESS) {
+    int old = tl_capture_mode;
+    tl_capture_mode = *mode;
+    *mode = old;
+  }
+  return rc;
+}
+
+CUresult cuGraphDestroy(CUgraph graph) {
+  CUresult rc = enter_locked(E_cuGraphDestroy, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && graph == NULL)
+    rc = CUDA_ERROR_INVALID_VALUE;
+  if (rc == CUDA_SUCCESS)
+    g.live_graphs--;
+  unlock();
+  if (rc == CUDA_SUCCESS)
+    free(graph);
+  return rc;
+}
+
+/* An executable graph runs nothing (the fake keeps no nodes' work): a
+ * launch is one operation on the stream, after the stream's delay. */
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
+                                     unsigned long long flags) {
+  CUresult rc =
+      enter_locked(E_cuGraphInstantiateWithFlags, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && (exec == NULL || graph == NULL || flags != 0))
+    rc = CUDA_ERROR_INVALID_VALUE;
+  long long *x = rc == CUDA_SUCCESS ? malloc(sizeof *x) : NULL;
+  if (rc == CUDA_SUCCESS && x == NULL)
+    rc = CUDA_ERROR_OUT_OF_MEMORY;
+  if (rc == CUDA_SUCCESS) {
+    *x = *(long long *)(void *)graph;
+    g.live_graphs++; /* an exec counts as a graph until destroyed */
+    *exec = (CUgraphExec)(void *)x;
+  }
+  unlock();
+  return rc;
+}
+
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+  op_t *o = calloc(1, sizeof *o);
+  CUresult rc = enter_locked(E_cuGraphLaunch, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && (exec == NULL || o == NULL))
+    rc = exec == NULL ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY;
+  fstream_t *s = rc == CUDA_SUCCESS ? resolve_stream_locked(stream) : NULL;
+  if (rc == CUDA_SUCCESS && s == NULL)
+    rc = CUDA_ERROR_OUT_OF_MEMORY;
+  if (rc == CUDA_SUCCESS && s->cap != NULL) {
+    s->cap->nodes++;
+  } else if (rc == CUDA_SUCCESS) {
+    *o = (op_t){.kind = OP_FN};
+    push_op_locked(s, o);
+    o = NULL;
+  }
+  unlock();
+  free(o);
+  return rc;
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec exec) {
+  CUresult rc = enter_locked(E_cuGraphExecDestroy, NEED_INIT | NEED_CTX);
+  if (rc == CUDA_SUCCESS && exec == NULL)
+    rc = CUDA_ERROR_INVALID_VALUE;
+  if (rc == CUDA_SUCCESS)
+    g.live_graphs--;
+  unlock();
+  if (rc == CUDA_SUCCESS)
+    free(exec);
   return rc;
 }
 
@@ -972,6 +1232,14 @@ static void *lookup(const char *name) {
   L("cuEventQuery", cuEventQuery)
   L("cuEventSynchronize", cuEventSynchronize)
   L("cuEventDestroy", cuEventDestroy_v2)
+  L("cuStreamBeginCapture", cuStreamBeginCapture_v2)
+  L("cuStreamEndCapture", cuStreamEndCapture)
+  L("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v2)
+  L("cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode)
+  L("cuGraphDestroy", cuGraphDestroy)
+  L("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags)
+  L("cuGraphLaunch", cuGraphLaunch)
+  L("cuGraphExecDestroy", cuGraphExecDestroy)
 #undef L
   return NULL;
 }
@@ -1094,6 +1362,18 @@ long long fake_cuda_get(const char *key) {
 #endif
   } else if (strcmp(key, "ops_pending") == 0) {
     v = g.ops_pending;
+  } else if (strcmp(key, "captured_records") == 0) {
+    v = g.captured_records;
+  } else if (strcmp(key, "capture_violations") == 0) {
+    v = g.capture_violations;
+  } else if (strcmp(key, "captured_event_uses") == 0) {
+    v = g.captured_event_uses;
+  } else if (strcmp(key, "live_captures") == 0) {
+    v = 0;
+    for (fstream_t *s = g.capturing; s != NULL; s = s->cap_next)
+      v++;
+  } else if (strcmp(key, "live_graphs") == 0) {
+    v = g.live_graphs;
   }
   unlock();
   return v;
@@ -1169,6 +1449,7 @@ void fake_cuda_reset(void) {
   g.driver_version = 12080;
   memset(g.calls, 0, sizeof g.calls);
   g.ctx_errors = g.bad_calls = 0;
+  g.captured_records = g.capture_violations = g.captured_event_uses = 0;
   g.last_host_alloc_flags = g.last_register_flags = -1;
   g.last_event_flags = g.last_proc_flags = -1;
   unlock();

@@ -52,7 +52,29 @@ int fake_cuda_set(const char *key, long long value);
  *   last_event_flags       flags of the latest cuEventCreate
  *   last_proc_flags        flags of the latest cuGetProcAddress
  *   has_proc_address       1 if this build exports cuGetProcAddress
- *   ops_pending            stream operations queued, not yet done */
+ *   ops_pending            stream operations queued, not yet done
+ *   captured_records       cuEventRecord calls on a capturing stream
+ *   capture_violations     potentially unsafe calls (cuEventQuery,
+ *                          cuEventSynchronize) made while the calling
+ *                          thread's capture mode forbade them: each
+ *                          invalidated the captures it conflicted with
+ *   captured_event_uses    cuEventQuery / cuEventSynchronize of an event
+ *                          last recorded inside a capture
+ *   live_captures          cuStreamBeginCapture not yet ended
+ *   live_graphs            graphs from cuStreamEndCapture and executable
+ *                          graphs not destroyed
+ *
+ * Graph capture: cuStreamBeginCapture (modes global, thread-local,
+ * relaxed), cuStreamEndCapture, cuStreamGetCaptureInfo (id and status),
+ * cuThreadExchangeStreamCaptureMode (per thread), cuGraphDestroy, and
+ * cuGraphInstantiateWithFlags / cuGraphLaunch / cuGraphExecDestroy (a
+ * launch is an empty operation on the stream). In a
+ * capture, copies and event records become nodes (nothing runs); an
+ * unsafe call forbidden by the calling thread's mode fails with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture (so
+ * cuStreamEndCapture returns CUDA_ERROR_STREAM_CAPTURE_INVALIDATED), as
+ * the driver does; the capture status of the legacy stream 0 while any
+ * capture runs is CUDA_ERROR_STREAM_CAPTURE_IMPLICIT. */
 long long fake_cuda_get(const char *key);
 
 /* The `nth` call from now (1: the next) of `entry` ("cuMemHostAlloc",

@@ -465,7 +465,8 @@ def test_snapshots_and_history_while_allocating(pool, tmp_path):
     switched (by two threads) while other threads allocate, and snapshots
     read blocks while they change state; a third thread makes every other
     Pool call meanwhile (empty_cache, process_events, synchronize,
-    reset_peak_stats, stats, config). Every snapshot must satisfy reserved
+    reset_peak_stats, stats, config, and the graph-capture calls, which
+    this pool without events refuses). Every snapshot must satisfy reserved
     = allocated + pending + cached."""
     stop = threading.Event()
     sizes = (100, 5000, 70000, 1 << 20, 3 << 20)
@@ -496,6 +497,12 @@ def test_snapshots_and_history_while_allocating(pool, tmp_path):
                 pool.process_events()
                 pool.synchronize()
                 pool.reset_peak_stats()
+                with pytest.raises(RuntimeError):
+                    pool.stream_capture(1)
+                with pytest.raises(ValueError):
+                    pool.graph_release(1)
+                with pytest.raises(ValueError):
+                    pool.stream_graphs_release(1)
                 st = pool.stats()
                 assert st["reserved_bytes"]["current"] >= 0
                 assert pool.config.startswith("backend=")
