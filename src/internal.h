@@ -833,6 +833,7 @@ typedef struct pp_history {
 
 /* ---- The pool ----------------------------------------------------------- */
 /* Cache-line aligned so that neighbouring bins never share a line. */
+#define PP_HOT_SLOTS 4 /* large blocks kept whole per bin (pool.c) */
 typedef struct pp_bin {
   _Alignas(64) pp_mutex_t lock;
   pp_segment_t *partial; /* some free blocks, some in use */
@@ -844,11 +845,12 @@ typedef struct pp_bin {
    * "empty" costs at worst a segment that was not needed; a stale "non-empty" a
    * lock. */
   _Atomic(unsigned) avail;
-  /* A one-block segment whose block was freed, outside the lists: the
-   * next allocation of the class takes it with one exchange and no lock
-   * (pp_hot_*; no cap set; classes above tcache_bytes, and frees of a
-   * class above tcache_bytes / 16 by a thread without its stack). */
-  _Atomic(struct pp_segment *) hot;
+  /* One-block segments whose block was freed, outside the lists: the
+   * next allocation of exactly that size takes one with a compare-and-swap
+   * and no lock (pool.c, "Hot slots"; no cap set; classes above
+   * tcache_bytes, frees of a class above tcache_bytes / 16 by a thread
+   * without its stack, completed stream-ordered frees). */
+  _Atomic(struct pp_segment *) hot[PP_HOT_SLOTS];
 } pp_bin_t;
 enum { PP_BIN_PARTIAL = 1, PP_BIN_IDLE = 2 };
 

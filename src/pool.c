@@ -506,34 +506,42 @@ void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
  * A large class above tcache_bytes has no thread cache: every allocation
  * and free would go to the arena's lock (W1 at 1 GiB). (Nor does a class
  * above tcache_bytes / 16 for a thread that only frees it: alloc.c,
- * "one-block stacks"; its frees come here too.) Each bin keeps instead the
- * last large block freed into it in an atomic slot; an allocation of
- * exactly its size takes it with one exchange. The block counts as central
- * idle memory, like free space in the arena (put and take counted in the
- * moving thread's slot_in / slot_out, or in central_in / central_out for a
- * path without a thread cache: hot_count); a block pushed out of its slot,
- * or taken by a request of another size, goes back to the arena, still
- * idle. Whatever needs every idle byte in the arena drains the slots
- * first (pp_hot_drain): an arena about to grow, and releasing idle memory;
- * so a slot never makes the pool hold more, it only keeps a block whole
- * for its size. Pools with a cap (which trim on every free) do not use
- * them. */
+ * "one-block stacks"; its frees come here too, and so do large blocks a
+ * stream-ordered free completes.) Each bin keeps instead the last
+ * PP_HOT_SLOTS large blocks freed into it in atomic slots; an allocation
+ * of exactly one's size takes it with one compare-and-swap. Several slots,
+ * not one: a consumer that frees a producer's blocks a few at a time (W3's
+ * batches at depth 2-4, W4's blocks in flight) displaced all but the last
+ * from a single slot, and the producer carved each again under seg_lock,
+ * which both threads share (3x W3's time at two threads). A slot's block
+ * counts as central idle memory, like free space in the arena (put and
+ * take counted in the moving thread's slot_in / slot_out, or in
+ * central_in / central_out for a path without a thread cache: hot_count);
+ * a block pushed out of its slot goes back to the arena, still idle.
+ * Whatever needs every idle byte in the arena drains the slots first
+ * (pp_hot_drain): an arena about to grow, and releasing idle memory; so a
+ * slot never makes the pool hold more, it only keeps a block whole for its
+ * size. Pools with a cap (which trim on every free) do not use them. */
 
-/* The slot's exchanges order the block's hand-off: the putter's last use
+/* The slots' exchanges order the block's hand-off: the putter's last use
  * of the memory (and its CACHED word) before the taker's first. */
 #ifdef PINPOOL_MUTANT_HOT_RELAXED
 /* Race mutant (docs/verification.md): relaxed exchanges; the block's
  * memory then passes between threads with no happens-before. */
 #define hot_xchg(p, v) atomic_exchange_explicit((p), (v), memory_order_relaxed)
+#define hot_cas(p, e, v)                                                       \
+  atomic_compare_exchange_strong_explicit((p), (e), (v), memory_order_relaxed, \
+                                          memory_order_relaxed)
 #else
 #define hot_xchg(p, v) pp_xchg_acq_rel((p), (v))
+#define hot_cas(p, e, v) pp_cas_acq_rel((p), (e), (v))
 #endif
 
-/* Empty bin's slot: the segment it held, or NULL. */
-static pp_segment_t *hot_grab(pp_bin_t *bin) {
-  if (pp_load_relaxed(&bin->hot) == NULL)
+/* Empty a slot: the segment it held, or NULL. */
+static pp_segment_t *hot_grab(_Atomic(pp_segment_t *) *slot) {
+  if (pp_load_relaxed(slot) == NULL)
     return NULL; /* the common case, without a write to the line */
-  return hot_xchg(&bin->hot, NULL);
+  return hot_xchg(slot, NULL);
 }
 
 /* Counting: a slot's block is central idle memory, but counted (by the
@@ -557,8 +565,17 @@ bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e,
   hot_count(ctr, &pool->gs.central_in, e->bs);
   pp_store_relaxed(&s->hot_req, req);
   pp_store_relaxed(&s->hot_epoch, epoch);
-  /* Release: the taker sees the block's CACHED word and the segment. */
-  pp_segment_t *old = hot_xchg(&bin->hot, s);
+  /* Release (both): the taker sees the block's CACHED word and the
+   * segment. An empty slot first; when all are full, one chosen by the
+   * block's address is displaced. */
+  for (unsigned k = 0; k < PP_HOT_SLOTS; k++) {
+    pp_segment_t *none = NULL;
+    if (pp_load_relaxed(&bin->hot[k]) == NULL &&
+        hot_cas(&bin->hot[k], &none, s))
+      return true;
+  }
+  unsigned k = (unsigned)(((uintptr_t)s >> 6) % PP_HOT_SLOTS);
+  pp_segment_t *old = hot_xchg(&bin->hot[k], s);
   if (old != NULL)
     seg_release(pool, old); /* idle either way: no count changes */
   return true;
@@ -568,18 +585,26 @@ bool pp_hot_take(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
                  pp_tentry_t *out, pp_counter_t *ctr) {
   unsigned ns = pool->cfg.shards;
   for (unsigned i = 0, sh = shard; i < ns; i++, sh = sh + 1 < ns ? sh + 1 : 0) {
-    pp_segment_t *s = hot_grab(pp_bin(pool, cls, sh));
-    if (s == NULL)
-      continue;
-    if (pp_load_relaxed(&s->block_size) != bs) {
-      /* Another size of the class: its space is worth more coalesced in
-       * the arena than kept for a size that is not being asked for. */
-      seg_release(pool, s);
-      continue;
+    pp_bin_t *bin = pp_bin(pool, cls, sh);
+    /* Last slot first: puts fill them from the first, so this takes the
+     * block freed last (its pages the likeliest in the CPU's caches). */
+    for (unsigned k = PP_HOT_SLOTS; k-- > 0;) {
+      pp_segment_t *s = pp_load_relaxed(&bin->hot[k]);
+      /* The size is read before the segment is ours: another thread may
+       * take it first (the CAS then fails) or even recycle its descriptor
+       * into this slot again (the CAS succeeds on a block of another size,
+       * checked below). The field is atomic: a stale value, never a race. */
+      if (s == NULL || pp_load_relaxed(&s->block_size) != bs ||
+          !hot_cas(&bin->hot[k], &s, NULL))
+        continue;
+      if (pp_load_relaxed(&s->block_size) != bs) {
+        seg_release(pool, s); /* the rare recycled one: idle either way */
+        continue;
+      }
+      hot_count(ctr, &pool->gs.central_out, bs);
+      *out = (pp_tentry_t){(void *)pp_load_relaxed(&s->base), s, bs, 0};
+      return true;
     }
-    hot_count(ctr, &pool->gs.central_out, bs);
-    *out = (pp_tentry_t){(void *)pp_load_relaxed(&s->base), s, bs, 0};
-    return true;
   }
   return false;
 }
@@ -589,13 +614,14 @@ unsigned pp_hot_drain(pinpool_t *pool) {
   unsigned top = (unsigned)pp_load_relaxed(&pool->top_cls);
   unsigned n = 0;
   for (unsigned c = lo; c <= top; c++)
-    for (unsigned i = 0; i < pool->cfg.shards; i++) {
-      pp_segment_t *s = hot_grab(pp_bin(pool, c, i));
-      if (s != NULL) {
-        seg_release(pool, s);
-        n++;
+    for (unsigned i = 0; i < pool->cfg.shards; i++)
+      for (unsigned k = 0; k < PP_HOT_SLOTS; k++) {
+        pp_segment_t *s = hot_grab(&pp_bin(pool, c, i)->hot[k]);
+        if (s != NULL) {
+          seg_release(pool, s);
+          n++;
+        }
       }
-    }
   return n;
 }
 

@@ -169,8 +169,9 @@ static void check_tcaches(pinpool_t *pool, vstate_t *v) {
   }
   /* The bins' hot slots (pool.c) hold blocks outside the lists as well. */
   size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
-  for (size_t i = 0; i < nbins; i++) {
-    pp_segment_t *s = pp_load_relaxed(&pool->bins[i].hot);
+  for (size_t j = 0; j < nbins * PP_HOT_SLOTS; j++) {
+    size_t i = j / PP_HOT_SLOTS;
+    pp_segment_t *s = pp_load_relaxed(&pool->bins[i].hot[j % PP_HOT_SLOTS]);
     if (s == NULL)
       continue;
     pp_bin_t *bin = pp_bin(pool, s->cls, s->shard);

@@ -158,10 +158,12 @@ static unsigned slots_held(pinpool_t *pool, size_t size, void **seen,
   *listed = false;
   for (unsigned i = 0; i < pool->cfg.shards; i++) {
     pp_bin_t *bin = pp_bin(pool, cls, i);
-    pp_segment_t *s = pp_load_acquire(&bin->hot);
-    if (s != NULL) {
-      *seen = (void *)pp_load_relaxed(&s->base);
-      n++;
+    for (unsigned k = 0; k < PP_HOT_SLOTS; k++) {
+      pp_segment_t *s = pp_load_acquire(&bin->hot[k]);
+      if (s != NULL) {
+        *seen = (void *)pp_load_relaxed(&s->base);
+        n++;
+      }
     }
     pp_mutex_lock(&bin->lock);
     *listed |= bin->idle != NULL;
