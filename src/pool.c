@@ -589,11 +589,14 @@ bool pp_hot_take(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
     /* Last slot first: puts fill them from the first, so this takes the
      * block freed last (its pages the likeliest in the CPU's caches). */
     for (unsigned k = PP_HOT_SLOTS; k-- > 0;) {
-      pp_segment_t *s = pp_load_relaxed(&bin->hot[k]);
-      /* The size is read before the segment is ours: another thread may
-       * take it first (the CAS then fails) or even recycle its descriptor
-       * into this slot again (the CAS succeeds on a block of another size,
-       * checked below). The field is atomic: a stale value, never a race. */
+      /* Acquire: the size is read before the segment is ours, so the
+       * descriptor's initialization (a new one is memset by desc_new) must
+       * happen before that read: the put's release pairs with this load
+       * (relaxed, TSAN reported the race in test_stress). Another thread
+       * may take the segment first (the CAS then fails) or even recycle
+       * its descriptor into this slot again (the CAS succeeds on a block
+       * of another size, checked below). */
+      pp_segment_t *s = pp_load_acquire(&bin->hot[k]);
       if (s == NULL || pp_load_relaxed(&s->block_size) != bs ||
           !hot_cas(&bin->hot[k], &s, NULL))
         continue;
