@@ -520,6 +520,26 @@ size_t pp_stream_list(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
   return n;
 }
 
+/* A completed block goes where a plain free of it goes: a large one (a
+ * segment of its own) into its bin's hot slot, where the next allocation
+ * of its size takes it whole with one exchange; anything else, or a block
+ * the slots refuse (a pool with a cap), to the central bins. W4's 1 MiB
+ * blocks, all freed on streams, went back to the arena here and were
+ * carved again under seg_lock on every allocation (1.9-2.9x slower than
+ * before the arenas; docs/benchmarks.md). Not paired with a peak sample
+ * (epoch UINT64_MAX never matches): the taker counts the bytes as taken. */
+static void give_completed(pinpool_t *pool, pp_tentry_t *e, size_t req) {
+  if (e->bs > PP_SLAB_MAX_BLOCK) {
+    /* PENDING -> CACHED before the slot publishes it (release: the taker's
+     * acquire sees the word with the block). */
+    pp_store_release(&e->seg->word[e->idx], PP_WORD(0, PP_CACHED));
+    if (pp_hot_put(pool, pp_load_relaxed(&e->seg->cls_index), e, req,
+                   UINT64_MAX, NULL))
+      return;
+  }
+  pp_central_give(pool, pp_class_index(e->bs), e, 1);
+}
+
 /* One event of p is done (or failed). The last one decides. */
 static void event_done(pinpool_t *pool, pp_pending_t *p) {
   if (atomic_fetch_sub_explicit(&p->remaining, 1, memory_order_acq_rel) != 1)
@@ -533,21 +553,22 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
     live_done(pool);
     return;
   }
-  size_t bs = p->bs;
+  size_t bs = p->bs, req = p->req;
   pp_tentry_t e = {
       (void *)(pp_load_relaxed(&p->seg->base) + (uintptr_t)p->idx * bs), p->seg,
       bs, p->idx};
   pp_backend_timed(&pool->rc_count, &pool->rc_total, &pool->rc_max,
                    p->freed_ns);
-  block_done(pool, p->seg, p->idx, bs, p->req);
+  block_done(pool, p->seg, p->idx, bs, req);
   free(p);
   pp_hook(PP_HOOK_EVENT_DONE);
   /* PENDING -> CACHED happens inside the bin push (one store, under the
-   * bin lock), so no reader ever sees the block in two states. The pending
+   * bin lock) or just before the hot slot takes the block, so no reader
+   * ever sees the block in two states. The pending
    * counters drop after it: a synchronize that returns, and a validate
    * after it, find the block cached (they dropped before, and validate
    * failed; docs/verification.md, "Review defects", 3). */
-  pp_central_give(pool, pp_class_index(bs), &e, 1);
+  give_completed(pool, &e, req);
   pp_fetch_sub_relaxed(&pool->pending_bytes, bs);
   pp_fetch_sub_relaxed(&pool->pending_blocks, 1);
   live_done(pool);
@@ -587,7 +608,7 @@ static void wait_here(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
   }
   pp_tentry_t e = {block, seg, bs, idx};
   block_done(pool, seg, idx, bs, req);
-  pp_central_give(pool, pp_class_index(bs), &e, 1);
+  give_completed(pool, &e, req);
   pp_fetch_sub_relaxed(&pool->pending_bytes, bs);
   pp_fetch_sub_relaxed(&pool->pending_blocks, 1);
   live_done(pool);

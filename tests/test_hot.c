@@ -65,6 +65,45 @@ static void test_reuse(void **state) {
   pinpool_destroy(pool);
 }
 
+/* A large block freed on a stream goes to the hot slot when its event
+ * completes, as a plain free does: the next allocation of its size gets
+ * it whole, no segment carved again, for each of the blocks in flight
+ * (W4; the reclaim sent them to the arena, and every allocation carved
+ * again under seg_lock). */
+static void test_stream_reclaim(void **state) {
+  (void)state;
+  pinpool_t *pool = make("events=simulated,sim_delay_us=0");
+  void *p[3];
+  for (int i = 0; i < 3; i++) {
+    p[i] = pp_alloc_touch(pool, 4 * MiB);
+    PP_OK(pinpool_sim_submit(pool, 1, 1000, NULL, NULL));
+    PP_OK(pinpool_record_stream(pool, p[i], 1));
+    PP_OK(pinpool_free(pool, p[i]));
+  }
+  PP_OK(pinpool_synchronize(pool)); /* every event done, every block back */
+  pinpool_stats_t s = pp_stats_of(pool);
+  PP_ASSERT(s.cached_bytes.current == 12 * MiB && s.segments.current == 3,
+            "cached %" PRIu64 " segments %" PRIu64, s.cached_bytes.current,
+            s.segments.current);
+  PP_CHECK_CONSISTENT(pool); /* the validator counts the slots */
+  uint64_t made = s.segments.allocated, freed = s.segments.freed;
+  void *q[3];
+  for (int i = 0; i < 3; i++) {
+    q[i] = pp_alloc_touch(pool, 4 * MiB);
+    PP_ASSERT(q[i] == p[0] || q[i] == p[1] || q[i] == p[2],
+              "block %d: %p is none of the freed ones", i, q[i]);
+  }
+  s = pp_stats_of(pool);
+  PP_ASSERT(s.segments.allocated == made && s.segments.freed == freed,
+            "%" PRIu64 " segments carved again, %" PRIu64 " given back to "
+            "the arena: the completed blocks missed the slots",
+            s.segments.allocated - made, s.segments.freed - freed);
+  for (int i = 0; i < 3; i++)
+    PP_OK(pinpool_free(pool, q[i]));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
 /* pinpool_empty_cache gives a slot's segment back too. */
 static void test_empty_cache(void **state) {
   (void)state;
@@ -315,6 +354,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_slot_used),
       cmocka_unit_test(test_reuse),
+      cmocka_unit_test(test_stream_reclaim),
       cmocka_unit_test(test_empty_cache),
       cmocka_unit_test(test_max_reserved),
       cmocka_unit_test(test_other_size),
