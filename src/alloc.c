@@ -24,10 +24,23 @@ static inline pp_tcache_t *tcache_get(pinpool_t *pool) {
 }
 
 /* First use of a class in this thread: size its stack so that one class
- * holds at most an eighth of tcache_bytes (and 64 blocks); classes larger
- * than tcache_bytes bypass the thread cache, and a stack of one block (a
- * class above tcache_bytes / 16) is opened only by an allocation and
- * refilled from the hot slot first (alloc_slow, free_push_slow). */
+ * holds at most an eighth of tcache_bytes (and 64 blocks); a stack of one
+ * block (a class above tcache_bytes / 16) is opened only by an allocation
+ * and refilled from the hot slot first (alloc_slow, free_push_slow).
+ *
+ * Oversize stacks. A class above tcache_bytes gets a stack of one block
+ * too (in a pool without a cap), but a free keeps the block there only if
+ * the cache was within its budget before it: the cache goes over its
+ * budget by at most that one block, and the next free of any other block
+ * finds it over and gives the largest class back first, this one. So a
+ * thread that allocates and frees one huge block in a loop (W1's 1 GiB
+ * pair) keeps it, with no read-modify-write but the free's claim; with the
+ * hot slot alone the pair cost three (the claim and both exchanges):
+ * 44-56 ns against 16 ns at 64 MiB. Any other free, or a free into a
+ * cache over budget, sends such blocks to the hot slot as before, where
+ * other threads can take them. What a thread may hide from the others is
+ * bounded: one block, while its cache is otherwise within budget. Pools
+ * with a cap do not do it: bytes in thread caches are not trimmed. */
 static uint64_t tbin_cap(size_t bs, uint64_t tb) {
   uint64_t cap = tb / (8 * (uint64_t)bs);
   return cap < 1 ? 1 : cap > 64 ? 64 : cap;
@@ -44,6 +57,7 @@ static bool tbin_alloc(pp_tcache_t *tc, pp_tbin_t *b, size_t bs, uint64_t tb) {
   if (b->items == NULL)
     return false;
   b->cap = (uint32_t)cap;
+  b->over = bs > tb;
   b->bs = bs;
   b->batch = (uint32_t)(cap + 1) / 2;
   /* Keep tc->used sorted, largest class first. */
@@ -55,12 +69,12 @@ static bool tbin_alloc(pp_tcache_t *tc, pp_tbin_t *b, size_t bs, uint64_t tb) {
   return true;
 }
 
-/* Inline: a class above tcache_bytes asks at every slow call (W1 at 1 GiB,
- * W3), and the answer is one compare. */
+/* Inline: a class above tcache_bytes in a pool with a cap asks at every
+ * slow call, and the answer is two compares. */
 static inline bool tbin_init(pinpool_t *pool, pp_tcache_t *tc, pp_tbin_t *b,
                              size_t bs) {
   uint64_t tb = pool->cfg.tcache_bytes;
-  return tb != 0 && bs <= tb && tbin_alloc(tc, b, bs, tb);
+  return tb != 0 && (bs <= tb || !pp_trims(pool)) && tbin_alloc(tc, b, bs, tb);
 }
 
 static inline __attribute__((always_inline)) void
@@ -81,8 +95,12 @@ static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
                            size_t bs, pp_tentry_t *out, uint32_t want,
                            bool *missed, const void *ra) {
   /* Bounded reclaim of completed stream-ordered frees before the bins are
-   * searched: cheap (one load) when nothing is pending. */
+   * searched: cheap (one load) when nothing is pending. A block this
+   * thread keeps in an oversize stack goes back first: the take may carve
+   * from its space rather than grow the arena, and the thread hides at
+   * most one such block from itself as from the others. */
   pp_process(pool, 64, false);
+  pp_tcache_flush_over(tc);
   int n = pp_central_take(pool, cls, bs, tc->shard, out, want, missed);
   if (n == PINPOOL_ENOMEM) {
     /* max_reserved reached (or the backend is out): give back what is
@@ -240,6 +258,26 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
   return 0;
 }
 
+/* Peaks (stats.c) for a hit on an oversize stack: the cache may hold more
+ * than the slack that unsampled allocations from it are allowed (2 x
+ * tcache_bytes), so such a hit is sampled unless it is paired with the free
+ * that cached the block, as a hot slot's take is (alloc_slow): no sample
+ * since that free (the epoch it read before it was counted), and a request
+ * no larger. W1's 1 GiB pair then samples never. */
+__attribute__((noinline)) static void alloc_over_sample(pinpool_t *pool,
+                                                        pp_tcache_t *tc) {
+  tc->unsampled = 0;
+  pp_stats_sample_peaks(pool);
+}
+
+static inline __attribute__((always_inline)) void
+alloc_over_paired(pinpool_t *pool, pp_tcache_t *tc, const pp_tbin_t *b,
+                  size_t size) {
+  if (!(size <= b->over_req &&
+        pp_load_acquire(&pool->gs.peak_epoch) == b->over_epoch))
+    alloc_over_sample(pool, tc);
+}
+
 /* A hit: pop a block of stack b and hand it out. Shared by both paths of
  * pinpool_alloc; hist: record it if history is on. */
 static inline __attribute__((always_inline)) int
@@ -254,6 +292,8 @@ alloc_hit(pinpool_t *pool, pp_tcache_t *tc, pp_tbin_t *b, size_t size,
   pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
   pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) - bs);
   account_alloc(tc, size, bs);
+  if (pp_unlikely(b->over))
+    alloc_over_paired(pool, tc, b, size);
   *out = e.ptr;
   return 0;
 }
@@ -413,12 +453,17 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
    * pool by a fourth batch). Such a free goes where a class above
    * tcache_bytes goes; the thread's first allocation of the class opens
    * the stack. */
-  bool bypass = b->items == NULL && (tbin_one(cbs, pool->cfg.tcache_bytes) ||
-                                     !tbin_init(pool, tc, b, cbs));
+  /* An oversize stack keeps a block only in a cache within its budget
+   * (above). */
+  bool bypass = b->items == NULL
+                    ? tbin_one(cbs, pool->cfg.tcache_bytes) ||
+                          !tbin_init(pool, tc, b, cbs)
+                    : b->over && pp_load_relaxed(&tc->bytes) > tc->budget;
   /* Read before the free is counted (the pairing in alloc_slow): a sample
    * whose epoch this reads did all its loads before our counters change.
    * Only for a hot slot: the line is written by every central take. */
-  uint64_t epoch = bypass ? pp_load_acquire(&pool->gs.peak_epoch) : 0;
+  uint64_t epoch =
+      bypass || b->over ? pp_load_acquire(&pool->gs.peak_epoch) : 0;
   account_free(tc, req, bs);
   if (bypass) { /* no thread cache for this class */
     if (!pp_hot_put(pool, cls, &e, req, epoch, &tc->c.slot_in))
@@ -426,9 +471,16 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
   } else {
     if (b->n == b->cap)
       pp_tcache_flush_bin(tc, cls, b->cap / 2);
+    if (b->over) { /* alloc_over_paired */
+      b->over_req = req;
+      b->over_epoch = epoch;
+    }
+    /* An oversize block goes over the budget by itself: no shrink for
+     * it (the cache was within its budget, or bypass). */
+    uint64_t before = pp_load_relaxed(&tc->bytes);
     b->items[b->n++] = e;
-    pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) + bs);
-    if (pp_load_relaxed(&tc->bytes) > tc->budget)
+    pp_store_relaxed(&tc->bytes, before + bs);
+    if ((b->over ? before : before + bs) > tc->budget)
       pp_tcache_shrink(tc);
   }
   if (pp_trims(pool))
@@ -498,12 +550,26 @@ free_block(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
     pp_hist_event(pool, PP_H_FREE_COMPLETED, (uintptr_t)ptr, bs, req, 0, ra);
   pp_tbin_t *b = &tc->bins[cls];
   uint64_t bytes = pp_load_relaxed(&tc->bytes) + bs;
+  /* An oversize block never passes the budget test: free_push_slow. */
   if (pp_likely(b->n < b->cap && bytes <= tc->budget &&
                 tc->epoch == pp_load_relaxed(&pool->flush_epoch))) {
     account_free(tc, req, bs);
     b->items[b->n++] = (pp_tentry_t){ptr, seg, bs, idx};
     pp_store_relaxed(&tc->bytes, bytes);
     if (!hist) /* the hit path: its busy section ends here */
+      pp_store_release(&pp_tls.busy, 0);
+    return 0;
+  }
+  if (b->over && b->n == 0 && bytes - bs <= tc->budget &&
+      tc->epoch == pp_load_relaxed(&pool->flush_epoch)) {
+    /* An oversize stack (alloc_over_paired): the epoch read before the
+     * free is counted (the pairing). */
+    b->over_epoch = pp_load_acquire(&pool->gs.peak_epoch);
+    b->over_req = req;
+    account_free(tc, req, bs);
+    b->items[b->n++] = (pp_tentry_t){ptr, seg, bs, idx};
+    pp_store_relaxed(&tc->bytes, bytes);
+    if (!hist)
       pp_store_release(&pp_tls.busy, 0);
     return 0;
   }

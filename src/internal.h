@@ -648,8 +648,16 @@ typedef struct pp_fhint {
 
 typedef struct pp_tbin {
   uint32_t n, cap, batch;
+  /* A class above tcache_bytes (a stack of one block): a free keeps its
+   * block only in a cache that is within its budget (alloc.c, "Oversize
+   * stacks"). */
+  bool over;
   size_t bs; /* the class size, so the hot path need not recompute it */
   pp_tentry_t *items; /* allocated on first use */
+  /* Oversize stacks: the free that cached the block, for the peak
+   * sample's pairing (alloc.c, alloc_over_paired). */
+  size_t over_req;
+  uint64_t over_epoch;
 } pp_tbin_t;
 
 /* Counters of one thread for one pool: written only by the owning thread
@@ -780,6 +788,9 @@ extern void (*pp_test_exit_locked_hook)(void);
 void pp_tcache_flush_bin(pp_tcache_t *tc, unsigned cls, uint32_t keep);
 void pp_tcache_flush_all(pp_tcache_t *tc);
 void pp_tcache_shrink(pp_tcache_t *tc);
+/* Give back the blocks of oversize stacks (alloc.c): before a take from the
+ * central layer, which may carve from their space or grow the arena. */
+void pp_tcache_flush_over(pp_tcache_t *tc);
 void pp_tcache_pool_destroy(struct pinpool *pool);
 
 /* ---- History (history.c) ------------------------------------------------

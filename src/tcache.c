@@ -128,6 +128,14 @@ void pp_tcache_shrink(pp_tcache_t *tc) {
   }
 }
 
+/* tc->used lists the largest classes first, so the oversize stacks lead:
+ * the loop stops at the first other one (one compare when there is none). */
+void pp_tcache_flush_over(pp_tcache_t *tc) {
+  for (unsigned i = 0; i < tc->nused && tc->bins[tc->used[i]].over; i++)
+    if (tc->bins[tc->used[i]].n > 0)
+      pp_tcache_flush_bin(tc, tc->used[i], 0);
+}
+
 void pp_tcache_flush_all(pp_tcache_t *tc) {
   for (unsigned i = 0; i < tc->nused; i++)
     if (tc->bins[tc->used[i]].n > 0)

@@ -113,7 +113,9 @@ static void copy_done(void *arg) { (void)arg; }
 static void op_alloc(uint64_t *s, block_t *slots, unsigned tid) {
   block_t *b = &slots[rnd(s) % SLOTS];
   if (b->p != NULL) {
-    if (rnd(s) % 4 == 0) { /* hand it to another thread */
+    /* Hand it to another thread: a quarter of the blocks, and every one
+     * above 4 MiB (the hot slots' hand-offs). */
+    if (rnd(s) % 4 == 0 || b->n > 4 * 1024 * 1024) {
       pthread_mutex_lock(&g_xlock);
       if (g_xcount < EXCHANGE) {
         g_exchange[g_xcount++] = *b;
@@ -134,9 +136,14 @@ static void op_alloc(uint64_t *s, block_t *slots, unsigned tid) {
     check_and_free(b);
     return;
   }
-  /* 16 B .. 4 MiB, log-uniform-ish */
-  size_t n = (size_t)16 << (rnd(s) % 19);
+  /* 16 B .. 8 MiB, log-uniform-ish; odd threads stay below 4 MiB (the
+   * tcache_bytes of the untrimmed parts): they never open an oversize
+   * stack (src/alloc.c), so the larger blocks they receive from the
+   * others go through the hot slots, to be taken by another thread. */
+  size_t n = (size_t)16 << (rnd(s) % ((tid & 1) ? 18 : 19));
   n += rnd(s) % n;
+  if (n > 4 * 1024 * 1024) /* a few sizes: a slot's block fits a request */
+    n &= ~(size_t)(256 * 1024 - 1);
   void *p;
   int rc = pinpool_alloc(g_pool, n, &p);
   if (rc == PINPOOL_ENOMEM && (g_parts & P_TRIM))

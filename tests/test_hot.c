@@ -28,6 +28,30 @@ static pinpool_t *make(const char *extra) {
   return pool;
 }
 
+/* A free on a thread that never allocated the class: it has no stack for
+ * it (a free never opens one), so the block goes to the hot slot. A free
+ * by the thread that allocated the class keeps one block in its oversize
+ * stack instead (test_oversize_stack). */
+typedef struct {
+  pinpool_t *pool;
+  void *p;
+  int rc;
+} freer_t;
+
+static void *freer(void *arg) {
+  freer_t *f = arg;
+  f->rc = pinpool_free(f->pool, f->p);
+  return NULL;
+}
+
+static void free_elsewhere(pinpool_t *pool, void *p) {
+  freer_t f = {pool, p, -1};
+  pthread_t t;
+  PP_ASSERT(pthread_create(&t, NULL, freer, &f) == 0, "pthread_create");
+  pthread_join(t, NULL);
+  PP_OK(f.rc);
+}
+
 /* A freed block waits in the slot: counted as cached, valid, and the next
  * allocation of its class gets it back with no new segment. A second free
  * waits in a second slot (a consumer frees a producer's blocks a few at a
@@ -37,7 +61,7 @@ static void test_reuse(void **state) {
   (void)state;
   pinpool_t *pool = make("");
   void *a = pp_alloc_touch(pool, 4 * MiB);
-  PP_OK(pinpool_free(pool, a));
+  free_elsewhere(pool, a);
   pinpool_stats_t s = pp_stats_of(pool);
   PP_ASSERT(s.cached_bytes.current == 4 * MiB && s.segments.current == 1,
             "cached %" PRIu64, s.cached_bytes.current);
@@ -45,8 +69,8 @@ static void test_reuse(void **state) {
   void *b = pp_alloc_touch(pool, 4 * MiB);
   PP_ASSERT(b == a, "the slot's block: %p, got %p", a, b);
   void *c = pp_alloc_touch(pool, 4 * MiB);
-  PP_OK(pinpool_free(pool, b));
-  PP_OK(pinpool_free(pool, c)); /* a second slot */
+  free_elsewhere(pool, b);
+  free_elsewhere(pool, c); /* a second slot */
   PP_CHECK_CONSISTENT(pool);
   uint64_t made = pp_stats_of(pool).segments.allocated;
   void *d = pp_alloc_touch(pool, 4 * MiB);
@@ -74,8 +98,9 @@ static void test_stream_reclaim(void **state) {
   (void)state;
   pinpool_t *pool = make("events=simulated,sim_delay_us=0");
   void *p[3];
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 3; i++)
     p[i] = pp_alloc_touch(pool, 4 * MiB);
+  for (int i = 0; i < 3; i++) {
     PP_OK(pinpool_sim_submit(pool, 1, 1000, NULL, NULL));
     PP_OK(pinpool_record_stream(pool, p[i], 1));
     PP_OK(pinpool_free(pool, p[i]));
@@ -224,7 +249,7 @@ static void test_slot_used(void **state) {
   (void)state;
   pinpool_t *pool = make("");
   void *a = pp_alloc_touch(pool, 4 * MiB), *seen = NULL;
-  PP_OK(pinpool_free(pool, a));
+  free_elsewhere(pool, a);
   bool listed = true;
   PP_ASSERT(slots_held(pool, 4 * MiB, &seen, &listed) == 1 && seen == a &&
                 !listed,
@@ -320,6 +345,52 @@ static void test_peak_paired(void **state) {
   pinpool_destroy(pool);
 }
 
+/* White box, oversize stacks (alloc.c): the thread that allocates a class
+ * above tcache_bytes keeps the one block it frees (its cache was within
+ * its budget), without the slot; a second block freed while it keeps one
+ * goes to the slot; a free of any other block gives the kept one back, and
+ * so does the thread's next take from the central layer (a miss, a carve).
+ * Counted as cached throughout. W1's 1 GiB pair relies on the first; the
+ * memory bound (one block a thread, while its cache is otherwise within
+ * budget) on the others. */
+static void test_oversize_stack(void **state) {
+  (void)state;
+  pinpool_t *pool = make("");
+  void *a = pp_alloc_touch(pool, 4 * MiB), *b = pp_alloc_touch(pool, 4 * MiB);
+  pp_tcache_t *tc = pp_tls_way(pool->id)->tc;
+  pp_tbin_t *stack = &tc->bins[pp_class_index(4 * MiB)];
+  void *seen = NULL;
+  bool listed = true;
+  PP_ASSERT(stack->over && stack->cap == 1, "no oversize stack");
+  PP_OK(pinpool_free(pool, a));
+  PP_ASSERT(stack->n == 1 && slots_held(pool, 4 * MiB, &seen, &listed) == 0,
+            "the first free: kept %u, %u in slots", stack->n,
+            slots_held(pool, 4 * MiB, &seen, &listed));
+  PP_ASSERT(pp_stats_of(pool).cached_bytes.current == 4 * MiB, "cached");
+  PP_CHECK_CONSISTENT(pool);
+  PP_OK(pinpool_free(pool, b)); /* the cache is over its budget: the slot */
+  PP_ASSERT(stack->n == 1 && slots_held(pool, 4 * MiB, &seen, &listed) == 1 &&
+                seen == b,
+            "the second free: kept %u, slot %p (b %p)", stack->n, seen, b);
+  PP_ASSERT(pp_stats_of(pool).cached_bytes.current == 8 * MiB, "cached");
+  PP_CHECK_CONSISTENT(pool);
+  void *c = pp_alloc_touch(pool, 4 * MiB);
+  PP_ASSERT(c == a && stack->n == 0, "the kept block first: %p (a %p)", c, a);
+  PP_OK(pinpool_free(pool, c));
+  void *small = pp_alloc_touch(pool, 64 * KiB);
+  PP_OK(pinpool_free(pool, small)); /* over the budget: the largest goes */
+  PP_ASSERT(stack->n == 0, "kept after another free");
+  PP_CHECK_CONSISTENT(pool);
+  void *d = pp_alloc_touch(pool, 4 * MiB);
+  PP_OK(pinpool_free(pool, d));
+  PP_ASSERT(stack->n == 1, "not kept again");
+  void *e = pp_alloc_touch(pool, 2 * MiB); /* another class: a central take */
+  PP_ASSERT(stack->n == 0, "kept across a take from the arena");
+  PP_OK(pinpool_free(pool, e));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
 /* Another thread takes what this one freed (the slot is the pool's, not
  * a thread's). */
 typedef struct {
@@ -337,7 +408,7 @@ static void test_other_thread(void **state) {
   (void)state;
   pinpool_t *pool = make("");
   void *a = pp_alloc_touch(pool, 4 * MiB);
-  PP_OK(pinpool_free(pool, a));
+  free_elsewhere(pool, a);
   peer_t p = {pool, NULL};
   pthread_t t;
   PP_ASSERT(pthread_create(&t, NULL, peer, &p) == 0, "pthread_create");
@@ -353,6 +424,7 @@ int main(void) {
   pp_clean_env();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_slot_used),
+      cmocka_unit_test(test_oversize_stack),
       cmocka_unit_test(test_reuse),
       cmocka_unit_test(test_stream_reclaim),
       cmocka_unit_test(test_empty_cache),
