@@ -256,11 +256,14 @@ int pp_arena_take(pinpool_t *pool, size_t size, void **mem, unsigned *flags,
       *mem = p;
       return 0;
     }
-    /* The first miss gives idle slabs back to their chunks (they may
+    /* The first miss gives idle slabs, hot slots' blocks and the calling
+     * thread's own cached large blocks back to their chunks (they may
      * coalesce into room) before the arena grows; another thread may take
      * the new chunk's room before us, hence the loop (each lap grows the
-     * arena, so it ends). */
-    if (tries == 0 && pp_release_idle(pool) > 0)
+     * arena, so it ends). The thread's cache: a large stack keeps blocks
+     * of sizes not asked for lately, and W2's thread grew the arena past
+     * them (docs/allocation-policy.md, "Growth"). */
+    if (tries == 0 && pp_release_idle(pool) + pp_tcache_give_large(pool) > 0)
       continue;
     int rc = grow(pool, size);
     if (rc != 0)
