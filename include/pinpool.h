@@ -200,6 +200,13 @@ PINPOOL_API int pinpool_free(pinpool_t *pool, void *ptr);
 PINPOOL_API int pinpool_block_size(pinpool_t *pool, const void *ptr,
                                    size_t *out);
 
+/* The pool's NUMA node whose memory holds an allocated block, in *out: 0
+ * unless numa=local (docs/allocation-policy.md, "NUMA-local reuse");
+ * pinpool_get_node_stats says which machine node that is. Errors as
+ * pinpool_free. Thread-safe. */
+PINPOOL_API int pinpool_block_node(pinpool_t *pool, const void *ptr,
+                                   unsigned *out);
+
 /* The size class a request of `size` bytes is rounded to, in *out, without
  * allocating (a block above 256 KiB is smaller: pinpool_block_size). Errors:
  * PINPOOL_EINVAL, PINPOOL_EZEROSIZE, PINPOOL_EOVERFLOW. */

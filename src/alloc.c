@@ -89,8 +89,8 @@ static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
   char before[256];
   if (spill)
     pp_error_save(before, sizeof before);
-  int n = pp_central_take(pool, cls, bs, pp_tc_vshard(tc, pool), out, want,
-                          missed);
+  int n =
+      pp_central_take(pool, cls, bs, pp_tc_vshard(tc, pool), out, want, missed);
   if (n == PINPOOL_ENOMEM) {
     /* max_reserved reached (or the backend is out): give back what is
      * idle, ours included (every whole free chunk), and retry exactly
@@ -672,5 +672,22 @@ int pinpool_block_size(pinpool_t *pool, const void *ptr, size_t *out) {
   if (PP_WORD_STATE(w) != PP_ALLOCATED)
     return state_error(ptr, "pinpool_block_size", w);
   *out = pp_load_relaxed(&seg->block_size);
+  return 0;
+}
+
+int pinpool_block_node(pinpool_t *pool, const void *ptr, unsigned *out) {
+  if (pool == NULL || ptr == NULL || out == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_block_node: NULL argument");
+  pp_segment_t *seg = NULL;
+  uint32_t idx = 0;
+  int rc = lookup_block(pool, ptr, "pinpool_block_node", &seg, &idx);
+  if (rc != 0)
+    return rc;
+  uint64_t w = pp_load_acquire(&seg->word[idx]);
+  if (PP_WORD_STATE(w) != PP_ALLOCATED)
+    return state_error(ptr, "pinpool_block_node", w);
+  /* Allocated (acquire): the segment is live and its node, written before
+   * it was published, is this incarnation's. */
+  *out = seg->node;
   return 0;
 }

@@ -108,8 +108,8 @@ static int backend_alloc(pinpool_t *pool, unsigned node, void *hint,
                               "backend '%s': injected failure of "
                               "an allocation of %zu bytes",
                               pool->prov.name, size)
-           : local ? pool->prov.alloc_node(pool->prov.ctx, hint, size, place,
-                                           mem, flags)
+           : local  ? pool->prov.alloc_node(pool->prov.ctx, hint, size, place,
+                                            mem, flags)
            : hint != NULL && pool->prov.alloc_at != NULL
                ? pool->prov.alloc_at(pool->prov.ctx, hint, size, mem, flags)
                : pool->prov.alloc(pool->prov.ctx, size, mem, flags);
@@ -295,8 +295,8 @@ int pp_arena_take(pinpool_t *pool, unsigned node, size_t size, void **mem,
   }
 }
 
-bool pp_arena_take_now(pinpool_t *pool, unsigned node, size_t size,
-                       void **mem, unsigned *flags) {
+bool pp_arena_take_now(pinpool_t *pool, unsigned node, size_t size, void **mem,
+                       unsigned *flags) {
   pp_arena_node_t *a = &pool->arena.node[node];
   pp_assert(size % PP_PAGE == 0 && size > 0);
   pp_assert_held(&pool->seg_lock);
@@ -404,7 +404,8 @@ int pp_arena_view(pinpool_t *pool, pp_chunk_view_t **chunks, size_t *nchunks,
     if (rc != 0)
       break;
     pp_chunk_view_t *c2 = realloc(call, (nc + k + 1) * sizeof *c2);
-    pp_range_t *f2 = c2 == NULL ? NULL : realloc(fall, (nf + m + 1) * sizeof *f2);
+    pp_range_t *f2 =
+        c2 == NULL ? NULL : realloc(fall, (nf + m + 1) * sizeof *f2);
     if (c2 != NULL)
       call = c2;
     if (f2 != NULL)
@@ -448,10 +449,9 @@ bool pp_arena_validate_locked(pinpool_t *pool, char *why, size_t len) {
     if (!pp_ext_validate(&a->ext, why, len))
       return false;
     if (pp_load_relaxed(&a->total) != a->ext.total_bytes) {
-      (void)snprintf(why, len,
-                     "arena node %u: %zu bytes in chunks, counter says %llu", n,
-                     a->ext.total_bytes,
-                     (unsigned long long)pp_load_relaxed(&a->total));
+      (void)snprintf(
+          why, len, "arena node %u: %zu bytes in chunks, counter says %llu", n,
+          a->ext.total_bytes, (unsigned long long)pp_load_relaxed(&a->total));
       return false;
     }
   }

@@ -196,10 +196,9 @@ int pp_backend_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
                       ? (unsigned)PP_CU_MEMHOSTREGISTER_DEVICEMAP
                       : 0u);
   if (reg)
-    *out = (pp_provider_t){"cuda-register", b,
-                           register_alloc,  register_free,
-                           cuda_destroy,    NULL,
-                           register_alloc_node};
+    *out = (pp_provider_t){
+        "cuda-register", b,    register_alloc,     register_free,
+        cuda_destroy,    NULL, register_alloc_node};
   else
     *out = (pp_provider_t){"cuda",       b,    cuda_alloc, cuda_free,
                            cuda_destroy, NULL, NULL};

@@ -508,9 +508,9 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
   if (n >= 0 && c->numa == PP_NUMA_LOCAL) {
     /* Only when on: the string of a pool without it is unchanged. */
     size_t used = (size_t)n;
-    int m = snprintf(used < len ? buf + used : NULL,
-                     used < len ? len - used : 0, ",numa=local,numa_spill=%d",
-                     c->numa_spill ? 1 : 0);
+    int m =
+        snprintf(used < len ? buf + used : NULL, used < len ? len - used : 0,
+                 ",numa=local,numa_spill=%d", c->numa_spill ? 1 : 0);
     n = m < 0 ? m : n + m;
     if (n >= 0 && c->numa_fake_nodes != 0) {
       used = (size_t)n;

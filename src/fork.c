@@ -182,8 +182,8 @@ static void cut_off_cuda(pinpool_t *pool) {
   /* A fresh id: no thread cache way (pp_tls) of the forking thread
    * matches, so every call reaches a general path that refuses. */
   pool->id = pp_fetch_add_relaxed(&child_ids, 1);
-  pool->prov = (pp_provider_t){pool->prov.name, NULL, forked_alloc,
-                               forked_free,     NULL, NULL,
+  pool->prov = (pp_provider_t){pool->prov.name,  NULL, forked_alloc,
+                               forked_free,      NULL, NULL,
                                forked_alloc_node};
   if (pool->has_events)
     pool->ev = (pp_events_t){pool->ev.name, NULL,         forked_record,

@@ -488,8 +488,8 @@ bool pp_arena_take_now(struct pinpool *pool, unsigned node, size_t size,
 /* `size` bytes (a page multiple) carved from a chunk, a new chunk made if
  * none has room (*grew set): 0 with *mem and *flags (the chunk's), or an
  * error. No lock held; takes the arena's. */
-int pp_arena_take(struct pinpool *pool, unsigned node, size_t size,
-                  void **mem, unsigned *flags, bool *grew);
+int pp_arena_take(struct pinpool *pool, unsigned node, size_t size, void **mem,
+                  unsigned *flags, bool *grew);
 /* Caller holds seg_lock. */
 void pp_arena_give_locked(struct pinpool *pool, unsigned node, void *mem,
                           size_t size);
@@ -930,7 +930,7 @@ struct pinpool {
    * that every node has its own central lists (numa=local; one node
    * otherwise, where this is cfg.shards). */
   pp_bin_t *bins;
-  unsigned nnodes;  /* 1, or the nodes of numa=local; immutable */
+  unsigned nnodes;   /* 1, or the nodes of numa=local; immutable */
   unsigned nvshards; /* cfg.shards * nnodes; immutable */
   /* numa=local with nnodes > 1: PP_EPOCH_NUMA, or'ed into every thread
    * cache's epoch so that it never equals flush_epoch and the hit paths

@@ -128,8 +128,8 @@ void pp_numa_fini(pinpool_t *pool) { free(pool->cpu_node); }
 unsigned pp_numa_current(const pinpool_t *pool) {
   if (pool->nnodes == 1)
     return 0;
-  pp_test_numa_fn f = atomic_load_explicit(&pp_test_numa_node,
-                                           memory_order_acquire);
+  pp_test_numa_fn f =
+      atomic_load_explicit(&pp_test_numa_node, memory_order_acquire);
   int n = f != NULL ? f() : -1;
   if (n < 0) {
     int cpu = sched_getcpu();

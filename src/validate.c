@@ -119,8 +119,8 @@ static void check_segment(pinpool_t *pool, pp_segment_t *s, vstate_t *v) {
   v->node_segs[s->node]++;
   v->node_bytes[s->node] += size;
   /* Inside one run of its node's chunks, with their flags. */
-  bool held = pp_ext_run_holds(&pool->arena.node[s->node].ext, base, size,
-                               s->flags);
+  bool held =
+      pp_ext_run_holds(&pool->arena.node[s->node].ext, base, size, s->flags);
   if (!held)
     VFAIL(v,
           "segment %#lx: not inside a run of chunks of node %u with its "
@@ -264,9 +264,8 @@ int pinpool_validate(pinpool_t *pool) {
       VFAIL(v, "node %u: %llu segments listed, counter says %llu", n,
             (unsigned long long)v->node_segs[n], (unsigned long long)segs);
     else if (ni.total != v->node_bytes[n] + ni.free_bytes)
-      VFAIL(v, "node %u: %llu bytes in chunks, %llu in segments + %llu free",
-            n, (unsigned long long)ni.total,
-            (unsigned long long)v->node_bytes[n],
+      VFAIL(v, "node %u: %llu bytes in chunks, %llu in segments + %llu free", n,
+            (unsigned long long)ni.total, (unsigned long long)v->node_bytes[n],
             (unsigned long long)ni.free_bytes);
   }
   pp_sums_t sums;
