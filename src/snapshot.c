@@ -726,6 +726,8 @@ static void write_stats(wbuf_t *w, const pinpool_stats_t *t) {
   wb_kv(w, "locked_bytes", t->locked_bytes, true);
   wb_kv(w, "fallback_bytes", t->fallback_bytes, true);
   wb_kv(w, "fallback_blocks", t->fallback_blocks, true);
+  wb_kv(w, "numa_spill_blocks", t->numa_spill_blocks, true);
+  wb_kv(w, "numa_spill_bytes", t->numa_spill_bytes, true);
   write_dur(w, "backend_alloc", t->backend_alloc, true);
   write_dur(w, "backend_free", t->backend_free, true);
   wb_kv(w, "peak_slack_bytes", t->peak_slack_bytes, true);
