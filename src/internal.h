@@ -1057,9 +1057,12 @@ extern _Atomic(pp_test_numa_fn) pp_test_numa_node;
 
 /* pool.c: the central layer used by the thread caches. */
 /* Take up to `want` blocks of class `cls` into out[]; returns the count
- * (>= 1) or a negative error. A large class (above PP_SLAB_MAX_BLOCK)
- * takes one block of exactly `bs` bytes (the page-rounded request), from
- * the hot slot or carved from the arena; a slab class's bs is its size. */
+ * (>= 1) or a negative error. `shard` is a virtual shard (struct pinpool's
+ * bins): only the bins of its node are searched, and a new segment is
+ * carved from that node's arena (pp_hot_take: the same shards). A large class
+ * (above PP_SLAB_MAX_BLOCK) takes one block of exactly `bs` bytes (the
+ * page-rounded request), from the hot slot or carved from the arena; a slab
+ * class's bs is its size. */
 int pp_central_take(struct pinpool *pool, unsigned cls, size_t bs,
                     unsigned shard, pp_tentry_t *out, uint32_t want,
                     bool *missed);

@@ -476,8 +476,9 @@ void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
   /* Read every block's shard before the first push: once a block is back
    * in its bin, its segment may go idle and be released (and its descriptor
    * recycled for another bin) by another thread, so the entry must not be
-   * looked at again. The shard is the segment's own (virtual: of its node,
-   * pool.h's bins), so a block always goes home, whichever thread frees. */
+   * looked at again. The shard is the segment's own (a virtual shard
+   * of its node: struct pinpool's bins), so a block always goes home,
+   * whichever thread frees it. */
   uint16_t shard_of[64];
   while (n > 0) {
     uint32_t m = n < 64 ? n : 64;
