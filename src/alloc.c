@@ -681,7 +681,7 @@ int pinpool_block_node(pinpool_t *pool, const void *ptr, unsigned *out) {
   pp_segment_t *seg = NULL;
   uint32_t idx = 0;
   int rc = lookup_block(pool, ptr, "pinpool_block_node", &seg, &idx);
-  if (rc != 0)
+  if (rc != 0 || seg == NULL) /* seg is set when the lookup succeeds */
     return rc;
   uint64_t w = pp_load_acquire(&seg->word[idx]);
   if (PP_WORD_STATE(w) != PP_ALLOCATED)

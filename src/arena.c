@@ -431,7 +431,7 @@ int pp_arena_view(pinpool_t *pool, pp_chunk_view_t **chunks, size_t *nchunks,
     free(fall);
     return rc;
   }
-  if (pool->nnodes > 1) {
+  if (call != NULL && fall != NULL && pool->nnodes > 1) {
     qsort(call, nc, sizeof *call, cmp_chunk);
     qsort(fall, nf, sizeof *fall, cmp_range);
   }

@@ -486,14 +486,26 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
   /* A user backend (or event provider) has no name pinpool_create would
    * accept: leave it out so the string can be fed back. */
   const char *ev = c->events < 3 ? event_names[c->events] : NULL;
+  /* numa=local's keys only when it is on: the string of a pool without it
+   * is unchanged. */
+  char numa[80] = "";
+  if (c->numa == PP_NUMA_LOCAL && c->numa_fake_nodes != 0)
+    (void)snprintf(numa, sizeof numa,
+                   ",numa=local,numa_spill=%d,numa_fake_nodes=%u",
+                   c->numa_spill ? 1 : 0, c->numa_fake_nodes);
+  else if (c->numa == PP_NUMA_LOCAL)
+    (void)snprintf(numa, sizeof numa, ",numa=local,numa_spill=%d",
+                   c->numa_spill ? 1 : 0);
+  /* snprintf(NULL, 0, ...) is defined (C11 7.21.6.5): the length only. */
   int n = snprintf(
+      // cppcheck-suppress ctunullpointer
       buf, len,
       "%s%s%smax_cached=%llu,max_cached_pct=%u,max_reserved=%llu,"
       "reserve=%llu,mlock=%s,pin_failure=%s,"
       "hugepages=%d,populate=%d,populate_threads=%u,populate_parallel_min=%"
       "llu,tcache_bytes=%llu,shards=%u%s%s,background=%d,poll_us=%u,"
       "sim_delay_us=%u,cuda_flags=%s,register_threads=%u,register_max=%llu,"
-      "device=%d,numa_node=%d",
+      "device=%d,numa_node=%d%s",
       backend_name ? "backend=" : "", backend_name ? backend_name : "",
       backend_name ? "," : "", (unsigned long long)c->max_cached,
       c->max_cached_pct, (unsigned long long)c->max_reserved,
@@ -504,21 +516,7 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
       (unsigned long long)c->tcache_bytes, c->shards, ev ? ",events=" : "",
       ev ? ev : "", c->background ? 1 : 0, c->poll_us, c->sim_delay_us, flags,
       c->register_threads, (unsigned long long)c->register_max, c->device,
-      c->numa_node);
-  if (n >= 0 && c->numa == PP_NUMA_LOCAL) {
-    /* Only when on: the string of a pool without it is unchanged. */
-    size_t used = (size_t)n;
-    int m =
-        snprintf(used < len ? buf + used : NULL, used < len ? len - used : 0,
-                 ",numa=local,numa_spill=%d", c->numa_spill ? 1 : 0);
-    n = m < 0 ? m : n + m;
-    if (n >= 0 && c->numa_fake_nodes != 0) {
-      used = (size_t)n;
-      m = snprintf(used < len ? buf + used : NULL, used < len ? len - used : 0,
-                   ",numa_fake_nodes=%u", c->numa_fake_nodes);
-      n = m < 0 ? m : n + m;
-    }
-  }
+      c->numa_node, numa);
   if (n >= 0 && c->fault_site != PP_FAULT_NONE) {
     size_t used = (size_t)n;
     int m = snprintf(used < len ? buf + used : NULL,
