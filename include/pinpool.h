@@ -200,6 +200,13 @@ PINPOOL_API int pinpool_free(pinpool_t *pool, void *ptr);
 PINPOOL_API int pinpool_block_size(pinpool_t *pool, const void *ptr,
                                    size_t *out);
 
+/* The pool's NUMA node whose memory holds an allocated block, in *out: 0
+ * unless numa=local (docs/allocation-policy.md, "NUMA-local reuse");
+ * pinpool_get_node_stats says which machine node that is. Errors as
+ * pinpool_free. Thread-safe. */
+PINPOOL_API int pinpool_block_node(pinpool_t *pool, const void *ptr,
+                                   unsigned *out);
+
 /* The size class a request of `size` bytes is rounded to, in *out, without
  * allocating (a block above 256 KiB is smaller: pinpool_block_size). Errors:
  * PINPOOL_EINVAL, PINPOOL_EZEROSIZE, PINPOOL_EOVERFLOW. */
@@ -361,12 +368,39 @@ typedef struct pinpool_stats {
   uint64_t graph_held_blocks;   /* of pending_blocks: held by CUDA graph
                                    captures not yet released */
   uint64_t graph_held_bytes;    /* their bytes (of pending_bytes) */
+  /* numa=local with numa_spill=1 (docs/allocation-policy.md, "NUMA-local
+   * reuse"): allocations served from another node's memory because the
+   * thread's node was out of memory, and their block bytes. */
+  uint64_t numa_spill_blocks;
+  uint64_t numa_spill_bytes;
 } pinpool_stats_t;
 
 /* Fill *out. `current` values are exact when no other thread is inside a
  * pinpool call on this pool; while others allocate, each field is a recent
  * value (fields are not a single atomic picture). Thread-safe. */
 PINPOOL_API int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out);
+
+/* One NUMA node of a numa=local pool (docs/stats.md, "Per node"); a pool
+ * without numa=local has one node, 0, which holds everything. Exact while
+ * no other thread is inside a pinpool call on this pool; otherwise one
+ * consistent picture of the node (read under one lock). */
+typedef struct pinpool_node_stats {
+  int os_node;               /* the machine's node its memory is bound to;
+                                -1: none (numa=off without numa_node) */
+  uint64_t reserved_bytes;   /* bytes of the chunks placed on it */
+  uint64_t arena_chunks;     /* those chunks */
+  uint64_t segments;         /* live segments carved from them */
+  uint64_t chunk_free_bytes; /* bytes free inside them */
+} pinpool_node_stats_t;
+
+/* The number of nodes of the pool (1 unless numa=local) into *nodes.
+ * Errors: PINPOOL_EINVAL. Thread-safe. */
+PINPOOL_API int pinpool_numa_nodes(pinpool_t *pool, unsigned *nodes);
+
+/* Node `node`'s stats into *out. Errors: PINPOOL_EINVAL (NULL argument,
+ * or node >= the pool's nodes). Thread-safe. */
+PINPOOL_API int pinpool_get_node_stats(pinpool_t *pool, unsigned node,
+                                       pinpool_node_stats_t *out);
 
 /* Set every peak to its current value. Thread-safe. */
 PINPOOL_API int pinpool_reset_peak_stats(pinpool_t *pool);

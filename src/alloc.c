@@ -101,7 +101,14 @@ static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
    * most one such block from itself as from the others. */
   pp_process(pool, 64, false);
   pp_tcache_flush_over(tc);
-  int n = pp_central_take(pool, cls, bs, tc->shard, out, want, missed);
+  /* numa_spill: a spill that succeeds leaves no trace of the own node's
+   * refusal (the thread's last error is put back). */
+  bool spill = pool->cfg.numa_spill && pool->nnodes > 1;
+  char before[256];
+  if (spill)
+    pp_error_save(before, sizeof before);
+  int n =
+      pp_central_take(pool, cls, bs, pp_tc_vshard(tc, pool), out, want, missed);
   if (n == PINPOOL_ENOMEM) {
     /* max_reserved reached (or the backend is out): give back what is
      * idle, ours included (every whole free chunk), and retry exactly
@@ -110,7 +117,28 @@ static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
     pp_tcache_flush_all(tc);
     (void)pp_release_idle(pool);
     pp_fetch_add_relaxed(&pool->gs.trimmed, pp_arena_release(pool, UINT64_MAX));
-    n = pp_central_take(pool, cls, bs, tc->shard, out, want, missed);
+    n = pp_central_take(pool, cls, bs, pp_tc_vshard(tc, pool), out, want,
+                        missed);
+  }
+  if (n == PINPOOL_ENOMEM && spill) {
+    /* numa_spill=1 and this thread's node is out of memory: one block of
+     * the next node that has one, handed straight out (want 1: the caller
+     * then keeps none in the thread cache, which holds only its node's
+     * blocks). Its free sends it home (free_push_slow). */
+    char why[256];
+    pp_error_save(why, sizeof why);
+    for (unsigned k = 1; k < pool->nnodes && n == PINPOOL_ENOMEM; k++) {
+      unsigned node = (tc->node + k) % pool->nnodes;
+      n = pp_central_take(pool, cls, bs, node * pool->cfg.shards + tc->shard,
+                          out, 1, missed);
+    }
+    if (n > 0) {
+      pp_fetch_add_relaxed(&pool->gs.numa_spill_blocks, 1);
+      pp_fetch_add_relaxed(&pool->gs.numa_spill_bytes, out[0].bs);
+      pp_error_restore(before);
+    } else if (n == PINPOOL_ENOMEM) {
+      pp_error_restore(why); /* the own node's refusal says more */
+    }
   }
   if (n == PINPOOL_ENOMEM) {
     pp_fetch_add_relaxed(&pool->gs.oom, 1);
@@ -166,7 +194,7 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
                                                 pp_tcache_t *tc, unsigned cls,
                                                 size_t size, void **out,
                                                 const void *ra) {
-  if (tc->epoch != pp_load_relaxed(&pool->flush_epoch))
+  if (pp_tc_stale(tc, pool))
     pp_tcache_flush_all(tc); /* pinpool_empty_cache asked for it */
   size_t bs = block_bytes(cls, size);
   bool large = size > PP_SLAB_MAX_BLOCK;
@@ -192,7 +220,8 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     /* The hot slot first (pool.c): one exchange. Completed stream-ordered
      * frees are then reclaimed by the next allocation that goes on to the
      * bins (take_with_retry), not by this one. */
-    if (large && pp_hot_take(pool, cls, bs, tc->shard, &e, &tc->c.slot_out)) {
+    if (large && pp_hot_take(pool, cls, bs, pp_tc_vshard(tc, pool), &e,
+                             &tc->c.slot_out)) {
       /* Paired (stats.c): the free that filled the slot read the epoch
        * before it was counted, so no sample that has moved the epoch on
        * since saw it, and the latest sample counted this block as
@@ -321,8 +350,12 @@ __attribute__((noinline)) static int alloc_general(pinpool_t *pool, size_t size,
   pp_tbin_t *b = &tc->bins[cls];
   int rc;
   pp_busy_enter(); /* fork.c: a fork waits until we leave */
-  if (b->n > 0 && tbin_fits(b, size) &&
-      tc->epoch == pp_load_relaxed(&pool->flush_epoch))
+  /* NUMA: every allocation of a numa=local pool on several nodes comes
+   * here (its caches' epochs are tagged: pool->epoch_tag), and the cache
+   * follows the thread's node before it hands out a block. */
+  if (pool->epoch_tag != 0)
+    pp_numa_follow(pool, tc);
+  if (b->n > 0 && tbin_fits(b, size) && !pp_tc_stale(tc, pool))
     rc = alloc_hit(pool, tc, b, size, out, ra, true);
   else
     rc = alloc_slow(pool, tc, cls, size, out, ra);
@@ -444,8 +477,18 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
   pp_tentry_t e = {ptr, seg, bs, idx};
   size_t cbs = pp_class_size(cls); /* the stack's class */
   pp_tbin_t *b = &tc->bins[cls];
-  if (tc->epoch != pp_load_relaxed(&pool->flush_epoch))
+  if (pp_tc_stale(tc, pool))
     pp_tcache_flush_all(tc); /* pinpool_empty_cache asked for it */
+  /* NUMA (numa=local on several nodes: every free comes here, its cache's
+   * epoch being tagged): a block of another node than the thread's goes
+   * home, to its own node's central lists, never into this cache. */
+  bool remote = false;
+  if (pool->epoch_tag != 0) {
+    pp_numa_follow(pool, tc);
+#ifndef PINPOOL_MUTANT_NUMA_NO_ROUTE
+    remote = seg->node != tc->node;
+#endif
+  }
   /* A free never opens a stack of one block (a class above a sixteenth of
    * tcache_bytes): the thread has not allocated the class, and one block
    * is all the stack would hold, hidden from the thread that does (W3's
@@ -454,11 +497,12 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
    * tcache_bytes goes; the thread's first allocation of the class opens
    * the stack. */
   /* An oversize stack keeps a block only in a cache within its budget
-   * (above). */
-  bool bypass = b->items == NULL
-                    ? tbin_one(cbs, pool->cfg.tcache_bytes) ||
-                          !tbin_init(pool, tc, b, cbs)
-                    : b->over && pp_load_relaxed(&tc->bytes) > tc->budget;
+   * (above); a block of another node goes home (numa=local). */
+  bool bypass =
+      remote ||
+      (b->items == NULL ? tbin_one(cbs, pool->cfg.tcache_bytes) ||
+                              !tbin_init(pool, tc, b, cbs)
+                        : b->over && pp_load_relaxed(&tc->bytes) > tc->budget);
   /* Read before the free is counted (the pairing in alloc_slow): a sample
    * whose epoch this reads did all its loads before our counters change.
    * Only for a hot slot: the line is written by every central take. */
@@ -694,5 +738,22 @@ int pinpool_block_size(pinpool_t *pool, const void *ptr, size_t *out) {
   if (PP_WORD_STATE(w) != PP_ALLOCATED)
     return state_error(ptr, "pinpool_block_size", w);
   *out = pp_load_relaxed(&seg->block_size);
+  return 0;
+}
+
+int pinpool_block_node(pinpool_t *pool, const void *ptr, unsigned *out) {
+  if (pool == NULL || ptr == NULL || out == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_block_node: NULL argument");
+  pp_segment_t *seg = NULL;
+  uint32_t idx = 0;
+  int rc = lookup_block(pool, ptr, "pinpool_block_node", &seg, &idx);
+  if (rc != 0 || seg == NULL) /* seg is set when the lookup succeeds */
+    return rc;
+  uint64_t w = pp_load_acquire(&seg->word[idx]);
+  if (PP_WORD_STATE(w) != PP_ALLOCATED)
+    return state_error(ptr, "pinpool_block_node", w);
+  /* Allocated (acquire): the segment is live and its node, written before
+   * it was published, is this incarnation's. */
+  *out = seg->node;
   return 0;
 }

@@ -29,6 +29,7 @@
 #include "internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #define CHUNK_ALIGN ((size_t)2 << 20)
 #define CHUNK_MIN ((size_t)2 << 20)
@@ -62,8 +63,8 @@ static bool reserve_bytes(pinpool_t *pool, size_t n) {
  * for a cuda chunk above register_max, which no driver pins (a
  * configuration problem, not a failure to pin), nor for an injected
  * failure of the whole backend call (fault=alloc). */
-static bool pin_fallback(pinpool_t *pool, size_t size, const char *saved,
-                         void **mem, unsigned *flags) {
+static bool pin_fallback(pinpool_t *pool, int place, size_t size,
+                         const char *saved, void **mem, unsigned *flags) {
   const pp_config_t *c = &pool->cfg;
   if (c->pin_failure != PP_PIN_PAGEABLE ||
       (c->backend != PP_BACKEND_CUDA &&
@@ -74,6 +75,7 @@ static bool pin_fallback(pinpool_t *pool, size_t size, const char *saved,
   pp_error_save(why, sizeof why);
   pp_config_t hc = *c;
   hc.mlock = PP_MLOCK_OFF;
+  hc.numa_node = place; /* where the pinned chunk would have been */
   unsigned f = 0;
   if (pp_host_map(&hc, NULL, size, c->populate_threads, NULL, mem, &f) != 0) {
     pp_error_restore(why); /* the driver's refusal says more */
@@ -84,8 +86,12 @@ static bool pin_fallback(pinpool_t *pool, size_t size, const char *saved,
   return true;
 }
 
-static int backend_alloc(pinpool_t *pool, void *hint, size_t size, void **mem,
-                         unsigned *flags) {
+/* A chunk for arena node `node`: bound to its real node (pool->place) by
+ * the provider's alloc_node with numa=local, else placed as configured. */
+static int backend_alloc(pinpool_t *pool, unsigned node, void *hint,
+                         size_t size, void **mem, unsigned *flags) {
+  bool local = pool->cfg.numa == PP_NUMA_LOCAL;
+  int place = pool->place[node];
   if (!reserve_bytes(pool, size))
     return pp_fail(PINPOOL_ENOMEM,
                    "max_reserved (%llu bytes) reached: %llu reserved, %zu "
@@ -102,10 +108,13 @@ static int backend_alloc(pinpool_t *pool, void *hint, size_t size, void **mem,
                               "backend '%s': injected failure of "
                               "an allocation of %zu bytes",
                               pool->prov.name, size)
+           : local  ? pool->prov.alloc_node(pool->prov.ctx, hint, size, place,
+                                            mem, flags)
            : hint != NULL && pool->prov.alloc_at != NULL
                ? pool->prov.alloc_at(pool->prov.ctx, hint, size, mem, flags)
                : pool->prov.alloc(pool->prov.ctx, size, mem, flags);
-  if (rc != 0 && !injected && pin_fallback(pool, size, saved, mem, flags))
+  if (rc != 0 && !injected &&
+      pin_fallback(pool, place, size, saved, mem, flags))
     rc = 0;
   pp_backend_timed(&pool->gs.ba_count, &pool->gs.ba_total, &pool->gs.ba_max,
                    t0);
@@ -157,8 +166,8 @@ static void backend_free(pinpool_t *pool, void *mem, size_t size,
 
 /* A new chunk with room for `need` bytes, entered into the arena. No lock
  * held. */
-static int grow(pinpool_t *pool, size_t need) {
-  pp_arena_t *a = &pool->arena;
+static int grow(pinpool_t *pool, unsigned node, size_t need) {
+  pp_arena_node_t *a = &pool->arena.node[node];
   size_t size = (size_t)(pp_load_relaxed(&a->total) / 8);
   size = size < CHUNK_MIN ? CHUNK_MIN : size > CHUNK_MAX ? CHUNK_MAX : size;
   size = round_up(size, CHUNK_ALIGN);
@@ -192,7 +201,7 @@ static int grow(pinpool_t *pool, size_t need) {
   }
   void *mem = NULL;
   unsigned flags = 0;
-  int rc = backend_alloc(pool, hint, size, &mem, &flags);
+  int rc = backend_alloc(pool, node, hint, size, &mem, &flags);
   if (rc != 0)
     return rc;
   pp_mutex_lock(&pool->seg_lock);
@@ -208,45 +217,62 @@ static int grow(pinpool_t *pool, size_t need) {
   return 0;
 }
 
+/* numa=local: each node gets a reserve of `reserve` bytes, on it. */
 int pp_arena_init(pinpool_t *pool) {
-  pp_arena_t *a = &pool->arena;
-  pp_ext_init(&a->ext, PP_PAGE, pool->prov.alloc_at != NULL);
-  a->ext.avoid = PP_SEG_FALLBACK; /* carved last, released first */
+  pool->arena.node = calloc(pool->nnodes, sizeof *pool->arena.node);
+  if (pool->arena.node == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "pinpool_create: out of memory");
+  for (unsigned n = 0; n < pool->nnodes; n++) {
+    pp_arena_node_t *a = &pool->arena.node[n];
+    pp_ext_init(&a->ext, PP_PAGE, pool->prov.alloc_at != NULL);
+    a->ext.avoid = PP_SEG_FALLBACK; /* carved last, released first */
+  }
   if (pool->cfg.reserve == 0)
     return 0;
   size_t size = round_up(pool->cfg.reserve, PP_PAGE);
-  void *mem = NULL;
-  unsigned flags = 0;
-  int rc = backend_alloc(pool, NULL, size, &mem, &flags);
-  if (rc != 0)
-    return rc;
-  if (pp_ext_add_chunk(&a->ext, mem, size, flags | PP_SEG_FROM_RESERVE) != 0) {
-    backend_free(pool, mem, size, flags);
-    return pp_fail(PINPOOL_ENOMEM, "out of memory for the reserve's metadata");
+  for (unsigned n = 0; n < pool->nnodes; n++) {
+    pp_arena_node_t *a = &pool->arena.node[n];
+    void *mem = NULL;
+    unsigned flags = 0;
+    int rc = backend_alloc(pool, n, NULL, size, &mem, &flags);
+    if (rc != 0)
+      return rc; /* pp_arena_fini gives back the nodes' reserves made */
+    if (pp_ext_add_chunk(&a->ext, mem, size, flags | PP_SEG_FROM_RESERVE) !=
+        0) {
+      backend_free(pool, mem, size, flags);
+      return pp_fail(PINPOOL_ENOMEM,
+                     "out of memory for the reserve's metadata");
+    }
+    pp_store_relaxed(&a->total, size);
+    pool->reserve_size += size;
+    pool->has_reserve = true;
   }
-  pp_store_relaxed(&a->total, size);
-  pool->reserve_size = size;
-  pool->has_reserve = true;
   return 0;
 }
 
 void pp_arena_fini(pinpool_t *pool) {
-  pp_arena_t *a = &pool->arena;
-  /* Teardown: every segment was released (pp_segment_release_all gave
-   * nothing back to the arena: the chunks go whole). */
-  for (size_t i = 0; i < a->ext.nchunks; i++) {
-    uintptr_t base;
-    size_t size;
-    unsigned flags;
-    pp_ext_chunk_info(a->ext.chunks[i], &base, &size, &flags);
-    backend_free(pool, (void *)base, size, flags);
+  if (pool->arena.node == NULL)
+    return;
+  for (unsigned n = 0; n < pool->nnodes; n++) {
+    pp_arena_node_t *a = &pool->arena.node[n];
+    /* Teardown: every segment was released (pp_segment_release_all gave
+     * nothing back to the arena: the chunks go whole). */
+    for (size_t i = 0; i < a->ext.nchunks; i++) {
+      uintptr_t base;
+      size_t size;
+      unsigned flags;
+      pp_ext_chunk_info(a->ext.chunks[i], &base, &size, &flags);
+      backend_free(pool, (void *)base, size, flags);
+    }
+    pp_ext_fini(&a->ext);
   }
-  pp_ext_fini(&a->ext);
+  free(pool->arena.node);
+  pool->arena.node = NULL;
 }
 
-int pp_arena_take(pinpool_t *pool, size_t size, void **mem, unsigned *flags,
-                  bool *grew) {
-  pp_arena_t *a = &pool->arena;
+int pp_arena_take(pinpool_t *pool, unsigned node, size_t size, void **mem,
+                  unsigned *flags, bool *grew) {
+  pp_arena_node_t *a = &pool->arena.node[node];
   pp_assert(size % PP_PAGE == 0 && size > 0);
   for (int tries = 0;; tries++) {
     pp_mutex_lock(&pool->seg_lock);
@@ -265,16 +291,16 @@ int pp_arena_take(pinpool_t *pool, size_t size, void **mem, unsigned *flags,
      * them (docs/allocation-policy.md, "Growth"). */
     if (tries == 0 && pp_release_idle(pool) + pp_tcache_give_large(pool) > 0)
       continue;
-    int rc = grow(pool, size);
+    int rc = grow(pool, node, size);
     if (rc != 0)
       return rc;
     *grew = true;
   }
 }
 
-bool pp_arena_take_now(pinpool_t *pool, size_t size, void **mem,
+bool pp_arena_take_now(pinpool_t *pool, unsigned node, size_t size, void **mem,
                        unsigned *flags) {
-  pp_arena_t *a = &pool->arena;
+  pp_arena_node_t *a = &pool->arena.node[node];
   pp_assert(size % PP_PAGE == 0 && size > 0);
   pp_assert_held(&pool->seg_lock);
   void *p = pp_ext_take(&a->ext, size, flags);
@@ -282,16 +308,21 @@ bool pp_arena_take_now(pinpool_t *pool, size_t size, void **mem,
   return p != NULL;
 }
 
-void pp_arena_give_locked(pinpool_t *pool, void *mem, size_t size) {
+void pp_arena_give_locked(pinpool_t *pool, unsigned node, void *mem,
+                          size_t size) {
   pp_assert_held(&pool->seg_lock);
-  pp_ext_give(&pool->arena.ext, mem, size);
+  pp_ext_give(&pool->arena.node[node].ext, mem, size);
 }
 
+/* Nodes in turn, oldest free chunk of each first: a budget spread over the
+ * nodes rather than one node emptied first (a cap is the pool's, not a
+ * node's). */
 unsigned pp_arena_release(pinpool_t *pool, uint64_t budget) {
-  pp_arena_t *a = &pool->arena;
-  unsigned n = 0;
+  unsigned n = 0, dry = 0;
   uint64_t got = 0;
-  while (got < budget) {
+  for (unsigned node = 0; got < budget && dry < pool->nnodes;
+       node = node + 1 < pool->nnodes ? node + 1 : 0) {
+    pp_arena_node_t *a = &pool->arena.node[node];
     void *base;
     size_t size;
     unsigned flags;
@@ -301,8 +332,11 @@ unsigned pp_arena_release(pinpool_t *pool, uint64_t budget) {
     if (ok)
       pp_store_relaxed(&a->total, a->ext.total_bytes);
     pp_mutex_unlock(&pool->seg_lock);
-    if (!ok)
-      break;
+    if (!ok) {
+      dry++;
+      continue;
+    }
+    dry = 0;
     backend_free(pool, base, size, flags);
     pp_hist_event(pool, PP_H_SEGMENT_FREE, (uintptr_t)base, size, 0, 0, NULL);
     got += size;
@@ -311,14 +345,31 @@ unsigned pp_arena_release(pinpool_t *pool, uint64_t budget) {
   return n;
 }
 
-void pp_arena_info_locked(pinpool_t *pool, pp_arena_info_t *out) {
-  pp_arena_t *a = &pool->arena;
+void pp_arena_node_info_locked(pinpool_t *pool, unsigned node,
+                               pp_arena_info_t *out, uint64_t *segs) {
+  pp_arena_node_t *a = &pool->arena.node[node];
   pp_assert_held(&pool->seg_lock);
   out->chunks = a->ext.nchunks;
   out->total = a->ext.total_bytes;
   out->free_bytes = a->ext.free_bytes;
   out->free_extents = a->ext.nfree;
   out->largest = pp_ext_largest(&a->ext);
+  if (segs != NULL)
+    *segs = a->segs;
+}
+
+void pp_arena_info_locked(pinpool_t *pool, pp_arena_info_t *out) {
+  *out = (pp_arena_info_t){0, 0, 0, 0, 0};
+  for (unsigned n = 0; n < pool->nnodes; n++) {
+    pp_arena_info_t i;
+    pp_arena_node_info_locked(pool, n, &i, NULL);
+    out->chunks += i.chunks;
+    out->total += i.total;
+    out->free_bytes += i.free_bytes;
+    out->free_extents += i.free_extents;
+    if (i.largest > out->largest)
+      out->largest = i.largest;
+  }
 }
 
 void pp_arena_info(pinpool_t *pool, pp_arena_info_t *out) {
@@ -327,24 +378,85 @@ void pp_arena_info(pinpool_t *pool, pp_arena_info_t *out) {
   pp_mutex_unlock(&pool->seg_lock);
 }
 
+static int cmp_chunk(const void *a, const void *b) {
+  uintptr_t x = ((const pp_chunk_view_t *)a)->base;
+  uintptr_t y = ((const pp_chunk_view_t *)b)->base;
+  return x < y ? -1 : x > y;
+}
+
+static int cmp_range(const void *a, const void *b) {
+  uintptr_t x = ((const pp_range_t *)a)->base;
+  uintptr_t y = ((const pp_range_t *)b)->base;
+  return x < y ? -1 : x > y;
+}
+
+/* Every node's chunks and free extents, in address order (each chunk with
+ * its node). One hold of seg_lock: a consistent picture. */
 int pp_arena_view(pinpool_t *pool, pp_chunk_view_t **chunks, size_t *nchunks,
                   pp_range_t **free_out, size_t *nfree) {
-  pp_arena_t *a = &pool->arena;
+  pp_chunk_view_t *call = NULL;
+  pp_range_t *fall = NULL;
+  size_t nc = 0, nf = 0;
+  int rc = 0;
   pp_mutex_lock(&pool->seg_lock);
-  int rc = pp_ext_view(&a->ext, chunks, nchunks, free_out, nfree);
+  for (unsigned n = 0; n < pool->nnodes && rc == 0; n++) {
+    pp_chunk_view_t *c;
+    pp_range_t *f;
+    size_t k, m;
+    rc = pp_ext_view(&pool->arena.node[n].ext, &c, &k, &f, &m);
+    if (rc != 0)
+      break;
+    pp_chunk_view_t *c2 = realloc(call, (nc + k + 1) * sizeof *c2);
+    pp_range_t *f2 =
+        c2 == NULL ? NULL : realloc(fall, (nf + m + 1) * sizeof *f2);
+    if (c2 != NULL)
+      call = c2;
+    if (f2 != NULL)
+      fall = f2;
+    if (c2 == NULL || f2 == NULL) {
+      rc = pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory");
+    } else {
+      for (size_t i = 0; i < k; i++) {
+        call[nc + i] = c[i];
+        call[nc + i].node = n;
+      }
+      for (size_t i = 0; i < m; i++)
+        fall[nf + i] = f[i];
+      nc += k;
+      nf += m;
+    }
+    free(c);
+    free(f);
+  }
   pp_mutex_unlock(&pool->seg_lock);
-  return rc;
+  if (rc != 0) {
+    free(call);
+    free(fall);
+    return rc;
+  }
+  if (call != NULL && fall != NULL && pool->nnodes > 1) {
+    qsort(call, nc, sizeof *call, cmp_chunk);
+    qsort(fall, nf, sizeof *fall, cmp_range);
+  }
+  *chunks = call;
+  *nchunks = nc;
+  *free_out = fall;
+  *nfree = nf;
+  return 0;
 }
 
 bool pp_arena_validate_locked(pinpool_t *pool, char *why, size_t len) {
-  pp_arena_t *a = &pool->arena;
   pp_assert_held(&pool->seg_lock);
-  bool ok = pp_ext_validate(&a->ext, why, len);
-  if (ok && pp_load_relaxed(&a->total) != a->ext.total_bytes) {
-    (void)snprintf(why, len, "arena: %zu bytes in chunks, counter says %llu",
-                   a->ext.total_bytes,
-                   (unsigned long long)pp_load_relaxed(&a->total));
-    ok = false;
+  for (unsigned n = 0; n < pool->nnodes; n++) {
+    pp_arena_node_t *a = &pool->arena.node[n];
+    if (!pp_ext_validate(&a->ext, why, len))
+      return false;
+    if (pp_load_relaxed(&a->total) != a->ext.total_bytes) {
+      (void)snprintf(
+          why, len, "arena node %u: %zu bytes in chunks, counter says %llu", n,
+          a->ext.total_bytes, (unsigned long long)pp_load_relaxed(&a->total));
+      return false;
+    }
   }
-  return ok;
+  return true;
 }

@@ -97,12 +97,18 @@ static void unregister_pieces(const cuda_ctx_t *b, char *p, size_t len) {
     (void)b->cuda->cuMemHostUnregister(p + off);
 }
 
-static int register_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
+/* node >= 0 (numa=local): the pages are bound to it before the first touch,
+ * then registered; -1: the configured numa_node. */
+static int register_alloc_node(void *ctx, void *hint, size_t size, int node,
+                               void **out, unsigned *flags) {
   const cuda_ctx_t *b = ctx;
   void *p = NULL;
   unsigned f = 0;
-  int rc =
-      pp_host_map(&b->cfg, NULL, size, b->cfg.register_threads, NULL, &p, &f);
+  pp_config_t c = b->cfg;
+  if (node >= 0)
+    c.numa_node = node;
+  (void)hint; /* registrations are per allocation: no runs (pp_provider_t) */
+  int rc = pp_host_map(&c, NULL, size, b->cfg.register_threads, NULL, &p, &f);
   if (rc != 0)
     return rc;
   pp_cu_result_t cr = pp_cuda_push(b->cuda);
@@ -139,6 +145,10 @@ static int register_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
   *flags = f | PP_SEG_LOCKED;
   *out = p;
   return 0;
+}
+
+static int register_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
+  return register_alloc_node(ctx, NULL, size, -1, out, flags);
 }
 
 static void register_free(void *ctx, void *ptr, size_t size) {
@@ -186,11 +196,12 @@ int pp_backend_cuda_open(const pp_config_t *cfg, pp_cuda_t *cuda,
                       ? (unsigned)PP_CU_MEMHOSTREGISTER_DEVICEMAP
                       : 0u);
   if (reg)
-    *out = (pp_provider_t){"cuda-register", b,   register_alloc, register_free,
-                           cuda_destroy,    NULL};
+    *out = (pp_provider_t){
+        "cuda-register", b,    register_alloc,     register_free,
+        cuda_destroy,    NULL, register_alloc_node};
   else
-    *out =
-        (pp_provider_t){"cuda", b, cuda_alloc, cuda_free, cuda_destroy, NULL};
+    *out = (pp_provider_t){"cuda",       b,    cuda_alloc, cuda_free,
+                           cuda_destroy, NULL, NULL};
   // cppcheck-suppress memleak ; ownership passed to *out (ctx)
   return 0;
 }

@@ -264,6 +264,14 @@ static int host_alloc_at(void *ctx, void *hint, size_t size, void **out,
   return 0;
 }
 
+/* numa=local: as alloc_at, bound to `node` instead of cfg.numa_node. */
+static int host_alloc_node(void *ctx, void *hint, size_t size, int node,
+                           void **out, unsigned *flags) {
+  host_ctx_t h = *(const host_ctx_t *)ctx;
+  h.cfg.numa_node = node;
+  return host_alloc_at(&h, hint, size, out, flags);
+}
+
 static void host_free(void *ctx, void *ptr, size_t size) {
   (void)ctx;
   /* munmap drops any mlock with the mapping. */
@@ -287,5 +295,6 @@ int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out) {
   out->free = host_free;
   out->destroy = host_destroy;
   out->alloc_at = host_alloc_at;
+  out->alloc_node = host_alloc_node;
   return 0;
 }

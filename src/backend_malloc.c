@@ -29,7 +29,8 @@ static void malloc_free(void *ctx, void *ptr, size_t size) {
 
 int pp_backend_malloc_open(const pp_config_t *cfg, pp_provider_t *out) {
   (void)cfg;
-  *out = (pp_provider_t){"malloc", NULL, malloc_alloc, malloc_free, NULL, NULL};
+  *out = (pp_provider_t){"malloc", NULL, malloc_alloc, malloc_free,
+                         NULL,     NULL, NULL};
   return 0;
 }
 

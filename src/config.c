@@ -23,7 +23,8 @@ typedef enum {
   K_BACKEND,
   K_EVENTS,
   K_CUDA_FLAGS,
-  K_FAULT
+  K_FAULT,
+  K_NUMA
 } kind_t;
 
 typedef struct key_desc {
@@ -65,6 +66,9 @@ static const key_desc_t keys[] = {
     {"register_max", K_SIZE, CFG_OFF(register_max), 0, 0},
     {"device", K_INT, CFG_OFF(device), -1, 1024},
     {"numa_node", K_INT, CFG_OFF(numa_node), -1, 1023},
+    {"numa", K_NUMA, CFG_OFF(numa), 0, 0},
+    {"numa_spill", K_BOOL, CFG_OFF(numa_spill), 0, 0},
+    {"numa_fake_nodes", K_UINT, CFG_OFF(numa_fake_nodes), 1, PP_NUMA_MAX},
     {"fault", K_FAULT, CFG_OFF(fault_site), 0, 0},
 };
 
@@ -339,6 +343,11 @@ static int apply(const key_desc_t *k, const char *v, bool user_backend,
     memcpy(field, &m, sizeof m);
     return 0;
   }
+  case K_NUMA: {
+    static const char *const names[] = {"off", "local"};
+    static const int values[] = {PP_NUMA_OFF, PP_NUMA_LOCAL};
+    return parse_choice(v, "numa", names, values, 2, "off or local", field);
+  }
   case K_PIN: {
     static const char *const names[] = {"error", "pageable"};
     static const int values[] = {PP_PIN_ERROR, PP_PIN_PAGEABLE};
@@ -413,6 +422,10 @@ int pp_config_parse(const char *text, bool user_backend, bool user_events,
   free(copy);
   if (rc != 0)
     return rc;
+  bool seen_numa_spill = false;
+  for (size_t i = 0; i < NKEYS; i++)
+    if (seen[i] && strcmp(keys[i].name, "numa_spill") == 0)
+      seen_numa_spill = true;
   if (c.max_reserved != 0 && c.reserve > c.max_reserved)
     return pp_fail(PINPOOL_ECONFIG,
                    "config: key 'reserve' (%llu) exceeds 'max_reserved' "
@@ -421,6 +434,23 @@ int pp_config_parse(const char *text, bool user_backend, bool user_events,
                    (unsigned long long)c.max_reserved);
   if (c.reserve > PP_MAX_REQUEST)
     return pp_fail(PINPOOL_ECONFIG, "config: key 'reserve' is too large");
+  if (c.numa == PP_NUMA_LOCAL && c.numa_node >= 0)
+    return pp_fail(PINPOOL_ECONFIG,
+                   "config: keys 'numa=local' and 'numa_node' exclude each "
+                   "other (numa=local places each node's memory on that "
+                   "node; numa_node places all of it on one)");
+  if (c.numa == PP_NUMA_LOCAL && c.backend != PP_BACKEND_HOST &&
+      c.backend != PP_BACKEND_CUDA_REGISTER)
+    return pp_fail(PINPOOL_ECONFIG,
+                   "config: key 'numa': numa=local requires backend=host or "
+                   "cuda-register (memory bound to a node before its first "
+                   "touch; %s)",
+                   c.backend == PP_BACKEND_CUDA
+                       ? "cuMemHostAlloc cannot place memory"
+                       : "this backend cannot place memory");
+  if (c.numa != PP_NUMA_LOCAL && (seen_numa_spill || c.numa_fake_nodes != 0))
+    return pp_fail(PINPOOL_ECONFIG, "config: key '%s' requires numa=local",
+                   c.numa_fake_nodes != 0 ? "numa_fake_nodes" : "numa_spill");
   /* Pieces are cut at the segment's page size (2 MiB with hugepages). */
   uint64_t piece_unit = c.hugepages ? (uint64_t)2 << 20 : PP_PAGE;
   if (c.register_max < piece_unit || c.register_max % piece_unit != 0)
@@ -456,14 +486,26 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
   /* A user backend (or event provider) has no name pinpool_create would
    * accept: leave it out so the string can be fed back. */
   const char *ev = c->events < 3 ? event_names[c->events] : NULL;
+  /* numa=local's keys only when it is on: the string of a pool without it
+   * is unchanged. */
+  char numa[80] = "";
+  if (c->numa == PP_NUMA_LOCAL && c->numa_fake_nodes != 0)
+    (void)snprintf(numa, sizeof numa,
+                   ",numa=local,numa_spill=%d,numa_fake_nodes=%u",
+                   c->numa_spill ? 1 : 0, c->numa_fake_nodes);
+  else if (c->numa == PP_NUMA_LOCAL)
+    (void)snprintf(numa, sizeof numa, ",numa=local,numa_spill=%d",
+                   c->numa_spill ? 1 : 0);
+  /* snprintf(NULL, 0, ...) is defined (C11 7.21.6.5): the length only. */
   int n = snprintf(
+      // cppcheck-suppress ctunullpointer
       buf, len,
       "%s%s%smax_cached=%llu,max_cached_pct=%u,max_reserved=%llu,"
       "reserve=%llu,mlock=%s,pin_failure=%s,"
       "hugepages=%d,populate=%d,populate_threads=%u,populate_parallel_min=%"
       "llu,tcache_bytes=%llu,shards=%u%s%s,background=%d,poll_us=%u,"
       "sim_delay_us=%u,cuda_flags=%s,register_threads=%u,register_max=%llu,"
-      "device=%d,numa_node=%d",
+      "device=%d,numa_node=%d%s",
       backend_name ? "backend=" : "", backend_name ? backend_name : "",
       backend_name ? "," : "", (unsigned long long)c->max_cached,
       c->max_cached_pct, (unsigned long long)c->max_reserved,
@@ -474,7 +516,7 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
       (unsigned long long)c->tcache_bytes, c->shards, ev ? ",events=" : "",
       ev ? ev : "", c->background ? 1 : 0, c->poll_us, c->sim_delay_us, flags,
       c->register_threads, (unsigned long long)c->register_max, c->device,
-      c->numa_node);
+      c->numa_node, numa);
   if (n >= 0 && c->fault_site != PP_FAULT_NONE) {
     size_t used = (size_t)n;
     int m = snprintf(used < len ? buf + used : NULL,

@@ -639,7 +639,7 @@ int pp_ext_view(const pp_extents_t *x, pp_chunk_view_t **chunks,
   }
   for (size_t i = 0; i < x->nchunks; i++)
     c[i] = (pp_chunk_view_t){x->chunks[i]->base, x->chunks[i]->size,
-                             x->chunks[i]->flags};
+                             x->chunks[i]->flags, 0};
   size_t n = 0;
   for (unsigned b = 0; b < 2 * PP_EXT_HALF; b++)
     for (pp_xnode_t *e = x->bins[b]; e != NULL; e = e->next)

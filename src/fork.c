@@ -93,7 +93,7 @@ static void pool_lock_all(pinpool_t *pool) {
   pp_mutex_lock(&pool->reg_lock);
   pp_mutex_lock(&pool->seg_lock);
   pp_mutex_lock(&pool->trim_lock);
-  size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
+  size_t nbins = (size_t)PP_NCLASSES * pool->nvshards;
   for (size_t i = 0; i < nbins; i++)
     pp_mutex_lock(&pool->bins[i].lock);
   pp_mutex_lock(&pool->idle_lock);
@@ -110,7 +110,7 @@ static void pool_unlock_all(pinpool_t *pool, int phase) {
   pp_hist_fork_unlock(pool);
   pp_streams_fork(pool, phase);
   pp_mutex_unlock(&pool->idle_lock);
-  size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
+  size_t nbins = (size_t)PP_NCLASSES * pool->nvshards;
   for (size_t i = nbins; i-- > 0;)
     pp_mutex_unlock(&pool->bins[i].lock);
   pp_mutex_unlock(&pool->trim_lock);
@@ -148,6 +148,12 @@ static int forked_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
                  "a CUDA pool in a child of fork: cannot allocate %zu bytes",
                  size);
 }
+static int forked_alloc_node(void *ctx, void *hint, size_t size, int node,
+                             void **out, unsigned *flags) {
+  (void)hint;
+  (void)node;
+  return forked_alloc(ctx, size, out, flags);
+}
 static void forked_free(void *ctx, void *ptr, size_t size) {
   (void)ctx;
   (void)ptr;
@@ -176,8 +182,9 @@ static void cut_off_cuda(pinpool_t *pool) {
   /* A fresh id: no thread cache way (pp_tls) of the forking thread
    * matches, so every call reaches a general path that refuses. */
   pool->id = pp_fetch_add_relaxed(&child_ids, 1);
-  pool->prov = (pp_provider_t){pool->prov.name, NULL, forked_alloc,
-                               forked_free,     NULL, NULL};
+  pool->prov = (pp_provider_t){pool->prov.name,  NULL, forked_alloc,
+                               forked_free,      NULL, NULL,
+                               forked_alloc_node};
   if (pool->has_events)
     pool->ev = (pp_events_t){pool->ev.name, NULL,         forked_record,
                              forked_query,  forked_query, forked_release,

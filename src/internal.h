@@ -197,6 +197,8 @@ static inline size_t pp_class_size(unsigned idx) {
 /* ---- Configuration (config.c) ------------------------------------------- */
 enum { PP_MLOCK_OFF = 0, PP_MLOCK_TRY = 1, PP_MLOCK_REQUIRE = 2 };
 enum { PP_PIN_ERROR = 0, PP_PIN_PAGEABLE = 1 };
+enum { PP_NUMA_OFF = 0, PP_NUMA_LOCAL = 1 };
+#define PP_NUMA_MAX 64 /* nodes a numa=local pool handles */
 enum {
   PP_BACKEND_HOST = 0,
   PP_BACKEND_MALLOC = 1,
@@ -240,6 +242,13 @@ typedef struct pp_config {
                                 cuMemHostAlloc) call is given */
   int device;                /* -1: the context current at create */
   int numa_node;             /* -1: no placement */
+  /* numa=local (docs/allocation-policy.md, "NUMA-local reuse"): central
+   * lists, arena and thread caches per node. numa_spill: a node out of
+   * memory may take a block of another (counted). numa_fake_nodes: tests
+   * only, K nodes on any machine (placement on real node k % real). */
+  int numa; /* PP_NUMA_* */
+  bool numa_spill;
+  unsigned numa_fake_nodes; /* 0: the machine's topology */
   /* fault=SITE:N[:COUNT] (tests): fail calls N .. N+COUNT-1 at SITE. The
    * call counter lives in the pool and is shared, through this pointer, by
    * the providers' copies of the config. */
@@ -297,6 +306,11 @@ typedef struct pp_provider {
    * none: a block across two registrations is not one pinned range. */
   int (*alloc_at)(void *ctx, void *hint, size_t size, void **out,
                   unsigned *flags);
+  /* May be NULL (then numa=local is refused). As alloc_at, with the
+   * memory bound to NUMA node `node` (mbind before the first touch) instead
+   * of the configured numa_node. */
+  int (*alloc_node)(void *ctx, void *hint, size_t size, int node, void **out,
+                    unsigned *flags);
 } pp_provider_t;
 int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out);
 /* backend_host.c, shared with backend=cuda-register: anonymous mmap of
@@ -431,6 +445,7 @@ typedef struct pp_chunk_view {
   uintptr_t base;
   size_t size;
   unsigned flags;
+  unsigned node; /* set by pp_arena_view */
 } pp_chunk_view_t;
 int pp_ext_view(const pp_extents_t *x, pp_chunk_view_t **chunks,
                 size_t *nchunks, pp_range_t **free_out, size_t *nfree);
@@ -447,11 +462,19 @@ bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len);
  * blocks at their page-rounded size) are carved from them and given back,
  * coalescing. The reserve is a chunk that never goes back
  * (PP_SEG_FROM_RESERVE). ----------------------------------------------- */
-typedef struct pp_arena {
+typedef struct pp_arena_node {
   pp_extents_t ext; /* under the pool's seg_lock */
   /* Read without the lock by the growth policy (a size, not a
    * correctness input). */
   pp_counter_t total;
+  /* Live segments carved from this node's chunks; under seg_lock. */
+  uint64_t segs;
+} pp_arena_node_t;
+/* One arena per NUMA node (numa=local; one node otherwise): a node's
+ * segments are carved only from its own chunks, which the backend bound to
+ * that node before their first touch. */
+typedef struct pp_arena {
+  pp_arena_node_t *node; /* [pool->nnodes] */
 } pp_arena_t;
 struct pinpool;
 /* At create: the reserve chunk, if configured. */
@@ -460,15 +483,16 @@ int pp_arena_init(struct pinpool *pool);
 void pp_arena_fini(struct pinpool *pool);
 /* A carve that never grows the arena nor releases idle slabs: false if no
  * free extent is large enough. Caller holds seg_lock (the arena's lock). */
-bool pp_arena_take_now(struct pinpool *pool, size_t size, void **mem,
-                       unsigned *flags);
+bool pp_arena_take_now(struct pinpool *pool, unsigned node, size_t size,
+                       void **mem, unsigned *flags);
 /* `size` bytes (a page multiple) carved from a chunk, a new chunk made if
  * none has room (*grew set): 0 with *mem and *flags (the chunk's), or an
  * error. No lock held; takes the arena's. */
-int pp_arena_take(struct pinpool *pool, size_t size, void **mem,
+int pp_arena_take(struct pinpool *pool, unsigned node, size_t size, void **mem,
                   unsigned *flags, bool *grew);
 /* Caller holds seg_lock. */
-void pp_arena_give_locked(struct pinpool *pool, void *mem, size_t size);
+void pp_arena_give_locked(struct pinpool *pool, unsigned node, void *mem,
+                          size_t size);
 /* Give whole free chunks (never the reserve) back to the backend, oldest
  * first, until `budget` bytes went back; returns the chunks released. No
  * lock held. */
@@ -476,8 +500,11 @@ unsigned pp_arena_release(struct pinpool *pool, uint64_t budget);
 typedef struct pp_arena_info {
   uint64_t chunks, total, free_bytes, free_extents, largest;
 } pp_arena_info_t;
+/* Summed over the nodes; one node's (node < nnodes) with the _node one. */
 void pp_arena_info(struct pinpool *pool, pp_arena_info_t *out);
 void pp_arena_info_locked(struct pinpool *pool, pp_arena_info_t *out);
+void pp_arena_node_info_locked(struct pinpool *pool, unsigned node,
+                               pp_arena_info_t *out, uint64_t *segs);
 /* pp_ext_view under seg_lock. */
 int pp_arena_view(struct pinpool *pool, pp_chunk_view_t **chunks,
                   size_t *nchunks, pp_range_t **free_out, size_t *nfree);
@@ -536,6 +563,10 @@ struct pp_segment {
    * first line with the lookup's fields: a free that misses its hint reads
    * both (W5: one cache miss fewer per such free). */
   _Atomic(uint64_t) gen;
+  /* The NUMA node of its chunk (0 unless numa=local): written before the
+   * segment is published, as cls and shard. Off the first line, which is
+   * full: only numa=local's slow paths read it. */
+  unsigned node;
 
   /* Streams recorded on each block (stream.c): one pointer per block,
    * installed once with a CAS, then read and written under the stripe
@@ -678,7 +709,10 @@ typedef struct pp_thread pp_thread_t;
 typedef struct pp_tcache {
   struct pinpool *pool;
   pp_thread_t *thread;
-  unsigned shard;
+  unsigned shard; /* of its node's shards: 0 .. shards - 1 */
+  /* numa=local: the node every block in this cache is from (the thread's
+   * node when it last checked; alloc.c, "NUMA"). 0 otherwise. Owner only. */
+  unsigned node;
   uint64_t epoch;          /* pool->flush_epoch seen last; owner only */
   pp_fhint_t hint;         /* segment of the last free (alloc.c); owner only */
   uint64_t unsampled;      /* bytes taken from the bins since this thread last
@@ -888,6 +922,9 @@ typedef struct pp_gstats {
    * now, and the blocks of the live segments carved from them (written
    * under seg_lock). */
   pp_counter_t fallback_bytes, fallback_blocks;
+  /* numa=local, numa_spill=1: blocks (and their bytes) handed to a thread
+   * from another node's memory because its own node was out of memory. */
+  pp_counter_t numa_spill_blocks, numa_spill_bytes;
   pp_counter_t ba_count, ba_total, ba_max, bf_count, bf_total, bf_max;
 } pp_gstats_t;
 
@@ -905,8 +942,24 @@ struct pinpool {
   pp_provider_t prov;
   char backend_name[32];
 
-  /* 8 classes per doubling * shards bins, cache-line separated */
+  /* PP_NCLASSES * nvshards bins, cache-line separated. A bin's shard is
+   * a "virtual shard": node * cfg.shards + the shard within the node, so
+   * that every node has its own central lists (numa=local; one node
+   * otherwise, where this is cfg.shards). */
   pp_bin_t *bins;
+  unsigned nnodes;   /* 1, or the nodes of numa=local; immutable */
+  unsigned nvshards; /* cfg.shards * nnodes; immutable */
+  /* numa=local with nnodes > 1: PP_EPOCH_NUMA, or'ed into every thread
+   * cache's epoch so that it never equals flush_epoch and the hit paths
+   * (which compare the two) send every call to the general paths, where
+   * the thread's node is checked. 0 otherwise: the hit paths are those of
+   * a pool without NUMA, instruction for instruction. Immutable. */
+  uint64_t epoch_tag;
+  /* The topology, read once at create (numa.c): the node of each CPU, and
+   * the real node each node's memory is bound to. Immutable. */
+  unsigned ncpus;
+  uint16_t *cpu_node;
+  int place[PP_NUMA_MAX];
 
   pp_mutex_t seg_lock; /* all, desc_free_* */
   pp_segment_t *all;
@@ -987,14 +1040,46 @@ static inline bool pp_trims(const struct pinpool *pool) {
 
 static inline pp_bin_t *pp_bin(struct pinpool *pool, unsigned cls,
                                unsigned shard) {
-  return &pool->bins[(size_t)cls * pool->cfg.shards + shard];
+  return &pool->bins[(size_t)cls * pool->nvshards + shard];
 }
+
+/* ---- NUMA (numa.c) -------------------------------------------------------
+ * The high bit of a thread cache's epoch: see struct pinpool's epoch_tag. */
+#define PP_EPOCH_NUMA ((uint64_t)1 << 63)
+/* The cache missed a pinpool_empty_cache (its epoch, tag aside, is not the
+ * pool's): slow paths only. */
+static inline bool pp_tc_stale(const pp_tcache_t *tc,
+                               const struct pinpool *pool) {
+  return (tc->epoch & ~PP_EPOCH_NUMA) != pp_load_relaxed(&pool->flush_epoch);
+}
+/* The virtual shard (bin index within a class) of the cache's node. */
+static inline unsigned pp_tc_vshard(const pp_tcache_t *tc,
+                                    const struct pinpool *pool) {
+  return tc->node * pool->cfg.shards + tc->shard;
+}
+/* Read the topology (cpu_node, place, nnodes, nvshards, epoch_tag). */
+int pp_numa_init(struct pinpool *pool);
+void pp_numa_fini(struct pinpool *pool);
+/* The calling thread's node: the test hook's answer if one is set, else
+ * the node of the CPU it runs on (sched_getcpu). < nnodes. */
+unsigned pp_numa_current(const struct pinpool *pool);
+/* numa=local, nnodes > 1: the calling thread's node changed since its cache
+ * last looked: flush the cache (its blocks go home) and adopt the new
+ * node. Owner only, in a busy section. */
+void pp_numa_follow(struct pinpool *pool, pp_tcache_t *tc);
+/* Test hook (tests/test_numa_local.c): the calling thread's node, or < 0
+ * for the CPU's. NULL outside tests. */
+typedef int (*pp_test_numa_fn)(void);
+extern _Atomic(pp_test_numa_fn) pp_test_numa_node;
 
 /* pool.c: the central layer used by the thread caches. */
 /* Take up to `want` blocks of class `cls` into out[]; returns the count
- * (>= 1) or a negative error. A large class (above PP_SLAB_MAX_BLOCK)
- * takes one block of exactly `bs` bytes (the page-rounded request), from
- * the hot slot or carved from the arena; a slab class's bs is its size. */
+ * (>= 1) or a negative error. `shard` is a virtual shard (struct pinpool's
+ * bins): only the bins of its node are searched, and a new segment is
+ * carved from that node's arena (pp_hot_take: the same shards). A large class
+ * (above PP_SLAB_MAX_BLOCK) takes one block of exactly `bs` bytes (the
+ * page-rounded request), from the hot slot or carved from the arena; a slab
+ * class's bs is its size. */
 int pp_central_take(struct pinpool *pool, unsigned cls, size_t bs,
                     unsigned shard, pp_tentry_t *out, uint32_t want,
                     bool *missed);

@@ -115,6 +115,7 @@ static int seg_publish_locked(pinpool_t *pool, pp_segment_t *d, void *mem,
     pp_store_relaxed(&d->word[i], PP_WORD(0, PP_NEVER));
   d->cls = cls;
   d->shard = shard;
+  d->node = shard / pool->cfg.shards; /* the node whose arena mem is from */
   d->carved = 0;
   d->free_count = nblocks;
   d->free_head = 0;
@@ -127,9 +128,10 @@ static int seg_publish_locked(pinpool_t *pool, pp_segment_t *d, void *mem,
   int rc = pp_segmap_insert(pool->map, d); /* publishes d (release) */
   if (rc != 0) {
     desc_put_locked(pool, d);
-    pp_arena_give_locked(pool, mem, size);
+    pp_arena_give_locked(pool, d->node, mem, size);
     return rc;
   }
+  pool->arena.node[d->node].segs++;
   pp_store_relaxed(&d->gen, pp_load_relaxed(&d->gen) + 1);
   d->all_prev = NULL;
   d->all_next = pool->all;
@@ -159,11 +161,12 @@ static int seg_create(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
       slab ? slab_bytes_for(bs, pp_load_relaxed(&pool->cls_segs[cls])) : bs;
   void *mem = NULL;
   unsigned flags = 0;
+  unsigned node = shard / pool->cfg.shards; /* carved from its node's arena */
   int rc;
   /* The common case: a recycled descriptor and room in the arena. */
   pp_mutex_lock(&pool->seg_lock);
   pp_segment_t *d = desc_pop_locked(pool, slab);
-  if (d != NULL && pp_arena_take_now(pool, size, &mem, &flags)) {
+  if (d != NULL && pp_arena_take_now(pool, node, size, &mem, &flags)) {
     rc = seg_publish_locked(pool, d, mem, size, cls, bs, shard, flags);
     pp_mutex_unlock(&pool->seg_lock);
     if (rc == 0)
@@ -173,7 +176,8 @@ static int seg_create(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
   pp_mutex_unlock(&pool->seg_lock);
   if (d == NULL && (d = desc_new(slab)) == NULL)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for segment metadata");
-  rc = pp_arena_take(pool, size, &mem, &flags, grew); /* may grow: no lock */
+  rc = pp_arena_take(pool, node, size, &mem, &flags,
+                     grew); /* may grow: no lock */
   pp_mutex_lock(&pool->seg_lock);
   if (rc != 0)
     desc_put_locked(pool, d);
@@ -194,6 +198,7 @@ static void seg_release_locked(pinpool_t *pool, pp_segment_t *d) {
   uintptr_t base = pp_load_relaxed(&d->base);
   size_t size = pp_load_relaxed(&d->size);
   unsigned cls = d->cls;
+  unsigned node = d->node;
   uint64_t fallback =
       (d->flags & PP_SEG_FALLBACK) ? pp_load_relaxed(&d->nblocks) : 0;
   pp_store_relaxed(&d->gen, pp_load_relaxed(&d->gen) + 1);
@@ -209,7 +214,8 @@ static void seg_release_locked(pinpool_t *pool, pp_segment_t *d) {
   locked_add(&pool->gs.segs_freed, 1);
   locked_add(&pool->gs.fallback_blocks, (uint64_t)0 - fallback);
   locked_add(&pool->cls_segs[cls], (uint64_t)-1);
-  pp_arena_give_locked(pool, (void *)base, size);
+  pool->arena.node[node].segs--;
+  pp_arena_give_locked(pool, node, (void *)base, size);
 }
 
 /* Release a detached segment (see seg_release_locked). No lock held. */
@@ -426,10 +432,12 @@ int pp_central_take(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
       return 1;
     return large_take(pool, cls, bs, shard, out, missed);
   }
-  unsigned ns = pool->cfg.shards;
+  /* The shards of the caller's node only (numa=local: a node's blocks
+   * are handed only to its threads; one node otherwise). */
+  unsigned ns = pool->cfg.shards, first = shard - shard % ns;
   for (unsigned i = 0; i < ns; i++) {
-    uint32_t n =
-        take_from_bin(pool, pp_bin(pool, cls, (shard + i) % ns), out, want);
+    uint32_t n = take_from_bin(
+        pool, pp_bin(pool, cls, first + (shard - first + i) % ns), out, want);
     if (n > 0)
       return (int)n;
   }
@@ -465,33 +473,34 @@ void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
     pp_mutex_unlock(&pool->seg_lock);
     return;
   }
-  unsigned ns = pool->cfg.shards;
   /* Read every block's shard before the first push: once a block is back
    * in its bin, its segment may go idle and be released (and its descriptor
    * recycled for another bin) by another thread, so the entry must not be
-   * looked at again. */
-  uint8_t shard_of[64];
+   * looked at again. The shard is the segment's own (a virtual shard
+   * of its node: struct pinpool's bins), so a block always goes home,
+   * whichever thread frees it. */
+  uint16_t shard_of[64];
   while (n > 0) {
     uint32_t m = n < 64 ? n : 64;
-    uint64_t used = 0;
+    uint64_t done = 0;
     /* Counted before the pushes, so that a trimmer releasing one of these
      * segments never sees more bytes leave the bins than entered them. */
     pp_fetch_add_relaxed(&pool->gs.central_in, (uint64_t)m * bs);
-    for (uint32_t i = 0; i < m; i++) {
-      shard_of[i] = (uint8_t)in[i].seg->shard;
-      used |= (uint64_t)1 << shard_of[i];
-    }
+    for (uint32_t i = 0; i < m; i++)
+      shard_of[i] = (uint16_t)in[i].seg->shard;
     /* One lock acquisition per shard that owns some of the blocks: a
      * consumer returning a producer's blocks pays per batch, not per
      * block. */
-    for (unsigned s = 0; s < ns; s++) {
-      if (!(used & ((uint64_t)1 << s)))
+    for (uint32_t j = 0; j < m; j++) {
+      if (done & ((uint64_t)1 << j))
         continue;
+      unsigned s = shard_of[j];
       pp_bin_t *bin = pp_bin(pool, cls, s);
       pp_mutex_lock(&bin->lock);
-      for (uint32_t i = 0; i < m; i++) {
+      for (uint32_t i = j; i < m; i++) {
         if (shard_of[i] != s)
           continue;
+        done |= (uint64_t)1 << i;
         seg_push(in[i].seg, in[i].idx);
         seg_relist(pool, bin, in[i].seg);
       }
@@ -583,9 +592,10 @@ bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e,
 
 bool pp_hot_take(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
                  pp_tentry_t *out, pp_counter_t *ctr) {
-  unsigned ns = pool->cfg.shards;
-  for (unsigned i = 0, sh = shard; i < ns; i++, sh = sh + 1 < ns ? sh + 1 : 0) {
-    pp_bin_t *bin = pp_bin(pool, cls, sh);
+  /* The caller's node's shards only (see pp_central_take). */
+  unsigned ns = pool->cfg.shards, first = shard - shard % ns;
+  for (unsigned i = 0; i < ns; i++) {
+    pp_bin_t *bin = pp_bin(pool, cls, first + (shard - first + i) % ns);
     /* Last slot first: puts fill them from the first, so this takes the
      * block freed last (its pages the likeliest in the CPU's caches). */
     for (unsigned k = PP_HOT_SLOTS; k-- > 0;) {
@@ -617,7 +627,7 @@ unsigned pp_hot_drain(pinpool_t *pool) {
   unsigned top = (unsigned)pp_load_relaxed(&pool->top_cls);
   unsigned n = 0;
   for (unsigned c = lo; c <= top; c++)
-    for (unsigned i = 0; i < pool->cfg.shards; i++)
+    for (unsigned i = 0; i < pool->nvshards; i++)
       for (unsigned k = 0; k < PP_HOT_SLOTS; k++) {
         pp_segment_t *s = hot_grab(&pp_bin(pool, c, i)->hot[k]);
         if (s != NULL) {
@@ -732,7 +742,7 @@ unsigned pp_release_idle(pinpool_t *pool) {
   /* What the LRU does not hold: every idle segment when there is no cap
    * (no LRU), and those carved from the reserve. Walk the bins. */
   pp_mutex_lock(&pool->trim_lock);
-  size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
+  size_t nbins = (size_t)PP_NCLASSES * pool->nvshards;
   for (size_t i = 0; i < nbins; i++) {
     pp_bin_t *bin = &pool->bins[i];
     if (!(pp_load_relaxed(&bin->avail) & PP_BIN_IDLE))
@@ -792,13 +802,14 @@ static void pool_free_struct(pinpool_t *pool, bool streams_ready) {
   if (streams_ready)
     pp_streams_fini(pool);
   if (pool->bins != NULL) {
-    size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
+    size_t nbins = (size_t)PP_NCLASSES * pool->nvshards;
     for (size_t i = 0; i < nbins; i++)
       pp_mutex_destroy(&pool->bins[i].lock);
     free(pool->bins);
   }
   if (pool->arena_ready)
     pp_arena_fini(pool);
+  pp_numa_fini(pool);
   pp_segmap_destroy(pool->map);
   pp_mutex_destroy(&pool->seg_lock);
   pp_mutex_destroy(&pool->trim_lock);
@@ -862,10 +873,18 @@ static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
     pool->on_error = hooks->on_error;
     pool->error_arg = hooks->error_arg;
   }
-  int rc = open_providers(pool, hooks);
+  int rc = pp_numa_init(pool);
+  if (rc == 0)
+    rc = open_providers(pool, hooks);
+  if (rc == 0 && cfg->numa == PP_NUMA_LOCAL && pool->prov.alloc_node == NULL)
+    rc = pp_fail(PINPOOL_ECONFIG,
+                 "config: key 'numa': backend '%s' cannot place memory on "
+                 "a node (numa=local requires backend=host or "
+                 "cuda-register)",
+                 pool->prov.name);
   if (rc == 0)
     rc = pp_segmap_create(&pool->map);
-  size_t nbins = (size_t)PP_NCLASSES * cfg->shards;
+  size_t nbins = (size_t)PP_NCLASSES * pool->nvshards;
   if (rc == 0) {
     pool->bins = aligned_alloc(64, nbins * sizeof(pp_bin_t));
     if (pool->bins == NULL) {

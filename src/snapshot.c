@@ -229,7 +229,7 @@ typedef struct sseg {
   pp_segment_t *d;
   uint64_t gen, base, size, bs;
   uint32_t nblocks, uncarved;
-  unsigned cls, flags;
+  unsigned cls, flags, node;
   size_t first, nblk; /* its blocks: blk[first, first + nblk) */
 } sseg_t;
 
@@ -311,6 +311,7 @@ static int copy_segments(snap_t *s) {
       g->nblocks = pp_load_relaxed(&d->nblocks);
       g->cls = pp_load_relaxed(&d->cls_index);
       g->flags = d->flags; /* written before publication, under seg_lock */
+      g->node = d->node;   /* likewise */
     }
     pp_mutex_unlock(&pool->seg_lock);
     hold_done(s, t0);
@@ -725,6 +726,8 @@ static void write_stats(wbuf_t *w, const pinpool_stats_t *t) {
   wb_kv(w, "locked_bytes", t->locked_bytes, true);
   wb_kv(w, "fallback_bytes", t->fallback_bytes, true);
   wb_kv(w, "fallback_blocks", t->fallback_blocks, true);
+  wb_kv(w, "numa_spill_blocks", t->numa_spill_blocks, true);
+  wb_kv(w, "numa_spill_bytes", t->numa_spill_bytes, true);
   write_dur(w, "backend_alloc", t->backend_alloc, true);
   write_dur(w, "backend_free", t->backend_free, true);
   wb_kv(w, "peak_slack_bytes", t->peak_slack_bytes, true);
@@ -820,6 +823,7 @@ static void write_chunks(wbuf_t *w, const snap_t *s) {
     wb_lit(w, i ? ",\n{" : "\n{");
     wb_kv(w, "address", c->base, true);
     wb_kv(w, "size", c->size, true);
+    wb_kv(w, "node", c->node, true);
     write_flags(w, c->flags);
     wb_lit(w, ",\"free\":[");
     while (k < s->nfree && s->free_ext[k].base + s->free_ext[k].size <= c->base)
@@ -850,6 +854,7 @@ static void write_segments(wbuf_t *w, const snap_t *s, const stack_out_t *o) {
     wb_kv(w, "size", g->size, true);
     wb_kv(w, "block_size", g->bs, true);
     wb_kv(w, "class", g->cls, true);
+    wb_kv(w, "node", g->node, true);
     wb_kv(w, "blocks_total", g->nblocks, true);
     wb_kv(w, "uncarved_blocks", g->uncarved, true);
     wb_kv(w, "tail_bytes", g->size - (uint64_t)g->nblocks * g->bs, true);

@@ -195,6 +195,8 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   st.mlock_failures = pp_load_relaxed(&g->mlock_failures);
   st.fallback_bytes = pp_load_relaxed(&g->fallback_bytes);
   st.fallback_blocks = pp_load_relaxed(&g->fallback_blocks);
+  st.numa_spill_blocks = pp_load_relaxed(&g->numa_spill_blocks);
+  st.numa_spill_bytes = pp_load_relaxed(&g->numa_spill_bytes);
   st.locked_bytes = pp_load_relaxed(&g->locked_bytes);
   st.backend_alloc = (pinpool_duration_t){pp_load_relaxed(&g->ba_count),
                                           pp_load_relaxed(&g->ba_total),
@@ -242,5 +244,30 @@ int pinpool_reset_peak_stats(pinpool_t *pool) {
   pp_mutex_unlock(&pool->reg_lock);
   reset_peak(&pool->gs.reserved_peak, &pool->gs.reserved_cur);
   reset_peak(&pool->gs.segs_peak, &pool->gs.segs_cur);
+  return 0;
+}
+
+int pinpool_numa_nodes(pinpool_t *pool, unsigned *nodes) {
+  if (pool == NULL || nodes == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_numa_nodes: NULL argument");
+  *nodes = pool->nnodes;
+  return 0;
+}
+
+int pinpool_get_node_stats(pinpool_t *pool, unsigned node,
+                           pinpool_node_stats_t *out) {
+  if (pool == NULL || out == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_get_node_stats: NULL argument");
+  if (node >= pool->nnodes)
+    return pp_fail(PINPOOL_EINVAL,
+                   "pinpool_get_node_stats: node %u, the pool has %u", node,
+                   pool->nnodes);
+  pp_arena_info_t ai;
+  uint64_t segs;
+  pp_mutex_lock(&pool->seg_lock);
+  pp_arena_node_info_locked(pool, node, &ai, &segs);
+  pp_mutex_unlock(&pool->seg_lock);
+  *out = (pinpool_node_stats_t){pool->place[node], ai.total, ai.chunks, segs,
+                                ai.free_bytes};
   return 0;
 }

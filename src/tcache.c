@@ -157,7 +157,7 @@ void pp_tcache_flush_all(pp_tcache_t *tc) {
   for (unsigned i = 0; i < tc->nused; i++)
     if (tc->bins[tc->used[i]].n > 0)
       pp_tcache_flush_bin(tc, tc->used[i], 0);
-  tc->epoch = pp_load_acquire(&tc->pool->flush_epoch);
+  tc->epoch = pp_load_acquire(&tc->pool->flush_epoch) | tc->pool->epoch_tag;
 }
 
 static void unlink_from_pool_locked(pp_tcache_t *tc) {
@@ -332,7 +332,8 @@ pp_tcache_t *pp_tcache_get_slow(pinpool_t *pool) {
       tc->shard = atomic_fetch_add_explicit(&pool->next_shard, 1,
                                             memory_order_relaxed) %
                   pool->cfg.shards;
-      tc->epoch = pp_load_acquire(&pool->flush_epoch);
+      tc->epoch = pp_load_acquire(&pool->flush_epoch) | pool->epoch_tag;
+      tc->node = pp_numa_current(pool);
       tc->budget = pool->cfg.tcache_bytes;
       tc->thr_next = thr->caches;
       thr->caches = tc;

@@ -17,6 +17,8 @@ typedef struct vstate {
   uint64_t alloc_bytes, alloc_req, alloc_count, cached_bytes, segment_bytes;
   uint64_t in_tcache_by_state; /* CACHED words not on a central list */
   uint64_t pending_count, pending_bytes;
+  uint64_t node_segs[PP_NUMA_MAX];  /* live segments per node */
+  uint64_t node_bytes[PP_NUMA_MAX]; /* their bytes */
 } vstate_t;
 
 #define VFAIL(v, ...)                                                          \
@@ -107,15 +109,27 @@ static void check_segment(pinpool_t *pool, pp_segment_t *s, vstate_t *v) {
   v->pending_count += pending;
   v->pending_bytes += pending * bs;
   v->segment_bytes += size;
-  /* Inside one run of the arena's chunks, with their flags. */
-  bool held = pp_ext_run_holds(&pool->arena.ext, base, size, s->flags);
+  /* NUMA: owned by a bin of its node, carved from its node's arena. */
+  if (s->node >= pool->nnodes || s->shard >= pool->nvshards ||
+      s->shard / pool->cfg.shards != s->node) {
+    VFAIL(v, "segment %#lx: node %u, shard %u of %u nodes", (unsigned long)base,
+          s->node, s->shard, pool->nnodes);
+    return;
+  }
+  v->node_segs[s->node]++;
+  v->node_bytes[s->node] += size;
+  /* Inside one run of its node's chunks, with their flags. */
+  bool held =
+      pp_ext_run_holds(&pool->arena.node[s->node].ext, base, size, s->flags);
   if (!held)
-    VFAIL(v, "segment %#lx: not inside a run of chunks with its flags",
-          (unsigned long)base);
+    VFAIL(v,
+          "segment %#lx: not inside a run of chunks of node %u with its "
+          "flags",
+          (unsigned long)base, s->node);
 }
 
 static void check_bins(pinpool_t *pool, vstate_t *v) {
-  size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
+  size_t nbins = (size_t)PP_NCLASSES * pool->nvshards;
   for (size_t i = 0; i < nbins && !v->bad; i++) {
     pp_bin_t *bin = &pool->bins[i];
     pp_mutex_lock(&bin->lock);
@@ -123,7 +137,7 @@ static void check_bins(pinpool_t *pool, vstate_t *v) {
     int tags[2] = {PP_LIST_PARTIAL, PP_LIST_IDLE};
     for (int l = 0; l < 2; l++) {
       for (pp_segment_t *s = lists[l]; s != NULL; s = s->next) {
-        size_t idx = (size_t)s->cls * pool->cfg.shards + s->shard;
+        size_t idx = (size_t)s->cls * pool->nvshards + s->shard;
         if (idx != i || s->list != tags[l]) {
           VFAIL(v, "bin %zu: holds a segment of bin %zu (list %d)", i, idx,
                 s->list);
@@ -158,6 +172,10 @@ static void check_tcaches(pinpool_t *pool, vstate_t *v) {
             (uintptr_t)e->ptr != want ||
             PP_WORD_STATE(pp_load_relaxed(&e->seg->word[e->idx])) != PP_CACHED)
           VFAIL(v, "thread cache: bad entry %p in class %u", e->ptr, c);
+        /* numa=local: a thread cache holds only its node's blocks. */
+        if (e->seg->node != tc->node)
+          VFAIL(v, "thread cache of node %u: holds %p of node %u", tc->node,
+                e->ptr, e->seg->node);
         bytes += bs;
       }
       entries += b->n;
@@ -168,7 +186,7 @@ static void check_tcaches(pinpool_t *pool, vstate_t *v) {
             (unsigned long long)pp_load_relaxed(&tc->bytes));
   }
   /* The bins' hot slots (pool.c) hold blocks outside the lists as well. */
-  size_t nbins = (size_t)PP_NCLASSES * pool->cfg.shards;
+  size_t nbins = (size_t)PP_NCLASSES * pool->nvshards;
   for (size_t j = 0; j < nbins * PP_HOT_SLOTS; j++) {
     size_t i = j / PP_HOT_SLOTS;
     pp_segment_t *s = pp_load_relaxed(&pool->bins[i].hot[j % PP_HOT_SLOTS]);
@@ -236,6 +254,20 @@ int pinpool_validate(pinpool_t *pool) {
           (unsigned long long)ai.total, (unsigned long long)v->segment_bytes,
           (unsigned long long)ai.free_bytes);
   v->cached_bytes += ai.free_bytes;
+  /* Per node: the segment counts the stats report, and every chunk byte of
+   * a node in its segments or free. */
+  for (unsigned n = 0; n < pool->nnodes && !v->bad; n++) {
+    pp_arena_info_t ni;
+    uint64_t segs;
+    pp_arena_node_info_locked(pool, n, &ni, &segs);
+    if (segs != v->node_segs[n])
+      VFAIL(v, "node %u: %llu segments listed, counter says %llu", n,
+            (unsigned long long)v->node_segs[n], (unsigned long long)segs);
+    else if (ni.total != v->node_bytes[n] + ni.free_bytes)
+      VFAIL(v, "node %u: %llu bytes in chunks, %llu in segments + %llu free", n,
+            (unsigned long long)ni.total, (unsigned long long)v->node_bytes[n],
+            (unsigned long long)ni.free_bytes);
+  }
   pp_sums_t sums;
   pp_stats_sum(pool, &sums);
   pp_mutex_unlock(&pool->trim_lock);

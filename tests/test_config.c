@@ -112,6 +112,10 @@ static void test_every_key_good(void **state) {
   GOOD_CREATE("mlock=require");
   GOOD("pin_failure=error");
   GOOD("pin_failure=pageable");
+  GOOD("numa=off");
+  GOOD("numa=local");
+  GOOD("numa=local,numa_spill=1");
+  GOOD("numa=local,numa_spill=0,numa_fake_nodes=4");
   GOOD("hugepages=0");
   GOOD("hugepages=1");
   GOOD("populate=0");
@@ -155,6 +159,16 @@ static void test_booleans(void **state) {
   BAD("pin_failure=1", "pin_failure");
   BAD("pin_failure=Pageable", "pin_failure");
   BAD("pin_failure=", "pin_failure");
+  BAD("numa=1", "numa");
+  BAD("numa=Local", "numa");
+  BAD("numa=local,numa_node=0", "numa");
+  BAD("numa=local,backend=malloc", "numa");
+  BAD("numa=local,backend=cuda", "numa");
+  BAD("numa_spill=1", "numa_spill");
+  BAD("numa=local,numa_spill=2", "numa_spill");
+  BAD("numa_fake_nodes=2", "numa_fake_nodes");
+  BAD("numa=local,numa_fake_nodes=0", "numa_fake_nodes");
+  BAD("numa=local,numa_fake_nodes=65", "numa_fake_nodes");
 }
 
 static void test_every_key_bad(void **state) {
@@ -424,6 +438,8 @@ static void test_get_config_round_trip(void **state) {
   round_trip("mlock=1,populate=1,populate_threads=64,shards=64");
   round_trip("reserve=2MiB,tcache_bytes=123456");
   round_trip("pin_failure=pageable,mlock=1");
+  round_trip("numa=local,numa_spill=1,numa_fake_nodes=2");
+  round_trip("numa=local");
   round_trip("  shards = 9 ,,hugepages=on,populate=off ");
 }
 

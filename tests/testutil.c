@@ -133,6 +133,32 @@ void pp_check_consistent_(pinpool_t *pool, const char *file, int line) {
                 st.block_bytes.current, st.requested_bytes.current);
     bad = 1;
   }
+  /* Per node (pinpool_get_node_stats): the nodes' reserved bytes and
+   * segments add up to the pool's. */
+  unsigned nodes = 0;
+  uint64_t node_res = 0, node_segs = 0;
+  if (pinpool_numa_nodes(pool, &nodes) != 0 || nodes == 0) {
+    print_error("ERROR: pinpool_numa_nodes failed\n");
+    bad = 1;
+  }
+  for (unsigned n = 0; n < nodes; n++) {
+    pinpool_node_stats_t ns;
+    if (pinpool_get_node_stats(pool, n, &ns) != 0) {
+      print_error("ERROR: pinpool_get_node_stats(%u) failed\n", n);
+      bad = 1;
+      break;
+    }
+    node_res += ns.reserved_bytes;
+    node_segs += ns.segments;
+  }
+  if (!bad && (node_res != st.reserved_bytes.current ||
+               node_segs != st.segments.current)) {
+    print_error("ERROR: nodes hold %" PRIu64 " reserved bytes and %" PRIu64
+                " segments, the pool %" PRIu64 " and %" PRIu64 "\n",
+                node_res, node_segs, st.reserved_bytes.current,
+                st.segments.current);
+    bad = 1;
+  }
   int v = pinpool_validate(pool);
   if (v != 0) {
     print_error("ERROR: pinpool_validate returned %d (%s): \"%s\"\n", v,
@@ -187,6 +213,8 @@ void pp_check_stats_equal_(const pinpool_stats_t *a, const pinpool_stats_t *b,
   CMP_U64(locked_bytes)
   CMP_U64(fallback_bytes)
   CMP_U64(fallback_blocks)
+  CMP_U64(numa_spill_blocks)
+  CMP_U64(numa_spill_bytes)
   CMP_U64(backend_alloc.count)
   CMP_U64(backend_alloc.total_ns)
   CMP_U64(backend_alloc.max_ns)

@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include "cudatest.h"
 
+#include <sched.h>
 #include <stdlib.h>
 
 static pinpool_t *create_(const char *conf, const char *file, int line) {
@@ -117,6 +118,36 @@ static void test_register_alloc_free(void **state) {
   CT_FAKE_EQ("calls:cuMemHostAlloc", 0);
   check_released(pool, true);
   pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+}
+
+/* numa=local (issue 24) on cuda-register: each node's chunks are bound to
+ * their node, populated, then registered; the driver holds exactly the
+ * arena's chunks, of every node. backend=cuda cannot place memory: a
+ * config error. */
+static void test_register_numa_local(void **state) {
+  (void)state;
+  CT_REQUIRE_DRIVER();
+  /* On one CPU: the thread stays on one node (CPU c is on node c % 2). */
+  cpu_set_t old, one;
+  bool pinned = sched_getaffinity(0, sizeof old, &old) == 0;
+  CPU_ZERO(&one);
+  CPU_SET(0, &one);
+  pinned = pinned && sched_setaffinity(0, sizeof one, &one) == 0;
+  pinpool_t *pool = CREATE("backend=cuda-register,device=0,numa=local,"
+                           "numa_fake_nodes=2");
+  unsigned nodes = 0;
+  CT_OK(pinpool_numa_nodes(pool, &nodes));
+  CT_ASSERT(nodes == 2, "%u nodes", nodes);
+  churn(pool, true);
+  check_released(pool, true);
+  pinpool_destroy(pool);
+  if (pinned)
+    (void)sched_setaffinity(0, sizeof old, &old);
+  pinpool_t *bad = NULL;
+  ct_rc_(pinpool_create("backend=cuda,device=0,numa=local", &bad),
+         PINPOOL_ECONFIG, "backend=cuda,numa=local", __FILE__, __LINE__);
+  CT_ASSERT(bad == NULL, "pool created");
   CT_FAKE_BALANCED();
 }
 
@@ -745,6 +776,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cuda_alloc_free, ct_setup,
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_register_alloc_free, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_register_numa_local, ct_setup,
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_destroy_releases_live_blocks,
                                       ct_setup, ct_teardown),
