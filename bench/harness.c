@@ -398,3 +398,56 @@ const char *pb_size_str(size_t size, char *buf, size_t len) {
  */
 
 uint64_t pb_min_phase_ns(void) { return pb_opt.quick ? 10000000u : 200000000u; }
+
+/* ---- The measured window (the workloads' shared protocol) -----------------
+ */
+
+void pb_start(worker_t *ws, void *(*fn)(worker_t *), void *arg) {
+  pb_req_reset(pb_opt.threads);
+  pb_rss_begin();
+  pb_run_workers(ws, pb_opt.threads, fn, arg);
+}
+
+/* lead: the barriers the workers pass before the phase (set-up, warm-up).
+ * Then "go", "done", and the last one lets them clean up or exit outside
+ * the window: glibc releases a thread's stack with madvise, a system call
+ * a malloc peer's count would include. */
+void pb_measure(worker_t *ws, int lead, window_t *win) {
+  for (int i = 0; i < lead; i++)
+    pthread_barrier_wait(&pb_barrier);
+  pb_im_get_counters(&win->c0);
+  win->f0 = pb_minflt_now();
+  pthread_barrier_wait(&pb_barrier);
+  pthread_barrier_wait(&pb_barrier);
+  win->f1 = pb_minflt_now();
+  pb_im_get_counters(&win->c1);
+  pthread_barrier_wait(&pb_barrier);
+  pb_join_workers(ws, pb_opt.threads);
+}
+
+/* The workers' samples into ns (and ns2 into ns2 unless NULL), freed; the
+ * sum of their operations. */
+uint64_t pb_merge(worker_t *ws, samples_t *ns, samples_t *ns2) {
+  uint64_t ops = 0;
+  for (int i = 0; i < pb_opt.threads; i++) {
+    pb_samples_merge(ns, &ws[i].ns);
+    pb_samples_free(&ws[i].ns);
+    if (ns2 != NULL) {
+      pb_samples_merge(ns2, &ws[i].ns2);
+      pb_samples_free(&ws[i].ns2);
+    }
+    ops += ws[i].ops;
+  }
+  return ops;
+}
+
+common_t pb_window_common(const window_t *win, samples_t *ns, uint64_t ops,
+                          uint64_t wall_ns) {
+  common_t c = {ns,
+                ops,
+                wall_ns,
+                win->f1 - win->f0,
+                win->c1.backend_calls - win->c0.backend_calls,
+                win->c0.calls_known && win->c1.calls_known};
+  return c;
+}

@@ -163,40 +163,19 @@ static void w1_measure(const char *workload, int ci) {
   pb_size_str(a.size, sz, sizeof sz);
   pb_rec_begin(workload, sz);
   pb_floor_prepare(a.size, pb_opt.threads); /* the block, reused */
-  pb_req_reset(pb_opt.threads);
-  pb_rss_begin();
-  pb_run_workers(ws, pb_opt.threads, w1_thread, &a);
-  /* The counters are read between barriers, so that their window is the
-   * timed pairs exactly: no calibration pair in it, none left out, and not
-   * the threads' exit (glibc releases a thread's stack with madvise, a
-   * system call a malloc peer's count would include). */
-  pthread_barrier_wait(&pb_barrier);
-  im_counters_t c0;
-  pb_im_get_counters(&c0);
-  uint64_t f0 = pb_minflt_now();
-  pthread_barrier_wait(&pb_barrier);
-  pthread_barrier_wait(&pb_barrier);
-  uint64_t f1 = pb_minflt_now();
-  im_counters_t c1;
-  pb_im_get_counters(&c1);
-  pthread_barrier_wait(&pb_barrier);
-  pb_join_workers(ws, pb_opt.threads);
+  pb_start(ws, w1_thread, &a);
+  /* The counters' window is the timed pairs exactly: no calibration pair
+   * in it, none left out. */
+  window_t win;
+  pb_measure(ws, 1, &win);
 
   samples_t all;
   pb_samples_init(&all, 1024);
-  uint64_t ops = 0;
-  for (int i = 0; i < pb_opt.threads; i++) {
-    pb_samples_merge(&all, &ws[i].ns);
-    ops += ws[i].ops;
-  }
+  uint64_t ops = pb_merge(ws, &all, NULL);
   for (int i = 0; i < pb_opt.threads; i++)
     pb_req[i].peak_seen = a.size * (uint64_t)pb_opt.threads;
-  common_t c = {&all,
-                ops,
-                pb_workers_wall(ws, pb_opt.threads),
-                f1 - f0,
-                c1.backend_calls - c0.backend_calls,
-                c0.calls_known && c1.calls_known};
+  common_t c =
+      pb_window_common(&win, &all, ops, pb_workers_wall(ws, pb_opt.threads));
   pb_rec_common(&c);
   pb_rec_num("size", (double)a.size);
   pb_rec_num("pairs_per_sample", ws[0].extra[0]);
@@ -209,8 +188,6 @@ static void w1_measure(const char *workload, int ci) {
   }
   pb_rec_end();
   pb_samples_free(&all);
-  for (int i = 0; i < pb_opt.threads; i++)
-    pb_samples_free(&ws[i].ns);
 }
 
 void pb_w1_run(int ci) { w1_measure("W1", ci); }

@@ -136,35 +136,21 @@ void pb_w2_run(int ci) {
            pb_size_str(wc->live, b3, sizeof b3));
   pb_rec_begin("W2", name);
   pb_floor_prepare(a.cap + a.hi, pb_opt.threads);
-  pb_req_reset(pb_opt.threads);
-  pb_rss_begin();
-  pb_run_workers(ws, pb_opt.threads, w2_thread, &a);
+  pb_start(ws, w2_thread, &a);
   pthread_barrier_wait(&pb_barrier); /* start */
   im_counters_t cf;
   pb_im_get_counters(&cf);
-  pthread_barrier_wait(&pb_barrier); /* fill done */
-  im_counters_t c0;
-  pb_im_get_counters(&c0);
-  uint64_t f0 = pb_minflt_now();
-  pthread_barrier_wait(&pb_barrier); /* go */
-  pthread_barrier_wait(&pb_barrier); /* measured phase done */
-  uint64_t f1 = pb_minflt_now();
-  im_counters_t c1;
-  pb_im_get_counters(&c1);
-  /* The workers free their live sets only now: not in the measured
-   * phase's counters. */
-  pthread_barrier_wait(&pb_barrier);
-  pb_join_workers(ws, pb_opt.threads);
+  /* After "fill done": the window is the steady state; the workers free
+   * their live sets after it. */
+  window_t win;
+  pb_measure(ws, 1, &win);
 
   samples_t all;
   pb_samples_init(&all, 1024);
-  uint64_t ops = 0;
+  uint64_t ops = pb_merge(ws, &all, NULL);
   double fill_ops = 0, fill_ns = 0, fill_flt = 0, late_ops = 0, late_ns = 0,
          late_flt = 0;
   for (int i = 0; i < pb_opt.threads; i++) {
-    pb_samples_merge(&all, &ws[i].ns);
-    ops += ws[i].ops;
-    pb_samples_free(&ws[i].ns);
     fill_ops += ws[i].extra[0];
     if (ws[i].extra[1] > fill_ns) /* the threads fill side by side */
       fill_ns = ws[i].extra[1];
@@ -174,12 +160,8 @@ void pb_w2_run(int ci) {
       late_ns = ws[i].extra[4];
     late_flt += ws[i].extra[5];
   }
-  common_t c = {&all,
-                ops,
-                pb_workers_wall(ws, pb_opt.threads),
-                f1 - f0,
-                c1.backend_calls - c0.backend_calls,
-                c0.calls_known && c1.calls_known};
+  common_t c =
+      pb_window_common(&win, &all, ops, pb_workers_wall(ws, pb_opt.threads));
   pb_rec_common(&c);
   pb_rec_num("live_cap_mib", (double)wc->live / MIB);
   pb_rec_num("steady_ops_per_thread", (double)a.steady);
@@ -188,9 +170,9 @@ void pb_w2_run(int ci) {
     pb_rec_num("fill_ops_per_s", fill_ns > 0 ? fill_ops * 1e9 / fill_ns : 0);
     pb_rec_num("fill_minflt_per_op", fill_flt / fill_ops);
   }
-  if (cf.calls_known && c0.calls_known)
+  if (cf.calls_known && win.c0.calls_known)
     pb_rec_num("fill_backend_calls",
-               (double)(c0.backend_calls - cf.backend_calls));
+               (double)(win.c0.backend_calls - cf.backend_calls));
   if (late_ops > 0) {
     pb_rec_num("late_ops_per_s", late_ns > 0 ? late_ops * 1e9 / late_ns : 0);
     pb_rec_num("late_minflt_per_op", late_flt / late_ops);

@@ -20,11 +20,22 @@ typedef struct w3_arg {
   unsigned depth;
   uint64_t warm;
   span_t span;
-  lblock_t ring[8];                      /* SPSC ring (two threads) */
-  alignas(64) atomic_uint_fast64_t head; /* consumer */
-  alignas(64) atomic_uint_fast64_t tail; /* producer */
-  atomic_bool done;
+  lblock_t ring[8]; /* SPSC ring (two threads) */
+  spsc_t q;
 } w3_arg_t;
+
+/* One batch, allocated and used; the allocation timed past the warm-up. */
+static lblock_t w3_alloc(worker_t *w, const w3_arg_t *a, uint64_t i,
+                         uint64_t *t1) {
+  void *ctx = NULL;
+  uint64_t t0 = pb_now_ns();
+  void *p = pb_im_alloc(a->size, &ctx);
+  *t1 = pb_now_ns();
+  pb_req_alloc(0, a->size);
+  if (i >= a->warm)
+    pb_samples_add(&w->ns, *t1 - t0);
+  return (lblock_t){p, ctx, a->size};
+}
 
 static void *w3_single(worker_t *w) {
   w3_arg_t *a = w->arg;
@@ -35,12 +46,7 @@ static void *w3_single(worker_t *w) {
   pb_samples_init(&w->ns2, a->span.min_ops * 2);
   pthread_barrier_wait(&pb_barrier);
   for (i = 0;; i++) {
-    if (i == a->warm) {
-      pthread_barrier_wait(&pb_barrier);
-      pthread_barrier_wait(&pb_barrier);
-      w->t_start = t1 = pb_now_ns();
-    }
-    if (i >= a->warm && pb_span_done(&a->span, i - a->warm, t1 - w->t_start))
+    if (pb_phase_over(w, i, a->warm, 1, &a->span, &t1))
       break;
     if (qn == a->depth) {
       uint64_t t0 = pb_now_ns();
@@ -52,14 +58,7 @@ static void *w3_single(worker_t *w) {
       qh = (qh + 1) % 8;
       qn--;
     }
-    void *ctx = NULL;
-    uint64_t t0 = pb_now_ns();
-    void *p = pb_im_alloc(a->size, &ctx);
-    t1 = pb_now_ns();
-    pb_req_alloc(0, a->size);
-    if (i >= a->warm)
-      pb_samples_add(&w->ns, t1 - t0);
-    q[(qh + qn) % 8] = (lblock_t){p, ctx, a->size};
+    q[(qh + qn) % 8] = w3_alloc(w, a, i, &t1);
     qn++;
   }
   w->t_end = pb_now_ns();
@@ -77,64 +76,26 @@ static void *w3_single(worker_t *w) {
 static void w3_producer(worker_t *w, w3_arg_t *a) {
   uint64_t i, t1 = 0;
   for (i = 0;; i++) {
-    if (i == a->warm) {
-      pthread_barrier_wait(&pb_barrier);
-      pthread_barrier_wait(&pb_barrier);
-      w->t_start = t1 = pb_now_ns();
-    }
-    if (i >= a->warm && pb_span_done(&a->span, i - a->warm, t1 - w->t_start))
+    if (pb_phase_over(w, i, a->warm, 1, &a->span, &t1))
       break;
-    void *ctx = NULL;
-    uint64_t t0 = pb_now_ns();
-    void *p = pb_im_alloc(a->size, &ctx);
-    t1 = pb_now_ns();
-    pb_req_alloc(0, a->size);
-    if (i >= a->warm)
-      pb_samples_add(&w->ns, t1 - t0);
-    uint64_t tail = atomic_load_explicit(&a->tail, memory_order_relaxed);
-    while (tail - atomic_load_explicit(&a->head, memory_order_acquire) >=
-           a->depth)
-      pb_cpu_relax();
-    a->ring[tail % 8] = (lblock_t){p, ctx, a->size};
-    atomic_store_explicit(&a->tail, tail + 1, memory_order_release);
+    lblock_t b = w3_alloc(w, a, i, &t1);
+    uint64_t tail = pb_spsc_wait_room(&a->q, a->depth);
+    a->ring[tail % 8] = b;
+    pb_spsc_publish(&a->q, tail);
   }
-  atomic_store_explicit(&a->done, true, memory_order_release);
-  while (atomic_load_explicit(&a->head, memory_order_acquire) !=
-         atomic_load_explicit(&a->tail, memory_order_relaxed))
-    pb_cpu_relax();
+  pb_spsc_finish(&a->q);
   w->t_end = pb_now_ns();
   w->ops = i - a->warm;
 }
 
-static void w3_consumer(worker_t *w, w3_arg_t *a) {
-  uint64_t consumed = 0;
-  bool warmed = false;
-  for (;;) {
-    if (consumed == a->warm && !warmed) {
-      warmed = true;
-      pthread_barrier_wait(&pb_barrier);
-      pthread_barrier_wait(&pb_barrier);
-      w->t_start = pb_now_ns();
-    }
-    uint64_t head = atomic_load_explicit(&a->head, memory_order_relaxed);
-    if (atomic_load_explicit(&a->tail, memory_order_acquire) == head) {
-      if (atomic_load_explicit(&a->done, memory_order_acquire) &&
-          atomic_load_explicit(&a->tail, memory_order_acquire) == head)
-        break;
-      pb_cpu_relax();
-      continue;
-    }
-    lblock_t b = a->ring[head % 8];
-    uint64_t t0 = pb_now_ns();
-    pb_im_free(b.p, b.size, b.ctx);
-    uint64_t t1 = pb_now_ns();
-    pb_req_free(1, b.size);
-    if (consumed >= a->warm)
-      pb_samples_add(&w->ns2, t1 - t0);
-    consumed++;
-    atomic_store_explicit(&a->head, head + 1, memory_order_release);
-  }
-  w->t_end = pb_now_ns();
+static uint64_t w3_take(void *arg, uint64_t slot) {
+  w3_arg_t *a = arg;
+  lblock_t b = a->ring[slot % 8];
+  uint64_t t0 = pb_now_ns();
+  pb_im_free(b.p, b.size, b.ctx);
+  uint64_t t1 = pb_now_ns();
+  pb_req_free(1, b.size);
+  return t1 - t0;
 }
 
 static void *w3_pair(worker_t *w) {
@@ -145,7 +106,7 @@ static void *w3_pair(worker_t *w) {
   if (w->idx == 0)
     w3_producer(w, a);
   else
-    w3_consumer(w, a);
+    pb_spsc_consume(w, &a->q, a->warm, w3_take, a);
   pthread_barrier_wait(&pb_barrier); /* measured phase done */
   pthread_barrier_wait(&pb_barrier); /* counters taken: exit */
   return NULL;
@@ -174,45 +135,21 @@ void pb_w3_run(int ci) {
   a.warm = 3 * a.depth + 4; /* every block in flight allocated once */
   a.span = (span_t){pb_opt.quick ? 6 : (a.size > 64 * MIB ? 8 : 20), 1000000,
                     pb_min_phase_ns()};
-  atomic_init(&a.head, 0);
-  atomic_init(&a.tail, 0);
-  atomic_init(&a.done, false);
+  pb_spsc_init(&a.q);
   snprintf(name, sizeof name, "%s batch, depth %u",
            pb_size_str(a.size, sz, sizeof sz), a.depth);
   pb_rec_begin("W3", name);
   pb_floor_prepare(a.size * (a.depth + 2), pb_opt.threads);
-  pb_req_reset(pb_opt.threads);
-  pb_rss_begin();
-  pb_run_workers(ws, pb_opt.threads, pb_opt.threads > 1 ? w3_pair : w3_single,
-                 &a);
-  pthread_barrier_wait(&pb_barrier);
-  pthread_barrier_wait(&pb_barrier);
-  im_counters_t c0;
-  pb_im_get_counters(&c0);
-  uint64_t f0 = pb_minflt_now();
-  pthread_barrier_wait(&pb_barrier);
-  pthread_barrier_wait(&pb_barrier);
-  uint64_t f1 = pb_minflt_now();
-  im_counters_t c1;
-  pb_im_get_counters(&c1);
-  pthread_barrier_wait(&pb_barrier); /* the workers' exit: not counted */
-  pb_join_workers(ws, pb_opt.threads);
+  pb_start(ws, pb_opt.threads > 1 ? w3_pair : w3_single, &a);
+  window_t win;
+  pb_measure(ws, 2, &win); /* the workers' exit: not counted */
 
   samples_t alloc_ns, free_ns;
   pb_samples_init(&alloc_ns, 64);
   pb_samples_init(&free_ns, 64);
-  for (int i = 0; i < pb_opt.threads; i++) {
-    pb_samples_merge(&alloc_ns, &ws[i].ns);
-    pb_samples_merge(&free_ns, &ws[i].ns2);
-    pb_samples_free(&ws[i].ns);
-    pb_samples_free(&ws[i].ns2);
-  }
-  common_t c = {&alloc_ns,
-                ws[0].ops,
-                pb_workers_wall(ws, pb_opt.threads),
-                f1 - f0,
-                c1.backend_calls - c0.backend_calls,
-                c0.calls_known && c1.calls_known};
+  (void)pb_merge(ws, &alloc_ns, &free_ns);
+  common_t c = pb_window_common(&win, &alloc_ns, ws[0].ops,
+                                pb_workers_wall(ws, pb_opt.threads));
   pb_rec_common(&c);
   pb_rec_num("free_ns_med", pb_samples_quantile(&free_ns, 0.5));
   pb_rec_num("free_ns_p99", pb_samples_quantile(&free_ns, 0.99));

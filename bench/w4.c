@@ -325,9 +325,8 @@ void pb_w4_run(int ci) {
     if (rc != PINPOOL_OK)
       pb_die_pp("pinpool_create(clock)", rc);
   }
-  if (pb_im.kind == K_REFPOOL || pb_im.kind == K_RMMPOOL) {
+  if (pb_im.kind == K_REFPOOL || pb_im.kind == K_RMMPOOL)
     pb_ref_events_reset(a.ops * (uint64_t)pb_opt.threads + 16);
-  }
   /* Start every stream's worker from this (unpinned) thread. */
   for (int i = 1; i <= pb_opt.threads * W4_STREAMS_PER_THREAD; i++) {
     g_streams[i].id = (pinpool_stream_t)i;
@@ -338,32 +337,18 @@ void pb_w4_run(int ci) {
     if (rc != PINPOOL_OK)
       pb_die_pp("pinpool_sim_submit", rc);
   }
-  pb_req_reset(pb_opt.threads);
-  pb_rss_begin();
   /* The counters' window: from the workers' set-up done to every block
    * back (their set-up and clean-up allocate too, through a malloc peer). */
-  pb_run_workers(ws, pb_opt.threads, w4_thread, &a);
-  pthread_barrier_wait(&pb_barrier);
-  im_counters_t c0;
-  pb_im_get_counters(&c0);
-  uint64_t f0 = pb_minflt_now();
-  pthread_barrier_wait(&pb_barrier);
-  pthread_barrier_wait(&pb_barrier);
-  uint64_t f1 = pb_minflt_now();
-  im_counters_t c1;
-  pb_im_get_counters(&c1);
-  pthread_barrier_wait(&pb_barrier);
-  pb_join_workers(ws, pb_opt.threads);
+  pb_start(ws, w4_thread, &a);
+  window_t win;
+  pb_measure(ws, 1, &win);
 
   samples_t all;
   pb_samples_init(&all, 1024);
-  uint64_t ops = 0;
+  uint64_t ops = pb_merge(ws, &all, NULL);
   double early = 0, need = 0, waits = 0, lf = 0, lf99 = 0, ls = 0, nf = 0,
          ns = 0, lat = 0, nlat = 0, shim_n = 0, shim_ns = 0;
   for (int i = 0; i < pb_opt.threads; i++) {
-    pb_samples_merge(&all, &ws[i].ns);
-    pb_samples_free(&ws[i].ns);
-    ops += ws[i].ops;
     early += ws[i].extra[0];
     if (ws[i].extra[1] > need) /* global counts: the threads' max */
       need = ws[i].extra[1];
@@ -405,7 +390,7 @@ void pb_w4_run(int ci) {
   }
   if (rec_n > 0 && nlat > 0) {
     double l = rec_ns / rec_n -
-               (c0.known && pb_im.kind != K_NAIVE && pb_im.kind != K_CUHOST
+               (win.c0.known && pb_im.kind != K_NAIVE && pb_im.kind != K_CUHOST
                     ? lat / nlat
                     : 0.0);
     pb_rec_num("reclaim_lag_us", (l > 0 ? l : 0) / 1e3);
@@ -413,12 +398,8 @@ void pb_w4_run(int ci) {
   }
   if (need > 0) /* the harness's requested peak: live + in flight */
     pb_req[0].peak_seen = (uint64_t)need;
-  common_t c = {&all,
-                ops,
-                pb_workers_wall(ws, pb_opt.threads),
-                f1 - f0,
-                c1.backend_calls - c0.backend_calls,
-                c0.calls_known && c1.calls_known};
+  common_t c =
+      pb_window_common(&win, &all, ops, pb_workers_wall(ws, pb_opt.threads));
   /* For pinpool, "overhead" is reserved over need too (not over its own
    * requested peak, which excludes the pending blocks). */
   pb_rec_num("need_peak_mib", need / MIB);
@@ -426,8 +407,8 @@ void pb_w4_run(int ci) {
     im_counters_t ic;
     pb_im_get_counters(&ic);
     pb_rec_num("reserved_over_need", (double)ic.reserved_peak / need);
-  } else if (c0.known) {
-    pb_rec_num("reserved_over_need", (double)c1.reserved_peak / need);
+  } else if (win.c0.known) {
+    pb_rec_num("reserved_over_need", (double)win.c1.reserved_peak / need);
   } else if (pb_hwm_reset) {
     pb_rec_num("reserved_over_need", (double)pb_rss_peak_delta() / need);
   }

@@ -18,17 +18,9 @@ typedef struct w5_arg {
   uint64_t warm; /* batches */
   span_t span;   /* blocks */
   lblock_t q[W5_QUEUE][W5_BATCH];
-  alignas(64) atomic_uint_fast64_t head; /* batches consumed */
-  alignas(64) atomic_uint_fast64_t tail; /* batches produced */
-  atomic_bool done;
+  spsc_t queue; /* of batches */
   uint64_t rss_mid, rss_end;
 } w5_arg_t;
-
-static void w5_wait_drained(w5_arg_t *a) {
-  while (atomic_load_explicit(&a->head, memory_order_acquire) !=
-         atomic_load_explicit(&a->tail, memory_order_relaxed))
-    pb_cpu_relax();
-}
 
 static void *w5_producer(worker_t *w) {
   w5_arg_t *a = w->arg;
@@ -40,24 +32,16 @@ static void *w5_producer(worker_t *w) {
   pb_samples_init(&w->ns2, a->span.min_ops / W5_BATCH + 1);
   pthread_barrier_wait(&pb_barrier);
   for (b = 0;; b++) {
-    if (b == a->warm) {
-      if (!single)
-        w5_wait_drained(a);
-      pthread_barrier_wait(&pb_barrier);
-      pthread_barrier_wait(&pb_barrier);
-      w->t_start = t1 = pb_now_ns();
-    }
-    if (b >= a->warm &&
-        pb_span_done(&a->span, (b - a->warm) * W5_BATCH, t1 - w->t_start))
+    if (b == a->warm && !single)
+      pb_spsc_wait_drained(&a->queue);
+    if (pb_phase_over(w, b, a->warm, W5_BATCH, &a->span, &t1))
       break;
     if (a->rss_mid == 0 && b >= a->warm + a->span.min_ops / W5_BATCH / 4)
       a->rss_mid = pb_proc_status_kib("VmRSS");
     lblock_t *dst = local;
+    uint64_t tail = 0;
     if (!single) {
-      uint64_t tail = atomic_load_explicit(&a->tail, memory_order_relaxed);
-      while (tail - atomic_load_explicit(&a->head, memory_order_acquire) >=
-             W5_QUEUE)
-        pb_cpu_relax();
+      tail = pb_spsc_wait_room(&a->queue, W5_QUEUE);
       dst = a->q[tail % W5_QUEUE];
     }
     for (unsigned k = 0; k < W5_BATCH; k++) {
@@ -81,15 +65,11 @@ static void *w5_producer(worker_t *w) {
       if (b >= a->warm)
         pb_samples_add(&w->ns2, (t1 - t0) / W5_BATCH);
     } else {
-      atomic_store_explicit(
-          &a->tail, atomic_load_explicit(&a->tail, memory_order_relaxed) + 1,
-          memory_order_release);
+      pb_spsc_publish(&a->queue, tail);
     }
   }
-  if (!single) {
-    atomic_store_explicit(&a->done, true, memory_order_release);
-    w5_wait_drained(a);
-  }
+  if (!single)
+    pb_spsc_finish(&a->queue);
   w->t_end = pb_now_ns();
   a->rss_end = pb_proc_status_kib("VmRSS");
   w->ops = (b - a->warm) * W5_BATCH;
@@ -98,40 +78,22 @@ static void *w5_producer(worker_t *w) {
   return NULL;
 }
 
+static uint64_t w5_take(void *arg, uint64_t slot) {
+  w5_arg_t *a = arg;
+  lblock_t *src = a->q[slot % W5_QUEUE];
+  uint64_t t0 = pb_now_ns();
+  for (unsigned k = 0; k < W5_BATCH; k++) {
+    pb_im_free(src[k].p, src[k].size, src[k].ctx);
+    pb_req_free(1, src[k].size); /* a relaxed store: keeps "live" exact */
+  }
+  return (pb_now_ns() - t0) / W5_BATCH;
+}
+
 static void *w5_consumer(worker_t *w) {
   w5_arg_t *a = w->arg;
-  uint64_t consumed = 0;
-  bool warmed = false;
   pb_samples_init(&w->ns2, a->span.min_ops / W5_BATCH + 1);
   pthread_barrier_wait(&pb_barrier);
-  for (;;) {
-    if (consumed == a->warm && !warmed) {
-      warmed = true;
-      pthread_barrier_wait(&pb_barrier);
-      pthread_barrier_wait(&pb_barrier);
-      w->t_start = pb_now_ns();
-    }
-    uint64_t head = atomic_load_explicit(&a->head, memory_order_relaxed);
-    if (atomic_load_explicit(&a->tail, memory_order_acquire) == head) {
-      if (atomic_load_explicit(&a->done, memory_order_acquire) &&
-          atomic_load_explicit(&a->tail, memory_order_acquire) == head)
-        break;
-      pb_cpu_relax();
-      continue;
-    }
-    lblock_t *src = a->q[head % W5_QUEUE];
-    uint64_t t0 = pb_now_ns();
-    for (unsigned k = 0; k < W5_BATCH; k++) {
-      pb_im_free(src[k].p, src[k].size, src[k].ctx);
-      pb_req_free(1, src[k].size); /* a relaxed store: keeps "live" exact */
-    }
-    uint64_t t1 = pb_now_ns();
-    if (consumed >= a->warm)
-      pb_samples_add(&w->ns2, (t1 - t0) / W5_BATCH);
-    consumed++;
-    atomic_store_explicit(&a->head, head + 1, memory_order_release);
-  }
-  w->t_end = pb_now_ns();
+  pb_spsc_consume(w, &a->queue, a->warm, w5_take, a);
   pthread_barrier_wait(&pb_barrier); /* measured phase done */
   pthread_barrier_wait(&pb_barrier); /* counters taken: exit */
   return NULL;
@@ -150,43 +112,20 @@ void pb_w5_run(int ci) {
   a.warm = pb_opt.quick ? 2 : 10;
   a.span =
       (span_t){(pb_opt.quick ? 6 : 60) * W5_BATCH, 4000000, pb_min_phase_ns()};
-  atomic_init(&a.head, 0);
-  atomic_init(&a.tail, 0);
-  atomic_init(&a.done, false);
+  pb_spsc_init(&a.queue);
   pb_rec_begin("W5", "4KiB-4MiB log-uniform, batches of 64");
   /* ~5 batches live (64 blocks of 605 KiB on average each). */
   pb_floor_prepare(256 * MIB, pb_opt.threads);
-  pb_req_reset(pb_opt.threads);
-  pb_rss_begin();
-  pb_run_workers(ws, pb_opt.threads, w5_thread, &a);
-  pthread_barrier_wait(&pb_barrier);
-  pthread_barrier_wait(&pb_barrier);
-  im_counters_t c0;
-  pb_im_get_counters(&c0);
-  uint64_t f0 = pb_minflt_now();
-  pthread_barrier_wait(&pb_barrier);
-  pthread_barrier_wait(&pb_barrier);
-  uint64_t f1 = pb_minflt_now();
-  im_counters_t c1;
-  pb_im_get_counters(&c1);
-  pthread_barrier_wait(&pb_barrier); /* the workers' exit: not counted */
-  pb_join_workers(ws, pb_opt.threads);
+  pb_start(ws, w5_thread, &a);
+  window_t win;
+  pb_measure(ws, 2, &win); /* the workers' exit: not counted */
 
   samples_t alloc_ns, free_ns;
   pb_samples_init(&alloc_ns, 1024);
   pb_samples_init(&free_ns, 64);
-  for (int i = 0; i < pb_opt.threads; i++) {
-    pb_samples_merge(&alloc_ns, &ws[i].ns);
-    pb_samples_merge(&free_ns, &ws[i].ns2);
-    pb_samples_free(&ws[i].ns);
-    pb_samples_free(&ws[i].ns2);
-  }
-  common_t c = {&alloc_ns,
-                ws[0].ops,
-                pb_workers_wall(ws, pb_opt.threads),
-                f1 - f0,
-                c1.backend_calls - c0.backend_calls,
-                c0.calls_known && c1.calls_known};
+  (void)pb_merge(ws, &alloc_ns, &free_ns);
+  common_t c = pb_window_common(&win, &alloc_ns, ws[0].ops,
+                                pb_workers_wall(ws, pb_opt.threads));
   pb_rec_common(&c);
   pb_rec_num("free_ns_med", pb_samples_quantile(&free_ns, 0.5));
   if (a.rss_mid > 0)

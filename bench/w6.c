@@ -79,43 +79,22 @@ void pb_w6_run(int ci) {
   pb_rec_begin("W6", pb_opt.quick ? "16-64MiB cycle, 2 live, cap 32MiB"
                                   : "256MiB-1GiB cycle, 2 live, cap 512MiB");
   pb_floor_prepare(3 * a.sizes[3] / a.div, pb_opt.threads);
-  pb_req_reset(pb_opt.threads);
-  pb_rss_begin();
-  pb_run_workers(ws, pb_opt.threads, w6_thread, &a);
-  pthread_barrier_wait(&pb_barrier);
-  im_counters_t c0;
-  pb_im_get_counters(&c0);
-  uint64_t f0 = pb_minflt_now();
-  pthread_barrier_wait(&pb_barrier);
-  pthread_barrier_wait(&pb_barrier);
-  uint64_t f1 = pb_minflt_now();
-  im_counters_t c1;
-  pb_im_get_counters(&c1);
-  pthread_barrier_wait(&pb_barrier);
-  pb_join_workers(ws, pb_opt.threads);
+  pb_start(ws, w6_thread, &a);
+  window_t win;
+  pb_measure(ws, 1, &win);
   samples_t acq, rel;
   pb_samples_init(&acq, 16);
   pb_samples_init(&rel, 16);
+  uint64_t ops = pb_merge(ws, &acq, &rel);
   double acq_ns = 0, rel_ns = 0, gib_acq = 0, gib_rel = 0;
-  uint64_t ops = 0;
   for (int i = 0; i < pb_opt.threads; i++) {
-    pb_samples_merge(&acq, &ws[i].ns);
-    pb_samples_merge(&rel, &ws[i].ns2);
-    pb_samples_free(&ws[i].ns);
-    pb_samples_free(&ws[i].ns2);
-    ops += ws[i].ops;
     acq_ns += ws[i].extra[0];
     rel_ns += ws[i].extra[1];
     gib_acq += ws[i].extra[2];
     gib_rel += ws[i].extra[3];
   }
   uint64_t wall = pb_workers_wall(ws, pb_opt.threads);
-  common_t c = {&acq,
-                ops,
-                wall,
-                f1 - f0,
-                c1.backend_calls - c0.backend_calls,
-                c0.calls_known && c1.calls_known};
+  common_t c = pb_window_common(&win, &acq, ops, wall);
   pb_rec_common(&c);
   pb_rec_num("acquire_ms_per_gib", gib_acq > 0 ? acq_ns / 1e6 / gib_acq : 0);
   pb_rec_num("release_ms_per_gib", gib_rel > 0 ? rel_ns / 1e6 / gib_rel : 0);

@@ -79,12 +79,7 @@ static void *w7_thread(worker_t *w) {
   pb_samples_init(&w->ns, a->span.min_ops * 2);
   pthread_barrier_wait(&pb_barrier);
   for (i = 0;; i++) {
-    if (i == a->warm) {
-      pthread_barrier_wait(&pb_barrier);
-      pthread_barrier_wait(&pb_barrier);
-      w->t_start = t1 = pb_now_ns();
-    }
-    if (i >= a->warm && pb_span_done(&a->span, i - a->warm, t1 - w->t_start))
+    if (pb_phase_over(w, i, a->warm, 1, &a->span, &t1))
       break;
     if (burst_left == 0) {
       if (!first) { /* attention reads between bursts */
@@ -151,38 +146,17 @@ void pb_w7_run(int ci) {
            pb_size_str(a.page, sz, sizeof sz), pb_opt.quick ? "64MiB" : "1GiB");
   pb_rec_begin("W7", name);
   pb_floor_prepare(a.cap + a.page, pb_opt.threads);
-  pb_req_reset(pb_opt.threads);
-  pb_rss_begin();
-  pb_run_workers(ws, pb_opt.threads, w7_thread, &a);
-  pthread_barrier_wait(&pb_barrier);
-  pthread_barrier_wait(&pb_barrier);
-  im_counters_t c0;
-  pb_im_get_counters(&c0);
-  uint64_t f0 = pb_minflt_now();
-  pthread_barrier_wait(&pb_barrier);
-  pthread_barrier_wait(&pb_barrier);
-  uint64_t f1 = pb_minflt_now();
-  im_counters_t c1;
-  pb_im_get_counters(&c1);
-  pthread_barrier_wait(&pb_barrier); /* the workers' clean-up: not counted */
-  pb_join_workers(ws, pb_opt.threads);
+  pb_start(ws, w7_thread, &a);
+  window_t win;
+  pb_measure(ws, 2, &win); /* the workers' clean-up: not counted */
   samples_t all;
   pb_samples_init(&all, 1024);
-  uint64_t ops = 0;
-  for (int i = 0; i < pb_opt.threads; i++) {
-    pb_samples_merge(&all, &ws[i].ns);
-    pb_samples_free(&ws[i].ns);
-    ops += ws[i].ops;
-  }
-  common_t c = {&all,
-                ops,
-                pb_workers_wall(ws, pb_opt.threads),
-                f1 - f0,
-                c1.backend_calls - c0.backend_calls,
-                c0.calls_known && c1.calls_known};
+  uint64_t ops = pb_merge(ws, &all, NULL);
+  common_t c =
+      pb_window_common(&win, &all, ops, pb_workers_wall(ws, pb_opt.threads));
   pb_rec_common(&c);
-  if (c1.known)
-    pb_rec_num("reserved_end_mib", (double)c1.reserved_now / MIB);
+  if (win.c1.known)
+    pb_rec_num("reserved_end_mib", (double)win.c1.reserved_now / MIB);
   pb_rec_num("page_kib", (double)a.page / KIB);
   pb_rec_end();
   pb_samples_free(&all);
