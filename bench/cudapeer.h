@@ -1,6 +1,6 @@
 /*
  * cudapeer — the CUDA driver as the benchmarks' GPU peers use it
- * (cuhostalloc and refpool-cuda in bench.c).
+ * (cuhostalloc and refpool-cuda in impl.c).
  *
  * The driver is loaded with dlopen ($PINPOOL_LIBCUDA, else libcuda.so.1),
  * as the library itself does, so the benchmarks build without CUDA and run

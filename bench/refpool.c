@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE
 #include "refpool.h"
+#include "refutil.h"
 
 #include <pthread.h>
 #include <stdalign.h>
@@ -65,33 +66,18 @@ struct refpool {
 /* ---- Backend: cudaHostAlloc or its CPU analogue -------------------------- */
 
 static void *backend_alloc(refpool_t *rp, size_t size) {
-  if (rp->backend.alloc != NULL)
-    return rp->backend.alloc(rp->backend.ctx, size);
-  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (p == MAP_FAILED)
-    return NULL;
-  if (mlock(p, size) != 0)
+  bool mlock_failed = false;
+  void *p = ref_backend_alloc(&rp->backend, size, &mlock_failed);
+  if (mlock_failed)
     atomic_fetch_add_explicit(&rp->mlock_failures, 1, memory_order_relaxed);
   return p;
 }
 
 static void backend_free(refpool_t *rp, void *p, size_t size) {
-  if (rp->backend.free != NULL) {
-    rp->backend.free(rp->backend.ctx, p, size);
-    return;
-  }
-  (void)munlock(p, size);
-  (void)munmap(p, size);
+  ref_backend_free(&rp->backend, p, size);
 }
 
 /* ---- Helpers ------------------------------------------------------------- */
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static size_t pow2_ceil(size_t size) {
   size_t r = RP_MIN_SIZE;
@@ -190,16 +176,11 @@ static rp_block_t *get_free_block(refpool_t *rp, size_t size) {
 /* ---- Event FIFO (caller holds events_mutex) ------------------------------ */
 
 static int ring_grow(refpool_t *rp) {
-  size_t ncap = rp->ring_cap ? rp->ring_cap * 2 : 256;
-  rp_event_item_t *nr = malloc(ncap * sizeof *nr);
+  rp_event_item_t *nr = ref_ring_grow(rp->ring, &rp->ring_head, rp->ring_len,
+                                      &rp->ring_cap, sizeof *nr, 256);
   if (nr == NULL)
     return -1;
-  for (size_t i = 0; i < rp->ring_len; i++)
-    nr[i] = rp->ring[(rp->ring_head + i) % rp->ring_cap];
-  free(rp->ring);
   rp->ring = nr;
-  rp->ring_cap = ncap;
-  rp->ring_head = 0;
   return 0;
 }
 
@@ -308,7 +289,7 @@ void refpool_process_events(refpool_t *rp) {
     if (available) {
       cache_block(rp, it.block);
       atomic_fetch_add_explicit(&rp->reclaim_count, 1, memory_order_relaxed);
-      atomic_fetch_add_explicit(&rp->reclaim_total_ns, now_ns() - freed,
+      atomic_fetch_add_explicit(&rp->reclaim_total_ns, ref_now_ns() - freed,
                                 memory_order_relaxed);
     }
   }
@@ -363,7 +344,7 @@ void refpool_free(refpool_t *rp, void *ctx) {
   b->event_count += n;
   b->nstreams = 0;
   if (n > 0)
-    b->freed_ns = now_ns();
+    b->freed_ns = ref_now_ns();
   pthread_mutex_unlock(&b->mutex);
   if (n == 0) {
     cache_block(rp, b);

@@ -486,6 +486,17 @@ static void json_num(FILE *f, double v) {
 }
 
 /* A time in ns as "12 ns", "3.4 µs", "5.6 ms", "1.2 s". */
+/* Literal JSON text (keys, separators), then a value. */
+static void json_put_str(FILE *f, const char *text, const char *s) {
+  fputs(text, f);
+  json_str(f, s);
+}
+
+static void json_put_num(FILE *f, const char *text, double v) {
+  fputs(text, f);
+  json_num(f, v);
+}
+
 static const char *fmt_ns(double ns, char *buf, size_t len) {
   if (isfinite(ns) && ns < 0) { /* under the floor */
     char tmp[32];
@@ -558,6 +569,23 @@ static void goal_add(goal_t *g, const char *fmt, ...) {
   va_end(ap);
 }
 
+/* n (case, threads, mode) checked, ok of them met. */
+static void goal_count_status(goal_t *g, int ok, int n) {
+  snprintf(g->status, sizeof g->status, "%s",
+           n == 0    ? "n/a"
+           : ok == n ? "met"
+           : ok > 0  ? "partly"
+                     : "missed");
+}
+
+/* A goal met or missed as a whole; n/a when none of its runs is there. */
+static void goal_flag_status(goal_t *g, bool any, bool ok) {
+  snprintf(g->status, sizeof g->status, "%s",
+           !any ? "n/a"
+           : ok ? "met"
+                : "missed");
+}
+
 static const char *label(const group_t *g, char *buf, size_t len) {
   snprintf(buf, len, "%s/%s", g->impl, g->mode);
   return buf;
@@ -591,10 +619,7 @@ static void goals_w1(void) {
     if (!(ns <= 20.0))
       all_a = false;
   }
-  snprintf(a->status, sizeof a->status, "%s",
-           !any    ? "n/a"
-           : all_a ? "met"
-                   : "missed");
+  goal_flag_status(a, any, all_a);
 }
 
 /* The fastest peer of pinpool group p (same workload, case, threads and
@@ -651,11 +676,7 @@ static void goal_ahead_min(const char *wl, const char *title, double min_big) {
       }
     }
   }
-  snprintf(g->status, sizeof g->status, "%s",
-           n == 0    ? "n/a"
-           : ok == n ? "met"
-           : ok > 0  ? "partly"
-                     : "missed");
+  goal_count_status(g, ok, n);
   if (n > 0)
     goal_add(g,
              ". %d of %d (case, threads, mode) met; ratio = pinpool "
@@ -705,11 +726,7 @@ static void goals_faults(void) {
       goal_add(g, ", worst %.3g faults/op (%s, %d thread%s)", worst, wg->kase,
                wg->threads, wg->threads > 1 ? "s" : "");
   }
-  snprintf(g->status, sizeof g->status, "%s",
-           n == 0    ? "n/a"
-           : ok == n ? "met"
-           : ok > 0  ? "partly"
-                     : "missed");
+  goal_count_status(g, ok, n);
 }
 
 static void goals_w2(void) {
@@ -743,11 +760,7 @@ static void goals_w2(void) {
     }
   }
   (void)buf;
-  snprintf(a->status, sizeof a->status, "%s",
-           n == 0    ? "n/a"
-           : ok == n ? "met"
-           : ok > 0  ? "partly"
-                     : "missed");
+  goal_count_status(a, ok, n);
   if (n > 0)
     goal_add(a, ". %d of %d met", ok, n);
   goal_ahead_min("W2",
@@ -789,11 +802,7 @@ static void goals_before(void) {
              fmt_ns(b->ns_med, b2, sizeof b2), fmt_ratio(r, b3, sizeof b3),
              r <= 1.10 ? "" : " SLOWER");
   }
-  snprintf(g->status, sizeof g->status, "%s",
-           n == 0    ? "n/a"
-           : ok == n ? "met"
-           : ok > 0  ? "partly"
-                     : "missed");
+  goal_count_status(g, ok, n);
   if (n == 0)
     goal_add(g, "no case of this run matches the old full run's (quick "
                 "runs use other sizes; bench/results/before-fair.json)");
@@ -837,10 +846,7 @@ static void goals_w4(void) {
     if (!(pf * 10 < rf) || !(pe == 0))
       ok = false;
   }
-  snprintf(g->status, sizeof g->status, "%s",
-           !any ? "n/a"
-           : ok ? "met"
-                : "missed");
+  goal_flag_status(g, any, ok);
   goal_add(g, ". Met means: pinpool's fast-stream lag is under a tenth of "
               "refpool's and no block was reused before its copy completed");
   goal_ahead("W4", "W4: ahead of every peer (allocator time per op, "
@@ -924,14 +930,8 @@ static void goals_history(void) {
                   "build before history is in docs/benchmarks.md");
   else
     goal_add(off, "W1h not run");
-  snprintf(ns->status, sizeof ns->status, "%s",
-           !any    ? "n/a"
-           : ns_ok ? "met"
-                   : "missed");
-  snprintf(st->status, sizeof st->status, "%s",
-           !any    ? "n/a"
-           : st_ok ? "met"
-                   : "missed");
+  goal_flag_status(ns, any, ns_ok);
+  goal_flag_status(st, any, st_ok);
   if (!any) {
     goal_add(ns, "W1h not run");
     goal_add(st, "W1h not run");
@@ -998,52 +998,58 @@ static void evaluate_goals(void) {
 static const char *W8_REASON = "not run (bench/run.sh --workloads without "
                                "W8)";
 
-static void write_json(const machine_t *m) {
-  FILE *f = fopen(g_o.json, "w");
-  char date[64];
+/* A --peer / --missing argument, NAME=TEXT: NAME into name, TEXT returned
+ * ("" without '='). */
+static const char *split_spec(const char *spec, char *name, size_t len) {
+  const char *eq = strchr(spec, '=');
+  size_t n = eq ? (size_t)(eq - spec) : strlen(spec);
+  snprintf(name, len, "%.*s", (int)n, spec);
+  return eq ? eq + 1 : "";
+}
+
+/* An output file, and now (UTC) in fmt into date: the time it was written. */
+static FILE *open_dated(const char *path, const char *fmt, char *date,
+                        size_t len) {
+  FILE *f = fopen(path, "w");
   time_t now = time(NULL);
   if (f == NULL)
-    die("cannot write %s: %s", g_o.json, strerror(errno));
-  strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-  fprintf(f, "{\n  \"schema\": \"pinpool-bench/3\",\n  \"git_revision\": ");
-  json_str(f, g_o.rev);
+    die("cannot write %s: %s", path, strerror(errno));
+  strftime(date, len, fmt, gmtime(&now));
+  return f;
+}
+
+static void write_json(const machine_t *m) {
+  char date[64];
+  FILE *f = open_dated(g_o.json, "%Y-%m-%dT%H:%M:%SZ", date, sizeof date);
+  json_put_str(f, "{\n  \"schema\": \"pinpool-bench/3\",\n  \"git_revision\": ",
+               g_o.rev);
   fprintf(f, ",\n  \"date\": \"%s\",\n  \"mode\": ", date);
   json_str(f, g_o.mode);
-  fprintf(f, ",\n  \"elapsed_s\": ");
-  json_num(f, g_o.elapsed);
-  fprintf(f, ",\n  \"machine\": {\"uname\": ");
-  json_str(f, m->uname);
+  json_put_num(f, ",\n  \"elapsed_s\": ", g_o.elapsed);
+  json_put_str(f, ",\n  \"machine\": {\"uname\": ", m->uname);
   fprintf(f, ", \"nproc\": %ld, \"cpu_model\": ", m->nproc);
   json_str(f, m->cpu);
   fprintf(f, ", \"mem_total_gib\": %.1f, \"thp\": ", m->mem_gib);
   json_str(f, m->thp);
-  fprintf(f, ", \"memlock_limit\": ");
-  json_str(f, m->memlock);
+  json_put_str(f, ", \"memlock_limit\": ", m->memlock);
   fprintf(f, ", \"uid\": %d, \"loadavg_start\": ", m->uid);
   json_str(f, g_o.load_start ? g_o.load_start : "");
-  fprintf(f, ", \"loadavg_end\": ");
-  json_str(f, g_o.load_end ? g_o.load_end : "");
+  json_put_str(f, ", \"loadavg_end\": ", g_o.load_end ? g_o.load_end : "");
   fprintf(f, "},\n  \"peers\": [");
   for (int i = 0; i < g_o.npeers; i++) {
     char name[64];
-    const char *eq = strchr(g_o.peers[i], '=');
-    size_t n = eq ? (size_t)(eq - g_o.peers[i]) : strlen(g_o.peers[i]);
-    snprintf(name, sizeof name, "%.*s", (int)n, g_o.peers[i]);
+    const char *value = split_spec(g_o.peers[i], name, sizeof name);
     fprintf(f, "%s\n    {\"name\": ", i ? "," : "");
     json_str(f, name);
-    fprintf(f, ", \"version\": ");
-    json_str(f, eq ? eq + 1 : "");
+    json_put_str(f, ", \"version\": ", value);
     fprintf(f, ", \"available\": true}");
   }
   for (int i = 0; i < g_o.nmissing; i++) {
     char name[64];
-    const char *eq = strchr(g_o.missing[i], '=');
-    size_t n = eq ? (size_t)(eq - g_o.missing[i]) : strlen(g_o.missing[i]);
-    snprintf(name, sizeof name, "%.*s", (int)n, g_o.missing[i]);
+    const char *value = split_spec(g_o.missing[i], name, sizeof name);
     fprintf(f, "%s\n    {\"name\": ", g_o.npeers + i ? "," : "");
     json_str(f, name);
-    fprintf(f, ", \"available\": false, \"reason\": ");
-    json_str(f, eq ? eq + 1 : "");
+    json_put_str(f, ", \"available\": false, \"reason\": ", value);
     fprintf(f, "}");
   }
   fprintf(f, "\n  ],\n  \"results\": [");
@@ -1053,42 +1059,29 @@ static void write_json(const machine_t *m) {
       continue;
     fprintf(f, "%s\n    {\"workload\": ", i ? "," : "");
     json_str(f, g->workload);
-    fprintf(f, ", \"case\": ");
-    json_str(f, g->kase);
-    fprintf(f, ", \"impl\": ");
-    json_str(f, g->impl);
-    fprintf(f, ", \"mode\": ");
-    json_str(f, g->mode);
+    json_put_str(f, ", \"case\": ", g->kase);
+    json_put_str(f, ", \"impl\": ", g->impl);
+    json_put_str(f, ", \"mode\": ", g->mode);
     fprintf(f, ", \"threads\": %d, \"reps\": %d, \"config\": ", g->threads,
             g->nruns);
     json_str(f, g->config);
-    fprintf(f, ",\n     \"ns_per_op_median\": ");
-    json_num(f, get(g, "ns_med"));
-    fprintf(f, ", \"ns_per_op_p99\": ");
-    json_num(f, get(g, "ns_p99"));
-    fprintf(f, ", \"ops_per_s\": ");
-    json_num(f, get(g, "ops_per_s"));
-    fprintf(f, ", \"overhead\": ");
-    json_num(f, strcmp(g->workload, "W4") == 0 ? get(g, "reserved_over_need")
-                                               : get(g, "overhead"));
-    fprintf(f, ", \"backend_calls\": ");
-    json_num(f, get(g, "backend_calls"));
-    fprintf(f, ", \"minflt_per_op\": ");
-    json_num(f, get(g, "minflt_per_op"));
-    fprintf(f, ", \"ratio_ns_to_pinpool\": ");
-    json_num(f, g->ratio_ns);
-    fprintf(f, ", \"ratio_ops_to_pinpool\": ");
-    json_num(f, g->ratio_ops);
-    fprintf(f, ", \"ns_over_floor\": ");
-    json_num(f, g->over_floor_ns);
-    fprintf(f, ", \"ratio_to_floor\": ");
-    json_num(f, g->ratio_floor);
+    json_put_num(f, ",\n     \"ns_per_op_median\": ", get(g, "ns_med"));
+    json_put_num(f, ", \"ns_per_op_p99\": ", get(g, "ns_p99"));
+    json_put_num(f, ", \"ops_per_s\": ", get(g, "ops_per_s"));
+    json_put_num(f, ", \"overhead\": ",
+                 strcmp(g->workload, "W4") == 0 ? get(g, "reserved_over_need")
+                                                : get(g, "overhead"));
+    json_put_num(f, ", \"backend_calls\": ", get(g, "backend_calls"));
+    json_put_num(f, ", \"minflt_per_op\": ", get(g, "minflt_per_op"));
+    json_put_num(f, ", \"ratio_ns_to_pinpool\": ", g->ratio_ns);
+    json_put_num(f, ", \"ratio_ops_to_pinpool\": ", g->ratio_ops);
+    json_put_num(f, ", \"ns_over_floor\": ", g->over_floor_ns);
+    json_put_num(f, ", \"ratio_to_floor\": ", g->ratio_floor);
     fprintf(f, ",\n     \"metrics\": {");
     for (int k = 0; k < g->nagg; k++) {
       fprintf(f, "%s", k ? ", " : "");
       json_str(f, g->agg[k].key);
-      fprintf(f, ": ");
-      json_num(f, g->agg[k].v);
+      json_put_num(f, ": ", g->agg[k].v);
     }
     fprintf(f, "}, \"notes\": [");
     for (int k = 0; k < g->nnotes; k++) {
@@ -1099,8 +1092,7 @@ static void write_json(const machine_t *m) {
   }
   fprintf(f, "\n  ],\n  \"unavailable\": [");
   if (!have_workload("W8")) {
-    fprintf(f, "{\"workload\": \"W8\", \"reason\": ");
-    json_str(f, W8_REASON);
+    json_put_str(f, "{\"workload\": \"W8\", \"reason\": ", W8_REASON);
     fprintf(f, "}");
   }
   fprintf(f, "],\n  \"failures\": [");
@@ -1112,10 +1104,8 @@ static void write_json(const machine_t *m) {
   for (int i = 0; i < g_ngoals; i++) {
     fprintf(f, "%s\n    {\"goal\": ", i ? "," : "");
     json_str(f, g_goals[i].name);
-    fprintf(f, ", \"status\": ");
-    json_str(f, g_goals[i].status);
-    fprintf(f, ", \"detail\": ");
-    json_str(f, g_goals[i].detail);
+    json_put_str(f, ", \"status\": ", g_goals[i].status);
+    json_put_str(f, ", \"detail\": ", g_goals[i].detail);
     fprintf(f, "}");
   }
   fprintf(f, "\n  ]\n}\n");
@@ -1479,12 +1469,8 @@ static void md_w2_summary(FILE *f) {
 }
 
 static void write_md(const machine_t *m) {
-  FILE *f = fopen(g_o.md, "w");
   char date[64];
-  time_t now = time(NULL);
-  if (f == NULL)
-    die("cannot write %s: %s", g_o.md, strerror(errno));
-  strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
+  FILE *f = open_dated(g_o.md, "%Y-%m-%d %H:%M UTC", date, sizeof date);
   fprintf(f, "# pinpool benchmarks (%s run)\n\n", g_o.mode);
   fprintf(f,
           "Written by `bench/run.sh%s` on %s, revision `%s`, in %.0f s. "
@@ -1694,6 +1680,23 @@ static void gp_bars(FILE *gp, const char *file, const char *const *labels,
   fprintf(gp, "\n");
 }
 
+/* The header row of a bar chart's data: "case", then one column a label. */
+static void dat_header(FILE *d, const char *const *labels, int n) {
+  fprintf(d, "case");
+  for (int k = 0; k < n; k++)
+    fprintf(d, "\t%s", labels[k]);
+  fprintf(d, "\n");
+}
+
+/* The group of g's case measured by label ("impl/mode") at threads, or
+ * NULL. */
+static const group_t *same_case(const group_t *g, const char *label,
+                                int threads) {
+  char impl[32], mode[16];
+  split_label(label, impl, sizeof impl, mode, sizeof mode);
+  return find_group(g->workload, g->kase, impl, mode, threads, false);
+}
+
 static void write_plots(void) {
   const group_t *ser[32];
   char b[64], st[96];
@@ -1748,10 +1751,7 @@ static void write_plots(void) {
 
   /* Throughput: pinpool speed / peer speed for W2-W7 (fair modes). */
   d = open_in(g_o.plots, "throughput.dat");
-  fprintf(d, "case");
-  for (int k = 0; k < N_BAR_PEERS; k++)
-    fprintf(d, "\t%s", g_bar_peers[k]);
-  fprintf(d, "\n");
+  dat_header(d, g_bar_peers, N_BAR_PEERS);
   for (int i = 0; i < g_ngroups; i++) {
     const group_t *g = &g_groups[i];
     if (!strcmp(g->workload, "W1") || strcmp(g->impl, "pinpool") ||
@@ -1759,10 +1759,7 @@ static void write_plots(void) {
       continue;
     fprintf(d, "%s", short_case(g, true, b, sizeof b));
     for (int k = 0; k < N_BAR_PEERS; k++) {
-      char impl[32], mode[16];
-      split_label(g_bar_peers[k], impl, sizeof impl, mode, sizeof mode);
-      const group_t *q =
-          find_group(g->workload, g->kase, impl, mode, g->threads, false);
+      const group_t *q = same_case(g, g_bar_peers[k], g->threads);
       double r = q ? speed(g) / speed(q) : NAN;
       fprintf(d, isfinite(r) && r > 0 ? "\t%.6g" : "\t?", r);
     }
@@ -1790,10 +1787,7 @@ static void write_plots(void) {
       "mimalloc/touch", "tcmalloc/touch", "tcmalloc-rr0/touch"};
   const int noimpl = (int)(sizeof oimpl / sizeof oimpl[0]);
   d = open_in(g_o.plots, "overhead.dat");
-  fprintf(d, "case");
-  for (int k = 0; k < noimpl; k++)
-    fprintf(d, "\t%s", oimpl[k]);
-  fprintf(d, "\n");
+  dat_header(d, oimpl, noimpl);
   for (int i = 0; i < g_ngroups; i++) {
     const group_t *g = &g_groups[i];
     if (!strcmp(g->workload, "W1") || g->threads != 1 ||
@@ -1802,9 +1796,7 @@ static void write_plots(void) {
       continue;
     fprintf(d, "%s", short_case(g, false, b, sizeof b));
     for (int k = 0; k < noimpl; k++) {
-      char impl[32], mode[16];
-      split_label(oimpl[k], impl, sizeof impl, mode, sizeof mode);
-      const group_t *q = find_group(g->workload, g->kase, impl, mode, 1, false);
+      const group_t *q = same_case(g, oimpl[k], 1);
       double v = strcmp(g->workload, "W4") == 0 ? get(q, "reserved_over_need")
                                                 : get(q, "overhead");
       fprintf(d, isfinite(v) ? "\t%.6g" : "\t?", v);

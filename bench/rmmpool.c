@@ -13,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include "rmmpool.h"
+#include "refutil.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -62,12 +63,6 @@ struct rmmpool {
   refpool_backend_t backend;
 };
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static bool grow_array(void **v, size_t *cap, size_t n, size_t elem) {
   if (n < *cap)
     return true;
@@ -83,24 +78,15 @@ static bool grow_array(void **v, size_t *cap, size_t n, size_t elem) {
 /* ---- Upstream ------------------------------------------------------------ */
 
 static void *upstream_alloc(rmmpool_t *rp, size_t size) {
-  if (rp->backend.alloc != NULL)
-    return rp->backend.alloc(rp->backend.ctx, size);
-  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (p == MAP_FAILED)
-    return NULL;
-  if (mlock(p, size) != 0)
+  bool mlock_failed = false;
+  void *p = ref_backend_alloc(&rp->backend, size, &mlock_failed);
+  if (mlock_failed)
     rp->mlock_failures++;
   return p;
 }
 
 static void upstream_free(rmmpool_t *rp, void *p, size_t size) {
-  if (rp->backend.free != NULL) {
-    rp->backend.free(rp->backend.ctx, p, size);
-    return;
-  }
-  (void)munlock(p, size);
-  (void)munmap(p, size);
+  ref_backend_free(&rp->backend, p, size);
 }
 
 /* ---- Free lists (caller holds the mutex) --------------------------------- */
@@ -210,7 +196,7 @@ static void process_pending(rmmpool_t *rp) {
       if (rp->events.query(rp->events.ctx, &it->ev) != 1)
         break;
       rp->reclaim_count++;
-      rp->reclaim_total_ns += now_ns() - it->freed_ns;
+      rp->reclaim_total_ns += ref_now_ns() - it->freed_ns;
       (void)list_insert(s, it->b);
       s->phead = (s->phead + 1) % s->pcap;
       s->pn--;
@@ -342,16 +328,11 @@ out:
 
 /* A full FIFO ring doubled, its items kept in order. */
 static bool grow_pending(rm_stream_t *s) {
-  size_t ncap = s->pcap ? s->pcap * 2 : 64;
-  rm_pending_t *nv = malloc(ncap * sizeof *nv);
+  rm_pending_t *nv =
+      ref_ring_grow(s->pend, &s->phead, s->pn, &s->pcap, sizeof *nv, 64);
   if (nv == NULL)
     return false;
-  for (size_t i = 0; i < s->pn; i++)
-    nv[i] = s->pend[(s->phead + i) % s->pcap];
-  free(s->pend);
   s->pend = nv;
-  s->pcap = ncap;
-  s->phead = 0;
   return true;
 }
 
@@ -364,7 +345,7 @@ void rmmpool_free(rmmpool_t *rp, void *ptr, size_t size, uintptr_t stream,
     s = &rp->streams[0]; /* more streams than planned: share the first */
   rm_block_t b = {ptr, size, is_chunk_start(rp, ptr)};
   if (record && rp->has_events) {
-    rm_pending_t it = {b, {stream, 0}, now_ns()};
+    rm_pending_t it = {b, {stream, 0}, ref_now_ns()};
     if (rp->events.record(rp->events.ctx, stream, &it.ev) == 0 &&
         (s->pn < s->pcap || grow_pending(s))) {
       s->pend[(s->phead + s->pn) % s->pcap] = it;

@@ -1,6 +1,6 @@
 /*
  * syscount — the memory system calls a malloc peer makes, counted by the
- * kernel: its "backend calls" (bench.c, im_get_counters).
+ * kernel: its "backend calls" (impl.c, pb_im_get_counters).
  *
  * The pools count their own backend calls; a malloc peer has no such
  * counter, and its calls cannot be intercepted by symbol (glibc's malloc
