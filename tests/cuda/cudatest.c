@@ -154,6 +154,27 @@ int ct_create_with_lib(const char *path, const char *conf, pinpool_t **out) {
   return rc;
 }
 
+pinpool_t *ct_create_(const char *conf, const pinpool_hooks_t *hooks,
+                      const char *file, int line) {
+  pinpool_t *pool = NULL;
+  ct_rc_(pinpool_create_ex(conf, hooks, &pool), 0, conf, file, line);
+  return pool;
+}
+
+pinpool_stats_t ct_stats(pinpool_t *pool) {
+  pinpool_stats_t st;
+  memset(&st, 0, sizeof st);
+  CT_OK(pinpool_get_stats(pool, &st));
+  return st;
+}
+
+CUstream ct_new_stream(void) {
+  CUstream s = NULL;
+  CT_ASSERT(ct_cu.stream_create(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS,
+            "cuStreamCreate");
+  return s;
+}
+
 void ct_ctx_enter(void) {
   CUcontext c = NULL;
   if (ct_cu.retain(&c, 0) != CUDA_SUCCESS || ct_cu.push(c) != CUDA_SUCCESS)
