@@ -1304,21 +1304,36 @@ int fake_cuda_set(const char *key, long long value) {
 }
 
 /* The counters of g that fake_cuda_get reads under their own name. */
-#define PLAIN_COUNTERS(X)                                                      \
-  X(live_events)                                                               \
-  X(live_streams) X(ctx_errors) X(bad_calls) X(pushes) X(pops)                 \
-      X(last_host_alloc_flags) X(last_register_flags) X(last_event_flags)      \
-          X(last_proc_flags) X(ops_pending) X(captured_records)                \
-              X(capture_violations) X(captured_event_uses) X(live_graphs)
+#define COUNTER(name)                                                          \
+  { #name, &g.name }
+static const struct {
+  const char *key;
+  const long long *value;
+} plain_counters[] = {
+    COUNTER(live_events),
+    COUNTER(live_streams),
+    COUNTER(ctx_errors),
+    COUNTER(bad_calls),
+    COUNTER(pushes),
+    COUNTER(pops),
+    COUNTER(last_host_alloc_flags),
+    COUNTER(last_register_flags),
+    COUNTER(last_event_flags),
+    COUNTER(last_proc_flags),
+    COUNTER(ops_pending),
+    COUNTER(captured_records),
+    COUNTER(capture_violations),
+    COUNTER(captured_event_uses),
+    COUNTER(live_graphs),
+};
+#undef COUNTER
 
 static bool plain_counter_locked(const char *key, long long *v) {
-#define READ_IF_NAMED(name)                                                    \
-  if (strcmp(key, #name) == 0) {                                               \
-    *v = g.name;                                                               \
-    return true;                                                               \
-  }
-  PLAIN_COUNTERS(READ_IF_NAMED)
-#undef READ_IF_NAMED
+  for (size_t i = 0; i < sizeof plain_counters / sizeof plain_counters[0]; i++)
+    if (strcmp(key, plain_counters[i].key) == 0) {
+      *v = *plain_counters[i].value;
+      return true;
+    }
   return false;
 }
 
