@@ -175,6 +175,29 @@ CUstream ct_new_stream(void) {
   return s;
 }
 
+bool ct_alloc_until_(pinpool_t *pool, size_t size, const void *want,
+                     void *const *avoid, int navoid, const char *file,
+                     int line) {
+  enum { MAX = 256 };
+  void *got[MAX];
+  bool found = false;
+  int n = 0;
+  for (; n < MAX && !found; n++) {
+    ct_rc_(pinpool_alloc(pool, size, &got[n]), 0, "pinpool_alloc", file, line);
+    for (int i = 0; i < navoid; i++)
+      if (got[n] == avoid[i]) {
+        print_error("ERROR: block %p handed out while it must not be\n",
+                    got[n]);
+        _fail(file, line);
+      }
+    memset(got[n], 0xee, size);
+    found = want != NULL && got[n] == want;
+  }
+  for (int i = 0; i < n; i++)
+    ct_rc_(pinpool_free(pool, got[i]), 0, "pinpool_free", file, line);
+  return found;
+}
+
 void ct_ctx_enter(void) {
   CUcontext c = NULL;
   if (ct_cu.retain(&c, 0) != CUDA_SUCCESS || ct_cu.push(c) != CUDA_SUCCESS)

@@ -150,6 +150,13 @@ pinpool_stats_t ct_stats(pinpool_t *pool);
 /* A non-blocking stream in the current context, which must be created. */
 CUstream ct_new_stream(void);
 
+/* Allocate `size`-byte blocks until `want` comes back (up to 256; want
+ * NULL: all 256), failing if one of avoid[0..navoid) does; write each,
+ * free them all. Returns whether `want` came back. */
+bool ct_alloc_until_(pinpool_t *pool, size_t size, const void *want,
+                     void *const *avoid, int navoid, const char *file,
+                     int line);
+
 /* The test thread gets device 0's primary context current (retained), and
  * gives it back. For tests that create streams. */
 void ct_ctx_enter(void);

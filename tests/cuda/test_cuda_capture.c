@@ -78,32 +78,12 @@ static void end_(CUstream s, const char *file, int line) {
 }
 #define END(s) end_((s), __FILE__, __LINE__)
 
-/* Allocate BLOCK-sized blocks (up to 256), failing if `avoid` comes back;
- * free them. Returns whether `want` came back. */
-static bool alloc_until_(pinpool_t *pool, const void *want, const void *avoid,
-                         const char *file, int line) {
-  enum { MAX = 256 };
-  void *got[MAX];
-  bool found = false;
-  int n = 0;
-  for (; n < MAX && !found; n++) {
-    ct_rc_(pinpool_alloc(pool, BLOCK, &got[n]), 0, "pinpool_alloc", file, line);
-    if (avoid != NULL && got[n] == avoid) {
-      print_error("ERROR: block %p handed out while a graph holds it\n",
-                  got[n]);
-      _fail(file, line);
-    }
-    memset(got[n], 0xee, BLOCK);
-    found = want != NULL && got[n] == want;
-  }
-  for (int i = 0; i < n; i++)
-    ct_rc_(pinpool_free(pool, got[i]), 0, "pinpool_free", file, line);
-  return found;
-}
+/* blk is not handed out (a graph holds it) / comes back. */
 #define NEVER(pool, blk)                                                       \
-  (void)alloc_until_((pool), NULL, (blk), __FILE__, __LINE__)
+  (void)ct_alloc_until_((pool), BLOCK, NULL, (void *const[]){(blk)}, 1,        \
+                        __FILE__, __LINE__)
 #define COMES_BACK(pool, blk)                                                  \
-  alloc_until_((pool), (blk), NULL, __FILE__, __LINE__)
+  ct_alloc_until_((pool), BLOCK, (blk), NULL, 0, __FILE__, __LINE__)
 
 /* A test's end, in the order the checks need: the pool is consistent and
  * the fake saw no bad call while the pool lived (no background thread

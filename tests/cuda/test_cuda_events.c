@@ -63,32 +63,8 @@ static bool pending_is(pinpool_t *pool, void *arg) {
          st.pending_blocks == *(uint64_t *)arg;
 }
 
-/* Allocate BLOCK-sized blocks until `want` comes back (up to 256), failing
- * if one of avoid[0..navoid) does; free them all. Returns whether `want`
- * came back. */
-static bool alloc_until_(pinpool_t *pool, const void *want, void *const *avoid,
-                         int navoid, const char *file, int line) {
-  enum { MAX = 256 };
-  void *got[MAX];
-  bool found = false;
-  int n = 0;
-  for (; n < MAX && !found; n++) {
-    ct_rc_(pinpool_alloc(pool, BLOCK, &got[n]), 0, "pinpool_alloc", file, line);
-    for (int i = 0; i < navoid; i++)
-      if (got[n] == avoid[i]) {
-        print_error("ERROR: block %p handed out while it must not be\n",
-                    got[n]);
-        _fail(file, line);
-      }
-    memset(got[n], 0xee, BLOCK);
-    found = got[n] == want;
-  }
-  for (int i = 0; i < n; i++)
-    ct_rc_(pinpool_free(pool, got[i]), 0, "pinpool_free", file, line);
-  return found;
-}
 #define ALLOC_UNTIL(pool, want, avoid, navoid)                                 \
-  alloc_until_((pool), (want), (avoid), (navoid), __FILE__, __LINE__)
+  ct_alloc_until_((pool), BLOCK, (want), (avoid), (navoid), __FILE__, __LINE__)
 
 /* ---- A DMA in flight -------------------------------------------------- */
 typedef struct dma {
