@@ -432,6 +432,21 @@ static void worker_set(struct worker *w, int stage) {
   pthread_mutex_unlock(&w->mu);
 }
 
+/* Run fn(arg) on *t with w zeroed and ready for worker_wait / worker_set
+ * (arg is w or a struct that starts with it); worker_fini after the join. */
+static void worker_start(struct worker *w, pinpool_t *pool, void *(*fn)(void *),
+                         void *arg, pthread_t *t) {
+  memset(w, 0, sizeof *w);
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+  w->pool = pool;
+  PP_ASSERT(pthread_create(t, NULL, fn, arg) == 0, "pthread_create");
+}
+static void worker_fini(struct worker *w) {
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->cv);
+}
+
 static int churn(pinpool_t *pool) {
   void *p[40];
   static const size_t sizes[] = {64, 600, 4096, 9000, 200 * KiB};
@@ -504,12 +519,8 @@ static void test_thread_flush_then_empty(void **state) {
   cb_init(&cb);
   pinpool_t *pool = create_cb("", &cb);
   struct worker w;
-  memset(&w, 0, sizeof w);
-  pthread_mutex_init(&w.mu, NULL);
-  pthread_cond_init(&w.cv, NULL);
-  w.pool = pool;
   pthread_t t;
-  PP_ASSERT(pthread_create(&t, NULL, flush_worker, &w) == 0, "pthread_create");
+  worker_start(&w, pool, flush_worker, &w, &t);
   worker_wait(&w, 1);
   /* The worker is alive and idle (not inside a call): stats are exact. */
   PP_CHECK_CONSISTENT(pool);
@@ -531,8 +542,7 @@ static void test_thread_flush_then_empty(void **state) {
   PP_CHECK_CONSISTENT(pool);
   pinpool_destroy(pool);
   PP_CHECK_CB_BALANCED(&cb);
-  pthread_mutex_destroy(&w.mu);
-  pthread_cond_destroy(&w.cv);
+  worker_fini(&w);
   cb_fini(&cb);
 }
 
@@ -572,12 +582,9 @@ static void empty_cache_vs_other_cache(size_t size) {
   pinpool_t *pool = create_cb("", &cb);
   struct holder h;
   memset(&h, 0, sizeof h);
-  pthread_mutex_init(&h.w.mu, NULL);
-  pthread_cond_init(&h.w.cv, NULL);
-  h.w.pool = pool;
   h.size = size;
   pthread_t t;
-  PP_ASSERT(pthread_create(&t, NULL, holder_main, &h) == 0, "pthread_create");
+  worker_start(&h.w, pool, holder_main, &h, &t);
   worker_wait(&h.w, 1);
   PP_CHECK_RC(h.w.rc, 0);
   PP_OK(pinpool_empty_cache(pool));
@@ -609,8 +616,7 @@ static void empty_cache_vs_other_cache(size_t size) {
                                             "exited and empty_cache");
   pinpool_destroy(pool);
   PP_CHECK_CB_BALANCED(&cb);
-  pthread_mutex_destroy(&h.w.mu);
-  pthread_cond_destroy(&h.w.cv);
+  worker_fini(&h.w);
   cb_fini(&cb);
 }
 
@@ -652,12 +658,8 @@ static void test_destroy_while_user_thread_alive(void **state) {
   cb_init(&cb);
   pinpool_t *pool = create_cb("", &cb);
   struct worker w;
-  memset(&w, 0, sizeof w);
-  pthread_mutex_init(&w.mu, NULL);
-  pthread_cond_init(&w.cv, NULL);
-  w.pool = pool;
   pthread_t t;
-  PP_ASSERT(pthread_create(&t, NULL, survivor, &w) == 0, "pthread_create");
+  worker_start(&w, pool, survivor, &w, &t);
   worker_wait(&w, 1);
   pinpool_destroy(pool);
   /* Before the thread exits, everything is back. */
@@ -666,8 +668,7 @@ static void test_destroy_while_user_thread_alive(void **state) {
   pthread_join(t, NULL);
   PP_CHECK_RC(w.rc, 0);
   PP_CHECK_CB_BALANCED(&cb);
-  pthread_mutex_destroy(&w.mu);
-  pthread_cond_destroy(&w.cv);
+  worker_fini(&w);
   cb_fini(&cb);
 }
 
@@ -1045,11 +1046,7 @@ static void test_page_locked_reported(void **state) {
             st.locked_bytes, st.reserved_bytes.current);
   PP_OK(pinpool_free(pool, a));
   PP_OK(pinpool_free(pool, b));
-  PP_OK(pinpool_empty_cache(pool));
-  PP_STATS(pool, &st);
-  PP_ASSERT(st.locked_bytes == 0 && st.reserved_bytes.current == 0,
-            "locked %" PRIu64 " reserved %" PRIu64 " after empty_cache",
-            st.locked_bytes, st.reserved_bytes.current);
+  PP_CHECK_EMPTIED(pool);
   pinpool_destroy(pool);
   PP_CHECK_CB_BALANCED(&cb);
   cb_fini(&cb);

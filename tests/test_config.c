@@ -467,24 +467,10 @@ static void test_get_config_errors(void **state) {
   pinpool_destroy(pool);
 }
 
-static int bk_alloc(void *ctx, size_t size, void **out) {
-  (void)ctx;
-  void *p = aligned_alloc(4096, size);
-  if (!p)
-    return PINPOOL_ENOMEM;
-  *out = p;
-  return 0;
-}
-static void bk_free(void *ctx, void *ptr, size_t size) {
-  (void)ctx;
-  (void)size;
-  free(ptr);
-}
-
 /* backend= is not allowed together with a user backend. */
 static void test_backend_key_with_user_backend(void **state) {
   (void)state;
-  pinpool_backend_t be = {"user", bk_alloc, bk_free, NULL, 0};
+  pinpool_backend_t be = pp_heap_backend();
   pinpool_t *pool = SENTINEL;
   PP_CHECK_RC(pinpool_create_with_backend("backend=host", &be, &pool),
               PINPOOL_ECONFIG);

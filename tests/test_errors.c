@@ -136,26 +136,12 @@ static void test_last_error_thread_local(void **state) {
 
 /* ---- Creation --------------------------------------------------------------
  */
-static int be_alloc(void *ctx, size_t size, void **out) {
-  (void)ctx;
-  void *p = aligned_alloc(4096, size);
-  if (!p)
-    return PINPOOL_ENOMEM;
-  *out = p;
-  return 0;
-}
-static void be_free(void *ctx, void *ptr, size_t size) {
-  (void)ctx;
-  (void)size;
-  free(ptr);
-}
-
 static void test_create_errors(void **state) {
   (void)state;
   PP_CHECK_RC(pinpool_create("", NULL), PINPOOL_EINVAL);
   PP_ASSERT(pinpool_last_error()[0] != '\0', "no message");
   PP_CHECK_RC(pinpool_create(NULL, NULL), PINPOOL_EINVAL);
-  pinpool_backend_t be = {"user", be_alloc, be_free, NULL, 0};
+  pinpool_backend_t be = pp_heap_backend();
   PP_CHECK_RC(pinpool_create_with_backend("", &be, NULL), PINPOOL_EINVAL);
   PP_CHECK_RC(pinpool_create_ex("", NULL, NULL), PINPOOL_EINVAL);
   pinpool_t *pool = (pinpool_t *)SENTINEL_PTR;

@@ -428,6 +428,38 @@ void pp_check_cb_balanced_(counting_backend_t *cb, const char *file, int line) {
 
 void pp_clean_env(void) { unsetenv("PINPOOL_CONF"); }
 
+void pp_check_emptied_(pinpool_t *pool, const char *file, int line) {
+  pp_check_rc_(pinpool_empty_cache(pool), 0, "pinpool_empty_cache(pool)", file,
+               line);
+  pinpool_stats_t st;
+  pp_get_stats_(pool, &st, file, line);
+  if (st.locked_bytes != 0 || st.reserved_bytes.current != 0) {
+    print_error("ERROR: after empty_cache: locked %" PRIu64
+                ", reserved %" PRIu64 "\n",
+                st.locked_bytes, st.reserved_bytes.current);
+    _fail(file, line);
+  }
+}
+
+static int heap_alloc(void *ctx, size_t size, void **out) {
+  (void)ctx;
+  void *p = aligned_alloc(4096, size);
+  if (!p)
+    return PINPOOL_ENOMEM;
+  *out = p;
+  return 0;
+}
+
+static void heap_free(void *ctx, void *ptr, size_t size) {
+  (void)ctx;
+  (void)size;
+  free(ptr);
+}
+
+pinpool_backend_t pp_heap_backend(void) {
+  return (pinpool_backend_t){"user", heap_alloc, heap_free, NULL, 0};
+}
+
 pinpool_stats_t pp_stats_of(pinpool_t *pool) {
   pinpool_stats_t st;
   PP_STATS(pool, &st);

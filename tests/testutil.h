@@ -118,6 +118,11 @@ void pp_check_consistent_(pinpool_t *pool, const char *file, int line);
 #define PP_CHECK_CONSISTENT(pool)                                              \
   pp_check_consistent_((pool), __FILE__, __LINE__)
 
+/* Empty the cache of a pool whose blocks are all freed: nothing may stay
+ * reserved or locked. */
+void pp_check_emptied_(pinpool_t *pool, const char *file, int line);
+#define PP_CHECK_EMPTIED(pool) pp_check_emptied_((pool), __FILE__, __LINE__)
+
 /* Field-by-field equality of two stats snapshots (every field). */
 void pp_check_stats_equal_(const pinpool_stats_t *a, const pinpool_stats_t *b,
                            const char *what, const char *file, int line);
@@ -182,6 +187,10 @@ void pp_check_cb_balanced_(counting_backend_t *cb, const char *file, int line);
 /* The backend saw no contract violation so far. */
 void pp_check_cb_clean_(counting_backend_t *cb, const char *file, int line);
 #define PP_CHECK_CB_CLEAN(cb) pp_check_cb_clean_((cb), __FILE__, __LINE__)
+
+/* A user backend ("user") of page-aligned heap memory that counts nothing:
+ * for tests that need one that works, and no more. */
+pinpool_backend_t pp_heap_backend(void);
 
 /* Unset PINPOOL_CONF so that an outer environment cannot change defaults. */
 void pp_clean_env(void);

@@ -154,6 +154,50 @@ int ct_create_with_lib(const char *path, const char *conf, pinpool_t **out) {
   return rc;
 }
 
+pinpool_t *ct_create_(const char *conf, const pinpool_hooks_t *hooks,
+                      const char *file, int line) {
+  pinpool_t *pool = NULL;
+  ct_rc_(pinpool_create_ex(conf, hooks, &pool), 0, conf, file, line);
+  return pool;
+}
+
+pinpool_stats_t ct_stats(pinpool_t *pool) {
+  pinpool_stats_t st;
+  memset(&st, 0, sizeof st);
+  CT_OK(pinpool_get_stats(pool, &st));
+  return st;
+}
+
+CUstream ct_new_stream(void) {
+  CUstream s = NULL;
+  CT_ASSERT(ct_cu.stream_create(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS,
+            "cuStreamCreate");
+  return s;
+}
+
+bool ct_alloc_until_(pinpool_t *pool, size_t size, const void *want,
+                     void *const *avoid, int navoid, const char *file,
+                     int line) {
+  enum { MAX = 256 };
+  void *got[MAX];
+  bool found = false;
+  int n = 0;
+  for (; n < MAX && !found; n++) {
+    ct_rc_(pinpool_alloc(pool, size, &got[n]), 0, "pinpool_alloc", file, line);
+    for (int i = 0; i < navoid; i++)
+      if (got[n] == avoid[i]) {
+        print_error("ERROR: block %p handed out while it must not be\n",
+                    got[n]);
+        _fail(file, line);
+      }
+    memset(got[n], 0xee, size);
+    found = want != NULL && got[n] == want;
+  }
+  for (int i = 0; i < n; i++)
+    ct_rc_(pinpool_free(pool, got[i]), 0, "pinpool_free", file, line);
+  return found;
+}
+
 void ct_ctx_enter(void) {
   CUcontext c = NULL;
   if (ct_cu.retain(&c, 0) != CUDA_SUCCESS || ct_cu.push(c) != CUDA_SUCCESS)

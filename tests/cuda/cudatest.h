@@ -136,6 +136,27 @@ int ct_teardown(void **state);
  * for the call only. */
 int ct_create_with_lib(const char *path, const char *conf, pinpool_t **out);
 
+/* pinpool_create_ex(conf, hooks) must succeed; the failure names the
+ * caller's line and shows pinpool_last_error(). */
+#define CT_CREATE(conf) ct_create_((conf), NULL, __FILE__, __LINE__)
+#define CT_CREATE_EX(conf, hooks)                                              \
+  ct_create_((conf), (hooks), __FILE__, __LINE__)
+pinpool_t *ct_create_(const char *conf, const pinpool_hooks_t *hooks,
+                      const char *file, int line);
+
+/* pinpool_get_stats, which must succeed. */
+pinpool_stats_t ct_stats(pinpool_t *pool);
+
+/* A non-blocking stream in the current context, which must be created. */
+CUstream ct_new_stream(void);
+
+/* Allocate `size`-byte blocks until `want` comes back (up to 256; want
+ * NULL: all 256), failing if one of avoid[0..navoid) does; write each,
+ * free them all. Returns whether `want` came back. */
+bool ct_alloc_until_(pinpool_t *pool, size_t size, const void *want,
+                     void *const *avoid, int navoid, const char *file,
+                     int line);
+
 /* The test thread gets device 0's primary context current (retained), and
  * gives it back. For tests that create streams. */
 void ct_ctx_enter(void);

@@ -14,20 +14,6 @@
 #include <sched.h>
 #include <stdlib.h>
 
-static pinpool_t *create_(const char *conf, const char *file, int line) {
-  pinpool_t *pool = NULL;
-  ct_rc_(pinpool_create(conf, &pool), 0, conf, file, line);
-  return pool;
-}
-#define CREATE(conf) create_((conf), __FILE__, __LINE__)
-
-static pinpool_stats_t stats(pinpool_t *pool) {
-  pinpool_stats_t st;
-  memset(&st, 0, sizeof st);
-  CT_OK(pinpool_get_stats(pool, &st));
-  return st;
-}
-
 /* Allocate a mix of sizes, write them, free them; check the driver holds
  * exactly the pool's arena chunks (segments are carved from them and cost
  * no driver call), all of them page-locked. */
@@ -45,7 +31,7 @@ static void churn(pinpool_t *pool, bool reg) {
   for (int i = 0; i < N; i++)
     CT_ASSERT(((unsigned char *)p[i])[sizes[i] - 1] == i + 1,
               "block %d overwritten", i);
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.locked_bytes == st.reserved_bytes.current,
             "locked %llu of %llu reserved bytes",
             (unsigned long long)st.locked_bytes,
@@ -73,7 +59,7 @@ static void churn(pinpool_t *pool, bool reg) {
 
 static void check_released(pinpool_t *pool, bool reg) {
   CT_OK(pinpool_empty_cache(pool));
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.reserved_bytes.current == 0 && st.arena_chunks == 0,
             "%llu bytes still reserved in %llu chunks",
             (unsigned long long)st.reserved_bytes.current,
@@ -93,7 +79,7 @@ static void check_released(pinpool_t *pool, bool reg) {
 static void test_cuda_alloc_free(void **state) {
   (void)state;
   CT_REQUIRE_DRIVER();
-  pinpool_t *pool = CREATE("backend=cuda,device=0");
+  pinpool_t *pool = CT_CREATE("backend=cuda,device=0");
   char cfg[1024];
   CT_OK(pinpool_get_config(pool, cfg, sizeof cfg, NULL));
   CT_ASSERT(strstr(cfg, "backend=cuda,") != NULL, "config: %s", cfg);
@@ -110,8 +96,9 @@ static void test_cuda_alloc_free(void **state) {
 static void test_register_alloc_free(void **state) {
   (void)state;
   CT_REQUIRE_DRIVER();
-  pinpool_t *pool = CREATE("backend=cuda-register,device=0,register_threads=4,"
-                           "populate_parallel_min=1MiB");
+  pinpool_t *pool =
+      CT_CREATE("backend=cuda-register,device=0,register_threads=4,"
+                "populate_parallel_min=1MiB");
   churn(pool, true);
   /* Registered memory is portable (any context may use it). */
   CT_FAKE_EQ("last_register_flags", CU_MEMHOSTREGISTER_PORTABLE);
@@ -158,7 +145,7 @@ static void test_destroy_releases_live_blocks(void **state) {
                          "backend=cuda-register,device=0",
                          "backend=cuda,device=0,reserve=8MiB"};
   for (size_t i = 0; i < 3; i++) {
-    pinpool_t *pool = CREATE(confs[i]);
+    pinpool_t *pool = CT_CREATE(confs[i]);
     void *p = NULL, *q = NULL;
     CT_OK(pinpool_alloc(pool, 777, &p));
     CT_OK(pinpool_alloc(pool, 5 * MiB, &q));
@@ -170,12 +157,12 @@ static void test_destroy_releases_live_blocks(void **state) {
 static void test_reserve(void **state) {
   (void)state;
   CT_REQUIRE_FAKE();
-  pinpool_t *pool = CREATE("backend=cuda,device=0,reserve=8MiB");
+  pinpool_t *pool = CT_CREATE("backend=cuda,device=0,reserve=8MiB");
   /* The reserve is one backend allocation made at create: the arena's
    * first chunk. */
   CT_FAKE_EQ("live_host_allocs", 1);
   CT_FAKE_EQ("host_alloc_bytes", 8 << 20);
-  CT_ASSERT(stats(pool).arena_chunks == 1, "chunks");
+  CT_ASSERT(ct_stats(pool).arena_chunks == 1, "chunks");
   /* Small and large blocks are carved from it. */
   void *p = NULL, *s = NULL;
   CT_OK(pinpool_alloc(pool, MiB, &p));
@@ -185,7 +172,7 @@ static void test_reserve(void **state) {
   void *q = NULL;
   CT_OK(pinpool_alloc(pool, 7 * MiB, &q));
   CT_FAKE_EQ("live_host_allocs", 2);
-  CT_ASSERT(stats(pool).arena_chunks == 2, "chunks");
+  CT_ASSERT(ct_stats(pool).arena_chunks == 2, "chunks");
   CT_OK(pinpool_free(pool, q));
   CT_OK(pinpool_free(pool, s));
   CT_OK(pinpool_free(pool, p));
@@ -193,7 +180,7 @@ static void test_reserve(void **state) {
   /* The grown chunk goes back; the reserve is kept for the pool's life. */
   CT_FAKE_EQ("live_host_allocs", 1);
   CT_FAKE_EQ("host_alloc_bytes", 8 << 20);
-  CT_ASSERT(stats(pool).arena_chunks == 1, "chunks");
+  CT_ASSERT(ct_stats(pool).arena_chunks == 1, "chunks");
   pinpool_destroy(pool);
   CT_FAKE_BALANCED();
 }
@@ -226,7 +213,7 @@ static void test_cuda_flags(void **state) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     ct_fake.reset();
-    pinpool_t *pool = CREATE(cases[i].conf);
+    pinpool_t *pool = CT_CREATE(cases[i].conf);
     void *p = NULL;
     CT_OK(pinpool_alloc(pool, 4096, &p));
     long long got = ct_fake.get(cases[i].key);
@@ -246,7 +233,7 @@ static void test_out_of_memory(void **state) {
   const char *calls[] = {"cuMemHostAlloc", "cuMemHostRegister"};
   for (int i = 0; i < 2; i++) {
     ct_fake.reset();
-    pinpool_t *pool = CREATE(confs[i]);
+    pinpool_t *pool = CT_CREATE(confs[i]);
     void *keep = NULL, *p = (void *)(uintptr_t)0x1234;
     CT_OK(pinpool_alloc(pool, 1000, &keep));
     /* One failure: the pool releases idle memory and retries, once. */
@@ -254,7 +241,7 @@ static void test_out_of_memory(void **state) {
               "arm");
     CT_OK(pinpool_alloc(pool, 3 * MiB, &p));
     CT_OK(pinpool_free(pool, p));
-    pinpool_stats_t st = stats(pool);
+    pinpool_stats_t st = ct_stats(pool);
     CT_ASSERT(st.retries == 1 && st.oom_count == 0, "retries %llu, oom %llu",
               (unsigned long long)st.retries, (unsigned long long)st.oom_count);
     /* Two: the allocation fails cleanly with the driver's reason. */
@@ -266,7 +253,7 @@ static void test_out_of_memory(void **state) {
     CT_ERROR_HAS(calls[i]);
     CT_ERROR_HAS("CUDA_ERROR_OUT_OF_MEMORY");
     CT_ASSERT(p == (void *)(uintptr_t)0x1234, "*out changed on failure");
-    st = stats(pool);
+    st = ct_stats(pool);
     CT_ASSERT(st.oom_count == 1, "oom_count %llu",
               (unsigned long long)st.oom_count);
     CT_OK(pinpool_validate(pool));
@@ -284,7 +271,7 @@ static void test_out_of_memory(void **state) {
 static void test_backend_errors(void **state) {
   (void)state;
   CT_REQUIRE_FAKE();
-  pinpool_t *pool = CREATE("backend=cuda,device=0");
+  pinpool_t *pool = CT_CREATE("backend=cuda,device=0");
   void *p = NULL;
   CT_ASSERT(ct_fake.inject("cuMemHostAlloc", 1, CUDA_ERROR_UNKNOWN) == 0,
             "arm");
@@ -297,7 +284,7 @@ static void test_backend_errors(void **state) {
 
   /* A failed register gives the mapping back and is not retried. */
   ct_fake.reset();
-  pool = CREATE("backend=cuda-register,device=0");
+  pool = CT_CREATE("backend=cuda-register,device=0");
   CT_ASSERT(ct_fake.inject("cuMemHostRegister", 1,
                            CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) == 0,
             "arm");
@@ -306,7 +293,7 @@ static void test_backend_errors(void **state) {
   CT_ERROR_HAS("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED");
   CT_FAKE_EQ("calls:cuMemHostRegister", 1);
   CT_FAKE_EQ("live_registrations", 0);
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.reserved_bytes.current == 0, "reserved after failure");
   CT_OK(pinpool_alloc(pool, 3 * MiB, &p));
   CT_OK(pinpool_free(pool, p));
@@ -315,7 +302,7 @@ static void test_backend_errors(void **state) {
 
   /* A context that cannot be made current fails the call, cleanly. */
   ct_fake.reset();
-  pool = CREATE("backend=cuda,device=0");
+  pool = CT_CREATE("backend=cuda,device=0");
   CT_ASSERT(ct_fake.inject("cuCtxPushCurrent", 1, CUDA_ERROR_INVALID_CONTEXT) ==
                 0,
             "arm");
@@ -330,7 +317,7 @@ static void test_backend_errors(void **state) {
 static void test_misaligned_driver_memory(void **state) {
   (void)state;
   CT_REQUIRE_FAKE();
-  pinpool_t *pool = CREATE("backend=cuda,device=0");
+  pinpool_t *pool = CT_CREATE("backend=cuda,device=0");
   CT_ASSERT(ct_fake.set("misalign", 1) == 0, "set");
   void *p = NULL;
   CT_RC(pinpool_alloc(pool, 4096, &p), PINPOOL_EBACKEND);
@@ -383,7 +370,7 @@ static void *worker_main(void *arg) {
 }
 
 static void run_threads(const char *conf) {
-  pinpool_t *pool = CREATE(conf);
+  pinpool_t *pool = CT_CREATE(conf);
   worker_t w[4];
   for (int i = 0; i < 4; i++) {
     w[i] = (worker_t){pool, 0, (unsigned)i * 7919u + 1, 0, false};
@@ -422,7 +409,7 @@ static void test_caller_context_preserved(void **state) {
   CUcontext mine = NULL;
   CT_ASSERT(ct_cu.get_current(&mine) == CUDA_SUCCESS && mine != NULL, "ctx");
   /* The pool works in device 1's context. */
-  pinpool_t *pool = CREATE("backend=cuda,device=1");
+  pinpool_t *pool = CT_CREATE("backend=cuda,device=1");
   void *p = NULL;
   CT_OK(pinpool_alloc(pool, 3 * MiB, &p));
   CT_OK(pinpool_free(pool, p));
@@ -446,8 +433,9 @@ static void test_caller_context_preserved(void **state) {
 static void test_register_pieces(void **state) {
   (void)state;
   CT_REQUIRE_FAKE();
-  pinpool_t *pool = CREATE("backend=cuda-register,device=0,register_max=2MiB,"
-                           "tcache_bytes=0");
+  pinpool_t *pool =
+      CT_CREATE("backend=cuda-register,device=0,register_max=2MiB,"
+                "tcache_bytes=0");
   char cfg[1024];
   CT_OK(pinpool_get_config(pool, cfg, sizeof cfg, NULL));
   CT_ASSERT(strstr(cfg, "register_max=2097152") != NULL, "config: %s", cfg);
@@ -455,7 +443,7 @@ static void test_register_pieces(void **state) {
   /* 9 MiB, above the 2 MiB first chunk: a chunk of its own, the request
    * rounded up to 2 MiB (10 MiB), 5 pieces. */
   CT_OK(pinpool_alloc(pool, 9 * MiB, &p));
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   long long seg = (long long)st.reserved_bytes.current;
   long long pieces = (seg + (long long)(2 * MiB) - 1) / (long long)(2 * MiB);
   CT_ASSERT(st.arena_chunks == 1 && seg == (long long)(10 * MiB),
@@ -485,7 +473,7 @@ static void test_register_pieces(void **state) {
     CT_FAKE_EQ("calls:cuMemHostUnregister", k - 1);
     CT_FAKE_EQ("live_registrations", 0);
     CT_FAKE_EQ("registered_bytes", 0);
-    st = stats(pool);
+    st = ct_stats(pool);
     CT_ASSERT(st.reserved_bytes.current == 0, "reserved after the failure");
     CT_OK(pinpool_validate(pool));
   }
@@ -498,10 +486,10 @@ static void test_register_pieces(void **state) {
    * the chunk is exactly the (page-rounded) request, 9 MiB, registered as
    * four 2 MiB pieces and a last one of 1 MiB. */
   ct_fake.reset();
-  pool = CREATE("backend=cuda-register,device=0,register_max=2MiB,"
-                "max_reserved=9MiB,tcache_bytes=0");
+  pool = CT_CREATE("backend=cuda-register,device=0,register_max=2MiB,"
+                   "max_reserved=9MiB,tcache_bytes=0");
   CT_OK(pinpool_alloc(pool, 9 * MiB, &p));
-  st = stats(pool);
+  st = ct_stats(pool);
   CT_ASSERT(st.arena_chunks == 1 && st.reserved_bytes.current == 9 * MiB,
             "%llu chunks, %llu bytes", (unsigned long long)st.arena_chunks,
             (unsigned long long)st.reserved_bytes.current);
@@ -521,8 +509,8 @@ static void test_register_pieces(void **state) {
    * blocks, 3 MiB of them: slabs carved from at least two chunks of at
    * least 2 MiB, each registered as 1 MiB pieces. */
   ct_fake.reset();
-  pool = CREATE("backend=cuda-register,device=0,register_max=1MiB,"
-                "tcache_bytes=0");
+  pool = CT_CREATE("backend=cuda-register,device=0,register_max=1MiB,"
+                   "tcache_bytes=0");
   enum { NB = 12 };
   pinpool_buffer_t *bufs[NB];
   for (int i = 0; i < NB; i++) {
@@ -535,7 +523,7 @@ static void test_register_pieces(void **state) {
   }
   CT_ASSERT(ct_fake.get("calls:cuPointerGetAttribute") >= NB,
             "the driver was not asked");
-  st = stats(pool);
+  st = ct_stats(pool);
   CT_ASSERT(st.arena_chunks >= 2, "%llu chunks",
             (unsigned long long)st.arena_chunks);
   CT_ASSERT(ct_fake.get("live_registrations") > (long long)st.arena_chunks,
@@ -566,7 +554,7 @@ static void test_register_pieces(void **state) {
 
   /* backend=cuda cannot cut an allocation: above register_max, refused. */
   ct_fake.reset();
-  pool = CREATE("backend=cuda,device=0,register_max=4MiB");
+  pool = CT_CREATE("backend=cuda,device=0,register_max=4MiB");
   CT_RC(pinpool_alloc(pool, 9 * MiB, &p), PINPOOL_ENOMEM);
   CT_ERROR_HAS("register_max");
   CT_FAKE_EQ("calls:cuMemHostAlloc", 0);
@@ -581,7 +569,7 @@ static void test_register_pieces(void **state) {
    * tenth 4 MiB block asked for a 6 MiB chunk and every allocation that
    * grew the arena failed from then on). */
   ct_fake.reset();
-  pool = CREATE("backend=cuda,device=0,register_max=1MiB");
+  pool = CT_CREATE("backend=cuda,device=0,register_max=1MiB");
   CT_OK(pinpool_alloc(pool, 4096, &p));
   CT_FAKE_EQ("live_host_allocs", 1);
   CT_OK(pinpool_free(pool, p));
@@ -589,10 +577,10 @@ static void test_register_pieces(void **state) {
   CT_FAKE_BALANCED();
   enum { NK = 40 };
   void *keep[NK];
-  pool = CREATE("backend=cuda,device=0,register_max=4MiB,tcache_bytes=0");
+  pool = CT_CREATE("backend=cuda,device=0,register_max=4MiB,tcache_bytes=0");
   for (int i = 0; i < NK; i++)
     CT_OK(pinpool_alloc(pool, 4 * MiB, &keep[i]));
-  st = stats(pool);
+  st = ct_stats(pool);
   CT_ASSERT(st.arena_chunks == NK && st.reserved_bytes.current == NK * 4 * MiB,
             "%llu chunks, %llu bytes", (unsigned long long)st.arena_chunks,
             (unsigned long long)st.reserved_bytes.current);
@@ -627,7 +615,7 @@ static void pin_fallback(const char *backend, const char *entry) {
   (void)snprintf(conf, sizeof conf,
                  "backend=%s,device=0,pin_failure=pageable,tcache_bytes=0",
                  backend);
-  pinpool_t *pool = CREATE(conf);
+  pinpool_t *pool = CT_CREATE(conf);
   char cfg[1024];
   CT_OK(pinpool_get_config(pool, cfg, sizeof cfg, NULL));
   CT_ASSERT(strstr(cfg, "pin_failure=pageable") != NULL, "config: %s", cfg);
@@ -641,7 +629,7 @@ static void pin_fallback(const char *backend, const char *entry) {
   CT_ASSERT(a.page_locked == 0, "a block of the fallback chunk is pageable");
   CT_ASSERT(strcmp(pinpool_last_error(), before) == 0,
             "the refusal left '%s' (was '%s')", pinpool_last_error(), before);
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.fallback_bytes == st.reserved_bytes.current &&
                 st.fallback_bytes >= 1 * MiB && st.locked_bytes == 0 &&
                 st.fallback_blocks >= 1,
@@ -658,7 +646,7 @@ static void pin_fallback(const char *backend, const char *entry) {
    * the driver). */
   pinpool_buffer_t *b2 = BUFFER(pool, 2560 * KiB, &a);
   CT_ASSERT(a.page_locked == 1, "the next chunk is pinned");
-  st = stats(pool);
+  st = ct_stats(pool);
   CT_ASSERT(st.fallback_bytes == fb && st.locked_bytes == 4 * MiB &&
                 st.arena_chunks == 2,
             "fallback %llu, locked %llu, %llu chunks",
@@ -686,7 +674,7 @@ static void pin_fallback(const char *backend, const char *entry) {
   CT_OK(pinpool_buffer_close(b3));
   CT_OK(pinpool_buffer_release(b3));
   CT_OK(pinpool_empty_cache(pool));
-  st = stats(pool);
+  st = ct_stats(pool);
   CT_ASSERT(st.fallback_bytes == 0 && st.fallback_blocks == 0,
             "after empty_cache: %llu bytes, %llu blocks",
             (unsigned long long)st.fallback_bytes,
@@ -716,13 +704,13 @@ static void test_pin_failure_error(void **state) {
     char conf[128];
     (void)snprintf(conf, sizeof conf, "backend=%s,device=0,tcache_bytes=0",
                    backends[i][0]);
-    pinpool_t *pool = CREATE(conf);
+    pinpool_t *pool = CT_CREATE(conf);
     CT_ASSERT(ct_fake.inject(backends[i][1], 1, CUDA_ERROR_INVALID_VALUE) == 0,
               "arm");
     void *p = NULL;
     CT_RC(pinpool_alloc(pool, 1 * MiB, &p), PINPOOL_EBACKEND);
     CT_ERROR_HAS(backends[i][1]);
-    pinpool_stats_t st = stats(pool);
+    pinpool_stats_t st = ct_stats(pool);
     CT_ASSERT(st.reserved_bytes.current == 0 && st.fallback_bytes == 0 &&
                   st.fallback_blocks == 0,
               "after the refusal: %llu reserved, %llu fallback",
@@ -744,15 +732,15 @@ static void test_pin_fallback_injected(void **state) {
   CT_REQUIRE_DRIVER();
   if (ct_fake.reset != NULL)
     ct_fake.reset();
-  pinpool_t *pool = CREATE("backend=cuda-register,device=0,"
-                           "pin_failure=pageable,fault=register:1,"
-                           "tcache_bytes=0");
+  pinpool_t *pool = CT_CREATE("backend=cuda-register,device=0,"
+                              "pin_failure=pageable,fault=register:1,"
+                              "tcache_bytes=0");
   pinpool_mem_attrs_t a;
   pinpool_buffer_t *b1 = BUFFER(pool, 1 * MiB, &a);
   CT_ASSERT(a.page_locked == 0, "the refused chunk is pageable");
   pinpool_buffer_t *b2 = BUFFER(pool, 2560 * KiB, &a);
   CT_ASSERT(a.page_locked == 1, "the next chunk is registered");
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.fallback_bytes == 2 * MiB && st.locked_bytes == 4 * MiB,
             "fallback %llu, locked %llu", (unsigned long long)st.fallback_bytes,
             (unsigned long long)st.locked_bytes);

@@ -42,27 +42,6 @@ static void require_capture(void) {
   }
 }
 
-static pinpool_t *create_(const char *conf, const char *file, int line) {
-  pinpool_t *pool = NULL;
-  ct_rc_(pinpool_create(conf, &pool), 0, conf, file, line);
-  return pool;
-}
-#define CREATE(conf) create_((conf), __FILE__, __LINE__)
-
-static pinpool_stats_t stats(pinpool_t *pool) {
-  pinpool_stats_t st;
-  memset(&st, 0, sizeof st);
-  CT_OK(pinpool_get_stats(pool, &st));
-  return st;
-}
-
-static CUstream new_stream(void) {
-  CUstream s = NULL;
-  CT_ASSERT(ct_cu.stream_create(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS,
-            "cuStreamCreate");
-  return s;
-}
-
 /* Begin a capture on s; returns its id (through pinpool, as a user would
  * learn it). */
 static uint64_t begin_(pinpool_t *pool, CUstream s, int mode, const char *file,
@@ -99,38 +78,40 @@ static void end_(CUstream s, const char *file, int line) {
 }
 #define END(s) end_((s), __FILE__, __LINE__)
 
-/* Allocate BLOCK-sized blocks (up to 256), failing if `avoid` comes back;
- * free them. Returns whether `want` came back. */
-static bool alloc_until_(pinpool_t *pool, const void *want, const void *avoid,
-                         const char *file, int line) {
-  enum { MAX = 256 };
-  void *got[MAX];
-  bool found = false;
-  int n = 0;
-  for (; n < MAX && !found; n++) {
-    ct_rc_(pinpool_alloc(pool, BLOCK, &got[n]), 0, "pinpool_alloc", file, line);
-    if (avoid != NULL && got[n] == avoid) {
-      print_error("ERROR: block %p handed out while a graph holds it\n",
-                  got[n]);
+/* blk is not handed out (a graph holds it) / comes back. */
+#define NEVER(pool, blk)                                                       \
+  (void)ct_alloc_until_((pool), BLOCK, NULL, (void *const[]){(blk)}, 1,        \
+                        __FILE__, __LINE__)
+#define COMES_BACK(pool, blk)                                                  \
+  ct_alloc_until_((pool), BLOCK, (blk), NULL, 0, __FILE__, __LINE__)
+
+/* A test's end, in the order the checks need: the pool is consistent and
+ * the fake saw no bad call while the pool lived (no background thread
+ * runs, as CT_FAKE_CLEAN wants); once the pool and the streams are gone,
+ * the driver holds nothing. */
+static void finish_(pinpool_t *pool, const CUstream *s, size_t ns,
+                    const char *file, int line) {
+  ct_rc_(pinpool_validate(pool), 0, "pinpool_validate(pool)", file, line);
+  ct_fake_clean_(file, line);
+  pinpool_destroy(pool);
+  for (size_t i = 0; i < ns; i++)
+    if (ct_cu.stream_destroy(s[i]) != CUDA_SUCCESS) {
+      print_error("ERROR: cuStreamDestroy of stream %zu failed\n", i);
       _fail(file, line);
     }
-    memset(got[n], 0xee, BLOCK);
-    found = want != NULL && got[n] == want;
-  }
-  for (int i = 0; i < n; i++)
-    ct_rc_(pinpool_free(pool, got[i]), 0, "pinpool_free", file, line);
-  return found;
+  ct_fake_balanced_(file, line);
+  ct_ctx_leave();
 }
-#define NEVER(pool, blk)                                                       \
-  (void)alloc_until_((pool), NULL, (blk), __FILE__, __LINE__)
-#define COMES_BACK(pool, blk)                                                  \
-  alloc_until_((pool), (blk), NULL, __FILE__, __LINE__)
+#define FINISH(pool, ...)                                                      \
+  finish_((pool), (const CUstream[]){__VA_ARGS__},                             \
+          sizeof((CUstream[]){__VA_ARGS__}) / sizeof(CUstream), __FILE__,      \
+          __LINE__)
 
 /* ---- A block recorded during a capture ---------------------------------- */
 static void tied_until_release(int mode) {
   ct_ctx_enter();
-  CUstream s = new_stream();
-  pinpool_t *pool = CREATE("events=cuda,device=0");
+  CUstream s = ct_new_stream();
+  pinpool_t *pool = CT_CREATE("events=cuda,device=0");
   void *blk = NULL;
   CT_OK(pinpool_alloc(pool, BLOCK, &blk));
 
@@ -140,7 +121,7 @@ static void tied_until_release(int mode) {
   CT_OK(pinpool_free(pool, blk));
   /* Nothing recorded at all: not on the capturing stream, nowhere. */
   CT_FAKE_EQ("calls:cuEventRecord", records);
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.pending_blocks == 1 && st.graph_held_blocks == 1 &&
                 st.graph_held_bytes == st.pending_bytes,
             "pending %llu, graph-held %llu",
@@ -159,7 +140,7 @@ static void tied_until_release(int mode) {
 
   CT_OK(pinpool_graph_release(pool, id));
   CT_OK(pinpool_synchronize(pool));
-  st = stats(pool);
+  st = ct_stats(pool);
   CT_ASSERT(st.pending_blocks == 0 && st.graph_held_blocks == 0 &&
                 st.graph_held_bytes == 0,
             "pending %llu after the release",
@@ -168,12 +149,7 @@ static void tied_until_release(int mode) {
   /* Released: the id is unknown now. */
   CT_RC(pinpool_graph_release(pool, id), PINPOOL_EINVAL);
   CT_ERROR_HAS("unknown");
-  CT_OK(pinpool_validate(pool));
-  CT_FAKE_CLEAN();
-  pinpool_destroy(pool);
-  CT_ASSERT(ct_cu.stream_destroy(s) == CUDA_SUCCESS, "cuStreamDestroy");
-  CT_FAKE_BALANCED();
-  ct_ctx_leave();
+  FINISH(pool, s);
 }
 
 static void test_record_in_capture(void **state) {
@@ -190,8 +166,8 @@ static void test_tie_outlives_capture(void **state) {
   (void)state;
   require_capture();
   ct_ctx_enter();
-  CUstream s = new_stream();
-  pinpool_t *pool = CREATE("events=cuda,device=0");
+  CUstream s = ct_new_stream();
+  pinpool_t *pool = CT_CREATE("events=cuda,device=0");
   void *a = NULL, *b = NULL;
   CT_OK(pinpool_alloc(pool, BLOCK, &a));
   CT_OK(pinpool_alloc(pool, BLOCK, &b));
@@ -201,7 +177,7 @@ static void test_tie_outlives_capture(void **state) {
   CT_OK(pinpool_record_stream(pool, b, (pinpool_stream_t)s));
   END(s);
   CT_OK(pinpool_free(pool, a)); /* after the capture: held by its graph */
-  CT_ASSERT(stats(pool).graph_held_blocks == 1, "a not held");
+  CT_ASSERT(ct_stats(pool).graph_held_blocks == 1, "a not held");
   NEVER(pool, a);
   /* Release while b is still allocated: b's tie is forgotten. */
   CT_OK(pinpool_stream_graphs_release(pool, (pinpool_stream_t)s));
@@ -210,18 +186,13 @@ static void test_tie_outlives_capture(void **state) {
   CT_ERROR_HAS("no capture is known");
   CT_RC(pinpool_graph_release(pool, id1), PINPOOL_EINVAL);
   CT_OK(pinpool_free(pool, b));
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.graph_held_blocks == 0, "b held by a released capture");
   CT_OK(pinpool_synchronize(pool));
-  CT_ASSERT(stats(pool).pending_blocks == 0, "still pending");
+  CT_ASSERT(ct_stats(pool).pending_blocks == 0, "still pending");
   CT_ASSERT(COMES_BACK(pool, a), "a never came back");
   CT_ASSERT(COMES_BACK(pool, b), "b never came back");
-  CT_OK(pinpool_validate(pool));
-  CT_FAKE_CLEAN();
-  pinpool_destroy(pool);
-  CT_ASSERT(ct_cu.stream_destroy(s) == CUDA_SUCCESS, "cuStreamDestroy");
-  CT_FAKE_BALANCED();
-  ct_ctx_leave();
+  FINISH(pool, s);
 }
 
 /* ---- A block freed while its stream captures ---------------------------- */
@@ -229,8 +200,8 @@ static void test_free_during_capture(void **state) {
   (void)state;
   require_capture();
   ct_ctx_enter();
-  CUstream s = new_stream();
-  pinpool_t *pool = CREATE("events=cuda,device=0");
+  CUstream s = ct_new_stream();
+  pinpool_t *pool = CT_CREATE("events=cuda,device=0");
   void *blk = NULL;
   CT_OK(pinpool_alloc(pool, BLOCK, &blk));
   /* A DMA on s, queued before the capture, still reads blk. */
@@ -239,7 +210,7 @@ static void test_free_during_capture(void **state) {
   CT_OK(pinpool_record_stream(pool, blk, (pinpool_stream_t)s));
   uint64_t id = BEGIN(pool, s, CU_STREAM_CAPTURE_MODE_GLOBAL);
   CT_OK(pinpool_free(pool, blk)); /* s captures: nothing recorded on it */
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.graph_held_blocks == 1 && st.events_recorded == 0,
             "graph-held %llu, events %llu",
             (unsigned long long)st.graph_held_blocks,
@@ -247,7 +218,7 @@ static void test_free_during_capture(void **state) {
   END(s);
   CT_OK(pinpool_graph_release(pool, id));
   /* Now the event is recorded on s: after the DMA, which still runs. */
-  st = stats(pool);
+  st = ct_stats(pool);
   CT_ASSERT(st.graph_held_blocks == 0 && st.events_recorded == 1 &&
                 st.pending_blocks == 1,
             "graph-held %llu, events %llu, pending %llu",
@@ -256,18 +227,13 @@ static void test_free_during_capture(void **state) {
             (unsigned long long)st.pending_blocks);
   NEVER(pool, blk);
   CT_OK(pinpool_process_events(pool));
-  CT_ASSERT(stats(pool).pending_blocks == 1, "left PENDING before the DMA");
+  CT_ASSERT(ct_stats(pool).pending_blocks == 1, "left PENDING before the DMA");
   ct_gate_open(gate);
   CT_OK(pinpool_synchronize(pool));
-  CT_ASSERT(stats(pool).pending_blocks == 0, "still pending");
+  CT_ASSERT(ct_stats(pool).pending_blocks == 0, "still pending");
   CT_ASSERT(COMES_BACK(pool, blk), "blk never came back");
   ct_gate_free(gate);
-  CT_OK(pinpool_validate(pool));
-  CT_FAKE_CLEAN();
-  pinpool_destroy(pool);
-  CT_ASSERT(ct_cu.stream_destroy(s) == CUDA_SUCCESS, "cuStreamDestroy");
-  CT_FAKE_BALANCED();
-  ct_ctx_leave();
+  FINISH(pool, s);
 }
 
 /* Used on an ordinary stream (a DMA in flight) and in a capture on
@@ -277,8 +243,8 @@ static void test_mixed_uses(void **state) {
   (void)state;
   require_capture();
   ct_ctx_enter();
-  CUstream a = new_stream(), c1 = new_stream(), c2 = new_stream();
-  pinpool_t *pool = CREATE("events=cuda,device=0");
+  CUstream a = ct_new_stream(), c1 = ct_new_stream(), c2 = ct_new_stream();
+  pinpool_t *pool = CT_CREATE("events=cuda,device=0");
   void *blk = NULL;
   CT_OK(pinpool_alloc(pool, BLOCK, &blk));
   ct_gate_t *gate = ct_gate_new(NULL, NULL);
@@ -293,12 +259,12 @@ static void test_mixed_uses(void **state) {
   END(c1);
   END(c2);
   CT_OK(pinpool_free(pool, blk));
-  CT_ASSERT(stats(pool).events_recorded == 0, "recorded before release");
+  CT_ASSERT(ct_stats(pool).events_recorded == 0, "recorded before release");
   CT_OK(pinpool_graph_release(pool, id2));
-  CT_ASSERT(stats(pool).graph_held_blocks == 1, "released by one of two");
+  CT_ASSERT(ct_stats(pool).graph_held_blocks == 1, "released by one of two");
   NEVER(pool, blk);
   CT_OK(pinpool_stream_graphs_release(pool, (pinpool_stream_t)c1));
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.graph_held_blocks == 0 && st.events_recorded == 1,
             "graph-held %llu, events %llu",
             (unsigned long long)st.graph_held_blocks,
@@ -308,15 +274,7 @@ static void test_mixed_uses(void **state) {
   CT_OK(pinpool_synchronize(pool));
   CT_ASSERT(COMES_BACK(pool, blk), "blk never came back");
   ct_gate_free(gate);
-  CT_OK(pinpool_validate(pool));
-  CT_FAKE_CLEAN();
-  pinpool_destroy(pool);
-  CT_ASSERT(ct_cu.stream_destroy(a) == CUDA_SUCCESS &&
-                ct_cu.stream_destroy(c1) == CUDA_SUCCESS &&
-                ct_cu.stream_destroy(c2) == CUDA_SUCCESS,
-            "cuStreamDestroy");
-  CT_FAKE_BALANCED();
-  ct_ctx_leave();
+  FINISH(pool, a, c1, c2);
 }
 
 /* A block used on more streams than settle keeps on its stack (16), one
@@ -328,15 +286,15 @@ static void test_many_streams(void **state) {
   enum { NS = 20 };
   CUstream s[NS];
   for (int i = 0; i < NS; i++)
-    s[i] = new_stream();
-  pinpool_t *pool = CREATE("events=cuda,device=0");
+    s[i] = ct_new_stream();
+  pinpool_t *pool = CT_CREATE("events=cuda,device=0");
   void *blk = NULL;
   CT_OK(pinpool_alloc(pool, BLOCK, &blk));
   for (int i = 0; i < NS; i++)
     CT_OK(pinpool_record_stream(pool, blk, (pinpool_stream_t)s[i]));
   (void)BEGIN(pool, s[NS - 1], CU_STREAM_CAPTURE_MODE_GLOBAL);
   CT_OK(pinpool_free(pool, blk));
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.graph_held_blocks == 1 && st.events_recorded == 0,
             "graph-held %llu, events %llu",
             (unsigned long long)st.graph_held_blocks,
@@ -344,18 +302,12 @@ static void test_many_streams(void **state) {
   END(s[NS - 1]);
   CT_OK(pinpool_stream_graphs_release(pool, (pinpool_stream_t)s[NS - 1]));
   CT_OK(pinpool_synchronize(pool));
-  st = stats(pool);
+  st = ct_stats(pool);
   CT_ASSERT(st.events_recorded == NS && st.pending_blocks == 0,
             "events %llu, pending %llu", (unsigned long long)st.events_recorded,
             (unsigned long long)st.pending_blocks);
   CT_ASSERT(COMES_BACK(pool, blk), "blk never came back");
-  CT_OK(pinpool_validate(pool));
-  CT_FAKE_CLEAN();
-  pinpool_destroy(pool);
-  for (int i = 0; i < NS; i++)
-    CT_ASSERT(ct_cu.stream_destroy(s[i]) == CUDA_SUCCESS, "cuStreamDestroy");
-  CT_FAKE_BALANCED();
-  ct_ctx_leave();
+  finish_(pool, s, NS, __FILE__, __LINE__);
 }
 
 /* ---- Reclaim while captures run --------------------------------------- */
@@ -402,8 +354,8 @@ static void *capture_main(void *arg) {
  * events. No capture may be broken. */
 static void reclaim_during_capture(const char *conf, int mode, bool own) {
   ct_ctx_enter();
-  CUstream a = new_stream(), cs = new_stream();
-  pinpool_t *pool = CREATE(conf);
+  CUstream a = ct_new_stream(), cs = ct_new_stream();
+  pinpool_t *pool = CT_CREATE(conf);
   enum { N = 8 };
   void *blk[N];
   ct_gate_t *gate = ct_gate_new(NULL, NULL);
@@ -437,7 +389,7 @@ static void reclaim_during_capture(const char *conf, int mode, bool own) {
   ct_gate_open(gate);
   CT_OK(pinpool_synchronize(pool));
   CT_FAKE_EQ("capture_violations", 0); /* no query broke the capture */
-  CT_ASSERT(stats(pool).pending_blocks == 0, "still pending");
+  CT_ASSERT(ct_stats(pool).pending_blocks == 0, "still pending");
   if (own) {
     END(cs);
   } else {
@@ -484,7 +436,7 @@ static void test_fake_detects_violation(void **state) {
   (void)state;
   require_capture();
   ct_ctx_enter();
-  CUstream s = new_stream();
+  CUstream s = ct_new_stream();
   CT_ASSERT(ct_cu.begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) ==
                 CUDA_SUCCESS,
             "begin");
@@ -612,7 +564,7 @@ static void test_threads(void **state) {
   (void)state;
   require_capture();
   ct_ctx_enter();
-  pinpool_t *pool = CREATE("events=cuda,device=0,background=1,poll_us=20");
+  pinpool_t *pool = CT_CREATE("events=cuda,device=0,background=1,poll_us=20");
   enum { T = 4, ROUNDS = 25 };
   static _Atomic(uint64_t) ids[T * ROUNDS];
   for (int i = 0; i < T * ROUNDS; i++)
@@ -641,7 +593,7 @@ static void test_threads(void **state) {
   (void)pthread_join(tr, NULL);
   CT_ASSERT(rel.failures == 0, "releaser: %d failures", rel.failures);
   CT_OK(pinpool_synchronize(pool));
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.pending_blocks == 0 && st.graph_held_blocks == 0,
             "pending %llu, graph-held %llu",
             (unsigned long long)st.pending_blocks,
@@ -658,14 +610,14 @@ static void test_bad_input(void **state) {
   (void)state;
   require_capture();
   ct_ctx_enter();
-  CUstream s = new_stream(), other = new_stream();
-  pinpool_t *pool = CREATE("events=cuda,device=0");
+  CUstream s = ct_new_stream(), other = ct_new_stream();
+  pinpool_t *pool = CT_CREATE("events=cuda,device=0");
   void *blk = NULL;
   CT_OK(pinpool_alloc(pool, BLOCK, &blk));
   uint64_t id = BEGIN(pool, s, CU_STREAM_CAPTURE_MODE_RELAXED);
   CT_OK(pinpool_record_stream(pool, blk, (pinpool_stream_t)s));
   CT_OK(pinpool_free(pool, blk));
-  pinpool_stats_t before = stats(pool);
+  pinpool_stats_t before = ct_stats(pool);
 
   int capturing = 0;
   uint64_t got = 0;
@@ -697,7 +649,7 @@ static void test_bad_input(void **state) {
   CT_RC(pinpool_record_stream(pool, b2, (pinpool_stream_t)other),
         PINPOOL_EDEVICE);
   CT_OK(pinpool_free(pool, b2));
-  pinpool_stats_t after = stats(pool);
+  pinpool_stats_t after = ct_stats(pool);
   CT_ASSERT(after.pending_blocks == before.pending_blocks &&
                 after.graph_held_blocks == before.graph_held_blocks &&
                 after.events_recorded == before.events_recorded,
@@ -708,19 +660,13 @@ static void test_bad_input(void **state) {
   CT_OK(pinpool_validate(pool));
 
   /* A pool whose provider has no capture. */
-  pinpool_t *sim = CREATE("events=simulated");
+  pinpool_t *sim = CT_CREATE("events=simulated");
   CT_RC(pinpool_stream_capture(sim, 1, &capturing, &got), PINPOOL_EBUSY);
   CT_RC(pinpool_graph_release(sim, 1), PINPOOL_EINVAL);
   CT_RC(pinpool_stream_graphs_release(sim, 1), PINPOOL_EINVAL);
   pinpool_destroy(sim);
 
-  CT_FAKE_CLEAN();
-  pinpool_destroy(pool);
-  CT_ASSERT(ct_cu.stream_destroy(s) == CUDA_SUCCESS &&
-                ct_cu.stream_destroy(other) == CUDA_SUCCESS,
-            "cuStreamDestroy");
-  CT_FAKE_BALANCED();
-  ct_ctx_leave();
+  FINISH(pool, s, other);
 }
 
 /* A block used on the legacy stream 0, freed while a capture runs: the
@@ -740,7 +686,7 @@ static void test_legacy_stream_during_capture(void **state) {
   (void)state;
   require_capture();
   ct_ctx_enter();
-  CUstream s = new_stream();
+  CUstream s = ct_new_stream();
   pinpool_hooks_t hooks = {NULL, NULL, on_error, NULL};
   pinpool_t *pool = NULL;
   CT_OK(pinpool_create_ex("events=cuda,device=0", &hooks, &pool));
@@ -750,7 +696,7 @@ static void test_legacy_stream_during_capture(void **state) {
   errors_seen = 0;
   uint64_t id = BEGIN(pool, s, CU_STREAM_CAPTURE_MODE_GLOBAL);
   CT_OK(pinpool_free(pool, blk));
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.event_errors == 1 && st.pending_blocks == 1 &&
                 st.graph_held_blocks == 0 && st.events_recorded == 0 &&
                 errors_seen == 1,
@@ -761,12 +707,7 @@ static void test_legacy_stream_during_capture(void **state) {
   END(s);
   CT_RC(pinpool_graph_release(pool, id), PINPOOL_EINVAL); /* never tied */
   NEVER(pool, blk);
-  CT_OK(pinpool_validate(pool));
-  CT_FAKE_CLEAN();
-  pinpool_destroy(pool);
-  CT_ASSERT(ct_cu.stream_destroy(s) == CUDA_SUCCESS, "cuStreamDestroy");
-  CT_FAKE_BALANCED();
-  ct_ctx_leave();
+  FINISH(pool, s);
 }
 
 /* A pool destroyed with blocks still held by graphs gives everything back. */
@@ -774,8 +715,8 @@ static void test_destroy_while_held(void **state) {
   (void)state;
   require_capture();
   ct_ctx_enter();
-  CUstream s = new_stream();
-  pinpool_t *pool = CREATE("backend=cuda,device=0,events=cuda");
+  CUstream s = ct_new_stream();
+  pinpool_t *pool = CT_CREATE("backend=cuda,device=0,events=cuda");
   void *blk[3];
   (void)BEGIN(pool, s, CU_STREAM_CAPTURE_MODE_GLOBAL);
   for (int i = 0; i < 3; i++) {
@@ -784,7 +725,7 @@ static void test_destroy_while_held(void **state) {
     CT_OK(pinpool_free(pool, blk[i]));
   }
   END(s);
-  CT_ASSERT(stats(pool).graph_held_blocks == 3, "not held");
+  CT_ASSERT(ct_stats(pool).graph_held_blocks == 3, "not held");
   CT_OK(pinpool_validate(pool));
   pinpool_destroy(pool);
   CT_ASSERT(ct_cu.stream_destroy(s) == CUDA_SUCCESS, "cuStreamDestroy");

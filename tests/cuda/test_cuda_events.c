@@ -37,28 +37,6 @@ static void require_events(void) {
   pinpool_destroy(pool);
 }
 
-static pinpool_t *create_(const char *conf, const pinpool_hooks_t *hooks,
-                          const char *file, int line) {
-  pinpool_t *pool = NULL;
-  ct_rc_(pinpool_create_ex(conf, hooks, &pool), 0, conf, file, line);
-  return pool;
-}
-#define CREATE(conf) create_((conf), NULL, __FILE__, __LINE__)
-
-static pinpool_stats_t stats(pinpool_t *pool) {
-  pinpool_stats_t st;
-  memset(&st, 0, sizeof st);
-  CT_OK(pinpool_get_stats(pool, &st));
-  return st;
-}
-
-static CUstream new_stream(void) {
-  CUstream s = NULL;
-  CT_ASSERT(ct_cu.stream_create(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS,
-            "cuStreamCreate");
-  return s;
-}
-
 static void fill(void *p, size_t n, unsigned seed) {
   unsigned char *b = p;
   for (size_t i = 0; i < n; i++)
@@ -85,32 +63,8 @@ static bool pending_is(pinpool_t *pool, void *arg) {
          st.pending_blocks == *(uint64_t *)arg;
 }
 
-/* Allocate BLOCK-sized blocks until `want` comes back (up to 256), failing
- * if one of avoid[0..navoid) does; free them all. Returns whether `want`
- * came back. */
-static bool alloc_until_(pinpool_t *pool, const void *want, void *const *avoid,
-                         int navoid, const char *file, int line) {
-  enum { MAX = 256 };
-  void *got[MAX];
-  bool found = false;
-  int n = 0;
-  for (; n < MAX && !found; n++) {
-    ct_rc_(pinpool_alloc(pool, BLOCK, &got[n]), 0, "pinpool_alloc", file, line);
-    for (int i = 0; i < navoid; i++)
-      if (got[n] == avoid[i]) {
-        print_error("ERROR: block %p handed out while it must not be\n",
-                    got[n]);
-        _fail(file, line);
-      }
-    memset(got[n], 0xee, BLOCK);
-    found = got[n] == want;
-  }
-  for (int i = 0; i < n; i++)
-    ct_rc_(pinpool_free(pool, got[i]), 0, "pinpool_free", file, line);
-  return found;
-}
 #define ALLOC_UNTIL(pool, want, avoid, navoid)                                 \
-  alloc_until_((pool), (want), (avoid), (navoid), __FILE__, __LINE__)
+  ct_alloc_until_((pool), BLOCK, (want), (avoid), (navoid), __FILE__, __LINE__)
 
 /* ---- A DMA in flight -------------------------------------------------- */
 typedef struct dma {
@@ -126,8 +80,8 @@ static void dma_copy(void *arg) {
 
 static void reuse_waits_for_dma(const char *conf) {
   ct_ctx_enter();
-  CUstream a = new_stream();
-  pinpool_t *pool = CREATE(conf);
+  CUstream a = ct_new_stream();
+  pinpool_t *pool = CT_CREATE(conf);
 
   void *blk = NULL;
   CT_OK(pinpool_alloc(pool, BLOCK, &blk));
@@ -141,7 +95,7 @@ static void reuse_waits_for_dma(const char *conf) {
 
   CT_OK(pinpool_record_stream(pool, blk, (pinpool_stream_t)a));
   CT_OK(pinpool_free(pool, blk));
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.pending_blocks == 1, "pending_blocks %llu",
             (unsigned long long)st.pending_blocks);
   CT_ASSERT(st.events_recorded == 1, "events_recorded %llu",
@@ -160,11 +114,11 @@ static void reuse_waits_for_dma(const char *conf) {
   for (int i = 0; i < 64; i++)
     CT_OK(pinpool_free(pool, got[i]));
   CT_ASSERT(!ct_gate_done(gate), "the gate opened by itself");
-  CT_ASSERT(stats(pool).pending_blocks == 1, "blk left PENDING early");
+  CT_ASSERT(ct_stats(pool).pending_blocks == 1, "blk left PENDING early");
 
   ct_gate_open(gate);
   CT_OK(pinpool_synchronize(pool));
-  st = stats(pool);
+  st = ct_stats(pool);
   CT_ASSERT(st.pending_blocks == 0, "still pending after synchronize");
   CT_ASSERT(st.events_completed == 1, "events_completed %llu",
             (unsigned long long)st.events_completed);
@@ -198,7 +152,7 @@ static void test_default_stream(void **state) {
   (void)state;
   require_events();
   ct_ctx_enter();
-  pinpool_t *pool = CREATE("backend=cuda,device=0,events=cuda");
+  pinpool_t *pool = CT_CREATE("backend=cuda,device=0,events=cuda");
   void *blk = NULL;
   CT_OK(pinpool_alloc(pool, BLOCK, &blk));
   ct_gate_t *gate = ct_gate_new(NULL, NULL);
@@ -207,7 +161,7 @@ static void test_default_stream(void **state) {
   CT_OK(pinpool_free(pool, blk));
   for (int i = 0; i < 8; i++) {
     CT_OK(pinpool_process_events(pool));
-    CT_ASSERT(stats(pool).pending_blocks == 1, "stream 0 event ignored");
+    CT_ASSERT(ct_stats(pool).pending_blocks == 1, "stream 0 event ignored");
   }
   ct_gate_open(gate);
   CT_ASSERT(ct_wait_until(pool, nothing_pending, NULL, WAIT_MS),
@@ -223,8 +177,8 @@ static void test_streams_out_of_order(void **state) {
   (void)state;
   require_events();
   ct_ctx_enter();
-  CUstream slow = new_stream(), fast = new_stream();
-  pinpool_t *pool = CREATE("backend=cuda,device=0,events=cuda");
+  CUstream slow = ct_new_stream(), fast = ct_new_stream();
+  pinpool_t *pool = CT_CREATE("backend=cuda,device=0,events=cuda");
   ct_gate_t *gate = ct_gate_new(NULL, NULL);
   ct_gate_queue(gate, slow); /* slow lags until the gate opens */
 
@@ -241,8 +195,8 @@ static void test_streams_out_of_order(void **state) {
   CT_OK(pinpool_free(pool, a));
   CT_OK(pinpool_free(pool, both));
   CT_OK(pinpool_free(pool, b));
-  CT_ASSERT(stats(pool).events_recorded == 4, "events_recorded %llu",
-            (unsigned long long)stats(pool).events_recorded);
+  CT_ASSERT(ct_stats(pool).events_recorded == 4, "events_recorded %llu",
+            (unsigned long long)ct_stats(pool).events_recorded);
 
   uint64_t two = 2;
   CT_ASSERT(ct_wait_until(pool, pending_is, &two, WAIT_MS),
@@ -251,11 +205,12 @@ static void test_streams_out_of_order(void **state) {
   void *lagging[2] = {a, both};
   CT_ASSERT(ALLOC_UNTIL(pool, b, lagging, 2),
             "the fast stream's block did not come back");
-  CT_ASSERT(stats(pool).pending_blocks == 2, "lagging blocks released early");
+  CT_ASSERT(ct_stats(pool).pending_blocks == 2,
+            "lagging blocks released early");
 
   ct_gate_open(gate);
   CT_OK(pinpool_synchronize(pool));
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.pending_blocks == 0 && st.events_completed == 4,
             "pending %llu, completed %llu",
             (unsigned long long)st.pending_blocks,
@@ -299,12 +254,11 @@ static bool one_error(pinpool_t *pool, void *arg) {
 /* `arm` makes the next event fail; the block must never come back. */
 static void event_error(void (*arm)(void), const char *needle) {
   ct_ctx_enter();
-  CUstream s = new_stream();
+  CUstream s = ct_new_stream();
   errlog_t log = {.calls = 0};
   pthread_mutex_init(&log.mu, NULL);
   pinpool_hooks_t hooks = {NULL, NULL, on_error, &log};
-  pinpool_t *pool =
-      create_("backend=cuda,device=0,events=cuda", &hooks, __FILE__, __LINE__);
+  pinpool_t *pool = CT_CREATE_EX("backend=cuda,device=0,events=cuda", &hooks);
   void *blk = NULL, *ok = NULL;
   CT_OK(pinpool_alloc(pool, BLOCK, &blk));
   CT_OK(pinpool_alloc(pool, BLOCK, &ok));
@@ -317,7 +271,7 @@ static void event_error(void (*arm)(void), const char *needle) {
   CT_ASSERT(ct_wait_until(pool, one_error, NULL, WAIT_MS),
             "the event error was not reported");
   CT_OK(pinpool_synchronize(pool)); /* returns despite the failed block */
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.event_errors == 1, "event_errors %llu",
             (unsigned long long)st.event_errors);
   pthread_mutex_lock(&log.mu);
@@ -333,7 +287,7 @@ static void event_error(void (*arm)(void), const char *needle) {
             "the block with a good event did not come back");
   CT_ASSERT(!ALLOC_UNTIL(pool, NULL, &blk, 1), "unreachable");
   CT_OK(pinpool_empty_cache(pool));
-  CT_ASSERT(stats(pool).reserved_bytes.current > 0,
+  CT_ASSERT(ct_stats(pool).reserved_bytes.current > 0,
             "the segment of the failed block was released");
   CT_OK(pinpool_validate(pool));
   pinpool_destroy(pool); /* releases it with everything else */
@@ -373,8 +327,8 @@ static void test_events_pooled(void **state) {
   (void)state;
   require_events();
   ct_ctx_enter();
-  CUstream s = new_stream();
-  pinpool_t *pool = CREATE("backend=cuda,device=0,events=cuda");
+  CUstream s = ct_new_stream();
+  pinpool_t *pool = CT_CREATE("backend=cuda,device=0,events=cuda");
   for (int i = 0; i < 200; i++) {
     void *p = NULL;
     CT_OK(pinpool_alloc(pool, 4096 << (i % 4), &p));
@@ -433,10 +387,10 @@ static void test_events_from_threads(void **state) {
   (void)state;
   require_events();
   ct_ctx_enter();
-  CUstream s[3] = {new_stream(), new_stream(), NULL};
+  CUstream s[3] = {ct_new_stream(), ct_new_stream(), NULL};
   CT_ASSERT(ct_fake.stream_delay(s[0], 50) == 0, "delay");
-  pinpool_t *pool = CREATE("backend=cuda,device=0,events=cuda,background=1,"
-                           "poll_us=200");
+  pinpool_t *pool = CT_CREATE("backend=cuda,device=0,events=cuda,background=1,"
+                              "poll_us=200");
   ev_worker_t w[4];
   for (int i = 0; i < 4; i++) {
     w[i] = (ev_worker_t){pool, {s[0], s[1], s[2]}, 0, (unsigned)i + 11u, 0};
@@ -449,7 +403,7 @@ static void test_events_from_threads(void **state) {
     CT_ASSERT(w[i].failures == 0, "thread %d: %d failed calls", i,
               w[i].failures);
   CT_OK(pinpool_synchronize(pool));
-  pinpool_stats_t st = stats(pool);
+  pinpool_stats_t st = ct_stats(pool);
   CT_ASSERT(st.pending_blocks == 0 && st.event_errors == 0,
             "pending %llu, errors %llu", (unsigned long long)st.pending_blocks,
             (unsigned long long)st.event_errors);

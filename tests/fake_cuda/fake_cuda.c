@@ -418,6 +418,19 @@ static void push_op_locked(fstream_t *s, op_t *o) {
  * its own; RELAXED minds none. Such a call fails with
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures it
  * conflicts with (counted: capture_violations). */
+/* Work for stream s (copies, graph launches): while s captures, a node of
+ * the graph and nothing runs now; else *o, set to `op`, goes to the
+ * stream's worker, which then owns it (*o becomes NULL). */
+static void queue_or_capture_locked(fstream_t *s, op_t **o, op_t op) {
+  if (s->cap != NULL) {
+    s->cap->nodes++;
+    return;
+  }
+  **o = op;
+  push_op_locked(s, *o);
+  *o = NULL;
+}
+
 static CUresult unsafe_call_locked(void) {
   if (tl_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
     return CUDA_SUCCESS;
@@ -488,18 +501,20 @@ static const err_desc_t *find_error(CUresult rc) {
   return NULL;
 }
 
-CUresult cuGetErrorString(CUresult rc, const char **s) {
-  (void)enter(E_cuGetErrorString, 0);
+/* cuGetErrorString and cuGetErrorName: the same lookup, either field. */
+static CUresult describe_error(int id, CUresult rc, const char **s, bool name) {
+  (void)enter(id, 0);
   const err_desc_t *e = find_error(rc);
-  *s = e != NULL ? e->text : NULL;
+  *s = e == NULL ? NULL : name ? e->name : e->text;
   return e != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+CUresult cuGetErrorString(CUresult rc, const char **s) {
+  return describe_error(E_cuGetErrorString, rc, s, false);
+}
+
 CUresult cuGetErrorName(CUresult rc, const char **s) {
-  (void)enter(E_cuGetErrorName, 0);
-  const err_desc_t *e = find_error(rc);
-  *s = e != NULL ? e->name : NULL;
-  return e != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  return describe_error(E_cuGetErrorName, rc, s, true);
 }
 
 /* ---- Init, devices, contexts ------------------------------------------ */
@@ -531,10 +546,16 @@ CUresult cuDeviceGetCount(int *count) {
   return rc;
 }
 
-CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
-  CUresult rc = enter_locked(E_cuDeviceGet, NEED_INIT);
-  if (rc == CUDA_SUCCESS && (ordinal < 0 || ordinal >= g.device_count))
+/* enter_locked for an entry point that takes a device ordinal. */
+static CUresult enter_device_locked(int id, int dev) {
+  CUresult rc = enter_locked(id, NEED_INIT);
+  if (rc == CUDA_SUCCESS && (dev < 0 || dev >= g.device_count))
     rc = CUDA_ERROR_INVALID_DEVICE;
+  return rc;
+}
+
+CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
+  CUresult rc = enter_device_locked(E_cuDeviceGet, ordinal);
   if (rc == CUDA_SUCCESS)
     *dev = ordinal;
   unlock();
@@ -552,9 +573,7 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
 }
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
-  CUresult rc = enter_locked(E_cuDevicePrimaryCtxRetain, NEED_INIT);
-  if (rc == CUDA_SUCCESS && (dev < 0 || dev >= g.device_count))
-    rc = CUDA_ERROR_INVALID_DEVICE;
+  CUresult rc = enter_device_locked(E_cuDevicePrimaryCtxRetain, dev);
   if (rc == CUDA_SUCCESS) {
     g.ctxs[dev].refs++;
     *ctx = (CUcontext)(void *)&g.ctxs[dev];
@@ -679,19 +698,31 @@ CUresult cuMemHostAlloc(void **p, size_t size, unsigned flags) {
   return rc;
 }
 
-CUresult cuMemFreeHost(void *p) {
-  CUresult rc = enter_locked(E_cuMemFreeHost, NEED_INIT | NEED_CTX);
-  range_t r = {0, 0, NULL, 0};
+/* The entry points that give back a range (cuMemFreeHost,
+ * cuMemHostUnregister, cuMemFree_v2): `p` must start one of `rs`, else the
+ * call is a bad one and fails with `unknown`. The range taken goes to
+ * *out ({0} if none), for the caller to unmap or free outside the lock. */
+static CUresult give_back_range(int id, ranges_t *rs, uintptr_t p,
+                                CUresult unknown, range_t *out) {
+  CUresult rc = enter_locked(id, NEED_INIT | NEED_CTX);
+  *out = (range_t){0, 0, NULL, 0};
   if (rc == CUDA_SUCCESS) {
-    long i = ranges_find(&g.host, (uintptr_t)p);
+    long i = ranges_find(rs, p);
     if (i < 0) {
       g.bad_calls++;
-      rc = CUDA_ERROR_INVALID_VALUE;
+      rc = unknown;
     } else {
-      r = ranges_take(&g.host, i);
+      *out = ranges_take(rs, i);
     }
   }
   unlock();
+  return rc;
+}
+
+CUresult cuMemFreeHost(void *p) {
+  range_t r;
+  CUresult rc = give_back_range(E_cuMemFreeHost, &g.host, (uintptr_t)p,
+                                CUDA_ERROR_INVALID_VALUE, &r);
   if (r.map != NULL)
     (void)munmap(r.map, r.map_size);
   return rc;
@@ -716,18 +747,9 @@ CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags) {
 }
 
 CUresult cuMemHostUnregister(void *p) {
-  CUresult rc = enter_locked(E_cuMemHostUnregister, NEED_INIT | NEED_CTX);
-  if (rc == CUDA_SUCCESS) {
-    long i = ranges_find(&g.reg, (uintptr_t)p);
-    if (i < 0) {
-      g.bad_calls++;
-      rc = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
-    } else {
-      (void)ranges_take(&g.reg, i);
-    }
-  }
-  unlock();
-  return rc;
+  range_t r; /* the caller's memory: nothing to unmap */
+  return give_back_range(E_cuMemHostUnregister, &g.reg, (uintptr_t)p,
+                         CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, &r);
 }
 
 /* What the driver knows of any address inside a range it allocated or
@@ -777,19 +799,10 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) {
-  CUresult rc = enter_locked(E_cuMemFree_v2, NEED_INIT | NEED_CTX);
-  void *m = NULL;
-  if (rc == CUDA_SUCCESS) {
-    long i = ranges_find(&g.dev, (uintptr_t)dptr);
-    if (i < 0) {
-      g.bad_calls++;
-      rc = CUDA_ERROR_INVALID_VALUE;
-    } else {
-      m = ranges_take(&g.dev, i).map;
-    }
-  }
-  unlock();
-  free(m);
+  range_t r;
+  CUresult rc = give_back_range(E_cuMemFree_v2, &g.dev, (uintptr_t)dptr,
+                                CUDA_ERROR_INVALID_VALUE, &r);
+  free(r.map);
   return rc;
 }
 
@@ -810,13 +823,9 @@ static CUresult copy_async(int id, void *dst, const void *src, size_t n,
     g.ctx_errors++;
     rc = CUDA_ERROR_INVALID_CONTEXT;
   }
-  if (rc == CUDA_SUCCESS && s->cap != NULL) {
-    s->cap->nodes++; /* a node of the graph: nothing runs now */
-  } else if (rc == CUDA_SUCCESS) {
-    *o = (op_t){.kind = OP_COPY, .dst = dst, .src = src, .n = n};
-    push_op_locked(s, o);
-    o = NULL;
-  }
+  if (rc == CUDA_SUCCESS)
+    queue_or_capture_locked(
+        s, &o, (op_t){.kind = OP_COPY, .dst = dst, .src = src, .n = n});
   unlock();
   free(o);
   return rc;
@@ -963,9 +972,11 @@ CUresult cuEventRecord(CUevent ev, CUstream stream) {
   return rc;
 }
 
-CUresult cuEventQuery(CUevent ev) {
+/* cuEventQuery and cuEventSynchronize: the same checks; a query answers
+ * NOT_READY where a synchronize waits. */
+static CUresult event_status(int id, CUevent ev, bool wait) {
   fevent_t *e = (fevent_t *)(void *)ev;
-  CUresult rc = enter_locked(E_cuEventQuery, NEED_INIT | NEED_CTX);
+  CUresult rc = enter_locked(id, NEED_INIT | NEED_CTX);
   if (rc == CUDA_SUCCESS && !event_usable_locked(e))
     rc = CUDA_ERROR_INVALID_HANDLE;
   if (rc == CUDA_SUCCESS)
@@ -974,32 +985,20 @@ CUresult cuEventQuery(CUevent ev) {
     g.captured_event_uses++;
     rc = CUDA_ERROR_CAPTURED_EVENT;
   } else if (rc == CUDA_SUCCESS) {
-    if (e->completed < e->recorded)
-      rc = CUDA_ERROR_NOT_READY;
-    else
-      rc = e->error;
+    while (wait && e->completed < e->recorded)
+      (void)pthread_cond_wait(&g.done_cv, &g.mu);
+    rc = e->completed < e->recorded ? CUDA_ERROR_NOT_READY : e->error;
   }
   unlock();
   return rc;
 }
 
+CUresult cuEventQuery(CUevent ev) {
+  return event_status(E_cuEventQuery, ev, false);
+}
+
 CUresult cuEventSynchronize(CUevent ev) {
-  fevent_t *e = (fevent_t *)(void *)ev;
-  CUresult rc = enter_locked(E_cuEventSynchronize, NEED_INIT | NEED_CTX);
-  if (rc == CUDA_SUCCESS && !event_usable_locked(e))
-    rc = CUDA_ERROR_INVALID_HANDLE;
-  if (rc == CUDA_SUCCESS)
-    rc = unsafe_call_locked();
-  if (rc == CUDA_SUCCESS && e->captured) {
-    g.captured_event_uses++;
-    rc = CUDA_ERROR_CAPTURED_EVENT;
-  } else if (rc == CUDA_SUCCESS) {
-    while (e->completed < e->recorded)
-      (void)pthread_cond_wait(&g.done_cv, &g.mu);
-    rc = e->error;
-  }
-  unlock();
-  return rc;
+  return event_status(E_cuEventSynchronize, ev, true);
 }
 
 CUresult cuEventDestroy_v2(CUevent ev) {
@@ -1123,8 +1122,10 @@ CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
   return rc;
 }
 
-CUresult cuGraphDestroy(CUgraph graph) {
-  CUresult rc = enter_locked(E_cuGraphDestroy, NEED_INIT | NEED_CTX);
+/* cuGraphDestroy and cuGraphExecDestroy: both are a heap node count that
+ * counts in live_graphs. */
+static CUresult graph_free(int id, void *graph) {
+  CUresult rc = enter_locked(id, NEED_INIT | NEED_CTX);
   if (rc == CUDA_SUCCESS && graph == NULL)
     rc = CUDA_ERROR_INVALID_VALUE;
   if (rc == CUDA_SUCCESS)
@@ -1133,6 +1134,10 @@ CUresult cuGraphDestroy(CUgraph graph) {
   if (rc == CUDA_SUCCESS)
     free(graph);
   return rc;
+}
+
+CUresult cuGraphDestroy(CUgraph graph) {
+  return graph_free(E_cuGraphDestroy, (void *)graph);
 }
 
 /* An executable graph runs nothing (the fake keeps no nodes' work): a
@@ -1163,28 +1168,15 @@ CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
   fstream_t *s = rc == CUDA_SUCCESS ? resolve_stream_locked(stream) : NULL;
   if (rc == CUDA_SUCCESS && s == NULL)
     rc = CUDA_ERROR_OUT_OF_MEMORY;
-  if (rc == CUDA_SUCCESS && s->cap != NULL) {
-    s->cap->nodes++;
-  } else if (rc == CUDA_SUCCESS) {
-    *o = (op_t){.kind = OP_FN};
-    push_op_locked(s, o);
-    o = NULL;
-  }
+  if (rc == CUDA_SUCCESS)
+    queue_or_capture_locked(s, &o, (op_t){.kind = OP_FN});
   unlock();
   free(o);
   return rc;
 }
 
 CUresult cuGraphExecDestroy(CUgraphExec exec) {
-  CUresult rc = enter_locked(E_cuGraphExecDestroy, NEED_INIT | NEED_CTX);
-  if (rc == CUDA_SUCCESS && exec == NULL)
-    rc = CUDA_ERROR_INVALID_VALUE;
-  if (rc == CUDA_SUCCESS)
-    g.live_graphs--;
-  unlock();
-  if (rc == CUDA_SUCCESS)
-    free(exec);
-  return rc;
+  return graph_free(E_cuGraphExecDestroy, (void *)exec);
 }
 
 /* ---- cuGetProcAddress ------------------------------------------------- */
@@ -1311,10 +1303,46 @@ int fake_cuda_set(const char *key, long long value) {
   return rc;
 }
 
+/* The counters of g that fake_cuda_get reads under their own name. */
+#define COUNTER(name)                                                          \
+  { #name, &g.name }
+static const struct {
+  const char *key;
+  const long long *value;
+} plain_counters[] = {
+    COUNTER(live_events),
+    COUNTER(live_streams),
+    COUNTER(ctx_errors),
+    COUNTER(bad_calls),
+    COUNTER(pushes),
+    COUNTER(pops),
+    COUNTER(last_host_alloc_flags),
+    COUNTER(last_register_flags),
+    COUNTER(last_event_flags),
+    COUNTER(last_proc_flags),
+    COUNTER(ops_pending),
+    COUNTER(captured_records),
+    COUNTER(capture_violations),
+    COUNTER(captured_event_uses),
+    COUNTER(live_graphs),
+};
+#undef COUNTER
+
+static bool plain_counter_locked(const char *key, long long *v) {
+  for (size_t i = 0; i < sizeof plain_counters / sizeof plain_counters[0]; i++)
+    if (strcmp(key, plain_counters[i].key) == 0) {
+      *v = *plain_counters[i].value;
+      return true;
+    }
+  return false;
+}
+
 long long fake_cuda_get(const char *key) {
   long long v = -1;
   lock();
-  if (strncmp(key, "calls:", 6) == 0) {
+  if (plain_counter_locked(key, &v)) {
+    /* v is set */
+  } else if (strncmp(key, "calls:", 6) == 0) {
     int i = find_entry(key + 6);
     if (i >= 0)
       v = g.calls[i];
@@ -1328,52 +1356,22 @@ long long fake_cuda_get(const char *key) {
     v = ranges_bytes(&g.host);
   } else if (strcmp(key, "registered_bytes") == 0) {
     v = ranges_bytes(&g.reg);
-  } else if (strcmp(key, "live_events") == 0) {
-    v = g.live_events;
-  } else if (strcmp(key, "live_streams") == 0) {
-    v = g.live_streams;
-  } else if (strcmp(key, "ctx_errors") == 0) {
-    v = g.ctx_errors;
-  } else if (strcmp(key, "bad_calls") == 0) {
-    v = g.bad_calls;
-  } else if (strcmp(key, "pushes") == 0) {
-    v = g.pushes;
-  } else if (strcmp(key, "pops") == 0) {
-    v = g.pops;
   } else if (strcmp(key, "unpopped") == 0) {
     v = g.pushes - g.pops;
   } else if (strcmp(key, "primary_refs") == 0) {
     v = 0;
     for (int i = 0; i < MAX_DEVICES; i++)
       v += g.ctxs[i].refs;
-  } else if (strcmp(key, "last_host_alloc_flags") == 0) {
-    v = g.last_host_alloc_flags;
-  } else if (strcmp(key, "last_register_flags") == 0) {
-    v = g.last_register_flags;
-  } else if (strcmp(key, "last_event_flags") == 0) {
-    v = g.last_event_flags;
-  } else if (strcmp(key, "last_proc_flags") == 0) {
-    v = g.last_proc_flags;
   } else if (strcmp(key, "has_proc_address") == 0) {
 #ifdef FAKE_NO_PROC_ADDRESS
     v = 0;
 #else
     v = 1;
 #endif
-  } else if (strcmp(key, "ops_pending") == 0) {
-    v = g.ops_pending;
-  } else if (strcmp(key, "captured_records") == 0) {
-    v = g.captured_records;
-  } else if (strcmp(key, "capture_violations") == 0) {
-    v = g.capture_violations;
-  } else if (strcmp(key, "captured_event_uses") == 0) {
-    v = g.captured_event_uses;
   } else if (strcmp(key, "live_captures") == 0) {
     v = 0;
     for (fstream_t *s = g.capturing; s != NULL; s = s->cap_next)
       v++;
-  } else if (strcmp(key, "live_graphs") == 0) {
-    v = g.live_graphs;
   }
   unlock();
   return v;
