@@ -121,8 +121,8 @@ static void test_register_numa_local(void **state) {
   CPU_ZERO(&one);
   CPU_SET(0, &one);
   pinned = pinned && sched_setaffinity(0, sizeof one, &one) == 0;
-  pinpool_t *pool = CREATE("backend=cuda-register,device=0,numa=local,"
-                           "numa_fake_nodes=2");
+  pinpool_t *pool = CT_CREATE("backend=cuda-register,device=0,numa=local,"
+                              "numa_fake_nodes=2");
   unsigned nodes = 0;
   CT_OK(pinpool_numa_nodes(pool, &nodes));
   CT_ASSERT(nodes == 2, "%u nodes", nodes);
