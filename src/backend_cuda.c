@@ -107,7 +107,7 @@ static int register_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
     return rc;
   pp_cu_result_t cr = pp_cuda_push(b->cuda);
   if (cr != PP_CU_SUCCESS) {
-    pp_host_unmap(p, size);
+    pp_host_unmap(&b->cfg, p, size);
     return cuda_error(b, cr, "cuCtxPushCurrent before cuMemHostRegister", size);
   }
   size_t off = 0, piece = 0;
@@ -127,7 +127,7 @@ static int register_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
     unregister_pieces(b, p, off); /* the pieces before the failed one */
   pp_cuda_pop(b->cuda);
   if (cr != PP_CU_SUCCESS) {
-    pp_host_unmap(p, size);
+    pp_host_unmap(&b->cfg, p, size);
     if (size <= b->cfg.register_max)
       return cuda_error(b, cr, "cuMemHostRegister", size);
     char what[96];
@@ -150,7 +150,7 @@ static void register_free(void *ctx, void *ptr, size_t size) {
     unregister_pieces(b, ptr, size);
     pp_cuda_pop(b->cuda);
   }
-  pp_host_unmap(ptr, size);
+  pp_host_unmap(&b->cfg, ptr, size);
 }
 
 static void cuda_destroy(void *ctx) { free(ctx); }
