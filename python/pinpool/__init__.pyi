@@ -67,6 +67,8 @@ class _Stats(TypedDict):
     max_reserved: int
     graph_held_blocks: int
     graph_held_bytes: int
+    lent_blocks: int
+    lent_bytes: int
     reclaim: _Duration
     backend_alloc: _Duration
     backend_free: _Duration
