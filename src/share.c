@@ -829,8 +829,8 @@ static int check_slot(const wchunk_t *c, const pinpool_share_handle_t *h) {
   uint64_t g2 = pp_load_relaxed(&sl->gen);
 #ifdef PINPOOL_MUTANT_SHARE_NO_GEN
   /* Mutant (docs/verification.md): the generation is not compared. */
+  (void)g;
   (void)g2;
-  g = h->generation;
 #else
   if (g != h->generation || g2 != g)
     return pp_fail(PINPOOL_ESTALE,
