@@ -637,7 +637,6 @@ PINPOOL_API int pinpool_buffer_export(pinpool_buffer_t *buf, unsigned flags,
  * Errors: PINPOOL_EINVAL (NULL). */
 PINPOOL_API int pinpool_export_release(const pinpool_export_t *exp);
 
-
 /* ---- Sharing with other processes (docs/sharing.md) ----------------------
  * A pool created with shared=1 backs its chunks with sealed memfds. Its
  * owner lends an allocated block to another process: the handle below plus
@@ -656,18 +655,18 @@ PINPOOL_API int pinpool_export_release(const pinpool_export_t *exp);
 #define PINPOOL_SHARE_MAGIC 0x68737070u /* "ppsh" */
 #define PINPOOL_SHARE_VERSION 1u
 typedef struct pinpool_share_handle {
-  uint32_t magic;      /* PINPOOL_SHARE_MAGIC */
-  uint32_t version;    /* PINPOOL_SHARE_VERSION */
-  uint64_t nonce;      /* the owning pool's random identity */
-  int32_t owner_pid;   /* the owner's process id (information) */
-  int32_t owner_fd;    /* the chunk's descriptor number in the owner */
-  uint64_t chunk_id;   /* the chunk, within the pool */
-  uint64_t chunk_size; /* its bytes (the memfd has a control area after) */
-  uint64_t dev, ino;   /* the memfd's st_dev and st_ino */
-  uint64_t offset;     /* the block, from the chunk's start */
-  uint64_t length;     /* its bytes (its block size) */
-  uint64_t generation; /* the lend */
-  uint32_t slot;       /* the lend's slot in the chunk's control area */
+  uint32_t magic;       /* PINPOOL_SHARE_MAGIC */
+  uint32_t version;     /* PINPOOL_SHARE_VERSION */
+  uint64_t nonce;       /* the owning pool's random identity */
+  int32_t owner_pid;    /* the owner's process id (information) */
+  int32_t owner_fd;     /* the chunk's descriptor number in the owner */
+  uint64_t chunk_id;    /* the chunk, within the pool */
+  uint64_t chunk_size;  /* its bytes (the memfd has a control area after) */
+  uint64_t dev, ino;    /* the memfd's st_dev and st_ino */
+  uint64_t offset;      /* the block, from the chunk's start */
+  uint64_t length;      /* its bytes (its block size) */
+  uint64_t generation;  /* the lend */
+  uint32_t slot;        /* the lend's slot in the chunk's control area */
   uint32_t reserved[3]; /* 0 */
 } pinpool_share_handle_t;
 
@@ -742,9 +741,8 @@ PINPOOL_API int pinpool_share_detach(void *ptr);
  * handle is consumed and its descriptor lost, or the sender's in-flight
  * limit), PINPOOL_EBADHANDLE (not a pinpool handle, or several
  * descriptors: all closed), PINPOOL_EBACKEND (another socket error). */
-PINPOOL_API int pinpool_share_send(int sock,
-                                   const pinpool_share_handle_t *handle,
-                                   int fd);
+PINPOOL_API int
+pinpool_share_send(int sock, const pinpool_share_handle_t *handle, int fd);
 PINPOOL_API int pinpool_share_recv(int sock, pinpool_share_handle_t *handle,
                                    int *fd);
 

@@ -150,9 +150,10 @@ static int forked_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
   (void)ctx;
   (void)out;
   (void)flags;
-  return pp_fail(PINPOOL_EFORKED,
-                 "a CUDA or shared pool in a child of fork: cannot allocate %zu bytes",
-                 size);
+  return pp_fail(
+      PINPOOL_EFORKED,
+      "a CUDA or shared pool in a child of fork: cannot allocate %zu bytes",
+      size);
 }
 static void forked_free(void *ctx, void *ptr, size_t size) {
   (void)ctx;

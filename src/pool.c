@@ -1023,8 +1023,9 @@ int pinpool_empty_cache(pinpool_t *pool) {
   pp_mutex_unlock(&pool->reg_lock);
 #endif
   if (pp_unlikely(pool->forked_cuda))
-    return pp_fail(PINPOOL_EFORKED,
-                   "pinpool_empty_cache: a CUDA or shared pool in a child of fork");
+    return pp_fail(
+        PINPOOL_EFORKED,
+        "pinpool_empty_cache: a CUDA or shared pool in a child of fork");
   /* The cache before the busy section: finding it may take pp_global_lock,
    * which a fork holds while it waits for busy sections. */
   pp_tls_way_t *w = pp_tls_way(pool->id);

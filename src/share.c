@@ -571,8 +571,8 @@ int pinpool_lend(pinpool_t *pool, void *ptr, int peer,
   pp_store_relaxed(&slot->peer, (uint64_t)peer);
   pp_store_release(&slot->gen, gen); /* publishes offset and length */
   p->nlends++;
-  s->lends[s->nlends++] = (lend_t){ptr,  bs,  c,           si,
-                                   peer, gen, pp_now_ns(), realtime_ns()};
+  s->lends[s->nlends++] =
+      (lend_t){ptr, bs, c, si, peer, gen, pp_now_ns(), realtime_ns()};
   pp_fetch_add_relaxed(&s->lent_bytes, bs);
   pp_store_release(&s->nlent, s->nlends);
   *out = (pinpool_share_handle_t){.magic = PINPOOL_SHARE_MAGIC,
@@ -789,12 +789,12 @@ static int check_fd(const pinpool_share_handle_t *h, int fd) {
                    "expected shrink, grow and seal (and no write seal)",
                    fd, (unsigned)seals);
   if ((uint64_t)st.st_size != h->chunk_size + ctl_bytes(h->chunk_size))
-    return pp_fail(PINPOOL_EBADHANDLE,
-                   "pinpool_share_attach: descriptor %d is %lld bytes, the "
-                   "handle's chunk %llu",
-                   fd, (long long)st.st_size,
-                   (unsigned long long)(h->chunk_size +
-                                        ctl_bytes(h->chunk_size)));
+    return pp_fail(
+        PINPOOL_EBADHANDLE,
+        "pinpool_share_attach: descriptor %d is %lld bytes, the "
+        "handle's chunk %llu",
+        fd, (long long)st.st_size,
+        (unsigned long long)(h->chunk_size + ctl_bytes(h->chunk_size)));
   int fl = fcntl(fd, F_GETFL);
   if (fl < 0 || (fl & O_ACCMODE) != O_RDWR)
     return pp_fail(PINPOOL_EBADHANDLE,
@@ -847,8 +847,7 @@ static int check_slot(const wchunk_t *c, const pinpool_share_handle_t *h) {
   return 0;
 }
 
-int pinpool_share_attach(const pinpool_share_handle_t *h, int fd,
-                         void **out) {
+int pinpool_share_attach(const pinpool_share_handle_t *h, int fd, void **out) {
   if (h == NULL || out == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_share_attach: NULL argument");
   int rc = check_handle(h);
@@ -883,8 +882,9 @@ int pinpool_share_attach(const pinpool_share_handle_t *h, int fd,
     if (c == NULL) {
       rc = pp_fail(PINPOOL_ENOMEM, "pinpool_share_attach: out of memory");
     } else {
-      *c = (wchunk_t){NULL,     h->dev, h->ino, h->nonce, h->chunk_id,
-                      h->chunk_size, NULL, NULL,  ctl_bytes(h->chunk_size),
+      *c = (wchunk_t){NULL,     h->dev,      h->ino,
+                      h->nonce, h->chunk_id, h->chunk_size,
+                      NULL,     NULL,        ctl_bytes(h->chunk_size),
                       0};
       /* The control area read-only: a worker's bug cannot corrupt the
        * generations other workers check. */

@@ -33,9 +33,9 @@
 #include "internal.h" /* pp_share_worker_chunks */
 
 #include <dirent.h>
-#include <grp.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -299,8 +299,8 @@ static void expect_stale(const pinpool_share_handle_t *h, int fd,
   void *w = NULL;
   int rc = pinpool_share_attach(h, fd, &w);
   if (rc != PINPOOL_ESTALE)
-    PP_FAIL("stale handle attached (%s): returned %d, not PINPOOL_ESTALE",
-            what, rc);
+    PP_FAIL("stale handle attached (%s): returned %d, not PINPOOL_ESTALE", what,
+            rc);
   PP_ASSERT(strstr(pinpool_last_error(), "stale") != NULL, "%s",
             pinpool_last_error());
   PP_ASSERT(pp_share_worker_chunks() == 0, "nothing stays mapped");
@@ -516,8 +516,8 @@ static void test_forged(void **state) {
   as_file(&f, m);
   expect_bad(&f, m, PINPOOL_EBADHANDLE, "a memfd without seals");
   (void)close(m);
-  m = sealed_memfd(fsize, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL |
-                              F_SEAL_WRITE);
+  m = sealed_memfd(fsize,
+                   F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL | F_SEAL_WRITE);
   f = h;
   as_file(&f, m);
   expect_bad(&f, m, PINPOOL_EBADHANDLE, "a write-sealed memfd");
