@@ -36,6 +36,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,7 +209,7 @@ static int socket_worker(int sock) {
 
 static void test_socket(void **state) {
   (void)state;
-  pinpool_t *pool = shared_pool(CONF);
+  pinpool_t *pool = shared_pool(CONF ",hugepages=1");
   int sv[2];
   PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
   pid_t pid = fork();
@@ -862,6 +863,120 @@ static void test_snapshot(void **state) {
   pinpool_destroy(pool);
 }
 
+/* ---- backend=cuda-register (the fake driver, PINPOOL_LIBCUDA) ---------- */
+static void test_cuda_register(void **state) {
+  (void)state;
+  if (getenv("PINPOOL_LIBCUDA") == NULL) {
+    print_message("no PINPOOL_LIBCUDA: skipped\n");
+    return;
+  }
+  int fds0 = count_fds();
+  /* A refused registration gives the chunk back (its memfd closed, as
+   * the descriptor count at the end shows); a pageable fallback chunk is a
+   * memfd too. */
+  const char *confs[] = {
+      "shared=1,mlock=0,backend=cuda-register,device=0,fault=register:1",
+      "shared=1,mlock=0,backend=cuda-register,device=0,fault=register:1,"
+      "pin_failure=pageable"};
+  for (int k = 0; k < 2; k++) {
+    pinpool_t *pool = shared_pool(confs[k]);
+    void *p = NULL;
+    int rc = pinpool_alloc(pool, 1 * MiB, &p);
+    /* k 0: the refused chunk was given back and the allocation retried
+     * (the retry after ENOMEM); k 1: the pageable fallback. */
+    PP_OK(rc);
+    pinpool_stats_t st = pp_stats_of(pool);
+    PP_ASSERT(
+        k == 0 ? st.retries == 1 && st.locked_bytes > 0 : st.fallback_bytes > 0,
+        "k %d: retries %llu, fallback %llu", k, (unsigned long long)st.retries,
+        (unsigned long long)st.fallback_bytes);
+    pinpool_share_handle_t h;
+    int fd;
+    PP_OK(pinpool_lend(pool, p, getpid(), &h, &fd));
+    void *w = NULL;
+    PP_OK(pinpool_share_attach(&h, fd, &w));
+    fill(w, 1 * MiB, 11);
+    PP_OK(pinpool_share_detach(w));
+    PP_OK(pinpool_lend_return(pool, &h));
+    PP_ASSERT(filled(p, 1 * MiB, 11), "seen by the owner");
+    PP_OK(pinpool_free(pool, p));
+    PP_CHECK_CONSISTENT(pool);
+    pinpool_destroy(pool);
+  }
+  PP_ASSERT(count_fds() == fds0, "descriptors: %d before, %d after", fds0,
+            count_fds());
+}
+
+/* ---- threads: lends, attaches, returns, frees and snapshots at once ---- */
+typedef struct tctx {
+  pinpool_t *pool;
+  int id, err;
+} tctx_t;
+
+static void *lend_thread(void *arg) {
+  tctx_t *t = arg;
+  for (int i = 0; i < 150 && t->err == 0; i++) {
+    size_t n = (size_t)(4 + (i % 5) * 60) * KiB;
+    void *p = NULL, *w = NULL;
+    pinpool_share_handle_t h;
+    int fd;
+    if (pinpool_alloc(t->pool, n, &p) != 0 ||
+        pinpool_lend(t->pool, p, getpid(), &h, &fd) != 0 ||
+        pinpool_share_attach(&h, fd, &w) != 0) {
+      t->err = 1;
+      break;
+    }
+    memset(w, t->id, n);
+    if (pinpool_share_detach(w) != 0 || pinpool_lend_return(t->pool, &h) != 0)
+      t->err = 2;
+    const unsigned char *c = p;
+    if (c[0] != (unsigned char)t->id || c[n - 1] != (unsigned char)t->id)
+      t->err = 3;
+    if (pinpool_free(t->pool, p) != 0)
+      t->err = 4;
+  }
+  return NULL;
+}
+
+static void *watch_thread(void *arg) {
+  tctx_t *t = arg;
+  for (int i = 0; i < 20 && t->err == 0; i++) {
+    char *text = NULL;
+    size_t len = 0;
+    pinpool_stats_t st;
+    size_t n = 0;
+    if (pinpool_snapshot_write_mem(t->pool, &text, &len, 0) != 0 ||
+        pinpool_get_stats(t->pool, &st) != 0 ||
+        pinpool_lend_reclaim_exited(t->pool, 0, &n) != 0 || n != 0)
+      t->err = 5;
+    pinpool_snapshot_free(text);
+  }
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  (void)state;
+  pinpool_t *pool = shared_pool(CONF);
+  pthread_t th[4];
+  tctx_t ctx[4];
+  for (int i = 0; i < 4; i++) {
+    ctx[i] = (tctx_t){pool, i + 1, 0};
+    PP_ASSERT(pthread_create(&th[i], NULL, i < 3 ? lend_thread : watch_thread,
+                             &ctx[i]) == 0,
+              "pthread_create");
+  }
+  for (int i = 0; i < 4; i++) {
+    (void)pthread_join(th[i], NULL);
+    PP_ASSERT(ctx[i].err == 0, "thread %d: error %d (%s)", i, ctx[i].err,
+              pinpool_last_error());
+  }
+  pinpool_stats_t st = pp_stats_of(pool);
+  PP_ASSERT(st.lent_blocks == 0 && st.blocks.current == 0, "all back");
+  PP_ASSERT(pp_share_worker_chunks() == 0, "nothing mapped");
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
 int main(void) {
   pp_clean_env();
   const struct CMUnitTest tests[] = {
@@ -870,7 +985,8 @@ int main(void) {
       cmocka_unit_test(test_stale),    cmocka_unit_test(test_sigkill),
       cmocka_unit_test(test_forged),   cmocka_unit_test(test_sealed),
       cmocka_unit_test(test_limits),   cmocka_unit_test(test_bad_input),
-      cmocka_unit_test(test_snapshot),
+      cmocka_unit_test(test_snapshot), cmocka_unit_test(test_cuda_register),
+      cmocka_unit_test(test_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
