@@ -352,7 +352,7 @@ int pp_share_chunk_publish(pp_share_t *s, pp_schunk_t *c) {
   pp_mutex_lock(&s->lock);
   if (s->nchunks == s->cchunks) {
     size_t n = s->cchunks == 0 ? 16 : s->cchunks * 2;
-    pp_schunk_t **t = realloc(s->chunks, n * sizeof *t);
+    pp_schunk_t **t = realloc(s->chunks, n * sizeof(pp_schunk_t *));
     if (t == NULL) {
       pp_mutex_unlock(&s->lock);
       return pp_fail(PINPOOL_ENOMEM, "shared pool: out of memory");
@@ -362,7 +362,7 @@ int pp_share_chunk_publish(pp_share_t *s, pp_schunk_t *c) {
   }
   size_t i = chunk_upper(s, c->base);
   memmove(&s->chunks[i + 1], &s->chunks[i],
-          (s->nchunks - i) * sizeof s->chunks[0]);
+          (s->nchunks - i) * sizeof(pp_schunk_t *));
   s->chunks[i] = c;
   s->nchunks++;
   pp_mutex_unlock(&s->lock);
@@ -375,7 +375,7 @@ void pp_share_chunk_drop(pp_share_t *s, void *base, size_t size) {
   if (c != NULL && c->base == (uintptr_t)base) {
     size_t i = chunk_upper(s, c->base) - 1;
     memmove(&s->chunks[i], &s->chunks[i + 1],
-            (s->nchunks - i - 1) * sizeof s->chunks[0]);
+            (s->nchunks - i - 1) * sizeof(pp_schunk_t *));
     s->nchunks--;
   } else {
     c = NULL;
@@ -558,7 +558,7 @@ int pinpool_lend(pinpool_t *pool, void *ptr, int peer,
   }
   if (rc == 0)
     rc = peer_get(s, peer, &p);
-  if (rc != 0) {
+  if (rc != 0 || p == NULL) {
     pp_mutex_unlock(&s->lock);
     return rc;
   }
@@ -789,12 +789,12 @@ static int check_fd(const pinpool_share_handle_t *h, int fd) {
                    "expected shrink, grow and seal (and no write seal)",
                    fd, (unsigned)seals);
   if ((uint64_t)st.st_size != h->chunk_size + ctl_bytes(h->chunk_size))
-    return pp_fail(
-        PINPOOL_EBADHANDLE,
-        "pinpool_share_attach: descriptor %d is %lld bytes, the "
-        "handle's chunk %llu",
-        fd, (long long)st.st_size,
-        (unsigned long long)(h->chunk_size + ctl_bytes(h->chunk_size)));
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_share_attach: descriptor %d is %lld bytes, the "
+                   "handle's chunk %llu",
+                   fd, (long long)st.st_size,
+                   (unsigned long long)h->chunk_size +
+                       ctl_bytes(h->chunk_size));
   int fl = fcntl(fd, F_GETFL);
   if (fl < 0 || (fl & O_ACCMODE) != O_RDWR)
     return pp_fail(PINPOOL_EBADHANDLE,
@@ -899,22 +899,24 @@ int pinpool_share_attach(const pinpool_share_handle_t *h, int fd, void **out) {
       }
     }
   }
-  if (rc == 0)
+  if (rc == 0 && c == NULL) /* (cannot be: each branch above set rc) */
+    rc = pp_fail(PINPOOL_ECORRUPT, "pinpool_share_attach: no chunk");
+  if (rc == 0 && c != NULL)
     rc = check_slot(c, h);
-  if (rc == 0 && fresh) {
+  if (rc == 0 && c != NULL && fresh) {
     c->base = mmap(NULL, c->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (c->base == MAP_FAILED)
       rc = map_fail(errno, "chunk", c->size);
   }
-  if (rc != 0) {
-    if (fresh) {
+  if (rc != 0 || c == NULL) {
+    if (fresh && c != NULL) {
       if (c->base != NULL && c->base != MAP_FAILED)
         (void)munmap(c->base, c->size);
       (void)munmap(c->ctl, c->ctl_len);
       free(c);
     }
     pp_mutex_unlock(&wk.lock);
-    return rc;
+    return rc != 0 ? rc : PINPOOL_ECORRUPT;
   }
   if (fresh) {
     c->next = wk.chunks;
