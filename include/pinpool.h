@@ -58,8 +58,17 @@ PINPOOL_API const char *pinpool_version(void);
  *  PINPOOL_ENODRIVER   CUDA requested but unusable: no driver library, the
  *                      toolkit's stub library, no device, or no context
  *  PINPOOL_EDEVICE     an event provider reported a device error
- *  PINPOOL_EFORKED     a pool that uses CUDA, in a child of fork(): the
- *                      driver cannot be used there (docs/api.md, "Fork") */
+ *  PINPOOL_EFORKED     a pool that uses CUDA, or a shared pool, in a child
+ *                      of fork(): the driver cannot be used there, and a
+ *                      shared pool's memory is the parent's (docs/api.md,
+ *                      "Fork")
+ *  PINPOOL_ESTALE      a lend handle whose lend has ended: the block was
+ *                      returned, reclaimed, freed or reused since
+ *  PINPOOL_EBADHANDLE  a lend handle or descriptor that does not match:
+ *                      forged, corrupt, another pool's, another file
+ *  PINPOOL_ELIMIT      a process limit was reached (RLIMIT_NOFILE; the
+ *                      message names it)
+ *  PINPOOL_ECLOSED     the peer closed the socket */
 #define PINPOOL_OK 0
 #define PINPOOL_EINVAL (-1)
 #define PINPOOL_ENOMEM (-2)
@@ -75,6 +84,10 @@ PINPOOL_API const char *pinpool_version(void);
 #define PINPOOL_ENODRIVER (-12)
 #define PINPOOL_EDEVICE (-13)
 #define PINPOOL_EFORKED (-14)
+#define PINPOOL_ESTALE (-15)
+#define PINPOOL_EBADHANDLE (-16)
+#define PINPOOL_ELIMIT (-17)
+#define PINPOOL_ECLOSED (-18)
 
 /* A static string naming the code ("PINPOOL_ENOMEM: out of memory ...").
  * Unknown codes give "unknown pinpool error". Thread-safe. */
@@ -373,6 +386,10 @@ typedef struct pinpool_stats {
    * thread's node was out of memory, and their block bytes. */
   uint64_t numa_spill_blocks;
   uint64_t numa_spill_bytes;
+  /* shared=1 (docs/sharing.md): blocks lent to other processes now, and
+   * their bytes (of block_bytes: a lent block is allocated). */
+  uint64_t lent_blocks;
+  uint64_t lent_bytes;
 } pinpool_stats_t;
 
 /* Fill *out. `current` values are exact when no other thread is inside a
@@ -653,6 +670,115 @@ PINPOOL_API int pinpool_buffer_export(pinpool_buffer_t *buf, unsigned flags,
  * freed, and so are the block and the buffer if this was their last hold.
  * Errors: PINPOOL_EINVAL (NULL). */
 PINPOOL_API int pinpool_export_release(const pinpool_export_t *exp);
+
+/* ---- Sharing with other processes (docs/sharing.md) ----------------------
+ * A pool created with shared=1 backs its chunks with sealed memfds. Its
+ * owner lends an allocated block to another process: the handle below plus
+ * the chunk's descriptor, passed over a Unix socket (pinpool_share_send /
+ * pinpool_share_recv) or inherited by a child forked after the chunk was
+ * made (handle.owner_fd is then valid in the child). The worker attaches
+ * the handle (the chunk is mapped once per process), fills the block,
+ * detaches and sends the handle back; the owner calls pinpool_lend_return
+ * and may then read, record streams on and free the block. While a block
+ * is lent, pinpool_free refuses it (PINPOOL_EBUSY).
+ *
+ * The handle is plain data, fixed size, meant to be copied byte for byte
+ * between processes of the same machine. generation identifies one lend
+ * (never 0, never reused by the pool): a handle whose lend has ended is
+ * refused at attach with PINPOOL_ESTALE. */
+#define PINPOOL_SHARE_MAGIC 0x68737070u /* "ppsh" */
+#define PINPOOL_SHARE_VERSION 1u
+typedef struct pinpool_share_handle {
+  uint32_t magic;       /* PINPOOL_SHARE_MAGIC */
+  uint32_t version;     /* PINPOOL_SHARE_VERSION */
+  uint64_t nonce;       /* the owning pool's random identity */
+  int32_t owner_pid;    /* the owner's process id (information) */
+  int32_t owner_fd;     /* the chunk's descriptor number in the owner */
+  uint64_t chunk_id;    /* the chunk, within the pool */
+  uint64_t chunk_size;  /* its bytes (the memfd has a control area after) */
+  uint64_t dev, ino;    /* the memfd's st_dev and st_ino */
+  uint64_t offset;      /* the block, from the chunk's start */
+  uint64_t length;      /* its bytes (its block size) */
+  uint64_t generation;  /* the lend */
+  uint32_t slot;        /* the lend's slot in the chunk's control area */
+  uint32_t reserved[3]; /* 0 */
+} pinpool_share_handle_t;
+
+/* Owner: lend the allocated block `ptr` of a shared pool to process `peer`
+ * (its pid, > 0: reclaim and the death check use it). Fills *handle and
+ * stores the chunk's descriptor in *fd: the pool's own (close-on-exec, do
+ * not close it; valid while the block is lent), to send with
+ * pinpool_share_send or to leave to a child forked later. Errors (nothing
+ * changes): PINPOOL_EINVAL (NULL argument, peer <= 0 or no such process,
+ * the pool is not shared), PINPOOL_ENOTOWNED / PINPOOL_EINTERIOR /
+ * PINPOOL_EDOUBLEFREE (as pinpool_free), PINPOOL_EBUSY (lent already, or
+ * the chunk's lend slots are all in use), PINPOOL_ELIMIT (no descriptor
+ * for the peer's pidfd), PINPOOL_ENOMEM, PINPOOL_EFORKED. Thread-safe;
+ * lending a block while another thread frees it is the caller's race. */
+PINPOOL_API int pinpool_lend(pinpool_t *pool, void *ptr, int peer,
+                             pinpool_share_handle_t *handle, int *fd);
+
+/* Owner: the worker handed the block back (it sent the handle back): the
+ * lend ends, the handle becomes stale, the block is the owner's again
+ * (still allocated). Errors (nothing changes): PINPOOL_EINVAL,
+ * PINPOOL_EBADHANDLE (not this pool's, or fields that do not describe the
+ * lend), PINPOOL_ESTALE (the lend ended already), PINPOOL_EFORKED. */
+PINPOOL_API int pinpool_lend_return(pinpool_t *pool,
+                                    const pinpool_share_handle_t *handle);
+
+/* Reclaim flag: also pinpool_free every reclaimed block. */
+#define PINPOOL_RECLAIM_FREE 1u
+
+/* Owner: end every lend to process `peer` (-1: every lend), as if each
+ * had been returned; with PINPOOL_RECLAIM_FREE also free the blocks. For a
+ * worker that died, or a connection that closed. *count (may be NULL):
+ * lends ended. Errors: PINPOOL_EINVAL (peer 0 or < -1, unknown flags, not
+ * shared), PINPOOL_EFORKED; with PINPOOL_RECLAIM_FREE, the first error of
+ * a free (every lend is ended anyway). */
+PINPOOL_API int pinpool_lend_reclaim(pinpool_t *pool, int peer, unsigned flags,
+                                     size_t *count);
+
+/* Owner: pinpool_lend_reclaim for every peer process that has exited
+ * (checked with the pidfd the pool opened at its first lend, immune to pid
+ * reuse; a zombie counts as exited). Does not wait. */
+PINPOOL_API int pinpool_lend_reclaim_exited(pinpool_t *pool, unsigned flags,
+                                            size_t *count);
+
+/* Worker: map the block of `handle` and store its address in *out. fd is
+ * the chunk's descriptor as received (not consumed: close it when you
+ * like, the mapping stays); -1 is allowed if this process has the chunk
+ * mapped already (another attached block of it). The descriptor is
+ * checked first: an open memfd, read-write, of the handle's inode, the
+ * handle's size, sealed against shrinking and growing. Then the chunk's
+ * control area: the pool's nonce, the chunk's id, and the lend itself.
+ * Errors (nothing mapped or changed): PINPOOL_EINVAL (NULL argument, no
+ * descriptor and the chunk not mapped), PINPOOL_EBADHANDLE (forged or
+ * corrupt handle, wrong descriptor, a file that is not the chunk, missing
+ * seals), PINPOOL_ESTALE (the lend has ended), PINPOOL_ENOMEM /
+ * PINPOOL_EBACKEND (mmap). Thread-safe; works in any process, the owner's
+ * included. */
+PINPOOL_API int pinpool_share_attach(const pinpool_share_handle_t *handle,
+                                     int fd, void **out);
+
+/* Worker: forget an attached block (the address pinpool_share_attach
+ * gave); the chunk is unmapped when its last attached block goes. Send the
+ * handle back to the owner after this. Errors: PINPOOL_EINVAL (NULL, not
+ * attached). Thread-safe. */
+PINPOOL_API int pinpool_share_detach(void *ptr);
+
+/* Send a handle, and the descriptor fd (>= 0) with it, over a connected
+ * Unix socket (SCM_RIGHTS); fd -1 sends the handle alone (a return).
+ * Receive one with pinpool_share_recv: *fd is the descriptor received
+ * (close-on-exec; the caller owns it) or -1. Errors: PINPOOL_EINVAL,
+ * PINPOOL_ECLOSED (the peer closed the socket), PINPOOL_ELIMIT (a
+ * descriptor limit: the receiver's RLIMIT_NOFILE, in which case the
+ * handle is consumed and its descriptor lost, or the sender's in-flight
+ * limit), PINPOOL_EBADHANDLE (not a pinpool handle, or several
+ * descriptors: all closed), PINPOOL_EBACKEND (another socket error). */
+PINPOOL_API int
+pinpool_share_send(int sock, const pinpool_share_handle_t *handle, int fd);
+PINPOOL_API int pinpool_share_recv(int sock, pinpool_share_handle_t *handle,
+                                   int *fd);
 
 #ifdef __cplusplus
 }

@@ -289,7 +289,7 @@ static const char *const dict_key_names[] = {
     "fallback_blocks", "peak_slack_bytes", "reserve_bytes", "max_cached",
     "max_reserved", "reclaim", "backend_alloc", "backend_free",
     "graph_held_blocks", "graph_held_bytes", "numa_spill_blocks",
-    "numa_spill_bytes",
+    "numa_spill_bytes", "lent_blocks", "lent_bytes",
     /* attrs_dict */
     "host_accessible", "device_accessible", "device_id", "page_locked",
     "numa_node", "huge_pages", "huge_advised", "backend"};
@@ -405,7 +405,9 @@ static PyObject *Pool_stats(PyObject *obj, PyObject *unused) {
                 {"graph_held_blocks", st.graph_held_blocks},
                 {"graph_held_bytes", st.graph_held_bytes},
                 {"numa_spill_blocks", st.numa_spill_blocks},
-                {"numa_spill_bytes", st.numa_spill_bytes}};
+                {"numa_spill_bytes", st.numa_spill_bytes},
+                {"lent_blocks", st.lent_blocks},
+                {"lent_bytes", st.lent_bytes}};
   for (size_t i = 0; i < sizeof stats / sizeof stats[0]; i++)
     if (set_obj(d, stats[i].name, stat_dict(stats[i].s)) != 0)
       goto fail;

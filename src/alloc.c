@@ -342,7 +342,7 @@ __attribute__((noinline)) static int alloc_general(pinpool_t *pool, size_t size,
                    size);
   if (pp_unlikely(pool->forked_cuda))
     return pp_fail(PINPOOL_EFORKED,
-                   "pinpool_alloc: a CUDA pool in a child of fork");
+                   "pinpool_alloc: a CUDA or shared pool in a child of fork");
   pp_tcache_t *tc = tcache_get(pool);
   if (tc == NULL)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
@@ -638,7 +638,14 @@ __attribute__((noinline)) static int free_general(pinpool_t *pool, void *ptr,
     return rc;
   if (pp_unlikely(pool->forked_cuda))
     return pp_fail(PINPOOL_EFORKED,
-                   "pinpool_free: a CUDA pool in a child of fork");
+                   "pinpool_free: a CUDA or shared pool in a child of fork");
+  /* A lent block is the worker's until it comes back (docs/sharing.md). A
+   * free racing with a lend of the same block is the caller's race. */
+  if (pp_unlikely(pool->share != NULL) && pp_share_is_lent(pool->share, ptr))
+    return pp_fail(PINPOOL_EBUSY,
+                   "pinpool_free: block %p is lent to another process "
+                   "(pinpool_lend_return or pinpool_lend_reclaim first)",
+                   ptr);
   /* The cache only now, so that a pointer that is not ours creates
    * nothing; but before the state flips, after which we must not fail. */
   pp_tcache_t *tc = tcache_get(pool);
@@ -697,7 +704,8 @@ int pinpool_free(pinpool_t *pool, void *ptr) {
    * is checked, instead of holding up the claim's locked instruction
    * (which waits for every earlier store). */
   pp_tls_way_t *way;
-  if (pp_likely(pool != NULL && ptr != NULL &&
+  /* A shared pool's frees take the general path, which checks lends. */
+  if (pp_likely(pool != NULL && ptr != NULL && pool->share == NULL &&
                 (way = pp_tls_way(pool->id))->pool_id == pool->id &&
                 pp_load_relaxed(&pp_tls.busy) == 0)) {
     pp_tcache_t *tc = way->tc;

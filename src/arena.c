@@ -121,7 +121,7 @@ static int backend_alloc(pinpool_t *pool, unsigned node, void *hint,
   if (rc == 0 && (uintptr_t)*mem + size > ((uintptr_t)1 << PP_MAP_ADDR_BITS)) {
     /* Segments carved from it could never be mapped (segmap.c). */
     if (*flags & PP_SEG_FALLBACK)
-      pp_host_unmap(*mem, size);
+      pp_host_unmap(&pool->cfg, *mem, size);
     else
       pool->prov.free(pool->prov.ctx, *mem, size);
     rc = pp_fail(PINPOOL_EBACKEND,
@@ -147,7 +147,7 @@ static void backend_free(pinpool_t *pool, void *mem, size_t size,
                          unsigned flags) {
   uint64_t t0 = pp_now_ns();
   if (flags & PP_SEG_FALLBACK) {
-    pp_host_unmap(mem, size); /* never the driver's: pin_fallback */
+    pp_host_unmap(&pool->cfg, mem, size); /* never the driver's: pin_fallback */
     pp_fetch_sub_relaxed(&pool->gs.fallback_bytes, size);
   } else {
     pool->prov.free(pool->prov.ctx, mem, size);

@@ -113,7 +113,7 @@ static int register_alloc_node(void *ctx, void *hint, size_t size, int node,
     return rc;
   pp_cu_result_t cr = pp_cuda_push(b->cuda);
   if (cr != PP_CU_SUCCESS) {
-    pp_host_unmap(p, size);
+    pp_host_unmap(&b->cfg, p, size);
     return cuda_error(b, cr, "cuCtxPushCurrent before cuMemHostRegister", size);
   }
   size_t off = 0, piece = 0;
@@ -133,7 +133,7 @@ static int register_alloc_node(void *ctx, void *hint, size_t size, int node,
     unregister_pieces(b, p, off); /* the pieces before the failed one */
   pp_cuda_pop(b->cuda);
   if (cr != PP_CU_SUCCESS) {
-    pp_host_unmap(p, size);
+    pp_host_unmap(&b->cfg, p, size);
     if (size <= b->cfg.register_max)
       return cuda_error(b, cr, "cuMemHostRegister", size);
     char what[96];
@@ -160,7 +160,7 @@ static void register_free(void *ctx, void *ptr, size_t size) {
     unregister_pieces(b, ptr, size);
     pp_cuda_pop(b->cuda);
   }
-  pp_host_unmap(ptr, size);
+  pp_host_unmap(&b->cfg, ptr, size);
 }
 
 static void cuda_destroy(void *ctx) { free(ctx); }

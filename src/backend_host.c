@@ -169,12 +169,66 @@ static char *map_at_hint(void *hint, size_t size) {
 #endif
 }
 
+/* Populate [p, p + size) (and lock it, lock_err non-NULL), as pp_host_map
+ * says; 0 or the errno of a failed populate (the range is left mapped). */
+static int populate_lock(const pp_config_t *cfg, char *p, size_t size,
+                         unsigned nthreads, int *lock_err) {
+  unsigned nt = populate_nt(cfg, size, nthreads);
+  bool locked = false;
+  int err = cfg->populate && pp_fault_hit(cfg, PP_FAULT_POPULATE) ? ENOMEM : 0;
+  if (err == 0 && lock_err != NULL) {
+    /* Lock and populate in one pass. Refused (RLIMIT_MEMLOCK, or injected as
+     * EPERM): undo any part that was locked, populate as without mlock. */
+    *lock_err =
+        pp_fault_hit(cfg, PP_FAULT_MLOCK) ? EPERM : populate(p, size, nt, true);
+    locked = *lock_err == 0;
+    if (!locked)
+      (void)munlock(p, size);
+  }
+  if (err == 0 && !locked && cfg->populate)
+    err = populate(p, size, nt, false);
+  return err;
+}
+
+/* shared=1: the chunk is a sealed memfd mapped MAP_SHARED (share.c),
+ * placed, populated and locked here, in the owner only. No hint: a block
+ * must lie in one chunk (one descriptor), so chunks never form runs. */
+static int map_shared(const pp_config_t *cfg, size_t size, unsigned nthreads,
+                      int *lock_err, void **out, unsigned *flags) {
+  void *base = NULL;
+  pp_schunk_t *ck = NULL;
+  int rc = pp_share_chunk_new(cfg->share, size, cfg->hugepages, &base, &ck);
+  if (rc != 0)
+    return rc;
+  char *p = base;
+  if (cfg->hugepages && madvise(p, size, MADV_HUGEPAGE) == 0)
+    *flags |= PP_SEG_HUGE;
+  rc = bind_node(p, size, cfg->numa_node);
+  if (rc == 0) {
+    int err = populate_lock(cfg, p, size, nthreads, lock_err);
+    if (err != 0)
+      rc = pp_fail(err == ENOMEM ? PINPOOL_ENOMEM : PINPOOL_EBACKEND,
+                   "host backend: populating %zu bytes failed: %s", size,
+                   strerror(err));
+  }
+  if (rc == 0)
+    rc = pp_share_chunk_publish(cfg->share, ck);
+  if (rc != 0) {
+    pp_share_chunk_abort(ck);
+    return rc;
+  }
+  *out = p;
+  return 0;
+}
+
 int pp_host_map(const pp_config_t *cfg, void *hint, size_t size,
                 unsigned nthreads, int *lock_err, void **out, unsigned *flags) {
+  *flags = 0;
+  if (cfg->share != NULL)
+    return map_shared(cfg, size, nthreads, lock_err, out, flags);
   bool huge = cfg->hugepages;
   size_t map = huge ? size + HUGE_ALIGN : size;
   char *p = MAP_FAILED;
-  *flags = 0;
   if (hint != NULL && (!huge || ((uintptr_t)hint & (HUGE_ALIGN - 1)) == 0)) {
     p = map_at_hint(hint, size);
     if (p != MAP_FAILED) {
@@ -211,27 +265,19 @@ int pp_host_map(const pp_config_t *cfg, void *hint, size_t size,
     (void)munmap(p, size);
     return rc;
   }
-  unsigned nt = populate_nt(cfg, size, nthreads);
-  bool locked = false;
-  int err = cfg->populate && pp_fault_hit(cfg, PP_FAULT_POPULATE) ? ENOMEM : 0;
-  if (err == 0 && lock_err != NULL) {
-    /* Lock and populate in one pass. Refused (RLIMIT_MEMLOCK, or injected as
-     * EPERM): undo any part that was locked, populate as without mlock. */
-    *lock_err =
-        pp_fault_hit(cfg, PP_FAULT_MLOCK) ? EPERM : populate(p, size, nt, true);
-    locked = *lock_err == 0;
-    if (!locked)
-      (void)munlock(p, size);
-  }
-  if (err == 0 && !locked && cfg->populate)
-    err = populate(p, size, nt, false);
+  int err = populate_lock(cfg, p, size, nthreads, lock_err);
   if (err != 0)
     return populate_failed(p, size, size, err);
   *out = p;
   return 0;
 }
 
-void pp_host_unmap(void *p, size_t size) { (void)munmap(p, size); }
+void pp_host_unmap(const pp_config_t *cfg, void *p, size_t size) {
+  if (cfg->share != NULL)
+    pp_share_chunk_drop(cfg->share, p, size);
+  else
+    (void)munmap(p, size);
+}
 
 static int host_alloc_at(void *ctx, void *hint, size_t size, void **out,
                          unsigned *flags) {
@@ -251,7 +297,7 @@ static int host_alloc_at(void *ctx, void *hint, size_t size, void **out,
       if (h->cfg.mlock == PP_MLOCK_REQUIRE) {
         struct rlimit rl = {0, 0};
         (void)getrlimit(RLIMIT_MEMLOCK, &rl);
-        (void)munmap(p, size);
+        pp_host_unmap(&h->cfg, p, size);
         return pp_fail(PINPOOL_ENOMEM,
                        "host backend: mlock of %zu bytes failed (%s); "
                        "RLIMIT_MEMLOCK is %llu bytes and mlock=require",
@@ -273,9 +319,9 @@ static int host_alloc_node(void *ctx, void *hint, size_t size, int node,
 }
 
 static void host_free(void *ctx, void *ptr, size_t size) {
-  (void)ctx;
+  const host_ctx_t *h = ctx;
   /* munmap drops any mlock with the mapping. */
-  (void)munmap(ptr, size);
+  pp_host_unmap(&h->cfg, ptr, size);
 }
 
 static int host_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
@@ -294,7 +340,9 @@ int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out) {
   out->alloc = host_alloc;
   out->free = host_free;
   out->destroy = host_destroy;
-  out->alloc_at = host_alloc_at;
-  out->alloc_node = host_alloc_node;
+  /* A shared pool's blocks never cross chunks (one descriptor each), and
+   * its chunks are memfds (numa=local is refused with shared=1). */
+  out->alloc_at = cfg->share != NULL ? NULL : host_alloc_at;
+  out->alloc_node = cfg->share != NULL ? NULL : host_alloc_node;
   return 0;
 }

@@ -69,6 +69,7 @@ static const key_desc_t keys[] = {
     {"numa", K_NUMA, CFG_OFF(numa), 0, 0},
     {"numa_spill", K_BOOL, CFG_OFF(numa_spill), 0, 0},
     {"numa_fake_nodes", K_UINT, CFG_OFF(numa_fake_nodes), 1, PP_NUMA_MAX},
+    {"shared", K_BOOL, CFG_OFF(shared), 0, 0},
     {"fault", K_FAULT, CFG_OFF(fault_site), 0, 0},
 };
 
@@ -451,6 +452,21 @@ int pp_config_parse(const char *text, bool user_backend, bool user_events,
   if (c.numa != PP_NUMA_LOCAL && (seen_numa_spill || c.numa_fake_nodes != 0))
     return pp_fail(PINPOOL_ECONFIG, "config: key '%s' requires numa=local",
                    c.numa_fake_nodes != 0 ? "numa_fake_nodes" : "numa_spill");
+  /* Shared pools (docs/sharing.md): chunks are memfds the pool maps and
+   * pins itself, so a backend that allocates its own memory cannot be one. */
+  if (c.shared && c.backend != PP_BACKEND_HOST &&
+      c.backend != PP_BACKEND_CUDA_REGISTER)
+    return pp_fail(PINPOOL_ECONFIG,
+                   "config: key 'shared': needs backend=host or "
+                   "backend=cuda-register (the backend is %s)",
+                   c.backend == PP_BACKEND_CUDA     ? "cuda"
+                   : c.backend == PP_BACKEND_MALLOC ? "malloc"
+                                                    : "a user backend");
+  if (c.shared && c.numa == PP_NUMA_LOCAL)
+    return pp_fail(PINPOOL_ECONFIG,
+                   "config: keys 'shared' and 'numa=local' are not supported "
+                   "together (a shared pool's chunks are memfds; the "
+                   "per-node placement binds anonymous memory)");
   /* Pieces are cut at the segment's page size (2 MiB with hugepages). */
   uint64_t piece_unit = c.hugepages ? (uint64_t)2 << 20 : PP_PAGE;
   if (c.register_max < piece_unit || c.register_max % piece_unit != 0)
@@ -505,7 +521,7 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
       "hugepages=%d,populate=%d,populate_threads=%u,populate_parallel_min=%"
       "llu,tcache_bytes=%llu,shards=%u%s%s,background=%d,poll_us=%u,"
       "sim_delay_us=%u,cuda_flags=%s,register_threads=%u,register_max=%llu,"
-      "device=%d,numa_node=%d%s",
+      "device=%d,numa_node=%d%s%s",
       backend_name ? "backend=" : "", backend_name ? backend_name : "",
       backend_name ? "," : "", (unsigned long long)c->max_cached,
       c->max_cached_pct, (unsigned long long)c->max_reserved,
@@ -516,7 +532,7 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
       (unsigned long long)c->tcache_bytes, c->shards, ev ? ",events=" : "",
       ev ? ev : "", c->background ? 1 : 0, c->poll_us, c->sim_delay_us, flags,
       c->register_threads, (unsigned long long)c->register_max, c->device,
-      c->numa_node, numa);
+      c->numa_node, numa, c->shared ? ",shared=1" : "");
   if (n >= 0 && c->fault_site != PP_FAULT_NONE) {
     size_t used = (size_t)n;
     int m = snprintf(used < len ? buf + used : NULL,

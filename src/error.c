@@ -46,7 +46,17 @@ const char *pinpool_strerror(int err) {
   case PINPOOL_EDEVICE:
     return "PINPOOL_EDEVICE: the device reported an error for an event";
   case PINPOOL_EFORKED:
-    return "PINPOOL_EFORKED: a CUDA pool cannot be used in a child of fork";
+    return "PINPOOL_EFORKED: a CUDA or shared pool cannot be used in a child "
+           "of fork";
+  case PINPOOL_ESTALE:
+    return "PINPOOL_ESTALE: the lend of this handle has ended (stale handle)";
+  case PINPOOL_EBADHANDLE:
+    return "PINPOOL_EBADHANDLE: handle or descriptor does not match (forged, "
+           "another pool's or another file)";
+  case PINPOOL_ELIMIT:
+    return "PINPOOL_ELIMIT: a process limit was reached (RLIMIT_NOFILE)";
+  case PINPOOL_ECLOSED:
+    return "PINPOOL_ECLOSED: the peer closed the socket";
   default:
     return "unknown pinpool error";
   }

@@ -100,6 +100,8 @@ static void pool_lock_all(pinpool_t *pool) {
   /* Leaves. */
   pp_streams_fork(pool, PP_FORK_PREPARE);
   pp_hist_fork_lock(pool);
+  if (pool->share != NULL)
+    pp_share_fork(pool->share, PP_FORK_PREPARE);
   if (pool->has_events && pool->ev.atfork != NULL)
     pool->ev.atfork(pool->ev.ctx, PP_FORK_PREPARE);
 }
@@ -107,6 +109,8 @@ static void pool_lock_all(pinpool_t *pool) {
 static void pool_unlock_all(pinpool_t *pool, int phase) {
   if (pool->has_events && pool->ev.atfork != NULL)
     pool->ev.atfork(pool->ev.ctx, phase);
+  if (pool->share != NULL)
+    pp_share_fork(pool->share, phase);
   pp_hist_fork_unlock(pool);
   pp_streams_fork(pool, phase);
   pp_mutex_unlock(&pool->idle_lock);
@@ -123,9 +127,11 @@ static void fork_prepare(void) {
   pp_mutex_lock(&pools_lock);
   for (pinpool_t *p = pools; p != NULL; p = p->reg_next)
     pool_lock_all(p);
+  pp_share_worker_fork(PP_FORK_PREPARE); /* a leaf */
 }
 
 static void fork_parent(void) {
+  pp_share_worker_fork(PP_FORK_PARENT);
   /* Any order: nothing else runs until pools_lock goes. */
   for (pinpool_t *p = pools; p != NULL; p = p->reg_next)
     pool_unlock_all(p, PP_FORK_PARENT);
@@ -133,7 +139,7 @@ static void fork_parent(void) {
   pp_tcache_fork_parent();
 }
 
-/* ---- CUDA in the child -------------------------------------------------
+/* ---- CUDA (and shared pools) in the child ------------------------------
  * The driver's state does not survive fork (CUDA's documentation: a child
  * must not use a context of its parent), and the driver marks pinned
  * memory MADV_DONTFORK, so the child may not even have the pages. The
@@ -144,9 +150,10 @@ static int forked_alloc(void *ctx, size_t size, void **out, unsigned *flags) {
   (void)ctx;
   (void)out;
   (void)flags;
-  return pp_fail(PINPOOL_EFORKED,
-                 "a CUDA pool in a child of fork: cannot allocate %zu bytes",
-                 size);
+  return pp_fail(
+      PINPOOL_EFORKED,
+      "a CUDA or shared pool in a child of fork: cannot allocate %zu bytes",
+      size);
 }
 static int forked_alloc_node(void *ctx, void *hint, size_t size, int node,
                              void **out, unsigned *flags) {
@@ -163,12 +170,12 @@ static int forked_record(void *ctx, pinpool_stream_t s, void **event) {
   (void)ctx;
   (void)s;
   (void)event;
-  return pp_fail(PINPOOL_EFORKED, "a CUDA pool in a child of fork");
+  return pp_fail(PINPOOL_EFORKED, "a CUDA or shared pool in a child of fork");
 }
 static int forked_query(void *ctx, void *event) {
   (void)ctx;
   (void)event;
-  return pp_fail(PINPOOL_EFORKED, "a CUDA pool in a child of fork");
+  return pp_fail(PINPOOL_EFORKED, "a CUDA or shared pool in a child of fork");
 }
 static void forked_release(void *ctx, void *event) {
   (void)ctx;
@@ -193,9 +200,13 @@ static void cut_off_cuda(pinpool_t *pool) {
 }
 
 static void fork_child(void) {
+  pp_share_worker_fork(PP_FORK_CHILD);
   for (pinpool_t *p = pools; p != NULL; p = p->reg_next) {
     pool_unlock_all(p, PP_FORK_CHILD);
-    if (p->cuda != NULL)
+    /* A shared pool's chunks are MAP_SHARED: a block the child handed out
+     * would be memory the parent uses. The child may attach lent blocks
+     * with the descriptors it inherited (docs/sharing.md) instead. */
+    if (p->cuda != NULL || p->share != NULL)
       cut_off_cuda(p);
   }
   pp_mutex_unlock(&pools_lock);

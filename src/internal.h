@@ -253,6 +253,11 @@ typedef struct pp_config {
    * call counter lives in the pool and is shared, through this pointer, by
    * the providers' copies of the config. */
   int fault_site; /* PP_FAULT_*, 0: none */
+  /* shared=1 (share.c): chunks are memfds. The pool's sharing state,
+   * shared through this pointer by the providers' copies of the config
+   * (as `fault`). */
+  bool shared;
+  struct pp_share *share;
   uint64_t fault_n, fault_count;
   struct pp_fault *fault;
 } pp_config_t;
@@ -322,11 +327,43 @@ int pp_backend_host_open(const pp_config_t *cfg, pp_provider_t *out);
  * the segment is populated unlocked. */
 int pp_host_map(const pp_config_t *cfg, void *hint, size_t size,
                 unsigned nthreads, int *lock_err, void **out, unsigned *flags);
-void pp_host_unmap(void *p, size_t size);
+/* Undo pp_host_map (a shared pool's chunk: its memfd closed too). */
+void pp_host_unmap(const pp_config_t *cfg, void *p, size_t size);
 /* 0 if NUMA node `node` exists (node 0 always does), else ECONFIG. */
 int pp_numa_check(int node);
 int pp_backend_malloc_open(const pp_config_t *cfg, pp_provider_t *out);
 int pp_backend_user_open(const pinpool_backend_t *user, pp_provider_t *out);
+
+/* share.c: chunks of a shared pool (docs/sharing.md). The host backend
+ * makes each chunk with pp_share_chunk_new (a sealed memfd mapped
+ * MAP_SHARED at *base), populates and locks it, then publishes it (or
+ * aborts it); pp_share_chunk_drop unmaps and closes one. */
+typedef struct pp_share pp_share_t;
+typedef struct pp_schunk pp_schunk_t;
+int pp_share_create(pp_share_t **out);
+void pp_share_destroy(pp_share_t *s);
+int pp_share_chunk_new(pp_share_t *s, size_t size, bool huge, void **base,
+                       pp_schunk_t **out);
+void pp_share_chunk_abort(pp_schunk_t *c);
+int pp_share_chunk_publish(pp_share_t *s, pp_schunk_t *c);
+void pp_share_chunk_drop(pp_share_t *s, void *base, size_t size);
+/* True if ptr is lent now (pinpool_free refuses it). */
+bool pp_share_is_lent(pp_share_t *s, const void *ptr);
+void pp_share_counts(pp_share_t *s, uint64_t *blocks, uint64_t *bytes);
+/* The lends, copied for a snapshot (malloc'd). */
+typedef struct pp_lend_view {
+  uintptr_t addr;
+  size_t size;
+  uint64_t chunk_id, offset, generation;
+  int peer;
+  uint64_t since_ns, since_unix_ns;
+} pp_lend_view_t;
+int pp_share_lends_copy(pp_share_t *s, pp_lend_view_t **out, size_t *n);
+/* Fork handlers (fork.c): the pool's share lock; the worker table's. */
+void pp_share_fork(pp_share_t *s, int phase);
+void pp_share_worker_fork(int phase);
+/* Chunks this process has mapped as a worker (tests). */
+size_t pp_share_worker_chunks(void);
 
 /* ---- Event providers -----------------------------------------------------
  * Same contract as pinpool_events_t, plus destroy. Called with no pool lock
@@ -938,6 +975,9 @@ typedef struct pp_rstats {
 struct pinpool {
   uint64_t id;       /* unique for the process lifetime; never reused */
   pp_counter_t refs; /* owner + objects that outlive pinpool_destroy */
+  /* shared=1: lends (share.c); NULL otherwise. Immutable. Next to id:
+   * pinpool_free's hit path reads it (a shared pool's frees check lends). */
+  struct pp_share *share;
   pp_config_t cfg;
   pp_provider_t prov;
   char backend_name[32];

@@ -822,6 +822,7 @@ static void pool_free_struct(pinpool_t *pool, bool streams_ready) {
     pool->prov.destroy(pool->prov.ctx);
   if (pool->cuda != NULL)
     pp_cuda_close(pool->cuda);
+  pp_share_destroy(pool->share); /* after the chunks went (arena_fini) */
   free(pool);
 }
 
@@ -874,6 +875,10 @@ static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
     pool->error_arg = hooks->error_arg;
   }
   int rc = pp_numa_init(pool);
+  if (rc == 0 && cfg->shared) { /* before the providers copy the config */
+    rc = pp_share_create(&pool->share);
+    pool->cfg.share = pool->share;
+  }
   if (rc == 0)
     rc = open_providers(pool, hooks);
   if (rc == 0 && cfg->numa == PP_NUMA_LOCAL && pool->prov.alloc_node == NULL)
@@ -1035,8 +1040,9 @@ int pinpool_empty_cache(pinpool_t *pool) {
   pp_mutex_unlock(&pool->reg_lock);
 #endif
   if (pp_unlikely(pool->forked_cuda))
-    return pp_fail(PINPOOL_EFORKED,
-                   "pinpool_empty_cache: a CUDA pool in a child of fork");
+    return pp_fail(
+        PINPOOL_EFORKED,
+        "pinpool_empty_cache: a CUDA or shared pool in a child of fork");
   /* The cache before the busy section: finding it may take pp_global_lock,
    * which a fork holds while it waits for busy sections. */
   pp_tls_way_t *w = pp_tls_way(pool->id);

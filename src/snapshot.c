@@ -267,6 +267,8 @@ typedef struct snap {
   uint64_t hist_lost; /* history.lost when the ring was copied */
   unsigned level, depth;
   pp_stacks_copy_t stacks;
+  pp_lend_view_t *lends; /* shared pools: blocks lent now */
+  size_t nlends;
 } snap_t;
 
 static void snap_free(snap_t *s) {
@@ -278,6 +280,7 @@ static void snap_free(snap_t *s) {
   free(s->streams);
   big_free(s->ent, s->cap_ent * sizeof *s->ent);
   pp_stacks_copy_free(&s->stacks);
+  free(s->lends);
 }
 
 static void hold_done(snap_t *s, uint64_t t0) {
@@ -539,6 +542,13 @@ static int gather(snap_t *s) {
   rc = pp_stacks_copy(pool, &s->stacks, &s->max_hold_ns);
   if (rc != 0)
     return rc;
+  if (pool->share != NULL) {
+    t0 = pp_now_ns();
+    rc = pp_share_lends_copy(pool->share, &s->lends, &s->nlends);
+    hold_done(s, t0);
+    if (rc != 0)
+      return rc;
+  }
   s->gather_ns = pp_now_ns() - s->t0_ns;
   return 0;
 }
@@ -736,7 +746,9 @@ static void write_stats(wbuf_t *w, const pinpool_stats_t *t) {
   wb_kv(w, "max_reserved", t->max_reserved, true);
   wb_kv(w, "history_lost_writes", t->history_lost_writes, true);
   wb_kv(w, "graph_held_blocks", t->graph_held_blocks, true);
-  wb_kv(w, "graph_held_bytes", t->graph_held_bytes, false);
+  wb_kv(w, "graph_held_bytes", t->graph_held_bytes, true);
+  wb_kv(w, "lent_blocks", t->lent_blocks, true);
+  wb_kv(w, "lent_bytes", t->lent_bytes, false);
   wb_lit(w, "},\n");
 }
 
@@ -839,6 +851,26 @@ static void write_chunks(wbuf_t *w, const snap_t *s) {
       sep = ",";
     }
     wb_lit(w, "]}");
+  }
+  wb_lit(w, "],\n");
+}
+
+/* Blocks lent to other processes (docs/sharing.md): to whom, since when
+ * (since_ns on the clock of time_ns). */
+static void write_lends(wbuf_t *w, const snap_t *s) {
+  wb_lit(w, "\"lends\":[");
+  for (size_t i = 0; i < s->nlends; i++) {
+    const pp_lend_view_t *l = &s->lends[i];
+    wb_lit(w, i ? ",\n{" : "{");
+    wb_kv(w, "address", l->addr, true);
+    wb_kv(w, "size", l->size, true);
+    wb_kv(w, "chunk_id", l->chunk_id, true);
+    wb_kv(w, "offset", l->offset, true);
+    wb_kv(w, "generation", l->generation, true);
+    wb_kv(w, "peer_pid", (uint64_t)l->peer, true);
+    wb_kv(w, "since_ns", l->since_ns, true);
+    wb_kv(w, "since_unix_ns", l->since_unix_ns, false);
+    wb_lit(w, "}");
   }
   wb_lit(w, "],\n");
 }
@@ -1028,6 +1060,7 @@ static int write_all(snap_t *s, wbuf_t *w) {
   write_totals(w, s);
   write_segments(w, s, &o);
   write_chunks(w, s);
+  write_lends(w, s);
   write_frames(w, s, &o);
   write_history(w, s, &o);
   wb_lit(w, "}\n");

@@ -376,8 +376,9 @@ int pinpool_thread_flush(pinpool_t *pool) {
   if (pool == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_thread_flush: pool is NULL");
   if (pp_unlikely(pool->forked_cuda))
-    return pp_fail(PINPOOL_EFORKED, "pinpool_thread_flush: a CUDA pool in a "
-                                    "child of fork");
+    return pp_fail(PINPOOL_EFORKED,
+                   "pinpool_thread_flush: a CUDA or shared pool in a "
+                   "child of fork");
   pp_tls_way_t *w = pp_tls_way(pool->id);
   pp_tcache_t *tc = w->pool_id == pool->id ? w->tc : pp_tcache_get_slow(pool);
   if (tc == NULL)

@@ -168,6 +168,8 @@ static void test_booleans(void **state) {
   BAD("numa=local,numa_spill=2", "numa_spill");
   BAD("numa_fake_nodes=2", "numa_fake_nodes");
   BAD("numa=local,numa_fake_nodes=0", "numa_fake_nodes");
+  BAD("numa=local,shared=1", "shared");
+  BAD("shared=1,numa=local", "shared");
   BAD("numa=local,numa_fake_nodes=65", "numa_fake_nodes");
 }
 

@@ -36,6 +36,14 @@ const char *pp_code_name(int code) {
     return "PINPOOL_EDEVICE";
   case PINPOOL_EFORKED:
     return "PINPOOL_EFORKED";
+  case PINPOOL_ESTALE:
+    return "PINPOOL_ESTALE";
+  case PINPOOL_EBADHANDLE:
+    return "PINPOOL_EBADHANDLE";
+  case PINPOOL_ELIMIT:
+    return "PINPOOL_ELIMIT";
+  case PINPOOL_ECLOSED:
+    return "PINPOOL_ECLOSED";
   default:
     return "(unknown code)";
   }
@@ -215,6 +223,8 @@ void pp_check_stats_equal_(const pinpool_stats_t *a, const pinpool_stats_t *b,
   CMP_U64(fallback_blocks)
   CMP_U64(numa_spill_blocks)
   CMP_U64(numa_spill_bytes)
+  CMP_U64(lent_blocks)
+  CMP_U64(lent_bytes)
   CMP_U64(backend_alloc.count)
   CMP_U64(backend_alloc.total_ns)
   CMP_U64(backend_alloc.max_ns)

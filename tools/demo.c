@@ -624,6 +624,8 @@ static void print_stats_table(const pinpool_stats_t *s) {
   print_count("fallback_blocks", s->fallback_blocks, "");
   print_count("numa_spill_blocks", s->numa_spill_blocks, "");
   print_bytes("numa_spill_bytes", s->numa_spill_bytes, "");
+  print_count("lent_blocks", s->lent_blocks, "");
+  print_bytes("lent_bytes", s->lent_bytes, "");
   print_duration("backend_alloc", &s->backend_alloc);
   print_duration("backend_free", &s->backend_free);
   print_bytes("peak_slack_bytes", s->peak_slack_bytes, "");

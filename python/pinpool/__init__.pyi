@@ -69,6 +69,8 @@ class _Stats(TypedDict):
     graph_held_bytes: int
     numa_spill_blocks: int
     numa_spill_bytes: int
+    lent_blocks: int
+    lent_bytes: int
     reclaim: _Duration
     backend_alloc: _Duration
     backend_free: _Duration

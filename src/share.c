@@ -1,0 +1,1113 @@
+/*
+ * Sharing (docs/sharing.md): chunks of a `shared=1` pool backed by memfd,
+ * blocks lent to other processes by handle + descriptor.
+ *
+ * Owner side. Each chunk is a sealed memfd (SHRINK | GROW | SEAL: its size
+ * never changes, so no process mapping it can be made to fault with
+ * SIGBUS) of the chunk's bytes followed by a control area: a header naming
+ * the pool (nonce) and chunk, then one slot per block that may be lent at
+ * once. A lend takes a slot and writes the block's offset, length and a
+ * generation taken from a pool-wide counter (never 0, never reused); the
+ * end of the lend (return or reclaim) stores 0 there. A worker attaching a
+ * handle reads the slot: a generation that differs is a stale handle (the
+ * lend ended, the block may have been freed and reused since). The owner
+ * writes slots; workers map the area read-only.
+ *
+ * Worker side: one mapping per chunk per process, found by the memfd's
+ * (st_dev, st_ino), shared by every block attached from it, unmapped when
+ * the last is detached.
+ *
+ * Locking: share->lock is a leaf (no pool lock is taken under it, no
+ * provider call is made under it); the worker table has its own lock. The
+ * fork handlers take both (fork.c).
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef MFD_CLOEXEC
+#define MFD_CLOEXEC 0x0001u
+#endif
+#ifndef MFD_ALLOW_SEALING
+#define MFD_ALLOW_SEALING 0x0002u
+#endif
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008u /* Linux 6.3 */
+#endif
+#ifndef F_ADD_SEALS
+#define F_ADD_SEALS 1033
+#define F_GET_SEALS 1034
+#define F_SEAL_SEAL 0x0001
+#define F_SEAL_SHRINK 0x0002
+#define F_SEAL_GROW 0x0004
+#define F_SEAL_WRITE 0x0008
+#endif
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+#define SEALS_NEEDED (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+#define SEALS_FORBIDDEN (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)
+#define CTL_MAGIC 0x70696e706f6f6c31ull /* "pinpool1" */
+#define HUGE_ALIGN ((size_t)2 << 20)
+
+/* ---- The control area (in the memfd, after the chunk's bytes) ----------
+ * Atomics: the owner writes while workers (other processes, or threads of
+ * this one) read. Lock-free 64-bit atomics are address-free, so they work
+ * across processes. */
+typedef struct ctl_head {
+  _Atomic(uint64_t) magic, nonce, chunk_id, chunk_size, nslots, owner_pid;
+  _Atomic(uint64_t) pad[2];
+} ctl_head_t;
+typedef struct ctl_slot {
+  _Atomic(uint64_t) gen; /* 0: free; else the lend's generation */
+  _Atomic(uint64_t) offset, length, peer;
+} ctl_slot_t;
+_Static_assert(sizeof(ctl_head_t) == 64, "control header is 64 bytes");
+_Static_assert(sizeof(pinpool_share_handle_t) == 96, "handle is 96 bytes");
+
+/* Slots per chunk: one per 16 KiB of chunk, 128 to 65536 (a 2 MiB chunk
+ * lends 128 blocks at once; a 1 GiB chunk 65536, in 2 MiB of control). A
+ * function of the chunk size alone, so that a worker computes the file
+ * size it expects from the handle. */
+static uint64_t ctl_slots(uint64_t size) {
+  uint64_t n = size / (16 << 10);
+  return n < 128 ? 128 : n > 65536 ? 65536 : n;
+}
+static uint64_t ctl_bytes(uint64_t size) {
+  uint64_t b = sizeof(ctl_head_t) + ctl_slots(size) * sizeof(ctl_slot_t);
+  return (b + PP_PAGE - 1) & ~(uint64_t)(PP_PAGE - 1);
+}
+static ctl_slot_t *ctl_slot(void *ctl, uint64_t i) {
+  return (ctl_slot_t *)((char *)ctl + sizeof(ctl_head_t)) + i;
+}
+
+/* ---- Owner state ------------------------------------------------------- */
+struct pp_schunk {
+  uintptr_t base;
+  size_t size;
+  int fd;
+  uint64_t id, dev, ino;
+  void *ctl;
+  size_t ctl_len;
+  uint32_t nslots;
+  uint32_t nfree;
+  uint32_t *free_slots; /* a stack of free slot indices */
+};
+typedef struct lend {
+  void *ptr;
+  size_t len;
+  pp_schunk_t *ck;
+  uint32_t slot;
+  int peer;
+  uint64_t gen;
+  uint64_t since_ns;      /* CLOCK_MONOTONIC */
+  uint64_t since_unix_ns; /* CLOCK_REALTIME */
+} lend_t;
+typedef struct peer {
+  int pid;
+  int pidfd; /* -1: pidfd_open unavailable (kill(pid, 0) instead) */
+  size_t nlends;
+} peer_t;
+struct pp_share {
+  pp_mutex_t lock;
+  uint64_t nonce; /* immutable */
+  int owner_pid;  /* immutable */
+  uint64_t next_id, next_gen;
+  pp_schunk_t **chunks; /* sorted by base */
+  size_t nchunks, cchunks;
+  lend_t *lends;
+  size_t nlends, clends;
+  peer_t *peers;
+  size_t npeers, cpeers;
+  /* nlends and the bytes lent, readable without the lock (free's check,
+   * stats). */
+  _Atomic(uint64_t) nlent, lent_bytes;
+};
+
+static uint64_t realtime_ns(void) {
+  struct timespec ts;
+  (void)clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t random_nonce(void) {
+  uint64_t v = 0;
+  long n = syscall(SYS_getrandom, &v, sizeof v, 0);
+  if (n != (long)sizeof v || v == 0) {
+    /* No getrandom: unique enough for identification (not a secret:
+     * the fd grant is the boundary, docs/sharing.md). */
+    static _Atomic(uint64_t) ctr;
+    v = pp_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)&v ^
+        (pp_fetch_add_relaxed(&ctr, 1) * 0x9e3779b97f4a7c15ull);
+    v |= 1;
+  }
+  return v;
+}
+
+int pp_share_create(pp_share_t **out) {
+  pp_share_t *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "shared pool: out of memory");
+  pp_mutex_init(&s->lock);
+  s->nonce = random_nonce();
+  s->owner_pid = (int)getpid();
+  s->next_id = 1;
+  s->next_gen = 1;
+  *out = s;
+  return 0;
+}
+
+static void chunk_unmap(pp_schunk_t *c) {
+  (void)munmap((void *)c->base, c->size);
+  if (c->ctl != NULL)
+    (void)munmap(c->ctl, c->ctl_len);
+  if (c->fd >= 0)
+    (void)close(c->fd);
+  free(c->free_slots);
+  free(c);
+}
+
+void pp_share_destroy(pp_share_t *s) {
+  if (s == NULL)
+    return;
+  /* Normally every chunk went back through the provider (pp_arena_fini);
+   * in a child of fork the provider was cut off, and the chunks' views and
+   * descriptors inherited from the parent are dropped here. */
+  for (size_t i = 0; i < s->nchunks; i++)
+    chunk_unmap(s->chunks[i]);
+  for (size_t i = 0; i < s->npeers; i++)
+    if (s->peers[i].pidfd >= 0)
+      (void)close(s->peers[i].pidfd);
+  free(s->chunks);
+  free(s->lends);
+  free(s->peers);
+  pp_mutex_destroy(&s->lock);
+  free(s);
+}
+
+void pp_share_fork(pp_share_t *s, int phase) {
+  if (phase == PP_FORK_PREPARE)
+    pp_mutex_lock(&s->lock);
+  else
+    pp_mutex_unlock(&s->lock);
+}
+
+/* ---- Chunks (called by the host backend, no pool lock held) ------------ */
+
+static int sys_fail(int err, const char *what, size_t size) {
+  if (err == EMFILE || err == ENFILE) {
+    struct rlimit rl = {0, 0};
+    (void)getrlimit(RLIMIT_NOFILE, &rl);
+    return pp_fail(PINPOOL_ELIMIT,
+                   "shared pool: %s for a chunk of %zu bytes: %s "
+                   "(RLIMIT_NOFILE is %llu descriptors)",
+                   what, size, strerror(err), (unsigned long long)rl.rlim_cur);
+  }
+  return pp_fail(err == ENOMEM ? PINPOOL_ENOMEM : PINPOOL_EBACKEND,
+                 "shared pool: %s for a chunk of %zu bytes: %s", what, size,
+                 strerror(err));
+}
+
+int pp_share_chunk_new(pp_share_t *s, size_t size, bool huge, void **base,
+                       pp_schunk_t **out) {
+  pp_schunk_t *c = calloc(1, sizeof *c);
+  uint64_t nslots = ctl_slots(size);
+  uint32_t *slots = malloc(nslots * sizeof *slots);
+  if (c == NULL || slots == NULL) {
+    free(c);
+    free(slots);
+    return pp_fail(PINPOOL_ENOMEM, "shared pool: out of memory");
+  }
+  c->fd = -1;
+  c->free_slots = slots;
+  c->nslots = (uint32_t)nslots;
+  for (uint32_t i = 0; i < c->nslots; i++)
+    slots[i] = c->nslots - 1 - i; /* slot 0 on top */
+  c->nfree = c->nslots;
+  c->size = size;
+  c->ctl_len = ctl_bytes(size);
+  c->base = (uintptr_t)MAP_FAILED;
+  int fd = (int)syscall(SYS_memfd_create, "pinpool-chunk",
+                        MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
+  if (fd < 0 && errno == EINVAL) /* before Linux 6.3 */
+    fd = (int)syscall(SYS_memfd_create, "pinpool-chunk",
+                      MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  int rc = 0;
+  if (fd < 0) {
+    rc = sys_fail(errno, "memfd_create", size);
+  } else {
+    c->fd = fd;
+    struct stat st;
+    if (ftruncate(fd, (off_t)(size + c->ctl_len)) != 0)
+      rc = sys_fail(errno, "ftruncate", size);
+    else if (fcntl(fd, F_ADD_SEALS, SEALS_NEEDED) != 0)
+      rc = sys_fail(errno, "sealing", size);
+    else if (fstat(fd, &st) != 0)
+      rc = sys_fail(errno, "fstat", size);
+    else {
+      c->dev = (uint64_t)st.st_dev;
+      c->ino = (uint64_t)st.st_ino;
+    }
+  }
+  char *p = MAP_FAILED;
+  if (rc == 0 && huge) {
+    /* THP needs a 2 MiB-aligned range: reserve one, map the file over it. */
+    char *r = mmap(NULL, size + HUGE_ALIGN, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r != MAP_FAILED) {
+      char *a = (char *)(((uintptr_t)r + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1));
+      p = mmap(a, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+      int e = errno;
+      if (a > r)
+        (void)munmap(r, (size_t)(a - r));
+      size_t tail = (size_t)((r + size + HUGE_ALIGN) - (a + size));
+      if (tail > 0)
+        (void)munmap(a + size, tail);
+      if (p == MAP_FAILED)
+        (void)munmap(a, size);
+      errno = e;
+    }
+  } else if (rc == 0) {
+    p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (rc == 0 && p == MAP_FAILED)
+    rc = sys_fail(errno, "mmap", size);
+  if (rc == 0) {
+    c->base = (uintptr_t)p;
+    c->ctl = mmap(NULL, c->ctl_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                  (off_t)size);
+    if (c->ctl == MAP_FAILED) {
+      c->ctl = NULL;
+      rc = sys_fail(errno, "mmap of the control area", size);
+    }
+  }
+  if (rc != 0) {
+    if (p != MAP_FAILED)
+      (void)munmap(p, size);
+    if (c->ctl != NULL)
+      (void)munmap(c->ctl, c->ctl_len);
+    if (c->fd >= 0)
+      (void)close(c->fd);
+    free(c->free_slots);
+    free(c);
+    return rc;
+  }
+  ctl_head_t *h = c->ctl;
+  pp_store_relaxed(&h->nonce, s->nonce);
+  pp_store_relaxed(&h->chunk_size, (uint64_t)size);
+  pp_store_relaxed(&h->nslots, nslots);
+  pp_store_relaxed(&h->owner_pid, (uint64_t)s->owner_pid);
+  pp_mutex_lock(&s->lock);
+  c->id = s->next_id++;
+  pp_mutex_unlock(&s->lock);
+  pp_store_relaxed(&h->chunk_id, c->id);
+  pp_store_release(&h->magic, CTL_MAGIC);
+  *base = p;
+  *out = c;
+  return 0;
+}
+
+void pp_share_chunk_abort(pp_schunk_t *c) { chunk_unmap(c); }
+
+/* Index of the first chunk whose base is > p. Lock held. */
+static size_t chunk_upper(const pp_share_t *s, uintptr_t p) {
+  size_t lo = 0, hi = s->nchunks;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (s->chunks[mid]->base <= p)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+static pp_schunk_t *chunk_of(const pp_share_t *s, const void *ptr) {
+  uintptr_t p = (uintptr_t)ptr;
+  size_t i = chunk_upper(s, p);
+  if (i == 0)
+    return NULL;
+  pp_schunk_t *c = s->chunks[i - 1];
+  return p - c->base < c->size ? c : NULL;
+}
+
+int pp_share_chunk_publish(pp_share_t *s, pp_schunk_t *c) {
+  pp_mutex_lock(&s->lock);
+  if (s->nchunks == s->cchunks) {
+    size_t n = s->cchunks == 0 ? 16 : s->cchunks * 2;
+    pp_schunk_t **t = realloc(s->chunks, n * sizeof(pp_schunk_t *));
+    if (t == NULL) {
+      pp_mutex_unlock(&s->lock);
+      return pp_fail(PINPOOL_ENOMEM, "shared pool: out of memory");
+    }
+    s->chunks = t;
+    s->cchunks = n;
+  }
+  size_t i = chunk_upper(s, c->base);
+  memmove(&s->chunks[i + 1], &s->chunks[i],
+          (s->nchunks - i) * sizeof(pp_schunk_t *));
+  s->chunks[i] = c;
+  s->nchunks++;
+  pp_mutex_unlock(&s->lock);
+  return 0;
+}
+
+void pp_share_chunk_drop(pp_share_t *s, void *base, size_t size) {
+  pp_mutex_lock(&s->lock);
+  pp_schunk_t *c = chunk_of(s, base);
+  if (c != NULL && c->base == (uintptr_t)base) {
+    size_t i = chunk_upper(s, c->base) - 1;
+    memmove(&s->chunks[i], &s->chunks[i + 1],
+            (s->nchunks - i - 1) * sizeof(pp_schunk_t *));
+    s->nchunks--;
+  } else {
+    c = NULL;
+  }
+  pp_mutex_unlock(&s->lock);
+  pp_assert(c != NULL && c->size == size);
+  if (c != NULL)
+    chunk_unmap(c); /* no lend can remain: its block was allocated */
+  else
+    (void)munmap(base, size);
+}
+
+/* ---- Lends --------------------------------------------------------------- */
+
+static lend_t *lend_find(pp_share_t *s, const void *ptr) {
+  pp_assert_held(&s->lock);
+  for (size_t i = 0; i < s->nlends; i++)
+    if (s->lends[i].ptr == ptr)
+      return &s->lends[i];
+  return NULL;
+}
+static peer_t *peer_find(pp_share_t *s, int pid) {
+  pp_assert_held(&s->lock);
+  for (size_t i = 0; i < s->npeers; i++)
+    if (s->peers[i].pid == pid)
+      return &s->peers[i];
+  return NULL;
+}
+
+/* End lend l (lock held): the slot's generation goes to 0 first, so a
+ * worker attaching from now on sees a stale handle. */
+static void lend_end(pp_share_t *s, lend_t *l) {
+  pp_assert_held(&s->lock);
+  ctl_slot_t *slot = ctl_slot(l->ck->ctl, l->slot);
+  pp_store_release(&slot->gen, 0);
+  l->ck->free_slots[l->ck->nfree++] = l->slot;
+  peer_t *p = peer_find(s, l->peer);
+  if (p != NULL && --p->nlends == 0) {
+    if (p->pidfd >= 0)
+      (void)close(p->pidfd);
+    *p = s->peers[--s->npeers];
+  }
+  pp_fetch_sub_relaxed(&s->lent_bytes, l->len);
+  *l = s->lends[--s->nlends];
+  pp_store_release(&s->nlent, s->nlends);
+}
+
+bool pp_share_is_lent(pp_share_t *s, const void *ptr) {
+  if (pp_load_acquire(&s->nlent) == 0)
+    return false;
+  pp_mutex_lock(&s->lock);
+  bool lent = lend_find(s, ptr) != NULL;
+  pp_mutex_unlock(&s->lock);
+  return lent;
+}
+
+void pp_share_counts(pp_share_t *s, uint64_t *blocks, uint64_t *bytes) {
+  *blocks = pp_load_relaxed(&s->nlent);
+  *bytes = pp_load_relaxed(&s->lent_bytes);
+}
+
+int pp_share_lends_copy(pp_share_t *s, pp_lend_view_t **out, size_t *n) {
+  pp_mutex_lock(&s->lock);
+  size_t k = s->nlends;
+  pp_lend_view_t *v = k == 0 ? NULL : malloc(k * sizeof *v);
+  if (k != 0 && v == NULL) {
+    pp_mutex_unlock(&s->lock);
+    return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory");
+  }
+  for (size_t i = 0; i < k; i++) {
+    const lend_t *l = &s->lends[i];
+    v[i] = (pp_lend_view_t){(uintptr_t)l->ptr,
+                            l->len,
+                            l->ck->id,
+                            (uintptr_t)l->ptr - l->ck->base,
+                            l->gen,
+                            l->peer,
+                            l->since_ns,
+                            l->since_unix_ns};
+  }
+  pp_mutex_unlock(&s->lock);
+  *out = v;
+  *n = k;
+  return 0;
+}
+
+/* Open the peer's record (lock held): a pidfd, so that its death is seen
+ * even when its pid is reused. */
+static int peer_get(pp_share_t *s, int pid, peer_t **out) {
+  pp_assert_held(&s->lock);
+  peer_t *p = peer_find(s, pid);
+  if (p != NULL) {
+    *out = p;
+    return 0;
+  }
+  if (s->npeers == s->cpeers) {
+    size_t n = s->cpeers == 0 ? 8 : s->cpeers * 2;
+    peer_t *t = realloc(s->peers, n * sizeof *t);
+    if (t == NULL)
+      return pp_fail(PINPOOL_ENOMEM, "pinpool_lend: out of memory");
+    s->peers = t;
+    s->cpeers = n;
+  }
+  int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ESRCH)
+      return pp_fail(PINPOOL_EINVAL, "pinpool_lend: no process %d", pid);
+    if (e == EMFILE || e == ENFILE) {
+      struct rlimit rl = {0, 0};
+      (void)getrlimit(RLIMIT_NOFILE, &rl);
+      return pp_fail(PINPOOL_ELIMIT,
+                     "pinpool_lend: pidfd_open for peer %d: %s "
+                     "(RLIMIT_NOFILE is %llu descriptors)",
+                     pid, strerror(e), (unsigned long long)rl.rlim_cur);
+    }
+    if (e != ENOSYS && e != EPERM)
+      return pp_fail(PINPOOL_EBACKEND, "pinpool_lend: pidfd_open(%d): %s", pid,
+                     strerror(e));
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+      return pp_fail(PINPOOL_EINVAL, "pinpool_lend: no process %d", pid);
+    fd = -1; /* older kernel: kill(pid, 0) at reclaim time */
+  } else {
+    (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  p = &s->peers[s->npeers++];
+  *p = (peer_t){pid, fd, 0};
+  *out = p;
+  return 0;
+}
+
+static int need_shared(pinpool_t *pool, const char *fn) {
+  if (pool == NULL)
+    return pp_fail(PINPOOL_EINVAL, "%s: pool is NULL", fn);
+  if (pool->share == NULL)
+    return pp_fail(PINPOOL_EINVAL,
+                   "%s: the pool is not shared (create it with shared=1)", fn);
+  if (pp_unlikely(pool->forked_cuda))
+    return pp_fail(PINPOOL_EFORKED, "%s: a shared pool in a child of fork", fn);
+  return 0;
+}
+
+int pinpool_lend(pinpool_t *pool, void *ptr, int peer,
+                 pinpool_share_handle_t *out, int *fd) {
+  int rc = need_shared(pool, "pinpool_lend");
+  if (rc != 0)
+    return rc;
+  if (ptr == NULL || out == NULL || fd == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_lend: NULL argument");
+  if (peer <= 0)
+    return pp_fail(PINPOOL_EINVAL,
+                   "pinpool_lend: peer %d is not a process id (> 0)", peer);
+  size_t bs = 0;
+  rc = pinpool_block_size(pool, ptr, &bs);
+  if (rc != 0) {
+    char why[256];
+    pp_error_save(why, sizeof why);
+    return pp_fail(rc, "pinpool_lend: %s", why);
+  }
+  pp_share_t *s = pool->share;
+  pp_mutex_lock(&s->lock);
+  pp_schunk_t *c = chunk_of(s, ptr);
+  peer_t *p = NULL;
+  if (c == NULL || (uintptr_t)ptr + bs - c->base > c->size)
+    rc = pp_fail(PINPOOL_ECORRUPT, "pinpool_lend: block %p is in no chunk",
+                 ptr); /* cannot happen: every chunk is a memfd */
+  else if (lend_find(s, ptr) != NULL)
+    rc = pp_fail(PINPOOL_EBUSY, "pinpool_lend: block %p is lent already", ptr);
+  else if (c->nfree == 0)
+    rc = pp_fail(PINPOOL_EBUSY,
+                 "pinpool_lend: chunk %llu has %u blocks lent, its most",
+                 (unsigned long long)c->id, c->nslots);
+  else if (s->nlends == s->clends) {
+    size_t n = s->clends == 0 ? 16 : s->clends * 2;
+    lend_t *t = realloc(s->lends, n * sizeof *t);
+    if (t == NULL)
+      rc = pp_fail(PINPOOL_ENOMEM, "pinpool_lend: out of memory");
+    else
+      s->lends = t, s->clends = n;
+  }
+  if (rc == 0)
+    rc = peer_get(s, peer, &p);
+  if (rc != 0 || p == NULL) {
+    pp_mutex_unlock(&s->lock);
+    return rc;
+  }
+  uint32_t si = c->free_slots[--c->nfree];
+  uint64_t gen = s->next_gen++;
+  uint64_t off = (uintptr_t)ptr - c->base;
+  ctl_slot_t *slot = ctl_slot(c->ctl, si);
+  pp_store_relaxed(&slot->offset, off);
+  pp_store_relaxed(&slot->length, (uint64_t)bs);
+  pp_store_relaxed(&slot->peer, (uint64_t)peer);
+  pp_store_release(&slot->gen, gen); /* publishes offset and length */
+  p->nlends++;
+  s->lends[s->nlends++] =
+      (lend_t){ptr, bs, c, si, peer, gen, pp_now_ns(), realtime_ns()};
+  pp_fetch_add_relaxed(&s->lent_bytes, bs);
+  pp_store_release(&s->nlent, s->nlends);
+  *out = (pinpool_share_handle_t){.magic = PINPOOL_SHARE_MAGIC,
+                                  .version = PINPOOL_SHARE_VERSION,
+                                  .nonce = s->nonce,
+                                  .owner_pid = s->owner_pid,
+                                  .owner_fd = c->fd,
+                                  .chunk_id = c->id,
+                                  .chunk_size = c->size,
+                                  .dev = c->dev,
+                                  .ino = c->ino,
+                                  .offset = off,
+                                  .length = bs,
+                                  .generation = gen,
+                                  .slot = si};
+  *fd = c->fd;
+  pp_mutex_unlock(&s->lock);
+  return 0;
+}
+
+int pinpool_lend_return(pinpool_t *pool, const pinpool_share_handle_t *h) {
+  int rc = need_shared(pool, "pinpool_lend_return");
+  if (rc != 0)
+    return rc;
+  if (h == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_lend_return: handle is NULL");
+  pp_share_t *s = pool->share;
+  if (h->magic != PINPOOL_SHARE_MAGIC || h->version != PINPOOL_SHARE_VERSION ||
+      h->nonce != s->nonce)
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_lend_return: not a handle of this pool");
+  pp_mutex_lock(&s->lock);
+  lend_t *l = NULL;
+  for (size_t i = 0; i < s->nlends && l == NULL; i++)
+    if (s->lends[i].gen == h->generation)
+      l = &s->lends[i];
+  if (l == NULL)
+    rc = pp_fail(PINPOOL_ESTALE,
+                 "pinpool_lend_return: no lend of generation %llu (returned "
+                 "or reclaimed already)",
+                 (unsigned long long)h->generation);
+  else if (l->ck->id != h->chunk_id ||
+           (uintptr_t)l->ptr - l->ck->base != h->offset ||
+           l->len != h->length || l->slot != h->slot)
+    rc = pp_fail(PINPOOL_EBADHANDLE,
+                 "pinpool_lend_return: the handle of generation %llu does "
+                 "not describe that lend (forged?)",
+                 (unsigned long long)h->generation);
+  else
+    lend_end(s, l);
+  pp_mutex_unlock(&s->lock);
+  return rc;
+}
+
+/* Whether process `p` has exited (lock held). */
+static bool peer_exited(const peer_t *p) {
+  if (p->pidfd >= 0) {
+    struct pollfd pfd = {p->pidfd, POLLIN, 0};
+    return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP)) != 0;
+  }
+  return kill(p->pid, 0) != 0 && errno == ESRCH;
+}
+
+/* End every lend to `peer` (-1: all); free the blocks if asked. */
+static int reclaim(pinpool_t *pool, int peer, unsigned flags, size_t *count) {
+  pp_share_t *s = pool->share;
+  size_t n = 0;
+  int rc = 0;
+  for (;;) {
+    void *ptr = NULL;
+    pp_mutex_lock(&s->lock);
+    for (size_t i = 0; i < s->nlends; i++)
+      if (peer == -1 || s->lends[i].peer == peer) {
+        ptr = s->lends[i].ptr;
+        lend_end(s, &s->lends[i]);
+        break;
+      }
+    pp_mutex_unlock(&s->lock);
+    if (ptr == NULL)
+      break;
+    n++;
+    if (flags & PINPOOL_RECLAIM_FREE) {
+      int r = pinpool_free(pool, ptr);
+      if (r != 0 && rc == 0)
+        rc = r; /* the owner freed it meanwhile: its own race */
+    }
+  }
+  if (count != NULL)
+    *count = n;
+  return rc;
+}
+
+int pinpool_lend_reclaim(pinpool_t *pool, int peer, unsigned flags,
+                         size_t *count) {
+  int rc = need_shared(pool, "pinpool_lend_reclaim");
+  if (rc != 0)
+    return rc;
+  if (peer == 0 || peer < -1)
+    return pp_fail(PINPOOL_EINVAL,
+                   "pinpool_lend_reclaim: peer %d (a process id, or -1 for "
+                   "every peer)",
+                   peer);
+  if ((flags & ~PINPOOL_RECLAIM_FREE) != 0)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_lend_reclaim: unknown flags %#x",
+                   flags);
+  return reclaim(pool, peer, flags, count);
+}
+
+int pinpool_lend_reclaim_exited(pinpool_t *pool, unsigned flags,
+                                size_t *count) {
+  int rc = need_shared(pool, "pinpool_lend_reclaim_exited");
+  if (rc != 0)
+    return rc;
+  if ((flags & ~PINPOOL_RECLAIM_FREE) != 0)
+    return pp_fail(PINPOOL_EINVAL,
+                   "pinpool_lend_reclaim_exited: unknown flags %#x", flags);
+  pp_share_t *s = pool->share;
+  size_t total = 0;
+  for (;;) {
+    int dead = 0;
+    pp_mutex_lock(&s->lock);
+    for (size_t i = 0; i < s->npeers && dead == 0; i++)
+      if (peer_exited(&s->peers[i]))
+        dead = s->peers[i].pid;
+    pp_mutex_unlock(&s->lock);
+    if (dead == 0)
+      break;
+    size_t n = 0;
+    int r = reclaim(pool, dead, flags, &n);
+    if (r != 0 && rc == 0)
+      rc = r;
+    total += n;
+  }
+  if (count != NULL)
+    *count = total;
+  return rc;
+}
+
+/* ---- Worker side --------------------------------------------------------- */
+typedef struct wchunk {
+  struct wchunk *next;
+  uint64_t dev, ino, nonce, id, size;
+  char *base;
+  void *ctl;
+  size_t ctl_len;
+  size_t refs;
+} wchunk_t;
+typedef struct attachment {
+  char *ptr;
+  wchunk_t *ck;
+} attachment_t;
+static struct {
+  pp_mutex_t lock;
+  wchunk_t *chunks;
+  attachment_t *att;
+  size_t natt, catt;
+} wk = {.lock = {.m = PTHREAD_MUTEX_INITIALIZER}};
+
+void pp_share_worker_fork(int phase) {
+  if (phase == PP_FORK_PREPARE)
+    pp_mutex_lock(&wk.lock);
+  else
+    pp_mutex_unlock(&wk.lock);
+}
+
+static int bad(const char *fmt, const char *what) {
+  return pp_fail(PINPOOL_EBADHANDLE, fmt, what);
+}
+
+/* The handle's own fields: 0 or EBADHANDLE. */
+static int check_handle(const pinpool_share_handle_t *h) {
+  if (h->magic != PINPOOL_SHARE_MAGIC)
+    return bad("pinpool_share_attach: %s", "not a pinpool handle (magic)");
+  if (h->version != PINPOOL_SHARE_VERSION)
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_share_attach: handle version %u, expected %u",
+                   h->version, PINPOOL_SHARE_VERSION);
+  if (h->generation == 0 || h->chunk_size == 0 ||
+      h->chunk_size % PP_PAGE != 0 || h->chunk_size > ((uint64_t)1 << 48) ||
+      h->length == 0 || h->offset >= h->chunk_size ||
+      h->length > h->chunk_size - h->offset ||
+      h->slot >= ctl_slots(h->chunk_size))
+    return bad("pinpool_share_attach: %s",
+               "the handle's fields are inconsistent (forged or corrupt)");
+  return 0;
+}
+
+/* fd is a memfd of the handle's chunk: writable, the right size, sealed
+ * against resizing (never against writing), the same file. */
+static int check_fd(const pinpool_share_handle_t *h, int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0)
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_share_attach: descriptor %d: %s", fd,
+                   strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_share_attach: descriptor %d is not a memfd", fd);
+  if ((uint64_t)st.st_dev != h->dev || (uint64_t)st.st_ino != h->ino)
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_share_attach: descriptor %d is another file than "
+                   "the handle's chunk (inode %llu, handle says %llu)",
+                   fd, (unsigned long long)st.st_ino,
+                   (unsigned long long)h->ino);
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0)
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_share_attach: descriptor %d is not a memfd "
+                   "(F_GET_SEALS: %s)",
+                   fd, strerror(errno));
+  if ((seals & SEALS_NEEDED) != SEALS_NEEDED || (seals & SEALS_FORBIDDEN))
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_share_attach: descriptor %d has seals %#x, "
+                   "expected shrink, grow and seal (and no write seal)",
+                   fd, (unsigned)seals);
+  if ((uint64_t)st.st_size != h->chunk_size + ctl_bytes(h->chunk_size))
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_share_attach: descriptor %d is %lld bytes, the "
+                   "handle's chunk %llu",
+                   fd, (long long)st.st_size,
+                   (unsigned long long)h->chunk_size +
+                       ctl_bytes(h->chunk_size));
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || (fl & O_ACCMODE) != O_RDWR)
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_share_attach: descriptor %d is not open "
+                   "read-write",
+                   fd);
+  return 0;
+}
+
+static int map_fail(int err, const char *what, uint64_t size) {
+  return pp_fail(err == ENOMEM ? PINPOOL_ENOMEM : PINPOOL_EBACKEND,
+                 "pinpool_share_attach: mmap of the %s (%llu bytes): %s%s",
+                 what, (unsigned long long)size, strerror(err),
+                 err == ENOMEM ? " (or vm.max_map_count reached)" : "");
+}
+
+/* The control area says the lend of h is live: 0, ESTALE or EBADHANDLE. */
+static int check_slot(const wchunk_t *c, const pinpool_share_handle_t *h) {
+  const ctl_head_t *hd = c->ctl;
+  if (pp_load_acquire(&((ctl_head_t *)hd)->magic) != CTL_MAGIC ||
+      pp_load_relaxed(&((ctl_head_t *)hd)->nonce) != h->nonce ||
+      pp_load_relaxed(&((ctl_head_t *)hd)->chunk_id) != h->chunk_id ||
+      pp_load_relaxed(&((ctl_head_t *)hd)->chunk_size) != h->chunk_size)
+    return bad("pinpool_share_attach: %s",
+               "the chunk is not the one the handle names (nonce or chunk "
+               "id differ)");
+  ctl_slot_t *sl = ctl_slot(c->ctl, h->slot);
+  uint64_t g = pp_load_acquire(&sl->gen);
+  uint64_t off = pp_load_relaxed(&sl->offset);
+  uint64_t len = pp_load_relaxed(&sl->length);
+  atomic_thread_fence(memory_order_acquire);
+  uint64_t g2 = pp_load_relaxed(&sl->gen);
+#ifdef PINPOOL_MUTANT_SHARE_NO_GEN
+  /* Mutant (docs/verification.md): the generation is not compared. */
+  (void)g;
+  (void)g2;
+#else
+  if (g != h->generation || g2 != g)
+    return pp_fail(PINPOOL_ESTALE,
+                   "pinpool_share_attach: stale handle: lend generation "
+                   "%llu ended (the block was returned, reclaimed, freed or "
+                   "reused; slot %u holds generation %llu)",
+                   (unsigned long long)h->generation, h->slot,
+                   (unsigned long long)g);
+#endif
+  if (off != h->offset || len != h->length)
+    return bad("pinpool_share_attach: %s",
+               "the handle's offset or length differ from the lend's "
+               "(forged)");
+  return 0;
+}
+
+int pinpool_share_attach(const pinpool_share_handle_t *h, int fd, void **out) {
+  if (h == NULL || out == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_share_attach: NULL argument");
+  int rc = check_handle(h);
+  if (rc == 0 && fd >= 0)
+    rc = check_fd(h, fd);
+  if (rc != 0)
+    return rc;
+  pp_mutex_lock(&wk.lock);
+  wchunk_t *c = wk.chunks;
+  while (c != NULL && !(c->dev == h->dev && c->ino == h->ino))
+    c = c->next;
+  bool fresh = false;
+  if (c != NULL && (c->nonce != h->nonce || c->id != h->chunk_id ||
+                    c->size != h->chunk_size))
+    rc = bad("pinpool_share_attach: %s",
+             "the handle names a chunk mapped here under another identity");
+  else if (c == NULL && fd < 0)
+    rc = pp_fail(PINPOOL_EINVAL,
+                 "pinpool_share_attach: no descriptor, and chunk %llu is not "
+                 "mapped in this process",
+                 (unsigned long long)h->chunk_id);
+  if (rc == 0 && wk.natt == wk.catt) {
+    size_t n = wk.catt == 0 ? 16 : wk.catt * 2;
+    attachment_t *t = realloc(wk.att, n * sizeof *t);
+    if (t == NULL)
+      rc = pp_fail(PINPOOL_ENOMEM, "pinpool_share_attach: out of memory");
+    else
+      wk.att = t, wk.catt = n;
+  }
+  if (rc == 0 && c == NULL) {
+    c = calloc(1, sizeof *c);
+    if (c == NULL) {
+      rc = pp_fail(PINPOOL_ENOMEM, "pinpool_share_attach: out of memory");
+    } else {
+      *c = (wchunk_t){NULL,     h->dev,      h->ino,
+                      h->nonce, h->chunk_id, h->chunk_size,
+                      NULL,     NULL,        ctl_bytes(h->chunk_size),
+                      0};
+      /* The control area read-only: a worker's bug cannot corrupt the
+       * generations other workers check. */
+      c->ctl = mmap(NULL, c->ctl_len, PROT_READ, MAP_SHARED, fd,
+                    (off_t)h->chunk_size);
+      if (c->ctl == MAP_FAILED) {
+        rc = map_fail(errno, "control area", c->ctl_len);
+        free(c);
+        c = NULL;
+      } else {
+        fresh = true;
+      }
+    }
+  }
+  if (rc == 0 && c == NULL) /* (cannot be: each branch above set rc) */
+    rc = pp_fail(PINPOOL_ECORRUPT, "pinpool_share_attach: no chunk");
+  if (rc == 0 && c != NULL)
+    rc = check_slot(c, h);
+  if (rc == 0 && c != NULL && fresh) {
+    c->base = mmap(NULL, c->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (c->base == MAP_FAILED)
+      rc = map_fail(errno, "chunk", c->size);
+  }
+  if (rc != 0 || c == NULL) {
+    if (fresh && c != NULL) {
+      if (c->base != NULL && c->base != MAP_FAILED)
+        (void)munmap(c->base, c->size);
+      (void)munmap(c->ctl, c->ctl_len);
+      free(c);
+    }
+    pp_mutex_unlock(&wk.lock);
+    return rc != 0 ? rc : PINPOOL_ECORRUPT;
+  }
+  if (fresh) {
+    c->next = wk.chunks;
+    wk.chunks = c;
+  }
+  c->refs++;
+  char *p = c->base + h->offset;
+  wk.att[wk.natt++] = (attachment_t){p, c};
+  pp_mutex_unlock(&wk.lock);
+  *out = p;
+  return 0;
+}
+
+int pinpool_share_detach(void *ptr) {
+  if (ptr == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_share_detach: ptr is NULL");
+  pp_mutex_lock(&wk.lock);
+  size_t i = 0;
+  while (i < wk.natt && wk.att[i].ptr != ptr)
+    i++;
+  if (i == wk.natt) {
+    pp_mutex_unlock(&wk.lock);
+    return pp_fail(PINPOOL_EINVAL,
+                   "pinpool_share_detach: %p is not an attached block", ptr);
+  }
+  wchunk_t *c = wk.att[i].ck;
+  wk.att[i] = wk.att[--wk.natt];
+  bool last = --c->refs == 0;
+  if (last) {
+    wchunk_t **pp = &wk.chunks;
+    while (*pp != c)
+      pp = &(*pp)->next;
+    *pp = c->next;
+  }
+  pp_mutex_unlock(&wk.lock);
+  if (last) { /* no system call under the lock */
+    (void)munmap(c->base, c->size);
+    (void)munmap(c->ctl, c->ctl_len);
+    free(c);
+  }
+  return 0;
+}
+
+size_t pp_share_worker_chunks(void) {
+  pp_mutex_lock(&wk.lock);
+  size_t n = 0;
+  for (wchunk_t *c = wk.chunks; c != NULL; c = c->next)
+    n++;
+  pp_mutex_unlock(&wk.lock);
+  return n;
+}
+
+/* ---- Passing a handle and its descriptor ---------------------------------
+ * One message: the handle's 96 bytes, with the descriptor as SCM_RIGHTS
+ * ancillary data on the first byte (stream sockets deliver it with the
+ * first read of those bytes). */
+
+static int sock_fail(const char *fn, int err) {
+  if (err == EMFILE || err == ENFILE || err == ETOOMANYREFS)
+    return pp_fail(PINPOOL_ELIMIT, "%s: %s (descriptor limit: RLIMIT_NOFILE)",
+                   fn, strerror(err));
+  if (err == EPIPE || err == ECONNRESET)
+    return pp_fail(PINPOOL_ECLOSED, "%s: the peer closed the socket (%s)", fn,
+                   strerror(err));
+  return pp_fail(PINPOOL_EBACKEND, "%s: %s", fn, strerror(err));
+}
+
+int pinpool_share_send(int sock, const pinpool_share_handle_t *h, int fd) {
+  if (h == NULL || sock < 0)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_share_send: bad argument");
+  union {
+    char buf[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+  } u;
+  memset(&u, 0, sizeof u);
+  const char *p = (const char *)h;
+  size_t left = sizeof *h;
+  bool with_fd = fd >= 0;
+  while (left > 0) {
+    struct iovec iov = {(void *)p, left};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (with_fd) {
+      msg.msg_control = u.buf;
+      msg.msg_controllen = sizeof u.buf;
+      struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+      cm->cmsg_level = SOL_SOCKET;
+      cm->cmsg_type = SCM_RIGHTS;
+      cm->cmsg_len = CMSG_LEN(sizeof(int));
+      memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    }
+    ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno == EBADF && with_fd && fcntl(fd, F_GETFD) < 0)
+        return pp_fail(PINPOOL_EINVAL,
+                       "pinpool_share_send: %d is not an open descriptor", fd);
+      return sock_fail("pinpool_share_send", errno);
+    }
+    with_fd = false; /* sent with the first byte */
+    p += n;
+    left -= (size_t)n;
+  }
+  return 0;
+}
+
+/* Close every descriptor of the control messages of msg. */
+static void close_fds(struct msghdr *msg) {
+  for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm != NULL;
+       cm = CMSG_NXTHDR(msg, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+      continue;
+    size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; i++) {
+      int f;
+      memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof f);
+      (void)close(f);
+    }
+  }
+}
+
+int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
+  if (h == NULL || fd == NULL || sock < 0)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_share_recv: bad argument");
+  pinpool_share_handle_t tmp;
+  /* Room for more than one descriptor, so that a peer sending several is
+   * detected (and its descriptors closed) rather than truncated. */
+  union {
+    char buf[CMSG_SPACE(4 * sizeof(int))];
+    struct cmsghdr align;
+  } u;
+  memset(&u, 0, sizeof u);
+  struct iovec iov = {&tmp, sizeof tmp};
+  struct msghdr msg = {.msg_iov = &iov,
+                       .msg_iovlen = 1,
+                       .msg_control = u.buf,
+                       .msg_controllen = sizeof u.buf};
+  ssize_t n;
+  do
+    n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
+  if (n < 0)
+    return sock_fail("pinpool_share_recv", errno);
+  if (n == 0)
+    return pp_fail(PINPOOL_ECLOSED,
+                   "pinpool_share_recv: the peer closed the socket");
+  int got = -1, nfds = 0;
+  for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL;
+       cm = CMSG_NXTHDR(&msg, cm))
+    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+      size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      if (k > 0 && got < 0)
+        memcpy(&got, CMSG_DATA(cm), sizeof got);
+      nfds += (int)k;
+    }
+  if (msg.msg_flags & MSG_CTRUNC) {
+    close_fds(&msg);
+    return pp_fail(PINPOOL_ELIMIT,
+                   "pinpool_share_recv: a descriptor was dropped (MSG_CTRUNC: "
+                   "this process is at RLIMIT_NOFILE, or the peer sent too "
+                   "many)");
+  }
+  if (nfds > 1) {
+    close_fds(&msg);
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_share_recv: %d descriptors in one message", nfds);
+  }
+  size_t have = (size_t)n;
+  while (have < sizeof tmp) { /* a stream socket may split the bytes */
+    ssize_t m = recv(sock, (char *)&tmp + have, sizeof tmp - have, 0);
+    if (m < 0 && errno == EINTR)
+      continue;
+    if (m <= 0) {
+      int e = m < 0 ? errno : 0;
+      if (got >= 0)
+        (void)close(got);
+      return m == 0 ? pp_fail(PINPOOL_ECLOSED,
+                              "pinpool_share_recv: the peer closed the socket "
+                              "within a message")
+                    : sock_fail("pinpool_share_recv", e);
+    }
+    have += (size_t)m;
+  }
+  if (tmp.magic != PINPOOL_SHARE_MAGIC ||
+      tmp.version != PINPOOL_SHARE_VERSION) {
+    if (got >= 0)
+      (void)close(got);
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_share_recv: the message is not a pinpool handle");
+  }
+  *h = tmp;
+  *fd = got;
+  return 0;
+}
