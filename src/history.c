@@ -44,7 +44,7 @@
 #define MAX_ENTRIES ((size_t)1 << 26)
 #define MAX_DEPTH 64u
 /* Frames captured beyond the asked depth: the allocator's own frames at the
- * top of every stack, cut when the stack is written (snapshot.c). */
+ * top of every stack, cut when the stack is written (snapshot_json.c). */
 #define OWN_FRAMES 6u
 #define MAX_STACKS ((size_t)1 << 20)
 

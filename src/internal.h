@@ -1205,7 +1205,7 @@ void pp_hist_event(struct pinpool *pool, int action, uintptr_t addr,
                    size_t size, size_t req, uint64_t stream, const void *ra);
 /* ra: the return address of the public entry point (its caller), where the
  * captured stack is cut so that it starts in the caller's code; NULL when
- * unknown (deep in a slow path: snapshot.c then cuts by symbol name). */
+ * unknown (deep in a slow path: snapshot_json.c then cuts by symbol name). */
 /* The block went back to the cache: forget its allocation info. One load
  * when history was never on for the segment. */
 static inline void pp_hist_forget(pp_segment_t *seg, uint32_t idx) {
