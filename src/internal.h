@@ -1238,9 +1238,11 @@ uint32_t pp_thread_id(void);
 
 /* stream.c, for snapshots: the streams recorded on (or awaited by) block
  * idx of seg, read under its stripe lock; up to max into out, returns the
- * count (which may exceed max). */
+ * count (which may exceed max). The ids of the graph captures the block is
+ * tied to likewise: up to maxcaps into caps, their count in *ncaps. */
 size_t pp_stream_list(struct pinpool *pool, pp_segment_t *seg, uint32_t idx,
-                      uint64_t *out, size_t max);
+                      uint64_t *out, size_t max, uint64_t *caps, size_t maxcaps,
+                      size_t *ncaps);
 
 /* symbolize.c: names for return addresses, when a snapshot is written. */
 typedef struct pp_symbol {

@@ -159,23 +159,28 @@ static int read_blocks(pp_snap_t *s, pp_sseg_t *g) {
     b->word = w;
     b->idx = i;
     b->info = st == PP_CACHED ? 0 : load_info(info, i);
-    b->nstreams = 0;
+    b->nstreams = b->ncaps = 0;
     b->streams = s->nstreams;
     if (st == PP_PENDING || (st == PP_ALLOCATED && (w & PP_WORD_STREAMS))) {
-      uint64_t tmp[16];
-      size_t n = pp_stream_list(s->pool, d, i, tmp, 16);
+      uint64_t tmp[32]; /* 16 streams, then 16 captures */
+      size_t nc = 0;
+      size_t n = pp_stream_list(s->pool, d, i, tmp, 16, tmp + 16, 16, &nc);
       if (n > 16)
         n = 16; /* a block used on more streams lists the first 16 */
-      /* n can be 0 (the events completed between the word and the list
-       * reads): nothing to copy, and s->streams may still be NULL. */
-      if (n > 0) {
+      if (nc > 16)
+        nc = 16; /* and the first 16 captures */
+      memmove(tmp + n, tmp + 16, nc * sizeof tmp[0]);
+      /* n + nc can be 0 (the events completed between the word and the
+       * list reads): nothing to copy, and s->streams may still be NULL. */
+      if (n + nc > 0) {
         if (!pp_snap_grow((void **)&s->streams, &s->cap_streams,
-                          s->nstreams + n, sizeof *s->streams))
+                          s->nstreams + n + nc, sizeof *s->streams))
           return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory");
-        memcpy(&s->streams[s->nstreams], tmp, n * sizeof tmp[0]);
-        s->nstreams += n;
+        memcpy(&s->streams[s->nstreams], tmp, (n + nc) * sizeof tmp[0]);
+        s->nstreams += n + nc;
       }
       b->nstreams = (uint32_t)n;
+      b->ncaps = (uint32_t)nc;
     }
     g->nblk++;
   }

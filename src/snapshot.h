@@ -18,8 +18,8 @@ typedef struct pp_sseg {
 
 typedef struct pp_sblk {
   uint64_t word, info;
-  uint32_t idx, nstreams;
-  size_t streams; /* offset into streams[] */
+  uint32_t idx, nstreams, ncaps; /* captures follow the streams */
+  size_t streams;                /* offset into streams[] */
 } pp_sblk_t;
 
 typedef struct pp_sentry {

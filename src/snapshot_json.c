@@ -67,7 +67,7 @@ static void wb_lit(wbuf_t *w, const char *s) { wb_raw(w, s, strlen(s)); }
 
 /* The hot loops (blocks, entries) format straight into the buffer: room
  * for one record is reserved first, then written through a pointer. */
-#define WB_RECORD 512
+#define WB_RECORD 1024 /* a block: 16 streams and 16 captures */
 static char *wb_begin(wbuf_t *w) {
   wb_reserve(w, WB_RECORD);
   return w->err != 0 ? NULL : w->p + w->len;
@@ -538,7 +538,19 @@ static void write_segments(wbuf_t *w, const pp_snap_t *s,
           *p++ = ',';
         p = put_handle(p, s->streams[b->streams + k]);
       }
-      p = PUT(p, "],\"thread\":");
+      *p++ = ']';
+      /* Only for a block tied to graph captures (docs/cuda.md): why a
+       * pending block stays pending. */
+      if (b->ncaps > 0) {
+        p = PUT(p, ",\"graphs\":[");
+        for (uint32_t k = 0; k < b->ncaps; k++) {
+          if (k)
+            *p++ = ',';
+          p = put_handle(p, s->streams[b->streams + b->nstreams + k]);
+        }
+        *p++ = ']';
+      }
+      p = PUT(p, ",\"thread\":");
       if ((uint32_t)b->info != 0)
         p = put_u64(p, (uint32_t)b->info);
       else

@@ -505,18 +505,23 @@ static void block_done(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
 }
 
 size_t pp_stream_list(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
-                      uint64_t *out, size_t max) {
+                      uint64_t *out, size_t max, uint64_t *caps, size_t maxcaps,
+                      size_t *ncaps) {
+  size_t n = 0, nc = 0; /* a capture tie is not a stream */
   _Atomic(pp_sset_t *) *arr = pp_load_acquire(&seg->ssets);
-  if (arr == NULL)
-    return 0;
-  pp_mutex_t *lk = stripe(pool, seg, idx);
-  pp_mutex_lock(lk);
-  pp_sset_t *set = pp_load_relaxed(&arr[idx]);
-  size_t n = 0; /* streams only: a capture tie is not a stream */
-  for (uint32_t i = 0; set != NULL && i < set->n; i++)
-    if (!set->s[i].captured && n++ < max)
-      out[n - 1] = (uint64_t)set->s[i].s;
-  pp_mutex_unlock(lk);
+  if (arr != NULL) {
+    pp_mutex_t *lk = stripe(pool, seg, idx);
+    pp_mutex_lock(lk);
+    pp_sset_t *set = pp_load_relaxed(&arr[idx]);
+    for (uint32_t i = 0; set != NULL && i < set->n; i++) {
+      if (!set->s[i].captured && n++ < max)
+        out[n - 1] = (uint64_t)set->s[i].s;
+      else if (set->s[i].captured && nc++ < maxcaps)
+        caps[nc - 1] = set->s[i].capture;
+    }
+    pp_mutex_unlock(lk);
+  }
+  *ncaps = nc;
   return n;
 }
 

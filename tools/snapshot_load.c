@@ -367,6 +367,18 @@ static int check_block(ctx_t *c, const where_t *w, const json_t *b) {
   for (size_t k = 0; k < n; k++)
     if (check_handle(c, w, "streams", k, json_array_get(streams, k), 0) != 0)
       return -1;
+  /* Optional (since issue 24): the captures that hold the block. */
+  const json_t *graphs = json_object_get(b, "graphs");
+  if (graphs == NULL)
+    return 0;
+  if (get_array(c, w, b, "graphs", &graphs) != 0)
+    return -1;
+  n = json_array_size(graphs);
+  if (n == 0)
+    return fail(c, w, "graphs", NOIDX, "empty (the key is left out then)");
+  for (size_t k = 0; k < n; k++)
+    if (check_handle(c, w, "graphs", k, json_array_get(graphs, k), 0) != 0)
+      return -1;
   return 0;
 }
 

@@ -107,6 +107,21 @@ static void finish_(pinpool_t *pool, const CUstream *s, size_t ns,
           sizeof((CUstream[]){__VA_ARGS__}) / sizeof(CUstream), __FILE__,      \
           __LINE__)
 
+/* A snapshot names the capture that holds a block ("graphs", only on a
+ * block tied to one), or, with want false, names it nowhere. */
+static void graphs_in_snapshot(pinpool_t *pool, uint64_t id, bool want) {
+  char *text = NULL;
+  size_t len = 0;
+  CT_OK(pinpool_snapshot_write_mem(pool, &text, &len,
+                                   PINPOOL_SNAPSHOT_NO_SYMBOLS));
+  char key[64];
+  (void)snprintf(key, sizeof key, "\"graphs\":[\"0x%llx\"]",
+                 (unsigned long long)id);
+  bool found = strstr(text, key) != NULL;
+  pinpool_snapshot_free(text);
+  CT_ASSERT(found == want, "snapshot %s %s", want ? "lacks" : "still has", key);
+}
+
 /* ---- A block recorded during a capture ---------------------------------- */
 static void tied_until_release(int mode) {
   ct_ctx_enter();
@@ -137,6 +152,7 @@ static void tied_until_release(int mode) {
   CT_OK(pinpool_synchronize(pool));
   NEVER(pool, blk);
   CT_OK(pinpool_validate(pool));
+  graphs_in_snapshot(pool, id, true);
 
   CT_OK(pinpool_graph_release(pool, id));
   CT_OK(pinpool_synchronize(pool));
@@ -146,6 +162,7 @@ static void tied_until_release(int mode) {
             "pending %llu after the release",
             (unsigned long long)st.pending_blocks);
   CT_ASSERT(COMES_BACK(pool, blk), "blk never came back after the release");
+  graphs_in_snapshot(pool, id, false);
   /* Released: the id is unknown now. */
   CT_RC(pinpool_graph_release(pool, id), PINPOOL_EINVAL);
   CT_ERROR_HAS("unknown");
