@@ -175,8 +175,11 @@ int pp_share_create(pp_share_t **out) {
   return 0;
 }
 
+/* Also for a chunk half made (share_chunk_new's failures): base 0 is not
+ * mapped yet. */
 static void chunk_unmap(pp_schunk_t *c) {
-  (void)munmap((void *)c->base, c->size);
+  if (c->base != 0)
+    (void)munmap((void *)c->base, c->size);
   if (c->ctl != NULL)
     (void)munmap(c->ctl, c->ctl_len);
   if (c->fd >= 0)
@@ -244,7 +247,7 @@ int pp_share_chunk_new(pp_share_t *s, size_t size, bool huge, void **base,
   c->nfree = c->nslots;
   c->size = size;
   c->ctl_len = ctl_bytes(size);
-  c->base = (uintptr_t)MAP_FAILED;
+  c->base = 0; /* mapped below */
   int fd = (int)syscall(SYS_memfd_create, "pinpool-chunk",
                         MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
   if (fd < 0 && errno == EINVAL) /* before Linux 6.3 */
@@ -300,14 +303,7 @@ int pp_share_chunk_new(pp_share_t *s, size_t size, bool huge, void **base,
     }
   }
   if (rc != 0) {
-    if (p != MAP_FAILED)
-      (void)munmap(p, size);
-    if (c->ctl != NULL)
-      (void)munmap(c->ctl, c->ctl_len);
-    if (c->fd >= 0)
-      (void)close(c->fd);
-    free(c->free_slots);
-    free(c);
+    chunk_unmap(c); /* base is set only once p is mapped */
     return rc;
   }
   ctl_head_t *h = c->ctl;
