@@ -107,6 +107,15 @@ static pinpool_t *shared_pool(const char *conf) {
   return pool;
 }
 
+/* A block of `size` bytes allocated and lent to this process. */
+static void *lend_new(pinpool_t *pool, size_t size, pinpool_share_handle_t *h,
+                      int *fd) {
+  void *p = NULL;
+  PP_OK(pinpool_alloc(pool, size, &p));
+  PP_OK(pinpool_lend(pool, p, getpid(), h, fd));
+  return p;
+}
+
 /* ---- config ---------------------------------------------------------- */
 static void test_config(void **state) {
   (void)state;
@@ -582,11 +591,9 @@ static void test_forged(void **state) {
 static void test_sealed(void **state) {
   (void)state;
   pinpool_t *pool = shared_pool(CONF);
-  void *p = NULL;
-  PP_OK(pinpool_alloc(pool, 1 * MiB, &p));
   pinpool_share_handle_t h;
   int fd;
-  PP_OK(pinpool_lend(pool, p, getpid(), &h, &fd));
+  void *p = lend_new(pool, 1 * MiB, &h, &fd);
   pid_t pid = fork();
   PP_ASSERT(pid >= 0, "fork");
   if (pid == 0) {
@@ -838,11 +845,9 @@ static void test_bad_input(void **state) {
 static void test_snapshot(void **state) {
   (void)state;
   pinpool_t *pool = shared_pool(CONF);
-  void *p = NULL;
-  PP_OK(pinpool_alloc(pool, 1 * MiB, &p));
   pinpool_share_handle_t h;
   int fd;
-  PP_OK(pinpool_lend(pool, p, getpid(), &h, &fd));
+  void *p = lend_new(pool, 1 * MiB, &h, &fd);
   char *text = NULL;
   size_t len = 0;
   PP_OK(pinpool_snapshot_write_mem(pool, &text, &len, 0));
