@@ -28,6 +28,11 @@ from pinpool import _share
 T = TypeVar("T")
 
 
+def _dumps(obj: Any) -> bytes:
+    # ForkingPickler.dumps gives a memoryview, which a Queue cannot pickle.
+    return bytes(ForkingPickler.dumps(obj))
+
+
 class WorkerError(RuntimeError):
     """A SharedLoader worker raised (the message has its traceback) or
     died (its lent blocks were reclaimed)."""
@@ -46,7 +51,7 @@ def _worker_main(wid: int, fill_fn: Callable[[Any, Buffer], Any],
         except BaseException:  # a stale block after a shutdown, say
             if stop.is_set():
                 continue
-            outq.put(ForkingPickler.dumps(
+            outq.put(_dumps(
                 ("err", wid, -1, traceback.format_exc(), None)))
             return
         if stop.is_set():  # draining: the block is reclaimed anyway
@@ -54,14 +59,14 @@ def _worker_main(wid: int, fill_fn: Callable[[Any, Buffer], Any],
             continue
         try:
             fill_fn(task, buf)
-            msg = ForkingPickler.dumps(("ok", wid, seq, buf))
+            msg = _dumps(("ok", wid, seq, buf))
         except BaseException:
             tb = traceback.format_exc()
             try:
-                msg = ForkingPickler.dumps(("err", wid, seq, tb, buf))
+                msg = _dumps(("err", wid, seq, tb, buf))
             except BaseException:  # a live view: the block stays lent
                 buf.close()
-                msg = ForkingPickler.dumps(("err", wid, seq, tb, None))
+                msg = _dumps(("err", wid, seq, tb, None))
         outq.put(msg)
 
 
@@ -222,7 +227,7 @@ class SharedLoader(Generic[T]):
         buf = self._pool.alloc(self._batch_bytes)
         try:
             buf.lend(self._procs[w].pid)
-            payload = ForkingPickler.dumps((seq, task, buf))
+            payload = _dumps((seq, task, buf))
         except BaseException:
             if buf.lent_to is not None:
                 _share.lend_reclaim(self._pool, self._procs[w].pid)
