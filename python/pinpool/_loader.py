@@ -144,7 +144,7 @@ class SharedLoader(Generic[T]):
                                         and timeout > 0):
             raise ValueError(f"timeout must be > 0 or None, not {timeout!r}")
         try:
-            self._ctx = multiprocessing.get_context(start_method)
+            self._ctx: Any = multiprocessing.get_context(start_method)
         except ValueError as e:
             raise ValueError(f"start_method: {e}") from None
         self._tasks = _tasks(tasks)  # last check: it may consume nothing
