@@ -701,7 +701,7 @@ static PyObject *Pool_lend_reclaim_dead(PyObject *self, PyObject *unused) {
  * and says what the call does, raises, and how it may be used from several
  * threads (docs/python.md has the whole contract). */
 #define KW_METHOD(name, fn, doc)                                               \
-  { name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc }
+  { name, (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS, doc }
 
 static PyMethodDef Pool_methods[] = {
     {"alloc", Pool_alloc, METH_O,
@@ -1200,7 +1200,7 @@ static int copy_buffer(BufferObject *self, pinpool_buffer_t **out) {
     memcpy(dst, src->ptr, src->size);
   }
   PyEval_RestoreThread(ts);
-  (void)pinpool_export_release(src);
+  export_release(src);
   if (rc != 0) {
     raise_rc(rc, "Buffer.__dlpack__(copy=True)");
     return -1;
