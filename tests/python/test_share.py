@@ -449,3 +449,61 @@ def test_loader_empty_and_bad_arguments(spool, pool):
     assert [_first_u64(b) for b in loader] == [0, 1]
     with pytest.raises(RuntimeError, match="once"):
         iter(loader).__next__()
+
+
+def _memfd_maps():
+    with open("/proc/self/maps", encoding="utf-8") as f:
+        return sum(1 for line in f if "memfd:" in line)
+
+
+def _count_maps(inq, outq):
+    before = _memfd_maps()
+    buf = inq.get(timeout=TIMEOUT)
+    during = _memfd_maps()
+    view = memoryview(buf)
+    buf.close()  # deferred: the view still holds the block
+    still = _memfd_maps()
+    view.release()
+    outq.put((before, during, still, _memfd_maps(), buf.closed))
+
+
+def test_worker_detaches_when_closed_and_views_are_gone(spool):
+    # spawn: the worker inherits no mapping of the owner's.
+    ctx = mp.get_context("spawn")
+    inq, outq = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_count_maps, args=(inq, outq))
+    p.start()
+    buf = spool.alloc(4096)
+    buf.lend(p.pid)
+    inq.put(buf)
+    before, during, still, after, closed = outq.get(timeout=TIMEOUT)
+    p.join(TIMEOUT)
+    assert before == 0 and during > 0 and still == during and after == 0
+    assert closed
+    # The worker never sent it back: the lend is ended by the owner.
+    assert spool.lend_reclaim(p.pid, free=True) == 1
+    assert buf.closed
+
+
+def test_a_lent_buffer_outlives_its_last_reference(spool):
+    buf = spool.alloc(64)
+    buf.lend(os.getpid())
+    del buf
+    gc.collect()
+    assert spool.stats()["blocks"]["current"] == 1  # kept while lent
+    assert spool.lend_reclaim(os.getpid(), free=True) == 1
+    gc.collect()
+    assert spool.stats()["blocks"]["current"] == 0
+
+
+def test_loader_leaves_no_descriptor_behind(spool):
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    list(pinpool.SharedLoader(spool, fill_index, 2, 64, num_workers=1))
+    gc.collect()
+    n = fds()
+    for b in pinpool.SharedLoader(spool, fill_index, 20, 64, num_workers=2):
+        b.close()
+    gc.collect()
+    assert fds() <= n
