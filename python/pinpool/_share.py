@@ -68,8 +68,12 @@ class _Lend(NamedTuple):
 
 
 # (pool nonce, generation) -> the lend. A generation is never reused by a
-# pool, and the nonce tells pools apart.
-_lock = threading.Lock()
+# pool, and the nonce tells pools apart. The lock is held across each C
+# call that starts or ends a lend together with the table's update, so
+# that the table and the pool's lends never disagree in between (a
+# reclaim racing with a return, two threads pickling one buffer). The C
+# calls under it are short and take only the pool's share lock (a leaf).
+_lock = threading.RLock()
 _lends: Dict[Tuple[int, int], _Lend] = {}
 
 
@@ -77,9 +81,9 @@ def lend(buf: Buffer, pid: int) -> None:
     """Buffer.lend (its docstring is the reference)."""
     if not isinstance(pid, int) or isinstance(pid, bool):
         raise TypeError(f"pid must be an int, not {type(pid).__name__}")
-    handle, fd = buf._lend(pid)  # type: ignore[attr-defined]
-    h = _parse(handle)
     with _lock:
+        handle, fd = buf._lend(pid)  # type: ignore[attr-defined]
+        h = _parse(handle)
         _lends[(h.nonce, h.generation)] = _Lend(buf, pid, handle, fd)
 
 
@@ -113,14 +117,16 @@ def reduce_buffer(buf: Buffer) -> Tuple[Any, Tuple[Any, ...]]:
             "cannot pickle a pinpool.Buffer of a pool without shared=1: its "
             "memory cannot be given to another process (create the pool "
             "with 'shared=1', or send bytes(buf))")
-    current = _current(buf)
-    if current is None:
-        # No lend yet: lend to this process. reclaim_exited cannot tell
-        # when the receiver dies (its pid is unknown here); use Buffer.lend
-        # (the loader does) or Pool.lend_reclaim() at shutdown.
-        lend(buf, os.getpid())
+    with _lock:
         current = _current(buf)
-        assert current is not None
+        if current is None:
+            # No lend yet: lend to this process. reclaim_exited cannot tell
+            # when the receiver dies (its pid is unknown here); use
+            # Buffer.lend (the loader does) or Pool.lend_reclaim() at
+            # shutdown.
+            lend(buf, os.getpid())
+            current = _current(buf)
+    assert current is not None
     return (_rebuild, (current.handle, buf.nbytes,
                        reduction.DupFd(current.fd)))
 
@@ -170,13 +176,13 @@ def _returned(handle: bytes) -> Buffer:
     return _take(handle)
 
 
-def _clear(pool: Pool, which: List[Tuple[int, int]], free: bool) -> None:
+def _clear(which: List[Tuple[int, int]]) -> List[Buffer]:
+    """Forget the lends `which` (ended by a reclaim); their Buffers."""
     with _lock:
         bufs = [_lends.pop(k).buf for k in which]
-    for b in bufs:
-        b._lend_clear()  # type: ignore[attr-defined]
-        if free:
-            b.close()
+        for b in bufs:
+            b._lend_clear()  # type: ignore[attr-defined]
+    return bufs
 
 
 def lend_reclaim(pool: Pool, pid: Optional[int] = None, *,
@@ -186,24 +192,28 @@ def lend_reclaim(pool: Pool, pid: Optional[int] = None, *,
         raise TypeError(f"pid must be an int or None, not {type(pid).__name__}")
     if pid is not None and pid <= 0:
         raise ValueError(f"Pool.lend_reclaim: pid must be > 0, not {pid}")
-    n: int = pool._lend_reclaim(-1 if pid is None else pid)  # type: ignore[attr-defined]
     with _lock:
-        which = [k for k, v in _lends.items()
-                 if v.buf.pool is pool and (pid is None or v.peer == pid)]
-    _clear(pool, which, free)
+        n: int = pool._lend_reclaim(-1 if pid is None else pid)  # type: ignore[attr-defined]
+        bufs = _clear([k for k, v in _lends.items()
+                       if v.buf.pool is pool and (pid is None or v.peer == pid)])
+    if free:
+        for b in bufs:
+            b.close()
     return n
 
 
 def lend_reclaim_exited(pool: Pool, *, free: bool = False) -> int:
     """Pool.lend_reclaim_exited (its docstring is the reference)."""
-    n: int = pool._lend_reclaim_exited()  # type: ignore[attr-defined]
-    if n == 0:
-        return 0
     with _lock:
-        mine = [(k, v) for k, v in _lends.items() if v.buf.pool is pool]
-    # The C call says how many lends it ended, not which: ask each.
-    which = [k for k, v in mine if not _lend_live(v.handle, v.fd)]
-    _clear(pool, which, free)
+        n: int = pool._lend_reclaim_exited()  # type: ignore[attr-defined]
+        if n == 0:
+            return 0
+        # The C call says how many lends it ended, not which: ask each.
+        bufs = _clear([k for k, v in _lends.items() if v.buf.pool is pool
+                       and not _lend_live(v.handle, v.fd)])
+    if free:
+        for b in bufs:
+            b.close()
     return n
 
 
