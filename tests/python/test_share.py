@@ -379,6 +379,47 @@ def test_loader_torch(spool, method):
     assert seen == [float(i) for i in range(6)]
 
 
+@needs_torch
+def test_loader_torch_helper(spool):
+    import pinpool.torch as ppt
+
+    def to_tensor(b):
+        return ppt.from_buffer(b, torch.float32, (4, 64))
+
+    seen = []
+    for t in pinpool.SharedLoader(spool, fill_torch, 4, 4 * 256,
+                                  transform=to_tensor, ordered=False):
+        assert t.shape == (4, 64) and (t == t[0, 0]).all()
+        assert ppt.buffer_of(t) is not None and ppt.is_pooled(t, spool)
+        seen.append(int(t[0, 0]))
+        del t
+    assert sorted(seen) == [0, 1, 2, 3]
+
+
+@needs_torch
+def test_torch_from_buffer_bad_arguments(spool):
+    import pinpool.torch as ppt
+
+    buf = spool.alloc(64)
+    with pytest.raises(TypeError, match="Buffer"):
+        ppt.from_buffer(b"x" * 64)
+    with pytest.raises(TypeError, match="dtype"):
+        ppt.from_buffer(buf, "float32")
+    with pytest.raises(ValueError, match="needs 68 bytes"):
+        ppt.from_buffer(buf, torch.int32, (17,))
+    with pytest.raises(ValueError):
+        ppt.from_buffer(buf, torch.int32, (-1,))
+    assert buf.exports == 0
+    t = ppt.from_buffer(buf, torch.int32)
+    assert t.shape == (16,) and buf.exports == 1
+    buf.lend(os.getpid())
+    with pytest.raises(BufferError, match="lent"):
+        ppt.from_buffer(buf)
+    spool.lend_reclaim()
+    del t
+    buf.close()
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_loader_worker_raises(spool, method):
     loader = pinpool.SharedLoader(spool, fill_raise, 8, 4096,
