@@ -244,8 +244,8 @@ class SharedLoader(Generic[T]):
     def __iter__(self) -> Iterator[Union[Buffer, T]]:
         if self._started or self._closed:
             raise RuntimeError("a SharedLoader can be iterated once")
-        self._start()
         try:
+            self._start()  # may fail (a fill_fn spawn cannot pickle)
             yield from self._run()
         finally:
             self.close()

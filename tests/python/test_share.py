@@ -548,3 +548,11 @@ def test_loader_leaves_no_descriptor_behind(spool):
         b.close()
     gc.collect()
     assert fds() <= n
+
+
+def test_loader_fill_fn_spawn_cannot_pickle(spool):
+    loader = pinpool.SharedLoader(spool, lambda task, buf: None, 2, 64,
+                                  start_method="spawn")
+    with pytest.raises(Exception, match="pickle|lambda"):
+        list(loader)
+    assert all(not p.is_alive() for p in loader._procs)
