@@ -556,3 +556,19 @@ def test_loader_fill_fn_spawn_cannot_pickle(spool):
     with pytest.raises(Exception, match="pickle|lambda"):
         list(loader)
     assert all(not p.is_alive() for p in loader._procs)
+
+
+def test_threads_pickling_one_buffer_make_one_lend(spool):
+    from concurrent.futures import ThreadPoolExecutor
+
+    buf = spool.alloc(64)
+    with ThreadPoolExecutor(8) as ex:
+        pickles = list(ex.map(lambda _: pickle.dumps(buf), range(32)))
+    assert spool.stats()["lent_blocks"] == 1 and buf.lent_to == os.getpid()
+    # The first to come back ends the lend; the others are stale (and
+    # each consumes its descriptor: nothing left in the resource sharer).
+    assert pickle.loads(pickles[0]) is buf and buf.lent_to is None
+    for p in pickles[1:]:
+        with pytest.raises(pinpool.StaleHandleError):
+            pickle.loads(p)
+    buf.close()
