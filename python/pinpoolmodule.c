@@ -32,6 +32,7 @@
 #include "dlpack.h"
 #include "pinpool.h"
 
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -39,11 +40,22 @@
 
 /* ---- Errors ---------------------------------------------------------------
  * MemoryError for PINPOOL_ENOMEM, ValueError for bad arguments and config,
- * BufferError for export problems (raised by the callers), RuntimeError
- * otherwise; the message is pinpool_last_error() of this thread. */
+ * pinpool.StaleHandleError / pinpool.BadHandleError (both ValueError) for
+ * lend handles, BufferError for export problems (raised by the callers),
+ * RuntimeError otherwise; the message is pinpool_last_error() of this
+ * thread. The two exception types are made by module_exec, once, under the
+ * import lock (as the dict keys below), and never change after. */
+static PyObject *StaleHandleError, *BadHandleError;
+
 static PyObject *raise_rc(int rc, const char *what) {
   PyObject *type = PyExc_RuntimeError;
   switch (rc) {
+  case PINPOOL_ESTALE:
+    type = StaleHandleError;
+    break;
+  case PINPOOL_EBADHANDLE:
+    type = BadHandleError;
+    break;
   case PINPOOL_ENOMEM:
     type = PyExc_MemoryError;
     break;
@@ -71,13 +83,35 @@ typedef struct {
   int device_type;  /* DLPack device of its memory, immutable */
 } PoolObject;
 
+/* A block of another process's shared pool, attached here (a Buffer
+ * unpickled in a worker: docs/python.md, "Shared pools"). The C library
+ * has no buffer object for attached memory, so its holds live here, with
+ * the same rules as pinpool_buffer_t's: `state` counts the exports and has
+ * ATT_CLOSED; the block is detached exactly once, when it is closed and its
+ * last export is gone. `holds` (the Buffer object and each export) frees
+ * the struct itself. */
+#define ATT_CLOSED (UINT64_C(1) << 63)
+typedef struct attach {
+  _Atomic uint64_t state;
+  _Atomic int holds;
+  void *ptr;
+  size_t nbytes;
+  pinpool_share_handle_t handle; /* immutable: sent back to the owner */
+} attach_t;
+
 typedef struct {
   PyObject ob_base;      /* PyObject_HEAD */
-  pinpool_buffer_t *buf; /* one reference, immutable */
-  PyObject *pool;        /* the Pool (strong), immutable */
+  pinpool_buffer_t *buf; /* one reference, immutable; NULL when attached */
+  PyObject *pool;        /* the Pool (strong), immutable; NULL if attached */
+  attach_t *att;         /* an attached block (buf NULL), immutable */
   void *ptr;             /* immutable copies of C facts */
   size_t nbytes, block_size;
   int device_type; /* kDLCPU or kDLCUDAHost */
+  /* Owner side: the pid the block is lent to, 0 when not lent, -1 while a
+   * lend is being made. While lent, new exports and close() are refused
+   * (docs/sharing.md: the owner does nothing with the bytes of a lent
+   * block, and a close would leave it allocated for good). */
+  _Atomic int lent;
 } BufferObject;
 
 static PyTypeObject PoolType;
@@ -565,9 +599,9 @@ static PyObject *Pool_repr(PyObject *self) {
  * looked up at each call (sys.modules after the first; the import system
  * serializes a concurrent first import), never cached here: no mutable
  * state in this file. */
-static PyObject *call_python(const char *name, PyObject *self, PyObject *args,
-                             PyObject *kw) {
-  PyObject *mod = PyImport_ImportModule("pinpool._pool");
+static PyObject *call_python_in(const char *module, const char *name,
+                                PyObject *self, PyObject *args, PyObject *kw) {
+  PyObject *mod = PyImport_ImportModule(module);
   if (mod == NULL)
     return NULL;
   PyObject *fn = PyObject_GetAttrString(mod, name);
@@ -589,14 +623,80 @@ static PyObject *call_python(const char *name, PyObject *self, PyObject *args,
   return r;
 }
 
+static PyObject *call_python(const char *name, PyObject *self, PyObject *args,
+                             PyObject *kw) {
+  return call_python_in("pinpool._pool", name, self, args, kw);
+}
+
 #define PY_METHOD(cname, pyname)                                               \
   static PyObject *cname(PyObject *self, PyObject *args, PyObject *kw) {       \
     return call_python(pyname, self, args, kw);                                \
+  }
+/* The sharing methods (pinpool/_share.py keeps the owner's table of lent
+ * Buffers, which is mutable Python state, under its own lock). */
+#define SHARE_METHOD(cname, pyname)                                            \
+  static PyObject *cname(PyObject *self, PyObject *args, PyObject *kw) {       \
+    return call_python_in("pinpool._share", pyname, self, args, kw);           \
   }
 PY_METHOD(Pool_empty, "empty")
 PY_METHOD(Pool_zeros, "zeros")
 PY_METHOD(Pool_memory_stats, "memory_stats")
 PY_METHOD(Pool_memory_summary, "memory_summary")
+SHARE_METHOD(Pool_lend_reclaim, "lend_reclaim")
+SHARE_METHOD(Pool_lend_reclaim_exited, "lend_reclaim_exited")
+SHARE_METHOD(Buffer_lend, "lend")
+SHARE_METHOD(Buffer_reduce, "reduce_buffer")
+
+/* ---- Sharing primitives (private: pinpool/_share.py calls them) ---------
+ * A handle travels as the 96 bytes of pinpool_share_handle_t. */
+static int parse_handle(PyObject *arg, pinpool_share_handle_t *h) {
+  if (!PyBytes_Check(arg)) {
+    PyErr_Format(PyExc_TypeError, "a share handle must be bytes, not %.100s",
+                 Py_TYPE(arg)->tp_name);
+    return -1;
+  }
+  if (PyBytes_GET_SIZE(arg) != (Py_ssize_t)sizeof *h) {
+    PyErr_Format(BadHandleError,
+                 "a share handle is %zu bytes, not %zd: not a pinpool handle",
+                 sizeof *h, PyBytes_GET_SIZE(arg));
+    return -1;
+  }
+  memcpy(h, PyBytes_AS_STRING(arg), sizeof *h);
+  return 0;
+}
+
+/* A pid as a C int: 0, or -1 with OverflowError/TypeError. */
+static int parse_pid(PyObject *arg, int *out) {
+  long v = PyLong_AsLong(arg);
+  if (v == -1 && PyErr_Occurred())
+    return -1;
+  if (v < INT_MIN || v > INT_MAX) {
+    PyErr_Format(PyExc_ValueError, "pid %ld is out of range", v);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+static PyObject *Pool_lend_reclaim_pid(PyObject *self, PyObject *arg) {
+  int peer;
+  if (parse_pid(arg, &peer) != 0)
+    return NULL;
+  size_t n = 0;
+  int rc = pinpool_lend_reclaim(((PoolObject *)self)->pool, peer, 0, &n);
+  if (rc != 0)
+    return raise_rc(rc, "Pool.lend_reclaim");
+  return PyLong_FromSize_t(n);
+}
+
+static PyObject *Pool_lend_reclaim_dead(PyObject *self, PyObject *unused) {
+  (void)unused;
+  size_t n = 0;
+  int rc = pinpool_lend_reclaim_exited(((PoolObject *)self)->pool, 0, &n);
+  if (rc != 0)
+    return raise_rc(rc, "Pool.lend_reclaim_exited");
+  return PyLong_FromSize_t(n);
+}
 
 /* The docstrings are what help() shows: each starts with the signature
  * (CPython's "name($self, ...)\n--\n\n" form, which inspect.signature
@@ -604,7 +704,7 @@ PY_METHOD(Pool_memory_summary, "memory_summary")
  * and says what the call does, raises, and how it may be used from several
  * threads (docs/python.md has the whole contract). */
 #define KW_METHOD(name, fn, doc)                                               \
-  { name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc }
+  { name, (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS, doc }
 
 static PyMethodDef Pool_methods[] = {
     {"alloc", Pool_alloc, METH_O,
@@ -725,6 +825,25 @@ static PyMethodDef Pool_methods[] = {
               "written), RuntimeError (any other failure).\n\n"
               "Thread-safe: taken while other threads keep allocating; the\n"
               "GIL is released while it is written."),
+    KW_METHOD("lend_reclaim", Pool_lend_reclaim,
+              "lend_reclaim($self, pid=None, *, free=False)\n--\n\n"
+              "End every lend of this pool to process pid (None: to every\n"
+              "process), as if each block had been sent back: for a worker\n"
+              "that died or a shutdown. The owner's Buffers of those blocks\n"
+              "are usable again; free=True closes them too. Returns the\n"
+              "number of lends ended.\n\n"
+              "Raises ValueError (pid <= 0, a pool without shared=1),\n"
+              "TypeError (pid not an int).\n\n"
+              "Thread-safe; a worker still attached keeps its mapping but\n"
+              "its handle is stale from now on."),
+    KW_METHOD("lend_reclaim_exited", Pool_lend_reclaim_exited,
+              "lend_reclaim_exited($self, *, free=False)\n--\n\n"
+              "lend_reclaim for every process lent to that has exited (a\n"
+              "pidfd check, immune to pid reuse; a zombie counts as exited).\n"
+              "Does not wait. Returns the number of lends ended.\n\n"
+              "Raises ValueError (a pool without shared=1). Thread-safe."),
+    {"_lend_reclaim", Pool_lend_reclaim_pid, METH_O, NULL},
+    {"_lend_reclaim_exited", Pool_lend_reclaim_dead, METH_NOARGS, NULL},
     {"__enter__", Pool_enter, METH_NOARGS,
      "__enter__($self, /)\n--\n\nReturn the pool."},
     {"__exit__", Pool_exit, METH_VARARGS,
@@ -834,6 +953,8 @@ static PyObject *new_buffer(PyObject *pool_obj, pinpool_buffer_t *buf) {
   }
   self->buf = buf;
   self->pool = Py_NewRef(pool_obj);
+  self->att = NULL;
+  atomic_init(&self->lent, 0);
   (void)pinpool_buffer_ptr(buf, &self->ptr);
   (void)pinpool_buffer_requested_size(buf, &self->nbytes);
   (void)pinpool_buffer_size(buf, &self->block_size);
@@ -841,18 +962,125 @@ static PyObject *new_buffer(PyObject *pool_obj, pinpool_buffer_t *buf) {
   return (PyObject *)self;
 }
 
+/* ---- Attached blocks (a worker's side of a lend) ------------------------ */
+
+static void att_put(attach_t *a) {
+  if (atomic_fetch_sub_explicit(&a->holds, 1, memory_order_acq_rel) == 1)
+    free(a);
+}
+
+/* Closed and no export left: unmap (the library refcounts the chunk). */
+static void att_detach(attach_t *a) { (void)pinpool_share_detach(a->ptr); }
+
+/* Once-only; detaches now if nothing is exported, else at the last
+ * export's release. Returns 1 if this call closed it. */
+static int att_close(attach_t *a) {
+  uint64_t old =
+      atomic_fetch_or_explicit(&a->state, ATT_CLOSED, memory_order_acq_rel);
+  if (old & ATT_CLOSED)
+    return 0;
+  if (old == 0)
+    att_detach(a);
+  return 1;
+}
+
+/* An export of attached memory: a pinpool_export_t (buffer NULL, which no
+ * export of the library has) followed by its attach. */
+typedef struct att_export {
+  pinpool_export_t e; /* first: the pointer callers hold */
+  attach_t *a;
+} att_export_t;
+
+static int att_export(attach_t *a, unsigned flags,
+                      const pinpool_export_t **out) {
+  uint64_t s = atomic_load_explicit(&a->state, memory_order_acquire);
+  do {
+    if (s & ATT_CLOSED)
+      return PINPOOL_EBUSY;
+  } while (!atomic_compare_exchange_weak_explicit(
+      &a->state, &s, s + 1, memory_order_acq_rel, memory_order_acquire));
+  att_export_t *x = calloc(1, sizeof *x);
+  if (x == NULL) {
+    if (atomic_fetch_sub_explicit(&a->state, 1, memory_order_acq_rel) ==
+        (ATT_CLOSED | 1))
+      att_detach(a);
+    return PINPOOL_ENOMEM;
+  }
+  atomic_fetch_add_explicit(&a->holds, 1, memory_order_relaxed);
+  x->a = a;
+  x->e.ptr = a->ptr;
+  x->e.size = a->nbytes;
+  x->e.readonly = (flags & PINPOOL_EXPORT_READONLY) != 0;
+  x->e.ndim = 1;
+  x->e.shape[0] = (int64_t)a->nbytes;
+  x->e.strides[0] = 1;
+  x->e.buffer = NULL;
+  *out = &x->e;
+  return 0;
+}
+
+/* Release an export of either kind, from any thread, touching no Python
+ * object (the DLPack deleters call it). */
+static void export_release(const pinpool_export_t *e) {
+  if (e->buffer != NULL) {
+    (void)pinpool_export_release(e);
+    return;
+  }
+  att_export_t *x = (att_export_t *)(uintptr_t)e;
+  attach_t *a = x->a;
+  free(x);
+  if (atomic_fetch_sub_explicit(&a->state, 1, memory_order_acq_rel) ==
+      (ATT_CLOSED | 1))
+    att_detach(a);
+  att_put(a);
+}
+
 static void Buffer_dealloc(BufferObject *self) {
   /* Our reference: the last one closes the buffer; exports keep the
-   * memory. The Pool goes after (it may be the pool's last owner). */
-  (void)pinpool_buffer_release(self->buf);
-  Py_DECREF(self->pool);
+   * memory. The Pool goes after (it may be the pool's last owner). An
+   * attached block is detached (now, or at its last export's release). */
+  if (self->att != NULL) {
+    (void)att_close(self->att);
+    att_put(self->att);
+  } else {
+    (void)pinpool_buffer_release(self->buf);
+  }
+  Py_XDECREF(self->pool);
   PyObject_Free(self);
 }
 
 static int buffer_closed(BufferObject *self) {
+  if (self->att != NULL)
+    return (atomic_load_explicit(&self->att->state, memory_order_acquire) &
+            ATT_CLOSED) != 0;
   int closed = 1;
   (void)pinpool_buffer_closed(self->buf, &closed);
   return closed;
+}
+
+/* Take an export of the buffer's memory, or set BufferError/MemoryError
+ * and return -1. Refused while the block is lent to another process. */
+static int take_export(BufferObject *self, unsigned flags,
+                       const pinpool_export_t **out) {
+  int lent = atomic_load_explicit(&self->lent, memory_order_acquire);
+  if (lent != 0) {
+    PyErr_Format(PyExc_BufferError,
+                 "pinpool.Buffer is lent to process %d: its bytes are the "
+                 "worker's until it is returned or reclaimed",
+                 lent);
+    return -1;
+  }
+  int rc = self->att != NULL ? att_export(self->att, flags, out)
+                             : pinpool_buffer_export(self->buf, flags, out);
+  if (rc == 0)
+    return 0;
+  if (rc == PINPOOL_EBUSY)
+    PyErr_SetString(PyExc_BufferError, "pinpool.Buffer is closed");
+  else if (rc == PINPOOL_ENOMEM)
+    PyErr_NoMemory();
+  else
+    PyErr_Format(PyExc_BufferError, "pinpool.Buffer: %s", pinpool_last_error());
+  return -1;
 }
 
 /* The buffer protocol. The export is taken first (non-blocking: we never
@@ -861,16 +1089,8 @@ static int buffer_closed(BufferObject *self) {
 static int Buffer_getbuffer(PyObject *obj, Py_buffer *view, int flags) {
   BufferObject *self = (BufferObject *)obj;
   const pinpool_export_t *e = NULL;
-  int rc = pinpool_buffer_export(self->buf, 0, &e);
-  if (rc != 0) {
+  if (take_export(self, 0, &e) != 0) {
     view->obj = NULL;
-    if (rc == PINPOOL_EBUSY)
-      PyErr_SetString(PyExc_BufferError, "pinpool.Buffer is closed");
-    else if (rc == PINPOOL_ENOMEM)
-      PyErr_NoMemory();
-    else
-      PyErr_Format(PyExc_BufferError, "pinpool.Buffer: %s",
-                   pinpool_last_error());
     return -1;
   }
   view->buf = e->ptr;
@@ -891,7 +1111,7 @@ static int Buffer_getbuffer(PyObject *obj, Py_buffer *view, int flags) {
 
 static void Buffer_releasebuffer(PyObject *obj, Py_buffer *view) {
   (void)obj; /* view->obj is the caller's to release */
-  (void)pinpool_export_release((const pinpool_export_t *)view->internal);
+  export_release((const pinpool_export_t *)view->internal);
 }
 
 static PyBufferProcs Buffer_as_buffer = {Buffer_getbuffer,
@@ -910,13 +1130,13 @@ typedef struct dl_ctx {
  * holding the GIL or not, during or after interpreter finalization. */
 static void dl_delete_versioned(DLManagedTensorVersioned *m) {
   dl_ctx_t *c = m->manager_ctx;
-  (void)pinpool_export_release(c->exp);
+  export_release(c->exp);
   free(c);
 }
 
 static void dl_delete_legacy(DLManagedTensor *m) {
   dl_ctx_t *c = m->manager_ctx;
-  (void)pinpool_export_release(c->exp);
+  export_release(c->exp);
   free(c);
 }
 
@@ -963,14 +1183,18 @@ static int parse_pair(PyObject *o, const char *what, long *a, long *b) {
 
 /* A copy of the buffer's bytes in a new buffer of the same pool. */
 static int copy_buffer(BufferObject *self, pinpool_buffer_t **out) {
+  if (self->att != NULL) {
+    PyErr_SetString(PyExc_BufferError,
+                    "__dlpack__(copy=True): an attached buffer has no pool "
+                    "to copy into (copy it in the owner)");
+    return -1;
+  }
   pinpool_t *pool = ((PoolObject *)self->pool)->pool;
   pinpool_buffer_t *copy = NULL;
   const pinpool_export_t *src = NULL;
-  int rc = pinpool_buffer_export(self->buf, PINPOOL_EXPORT_READONLY, &src);
-  if (rc != 0) {
-    PyErr_SetString(PyExc_BufferError, "pinpool.Buffer is closed");
+  if (take_export(self, PINPOOL_EXPORT_READONLY, &src) != 0)
     return -1;
-  }
+  int rc;
   PyThreadState *ts = PyEval_SaveThread();
   rc = pinpool_buffer_alloc(pool, self->nbytes, &copy);
   if (rc == 0) {
@@ -979,7 +1203,7 @@ static int copy_buffer(BufferObject *self, pinpool_buffer_t **out) {
     memcpy(dst, src->ptr, src->size);
   }
   PyEval_RestoreThread(ts);
-  (void)pinpool_export_release(src);
+  export_release(src);
   if (rc != 0) {
     raise_rc(rc, "Buffer.__dlpack__(copy=True)");
     return -1;
@@ -1048,21 +1272,25 @@ static PyObject *Buffer_dlpack(PyObject *obj, PyObject *args, PyObject *kw) {
   dl_ctx_t *c = calloc(1, sizeof *c);
   if (c == NULL)
     return PyErr_NoMemory();
-  pinpool_buffer_t *src = self->buf;
-  if (want_copy && copy_buffer(self, &src) != 0) {
-    free(c);
-    return NULL;
-  }
-  int rc = pinpool_buffer_export(src, 0, &c->exp);
-  if (want_copy) /* the export holds the copy from now on */
+  if (!want_copy) {
+    if (take_export(self, 0, &c->exp) != 0) {
+      free(c);
+      return NULL;
+    }
+  } else {
+    pinpool_buffer_t *src = NULL;
+    if (copy_buffer(self, &src) != 0) {
+      free(c);
+      return NULL;
+    }
+    int rc = pinpool_buffer_export(src, 0, &c->exp);
+    /* the export holds the copy from now on */
     (void)pinpool_buffer_release(src);
-  if (rc != 0) {
-    free(c);
-    if (rc == PINPOOL_EBUSY)
-      PyErr_SetString(PyExc_BufferError, "pinpool.Buffer is closed");
-    else
+    if (rc != 0) {
+      free(c);
       raise_rc(rc, "Buffer.__dlpack__");
-    return NULL;
+      return NULL;
+    }
   }
   c->shape[0] = c->exp->shape[0];
   c->strides[0] = 1;
@@ -1094,7 +1322,7 @@ static PyObject *Buffer_dlpack(PyObject *obj, PyObject *args, PyObject *kw) {
   }
   PyObject *capsule = PyCapsule_New(tensor, name, dl_capsule_destructor);
   if (capsule == NULL) {
-    (void)pinpool_export_release(c->exp);
+    export_release(c->exp);
     free(c);
   }
   return capsule;
@@ -1108,6 +1336,17 @@ static PyObject *Buffer_dlpack_device(PyObject *obj, PyObject *unused) {
 static PyObject *Buffer_close(PyObject *obj, PyObject *unused) {
   (void)unused;
   BufferObject *self = (BufferObject *)obj;
+  if (self->att != NULL) {
+    (void)att_close(self->att);
+    Py_RETURN_NONE;
+  }
+  int lent = atomic_load_explicit(&self->lent, memory_order_acquire);
+  if (lent != 0)
+    return PyErr_Format(PyExc_BufferError,
+                        "Buffer.close: the block is lent to process %d; "
+                        "close it once it is returned or reclaimed "
+                        "(Pool.lend_reclaim)",
+                        lent);
   int rc = pinpool_buffer_close(self->buf);
   if (rc != 0)
     return raise_rc(rc, "Buffer.close");
@@ -1159,6 +1398,13 @@ static PyObject *Buffer_record_stream(PyObject *obj, PyObject *arg) {
   pinpool_stream_t s;
   if (parse_stream(arg, &s) != 0)
     return NULL;
+  if (self->att != NULL) {
+    PyErr_SetString(PyExc_ValueError,
+                    "Buffer.record_stream: an attached buffer (another "
+                    "process's block) has no streams; record them in the "
+                    "owner");
+    return NULL;
+  }
   int rc = pinpool_buffer_record_stream(self->buf, s);
   if (rc == PINPOOL_EBUSY && buffer_closed(self)) {
     PyErr_SetString(PyExc_ValueError, "Buffer.record_stream: closed buffer");
@@ -1209,7 +1455,10 @@ static PyObject *Buffer_get_ptr(PyObject *obj, void *closure) {
 
 static PyObject *Buffer_get_pool(PyObject *obj, void *closure) {
   (void)closure;
-  return Py_NewRef(((BufferObject *)obj)->pool);
+  PyObject *pool = ((BufferObject *)obj)->pool;
+  if (pool == NULL) /* attached: the pool lives in another process */
+    Py_RETURN_NONE;
+  return Py_NewRef(pool);
 }
 
 static PyObject *Buffer_get_closed(PyObject *obj, void *closure) {
@@ -1219,13 +1468,31 @@ static PyObject *Buffer_get_closed(PyObject *obj, void *closure) {
 
 static PyObject *Buffer_get_exports(PyObject *obj, void *closure) {
   (void)closure;
+  BufferObject *self = (BufferObject *)obj;
   size_t n = 0;
-  (void)pinpool_buffer_exports(((BufferObject *)obj)->buf, &n);
+  if (self->att != NULL)
+    n = (size_t)(atomic_load_explicit(&self->att->state, memory_order_acquire) &
+                 ~ATT_CLOSED);
+  else
+    (void)pinpool_buffer_exports(self->buf, &n);
   return PyLong_FromSize_t(n);
 }
 
 static int get_attrs(PyObject *obj, pinpool_mem_attrs_t *a) {
   BufferObject *self = (BufferObject *)obj;
+  if (self->att != NULL) {
+    /* Host memory another process locked (and maybe registered): not
+     * locked here (mlock is per mapping), and no device in a worker. */
+    *a = (pinpool_mem_attrs_t){.host_accessible = 1,
+                               .device_accessible = 0,
+                               .device_id = -1,
+                               .page_locked = 0,
+                               .numa_node = -1,
+                               .huge_pages = -1,
+                               .huge_advised = 0,
+                               .backend = "attached"};
+    return 0;
+  }
   int rc = pinpool_buffer_attrs(self->buf, a);
   if (rc == PINPOOL_EBUSY) {
     PyErr_SetString(PyExc_ValueError,
@@ -1297,6 +1564,88 @@ static PyObject *Buffer_get_attr(PyObject *obj, void *closure) {
   }
 }
 
+/* _lend(peer) -> (handle, fd): pinpool_lend of the block. fd is the
+ * pool's own descriptor of the chunk (never closed here). */
+static PyObject *Buffer__lend(PyObject *obj, PyObject *arg) {
+  BufferObject *self = (BufferObject *)obj;
+  int peer;
+  if (parse_pid(arg, &peer) != 0)
+    return NULL;
+  if (self->att != NULL)
+    return PyErr_Format(PyExc_TypeError,
+                        "Buffer.lend: an attached buffer is another "
+                        "process's block; only its owner lends it");
+  if (peer <= 0)
+    return PyErr_Format(PyExc_ValueError,
+                        "Buffer.lend: pid must be > 0, not %d", peer);
+  int expected = 0;
+  if (!atomic_compare_exchange_strong_explicit(&self->lent, &expected, -1,
+                                               memory_order_acq_rel,
+                                               memory_order_acquire))
+    return PyErr_Format(PyExc_BufferError,
+                        "Buffer.lend: the block is lent already (to %d)",
+                        expected);
+  if (buffer_closed(self)) {
+    atomic_store_explicit(&self->lent, 0, memory_order_release);
+    return PyErr_Format(PyExc_ValueError, "Buffer.lend: closed buffer");
+  }
+  pinpool_share_handle_t h;
+  int fd = -1;
+  int rc =
+      pinpool_lend(((PoolObject *)self->pool)->pool, self->ptr, peer, &h, &fd);
+  if (rc != 0) {
+    atomic_store_explicit(&self->lent, 0, memory_order_release);
+    return raise_rc(rc, "Buffer.lend");
+  }
+  atomic_store_explicit(&self->lent, peer, memory_order_release);
+  return Py_BuildValue("(y#i)", (const char *)&h, (Py_ssize_t)sizeof h, fd);
+}
+
+/* _lend_return(handle): pinpool_lend_return; the block is ours again. */
+static PyObject *Buffer__lend_return(PyObject *obj, PyObject *arg) {
+  BufferObject *self = (BufferObject *)obj;
+  pinpool_share_handle_t h;
+  if (parse_handle(arg, &h) != 0)
+    return NULL;
+  if (self->att != NULL || self->ptr == NULL)
+    return PyErr_Format(PyExc_TypeError, "not an owner's buffer");
+  int rc = pinpool_lend_return(((PoolObject *)self->pool)->pool, &h);
+  if (rc != 0)
+    return raise_rc(rc, "returned Buffer");
+  atomic_store_explicit(&self->lent, 0, memory_order_release);
+  Py_RETURN_NONE;
+}
+
+/* _lend_clear(): the lend was ended by a reclaim of the pool. */
+static PyObject *Buffer__lend_clear(PyObject *obj, PyObject *unused) {
+  (void)unused;
+  atomic_store_explicit(&((BufferObject *)obj)->lent, 0, memory_order_release);
+  Py_RETURN_NONE;
+}
+
+/* _attached_handle(): the handle of an attached buffer, else None. */
+static PyObject *Buffer__attached_handle(PyObject *obj, PyObject *unused) {
+  (void)unused;
+  attach_t *a = ((BufferObject *)obj)->att;
+  if (a == NULL)
+    Py_RETURN_NONE;
+  return PyBytes_FromStringAndSize((const char *)&a->handle, sizeof a->handle);
+}
+
+static PyObject *Buffer_get_lent_to(PyObject *obj, void *closure) {
+  (void)closure;
+  int lent =
+      atomic_load_explicit(&((BufferObject *)obj)->lent, memory_order_acquire);
+  if (lent <= 0)
+    Py_RETURN_NONE;
+  return PyLong_FromLong(lent);
+}
+
+static PyObject *Buffer_get_attached(PyObject *obj, void *closure) {
+  (void)closure;
+  return PyBool_FromLong(((BufferObject *)obj)->att != NULL);
+}
+
 static PyObject *Buffer_repr(PyObject *obj) {
   BufferObject *self = (BufferObject *)obj;
   return PyUnicode_FromFormat("<pinpool.Buffer nbytes=%zu ptr=%p%s>",
@@ -1305,6 +1654,26 @@ static PyObject *Buffer_repr(PyObject *obj) {
 }
 
 static PyMethodDef Buffer_methods[] = {
+    KW_METHOD(
+        "lend", Buffer_lend,
+        "lend($self, pid)\n--\n\n"
+        "Lend the block of a shared=1 pool to process pid (its worker)\n"
+        "before sending the buffer to it (queue.put, pickle): the pid\n"
+        "is what Pool.lend_reclaim(pid) and Pool.lend_reclaim_exited()\n"
+        "reclaim by if that process dies. A buffer pickled without a\n"
+        "lend is lent to this process itself (docs/python.md, \"Shared\n"
+        "pools\"). While lent, the owner's buffer refuses new exports\n"
+        "and close(); it is the owner's again when the worker sends it\n"
+        "back (unpickled here) or the lend is reclaimed.\n\n"
+        "Raises ValueError (pid <= 0 or no such process, a pool\n"
+        "without shared=1, a closed buffer), BufferError (lent\n"
+        "already), TypeError (an attached buffer: only the owner lends).\n\n"
+        "Thread-safe: of concurrent lends of one buffer, one wins."),
+    {"_lend", Buffer__lend, METH_O, NULL},
+    {"_lend_return", Buffer__lend_return, METH_O, NULL},
+    {"_lend_clear", Buffer__lend_clear, METH_NOARGS, NULL},
+    {"_attached_handle", Buffer__attached_handle, METH_NOARGS, NULL},
+    KW_METHOD("__reduce__", Buffer_reduce, NULL),
     KW_METHOD("__dlpack__", Buffer_dlpack,
               "__dlpack__($self, *, stream=None, max_version=None, "
               "dl_device=None, copy=None)\n--\n\n"
@@ -1371,6 +1740,13 @@ static PyGetSetDef Buffer_getset[] = {
      "The live exports (memoryviews, DLPack capsules and their consumers).\n"
      "One atomic read: may change as soon as it is read.",
      NULL},
+    {"lent_to", Buffer_get_lent_to, NULL,
+     "Owner side: the pid the block is lent to, or None. One atomic read.",
+     NULL},
+    {"attached", Buffer_get_attached, NULL,
+     "True for a buffer unpickled in another process than its pool's\n"
+     "(a worker's view of a lent block; pool is None). Immutable.",
+     NULL},
     ATTR("attributes", A_ALL,
          "Every memory attribute (and 'huge_advised'), as a dict." LAZY),
     ATTR("host_accessible", A_HOST, "True: the CPU can access it." LAZY),
@@ -1413,7 +1789,83 @@ static PyTypeObject BufferType = {
 /* ---- Module ---------------------------------------------------------------
  */
 
+/* _attach(handle, fd, nbytes) -> Buffer: a worker's Buffer on a lent
+ * block (pinpool_share_attach; fd is not consumed). */
+static PyObject *mod_attach(PyObject *m, PyObject *args) {
+  (void)m;
+  PyObject *hobj;
+  int fd;
+  Py_ssize_t nbytes;
+  if (!PyArg_ParseTuple(args, "Oin:_attach", &hobj, &fd, &nbytes))
+    return NULL;
+  pinpool_share_handle_t h;
+  if (parse_handle(hobj, &h) != 0)
+    return NULL;
+  if (nbytes <= 0 || (uint64_t)nbytes > h.length)
+    return PyErr_Format(BadHandleError,
+                        "nbytes %zd does not fit the lent block (%llu bytes)",
+                        nbytes, (unsigned long long)h.length);
+  attach_t *a = calloc(1, sizeof *a);
+  if (a == NULL)
+    return PyErr_NoMemory();
+  BufferObject *self = PyObject_New(BufferObject, &BufferType);
+  if (self == NULL) {
+    free(a);
+    return NULL;
+  }
+  void *p = NULL;
+  PyThreadState *ts = PyEval_SaveThread(); /* mmap, fstat */
+  int rc = pinpool_share_attach(&h, fd, &p);
+  PyEval_RestoreThread(ts);
+  if (rc != 0) {
+    free(a);
+    self->att = NULL;
+    self->buf = NULL;
+    self->pool = NULL;
+    PyObject_Free(self);
+    return raise_rc(rc, "attaching a shared Buffer");
+  }
+  atomic_init(&a->state, 0);
+  atomic_init(&a->holds, 1);
+  a->ptr = p;
+  a->nbytes = (size_t)nbytes;
+  a->handle = h;
+  self->buf = NULL;
+  self->pool = NULL;
+  self->att = a;
+  self->ptr = p;
+  self->nbytes = (size_t)nbytes;
+  self->block_size = (size_t)h.length;
+  self->device_type = kDLCPU; /* a worker never uses CUDA */
+  atomic_init(&self->lent, 0);
+  return (PyObject *)self;
+}
+
+/* _lend_live(handle, fd) -> bool: is the lend still on? An attach (and
+ * detach) in this process, which checks the chunk's control area: the
+ * only way the C API tells which lends a reclaim_exited ended. */
+static PyObject *mod_lend_live(PyObject *m, PyObject *args) {
+  (void)m;
+  PyObject *hobj;
+  int fd;
+  if (!PyArg_ParseTuple(args, "Oi:_lend_live", &hobj, &fd))
+    return NULL;
+  pinpool_share_handle_t h;
+  if (parse_handle(hobj, &h) != 0)
+    return NULL;
+  void *p = NULL;
+  int rc = pinpool_share_attach(&h, fd, &p);
+  if (rc == PINPOOL_ESTALE)
+    Py_RETURN_FALSE;
+  if (rc != 0)
+    return raise_rc(rc, "_lend_live");
+  (void)pinpool_share_detach(p);
+  Py_RETURN_TRUE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"_attach", mod_attach, METH_VARARGS, NULL},
+    {"_lend_live", mod_lend_live, METH_VARARGS, NULL},
     {"default_pool", mod_default_pool, METH_NOARGS,
      "default_pool()\n--\n\n"
      "The process-wide Pool, created at the first call with the\n"
@@ -1430,6 +1882,22 @@ static PyMethodDef module_methods[] = {
 static int module_exec(PyObject *m) {
   if (make_dict_keys() < 0 || PyType_Ready(&PoolType) < 0 ||
       PyType_Ready(&BufferType) < 0)
+    return -1;
+  if (StaleHandleError == NULL)
+    StaleHandleError = PyErr_NewExceptionWithDoc(
+        "pinpool.StaleHandleError",
+        "A shared Buffer's lend has ended (the block was returned, "
+        "reclaimed, or freed and reused since it was sent).",
+        PyExc_ValueError, NULL);
+  if (BadHandleError == NULL)
+    BadHandleError = PyErr_NewExceptionWithDoc(
+        "pinpool.BadHandleError",
+        "A shared Buffer's handle or descriptor does not describe a lend "
+        "(forged, corrupt, another pool's, another file).",
+        PyExc_ValueError, NULL);
+  if (StaleHandleError == NULL || BadHandleError == NULL ||
+      PyModule_AddObjectRef(m, "StaleHandleError", StaleHandleError) < 0 ||
+      PyModule_AddObjectRef(m, "BadHandleError", BadHandleError) < 0)
     return -1;
   if (PyModule_AddObjectRef(m, "Pool", (PyObject *)&PoolType) < 0 ||
       PyModule_AddObjectRef(m, "Buffer", (PyObject *)&BufferType) < 0 ||

@@ -14,8 +14,10 @@ made from any number of threads at once, free-threaded builds included.
 """
 
 from pinpool._core import (
+    BadHandleError,
     Buffer,
     Pool,
+    StaleHandleError,
     __version__,
     alloc,
     default_pool,
@@ -23,10 +25,15 @@ from pinpool._core import (
     kDLCUDAHost,
 )
 from pinpool._array import asarray
+from pinpool._loader import SharedLoader, WorkerError
 
 __all__ = [
+    "BadHandleError",
     "Buffer",
     "Pool",
+    "SharedLoader",
+    "StaleHandleError",
+    "WorkerError",
     "__version__",
     "alloc",
     "asarray",

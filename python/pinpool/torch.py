@@ -35,7 +35,7 @@ import torch
 from pinpool._array import nbytes_of, parse_shape
 from pinpool._core import Buffer, Pool, default_pool
 
-__all__ = ["buffer_of", "collate", "empty", "is_pooled", "pin",
+__all__ = ["buffer_of", "collate", "empty", "from_buffer", "is_pooled", "pin",
            "pin_memory_fn", "record_stream", "zeros"]
 
 # storage address -> the memoryview the storage holds (weakly).
@@ -87,6 +87,47 @@ def empty(shape: Union[int, Sequence[int]], dtype: torch.dtype = torch.float32,
     else:
         t = torch.frombuffer(mv, dtype=dtype, count=n // itemsize)
         t = t.view(dims)
+    _storages[_storage_ptr(t)] = mv
+    return t
+
+
+def from_buffer(buf: Buffer, dtype: torch.dtype = torch.uint8,
+                shape: Optional[Union[int, Sequence[int]]] = None
+                ) -> torch.Tensor:
+    """A CPU tensor on the memory of buf, without a copy: shape (None: a
+    1-D tensor of every whole item of buf.nbytes) of dtype. Meant as
+    pinpool.SharedLoader's transform (the batch a worker filled, as a
+    tensor) and for any Buffer.
+
+    The tensor holds the block (and buf) until it and every view of it are
+    collected; buffer_of and record_stream work on it as on empty()'s
+    tensors. Raises TypeError (buf not a Buffer, dtype not a torch.dtype,
+    shape not ints), ValueError (a negative dimension, a shape larger than
+    buf), BufferError (buf closed, or lent to another process).
+    Thread-safe, as Pool.alloc.
+    """
+    if not isinstance(buf, Buffer):
+        raise TypeError(f"buf must be a pinpool.Buffer, not "
+                        f"{type(buf).__name__}")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, not "
+                        f"{type(dtype).__name__}")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if shape is None:
+        dims: Sequence[int] = (buf.nbytes // itemsize,)
+    else:
+        dims = parse_shape(shape)
+    n = nbytes_of(tuple(dims), itemsize)
+    if n > buf.nbytes:
+        raise ValueError(f"shape {tuple(dims)} of {dtype} needs {n} bytes; "
+                         f"the buffer has {buf.nbytes}")
+    mv = memoryview(buf)  # type: ignore[arg-type]  # (as in _array.py)
+    if n == 0:
+        flat = torch.frombuffer(mv, dtype=torch.uint8, count=1)[:0]
+        t = flat.view(dtype).reshape(tuple(dims))
+    else:
+        t = torch.frombuffer(mv, dtype=dtype, count=n // itemsize)
+        t = t.view(tuple(dims))
     _storages[_storage_ptr(t)] = mv
     return t
 
