@@ -1,0 +1,74 @@
+/*
+ * Sharing, internal: what the owner side (share.c) and the worker side
+ * (share_worker.c) both know: the memfd's seals and the layout of a
+ * chunk's control area (docs/sharing.md). Nothing here is exported.
+ */
+#ifndef PINPOOL_SHARE_H
+#define PINPOOL_SHARE_H
+
+#include "internal.h"
+
+#include <fcntl.h>
+
+#ifndef MFD_CLOEXEC
+#define MFD_CLOEXEC 0x0001u
+#endif
+#ifndef MFD_ALLOW_SEALING
+#define MFD_ALLOW_SEALING 0x0002u
+#endif
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008u /* Linux 6.3 */
+#endif
+#ifndef F_ADD_SEALS
+#define F_ADD_SEALS 1033
+#define F_GET_SEALS 1034
+#define F_SEAL_SEAL 0x0001
+#define F_SEAL_SHRINK 0x0002
+#define F_SEAL_GROW 0x0004
+#define F_SEAL_WRITE 0x0008
+#endif
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+#define SEALS_NEEDED (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+#define SEALS_FORBIDDEN (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)
+#define CTL_MAGIC 0x70696e706f6f6c31ull /* "pinpool1" */
+#define HUGE_ALIGN ((size_t)2 << 20)
+
+/* ---- The control area (in the memfd, after the chunk's bytes) ----------
+ * Atomics: the owner writes while workers (other processes, or threads of
+ * this one) read. Lock-free 64-bit atomics are address-free, so they work
+ * across processes. */
+typedef struct pp_ctl_head {
+  _Atomic(uint64_t) magic, nonce, chunk_id, chunk_size, nslots, owner_pid;
+  _Atomic(uint64_t) pad[2];
+} pp_ctl_head_t;
+typedef struct pp_ctl_slot {
+  _Atomic(uint64_t) gen; /* 0: free; else the lend's generation */
+  _Atomic(uint64_t) offset, length, peer;
+} pp_ctl_slot_t;
+_Static_assert(sizeof(pp_ctl_head_t) == 64, "control header is 64 bytes");
+_Static_assert(sizeof(pinpool_share_handle_t) == 96, "handle is 96 bytes");
+
+/* Slots per chunk: one per 16 KiB of chunk, 128 to 65536 (a 2 MiB chunk
+ * lends 128 blocks at once; a 1 GiB chunk 65536, in 2 MiB of control). A
+ * function of the chunk size alone, so that a worker computes the file
+ * size it expects from the handle. */
+static inline uint64_t pp_ctl_slots(uint64_t size) {
+  uint64_t n = size / (16 << 10);
+  return n < 128 ? 128 : n > 65536 ? 65536 : n;
+}
+static inline uint64_t pp_ctl_bytes(uint64_t size) {
+  uint64_t b =
+      sizeof(pp_ctl_head_t) + pp_ctl_slots(size) * sizeof(pp_ctl_slot_t);
+  return (b + PP_PAGE - 1) & ~(uint64_t)(PP_PAGE - 1);
+}
+static inline pp_ctl_slot_t *pp_ctl_slot(void *ctl, uint64_t i) {
+  return (pp_ctl_slot_t *)((char *)ctl + sizeof(pp_ctl_head_t)) + i;
+}
+
+#endif
