@@ -320,6 +320,12 @@ def fill_die(task, buf):
     fill_index(task, buf)
 
 
+def fill_first_slow(task, buf):
+    if task == 0:  # holds up the order
+        time.sleep(0.5)
+    fill_index(task, buf)
+
+
 def fill_slow(task, buf):
     time.sleep(0.2)
     fill_index(task, buf)
@@ -347,6 +353,24 @@ def test_loader_ordered(spool, method):
             buf.close()
     assert got == list(range(12))
     assert peak <= 4  # 2 workers x 2
+
+
+def test_loader_ordered_bound(spool):
+    # Task 0 is slow: the other worker finishes its tasks early, and they
+    # wait for their turn. Held back, they still count against its bound,
+    # so no more than workers x k blocks are out at once (the loader sent
+    # it a new task for each one it finished: 11 blocks here).
+    peak = 0
+    got = []
+    with pinpool.SharedLoader(spool, fill_first_slow, 12, 64 * 1024,
+                              num_workers=2, max_lent_per_worker=2,
+                              start_method="fork") as loader:
+        for buf in loader:
+            peak = max(peak, spool.stats()["requests"]["current"])
+            got.append(_first_u64(buf))
+            buf.close()
+    assert got == list(range(12))
+    assert peak <= 4, f"{peak} blocks out at once (2 workers x 2)"
 
 
 @needs_numpy
