@@ -579,6 +579,21 @@ hint_current(pp_segment_t *seg, const pp_fhint_t *h) {
 #endif
 }
 
+/* A free of a block of oversize stack b into a cache holding `before`
+ * bytes: kept if the stack is empty and the cache within its budget
+ * (alloc.c, "Oversize stacks"); the epoch is read before the free is
+ * counted (alloc_over_paired). A free that then takes the slow path (a
+ * pending flush) records the pairing again there. */
+static inline __attribute__((always_inline)) bool
+over_keeps(pinpool_t *pool, pp_tcache_t *tc, pp_tbin_t *b, uint64_t before,
+           size_t req) {
+  if (!b->over || b->n != 0 || before > tc->budget)
+    return false;
+  b->over_epoch = pp_load_acquire(&pool->gs.peak_epoch);
+  b->over_req = req;
+  return true;
+}
+
 /* The block (seg, idx) at ptr, whose state word was read as w, goes back
  * to the caller's cache tc. Shared by both paths of pinpool_free; hist:
  * write the free_completed entry if history is at ALLOC or above (the
@@ -594,26 +609,15 @@ free_block(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
     pp_hist_event(pool, PP_H_FREE_COMPLETED, (uintptr_t)ptr, bs, req, 0, ra);
   pp_tbin_t *b = &tc->bins[cls];
   uint64_t bytes = pp_load_relaxed(&tc->bytes) + bs;
-  /* An oversize block never passes the budget test: free_push_slow. */
-  if (pp_likely(b->n < b->cap && bytes <= tc->budget &&
+  /* An oversize block never passes the budget test; over_keeps says
+   * whether its stack keeps it (and records the pairing). */
+  if (pp_likely(((b->n < b->cap && bytes <= tc->budget) ||
+                 over_keeps(pool, tc, b, bytes - bs, req)) &&
                 tc->epoch == pp_load_relaxed(&pool->flush_epoch))) {
     account_free(tc, req, bs);
     b->items[b->n++] = (pp_tentry_t){ptr, seg, bs, idx};
     pp_store_relaxed(&tc->bytes, bytes);
     if (!hist) /* the hit path: its busy section ends here */
-      pp_store_release(&pp_tls.busy, 0);
-    return 0;
-  }
-  if (b->over && b->n == 0 && bytes - bs <= tc->budget &&
-      tc->epoch == pp_load_relaxed(&pool->flush_epoch)) {
-    /* An oversize stack (alloc_over_paired): the epoch read before the
-     * free is counted (the pairing). */
-    b->over_epoch = pp_load_acquire(&pool->gs.peak_epoch);
-    b->over_req = req;
-    account_free(tc, req, bs);
-    b->items[b->n++] = (pp_tentry_t){ptr, seg, bs, idx};
-    pp_store_relaxed(&tc->bytes, bytes);
-    if (!hist)
       pp_store_release(&pp_tls.busy, 0);
     return 0;
   }
