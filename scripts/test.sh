@@ -49,22 +49,51 @@ declare -a RESULTS=()
 FAILED=0
 START_ALL=$SECONDS
 
+# Every step's output is also kept in build/test-logs/STEP.log: where only
+# the end of the output is shown (a CI log's tail), the lines that say why a
+# step failed are printed again after the summary.
+LOGDIR="$ROOT/build/test-logs"
+mkdir -p "$LOGDIR"
+declare -a FAILED_LOGS=()
+
 # step NAME COMMAND...: run, time and record one step.
 step() {
   local name="$1" t0=$SECONDS rc
+  local log="$LOGDIR/${name//[^A-Za-z0-9_.-]/_}.log"
   shift
   echo
   echo "==================== $name ===================="
-  "$@"
-  rc=$?
+  "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
   local dt=$((SECONDS - t0))
   if ((rc == 0)); then
     RESULTS+=("PASS  $name (${dt}s)")
   else
     RESULTS+=("FAIL  $name (exit $rc, ${dt}s)")
+    FAILED_LOGS+=("$name|$log")
     FAILED=1
   fi
   return "$rc"
+}
+
+# why_failed: for each failed step, the lines of its log that name the
+# failure (sanitizer reports, failed tests and checks, the fuzzers' crash
+# inputs), at most 12, else its last 12 lines.
+why_failed() {
+  local entry name log lines
+  for entry in "${FAILED_LOGS[@]}"; do
+    name="${entry%%|*}"
+    log="${entry#*|}"
+    echo
+    echo "---- why '$name' failed (whole output: ${log#"$ROOT"/}) ----"
+    lines="$(grep -E -a '(^|[^a-z])(ERROR|FAILED|FAIL|SUMMARY|Assertion|CHECK|panic|Traceback|timed out|Timeout|crash input|deadly signal|pinpool fuzz:|ALARM|[Ee]rror:)' \
+      "$log" | grep -v -a "^PASS" | tail -n 12)"
+    if [[ -n "$lines" ]]; then
+      printf '%s\n' "$lines"
+    else
+      tail -n 12 "$log"
+    fi
+  done
 }
 
 missing_packages() {
@@ -220,6 +249,7 @@ echo "==================== summary ===================="
 printf '%s\n' "${RESULTS[@]}"
 echo "total: $((SECONDS - START_ALL))s"
 if ((FAILED)); then
+  why_failed
   echo "RESULT: FAILED"
   exit 1
 fi
