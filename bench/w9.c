@@ -407,8 +407,11 @@ int main(int argc, char **argv) {
   size_t batch = (size_t)atoi(argv[3]) << 20;
   g_cpu_fill = strcmp(argv[4], "cpu") == 0;
   int nb = atoi(argv[5]);
-  if (nw < 1 || nw > MAXW || batch == 0 || nb < 1)
+  if (nw < 1 || nw > MAXW || batch == 0 || nb < 1) {
+    /* run.sh records stderr's last line as a failed run's reason */
+    fprintf(stderr, "w9: WORKERS 1..%d, BATCH_MIB and BATCHES >= 1\n", MAXW);
     return 2;
+  }
   signal(SIGPIPE, SIG_IGN);
   if (strcmp(argv[1], "lend") == 0)
     run_lend(nw, batch, nb);
