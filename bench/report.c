@@ -8,8 +8,9 @@
  *             [--load-start "L1 L5 L15"] [--load-end "..."] [--charts 0|1]
  *
  * FILE holds the lines the pp_bench programs print (R: a record, N: a
- * note) and the lines bench/run.sh adds (F: a run that failed; T: how long
- * a run took, in microseconds). Records of
+ * note; W9: a record of pp_bench_w9 --raw, report_w9.c's) and the lines
+ * bench/run.sh adds (F: a run that failed; T: how long a run took, in
+ * microseconds). Records of
  * the same (workload, case, implementation, mode, threads) are repetitions:
  * every metric is reported as the median over them, and each record gets
  * its ratio to pinpool's record of the same case and thread count.
@@ -27,6 +28,8 @@
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "report_w9.h"
 
 #define MAX_METRICS 64 /* W8 reports ~50 */
 #define MAX_NOTES 6
@@ -174,6 +177,8 @@ static void parse_raw(const char *path) {
     die("cannot read %s: %s", path, strerror(errno));
   while (fgets(line, sizeof line, f) != NULL) {
     int n = split_tabs(line, fld, 80);
+    if (w9_parse(fld, n))
+      continue;
     if (n >= 8 && strcmp(fld[0], "R") == 0) {
       group_t *g =
           find_group(fld[1], fld[2], fld[3], fld[4], atoi(fld[5]), true);
@@ -991,6 +996,13 @@ static void evaluate_goals(void) {
   goal_ahead("W7", "W7: ahead of every peer, like for like, 1 and 2 "
                    "threads");
   goals_history();
+  w9_goal_t w9[3];
+  int nw9 = w9_goals(w9, 3);
+  for (int i = 0; i < nw9; i++) {
+    goal_t *g = goal_new(w9[i].name);
+    snprintf(g->status, sizeof g->status, "%s", w9[i].status);
+    goal_add(g, "%s", w9[i].detail);
+  }
 }
 
 /* ---- JSON ---------------------------------------------------------------- */
@@ -1095,7 +1107,17 @@ static void write_json(const machine_t *m) {
     json_put_str(f, "{\"workload\": \"W8\", \"reason\": ", W8_REASON);
     fprintf(f, "}");
   }
-  fprintf(f, "],\n  \"failures\": [");
+  const char *w9_why = w9_unavailable();
+  if (w9_why != NULL) {
+    /* after W8's entry, if W8 is unavailable too */
+    fprintf(f, "%s{\"workload\": \"W9\", \"reason\": ",
+            have_workload("W8") ? "" : ", ");
+    json_str(f, w9_why);
+    fprintf(f, "}");
+  }
+  fprintf(f, "],\n  ");
+  w9_write_json(f);
+  fprintf(f, ",\n  \"failures\": [");
   for (int i = 0; i < g_nfail; i++) {
     fprintf(f, "%s", i ? ", " : "");
     json_str(f, g_fail[i].text);
@@ -1538,7 +1560,7 @@ static void write_md(const machine_t *m) {
              "cannot count them).\n\n");
   md_w2_summary(f);
 
-  fprintf(f, "## Goals (issues 21, 7 and 4; reported, not asserted)\n\n"
+  fprintf(f, "## Goals (issues 21, 7, 4 and 22; reported, not asserted)\n\n"
              "| goal | status | where we stand "
              "|\n"
              "|---|---|---|\n");
@@ -1559,9 +1581,13 @@ static void write_md(const machine_t *m) {
     md_table(f, &g_wl[i]);
   md_w1h(f);
   md_w8(f);
+  w9_write_md(f);
   if (g_ncost > 0) {
-    fprintf(f, "## Time spent\n\n| workload | threads | runs | seconds |\n"
-               "|---|--:|--:|--:|\n");
+    /* W9's T lines carry its workers where the others' carry threads. */
+    fprintf(f,
+            "## Time spent\n\n| workload | threads%s | runs | seconds |\n"
+            "|---|--:|--:|--:|\n",
+            w9_have() ? " (W9: workers)" : "");
     for (int i = 0; i < g_ncost; i++)
       fprintf(f, "| %s | %d | %d | %.0f |\n", g_cost[i].workload,
               g_cost[i].threads, g_cost[i].runs, g_cost[i].seconds);
@@ -1928,8 +1954,11 @@ int main(int argc, char **argv) {
     return 2;
   }
   parse_raw(g_o.raw);
-  if (g_ngroups == 0)
+  /* Failures alone (every W9 run failed) still make a report, which lists
+   * them. */
+  if (g_ngroups == 0 && !w9_have() && g_nfail == 0)
     die("no records in %s", g_o.raw);
+  w9_aggregate();
   for (int i = 0; i < g_ngroups; i++)
     aggregate(&g_groups[i]);
   sort_groups();

@@ -7,10 +7,11 @@
 #                 bench/results/quick/ (not committed) unless --out is given
 #   --reps N      repetitions of every workload (default: full 5 for W1, W1h,
 #                 W3, W4 and W5 (the two-thread cases are noisy), 1 for W2
-#                 (12 long cases), 3 for the others; quick 2 for W1, 1 for
-#                 the others)
-#   --workloads   a subset of W1..W7, W1h, W8 (the report then covers only
-#                 those; e.g. --workloads "W1h W8" --out /tmp/w8)
+#                 (12 long cases), 3 for the others (W6, W7, W8, W9); quick
+#                 2 for W1, 1 for the others)
+#   --workloads   a subset of W1..W7, W1h, W8, W9 (the report then covers
+#                 only those; e.g. --workloads "W1h W8" --out /tmp/w8, or
+#                 --workloads W9 --out /tmp/w9)
 #   --out DIR     where latest.json, latest.md and the charts go
 #                 (default bench/results, or bench/results/quick)
 #
@@ -33,6 +34,13 @@
 # W1h (history cost on W1's pair) and W8 (snapshots) measure pinpool alone:
 # no peer has those features.
 #
+# W9 (issue 22; bench/w9.c, its own program pp_bench_w9) measures batches
+# lent to worker processes (a shared pool) against today's path (the
+# workers' shared memory copied into a locked buffer): 2 and 4 workers, 16
+# and 64 MiB batches, a fill at memory speed and one with CPU work, the two
+# paths interleaved; quick: 2 workers, 4 MiB, both fills (a few seconds:
+# both paths run, lend copies nothing, the report has its table and goals).
+#
 # On a machine with a CUDA driver and a device (pp_bench --cuda-probe), the
 # GPU implementations join W1..W7 in touch mode: pinpool-cuda and
 # pinpool-cuda-register (pinpool's CUDA backends), refpool-cuda (the
@@ -53,7 +61,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${BENCH_BUILD_DIR:-$ROOT/build/release}"
 QUICK=0
 REPS_OVERRIDE=""
-WORKLOADS="W1 W2 W3 W4 W5 W6 W7 W1h W8"
+WORKLOADS="W1 W2 W3 W4 W5 W6 W7 W1h W8 W9"
 OUT=""
 
 usage() {
@@ -186,7 +194,7 @@ declare -A PEER_DEB=([jemalloc]=libjemalloc2 [mimalloc]=libmimalloc2.0
   [tcmalloc]=libtcmalloc-minimal4)
 declare -A PEER_DEV=([jemalloc]=libjemalloc-dev [mimalloc]=libmimalloc-dev
   [tcmalloc]=libgoogle-perftools-dev)
-TARGETS=(pp_bench pp_report)
+TARGETS=(pp_bench pp_bench_w9 pp_report)
 PEERS=()
 for p in jemalloc mimalloc tcmalloc; do
   if grep -q "^${PEER_VAR[$p]}:FILEPATH=/" "$BUILD/CMakeCache.txt"; then
@@ -342,11 +350,69 @@ reps_for() { # workload
 
 FAILED=0
 RUNS=0
+
+# W9's cases, workers:batch MiB:fill:timed batches (the warm-up, 2 batches
+# per worker, comes on top). Full: 48 batches of 16 MiB or 16 of 64 MiB, as
+# in docs/benchmarks.md's W9 runs (a 64 MiB case with the CPU fill takes
+# ~10 s on 2 cores). Quick: small batches, a few seconds in all.
+W9_CASES=()
+if ((QUICK)); then
+  W9_CASES=(2:4:mem:20 2:4:cpu:10)
+else
+  for mib in 16 64; do
+    for fill in mem cpu; do
+      for nw in 2 4; do
+        W9_CASES+=("$nw:$mib:$fill:$((mib == 64 ? 16 : 48))")
+      done
+    done
+  done
+fi
+
+# W9 runs pp_bench_w9 (no implementations, modes or threads): each case
+# with each path as its own process, the two paths interleaved and their
+# order rotating with the repetition and the case, as the workloads'
+# implementations. T lines carry the workers where others carry threads.
+run_w9() {
+  local reps nc=${#W9_CASES[@]} rep c k path nw mib fill nb rc us0 why t0
+  local paths=(lend copy)
+  reps="$(reps_for W9)"
+  t0=$SECONDS
+  for ((rep = 1; rep <= reps; rep++)); do
+    for ((c = 0; c < nc; c++)); do
+      IFS=: read -r nw mib fill nb <<<"${W9_CASES[$c]}"
+      for ((k = 0; k < 2; k++)); do
+        path="${paths[$(((k + rep + c) % 2))]}"
+        RUNS=$((RUNS + 1))
+        rc=0
+        us0="${EPOCHREALTIME/./}"
+        timeout 600 "$BUILD/bench/pp_bench_w9" --raw "$path" "$nw" "$mib" \
+          "$fill" "$nb" >>"$RAW" 2>"$WORK/stderr" || rc=$?
+        printf 'T\tW9\t%d\tpp_bench_w9\t%s\t%s\t%d\t%d\t%d\n' "$c" "$path" \
+          "$fill" "$nw" "$rep" "$((${EPOCHREALTIME/./} - us0))" >>"$RAW"
+        if ((rc != 0)); then
+          FAILED=1
+          why="$(tail -n 1 "$WORK/stderr" | tr '\t' ' ')"
+          printf 'F\tW9 case %d (%d workers, %d MiB, %s fill), %s, rep %d: exit %d: %s\n' \
+            "$c" "$nw" "$mib" "$fill" "$path" "$rep" "$rc" "$why" >>"$RAW"
+          echo "bench/run.sh: FAILED: W9 case $c $path workers=$nw" \
+            "batch=${mib}MiB fill=$fill rep=$rep: exit $rc: $why" >&2
+        fi
+      done
+    done
+  done
+  echo "bench/run.sh: W9: $nc case(s) × 2 paths × $reps reps in" \
+    "$((SECONDS - t0)) s" >&2
+}
+
 for w in $WORKLOADS; do
   case "$w" in
     W[1-7] | W1h | W8) ;;
+    W9)
+      run_w9
+      continue
+      ;;
     *)
-      echo "bench/run.sh: unknown workload '$w' (W1..W7, W1h, W8)" >&2
+      echo "bench/run.sh: unknown workload '$w' (W1..W7, W1h, W8, W9)" >&2
       exit 2
       ;;
   esac
@@ -448,9 +514,12 @@ check_json() {
   py="$(command -v python3 || true)"
   [[ -x /usr/bin/python3 ]] && py=/usr/bin/python3
   if [[ -n "$py" ]]; then
-    "$py" - "$file" "$WORKLOADS" <<'EOF'
+    "$py" - "$file" "$WORKLOADS" "${W9_CASES[*]}" <<'EOF'
 import json, sys
 path, workloads = sys.argv[1], sys.argv[2].split()
+# W9's cases as run.sh ran them: "workers:MiB:fill:batches ..."
+w9_cases = {(int(a), int(b), f) for a, b, f, _ in
+            (c.split(":") for c in sys.argv[3].split())}
 try:
     with open(path) as f:
         doc = json.load(f)
@@ -462,7 +531,9 @@ try:
         assert key in doc["machine"], "machine has no '%s'" % key
     res = doc["results"]
     MALLOCS = ("glibc", "jemalloc", "mimalloc", "tcmalloc", "tcmalloc-rr0")
-    assert isinstance(res, list) and res, "no results"
+    # W9 has its own array: a --workloads W9 run has no other results.
+    others = [w for w in workloads if w != "W9"]
+    assert isinstance(res, list) and (res or not others), "no results"
     num = (int, float)
     def isnum(v):
         return isinstance(v, num) and not isinstance(v, bool)
@@ -548,9 +619,55 @@ try:
             ref = cases.get((w, "pinpool", mode), set())
             assert cs == ref, "%s %s (%s): cases %s, pinpool's %s" % (
                 w, impl, mode, sorted(cs ^ ref), sorted(ref))
-    for w in workloads:
+    for w in others:
         assert w in seen, "no results for %s" % w
-    assert "pinpool" in {r["impl"] for r in res}, "no pinpool results"
+    assert not others or "pinpool" in {r["impl"] for r in res}, \
+        "no pinpool results"
+    # W9: one entry per case, each path's medians (null only where its runs
+    # failed), the ratios where both paths ran; lend copies nothing and
+    # today's path the whole batch (the benchmark's own sanity).
+    w9 = doc.get("w9")
+    assert isinstance(w9, list), "no 'w9' array"
+    if "W9" not in workloads:
+        assert not w9, "W9 results, but W9 was not run"
+    elif not w9:
+        assert any(u.get("workload") == "W9" for u in doc["unavailable"]), \
+            "W9 is neither in 'w9' nor reported as unavailable"
+    got = set()
+    for c in w9:
+        for key, kind in (("workers", int), ("batch_mib", int),
+                          ("fill", str)):
+            assert isinstance(c.get(key), kind), "w9 entry: bad '%s'" % key
+        name = "W9 %d workers %d MiB %s" % (c["workers"], c["batch_mib"],
+                                            c["fill"])
+        got.add((c["workers"], c["batch_mib"], c["fill"]))
+        for p in ("lend", "copy"):
+            s = c.get(p)
+            if s is None:
+                assert doc["failures"], "%s: no %s runs" % (name, p)
+                continue
+            for key in ("reps", "batches_per_s", "copied_bytes_per_batch",
+                        "memory_held_mib", "locked_mib",
+                        "main_cpu_ms_per_batch", "consume_cpu_ms_per_batch",
+                        "main_cpu_ms_per_batch_excl_consume",
+                        "mlock_failures"):
+                assert isnum(s.get(key)), "%s %s: bad '%s'" % (name, p, key)
+            assert s["batches_per_s"] > 0 and s["memory_held_mib"] > 0, \
+                "%s %s: empty measurement" % (name, p)
+        if c.get("lend") is not None:
+            assert c["lend"]["copied_bytes_per_batch"] == 0, \
+                "%s: lend copied bytes" % name
+        if c.get("copy") is not None:
+            assert c["copy"]["copied_bytes_per_batch"] == \
+                c["batch_mib"] << 20, "%s: copy did not copy a batch" % name
+        for key in ("speed_ratio", "cpu_ratio", "cpu_ratio_excl_consume"):
+            assert key in c, "%s: no '%s'" % (name, key)
+            both = c.get("lend") is not None and c.get("copy") is not None
+            assert isnum(c[key]) if both else c[key] is None, \
+                "%s: bad '%s'" % (name, key)
+    if "W9" in workloads and not doc["failures"]:
+        assert got == w9_cases, "W9 cases %s, run.sh ran %s" % (
+            sorted(got), sorted(w9_cases))
     assert "W8" in seen or \
         any(u.get("workload") == "W8" for u in doc["unavailable"]), \
         "W8 is neither in the results nor reported as unavailable"
@@ -564,7 +681,8 @@ EOF
   else
     # No Python: a coarse check of the shape.
     if ! { grep -q '"git_revision"' "$file" && grep -q '"machine"' "$file" &&
-      grep -q '"ns_per_op_median"' "$file" && grep -q '"W8"' "$file" &&
+      grep -q '"results"' "$file" && grep -q '"W8"' "$file" &&
+      grep -q '"w9"' "$file" &&
       tail -n 1 "$file" | grep -q '^}$'; }; then
       echo "bench/run.sh: $file is malformed" >&2
       return 1
