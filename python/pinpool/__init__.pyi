@@ -139,7 +139,7 @@ class Buffer:
     @property
     def ptr(self) -> int: ...
     @property
-    def pool(self) -> Pool: ...  # None for an attached buffer (a worker's)
+    def pool(self) -> Optional[Pool]: ...  # None: attached (a worker's)
     @property
     def attached(self) -> bool: ...
     @property

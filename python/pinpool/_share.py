@@ -112,7 +112,8 @@ def reduce_buffer(buf: Buffer) -> Tuple[Any, Tuple[Any, ...]]:
         return (_returned, (handle,))
     if buf.closed:
         raise ValueError("cannot pickle a closed Buffer")
-    if "shared=1" not in buf.pool.config.split(","):
+    pool = buf.pool  # not None: an attached buffer was handled above
+    if pool is None or "shared=1" not in pool.config.split(","):
         raise TypeError(
             "cannot pickle a pinpool.Buffer of a pool without shared=1: its "
             "memory cannot be given to another process (create the pool "
