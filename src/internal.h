@@ -1146,7 +1146,7 @@ void pp_trim_to_cap(struct pinpool *pool);
 unsigned pp_release_idle(struct pinpool *pool);
 void pp_segment_release_all(struct pinpool *pool); /* destroy only */
 
-/* pool.c: keep the pool alive past pinpool_destroy (buffers, exports). */
+/* lifecycle.c: keep the pool alive past pinpool_destroy (buffers, exports). */
 void pp_pool_ref(struct pinpool *pool);
 void pp_pool_unref(struct pinpool *pool);
 /* A reference unless the last one is already gone (a teardown has begun). */
