@@ -383,7 +383,8 @@ typedef struct pp_events {
   void (*atfork)(void *ctx, int phase);
   /* May be NULL (no graph capture: simulated streams, callbacks). 1 and
    * the capture's id in *id if `stream` is capturing a graph, 0 if not,
-   * < 0 on an error. stream.c never records on a capturing stream. */
+   * < 0 on an error. stream.c never records on a capturing stream (it
+   * asks capture.c first). */
   int (*capture)(void *ctx, pinpool_stream_t stream, uint64_t *id);
 } pp_events_t;
 enum { PP_FORK_PREPARE = 0, PP_FORK_PARENT = 1, PP_FORK_CHILD = 2 };
@@ -1041,7 +1042,7 @@ struct pinpool {
   struct pp_qtab *qtab;      /* stream -> queue, for queues with events */
   struct pp_squeue *squeues; /* the queues with events (active list) */
   pp_counter_t pending_bytes, pending_blocks;
-  /* Graph capture (stream.c, "Captures"): the captures blocks are tied to,
+  /* Graph capture (capture.c): the captures blocks are tied to,
    * under streams_lock; the pending blocks parked on them (counted in
    * pending_* too). */
   struct pp_capture *captures;
