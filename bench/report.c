@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "report.h"
 #include "report_w9.h"
 
 #define MAX_METRICS 64 /* W8 reports ~50 */
@@ -244,7 +245,7 @@ static void parse_raw(const char *path) {
 
 /* ---- Aggregation --------------------------------------------------------- */
 
-static int cmp_double(const void *a, const void *b) {
+int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
 }
@@ -481,7 +482,7 @@ static void json_str(FILE *f, const char *s) {
   fputc('"', f);
 }
 
-static void json_num(FILE *f, double v) {
+void json_num(FILE *f, double v) {
   if (!isfinite(v))
     fputs("null", f);
   else if (v == floor(v) && fabs(v) < 1e15)
@@ -550,23 +551,17 @@ static const char *fmt_ratio(double v, char *buf, size_t len) {
 
 /* ---- Goals --------------------------------------------------------------- */
 
-typedef struct goal {
-  char name[160];
-  char status[16]; /* met, missed, partly, n/a */
-  char detail[12288];
-} goal_t;
-
 static goal_t g_goals[24];
 static int g_ngoals;
 
-static goal_t *goal_new(const char *name) {
+goal_t *goal_new(const char *name) {
   goal_t *g = &g_goals[g_ngoals++];
   memset(g, 0, sizeof *g);
   snprintf(g->name, sizeof g->name, "%s", name);
   return g;
 }
 
-static void goal_add(goal_t *g, const char *fmt, ...) {
+void goal_add(goal_t *g, const char *fmt, ...) {
   size_t len = strlen(g->detail);
   va_list ap;
   va_start(ap, fmt);
@@ -575,7 +570,7 @@ static void goal_add(goal_t *g, const char *fmt, ...) {
 }
 
 /* n (case, threads, mode) checked, ok of them met. */
-static void goal_count_status(goal_t *g, int ok, int n) {
+void goal_count_status(goal_t *g, int ok, int n) {
   snprintf(g->status, sizeof g->status, "%s",
            n == 0    ? "n/a"
            : ok == n ? "met"
@@ -996,13 +991,7 @@ static void evaluate_goals(void) {
   goal_ahead("W7", "W7: ahead of every peer, like for like, 1 and 2 "
                    "threads");
   goals_history();
-  w9_goal_t w9[3];
-  int nw9 = w9_goals(w9, 3);
-  for (int i = 0; i < nw9; i++) {
-    goal_t *g = goal_new(w9[i].name);
-    snprintf(g->status, sizeof g->status, "%s", w9[i].status);
-    goal_add(g, "%s", w9[i].detail);
-  }
+  w9_goals();
 }
 
 /* ---- JSON ---------------------------------------------------------------- */

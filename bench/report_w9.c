@@ -7,9 +7,9 @@
  * workloads and their peers.
  */
 #include "report_w9.h"
+#include "report.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,11 +101,6 @@ bool w9_parse(char **fld, int n) {
   return true;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 static double median(double *v, int n) {
   if (n == 0)
     return NAN;
@@ -166,30 +161,15 @@ const char *w9_unavailable(void) {
 
 /* ---- Goals --------------------------------------------------------------- */
 
-static void add(w9_goal_t *g, const char *fmt, ...) {
-  size_t len = strlen(g->detail);
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(g->detail + len, sizeof g->detail - len, fmt, ap);
-  va_end(ap);
-}
-
-static void count_status(w9_goal_t *g, int ok, int n) {
-  snprintf(g->status, sizeof g->status, "%s",
-           n == 0    ? "n/a"
-           : ok == n ? "met"
-           : ok > 0  ? "partly"
-                     : "missed");
-}
-
 static bool both(const w9case_t *c) {
   return c->p[LEND].nruns > 0 && c->p[COPY].nruns > 0;
 }
 
 /* Zero host copies: lend's copied bytes are 0 in every run of every case. */
-static void goal_zero_copy(w9_goal_t *g) {
-  g->name = "W9: zero host copies between the worker's fill and the pinned "
-            "buffer (lend path, every case)";
+static void goal_zero_copy(void) {
+  goal_t *g =
+      goal_new("W9: zero host copies between the worker's fill and the pinned "
+               "buffer (lend path, every case)");
   int ok = 0, n = 0;
   double copy_lo = INFINITY, copy_hi = -INFINITY;
   for (int i = 0; i < g_ncase; i++) {
@@ -204,24 +184,27 @@ static void goal_zero_copy(w9_goal_t *g) {
       copy_hi = fmax(copy_hi, mib);
     }
   }
-  count_status(g, ok, n);
+  goal_count_status(g, ok, n);
   if (n == 0) {
-    add(g, "W9 not run");
+    goal_add(g, "W9 not run");
     return;
   }
-  add(g, "lend: 0 bytes copied per batch in %d of %d cases (every run)", ok, n);
+  goal_add(g, "lend: 0 bytes copied per batch in %d of %d cases (every run)",
+           ok, n);
   if (isfinite(copy_lo) && copy_lo == copy_hi)
-    add(g, "; today's path copies the whole batch: %.0f MiB per batch",
-        copy_lo);
+    goal_add(g, "; today's path copies the whole batch: %.0f MiB per batch",
+             copy_lo);
   else if (isfinite(copy_lo))
-    add(g, "; today's path copies the whole batch: %.0f–%.0f MiB per batch",
-        copy_lo, copy_hi);
+    goal_add(g,
+             "; today's path copies the whole batch: %.0f–%.0f MiB per batch",
+             copy_lo, copy_hi);
 }
 
 /* >= 1.5x today's batches/s at 64 MiB with 2 workers, each fill. */
-static void goal_speed(w9_goal_t *g) {
-  g->name = "W9: lend >= 1.5x the batches/s of today's path at 64 MiB with 2 "
-            "workers";
+static void goal_speed(void) {
+  goal_t *g = goal_new(
+      "W9: lend >= 1.5x the batches/s of today's path at 64 MiB with 2 "
+      "workers");
   int ok = 0, n = 0;
   for (int i = 0; i < g_ncase; i++) {
     const w9case_t *c = &g_case[i];
@@ -229,23 +212,24 @@ static void goal_speed(w9_goal_t *g) {
       continue;
     n++;
     ok += c->speed_ratio >= 1.5;
-    add(g, "%s%s fill: %.2fx (lend %.1f vs copy %.1f batches/s)%s",
-        g->detail[0] ? "; " : "", c->fill, c->speed_ratio,
-        c->p[LEND].med[M_PER_S], c->p[COPY].med[M_PER_S],
-        c->speed_ratio >= 1.5 ? "" : " — missed");
+    goal_add(g, "%s%s fill: %.2fx (lend %.1f vs copy %.1f batches/s)%s",
+             g->detail[0] ? "; " : "", c->fill, c->speed_ratio,
+             c->p[LEND].med[M_PER_S], c->p[COPY].med[M_PER_S],
+             c->speed_ratio >= 1.5 ? "" : " — missed");
   }
-  count_status(g, ok, n);
+  goal_count_status(g, ok, n);
   if (n == 0)
-    add(g, "no 64 MiB, 2-worker case with both paths in this run%s",
-        w9_have() ? " (a quick run's batches are smaller)" : " (W9 not run)");
+    goal_add(g, "no 64 MiB, 2-worker case with both paths in this run%s",
+             w9_have() ? " (a quick run's batches are smaller)"
+                       : " (W9 not run)");
 }
 
 /* Main-process CPU per batch <= 1/4 of today's: the literal measure sets
  * the status; the measure without the consumer stand-in (the checksum both
  * paths run on the CPU, where a device would copy by DMA) is reported
  * beside it, since it is what lending itself costs the main process. */
-static void goal_cpu(w9_goal_t *g) {
-  g->name = "W9: main-process CPU per batch <= 1/4 of today's path";
+static void goal_cpu(void) {
+  goal_t *g = goal_new("W9: main-process CPU per batch <= 1/4 of today's path");
   int ok = 0, n = 0, ok_x = 0;
   double lo = INFINITY, hi = -INFINITY, lo_x = INFINITY, hi_x = -INFINITY;
   double lend_lo = INFINITY, lend_hi = -INFINITY;
@@ -266,12 +250,13 @@ static void goal_cpu(w9_goal_t *g) {
     copy_lo = fmin(copy_lo, c->p[COPY].med[M_EXCL]);
     copy_hi = fmax(copy_hi, c->p[COPY].med[M_EXCL]);
   }
-  count_status(g, ok, n);
+  goal_count_status(g, ok, n);
   if (n == 0) {
-    add(g, "W9 not run");
+    goal_add(g, "W9 not run");
     return;
   }
-  add(g,
+  goal_add(
+      g,
       "literal measure (getrusage of the main process, which includes the "
       "checksum standing in for the device copy in both paths): lend ÷ copy "
       "%.2f–%.2f, %d of %d cases <= 0.25. Without the consumer stand-in "
@@ -282,26 +267,13 @@ static void goal_cpu(w9_goal_t *g) {
       lo, hi, ok, n, lo_x, hi_x, ok_x, n, lend_lo, lend_hi, copy_lo, copy_hi);
 }
 
-int w9_goals(w9_goal_t *out, int max) {
-  void (*const fn[])(w9_goal_t *) = {goal_zero_copy, goal_speed, goal_cpu};
-  int n = 0;
-  for (size_t i = 0; i < sizeof fn / sizeof fn[0] && n < max; i++) {
-    memset(&out[n], 0, sizeof out[n]);
-    fn[i](&out[n++]);
-  }
-  return n;
+void w9_goals(void) {
+  goal_zero_copy();
+  goal_speed();
+  goal_cpu();
 }
 
 /* ---- JSON ---------------------------------------------------------------- */
-
-static void num(FILE *f, double v) {
-  if (!isfinite(v))
-    fputs("null", f);
-  else if (v == floor(v) && fabs(v) < 1e15)
-    fprintf(f, "%.0f", v);
-  else
-    fprintf(f, "%.6g", v);
-}
 
 static void json_side(FILE *f, const side_t *s) {
   if (s->nruns == 0) {
@@ -311,7 +283,7 @@ static void json_side(FILE *f, const side_t *s) {
   fprintf(f, "{\"reps\": %d", s->nruns);
   for (int m = 0; m < NMET; m++) {
     fprintf(f, ", \"%s\": ", MET_KEY[m]);
-    num(f, s->med[m]);
+    json_num(f, s->med[m]);
   }
   fputs("}", f);
 }
@@ -328,11 +300,11 @@ void w9_write_json(FILE *f) {
     fputs(",\n     \"copy\": ", f);
     json_side(f, &c->p[COPY]);
     fputs(",\n     \"speed_ratio\": ", f);
-    num(f, c->speed_ratio);
+    json_num(f, c->speed_ratio);
     fputs(", \"cpu_ratio\": ", f);
-    num(f, c->cpu_ratio);
+    json_num(f, c->cpu_ratio);
     fputs(", \"cpu_ratio_excl_consume\": ", f);
-    num(f, c->excl_ratio);
+    json_num(f, c->excl_ratio);
     fputs("}", f);
   }
   fputs(g_ncase ? "\n  ]" : "]", f);

@@ -26,13 +26,8 @@ bool w9_have(void);
  * failed. */
 const char *w9_unavailable(void);
 
-/* The three goals, for the report's goal list. */
-typedef struct w9_goal {
-  const char *name; /* a string literal */
-  char status[16];  /* met, missed, partly, n/a */
-  char detail[4096];
-} w9_goal_t;
-int w9_goals(w9_goal_t *out, int max);
+/* The three goals, appended to the report's goal list (report.h). */
+void w9_goals(void);
 
 /* `"w9": [...]` (one object per case), without a separator around it. */
 void w9_write_json(FILE *f);
