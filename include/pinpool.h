@@ -133,7 +133,13 @@ typedef uintptr_t pinpool_stream_t;
  * query:       1 if the event completed, 0 if not yet, < 0 on a device
  *              error (the block stays PENDING forever: never reused).
  * synchronize: wait for the event; 0 or < 0 on a device error.
- * release:     the pool is done with the event (providers pool them). */
+ * release:     the pool is done with the event (providers pool them). It
+ *              may not have completed: the pool gives up on an event it
+ *              could not queue (out of memory; the block is then never
+ *              reused). A provider that pools events must not let the old
+ *              record complete a new one (a CUDA event recorded again
+ *              follows its latest record only; the simulated provider
+ *              frees one once its stream and the pool are both done). */
 typedef struct pinpool_events {
   const char *name;
   int (*record)(void *ctx, pinpool_stream_t stream, void **event);

@@ -74,8 +74,8 @@ static const key_desc_t keys[] = {
 };
 
 static const char *fault_sites[PP_FAULT_SITES] = {
-    "none",   "alloc", "populate", "mlock",
-    "record", "query", "register", "sset"};
+    "none",  "alloc",    "populate", "mlock", "record",
+    "query", "register", "sset",     "queue"};
 
 bool pp_fault_hit(const pp_config_t *cfg, int site) {
   if (pp_likely(cfg->fault_site != site || cfg->fault == NULL))

@@ -6,9 +6,20 @@
  * same stream — the ordering a device stream gives. Used by the tests, the
  * demo and the benchmarks; pinpool_sim_submit queues work ("a copy").
  *
- * One mutex per provider guards every queue and the event free list; a
- * condition variable per stream wakes its worker, one per provider wakes
- * waiters in synchronize. The worker never runs user work under the lock.
+ * One mutex per provider guards every queue; a condition variable per
+ * stream wakes its worker, one per provider wakes waiters in synchronize.
+ * The worker never runs user work under the lock.
+ *
+ * An event is its queue item, held twice: by the queue until the worker
+ * has passed it, and by the pool until it releases it. The pool may release
+ * an event the worker has not reached yet (a free that recorded the event
+ * but found no memory to queue it: stream.c), so a released event is never
+ * reused while queued: when events were pooled, such an event was handed
+ * out again by the next record and the worker's late "done" completed that
+ * record early (a block reused while its copy still ran). Holding the item
+ * twice also makes a record one allocation and one lock, and a release no
+ * lock at all, as the benchmark's peers pay for their events on the same
+ * simulated streams (bench/impl.c).
  */
 #include "internal.h"
 
@@ -17,17 +28,16 @@
 #include <string.h>
 #include <time.h>
 
-typedef struct sim_event {
-  _Atomic(int) done;
-  struct sim_event *next_free; /* under sim->lock */
-} sim_event_t;
-
 typedef struct sim_item {
   uint64_t duration_ns;
   void (*fn)(void *);
   void *arg;
-  sim_event_t *event; /* NULL for plain work */
-  struct sim_item *next;
+  struct sim_item *next; /* under sim->lock */
+  bool is_event;
+  /* An event's: set when the worker passes it; the holds (queue, pool)
+   * whose last drop frees the item. */
+  _Atomic(int) done;
+  _Atomic(int) holds;
 } sim_item_t;
 
 typedef struct sim_stream {
@@ -44,7 +54,6 @@ typedef struct sim {
   pthread_mutex_t lock;
   pthread_cond_t done_cv; /* broadcast when any event completes */
   sim_stream_t *streams;
-  sim_event_t *free_events;
   uint64_t delay_ns;
   bool stop;
   /* A child of fork: the workers did not survive. The first call that
@@ -57,6 +66,14 @@ static void sleep_ns(uint64_t ns) {
   struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
+}
+
+/* Drop one of an event item's two holds; the last one frees it.
+ * Acquire-release: whichever side frees it sees everything the other did
+ * with it first (the worker's store of done, the pool's last query). */
+static void event_put(sim_item_t *it) {
+  if (atomic_fetch_sub_explicit(&it->holds, 1, memory_order_acq_rel) == 1)
+    free(it);
 }
 
 static void *worker(void *arg) {
@@ -78,19 +95,21 @@ static void *worker(void *arg) {
     st->head = it->next;
     if (st->head == NULL)
       st->tail = NULL;
-    if (it->event != NULL) {
+    if (it->is_event) {
 #ifdef PINPOOL_MUTANT_SIM_DONE_PLAIN
       /* Race mutant: the completion flag without release/acquire (the
        * cuda-python lazy-attribute race): a reader may see "done" before
        * what the work wrote. */
-      *(int *)&it->event->done = 1;
+      *(int *)&it->done = 1;
 #else
       /* Release: a thread that sees done also sees what fn wrote. */
-      pp_store_release(&it->event->done, 1);
+      pp_store_release(&it->done, 1);
 #endif
       pthread_cond_broadcast(&sim->done_cv);
+      event_put(it); /* the queue's hold; the last use of it here */
+    } else {
+      free(it);
     }
-    free(it);
   }
   pthread_mutex_unlock(&sim->lock);
   return NULL;
@@ -139,17 +158,12 @@ static sim_stream_t *stream_locked(sim_t *sim, pinpool_stream_t id) {
 
 /* Queue an item (work, or an event if ev != NULL) on stream `id`. The
  * queue owns the item; the worker frees it. */
-static int enqueue(sim_t *sim, pinpool_stream_t id, uint64_t duration_ns,
-                   void (*fn)(void *), void *arg, sim_event_t *ev) {
-  sim_item_t *it = malloc(sizeof *it);
-  if (it == NULL)
-    return pp_fail(PINPOOL_ENOMEM, "simulated stream: out of memory");
-  *it = (sim_item_t){duration_ns, fn, arg, ev, NULL};
+/* Queue `it` (allocated by the caller, who frees it if this fails). */
+static int enqueue(sim_t *sim, pinpool_stream_t id, sim_item_t *it) {
   pthread_mutex_lock(&sim->lock);
   sim_stream_t *st = stream_locked(sim, id);
   if (st == NULL) {
     pthread_mutex_unlock(&sim->lock);
-    free(it);
     return pp_fail(PINPOOL_ENOMEM, "simulated stream: cannot start a worker");
   }
   if (st->tail != NULL)
@@ -164,25 +178,30 @@ static int enqueue(sim_t *sim, pinpool_stream_t id, uint64_t duration_ns,
 
 int pp_events_sim_submit(void *ctx, pinpool_stream_t stream,
                          uint64_t duration_ns, void (*fn)(void *), void *arg) {
-  return enqueue(ctx, stream, duration_ns, fn, arg, NULL);
+  sim_item_t *it = malloc(sizeof *it);
+  if (it == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "simulated stream: out of memory");
+  *it = (sim_item_t){.duration_ns = duration_ns, .fn = fn, .arg = arg};
+  int rc = enqueue(ctx, stream, it);
+  if (rc != 0)
+    free(it);
+  return rc;
 }
 
 static int sim_record(void *ctx, pinpool_stream_t stream, void **event) {
   sim_t *sim = ctx;
-  pthread_mutex_lock(&sim->lock);
-  sim_event_t *ev = sim->free_events;
-  if (ev != NULL)
-    sim->free_events = ev->next_free;
-  pthread_mutex_unlock(&sim->lock);
-  if (ev == NULL && (ev = malloc(sizeof *ev)) == NULL)
+  sim_item_t *it = malloc(sizeof *it);
+  if (it == NULL)
     return pp_fail(PINPOOL_ENOMEM, "simulated event: out of memory");
-  atomic_init(&ev->done, 0);
-  int rc = enqueue(sim, stream, sim->delay_ns, NULL, NULL, ev);
+  *it = (sim_item_t){.duration_ns = sim->delay_ns, .is_event = true};
+  atomic_init(&it->done, 0);
+  atomic_init(&it->holds, 2); /* the queue's and the pool's */
+  int rc = enqueue(sim, stream, it);
   if (rc != 0) {
-    free(ev);
+    free(it);
     return rc;
   }
-  *event = ev;
+  *event = it;
   return 0;
 }
 
@@ -193,12 +212,12 @@ static int sim_query(void *ctx, void *event) {
     restart_locked(sim);
     pthread_mutex_unlock(&sim->lock);
   }
-  return pp_load_acquire(&((sim_event_t *)event)->done) ? 1 : 0;
+  return pp_load_acquire(&((sim_item_t *)event)->done) ? 1 : 0;
 }
 
 static int sim_synchronize(void *ctx, void *event) {
   sim_t *sim = ctx;
-  sim_event_t *ev = event;
+  sim_item_t *ev = event;
   pthread_mutex_lock(&sim->lock);
   restart_locked(sim);
   while (!pp_load_acquire(&ev->done))
@@ -208,14 +227,8 @@ static int sim_synchronize(void *ctx, void *event) {
 }
 
 static void sim_release(void *ctx, void *event) {
-  sim_t *sim = ctx;
-  sim_event_t *ev = event;
-  /* An event is released only once its worker is done with it, or at
-   * destroy after the workers stopped. */
-  pthread_mutex_lock(&sim->lock);
-  ev->next_free = sim->free_events;
-  sim->free_events = ev;
-  pthread_mutex_unlock(&sim->lock);
+  (void)ctx;
+  event_put(event); /* the pool's hold: freed here if the worker passed it */
 }
 
 static void sim_destroy(void *ctx) {
@@ -231,10 +244,6 @@ static void sim_destroy(void *ctx) {
       (void)pthread_join(st->thread, NULL);
     (void)pthread_cond_destroy(&st->wake);
     free(st);
-  }
-  for (sim_event_t *ev = sim->free_events, *next; ev != NULL; ev = next) {
-    next = ev->next_free;
-    free(ev);
   }
   (void)pthread_cond_destroy(&sim->done_cv);
   (void)pthread_mutex_destroy(&sim->lock);

@@ -270,6 +270,7 @@ enum {
   PP_FAULT_QUERY,    /* an event query */
   PP_FAULT_REGISTER, /* backend=cuda-register: cuMemHostRegister */
   PP_FAULT_SSET,     /* record_stream: memory for a block's stream set */
+  PP_FAULT_QUEUE,    /* a free: memory for a stream's event queue */
   PP_FAULT_SITES
 };
 typedef struct pp_fault {

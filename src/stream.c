@@ -250,7 +250,7 @@ static bool enqueue(pinpool_t *pool, pinpool_stream_t stream, pp_qitem_t *it) {
   pp_squeue_t **pq = qfind(t, stream);
   pp_squeue_t *q = *pq;
   if (q == NULL) {
-    q = calloc(1, sizeof *q);
+    q = pp_fault_hit(&pool->cfg, PP_FAULT_QUEUE) ? NULL : calloc(1, sizeof *q);
     if (q == NULL) {
       pp_mutex_unlock(&pool->streams_lock);
       return false;

@@ -369,6 +369,52 @@ static void test_background(void **state) {
   pinpool_destroy(pool);
 }
 
+/* An event released before its stream reached it must not complete a later
+ * one early. The pool releases such an event when a free recorded it but
+ * found no memory to queue it (fault=queue:1, the block is then never
+ * reused). The simulated provider used to pool its events: the next record
+ * was handed the released one, and the stream's "done" for the old item,
+ * queued behind a 200 ms copy, completed the new event at 200 ms although
+ * a 1.5 s copy was queued ahead of it: a block handed out while its copy
+ * still ran. */
+static void test_event_released_unfinished(void **state) {
+  (void)state;
+  pinpool_t *pool;
+  PP_OK(pinpool_create("events=simulated,sim_delay_us=0,tcache_bytes=0,"
+                       "fault=queue:1",
+                       &pool));
+  void *a, *b;
+  PP_OK(pinpool_sim_submit(pool, 5, 200 * 1000000ull, NULL, NULL));
+  PP_OK(pinpool_alloc(pool, 4096, &a));
+  PP_OK(pinpool_record_stream(pool, a, 5));
+  PP_OK(pinpool_free(pool, a)); /* its event recorded, not queued */
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.event_errors == 1 && st.pending_blocks == 1,
+            "the unqueued event: %llu errors, %llu pending",
+            (unsigned long long)st.event_errors,
+            (unsigned long long)st.pending_blocks);
+  PP_OK(pinpool_sim_submit(pool, 5, 1500 * 1000000ull, NULL, NULL));
+  PP_OK(pinpool_alloc(pool, 4096, &b));
+  PP_OK(pinpool_record_stream(pool, b, 5));
+  PP_OK(pinpool_free(pool, b)); /* done after both copies: ~1.7 s */
+  sleep_ms(500);                /* the first copy and the old item passed */
+  PP_OK(pinpool_process_events(pool));
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.pending_blocks == 2 && st.events_completed == 0,
+            "b's event completed before the copy queued ahead of it: "
+            "%llu pending, %llu events completed",
+            (unsigned long long)st.pending_blocks,
+            (unsigned long long)st.events_completed);
+  PP_OK(pinpool_synchronize(pool));
+  PP_STATS(pool, &st);
+  PP_ASSERT(st.pending_blocks == 1 && st.events_completed == 1,
+            "after synchronize: %llu pending, %llu completed",
+            (unsigned long long)st.pending_blocks,
+            (unsigned long long)st.events_completed);
+  pinpool_destroy(pool);
+}
+
 /* empty_cache reclaims what completed, then releases idle memory. */
 static void test_empty_cache_reclaims(void **state) {
   (void)state;
@@ -461,6 +507,7 @@ int main(void) {
       cmocka_unit_test(test_no_stream_caches_at_once),
       cmocka_unit_test(test_callbacks_and_event_error),
       cmocka_unit_test(test_background),
+      cmocka_unit_test(test_event_released_unfinished),
       cmocka_unit_test(test_empty_cache_reclaims),
       cmocka_unit_test(test_concurrent),
   };
