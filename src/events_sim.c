@@ -156,16 +156,28 @@ static sim_stream_t *stream_locked(sim_t *sim, pinpool_stream_t id) {
   return st;
 }
 
-/* Queue an item (work, or an event if ev != NULL) on stream `id`. The
- * queue owns the item; the worker frees it. */
-/* Queue `it` (allocated by the caller, who frees it if this fails). */
-static int enqueue(sim_t *sim, pinpool_stream_t id, sim_item_t *it) {
+/* Queue a copy of `init` on stream `id`: work (the worker frees it), or an
+ * event (init->is_event; *out gets it, held twice: worker()). */
+static int enqueue(sim_t *sim, pinpool_stream_t id, const sim_item_t *init,
+                   sim_item_t **out) {
+  sim_item_t *it = malloc(sizeof *it);
+  if (it == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "simulated stream: out of memory");
+  *it = (sim_item_t){.duration_ns = init->duration_ns,
+                     .fn = init->fn,
+                     .arg = init->arg,
+                     .is_event = init->is_event};
+  atomic_init(&it->done, 0);
+  atomic_init(&it->holds, 2); /* an event's: the queue's and the pool's */
   pthread_mutex_lock(&sim->lock);
   sim_stream_t *st = stream_locked(sim, id);
   if (st == NULL) {
     pthread_mutex_unlock(&sim->lock);
+    free(it);
     return pp_fail(PINPOOL_ENOMEM, "simulated stream: cannot start a worker");
   }
+  if (out != NULL)
+    *out = it; /* the pool's hold; the queue's is the append below */
   if (st->tail != NULL)
     st->tail->next = it;
   else
@@ -178,31 +190,18 @@ static int enqueue(sim_t *sim, pinpool_stream_t id, sim_item_t *it) {
 
 int pp_events_sim_submit(void *ctx, pinpool_stream_t stream,
                          uint64_t duration_ns, void (*fn)(void *), void *arg) {
-  sim_item_t *it = malloc(sizeof *it);
-  if (it == NULL)
-    return pp_fail(PINPOOL_ENOMEM, "simulated stream: out of memory");
-  *it = (sim_item_t){.duration_ns = duration_ns, .fn = fn, .arg = arg};
-  int rc = enqueue(ctx, stream, it);
-  if (rc != 0)
-    free(it);
-  return rc;
+  sim_item_t init = {.duration_ns = duration_ns, .fn = fn, .arg = arg};
+  return enqueue(ctx, stream, &init, NULL);
 }
 
 static int sim_record(void *ctx, pinpool_stream_t stream, void **event) {
   sim_t *sim = ctx;
-  sim_item_t *it = malloc(sizeof *it);
-  if (it == NULL)
-    return pp_fail(PINPOOL_ENOMEM, "simulated event: out of memory");
-  *it = (sim_item_t){.duration_ns = sim->delay_ns, .is_event = true};
-  atomic_init(&it->done, 0);
-  atomic_init(&it->holds, 2); /* the queue's and the pool's */
-  int rc = enqueue(sim, stream, it);
-  if (rc != 0) {
-    free(it);
-    return rc;
-  }
-  *event = it;
-  return 0;
+  sim_item_t init = {.duration_ns = sim->delay_ns, .is_event = true};
+  sim_item_t *it = NULL;
+  int rc = enqueue(sim, stream, &init, &it);
+  if (rc == 0)
+    *event = it; /* the pool's hold */
+  return rc;
 }
 
 static int sim_query(void *ctx, void *event) {
