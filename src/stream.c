@@ -42,13 +42,6 @@
 #include <string.h>
 #include <time.h>
 
-typedef struct pp_qitem {
-  void *event;
-  pp_pending_t *p;
-  struct pp_qitem *next;
-  int event_result; /* once taken off its queue: 1 done, < 0 error */
-} pp_qitem_t;
-
 /* All fields under pool->streams_lock (stream: immutable). */
 typedef struct pp_squeue {
   pinpool_stream_t stream;
@@ -159,7 +152,7 @@ int pinpool_record_stream(pinpool_t *pool, void *ptr, pinpool_stream_t stream) {
              (captured ? set->s[i].capture == cap_id : set->s[i].s == stream);
   pp_sset_t *grown = NULL;
   if (!found && (set == NULL || set->n == set->cap)) {
-    uint32_t cap = set == NULL ? 4 : set->cap * 2;
+    uint32_t cap = set == NULL ? PP_SSET_CAP0 : set->cap * 2;
     grown = pp_fault_hit(&pool->cfg, PP_FAULT_SSET)
                 ? NULL
                 : malloc(sizeof *set + cap * sizeof set->s[0]);
@@ -331,17 +324,26 @@ static void report_error(pinpool_t *pool, int err, pp_pending_t *p) {
   report_error_at(pool, err, pending_block(p));
 }
 
-/* A pending block's events are all done: drop its stream set (kept for
+/* A pending block's events are all done: empty its stream set (kept for
  * snapshots while it was pending), forget its allocation info, record the
- * free as completed. The caller then caches it. */
+ * free as completed. The caller then caches it. A set of the first size
+ * stays in its slot, empty, for the block's next use: the
+ * record_stream / free / reuse cycle then allocates nothing for it (one
+ * malloc and one free fewer an operation; the descriptor's end frees it,
+ * pool.c). A grown one goes, so a block once used on many streams does not
+ * keep their room. */
 static void block_done(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
                        size_t bs, size_t req) {
   pp_mutex_t *lk = stripe(pool, seg, idx);
   _Atomic(pp_sset_t *) *slot = sset_slot(seg, idx); /* exists: bit was set */
   pp_mutex_lock(lk);
   pp_sset_t *set = slot != NULL ? pp_load_relaxed(slot) : NULL;
-  if (slot != NULL)
+  if (set != NULL && set->cap <= PP_SSET_CAP0) {
+    set->n = 0;
+    set = NULL;
+  } else if (slot != NULL) {
     pp_store_relaxed(slot, NULL);
+  }
   pp_mutex_unlock(lk);
   free(set);
   pp_hist_forget(seg, idx);
@@ -500,7 +502,8 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
                   pp_load_relaxed(&seg->base) + (uintptr_t)idx * bs, bs, req,
                   set != NULL && set->n > 0 ? (uint64_t)set->s[0].s : 0, ra);
 
-  pp_pending_t *p = malloc(sizeof *p);
+  pp_pending_t *p =
+      malloc(sizeof *p + (set == NULL ? 0 : set->n) * sizeof p->items[0]);
   if (p == NULL) {
     wait_here(pool, seg, idx, bs, req, set);
     return 0;
@@ -545,14 +548,13 @@ static void start_events(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set,
                  ? pp_fail(PINPOOL_EDEVICE, "injected failure of an event "
                                             "record")
                  : pool->ev.record(pool->ev.ctx, stream, &ev);
-    pp_qitem_t *it = rc == 0 ? malloc(sizeof *it) : NULL;
+    pp_qitem_t *it = rc == 0 ? &p->items[i] : NULL;
     if (it != NULL) {
       *it = (pp_qitem_t){ev, p, NULL, 0};
       /* Counted before a poller can complete it (completed <= recorded). */
       pp_fetch_add_relaxed(&pool->ev_recorded, 1);
       if (!enqueue(pool, stream, it)) {
         pp_fetch_sub_relaxed(&pool->ev_recorded, 1);
-        free(it);
         it = NULL;
       }
     }
@@ -644,19 +646,21 @@ void pp_stream_resume(pinpool_t *pool, pp_pending_t *p) {
  */
 
 /* Resolve the events taken off the queues (no lock held): release them,
- * count them, and let their blocks go when it was their last. */
+ * count them, and let their blocks go when it was their last. An item is
+ * part of its block's record, which event_done may free: nothing of it is
+ * read after that call. */
 static void finish(pinpool_t *pool, pp_qitem_t *done) {
   while (done != NULL) {
     pp_qitem_t *it = done;
     done = it->next;
     int r = it->event_result;
+    pp_pending_t *p = it->p;
     pool->ev.release(pool->ev.ctx, it->event);
     if (r == 1)
       pp_fetch_add_relaxed(&pool->ev_completed, 1);
     else
-      report_error(pool, r < 0 ? r : PINPOOL_EDEVICE, it->p);
-    event_done(pool, it->p);
-    free(it);
+      report_error(pool, r < 0 ? r : PINPOOL_EDEVICE, p);
+    event_done(pool, p);
   }
 }
 
@@ -840,13 +844,15 @@ void pp_streams_fini(pinpool_t *pool) {
    * (no event was ever queued). */
   for (pp_squeue_t *q = pool->squeues, *next; q != NULL; q = next) {
     next = q->next;
+    /* An item is part of its block's record: the last one frees it.
+     * The items of one queue belong to different blocks. */
     for (pp_qitem_t *it = q->head, *n2; it != NULL; it = n2) {
       n2 = it->next;
+      pp_pending_t *p = it->p;
       pool->ev.release(pool->ev.ctx, it->event);
-      if (atomic_fetch_sub_explicit(&it->p->remaining, 1,
-                                    memory_order_acq_rel) == 1)
-        free(it->p);
-      free(it);
+      if (atomic_fetch_sub_explicit(&p->remaining, 1, memory_order_acq_rel) ==
+          1)
+        free(p);
     }
     free(q);
   }

@@ -18,12 +18,28 @@ typedef struct pp_suse {
   bool captured;
 } pp_suse_t;
 
+/* A block's uses, under its stripe lock. Made with room for PP_SSET_CAP0
+ * by the block's first record_stream; one of that size stays in its slot,
+ * emptied, when the block is cached again (block_done). */
+enum { PP_SSET_CAP0 = 4 };
 typedef struct pp_sset {
   uint32_t n, cap;
   pp_suse_t s[];
 } pp_sset_t;
 
-/* A freed block waiting for its events. */
+/* One event of a freed block, on its stream's queue (stream.c; next and
+ * event_result under streams_lock). */
+typedef struct pp_qitem {
+  void *event;
+  struct pp_pending *p;
+  struct pp_qitem *next;
+  int event_result; /* once taken off its queue: 1 done, < 0 error */
+} pp_qitem_t;
+
+/* A freed block waiting for its events: one allocation with room for an
+ * event on each of its uses (items[i] for set->s[i]; a capture's unused),
+ * so a stream-ordered free allocates once, however many streams. Freed by
+ * the last of its events (event_done) or by the pool's end. */
 typedef struct pp_pending {
   pp_segment_t *seg;
   uint32_t idx;
@@ -33,6 +49,7 @@ typedef struct pp_pending {
   _Atomic(uint32_t) remaining; /* events not yet complete */
   _Atomic(bool) failed;        /* an event failed: never reused */
   _Atomic(uint32_t) holds;     /* parked: captures not yet released */
+  pp_qitem_t items[];
 } pp_pending_t;
 
 /* A capture a block is tied to or parked on (capture.c). */

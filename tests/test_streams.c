@@ -183,6 +183,52 @@ static void test_multiple_streams(void **state) {
   pinpool_destroy(pool);
 }
 
+/* A block's stream set is emptied, not freed, when the block is cached
+ * again, and a grown one is freed: either way the block's next use starts
+ * with no streams. Reused with stream 3 only, its free records one event
+ * and does not wait for the slow stream 1 of its first use. Covers sizes
+ * from a slab class and from the arena, and a set grown past its first
+ * size (5 streams). */
+static void test_stream_set_reused_empty(void **state) {
+  (void)state;
+  static const size_t sizes[] = {100000, 8u << 20};
+  for (size_t k = 0; k < 2; k++)
+    for (unsigned nfirst = 2; nfirst <= 5; nfirst += 3) {
+      pinpool_t *pool;
+      /* No thread cache: the completed block is the central bin's
+       * newest, handed out next. */
+      PP_OK(pinpool_create("events=simulated,sim_delay_us=0,tcache_bytes=0",
+                           &pool));
+      void *p, *q;
+      PP_OK(pinpool_alloc(pool, sizes[k], &p));
+      for (unsigned s = 1; s <= nfirst; s++)
+        PP_OK(pinpool_record_stream(pool, p, s == 3 ? 4 + nfirst : s));
+      PP_OK(pinpool_free(pool, p));
+      PP_OK(pinpool_synchronize(pool));
+      PP_OK(pinpool_alloc(pool, sizes[k], &q));
+      PP_ASSERT(q == p, "the same block again (size %zu)", sizes[k]);
+      pinpool_stats_t st;
+      PP_STATS(pool, &st);
+      uint64_t rec = st.events_recorded;
+      PP_OK(pinpool_sim_submit(pool, 1, 300 * 1000 * 1000ull, NULL, NULL));
+      PP_OK(pinpool_record_stream(pool, q, 3));
+      PP_OK(pinpool_free(pool, q));
+      PP_STATS(pool, &st);
+      PP_ASSERT(st.events_recorded == rec + 1,
+                "%u streams before: %llu events for one stream", nfirst,
+                (unsigned long long)(st.events_recorded - rec));
+      for (int i = 0; i < 100 && st.pending_blocks != 0; i++) {
+        sleep_ms(2);
+        PP_OK(pinpool_process_events(pool));
+        PP_STATS(pool, &st);
+      }
+      PP_ASSERT(st.pending_blocks == 0,
+                "waited for a stream of the block's earlier use");
+      PP_CHECK_CONSISTENT(pool);
+      pinpool_destroy(pool);
+    }
+}
+
 /* A block freed without recorded streams is cached at once. */
 static void test_no_stream_caches_at_once(void **state) {
   (void)state;
@@ -504,6 +550,7 @@ int main(void) {
       cmocka_unit_test(test_reuse_waits_for_stream),
       cmocka_unit_test(test_slow_stream_does_not_block_fast),
       cmocka_unit_test(test_multiple_streams),
+      cmocka_unit_test(test_stream_set_reused_empty),
       cmocka_unit_test(test_no_stream_caches_at_once),
       cmocka_unit_test(test_callbacks_and_event_error),
       cmocka_unit_test(test_background),
