@@ -742,6 +742,15 @@ typedef struct pp_tcounters {
    * idle bytes like gs.central_in/out, counted here so that the pair of a
    * class without thread caches has no shared read-modify-write. */
   pp_counter_t slot_in, slot_out;
+  /* Stream-ordered frees (stream.c): a pending block is counted in by the
+   * thread that frees it and out by the one that reclaims it, so one
+   * thread's count may wrap below zero; the sum over threads (and the
+   * pool's own counters, for threads without a cache) is exact. Here, not
+   * in the pool, because two threads each freeing and reclaiming blocks
+   * made these pool-wide read-modify-writes a cache line both wrote every
+   * operation (W4, docs/benchmarks.md). */
+  pp_counter_t pend_bytes, pend_blocks;
+  pp_counter_t rc_count, rc_total; /* reclaim latency; its max: the pool's */
 } pp_tcounters_t;
 
 typedef struct pp_thread pp_thread_t;
@@ -1042,6 +1051,8 @@ struct pinpool {
   pp_mutex_t streams_lock;   /* the stream queues: qtab, squeues, items */
   struct pp_qtab *qtab;      /* stream -> queue, for queues with events */
   struct pp_squeue *squeues; /* the queues with events (active list) */
+  /* The part of the pending and reclaim counts kept by threads without a
+   * cache of this pool (pp_tcounters_t has the rest; pp_stats_sum adds). */
   pp_counter_t pending_bytes, pending_blocks;
   /* Graph capture (capture.c): the captures blocks are tied to,
    * under streams_lock; the pending blocks parked on them (counted in
@@ -1176,6 +1187,7 @@ typedef struct pp_sums {
   uint64_t n_alloc, n_free, req_alloc, req_free, blk_alloc, blk_free;
   uint64_t slow_allocs;
   uint64_t slot_in, slot_out;
+  uint64_t pend_bytes, pend_blocks, rc_count, rc_total;
   uint64_t tc_bytes;
   uint64_t cached; /* central idle (bins and hot slots) + tc_bytes */
 } pp_sums_t;

@@ -45,6 +45,10 @@ static void sum_counters(pp_sums_t *s, const pp_tcounters_t *c) {
   s->slow_allocs += pp_load_relaxed(&c->slow_allocs);
   s->slot_in += pp_load_relaxed(&c->slot_in);
   s->slot_out += pp_load_relaxed(&c->slot_out);
+  s->pend_bytes += pp_load_relaxed(&c->pend_bytes);
+  s->pend_blocks += pp_load_relaxed(&c->pend_blocks);
+  s->rc_count += pp_load_relaxed(&c->rc_count);
+  s->rc_total += pp_load_relaxed(&c->rc_total);
 }
 
 static uint64_t diff(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
@@ -57,6 +61,10 @@ void pp_stats_sum(pinpool_t *pool, pp_sums_t *out) {
     sum_counters(out, &tc->c);
     out->tc_bytes += pp_load_relaxed(&tc->bytes);
   }
+  out->pend_bytes += pp_load_relaxed(&pool->pending_bytes);
+  out->pend_blocks += pp_load_relaxed(&pool->pending_blocks);
+  out->rc_count += pp_load_relaxed(&pool->rc_count);
+  out->rc_total += pp_load_relaxed(&pool->rc_total);
   /* Hot-slot bytes are counted per thread (pool.c): a put by one thread
    * and the take by another are summed here in either order, so only the
    * total is clamped. */
@@ -156,7 +164,7 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
    * bytes sit (central bins, thread caches), so current == allocated - freed is
    * the accounting identity, not a tautology. */
   /* Freed blocks still pending have not entered the cache yet. */
-  uint64_t pend = pp_load_relaxed(&pool->pending_bytes);
+  uint64_t pend = s.pend_bytes;
   st.cached_bytes = stat_of(res_alloc + blk_free - pend, res_freed + blk_alloc,
                             c.cached, r->peak_cached);
   st.peak_slack_bytes =
@@ -169,13 +177,12 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   st.segments =
       stat_of(pp_load_relaxed(&g->segs_alloc), pp_load_relaxed(&g->segs_freed),
               pp_load_relaxed(&g->segs_cur), pp_load_relaxed(&g->segs_peak));
-  st.pending_bytes = pp_load_relaxed(&pool->pending_bytes);
-  st.pending_blocks = pp_load_relaxed(&pool->pending_blocks);
+  st.pending_bytes = s.pend_bytes;
+  st.pending_blocks = s.pend_blocks;
   st.events_recorded = pp_load_relaxed(&pool->ev_recorded);
   st.events_completed = pp_load_relaxed(&pool->ev_completed);
   st.event_errors = pp_load_relaxed(&pool->ev_errors);
-  st.reclaim = (pinpool_duration_t){pp_load_relaxed(&pool->rc_count),
-                                    pp_load_relaxed(&pool->rc_total),
+  st.reclaim = (pinpool_duration_t){s.rc_count, s.rc_total,
                                     pp_load_relaxed(&pool->rc_max)};
   st.cache_misses = pp_load_relaxed(&g->misses);
   st.cache_hits = diff(n_alloc, st.cache_misses);

@@ -394,6 +394,26 @@ static void give_completed(pinpool_t *pool, pp_tentry_t *e, size_t req) {
   pp_central_give(pool, pp_class_index(e->bs), e, 1);
 }
 
+/* This thread's counters for `pool` (pp_tcounters_t: pending and reclaim
+ * counts), NULL for a thread without a cache of it (the background
+ * thread, a thread that only synchronizes): the pool's own then. */
+static pp_tcounters_t *own_counters(pinpool_t *pool) {
+  pp_tls_way_t *w = pp_tls_way(pool->id);
+  return w->pool_id == pool->id ? &w->tc->c : NULL;
+}
+
+/* A freed block enters (+1) or leaves (-1) the pending counts. */
+static void pend_count(pinpool_t *pool, pp_tcounters_t *c, int dir, size_t bs) {
+  uint64_t n = dir > 0 ? 1 : (uint64_t)-1, b = dir > 0 ? bs : 0 - (uint64_t)bs;
+  if (c != NULL) {
+    pp_owner_add(&c->pend_blocks, n);
+    pp_owner_add(&c->pend_bytes, b);
+  } else {
+    pp_fetch_add_relaxed(&pool->pending_blocks, n);
+    pp_fetch_add_relaxed(&pool->pending_bytes, b);
+  }
+}
+
 /* One event of p is done (or failed). The last one decides. */
 static void event_done(pinpool_t *pool, pp_pending_t *p) {
   if (atomic_fetch_sub_explicit(&p->remaining, 1, memory_order_acq_rel) != 1)
@@ -411,8 +431,16 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
   pp_tentry_t e = {
       (void *)(pp_load_relaxed(&p->seg->base) + (uintptr_t)p->idx * bs), p->seg,
       bs, p->idx};
-  pp_backend_timed(&pool->rc_count, &pool->rc_total, &pool->rc_max,
-                   p->freed_ns);
+  pp_tcounters_t *c = own_counters(pool);
+  uint64_t dt = pp_now_ns() - p->freed_ns;
+  if (c != NULL) {
+    pp_owner_add(&c->rc_count, 1);
+    pp_owner_add(&c->rc_total, dt);
+  } else {
+    pp_fetch_add_relaxed(&pool->rc_count, 1);
+    pp_fetch_add_relaxed(&pool->rc_total, dt);
+  }
+  pp_atomic_max_relaxed(&pool->rc_max, dt); /* a load, mostly */
   block_done(pool, p->seg, p->idx, bs, req);
   free(p);
   pp_hook(PP_HOOK_EVENT_DONE);
@@ -423,8 +451,7 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
    * after it, find the block cached (they dropped before, and validate
    * failed; docs/verification.md, "Review defects", 3). */
   give_completed(pool, &e, req);
-  pp_fetch_sub_relaxed(&pool->pending_bytes, bs);
-  pp_fetch_sub_relaxed(&pool->pending_blocks, 1);
+  pend_count(pool, c, -1, bs);
   live_done(pool);
 }
 
@@ -463,8 +490,7 @@ static void wait_here(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
   pp_tentry_t e = {block, seg, bs, idx};
   block_done(pool, seg, idx, bs, req);
   give_completed(pool, &e, req);
-  pp_fetch_sub_relaxed(&pool->pending_bytes, bs);
-  pp_fetch_sub_relaxed(&pool->pending_blocks, 1);
+  pend_count(pool, own_counters(pool), -1, bs);
   live_done(pool);
 }
 
@@ -484,8 +510,7 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
   pp_owner_add(&tc->c.n_free, 1);
   pp_owner_add(&tc->c.req_free, req);
   pp_owner_add(&tc->c.blk_free, bs);
-  pp_fetch_add_relaxed(&pool->pending_bytes, bs);
-  pp_fetch_add_relaxed(&pool->pending_blocks, 1);
+  pend_count(pool, &tc->c, +1, bs);
   atomic_fetch_add(&pool->pending_live, 1);
   pp_hook(PP_HOOK_FREE_COUNTED);
 

@@ -298,9 +298,9 @@ int pinpool_validate(pinpool_t *pool) {
   if (!v->bad && v->cached_bytes != cached)
     VFAIL(v, "cached: structures hold %llu bytes, counters say %llu",
           (unsigned long long)v->cached_bytes, (unsigned long long)cached);
-  uint64_t pend = pp_load_relaxed(&pool->pending_bytes);
-  if (!v->bad && (v->pending_bytes != pend ||
-                  v->pending_count != pp_load_relaxed(&pool->pending_blocks)))
+  uint64_t pend = sums.pend_bytes;
+  if (!v->bad &&
+      (v->pending_bytes != pend || v->pending_count != sums.pend_blocks))
     VFAIL(v,
           "pending: %llu blocks of %llu bytes in segments, counters say "
           "%llu bytes",
