@@ -1069,7 +1069,9 @@ struct pinpool {
   uint64_t sync_gen;
   _Atomic(unsigned) sync_waiters;
   pp_counter_t ev_recorded, ev_completed, ev_errors;
-  pp_counter_t rc_count, rc_total, rc_max; /* reclaim latency */
+  /* Reclaim latency: count and total as pending_bytes (the part of
+   * threads without a cache); the max, the whole pool's. */
+  pp_counter_t rc_count, rc_total, rc_max;
   pthread_t bg_thread;
   bool bg_running; /* a bg_thread runs (this process's: false in a child) */
   /* A child of fork: the background thread did not survive. The next

@@ -402,16 +402,20 @@ static pp_tcounters_t *own_counters(pinpool_t *pool) {
   return w->pool_id == pool->id ? &w->tc->c : NULL;
 }
 
+/* Add v to a count: to this thread's part (own, from own_counters) or,
+ * without one, to the pool's (shared). */
+static void count_add(pp_counter_t *own, pp_counter_t *shared, uint64_t v) {
+  if (own != NULL)
+    pp_owner_add(own, v);
+  else
+    pp_fetch_add_relaxed(shared, v);
+}
+
 /* A freed block enters (+1) or leaves (-1) the pending counts. */
 static void pend_count(pinpool_t *pool, pp_tcounters_t *c, int dir, size_t bs) {
   uint64_t n = dir > 0 ? 1 : (uint64_t)-1, b = dir > 0 ? bs : 0 - (uint64_t)bs;
-  if (c != NULL) {
-    pp_owner_add(&c->pend_blocks, n);
-    pp_owner_add(&c->pend_bytes, b);
-  } else {
-    pp_fetch_add_relaxed(&pool->pending_blocks, n);
-    pp_fetch_add_relaxed(&pool->pending_bytes, b);
-  }
+  count_add(c != NULL ? &c->pend_blocks : NULL, &pool->pending_blocks, n);
+  count_add(c != NULL ? &c->pend_bytes : NULL, &pool->pending_bytes, b);
 }
 
 /* One event of p is done (or failed). The last one decides. */
@@ -433,13 +437,8 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
       bs, p->idx};
   pp_tcounters_t *c = own_counters(pool);
   uint64_t dt = pp_now_ns() - p->freed_ns;
-  if (c != NULL) {
-    pp_owner_add(&c->rc_count, 1);
-    pp_owner_add(&c->rc_total, dt);
-  } else {
-    pp_fetch_add_relaxed(&pool->rc_count, 1);
-    pp_fetch_add_relaxed(&pool->rc_total, dt);
-  }
+  count_add(c != NULL ? &c->rc_count : NULL, &pool->rc_count, 1);
+  count_add(c != NULL ? &c->rc_total : NULL, &pool->rc_total, dt);
   pp_atomic_max_relaxed(&pool->rc_max, dt); /* a load, mostly */
   block_done(pool, p->seg, p->idx, bs, req);
   free(p);
