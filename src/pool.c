@@ -564,6 +564,14 @@ static void hot_count(pp_counter_t *ctr, pp_counter_t *global, uint64_t bytes) {
     pp_fetch_add_relaxed(global, bytes);
 }
 
+/* After the exchange that filled a slot (a drain clears the mark before it
+ * empties the slots, so a put it raced with leaves the mark set, at worst
+ * over empty slots). Read first: the line is written only on a change. */
+static void hot_mark(pinpool_t *pool, unsigned cls) {
+  if (pp_load_relaxed(&pool->hot_used[cls]) == 0)
+    pp_store_relaxed(&pool->hot_used[cls], 1);
+}
+
 bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e,
                 uint64_t req, uint64_t epoch, pp_counter_t *ctr) {
   pp_segment_t *s = e->seg;
@@ -579,11 +587,14 @@ bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e,
   for (unsigned k = 0; k < PP_HOT_SLOTS; k++) {
     pp_segment_t *none = NULL;
     if (pp_load_relaxed(&bin->hot[k]) == NULL &&
-        hot_cas(&bin->hot[k], &none, s))
+        hot_cas(&bin->hot[k], &none, s)) {
+      hot_mark(pool, cls);
       return true;
+    }
   }
   unsigned k = (unsigned)(((uintptr_t)s >> 6) % PP_HOT_SLOTS);
   pp_segment_t *old = hot_xchg(&bin->hot[k], s);
+  hot_mark(pool, cls);
   if (old != NULL)
     seg_release(pool, old); /* idle either way: no count changes */
   return true;
@@ -591,6 +602,11 @@ bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e,
 
 bool pp_hot_take(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
                  pp_tentry_t *out, pp_counter_t *ctr) {
+  /* A block put after our load may be missed, as one put after the scan
+   * would be: the caller carves instead, and the block stays idle until a
+   * drain. */
+  if (pp_load_relaxed(&pool->hot_used[cls]) == 0)
+    return false;
   /* The caller's node's shards only (see pp_central_take). */
   unsigned ns = pool->cfg.shards, first = shard - shard % ns;
   for (unsigned i = 0; i < ns; i++) {
@@ -625,7 +641,10 @@ unsigned pp_hot_drain(pinpool_t *pool) {
   unsigned lo = pp_class_index(PP_SLAB_MAX_BLOCK) + 1;
   unsigned top = (unsigned)pp_load_relaxed(&pool->top_cls);
   unsigned n = 0;
-  for (unsigned c = lo; c <= top; c++)
+  for (unsigned c = lo; c <= top; c++) {
+    if (pp_load_relaxed(&pool->hot_used[c]) == 0)
+      continue;
+    pp_store_relaxed(&pool->hot_used[c], 0);
     for (unsigned i = 0; i < pool->nvshards; i++)
       for (unsigned k = 0; k < PP_HOT_SLOTS; k++) {
         pp_segment_t *s = hot_grab(&pp_bin(pool, c, i)->hot[k]);
@@ -634,6 +653,7 @@ unsigned pp_hot_drain(pinpool_t *pool) {
           n++;
         }
       }
+  }
   return n;
 }
 

@@ -64,6 +64,28 @@ static leaf_entry_t *entry_for(pp_segmap_t *m, uintptr_t chunk, bool create) {
   return &leaf[i2];
 }
 
+/* Chunks first..last of a segment at base: each chunk's slot for it (1 in
+ * a chunk it starts inside, 0 otherwise) from `was` to `to`. One leaf
+ * lookup per leaf, not per chunk: a 64 MiB block spans 256 chunks, and
+ * large blocks are made and released at every arena carve (W5). */
+static void map_set(pp_segmap_t *m, uintptr_t first, uintptr_t last,
+                    uintptr_t base, pp_segment_t *to, pp_segment_t *was) {
+  for (uintptr_t c = first; c <= last;) {
+    leaf_entry_t *leaf = entry_for(m, c, false);
+    pp_assert(leaf != NULL);
+    size_t i2 = (size_t)(c & (L2_LEN - 1));
+    uintptr_t end = c + (L2_LEN - i2) - 1; /* this leaf's last chunk */
+    if (end > last)
+      end = last;
+    for (; c <= end; c++, leaf++) {
+      int slot = (base <= (c << CHUNK_SHIFT)) ? 0 : 1;
+      pp_assert(pp_load_relaxed(&leaf->slot[slot]) == was);
+      (void)was;
+      pp_store_release(&leaf->slot[slot], to);
+    }
+  }
+}
+
 int pp_segmap_insert(pp_segmap_t *m, pp_segment_t *seg) {
   uintptr_t base = pp_load_relaxed(&seg->base);
   size_t size = pp_load_relaxed(&seg->size);
@@ -80,12 +102,9 @@ int pp_segmap_insert(pp_segmap_t *m, pp_segment_t *seg) {
   }
   if (entry_for(m, last, true) == NULL)
     return pp_fail(PINPOOL_ENOMEM, "segment map: out of memory");
-  for (uintptr_t c = first; c <= last; c++) {
-    leaf_entry_t *e = entry_for(m, c, false);
-    int slot = (base <= (c << CHUNK_SHIFT)) ? 0 : 1;
-    pp_assert(pp_load_relaxed(&e->slot[slot]) == NULL);
-    pp_store_release(&e->slot[slot], seg);
-  }
+  /* Slot 1 of the first chunk if the segment starts inside it, slot 0 of
+   * every later one. */
+  map_set(m, first, last, base, seg, NULL);
   return 0;
 }
 
@@ -94,10 +113,5 @@ void pp_segmap_remove(pp_segmap_t *m, pp_segment_t *seg) {
   size_t size = pp_load_relaxed(&seg->size);
   uintptr_t first = base >> CHUNK_SHIFT,
             last = (base + size - 1) >> CHUNK_SHIFT;
-  for (uintptr_t c = first; c <= last; c++) {
-    leaf_entry_t *e = entry_for(m, c, false);
-    int slot = (base <= (c << CHUNK_SHIFT)) ? 0 : 1;
-    pp_assert(e != NULL && pp_load_relaxed(&e->slot[slot]) == seg);
-    pp_store_release(&e->slot[slot], NULL);
-  }
+  map_set(m, first, last, base, NULL, seg);
 }
