@@ -282,15 +282,19 @@ int pp_arena_take(pinpool_t *pool, unsigned node, size_t size, void **mem,
       *mem = p;
       return 0;
     }
-    /* The first miss gives idle slabs, hot slots' blocks and the calling
-     * thread's own cached large blocks back to their chunks (they may
-     * coalesce into room) before the arena grows; another thread may take
-     * the new chunk's room before us, hence the loop (each lap grows the
-     * arena, so it ends). The thread's cache: a large stack keeps blocks
-     * of sizes not asked for lately, and W2's thread grew the arena past
-     * them (docs/allocation-policy.md, "Growth"). */
-    if (tries == 0 && pp_release_idle(pool) + pp_tcache_give_large(pool) > 0)
-      continue;
+    /* The first miss gives the calling thread's cached blocks, then idle
+     * slabs and hot slots' blocks back to their chunks (they may coalesce
+     * into room) before the arena grows; another thread may take the new
+     * chunk's room before us, hence the loop (each lap grows the arena,
+     * so it ends). The thread's cache first: a large stack keeps blocks of
+     * sizes not asked for lately, and the small stacks' blocks keep their
+     * slabs from going idle; W2's thread grew the arena past both
+     * (docs/allocation-policy.md, "Growth"). */
+    if (tries == 0) {
+      unsigned n = pp_tcache_give_own(pool);
+      if (n + pp_release_idle(pool) > 0)
+        continue;
+    }
     int rc = grow(pool, node, size);
     if (rc != 0)
       return rc;

@@ -873,12 +873,13 @@ void pp_tcache_shrink(pp_tcache_t *tc);
 /* Give back the blocks of oversize stacks (alloc.c): before a take from the
  * central layer, which may carve from their space or grow the arena. */
 void pp_tcache_flush_over(pp_tcache_t *tc);
-/* The calling thread's cached large blocks of `pool` back to the arena
- * (pp_arena_take, before it grows: they may coalesce into room); returns
- * the blocks given. Never while the caller is inside a change of one of
- * its large stacks (alloc.c takes large blocks one at a time, outside
- * the stack). */
-unsigned pp_tcache_give_large(struct pinpool *pool);
+/* Every block the calling thread caches for `pool` back to the central
+ * layer (pp_arena_take, before it grows: large blocks may coalesce into
+ * room, small ones may leave their slabs idle); returns the blocks given.
+ * Never while the caller is inside a change of one of its stacks: alloc.c
+ * takes large blocks one at a time, outside the stack, and refills a
+ * small stack only when it is empty. */
+unsigned pp_tcache_give_own(struct pinpool *pool);
 void pp_tcache_pool_destroy(struct pinpool *pool);
 
 /* ---- History (history.c) ------------------------------------------------

@@ -136,15 +136,13 @@ void pp_tcache_flush_over(pp_tcache_t *tc) {
       pp_tcache_flush_bin(tc, tc->used[i], 0);
 }
 
-unsigned pp_tcache_give_large(pinpool_t *pool) {
+unsigned pp_tcache_give_own(pinpool_t *pool) {
   pp_tls_way_t *way = pp_tls_way(pool->id);
   if (way->pool_id != pool->id)
     return 0; /* no cache, or not in the way (a victim): nothing given */
   pp_tcache_t *tc = way->tc;
   unsigned n = 0;
-  /* Largest classes first: the large ones lead tc->used. */
-  for (unsigned i = 0;
-       i < tc->nused && tc->bins[tc->used[i]].bs > PP_SLAB_MAX_BLOCK; i++) {
+  for (unsigned i = 0; i < tc->nused; i++) {
     pp_tbin_t *b = &tc->bins[tc->used[i]];
     n += b->n;
     if (b->n > 0)
