@@ -1001,9 +1001,9 @@ struct pinpool {
   pp_bin_t *bins;
   /* Per class: some bin's hot slot may hold a block (pool.c, "Hot
    * slots"): set by a put after its exchange, cleared by a drain before
-   * it empties the slots. A hint, so that a take of a class whose slots
-   * are all empty (most large sizes of a mix: W5) reads one byte instead
-   * of a cache line per shard. */
+   * it empties the slots (all of them, marked or not). A hint, so that a
+   * take of a class whose slots are all empty (most large sizes of a mix:
+   * W5) reads one byte instead of a cache line per shard. */
   _Atomic(uint8_t) hot_used[PP_NCLASSES];
   unsigned nnodes;   /* 1, or the nodes of numa=local; immutable */
   unsigned nvshards; /* cfg.shards * nnodes; immutable */

@@ -564,9 +564,11 @@ static void hot_count(pp_counter_t *ctr, pp_counter_t *global, uint64_t bytes) {
     pp_fetch_add_relaxed(global, bytes);
 }
 
-/* After the exchange that filled a slot (a drain clears the mark before it
- * empties the slots, so a put it raced with leaves the mark set, at worst
- * over empty slots). Read first: the line is written only on a change. */
+/* After the exchange that filled a slot. Read first: the line is written
+ * only on a change. A race with a drain (pp_hot_drain) can leave a block
+ * under a cleared mark; takes then miss it (a carve instead) until the
+ * next drain, which looks at every slot, gives it back: never a block
+ * lost, and never a growth past it (the arena drains before it grows). */
 static void hot_mark(pinpool_t *pool, unsigned cls) {
   if (pp_load_relaxed(&pool->hot_used[cls]) == 0)
     pp_store_relaxed(&pool->hot_used[cls], 1);
@@ -602,9 +604,8 @@ bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e,
 
 bool pp_hot_take(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
                  pp_tentry_t *out, pp_counter_t *ctr) {
-  /* A block put after our load may be missed, as one put after the scan
-   * would be: the caller carves instead, and the block stays idle until a
-   * drain. */
+  /* The mark is a hint (hot_mark): a block it does not show, like one put
+   * after the scan, is missed; the caller carves instead. */
   if (pp_load_relaxed(&pool->hot_used[cls]) == 0)
     return false;
   /* The caller's node's shards only (see pp_central_take). */
@@ -642,9 +643,12 @@ unsigned pp_hot_drain(pinpool_t *pool) {
   unsigned top = (unsigned)pp_load_relaxed(&pool->top_cls);
   unsigned n = 0;
   for (unsigned c = lo; c <= top; c++) {
-    if (pp_load_relaxed(&pool->hot_used[c]) == 0)
-      continue;
-    pp_store_relaxed(&pool->hot_used[c], 0);
+    /* Every slot is looked at, marked or not: a put racing with an
+     * earlier drain may have left its block under a cleared mark (its
+     * load of the mark saw the old 1, or the drain's clear came after its
+     * set), where takes do not see it; this drain gives it back. */
+    if (pp_load_relaxed(&pool->hot_used[c]) != 0)
+      pp_store_relaxed(&pool->hot_used[c], 0);
     for (unsigned i = 0; i < pool->nvshards; i++)
       for (unsigned k = 0; k < PP_HOT_SLOTS; k++) {
         pp_segment_t *s = hot_grab(&pp_bin(pool, c, i)->hot[k]);
