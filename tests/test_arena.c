@@ -160,16 +160,29 @@ static void test_runs(void **state) {
   pinpool_destroy(pool);
 }
 
+/* A pool on a counting backend (its calls and live bytes), and its end:
+ * every byte the backend gave, given back. */
+static pinpool_t *counted_pool(counting_backend_t *cb, const char *config) {
+  cb_init(cb);
+  pinpool_backend_t be = cb_table(cb, 1);
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create_with_backend(config, &be, &pool));
+  return pool;
+}
+
+static void counted_done(pinpool_t *pool, counting_backend_t *cb) {
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(cb);
+  cb_fini(cb);
+}
+
 /* The growth policy (docs/allocation-policy.md, "Arenas"): the first chunk
  * 2 MiB, a request above the chunk size a chunk of its own rounded up to
  * 2 MiB, and then an eighth of the arena. */
 static void test_growth(void **state) {
   (void)state;
   counting_backend_t cb;
-  cb_init(&cb);
-  pinpool_backend_t be = cb_table(&cb, 1);
-  pinpool_t *pool = NULL;
-  PP_OK(pinpool_create_with_backend("tcache_bytes=0", &be, &pool));
+  pinpool_t *pool = counted_pool(&cb, "tcache_bytes=0");
   void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
   PP_OK(pinpool_alloc(pool, 100, &a));
   PP_ASSERT(cb_counts(&cb).live_bytes == 2 * MiB, "first chunk %" PRIu64,
@@ -190,9 +203,7 @@ static void test_growth(void **state) {
   PP_OK(pinpool_free(pool, b));
   PP_OK(pinpool_free(pool, c));
   PP_OK(pinpool_free(pool, d));
-  pinpool_destroy(pool);
-  PP_CHECK_CB_BALANCED(&cb);
-  cb_fini(&cb);
+  counted_done(pool, &cb);
 }
 
 /* Before the arena grows, the calling thread's own cached large blocks go
@@ -204,10 +215,7 @@ static void test_growth(void **state) {
 static void test_cached_before_growth(void **state) {
   (void)state;
   counting_backend_t cb;
-  cb_init(&cb);
-  pinpool_backend_t be = cb_table(&cb, 1);
-  pinpool_t *pool = NULL;
-  PP_OK(pinpool_create_with_backend("reserve=16MiB", &be, &pool));
+  pinpool_t *pool = counted_pool(&cb, "reserve=16MiB");
   void *a = NULL, *b = NULL, *c = NULL;
   PP_OK(pinpool_alloc(pool, 6 * MiB, &a));
   PP_OK(pinpool_alloc(pool, 5 * MiB, &b));
@@ -223,9 +231,7 @@ static void test_cached_before_growth(void **state) {
             cb_counts(&cb).calls - calls);
   PP_CHECK_CONSISTENT(pool);
   PP_OK(pinpool_free(pool, c));
-  pinpool_destroy(pool);
-  PP_CHECK_CB_BALANCED(&cb);
-  cb_fini(&cb);
+  counted_done(pool, &cb);
 }
 
 /* Its cached small blocks go back too: a slab whose every block sits in
@@ -239,10 +245,7 @@ static void test_cached_before_growth(void **state) {
 static void test_cached_small_before_growth(void **state) {
   (void)state;
   counting_backend_t cb;
-  cb_init(&cb);
-  pinpool_backend_t be = cb_table(&cb, 1);
-  pinpool_t *pool = NULL;
-  PP_OK(pinpool_create_with_backend("reserve=2MiB", &be, &pool));
+  pinpool_t *pool = counted_pool(&cb, "reserve=2MiB");
   void *p[32], *big = NULL;
   for (int i = 0; i < 32; i++)
     PP_OK(pinpool_alloc(pool, 16 * KiB, &p[i]));
@@ -264,9 +267,7 @@ static void test_cached_small_before_growth(void **state) {
             cb_counts(&cb).calls - calls);
   PP_CHECK_CONSISTENT(pool);
   PP_OK(pinpool_free(pool, big));
-  pinpool_destroy(pool);
-  PP_CHECK_CB_BALANCED(&cb);
-  cb_fini(&cb);
+  counted_done(pool, &cb);
 }
 
 int main(void) {
