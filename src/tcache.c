@@ -136,18 +136,17 @@ void pp_tcache_flush_over(pp_tcache_t *tc) {
       pp_tcache_flush_bin(tc, tc->used[i], 0);
 }
 
+/* Emptied through pp_tcache_flush_all, which also marks any pending
+ * flush (pinpool_empty_cache) as done: the cache holds nothing to flush. */
 unsigned pp_tcache_give_own(pinpool_t *pool) {
   pp_tls_way_t *way = pp_tls_way(pool->id);
   if (way->pool_id != pool->id)
     return 0; /* no cache, or not in the way (a victim): nothing given */
   pp_tcache_t *tc = way->tc;
   unsigned n = 0;
-  for (unsigned i = 0; i < tc->nused; i++) {
-    pp_tbin_t *b = &tc->bins[tc->used[i]];
-    n += b->n;
-    if (b->n > 0)
-      pp_tcache_flush_bin(tc, tc->used[i], 0);
-  }
+  for (unsigned i = 0; i < tc->nused; i++)
+    n += tc->bins[tc->used[i]].n;
+  pp_tcache_flush_all(tc);
   return n;
 }
 
