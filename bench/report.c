@@ -62,19 +62,6 @@ typedef struct group {
   double over_floor_ns, ratio_floor; /* touch mode: distance to the floor */
 } group_t;
 
-/* The old method's pinpool numbers (B lines: bench/run.sh extracts them
- * from bench/results/before-fair.json): W3-W7's "no more than 10 % slower
- * than before". */
-typedef struct before {
-  char workload[8];
-  char kase[96];
-  int threads;
-  double ns_med, ops_per_s;
-} before_t;
-
-static before_t g_before[64];
-static int g_nbefore;
-
 typedef struct failure {
   char text[512];
 } failure_t;
@@ -221,15 +208,6 @@ static void parse_raw(const char *path) {
         g_cost[k].runs++;
         g_cost[k].seconds += strtod(fld[8], NULL) / 1e6;
       }
-    } else if (n >= 6 && strcmp(fld[0], "B") == 0) {
-      if (g_nbefore < (int)(sizeof g_before / sizeof g_before[0])) {
-        before_t *b = &g_before[g_nbefore++];
-        snprintf(b->workload, sizeof b->workload, "%s", fld[1]);
-        snprintf(b->kase, sizeof b->kase, "%s", fld[2]);
-        b->threads = atoi(fld[3]);
-        b->ns_med = strtod(fld[4], NULL);
-        b->ops_per_s = strtod(fld[5], NULL);
-      }
     } else if (n >= 2 && strcmp(fld[0], "F") == 0) {
       char buf[512];
       size_t len = 0;
@@ -311,15 +289,14 @@ static double op_ns(const group_t *g) {
 
 /* Rows: touch mode first (the headline), then alloc; the floor first. */
 static int impl_rank(const group_t *g) {
-  static const char *order[] = {"floor",         "pinpool",
-                                "pinpool-tc",    "pinpool-h-alloc",
-                                "pinpool-h-all", "pinpool-h-all16",
-                                "pinpool-cuda",  "pinpool-cuda-register",
-                                "rmmpool",       "refpool",
-                                "refpool-cuda",  "naive",
-                                "cuhostalloc",   "glibc",
-                                "jemalloc",      "mimalloc",
-                                "tcmalloc",      "tcmalloc-rr0"};
+  static const char *order[] = {
+      "floor",           "pinpool",         "pinpool-prearena",
+      "pinpool-tc",      "pinpool-h-alloc", "pinpool-h-all",
+      "pinpool-h-all16", "pinpool-cuda",    "pinpool-cuda-register",
+      "rmmpool",         "refpool",         "refpool-cuda",
+      "naive",           "cuhostalloc",     "glibc",
+      "jemalloc",        "mimalloc",        "tcmalloc",
+      "tcmalloc-rr0"};
   int r = 99;
   for (int i = 0; i < (int)(sizeof order / sizeof order[0]); i++)
     if (strcmp(g->impl, order[i]) == 0)
@@ -611,6 +588,11 @@ static void goals_w1(void) {
     if (tc != NULL)
       goal_add(a, " (tcache_bytes=8GiB: %s)",
                fmt_ns(get(tc, "ns_med"), buf, sizeof buf));
+    const group_t *pre =
+        find_group("W1", g->kase, "pinpool-prearena", "alloc", 1, false);
+    if (pre != NULL && pre->nruns > 0)
+      goal_add(a, " (before the arenas, this machine: %s)",
+               fmt_ns(get(pre, "ns_med"), buf, sizeof buf));
     if (t != NULL && isfinite(t->over_floor_ns))
       goal_add(a, " [touch mode, per pair: %s, floor %s: %s over it]",
                fmt_ns(op_ns(t), buf, sizeof buf),
@@ -770,48 +752,41 @@ static void goals_w2(void) {
                  1.5);
 }
 
-/* W3-W7 no more than 10 % slower than before this method: pinpool's
- * ns/op median in alloc mode against the old method's (resident: one byte
- * written) where bench/run.sh found the same case in the old results. */
+/* W3-W7 no more than 10 % slower than before the arenas: pinpool's ns/op
+ * median in alloc mode against pinpool-prearena's, the last revision before
+ * them built from the repository and run in the same interleaving
+ * (bench/run.sh), so on the same machine at the same load. */
 static void goals_before(void) {
   goal_t *g = goal_new("W3-W7: pinpool no more than 10 % slower than "
-                       "before (ns/op median, alloc mode, vs the last "
-                       "full run of the old method)");
+                       "before the arenas (ns/op median, alloc mode, vs "
+                       "pinpool-prearena run beside it)");
   int n = 0, ok = 0;
   char b1[64], b2[64], b3[64];
-  if (strcmp(g_o.mode, "full") != 0) {
-    snprintf(g->status, sizeof g->status, "n/a");
-    goal_add(g,
-             "%s run: its cases are shorter than the old full run's, "
-             "not compared",
-             g_o.mode);
-    return;
-  }
-  for (int k = 0; k < g_nbefore; k++) {
-    const before_t *b = &g_before[k];
-    const group_t *p =
-        find_group(b->workload, b->kase, "pinpool", "alloc", b->threads, false);
-    if (p == NULL || p->nruns == 0)
+  for (int i = 0; i < g_ngroups; i++) {
+    const group_t *p = &g_groups[i];
+    if (strcmp(p->impl, "pinpool") || strcmp(p->mode, "alloc") ||
+        p->nruns == 0 || p->workload[1] < '3' || p->workload[1] > '7' ||
+        p->workload[2] != '\0')
       continue;
-    double now = get(p, "ns_med");
-    double r = now / b->ns_med;
+    const group_t *b = find_group(p->workload, p->kase, "pinpool-prearena",
+                                  "alloc", p->threads, false);
+    if (b == NULL || b->nruns == 0)
+      continue;
+    double now = get(p, "ns_med"), then = get(b, "ns_med");
+    double r = now / then;
     n++;
     ok += r <= 1.10;
     goal_add(g, "%s%s %s %dT: %s vs %s (%s)%s", g->detail[0] ? "; " : "",
-             b->workload, b->kase, b->threads, fmt_ns(now, b1, sizeof b1),
-             fmt_ns(b->ns_med, b2, sizeof b2), fmt_ratio(r, b3, sizeof b3),
+             p->workload, p->kase, p->threads, fmt_ns(now, b1, sizeof b1),
+             fmt_ns(then, b2, sizeof b2), fmt_ratio(r, b3, sizeof b3),
              r <= 1.10 ? "" : " SLOWER");
   }
   goal_count_status(g, ok, n);
   if (n == 0)
-    goal_add(g, "no case of this run matches the old full run's (quick "
-                "runs use other sizes; bench/results/before-fair.json)");
+    goal_add(g, "pinpool-prearena was not run (see the unavailable "
+                "implementations)");
   else
-    goal_add(g,
-             ". %d of %d within 10 %%. The old method wrote one byte "
-             "per block, alloc mode writes none; both runs' machine load "
-             "differs (see each run's load average)",
-             ok, n);
+    goal_add(g, ". %d of %d within 10 %%", ok, n);
 }
 
 static void goals_w4(void) {
@@ -1628,15 +1603,22 @@ static const char *style(const char *impl, const char *mode, char *buf,
                          size_t len) {
   static const struct {
     const char *impl, *rgb;
-  } colours[] = {
-      {"pinpool", "#000000"},      {"pinpool-tc", "#7f7f7f"},
-      {"refpool", "#9467bd"},      {"rmmpool", "#17becf"},
-      {"floor", "#bbbbbb"},        {"tcmalloc-rr0", "#ffbb78"},
-      {"naive", "#8c564b"},        {"glibc", "#1f77b4"},
-      {"pinpool-cuda", "#393b79"}, {"pinpool-cuda-register", "#bcbd22"},
-      {"refpool-cuda", "#c5b0d5"}, {"cuhostalloc", "#e377c2"},
-      {"jemalloc", "#d62728"},     {"mimalloc", "#2ca02c"},
-      {"tcmalloc", "#ff7f0e"}};
+  } colours[] = {{"pinpool", "#000000"},
+                 {"pinpool-tc", "#7f7f7f"},
+                 {"pinpool-prearena", "#8c8c3c"},
+                 {"refpool", "#9467bd"},
+                 {"rmmpool", "#17becf"},
+                 {"floor", "#bbbbbb"},
+                 {"tcmalloc-rr0", "#ffbb78"},
+                 {"naive", "#8c564b"},
+                 {"glibc", "#1f77b4"},
+                 {"pinpool-cuda", "#393b79"},
+                 {"pinpool-cuda-register", "#bcbd22"},
+                 {"refpool-cuda", "#c5b0d5"},
+                 {"cuhostalloc", "#e377c2"},
+                 {"jemalloc", "#d62728"},
+                 {"mimalloc", "#2ca02c"},
+                 {"tcmalloc", "#ff7f0e"}};
   const char *rgb = "#555555";
   for (size_t i = 0; i < sizeof colours / sizeof colours[0]; i++)
     if (strcmp(colours[i].impl, impl) == 0)

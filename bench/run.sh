@@ -29,7 +29,8 @@
 # a pre-faulted region no allocator manages) in touch mode; peers: glibc,
 # jemalloc, mimalloc, tcmalloc at its defaults and as tcmalloc-rr0
 # (TCMALLOC_RELEASE_RATE=0 in its environment), refpool (PyTorch's policy),
-# rmmpool (RMM's), naive (not in W2).
+# rmmpool (RMM's), naive (not in W2); pinpool-prearena (the pool before the
+# arenas, built from this repository's history: W1, W3-W7, alloc mode).
 #
 # W1h (history cost on W1's pair) and W8 (snapshots) measure pinpool alone:
 # no peer has those features.
@@ -271,6 +272,42 @@ trap 'rc=$?; rm -rf "$WORK"
     HOLDER=""
   fi
 }
+# The pool before the arenas (issue 21's "W3-W7 no more than 10 % slower
+# than before"): the last revision before them, its pp_bench built from the
+# repository's history beside this one and run in the same interleaving, as
+# the implementation pinpool-prearena (alloc mode, W1 and W3-W7), so that
+# the comparison is on this machine, at this load, by the same method.
+# BENCH_PREARENA_REV= (empty) leaves it out; a checkout without that
+# revision (a shallow clone, an archive) leaves it out with a note.
+PREARENA_REV="${BENCH_PREARENA_REV-72890e5}"
+PREARENA_BIN=""
+build_prearena() {
+  local src="$WORK/prearena" log="$WORK/prearena.log"
+  [[ -n "$PREARENA_REV" ]] || return 0
+  if ! git -C "$ROOT" cat-file -e "$PREARENA_REV^{commit}" 2>/dev/null; then
+    PREARENA_WHY="revision $PREARENA_REV is not in this checkout's history"
+    return 0
+  fi
+  mkdir -p "$src"
+  if git -C "$ROOT" archive "$PREARENA_REV" | tar -x -C "$src" &&
+    (cd "$src" && cmake --preset release -B "$src/build" &&
+      cmake --build "$src/build" --target pp_bench) >"$log" 2>&1; then
+    PREARENA_BIN="$src/build/bench/pp_bench"
+    echo "bench/run.sh: pinpool-prearena: $PREARENA_REV built" >&2
+  else
+    PREARENA_WHY="its build failed: $(tail -n 1 "$log" 2>/dev/null)"
+  fi
+}
+PREARENA_WHY=""
+build_prearena
+if [[ -z "$PREARENA_BIN" ]]; then
+  REPORT_PEERS+=(--missing "pinpool-prearena=${PREARENA_WHY:-left out (BENCH_PREARENA_REV is empty)}")
+  echo "bench/run.sh: NOTE: pinpool-prearena left out:" \
+    "${PREARENA_WHY:-BENCH_PREARENA_REV is empty}" >&2
+else
+  REPORT_PEERS+=(--peer "pinpool-prearena=$PREARENA_REV (the pool before the arenas, built from this repository)")
+fi
+
 RAW="$WORK/raw.tsv"
 : >"$RAW"
 LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
@@ -315,6 +352,12 @@ impls_for() { # workload
     fi
   done
   list+=("pp_bench:floor:touch")
+  # The pool before the arenas, on the workloads its goal names and W1
+  # (whose 20 ns goal it puts in this machine's terms): alloc mode, as that
+  # goal. Not in W2, whose fair method postdates it.
+  if [[ -n "$PREARENA_BIN" && "$w" =~ ^W[134567]$ ]]; then
+    list+=("prearena:pinpool:alloc:pinpool-prearena")
+  fi
   for p in "${CUDA_IMPLS[@]}"; do
     # cuhostalloc is naive's GPU twin: not in W2 either.
     [[ "$w" == W2 && "$p" == cuhostalloc ]] && continue
@@ -433,13 +476,25 @@ for w in $WORKLOADS; do
           [[ -n "$name" ]] && NAME_ARG=(--name "$name")
           ENV_SET=()
           [[ -n "$envset" ]] && ENV_SET=("$envset")
+          exe="$BUILD/bench/$bin"
+          # The old pp_bench renames malloc peers only: its records are
+          # renamed here (the implementation is the fourth field of R and
+          # N lines).
+          [[ "$bin" == prearena ]] && exe="$PREARENA_BIN" NAME_ARG=()
           RUNS=$((RUNS + 1))
           rc=0
           us0="${EPOCHREALTIME/./}"
-          env "${ENV_SET[@]}" timeout 600 "$BUILD/bench/$bin" --workload "$w" \
+          env "${ENV_SET[@]}" timeout 600 "$exe" --workload "$w" \
             --impl "$impl" --mode "$mode" --threads "$threads" --case "$c" \
             --rep "$rep" "${QUICK_ARG[@]}" "${NAME_ARG[@]}" \
-            >>"$RAW" 2>"$WORK/stderr" || rc=$?
+            >"$WORK/stdout" 2>"$WORK/stderr" || rc=$?
+          if [[ "$bin" == prearena ]]; then
+            awk -F'\t' -v OFS='\t' -v n="$name" \
+              '$1 == "R" || $1 == "N" { $4 = n } { print }' \
+              "$WORK/stdout" >>"$RAW"
+          else
+            cat "$WORK/stdout" >>"$RAW"
+          fi
           printf 'T\t%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\n' "$w" "$c" "$bin" \
             "${name:-$impl}" "$mode" "$threads" "$rep" \
             "$((${EPOCHREALTIME/./} - us0))" >>"$RAW"
@@ -463,23 +518,6 @@ LOAD_END="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
 [[ -n "${BENCH_RAW:-}" ]] && cp "$RAW" "$BENCH_RAW"
 
 # ---- Report, charts, check ------------------------------------------------------------
-# The old method's pinpool numbers (its last full run, kept in
-# bench/results/before-fair.json): the report's "W3-W7 no more than 10 %
-# slower than before" goal, where a case of this run matches one of those.
-BEFORE="$ROOT/bench/results/before-fair.json"
-if [[ -f "$BEFORE" ]] && command -v python3 >/dev/null; then
-  python3 - "$BEFORE" >>"$RAW" <<'EOF' || echo "bench/run.sh: NOTE: $BEFORE unreadable" >&2
-import json, sys
-doc = json.load(open(sys.argv[1]))
-for r in doc["results"]:
-    if r["impl"] == "pinpool" and r["mode"] == "resident" and \
-            r["workload"] in ("W3", "W4", "W5", "W6", "W7") and \
-            r.get("ns_per_op_median") and r.get("ops_per_s"):
-        print("B\t%s\t%s\t%d\t%.9g\t%.9g" % (
-            r["workload"], r["case"], r["threads"], r["ns_per_op_median"],
-            r["ops_per_s"]))
-EOF
-fi
 mkdir -p "$OUT" "$WORK/plots" "$WORK/png"
 CHARTS=0
 command -v gnuplot >/dev/null && CHARTS=1
