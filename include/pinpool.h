@@ -237,8 +237,9 @@ PINPOOL_API int pinpool_size_class(size_t size, size_t *out);
  * which is kept). Thread-safe. */
 PINPOOL_API int pinpool_empty_cache(pinpool_t *pool);
 
-/* Flush the calling thread's cache for this pool into the shared bins (done
- * automatically at thread exit). Thread-safe. */
+/* Flush the calling thread's cache for this pool into the shared bins, its
+ * large blocks back into the arena (done automatically at thread exit).
+ * Thread-safe. */
 PINPOOL_API int pinpool_thread_flush(pinpool_t *pool);
 
 /* ---- Stream-ordered frees ---------------------------------------------

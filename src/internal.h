@@ -640,6 +640,10 @@ struct pp_segment {
    * exchange orders the write before the read; atomics so that no plain
    * field is shared between threads outside a lock (DESIGN.md, 3). */
   _Atomic(uint64_t) hot_req, hot_epoch;
+  /* The deferred stack (pool.c, "Deferred gives"): written by the pushing
+   * thread before its release CAS, read by the draining thread after its
+   * acquire exchange. */
+  _Atomic(struct pp_segment *) defer_next;
 
   _Alignas(64) _Atomic(uint64_t) word[];
 };
@@ -1019,7 +1023,12 @@ struct pinpool {
   uint16_t *cpu_node;
   int place[PP_NUMA_MAX];
 
-  pp_mutex_t seg_lock; /* all, desc_free_* */
+  /* Large one-block segments given back and not yet released to the
+   * arena (pool.c, "Deferred gives"): a stack pushed without a lock,
+   * emptied whole under seg_lock. Its own line: the freeing thread writes
+   * it, the carving thread empties it. */
+  _Alignas(64) _Atomic(struct pp_segment *) deferred;
+  _Alignas(64) pp_mutex_t seg_lock; /* all, desc_free_* */
   pp_segment_t *all;
   pp_segment_t *desc_free_slab, *desc_free_large;
   pp_segmap_t *map;
@@ -1156,6 +1165,8 @@ bool pp_hot_put(struct pinpool *pool, unsigned cls, const pp_tentry_t *e,
 bool pp_hot_take(struct pinpool *pool, unsigned cls, size_t bs, unsigned shard,
                  pp_tentry_t *out, pp_counter_t *ctr);
 unsigned pp_hot_drain(struct pinpool *pool); /* blocks drained */
+/* Releases the deferred gives (pool.c) to the arena: blocks drained. */
+unsigned pp_defer_drain(struct pinpool *pool);
 /* Give `n` cached blocks of class `cls` back to their segments' bins. */
 void pp_central_give(struct pinpool *pool, unsigned cls, pp_tentry_t *in,
                      uint32_t n);

@@ -149,6 +149,70 @@ static int seg_publish_locked(pinpool_t *pool, pp_segment_t *d, void *mem,
   return 0;
 }
 
+static void seg_release_locked(pinpool_t *pool, pp_segment_t *d);
+
+/* ---- Deferred gives --------------------------------------------------------
+ * A large block given back (a thread cache's flush, a displaced hot slot)
+ * is pushed on pool->deferred with one compare-and-swap and no lock; the
+ * next thread that holds seg_lock to carve a segment releases the whole
+ * stack to the arena first, where the blocks coalesce before the carve
+ * looks for room. So the arena is as coalesced at every carve as if each
+ * give had taken the lock, and a thread that only frees (a consumer of
+ * another thread's blocks: W3, W5) never takes seg_lock, nor touches the
+ * arena's extents, boundary table and segment map, which stay in the
+ * carving thread's cache. A deferred block is central idle memory, like a
+ * hot slot's; whatever needs every idle byte in the arena (an arena about
+ * to grow, pp_release_idle) drains the stack first. Pools with a cap,
+ * which trim on every free, give at once. The stack is only pushed onto
+ * and emptied whole by an exchange, so no pop can meet a recycled top
+ * (no ABA). */
+#ifdef PINPOOL_MUTANT_DEFER_RELAXED
+/* Race mutant (docs/verification.md): the stack pushed and emptied with
+ * relaxed ordering; a block's memory then passes from the freeing thread
+ * to the carving one with no happens-before. */
+#define defer_cas(p, e, v)                                                     \
+  atomic_compare_exchange_strong_explicit((p), (e), (v), memory_order_relaxed, \
+                                          memory_order_relaxed)
+#define defer_xchg(p, v)                                                       \
+  atomic_exchange_explicit((p), (v), memory_order_relaxed)
+#else
+/* Release (push): the freeing thread's last use of the block and its
+ * defer_next link before the drain; acquire (exchange) pairs with it. */
+#define defer_cas(p, e, v) pp_cas_acq_rel((p), (e), (v))
+#define defer_xchg(p, v) pp_xchg_acq_rel((p), (v))
+#endif
+
+static void defer_push(pinpool_t *pool, pp_segment_t *first,
+                       pp_segment_t *last) {
+  pp_segment_t *top = pp_load_relaxed(&pool->deferred);
+  do
+    pp_store_relaxed(&last->defer_next, top);
+  while (!defer_cas(&pool->deferred, &top, first));
+}
+
+/* Release every deferred segment to the arena. Caller holds seg_lock. */
+static unsigned defer_drain_locked(pinpool_t *pool) {
+  pp_assert_held(&pool->seg_lock);
+  if (pp_load_relaxed(&pool->deferred) == NULL)
+    return 0; /* the common case: no write to the line */
+  unsigned n = 0;
+  for (pp_segment_t *s = defer_xchg(&pool->deferred, NULL), *next; s != NULL;
+       s = next, n++) {
+    next = pp_load_relaxed(&s->defer_next);
+    seg_release_locked(pool, s);
+  }
+  return n;
+}
+
+unsigned pp_defer_drain(pinpool_t *pool) {
+  if (pp_load_relaxed(&pool->deferred) == NULL)
+    return 0;
+  pp_mutex_lock(&pool->seg_lock);
+  unsigned n = defer_drain_locked(pool);
+  pp_mutex_unlock(&pool->seg_lock);
+  return n;
+}
+
 /* Create a segment for class `cls` (blocks of bs bytes: see
  * seg_publish_locked), owned by bin (cls, shard), carved from the arena.
  * Called with no lock held; the segment is live and in the map but in no
@@ -164,6 +228,7 @@ static int seg_create(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
   int rc;
   /* The common case: a recycled descriptor and room in the arena. */
   pp_mutex_lock(&pool->seg_lock);
+  defer_drain_locked(pool);
   pp_segment_t *d = desc_pop_locked(pool, slab);
   if (d != NULL && pp_arena_take_now(pool, node, size, &mem, &flags)) {
     rc = seg_publish_locked(pool, d, mem, size, cls, bs, shard, flags);
@@ -466,6 +531,12 @@ void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
     for (uint32_t i = 0; i < n; i++)
       bytes += in[i].bs;
     pp_fetch_add_relaxed(&pool->gs.central_in, bytes);
+    if (!pp_trims(pool) && n > 0) { /* "Deferred gives" */
+      for (uint32_t i = 0; i + 1 < n; i++)
+        pp_store_relaxed(&in[i].seg->defer_next, in[i + 1].seg);
+      defer_push(pool, in[0].seg, in[n - 1].seg);
+      return;
+    }
     pp_mutex_lock(&pool->seg_lock);
     for (uint32_t i = 0; i < n; i++)
       seg_release_locked(pool, in[i].seg);
@@ -525,7 +596,8 @@ void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
  * counts as central idle memory, like free space in the arena (put and
  * take counted in the moving thread's slot_in / slot_out, or in
  * central_in / central_out for a path without a thread cache: hot_count);
- * a block pushed out of its slot goes back to the arena, still idle.
+ * a block pushed out of its slot goes back to the arena (deferred), still
+ * idle.
  * Whatever needs every idle byte in the arena drains the slots first
  * (pp_hot_drain): an arena about to grow, and releasing idle memory; so a
  * slot never makes the pool hold more, it only keeps a block whole for its
@@ -597,8 +669,8 @@ bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e,
   unsigned k = (unsigned)(((uintptr_t)s >> 6) % PP_HOT_SLOTS);
   pp_segment_t *old = hot_xchg(&bin->hot[k], s);
   hot_mark(pool, cls);
-  if (old != NULL)
-    seg_release(pool, old); /* idle either way: no count changes */
+  if (old != NULL)              /* idle either way: no count changes */
+    defer_push(pool, old, old); /* "Deferred gives" */
   return true;
 }
 
@@ -760,7 +832,7 @@ void pp_trim_to_cap(pinpool_t *pool) {
 }
 
 unsigned pp_release_idle(pinpool_t *pool) {
-  unsigned drained = pp_hot_drain(pool);
+  unsigned drained = pp_hot_drain(pool) + pp_defer_drain(pool);
   pp_segment_t *batch = detach_oldest(pool, UINT64_MAX);
   /* What the LRU does not hold: every idle segment when there is no cap
    * (no LRU), and those carved from the reserve. Walk the bins. */

@@ -384,6 +384,10 @@ int pinpool_thread_flush(pinpool_t *pool) {
    * must not see one between the two). */
   pp_busy_enter();
   pp_tcache_flush_all(tc);
+  /* Its large blocks (and any other thread's given back meanwhile) into
+   * the arena now, not at the next carve (pool.c, "Deferred gives"): the
+   * caller asked for them to be back, and the arena's stats then say so. */
+  (void)pp_defer_drain(pool);
   pp_trim_to_cap(pool);
   pp_busy_leave();
   return 0;

@@ -202,9 +202,20 @@ static void check_tcaches(pinpool_t *pool, vstate_t *v) {
     pp_mutex_unlock(&bin->lock);
     entries++;
   }
+  /* So do the deferred gives (pool.c): one-block segments, their block
+   * cached. The validator runs with the pool quiescent: nobody pushes. */
+  for (pp_segment_t *s = pp_load_acquire(&pool->deferred); s != NULL;
+       s = pp_load_relaxed(&s->defer_next)) {
+    if (pp_load_relaxed(&s->nblocks) != 1 || s->list != PP_LIST_NONE ||
+        PP_WORD_STATE(pp_load_relaxed(&s->word[0])) != PP_CACHED)
+      VFAIL(v, "deferred give: bad segment %p",
+            (void *)pp_load_relaxed(&s->base));
+    entries++;
+  }
   if (entries != v->in_tcache_by_state)
     VFAIL(v,
-          "%llu blocks in thread caches and hot slots, %llu cached but "
+          "%llu blocks in thread caches, hot slots and deferred gives, "
+          "%llu cached but "
           "unlisted",
           (unsigned long long)entries,
           (unsigned long long)v->in_tcache_by_state);
