@@ -1,0 +1,151 @@
+/*
+ * The arena's declarations (extent.c, arena.c): the free extents of the
+ * chunks, and the arena that makes chunks and carves segments from them.
+ * Included by internal.h, where struct pinpool holds a pp_arena_t.
+ */
+#ifndef PP_ARENA_H
+#define PP_ARENA_H
+
+#include "base.h"
+
+/* ---- Extents (extent.c): free space of the arena's chunks, carved at a
+ * granule and coalesced; good fit in O(1) (size bins, a bitmap) and merges
+ * in O(1) (a hash table of extent ends). Not thread-safe: the owner's lock
+ * (the pool's seg_lock). */
+typedef struct pp_xnode pp_xnode_t;
+typedef struct pp_xchunk pp_xchunk_t;
+#define PP_EXT_BIN_WORDS ((PP_NCLASSES + 63) / 64)
+/* Bins come in two halves: extents of chunks with none of the avoided
+ * flags first, those with some (pageable fallback memory) after. */
+#define PP_EXT_HALF (PP_EXT_BIN_WORDS * 64)
+typedef struct pp_range {
+  uintptr_t base;
+  size_t size;
+} pp_range_t;
+typedef struct pp_xslot {
+  uintptr_t key; /* 0: empty */
+  pp_xnode_t *node;
+} pp_xslot_t;
+typedef struct pp_extents {
+  size_t granule;
+  pp_xnode_t *bins[2 * PP_EXT_HALF]; /* free extents by size class */
+  uint64_t nonempty[2 * PP_EXT_BIN_WORDS];
+  /* Flags of chunks carved only when no other has room, and released
+   * first (PP_SEG_FALLBACK; 0 in the tests that do not set it). */
+  unsigned avoid;
+  pp_xchunk_t **chunks; /* sorted by address */
+  /* Each chunk's range, parallel to chunks: the lookups that every take
+   * and give make search this contiguous array, not the descriptors. */
+  pp_range_t *ranges;
+  size_t nchunks;
+  uintptr_t *runs; /* where each run of chunks starts, ascending */
+  size_t nruns;
+  uint64_t next_seq;
+  bool span;         /* adjacent chunks with the same flags form one run */
+  size_t last;       /* the chunk index found last (extent.c, chunk_index) */
+  pp_xnode_t *spare; /* >= outstanding nodes, so that a give never fails */
+  size_t nspare, outstanding;
+  /* The boundary table (extent.c): >= 4 slots per extent that may exist
+   * (free, or handed out and given back alone), a power of two. */
+  pp_xslot_t *tab;
+  size_t tcap, tcount;
+  unsigned tshift;                       /* 64 - log2(tcap) */
+  size_t min_chunk;                      /* the smallest chunk's size */
+  size_t free_bytes, total_bytes, nfree; /* nfree: free extents */
+} pp_extents_t;
+void pp_ext_init(pp_extents_t *x, size_t granule, bool span);
+void pp_ext_fini(pp_extents_t *x);
+/* [base, base + size) becomes a chunk of one free extent (granule
+ * multiples) with the given flags. 0 or PINPOOL_ENOMEM (nothing changed). */
+int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size, unsigned flags);
+/* A free range of `size` bytes (a granule multiple), or NULL; *flags (if
+ * not NULL): its chunk's. */
+void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags);
+/* Give back a range taken before; merges with free neighbours. Never
+ * fails. */
+void pp_ext_give(pp_extents_t *x, void *ptr, size_t size);
+pp_xchunk_t *pp_ext_chunk_of(const pp_extents_t *x, const void *p);
+void pp_ext_chunk_info(const pp_xchunk_t *c, uintptr_t *base, size_t *size,
+                       unsigned *flags);
+/* Take the chunk that has been all free the longest and has none of
+ * skip_flags out of x: true with its range and flags (the caller gives it
+ * back to the backend), or false. */
+bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags, void **base,
+                              size_t *size, unsigned *flags);
+/* [base, base + size) lies in one run of chunks with these flags (the
+ * validator's check of a segment). */
+bool pp_ext_run_holds(const pp_extents_t *x, uintptr_t base, size_t size,
+                      unsigned flags);
+/* A copy of the chunks and free extents, in address order, for snapshots
+ * (malloc'd; 0 or PINPOOL_ENOMEM). */
+typedef struct pp_chunk_view {
+  uintptr_t base;
+  size_t size;
+  unsigned flags;
+  unsigned node; /* set by pp_arena_view */
+} pp_chunk_view_t;
+int pp_ext_view(const pp_extents_t *x, pp_chunk_view_t **chunks,
+                size_t *nchunks, pp_range_t **free_out, size_t *nfree);
+/* Chunks all free without skip_flags, and their bytes. */
+size_t pp_ext_free_chunks(const pp_extents_t *x, unsigned skip_flags,
+                          size_t *bytes);
+size_t pp_ext_largest(const pp_extents_t *x); /* largest free extent */
+bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len);
+
+/* ---- The arena (arena.c): every segment's memory. Chunks come from the
+ * backend (populated, locked, registered once) and go back to it only
+ * whole and all free, by pinpool_empty_cache, the caps, an allocation
+ * that found max_reserved reached, and destroy; segments (slabs, and large
+ * blocks at their page-rounded size) are carved from them and given back,
+ * coalescing. The reserve is a chunk that never goes back
+ * (PP_SEG_FROM_RESERVE). ----------------------------------------------- */
+typedef struct pp_arena_node {
+  pp_extents_t ext; /* under the pool's seg_lock */
+  /* Read without the lock by the growth policy (a size, not a
+   * correctness input). */
+  pp_counter_t total;
+  /* Live segments carved from this node's chunks; under seg_lock. */
+  uint64_t segs;
+} pp_arena_node_t;
+/* One arena per NUMA node (numa=local; one node otherwise): a node's
+ * segments are carved only from its own chunks, which the backend bound to
+ * that node before their first touch. */
+typedef struct pp_arena {
+  pp_arena_node_t *node; /* [pool->nnodes] */
+} pp_arena_t;
+struct pinpool;
+/* At create: the reserve chunk, if configured. */
+int pp_arena_init(struct pinpool *pool);
+/* At teardown: every chunk back to the backend. */
+void pp_arena_fini(struct pinpool *pool);
+/* A carve that never grows the arena nor releases idle slabs: false if no
+ * free extent is large enough. Caller holds seg_lock (the arena's lock). */
+bool pp_arena_take_now(struct pinpool *pool, unsigned node, size_t size,
+                       void **mem, unsigned *flags);
+/* `size` bytes (a page multiple) carved from a chunk, a new chunk made if
+ * none has room (*grew set): 0 with *mem and *flags (the chunk's), or an
+ * error. No lock held; takes the arena's. */
+int pp_arena_take(struct pinpool *pool, unsigned node, size_t size, void **mem,
+                  unsigned *flags, bool *grew);
+/* Caller holds seg_lock. */
+void pp_arena_give_locked(struct pinpool *pool, unsigned node, void *mem,
+                          size_t size);
+/* Give whole free chunks (never the reserve) back to the backend, oldest
+ * first, until `budget` bytes went back; returns the chunks released. No
+ * lock held. */
+unsigned pp_arena_release(struct pinpool *pool, uint64_t budget);
+typedef struct pp_arena_info {
+  uint64_t chunks, total, free_bytes, free_extents, largest;
+} pp_arena_info_t;
+/* Summed over the nodes; one node's (node < nnodes) with the _node one. */
+void pp_arena_info(struct pinpool *pool, pp_arena_info_t *out);
+void pp_arena_info_locked(struct pinpool *pool, pp_arena_info_t *out);
+void pp_arena_node_info_locked(struct pinpool *pool, unsigned node,
+                               pp_arena_info_t *out, uint64_t *segs);
+/* pp_ext_view under seg_lock. */
+int pp_arena_view(struct pinpool *pool, pp_chunk_view_t **chunks,
+                  size_t *nchunks, pp_range_t **free_out, size_t *nfree);
+/* Caller holds seg_lock. */
+bool pp_arena_validate_locked(struct pinpool *pool, char *why, size_t len);
+
+#endif /* PP_ARENA_H */

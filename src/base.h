@@ -1,0 +1,195 @@
+/*
+ * The ground every file of src/ stands on: assertion levels, atomics with
+ * the memory order in their name, locks, test hooks, errors and the size
+ * classes. Included by internal.h; nothing here knows about a pool.
+ */
+#ifndef PP_BASE_H
+#define PP_BASE_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include "pinpool.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- Assertions ---------------------------------------------------------
+ * PINPOOL_DEBUG=1: internal assertions and lock-held preconditions
+ * (pp_assert_held); 2: also the expensive ones. Release builds: none. The
+ * validator (pinpool_validate) needs a quiescent pool, so the tests call
+ * it at quiescent points rather than the slow paths. */
+#ifndef PINPOOL_DEBUG
+#define PINPOOL_DEBUG 0
+#endif
+void pp_assert_fail(const char *expr, const char *file, int line);
+#if PINPOOL_DEBUG >= 1
+#define pp_assert(x) ((x) ? (void)0 : pp_assert_fail(#x, __FILE__, __LINE__))
+#else
+#define pp_assert(x) ((void)0)
+#endif
+#if PINPOOL_DEBUG >= 2
+#define pp_assert_expensive(x) pp_assert(x)
+#else
+#define pp_assert_expensive(x) ((void)0)
+#endif
+
+/* The TLS model of pinpool's thread-local state: the compiler's default
+ * for position-independent code (global-dynamic; the build asks for the
+ * TLSDESC dialect where the compiler has it, -mtls-dialect=gnu2: one call
+ * that returns an offset kept in a register, no __tls_get_addr). Not
+ * initial-exec: that marks the shared library and the Python module
+ * STATIC_TLS, and dlopen then fails once other libraries have used up the
+ * static TLS surplus ("cannot allocate memory in static TLS block"). An
+ * executable that links the static library still gets local-exec: the
+ * linker relaxes the accesses (docs/api.md, "Loading"; test_dlopen_tls). */
+#ifndef PP_TLS_MODEL
+#if defined(PINPOOL_TLS_INITIAL_EXEC) && PINPOOL_TLS_INITIAL_EXEC
+/* cmake -DPINPOOL_TLS_INITIAL_EXEC=ON: for a libpinpool.so that is only
+ * ever linked at startup, never dlopen'ed (docs/api.md, "Loading"). */
+#define PP_TLS_MODEL __attribute__((tls_model("initial-exec")))
+#else
+#define PP_TLS_MODEL
+#endif
+#endif
+
+#define pp_likely(x) __builtin_expect(!!(x), 1)
+#define pp_unlikely(x) __builtin_expect(!!(x), 0)
+
+/* ---- Atomics: the memory order is part of the name (as mimalloc). ------- */
+#define pp_load_relaxed(p) atomic_load_explicit((p), memory_order_relaxed)
+#define pp_load_acquire(p) atomic_load_explicit((p), memory_order_acquire)
+#define pp_store_relaxed(p, v)                                                 \
+  atomic_store_explicit((p), (v), memory_order_relaxed)
+#define pp_store_release(p, v)                                                 \
+  atomic_store_explicit((p), (v), memory_order_release)
+#define pp_fetch_add_relaxed(p, v)                                             \
+  atomic_fetch_add_explicit((p), (v), memory_order_relaxed)
+#define pp_fetch_sub_relaxed(p, v)                                             \
+  atomic_fetch_sub_explicit((p), (v), memory_order_relaxed)
+#define pp_xchg_acq_rel(p, v)                                                  \
+  atomic_exchange_explicit((p), (v), memory_order_acq_rel)
+#define pp_cas_acq_rel(p, expected, desired)                                   \
+  atomic_compare_exchange_strong_explicit(                                     \
+      (p), (expected), (desired), memory_order_acq_rel, memory_order_acquire)
+/* A counter with a single writer (its owning thread) and any number of
+ * readers: a load and a store, no read-modify-write. Readers see a value
+ * that some moment had; nobody else ever writes, so no update is lost. */
+#ifdef PINPOOL_MUTANT_COUNTER_PLAIN
+/* Race mutant (docs/verification.md): the counters as plain fields, read
+ * by pinpool_get_stats on another thread. */
+#define pp_owner_add(p, v) ((void)(*(uint64_t *)(p) += (v)))
+#else
+#define pp_owner_add(p, v) pp_store_relaxed((p), pp_load_relaxed(p) + (v))
+#endif
+
+typedef _Atomic(uint64_t) pp_counter_t;
+
+/* Saturating arithmetic for sums and products of configured sizes, which
+ * may be anything up to 2^64 - 1 (a wrapped cap trimmed every segment). */
+static inline uint64_t pp_sat_add(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+static inline uint64_t pp_sat_mul(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+void pp_atomic_max_relaxed(pp_counter_t *p, uint64_t v);
+
+/* ---- Locks ---------------------------------------------------------------
+ * A pthread mutex that, in debug builds, records its owner so that every
+ * "caller holds lock X" precondition can be asserted (as SQLite does). */
+typedef struct pp_mutex {
+  pthread_mutex_t m;
+#if PINPOOL_DEBUG >= 1
+  _Atomic(unsigned long) owner;
+#endif
+} pp_mutex_t;
+void pp_mutex_init(pp_mutex_t *m);
+void pp_mutex_destroy(pp_mutex_t *m);
+/* Inline: a slow path takes several of these per block. */
+static inline void pp_mutex_lock(pp_mutex_t *m) {
+  (void)pthread_mutex_lock(&m->m);
+#if PINPOOL_DEBUG >= 1
+  pp_store_relaxed(&m->owner, (unsigned long)pthread_self());
+#endif
+}
+static inline void pp_mutex_unlock(pp_mutex_t *m) {
+#if PINPOOL_DEBUG >= 1
+  pp_store_relaxed(&m->owner, 0);
+#endif
+  (void)pthread_mutex_unlock(&m->m);
+}
+#if PINPOOL_DEBUG >= 1
+bool pp_mutex_held(pp_mutex_t *m);
+#define pp_assert_held(m) pp_assert(pp_mutex_held(m))
+#else
+#define pp_assert_held(m) ((void)0)
+#endif
+
+/* ---- Test hooks (testhook.c) -------------------------------------------
+ * Named points on slow paths where a test can stop a thread to force one
+ * interleaving deterministically (docs/verification.md: a race is proven
+ * fixed by a test that replays it, not by a lucky stress run). NULL outside
+ * tests: one acquire load per point, and no point is on a hot path. Tests
+ * reach pp_test_hook through the static library (hidden in the shared one). */
+enum {
+  PP_HOOK_HIST_CLAIMED = 1, /* emit: slot claimed, before any field */
+  PP_HOOK_HIST_FIELDS,      /* emit: half of the fields written */
+  PP_HOOK_HIST_PUBLISH,     /* emit: every field written, not yet published */
+  PP_HOOK_SNAP_HISTORY,     /* snapshot: ring bounds read, entries not yet */
+  PP_HOOK_EVENT_DONE,       /* last event of a block done, block not cached */
+  PP_HOOK_RESET_PEAK,       /* reset_peak_stats: a peak read, not yet set */
+  PP_HOOK_ATTR_BUSY,        /* buffer_attrs: computing, others must wait */
+  PP_HOOK_FREE_COUNTED,     /* stream free: pending_live counted, no event
+                               queued yet */
+};
+typedef void (*pp_test_hook_fn)(int point);
+extern _Atomic(pp_test_hook_fn) pp_test_hook;
+static inline void pp_hook(int point) {
+  pp_test_hook_fn f = atomic_load_explicit(&pp_test_hook, memory_order_acquire);
+  if (pp_unlikely(f != NULL))
+    f(point);
+}
+
+/* ---- Errors (error.c) ----------------------------------------------------
+ * pp_fail records a message for pinpool_last_error() and returns `code`. */
+/* The calling thread's last-error message, saved and put back: a failure
+ * that pinpool recovers from internally leaves no trace (arena.c). */
+void pp_error_save(char *buf, size_t len);
+void pp_error_restore(const char *buf);
+int pp_fail(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+uint64_t pp_now_ns(void);
+
+/* ---- Size classes (sizeclass.c) ----------------------------------------- */
+#define PP_MIN_BLOCK 512u
+#define PP_MAX_REQUEST ((size_t)1 << 60)
+#define PP_NCLASSES 409 /* 512 .. 2^60, eight classes per doubling */
+#define PP_SLAB_SIZE ((size_t)2 << 20)
+#define PP_SLAB_MAX_BLOCK ((size_t)256 << 10) /* larger: own segment */
+#define PP_SLAB_MAX_BLOCKS (PP_SLAB_SIZE / PP_MIN_BLOCK)
+#define PP_PAGE 4096u
+/* Inline: both run on every allocation and free. */
+static inline unsigned pp_class_index(size_t size) {
+  if (size <= PP_MIN_BLOCK)
+    return 0;
+  /* x in [2^e, 2^(e+1)); m = top four bits of x, in 8..15. The class is
+   * (m + 1) << (e - 3): the smallest class >= size. */
+  size_t x = size - 1;
+  unsigned e = 63u - (unsigned)__builtin_clzll((unsigned long long)x);
+  unsigned m = (unsigned)(x >> (e - 3));
+  return (e - 9) * 8 + (m - 8) + 1;
+}
+static inline size_t pp_class_size(unsigned idx) {
+  unsigned e = 9 + idx / 8, k = idx % 8;
+  return ((size_t)1 << e) + (size_t)k * ((size_t)1 << (e - 3));
+}
+
+#endif /* PP_BASE_H */
