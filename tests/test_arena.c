@@ -319,6 +319,12 @@ static void test_deferred_gives(void **state) {
             "deferred blocks: %" PRIu64 " bytes free, %" PRIu64 " cached",
             s.chunk_free_bytes, s.cached_bytes.current);
   PP_CHECK_CONSISTENT(pool); /* the validator counts deferred blocks */
+  /* Freed again while deferred: a double free, and nothing changes. */
+  pinpool_stats_t again;
+  PP_ASSERT(pinpool_free(pool, b) == PINPOOL_EDOUBLEFREE,
+            "a deferred block freed twice");
+  PP_STATS(pool, &again);
+  PP_CHECK_STATS_EQUAL(&s, &again, "double free of a deferred block");
   PP_OK(pinpool_alloc(pool, 5 * MiB, &c));
   PP_ASSERT(c == a, "carved at +%td MiB, not from the drained blocks",
             ((char *)c - (char *)a) / (ptrdiff_t)MiB);
