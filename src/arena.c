@@ -275,7 +275,13 @@ int pp_arena_take(pinpool_t *pool, unsigned node, size_t size, void **mem,
   pp_arena_node_t *a = &pool->arena.node[node];
   pp_assert(size % PP_PAGE == 0 && size > 0);
   for (int tries = 0;; tries++) {
+    if (tries > 0)
+      pp_hook(PP_HOOK_ARENA_LAP);
     pp_mutex_lock(&pool->seg_lock);
+    /* Every lap: a block another thread gave back since the last lap may
+     * coalesce into room (pool.c, "Deferred gives"); the miss's own
+     * release drained the stack only up to that moment. */
+    (void)pp_defer_drain_locked(pool);
     void *p = pp_ext_take(&a->ext, size, flags);
     pp_mutex_unlock(&pool->seg_lock);
     if (p != NULL) {

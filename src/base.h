@@ -149,6 +149,8 @@ enum {
   PP_HOOK_ATTR_BUSY,        /* buffer_attrs: computing, others must wait */
   PP_HOOK_FREE_COUNTED,     /* stream free: pending_live counted, no event
                                queued yet */
+  PP_HOOK_ARENA_LAP,        /* arena take: a lap after a miss, lock not
+                               yet taken */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

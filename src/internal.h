@@ -663,8 +663,10 @@ bool pp_hot_put(struct pinpool *pool, unsigned cls, const pp_tentry_t *e,
 bool pp_hot_take(struct pinpool *pool, unsigned cls, size_t bs, unsigned shard,
                  pp_tentry_t *out, pp_counter_t *ctr);
 unsigned pp_hot_drain(struct pinpool *pool); /* blocks drained */
-/* Releases the deferred gives (pool.c) to the arena: blocks drained. */
+/* Releases the deferred gives (pool.c) to the arena: blocks drained. The
+ * _locked one: caller holds seg_lock. */
 unsigned pp_defer_drain(struct pinpool *pool);
+unsigned pp_defer_drain_locked(struct pinpool *pool);
 /* Give `n` cached blocks of class `cls` back to their segments' bins. */
 void pp_central_give(struct pinpool *pool, unsigned cls, pp_tentry_t *in,
                      uint32_t n);

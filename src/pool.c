@@ -190,8 +190,7 @@ static void defer_push(pinpool_t *pool, pp_segment_t *first,
   while (!defer_cas(&pool->deferred, &top, first));
 }
 
-/* Release every deferred segment to the arena. Caller holds seg_lock. */
-static unsigned defer_drain_locked(pinpool_t *pool) {
+unsigned pp_defer_drain_locked(pinpool_t *pool) {
   pp_assert_held(&pool->seg_lock);
   if (pp_load_relaxed(&pool->deferred) == NULL)
     return 0; /* the common case: no write to the line */
@@ -208,7 +207,7 @@ unsigned pp_defer_drain(pinpool_t *pool) {
   if (pp_load_relaxed(&pool->deferred) == NULL)
     return 0;
   pp_mutex_lock(&pool->seg_lock);
-  unsigned n = defer_drain_locked(pool);
+  unsigned n = pp_defer_drain_locked(pool);
   pp_mutex_unlock(&pool->seg_lock);
   return n;
 }
@@ -228,7 +227,7 @@ static int seg_create(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
   int rc;
   /* The common case: a recycled descriptor and room in the arena. */
   pp_mutex_lock(&pool->seg_lock);
-  defer_drain_locked(pool);
+  (void)pp_defer_drain_locked(pool);
   pp_segment_t *d = desc_pop_locked(pool, slab);
   if (d != NULL && pp_arena_take_now(pool, node, size, &mem, &flags)) {
     rc = seg_publish_locked(pool, d, mem, size, cls, bs, shard, flags);

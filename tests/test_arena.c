@@ -12,6 +12,8 @@
  */
 #include "testutil.h"
 
+#include "internal.h" /* pp_test_hook */
+
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -362,6 +364,53 @@ static void test_deferred_released(void **state) {
   counted_done(pool, &cb);
 }
 
+/* ... and every lap of a carve's retry drains the stack again, not only
+ * the release after its first miss: a block another thread gives back
+ * between the laps coalesces into room, where the arena grew past it
+ * before. Layout of a 16 MiB reserve: A (4 MiB) | C (4 MiB) | B (8 MiB).
+ * C is in this thread's cache; an 8 MiB request misses, gives C back (so a
+ * second lap runs), and at that lap's start another thread frees A and
+ * exits. A and C coalesce to the 8 MiB the request needs. */
+static pinpool_t *g_lap_pool;
+static void *g_lap_block;
+static void free_at_lap(int point) {
+  if (point != PP_HOOK_ARENA_LAP || g_lap_block == NULL)
+    return;
+  void *a = g_lap_block;
+  g_lap_block = NULL; /* once: the hook runs on this thread only */
+  free_on_thread(g_lap_pool, a, NULL);
+}
+
+static void test_deferred_between_laps(void **state) {
+  (void)state;
+  counting_backend_t cb;
+  pinpool_t *pool = counted_pool(&cb, "reserve=16MiB");
+  void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &a));
+  PP_OK(pinpool_alloc(pool, 4 * MiB, &c));
+  PP_OK(pinpool_alloc(pool, 8 * MiB, &b));
+  PP_ASSERT((char *)c == (char *)a + 4 * MiB &&
+                (char *)b == (char *)a + 8 * MiB,
+            "not side by side");
+  PP_OK(pinpool_free(pool, c)); /* stays in this thread's cache */
+  uint64_t calls = cb_counts(&cb).calls;
+  g_lap_pool = pool;
+  g_lap_block = a;
+  atomic_store(&pp_test_hook, free_at_lap);
+  int rc = pinpool_alloc(pool, 8 * MiB, &d);
+  atomic_store(&pp_test_hook, NULL);
+  PP_OK(rc);
+  PP_ASSERT(g_lap_block == NULL, "no second lap");
+  PP_ASSERT(cb_counts(&cb).calls == calls && d == a,
+            "grew (%" PRIu64 " backend calls) past a block given back "
+            "between the laps",
+            cb_counts(&cb).calls - calls);
+  PP_CHECK_CONSISTENT(pool);
+  PP_OK(pinpool_free(pool, b));
+  PP_OK(pinpool_free(pool, d));
+  counted_done(pool, &cb);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_steady_state),
@@ -372,6 +421,7 @@ int main(void) {
       cmocka_unit_test(test_cached_small_before_growth),
       cmocka_unit_test(test_deferred_gives),
       cmocka_unit_test(test_deferred_released),
+      cmocka_unit_test(test_deferred_between_laps),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
