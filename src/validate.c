@@ -203,10 +203,19 @@ static void check_tcaches(pinpool_t *pool, vstate_t *v) {
     entries++;
   }
   /* So do the deferred gives (pool.c): one-block segments, their block
-   * cached. The validator runs with the pool quiescent: nobody pushes. */
+   * cached. The validator runs with the pool quiescent: nobody pushes. A
+   * stack longer than the cached blocks not yet accounted for is a cycle
+   * or a stray link: reported, not walked forever. */
   for (pp_segment_t *s = pp_load_acquire(&pool->deferred); s != NULL;
        s = pp_load_relaxed(&s->defer_next)) {
+    if (entries >= v->in_tcache_by_state) {
+      VFAIL(v, "deferred gives: more blocks than the %llu cached and "
+               "unlisted (a cycle?)",
+            (unsigned long long)v->in_tcache_by_state);
+      return;
+    }
     if (pp_load_relaxed(&s->nblocks) != 1 || s->list != PP_LIST_NONE ||
+        s->free_count != 0 ||
         PP_WORD_STATE(pp_load_relaxed(&s->word[0])) != PP_CACHED)
       VFAIL(v, "deferred give: bad segment %p",
             (void *)pp_load_relaxed(&s->base));

@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct live {
   void *p;
@@ -411,6 +412,33 @@ static void test_deferred_between_laps(void **state) {
   counted_done(pool, &cb);
 }
 
+/* The validator walks the deferred stack with a bound: a cycle (a block
+ * pushed twice) is reported as corruption, not walked forever, and the
+ * pool validates again once the link is put back. White-box: the link is
+ * broken by hand. */
+static void test_deferred_cycle_reported(void **state) {
+  (void)state;
+  counting_backend_t cb;
+  pinpool_t *pool = counted_pool(&cb, "reserve=16MiB");
+  void *a = NULL, *b = NULL;
+  PP_OK(pinpool_alloc(pool, 3 * MiB, &a));
+  PP_OK(pinpool_alloc(pool, 3 * MiB, &b));
+  free_on_thread(pool, a, b);
+  pp_segment_t *top = atomic_load(&pool->deferred);
+  PP_ASSERT(top != NULL && atomic_load(&top->defer_next) != NULL,
+            "two deferred blocks expected");
+  pp_segment_t *next = atomic_load(&top->defer_next);
+  pp_segment_t *saved = atomic_load(&next->defer_next);
+  atomic_store(&next->defer_next, top); /* top -> next -> top -> ... */
+  PP_ASSERT(pinpool_validate(pool) == PINPOOL_ECORRUPT &&
+                strstr(pinpool_last_error(), "cycle") != NULL,
+            "a cycle in the deferred stack not reported: %s",
+            pinpool_last_error());
+  atomic_store(&next->defer_next, saved);
+  PP_CHECK_CONSISTENT(pool);
+  counted_done(pool, &cb);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_steady_state),
@@ -422,6 +450,7 @@ int main(void) {
       cmocka_unit_test(test_deferred_gives),
       cmocka_unit_test(test_deferred_released),
       cmocka_unit_test(test_deferred_between_laps),
+      cmocka_unit_test(test_deferred_cycle_reported),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
