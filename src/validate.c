@@ -209,8 +209,9 @@ static void check_tcaches(pinpool_t *pool, vstate_t *v) {
   for (pp_segment_t *s = pp_load_acquire(&pool->deferred); s != NULL;
        s = pp_load_relaxed(&s->defer_next)) {
     if (entries >= v->in_tcache_by_state) {
-      VFAIL(v, "deferred gives: more blocks than the %llu cached and "
-               "unlisted (a cycle?)",
+      VFAIL(v,
+            "deferred gives: more blocks than the %llu cached and "
+            "unlisted (a cycle?)",
             (unsigned long long)v->in_tcache_by_state);
       return;
     }
