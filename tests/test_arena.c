@@ -9,10 +9,15 @@
  *    and only through empty_cache, the caps and the max_reserved retry;
  *  - runs: the host backend's chunks placed side by side coalesce, so a
  *    block larger than any one chunk's free space fits two neighbours'.
+ *  - deferred gives: a large block another thread gives back is in the
+ *    arena before the next carve, and before the arena grows.
+ * Two tests look inside (internal.h): one stops a carve between its laps
+ * with the test hook, one breaks a deferred block's link for the
+ * validator to catch.
  */
 #include "testutil.h"
 
-#include "internal.h" /* pp_test_hook */
+#include "internal.h" /* pp_test_hook, the deferred stack */
 
 #include <inttypes.h>
 #include <pthread.h>
