@@ -29,6 +29,10 @@ typedef struct pp_xslot {
 typedef struct pp_extents {
   size_t granule;
   pp_xnode_t *bins[2 * PP_EXT_HALF]; /* free extents by size class */
+  /* At least the largest size in each bin (0: empty): exact after a push
+   * and after a scan that found no fit, so a take scans its own bin only
+   * when a fit may be there (extent.c, "Fit"). */
+  size_t bin_max[2 * PP_EXT_HALF];
   uint64_t nonempty[2 * PP_EXT_BIN_WORDS];
   /* Flags of chunks carved only when no other has room, and released
    * first (PP_SEG_FALLBACK; 0 in the tests that do not set it). */

@@ -2,9 +2,12 @@
  * The extent allocator (src/extent.c) against a model: random takes and
  * gives over three chunks, the structure validated after every step
  * (bins, bitmap, boundary table, full coalescing, counts); a take succeeds
- * exactly when some free extent is large enough; ranges never overlap and
- * stay inside their chunks; everything given back leaves one extent per
- * chunk. Memory is never touched: the chunks are address ranges.
+ * exactly when some free extent is large enough, from an extent of a best
+ * fit's size class; ranges never overlap and stay inside their chunks;
+ * everything given back leaves one extent per chunk. And the fit's bound
+ * where the model rarely goes: a best fit behind more than eight smaller
+ * extents of its bin. Memory is never touched: the chunks are address
+ * ranges.
  */
 #include "testutil.h"
 
@@ -46,6 +49,23 @@ static bool in_run(pp_extents_t *x, uintptr_t a, size_t n, bool span) {
   return span && b0 + s0 == b1 && f0 == f1;
 }
 
+/* The fit's bound (src/extent.c, "Fit"): the extent a take of n bytes
+ * used (the free extent that started at p before it) is in the same size
+ * class as a best fit's, the smallest free extent of at least n bytes. */
+static void check_fit(const pp_range_t *f, size_t nf, size_t n, uintptr_t p,
+                      int step) {
+  size_t best = 0, used = 0;
+  for (size_t i = 0; i < nf; i++) {
+    if (f[i].size >= n && (best == 0 || f[i].size < best))
+      best = f[i].size;
+    if (f[i].base == p)
+      used = f[i].size;
+  }
+  PP_ASSERT(used >= n && pp_class_index(used) == pp_class_index(best),
+            "step %d: a take of %zu used an extent of %zu, a best fit is %zu",
+            step, n, used, best);
+}
+
 /* span: chunks 0 and 1 are adjacent with the same flags, one run; every
  * so often the oldest free chunk is cut out of the extents (as the arena
  * gives it back to the backend) and added again. */
@@ -72,7 +92,15 @@ static void extent_model(bool span) {
     if (take) {
       size_t n = (pp_rand_size(&rng, G, 24 * MiB) + G - 1) / G * G;
       size_t largest = pp_ext_largest(&x);
+      pp_chunk_view_t *cv;
+      pp_range_t *fv;
+      size_t ncv, nfv;
+      PP_OK(pp_ext_view(&x, &cv, &ncv, &fv, &nfv));
       void *p = pp_ext_take(&x, n, NULL);
+      if (p != NULL)
+        check_fit(fv, nfv, n, (uintptr_t)p, step);
+      free(cv);
+      free(fv);
       PP_ASSERT((p != NULL) == (largest >= n),
                 "step %d: take of %zu -> %p with a largest extent of %zu", step,
                 n, p, largest);
@@ -243,6 +271,46 @@ static void test_extent_merges(void **state) {
   pp_ext_fini(&x);
 }
 
+/* A best fit deep in the request's own bin, behind more than eight
+ * smaller extents of that bin, and a far larger extent in another bin:
+ * the take uses the fit (the fit looked at only eight extents of the own
+ * bin before the larger bins, and carved a 1,152 KiB request from the
+ * 53 MiB extent). */
+static void test_extent_fit_deep(void **state) {
+  (void)state;
+  enum { SMALL = 9 };
+  const size_t req = 1152 * KiB, small = 1028 * KiB;
+  pp_extents_t x;
+  pp_ext_init(&x, G, false);
+  uintptr_t base = (uintptr_t)1 << 40;
+  PP_OK(pp_ext_add_chunk(&x, (void *)base, 64 * MiB, 0));
+  PP_ASSERT(pp_class_index(small) == pp_class_index(req),
+            "one bin for both sizes");
+  void *fit = pp_ext_take(&x, req, NULL);
+  PP_ASSERT(pp_ext_take(&x, G, NULL) != NULL, "separator");
+  void *s[SMALL];
+  for (int i = 0; i < SMALL; i++) {
+    s[i] = pp_ext_take(&x, small, NULL);
+    PP_ASSERT(s[i] != NULL && pp_ext_take(&x, G, NULL) != NULL, "small %d", i);
+  }
+  /* The fit first: the smaller ones are pushed ahead of it in the bin. */
+  pp_ext_give(&x, fit, req);
+  for (int i = 0; i < SMALL; i++)
+    pp_ext_give(&x, s[i], small);
+  size_t largest = pp_ext_largest(&x);
+  PP_ASSERT(largest > 32 * MiB, "a large extent remains: %zu", largest);
+  void *got = pp_ext_take(&x, req, NULL);
+  PP_ASSERT(got == fit, "the best fit %p was passed over for %p", fit, got);
+  PP_ASSERT(pp_ext_largest(&x) == largest, "the large extent was cut");
+  /* Now no extent of the bin fits: the scan fails, the bound becomes
+   * exact, and the next take goes straight to the larger bin. */
+  void *big = pp_ext_take(&x, req, NULL);
+  PP_ASSERT(big != NULL && pp_ext_largest(&x) == largest - req,
+            "the larger extent serves the next one");
+  check(&x, "deep fit", 0);
+  pp_ext_fini(&x);
+}
+
 /* The boundary table (an open-addressing hash of extent ends) at scale:
  * 8,192 islands make it grow several times and collide; giving the gaps
  * back in a scattered order deletes two keys and merges at every step,
@@ -284,6 +352,7 @@ int main(void) {
       cmocka_unit_test(test_extent_model_runs),
       cmocka_unit_test(test_extent_runs),
       cmocka_unit_test(test_extent_merges),
+      cmocka_unit_test(test_extent_fit_deep),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
