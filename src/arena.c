@@ -30,6 +30,9 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#ifdef PINPOOL_MUTANT_GIVE_DONTNEED
+#include <sys/mman.h>
+#endif
 
 #define CHUNK_ALIGN ((size_t)2 << 20)
 #define CHUNK_MIN ((size_t)2 << 20)
@@ -321,6 +324,11 @@ bool pp_arena_take_now(pinpool_t *pool, unsigned node, size_t size, void **mem,
 void pp_arena_give_locked(pinpool_t *pool, unsigned node, void *mem,
                           size_t size) {
   pp_assert_held(&pool->seg_lock);
+#ifdef PINPOOL_MUTANT_GIVE_DONTNEED
+  /* Mutant (docs/verification.md): the pages of every range given back
+   * go back to the kernel too; test_arena's steady_pages must fail. */
+  (void)madvise(mem, size, MADV_DONTNEED);
+#endif
   pp_ext_give(&pool->arena.node[node].ext, mem, size);
 }
 

@@ -18,13 +18,6 @@ enum { MAXLIVE = 64 };
 
 /* Sanitizer builds run fewer steps (validate() after every step dominates);
  * PINPOOL_ACCOUNTING_STEPS=N overrides the step count of every run. */
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-#define PP_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-#define PP_SANITIZED 1
-#endif
-#endif
 #ifdef PP_SANITIZED
 #define STEPS(normal, sanitized) (sanitized)
 #else

@@ -33,6 +33,16 @@
 
 #include "pinpool.h"
 
+/* PP_SANITIZED: built with ASan or TSan, whose runtimes change what some
+ * tests measure (time, page faults: the shadow memory's). */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define PP_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define PP_SANITIZED 1
+#endif
+#endif
+
 #define KiB ((size_t)1024)
 #define MiB ((size_t)1024 * KiB)
 #define GiB ((size_t)1024 * MiB)
