@@ -51,6 +51,7 @@ static int populate_range(char *p, size_t len) {
 }
 
 static void run_job(populate_job_t *j) {
+  pp_hook(PP_HOOK_POPULATE_JOB);
   if (j->lock)
     j->err = mlock(j->p, j->len) == 0 ? 0 : errno;
   else
@@ -67,6 +68,7 @@ static void *populate_main(void *arg) {
  * instead of populating and then walking the pages again to lock them, about
  * 20 % less time per GiB here); an error is then mlock's. */
 static int populate(char *p, size_t size, unsigned nt, bool lock) {
+  pp_hook(PP_HOOK_POPULATE);
   if (nt <= 1) {
     populate_job_t j = {p, size, 0, 0, lock, 0};
     run_job(&j);
@@ -201,8 +203,10 @@ static int map_shared(const pp_config_t *cfg, size_t size, unsigned nthreads,
   if (rc != 0)
     return rc;
   char *p = base;
-  if (cfg->hugepages && madvise(p, size, MADV_HUGEPAGE) == 0)
+  if (cfg->hugepages && madvise(p, size, MADV_HUGEPAGE) == 0) {
     *flags |= PP_SEG_HUGE;
+    pp_hook(PP_HOOK_HUGE_ADVISED);
+  }
   rc = bind_node(p, size, cfg->numa_node);
   if (rc == 0) {
     int err = populate_lock(cfg, p, size, nthreads, lock_err);
@@ -239,8 +243,10 @@ int pp_host_map(const pp_config_t *cfg, void *hint, size_t size,
   if (p == MAP_FAILED)
     p = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
              0);
-  else if (cfg->hugepages && madvise(p, size, MADV_HUGEPAGE) == 0)
+  else if (cfg->hugepages && madvise(p, size, MADV_HUGEPAGE) == 0) {
     *flags |= PP_SEG_HUGE;
+    pp_hook(PP_HOOK_HUGE_ADVISED);
+  }
   if (p == MAP_FAILED) {
     int e = errno;
     return pp_fail(e == ENOMEM ? PINPOOL_ENOMEM : PINPOOL_EBACKEND,
@@ -257,8 +263,10 @@ int pp_host_map(const pp_config_t *cfg, void *hint, size_t size,
       (void)munmap(a + size, tail);
     p = a;
     /* Must come before the first touch, or the pages are already small. */
-    if (madvise(p, size, MADV_HUGEPAGE) == 0)
+    if (madvise(p, size, MADV_HUGEPAGE) == 0) {
       *flags |= PP_SEG_HUGE;
+      pp_hook(PP_HOOK_HUGE_ADVISED);
+    }
   }
   int rc = bind_node(p, size, cfg->numa_node);
   if (rc != 0) {

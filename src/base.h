@@ -151,6 +151,12 @@ enum {
                                queued yet */
   PP_HOOK_ARENA_LAP,        /* arena take: a lap after a miss, lock not
                                yet taken */
+  PP_HOOK_HUGE_ADVISED,     /* host map: MADV_HUGEPAGE applied to a new
+                               segment, none of its pages touched yet */
+  PP_HOOK_POPULATE,         /* host map: populating (or mlock-populating)
+                               a new segment starts, caller's thread */
+  PP_HOOK_POPULATE_JOB,     /* host map: one share of that population
+                               starts, on the thread that runs it */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

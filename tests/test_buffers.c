@@ -16,6 +16,8 @@
  */
 #include "testutil.h"
 
+#include "base.h" /* the test hook and its points (huge_then_populate) */
+
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -372,6 +374,115 @@ static void test_attrs_host(void **state) {
 /* A failed (here: not yet answerable) query is retried by the next one:
  * the node of a page that nobody touched yet is unknown, and known after
  * the page is written. */
+/* hugepages=1: MADV_HUGEPAGE must reach a segment before any of its pages
+ * is touched (pages faulted in before it are small ones, and stay so), and
+ * a large segment is populated by several threads. The huge_advised flag
+ * alone would not notice the advice coming after the population, so the
+ * test hook records the order: the advice (PP_HOOK_HUGE_ADVISED), the
+ * start of the population (PP_HOOK_POPULATE) and each thread's share of it
+ * (PP_HOOK_POPULATE_JOB), each with the thread it ran on. */
+enum { HP_MAX = 256 };
+static atomic_int hp_n;
+static int hp_point[HP_MAX];
+static long hp_tid[HP_MAX];
+
+/* Any thread (the populate workers included); the slots are read after
+ * the allocation returned, which joined the workers. */
+static void hp_record(int point) {
+  if (point != PP_HOOK_HUGE_ADVISED && point != PP_HOOK_POPULATE &&
+      point != PP_HOOK_POPULATE_JOB)
+    return;
+  int i = atomic_fetch_add(&hp_n, 1);
+  if (i < HP_MAX) {
+    hp_point[i] = point;
+    hp_tid[i] = (long)syscall(SYS_gettid);
+  }
+}
+
+/* The points recorded since the last call (one new segment) say: advised
+ * once, then populated, the population split over at least min_threads
+ * threads (the caller among them when min_threads > 1). */
+static void hp_check(const char *what, unsigned min_threads) {
+  int n = atomic_exchange(&hp_n, 0);
+  PP_ASSERT(n <= HP_MAX, "%s: %d points", what, n);
+  int advised = -1, first_pop = -1, nadvised = 0, njobs = 0;
+  long tids[HP_MAX];
+  unsigned ntids = 0;
+  for (int i = 0; i < n; i++) {
+    if (hp_point[i] == PP_HOOK_HUGE_ADVISED) {
+      nadvised++;
+      if (advised < 0)
+        advised = i;
+      continue;
+    }
+    if (first_pop < 0)
+      first_pop = i;
+    if (hp_point[i] != PP_HOOK_POPULATE_JOB)
+      continue;
+    njobs++;
+    unsigned k = 0;
+    while (k < ntids && tids[k] != hp_tid[i])
+      k++;
+    if (k == ntids)
+      tids[ntids++] = hp_tid[i];
+  }
+  PP_ASSERT(nadvised == 1, "%s: %d MADV_HUGEPAGE for one segment", what,
+            nadvised);
+  PP_ASSERT(first_pop >= 0, "%s: the segment was not populated", what);
+  PP_ASSERT(advised < first_pop,
+            "%s: populating started (point %d) before MADV_HUGEPAGE (point "
+            "%d): its pages are small ones",
+            what, first_pop, advised);
+  PP_ASSERT(ntids >= min_threads,
+            "%s: populated by %u thread(s) in %d job(s), expected at least %u",
+            what, ntids, njobs, min_threads);
+}
+
+static void test_huge_then_populate(void **state) {
+  (void)state;
+  /* 8 MiB segments, populate_parallel_min below them: 4 threads, 2 MiB
+   * (one huge page) each. mlock=1 populates by locking (and, refused by
+   * RLIMIT_MEMLOCK, populates again unlocked); shared=1 maps a memfd. */
+  static const char *const confs[] = {
+      "hugepages=1,populate_threads=4,populate_parallel_min=4MiB,"
+      "tcache_bytes=0",
+      "hugepages=1,populate_threads=4,populate_parallel_min=4MiB,"
+      "tcache_bytes=0,mlock=1",
+      "hugepages=1,populate_threads=4,populate_parallel_min=4MiB,"
+      "tcache_bytes=0,shared=1",
+  };
+  atomic_store(&pp_test_hook, hp_record);
+  for (size_t c = 0; c < sizeof confs / sizeof confs[0]; c++) {
+    pinpool_t *pool;
+    PP_OK(pinpool_create(confs[c], &pool));
+    (void)atomic_exchange(&hp_n, 0);
+    /* The first chunk (mapped with room to align it), then a second one
+     * beside it (mapped at the arena's hint, advised there). */
+    pinpool_buffer_t *b[2];
+    for (int i = 0; i < 2; i++) {
+      b[i] = balloc(pool, 8 * MiB);
+      char what[160];
+      (void)snprintf(what, sizeof what, "%s, chunk %d", confs[c], i);
+      hp_check(what, 2);
+      pinpool_mem_attrs_t a;
+      PP_OK(pinpool_buffer_attrs(b[i], &a));
+      PP_ASSERT(a.huge_advised == 1, "%s: not advised", what);
+    }
+    pinpool_stats_t st;
+    PP_STATS(pool, &st);
+    PP_ASSERT(st.arena_chunks == 2, "%s: %llu chunks", confs[c],
+              (unsigned long long)st.arena_chunks);
+    /* Below populate_parallel_min: one thread, still after the advice. */
+    pinpool_buffer_t *small = balloc(pool, 2 * MiB);
+    hp_check(confs[c], 1);
+    PP_OK(pinpool_buffer_release(small));
+    for (int i = 0; i < 2; i++)
+      PP_OK(pinpool_buffer_release(b[i]));
+    pinpool_destroy(pool);
+  }
+  atomic_store(&pp_test_hook, NULL);
+}
+
 static void test_attrs_retry(void **state) {
   (void)state;
   pinpool_t *pool;
@@ -740,6 +851,7 @@ int main(void) {
       cmocka_unit_test(test_release_on_other_thread),
       cmocka_unit_test(test_stream_ordered),
       cmocka_unit_test(test_attrs_host),
+      cmocka_unit_test(test_huge_then_populate),
       cmocka_unit_test(test_attrs_retry),
       cmocka_unit_test(test_attrs_cuda),
       cmocka_unit_test(test_race_last_ref_vs_last_export),

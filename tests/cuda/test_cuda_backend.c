@@ -11,8 +11,14 @@
 #define _GNU_SOURCE
 #include "cudatest.h"
 
+#include "base.h" /* the test hook and its points (src/) */
+
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* Allocate a mix of sizes, write them, free them; check the driver holds
  * exactly the pool's arena chunks (segments are carved from them and cost
@@ -592,6 +598,294 @@ static void test_register_pieces(void **state) {
   CT_FAKE_BALANCED();
 }
 
+/* ---- Interior pointers of a block across pieces -------------------------
+ * The driver answers cuPointerGetAttribute for every byte of a registered
+ * range (docs/cuda.md, "Large segments"): a block that spans two pieces is
+ * pinned host memory wherever a kernel or a copy points into it, and the
+ * byte before a piece boundary and the byte after it both answer, each from
+ * its own piece. pinpool's own query (pinpool_buffer_attrs) asks about a
+ * block's first byte only (the API takes a buffer, not a pointer), so the
+ * interior is checked at the driver, after the pool registered the chunk,
+ * in the pool's context. Any driver; which piece answered, and the
+ * refusals after the release, with the fake only. */
+typedef __typeof__(&cuPointerGetAttribute) ct_ptr_attr_fn;
+typedef __typeof__(&fake_cuda_registration) ct_registration_fn;
+
+static void *driver_lib(void) {
+  const char *path = getenv("PINPOOL_LIBCUDA");
+  return dlopen(path != NULL && path[0] != '\0' ? path : "libcuda.so.1",
+                RTLD_NOW | RTLD_NOLOAD);
+}
+
+/* Host memory the driver knows, at p, with the same device ordinal as the
+ * block's first byte (attributes do not depend on where a block sits). */
+static void host_at_(ct_ptr_attr_fn query, const char *p, int want_ordinal,
+                     const char *what, size_t off, const char *file, int line) {
+  unsigned type = 0;
+  int ordinal = -2;
+  CUresult r1 =
+      query(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)p);
+  CUresult r2 = query(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                      (CUdeviceptr)(uintptr_t)p);
+  if (r1 == CUDA_SUCCESS && type == CU_MEMORYTYPE_HOST && r2 == CUDA_SUCCESS &&
+      ordinal == want_ordinal)
+    return;
+  print_error("ERROR: %s: block + %zu (%p): memory type %u (%d), device "
+              "ordinal %d (%d), expected host memory of device %d\n",
+              what, off, (const void *)p, type, r1, ordinal, r2, want_ordinal);
+  _fail(file, line);
+}
+#define HOST_AT(q, p, want, what, off)                                         \
+  host_at_((q), (p), (want), (what), (off), __FILE__, __LINE__)
+
+static CUresult query_type(ct_ptr_attr_fn query, const void *p) {
+  unsigned type = 0;
+  return query(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+               (CUdeviceptr)(uintptr_t)p);
+}
+
+static void interior_pointers(ct_ptr_attr_fn query, ct_registration_fn reg,
+                              const char *conf) {
+  if (ct_is_fake)
+    ct_fake.reset();
+  pinpool_t *pool = CT_CREATE(conf);
+  /* 9 MiB: a chunk of its own, 10 MiB, registered as 4 + 4 + 2 MiB. */
+  pinpool_buffer_t *b = NULL;
+  CT_OK(pinpool_buffer_alloc(pool, 9 * MiB, &b));
+  void *vp = NULL;
+  CT_OK(pinpool_buffer_ptr(b, &vp));
+  char *p = vp;
+  pinpool_stats_t st = ct_stats(pool);
+  CT_ASSERT(st.arena_chunks == 1 && st.reserved_bytes.current == 10 * MiB,
+            "%s: %llu chunks of %llu bytes", conf,
+            (unsigned long long)st.arena_chunks,
+            (unsigned long long)st.reserved_bytes.current);
+  CT_FAKE_EQ("live_registrations", 3);
+  /* The public query: the block's first byte. */
+  pinpool_mem_attrs_t a;
+  CT_OK(pinpool_buffer_attrs(b, &a));
+  CT_ASSERT(a.device_accessible == 1 && a.page_locked == 1,
+            "%s: accessible %d, locked %d", conf, a.device_accessible,
+            a.page_locked);
+  ct_ctx_enter();
+  /* Every 256 KiB of the block, the byte before each of them and its last
+   * byte: pinned host memory of the block's device, whichever piece. */
+  int ordinal = -2;
+  CT_ASSERT(query(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                  (CUdeviceptr)(uintptr_t)p) == CUDA_SUCCESS,
+            "%s: the block's first byte is unknown to the driver", conf);
+  CT_ASSERT(ordinal == a.device_id, "%s: ordinal %d, attrs say %d", conf,
+            ordinal, a.device_id);
+  for (size_t off = 256 * KiB; off < 9 * MiB; off += 256 * KiB) {
+    HOST_AT(query, p + off, ordinal, conf, off);
+    HOST_AT(query, p + off - 1, ordinal, conf, off - 1);
+  }
+  HOST_AT(query, p + 9 * MiB - 1, ordinal, conf, 9 * MiB - 1);
+  /* Memory the driver was never told of: refused. */
+  char *own = mmap(NULL, 2 * MiB, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CT_ASSERT(own != MAP_FAILED, "mmap");
+  own[0] = 1;
+  CT_ASSERT(query_type(query, own) == CUDA_ERROR_INVALID_VALUE &&
+                query_type(query, own + MiB) == CUDA_ERROR_INVALID_VALUE,
+            "%s: the driver answers for memory nobody registered", conf);
+  if (reg != NULL) {
+    /* Which registration answered: the block starts in one piece, its
+     * interior at +5 MiB lies in the next one, which starts where the
+     * first ends, inside the block; the bytes either side of that boundary
+     * are each in their own piece. */
+    void *b0 = NULL, *b1 = NULL, *lo = NULL, *hi = NULL;
+    size_t s0 = 0, s1 = 0, slo = 0, shi = 0;
+    CT_ASSERT(reg(p, &b0, &s0) == 0, "%s: block start not registered", conf);
+    CT_ASSERT(reg(p + 5 * MiB, &b1, &s1) == 0,
+              "%s: block + 5 MiB not registered", conf);
+    char *boundary = (char *)b0 + s0;
+    CT_ASSERT(s0 == 4 * MiB && s1 <= 4 * MiB && b1 == boundary &&
+                  boundary > p && boundary < p + 9 * MiB,
+              "%s: block %p; start in [%p, +%zu), +5 MiB in [%p, +%zu)", conf,
+              (void *)p, b0, s0, b1, s1);
+    CT_ASSERT(reg(boundary - 1, &lo, &slo) == 0 && lo == b0 &&
+                  reg(boundary, &hi, &shi) == 0 && hi == b1,
+              "%s: around the boundary %p: pieces %p and %p", conf,
+              (void *)boundary, lo, hi);
+    CT_ASSERT(reg(own, NULL, NULL) == -1, "%s: own memory registered", conf);
+  }
+  /* The release unregisters every piece: the interior is unknown again
+   * (the fake keeps nothing mapped there that it could answer for). */
+  CT_OK(pinpool_buffer_release(b));
+  CT_OK(pinpool_empty_cache(pool));
+  CT_FAKE_EQ("live_registrations", 0);
+  if (reg != NULL) {
+    CT_ASSERT(reg(p + 5 * MiB, NULL, NULL) == -1, "%s: still registered", conf);
+    CT_ASSERT(query_type(query, p) == CUDA_ERROR_INVALID_VALUE &&
+                  query_type(query, p + 5 * MiB) == CUDA_ERROR_INVALID_VALUE,
+              "%s: the driver still answers after the release", conf);
+  }
+  (void)munmap(own, 2 * MiB);
+  ct_ctx_leave();
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+}
+
+static void test_register_interior_pointers(void **state) {
+  (void)state;
+  CT_REQUIRE_DRIVER();
+  void *lib = driver_lib();
+  ct_ptr_attr_fn query = NULL;
+  ct_registration_fn reg = NULL;
+  if (lib != NULL) {
+    CU_LOAD(lib, query, "cuPointerGetAttribute");
+    if (ct_is_fake)
+      CU_LOAD(lib, reg, "fake_cuda_registration");
+  }
+  if (query == NULL) {
+    if (lib != NULL)
+      (void)dlclose(lib);
+    print_message("[  SKIP    ] the driver has no cuPointerGetAttribute\n");
+    skip();
+  }
+  CT_ASSERT(!ct_is_fake || reg != NULL, "fake without fake_cuda_registration");
+  interior_pointers(query, reg,
+                    "backend=cuda-register,device=0,register_max=4MiB,"
+                    "tcache_bytes=0");
+  interior_pointers(query, reg,
+                    "backend=cuda-register,device=0,register_max=4MiB,"
+                    "hugepages=1,tcache_bytes=0");
+  (void)dlclose(lib); /* the pool's own handle keeps it loaded */
+}
+
+/* ---- hugepages=1 on cuda-register ----------------------------------------
+ * The chunk goes through the host backend's mapping: MADV_HUGEPAGE before
+ * any page is touched, then population by register_threads threads, then
+ * cuMemHostRegister (the driver pins what is already resident). The test
+ * hook records the order (PP_HOOK_HUGE_ADVISED, PP_HOOK_POPULATE,
+ * PP_HOOK_POPULATE_JOB) with the thread of each point, and, with the fake,
+ * how many registrations were made when population started. */
+enum { HO_MAX = 256 };
+static atomic_int ho_n;
+static int ho_point[HO_MAX];
+static long ho_tid[HO_MAX];
+static long long ho_regs_at_populate;
+
+static void ho_record(int point) {
+  if (point != PP_HOOK_HUGE_ADVISED && point != PP_HOOK_POPULATE &&
+      point != PP_HOOK_POPULATE_JOB)
+    return;
+  int i = atomic_fetch_add(&ho_n, 1);
+  if (i < HO_MAX) {
+    ho_point[i] = point;
+    ho_tid[i] = (long)syscall(SYS_gettid);
+  }
+  if (point == PP_HOOK_POPULATE && ct_is_fake && ho_regs_at_populate < 0)
+    ho_regs_at_populate = ct_fake.get("calls:cuMemHostRegister");
+}
+
+static void test_register_huge_order(void **state) {
+  (void)state;
+  CT_REQUIRE_DRIVER();
+  if (ct_is_fake)
+    ct_fake.reset();
+  pinpool_t *pool = CT_CREATE(
+      "backend=cuda-register,device=0,hugepages=1,register_threads=4,"
+      "populate_threads=1,populate_parallel_min=4MiB,register_max=4MiB,"
+      "tcache_bytes=0");
+  atomic_store(&ho_n, 0);
+  ho_regs_at_populate = -1;
+  atomic_store(&pp_test_hook, ho_record);
+  pinpool_buffer_t *b = NULL;
+  int rc = pinpool_buffer_alloc(pool, 9 * MiB, &b);
+  atomic_store(&pp_test_hook, NULL);
+  CT_OK(rc);
+  int n = atomic_load(&ho_n);
+  CT_ASSERT(n <= HO_MAX, "%d points", n);
+  int advised = -1, first_pop = -1, nadvised = 0;
+  long tids[HO_MAX];
+  unsigned ntids = 0;
+  for (int i = 0; i < n; i++) {
+    if (ho_point[i] == PP_HOOK_HUGE_ADVISED) {
+      nadvised++;
+      advised = advised < 0 ? i : advised;
+      continue;
+    }
+    first_pop = first_pop < 0 ? i : first_pop;
+    if (ho_point[i] != PP_HOOK_POPULATE_JOB)
+      continue;
+    unsigned k = 0;
+    while (k < ntids && tids[k] != ho_tid[i])
+      k++;
+    if (k == ntids)
+      tids[ntids++] = ho_tid[i];
+  }
+  CT_ASSERT(nadvised == 1, "%d MADV_HUGEPAGE for one chunk", nadvised);
+  CT_ASSERT(first_pop >= 0 && advised < first_pop,
+            "populating started (point %d) before MADV_HUGEPAGE (point %d)",
+            first_pop, advised);
+  /* register_threads, not populate_threads (1 here), populate it. */
+  CT_ASSERT(ntids >= 2, "the 10 MiB chunk was populated by %u thread(s)",
+            ntids);
+  CT_ASSERT(!ct_is_fake || ho_regs_at_populate == 0,
+            "%lld cuMemHostRegister before the population",
+            ho_regs_at_populate);
+  CT_FAKE_EQ("live_registrations", 3);
+  pinpool_mem_attrs_t a;
+  CT_OK(pinpool_buffer_attrs(b, &a));
+  CT_ASSERT(a.huge_advised == 1 && a.page_locked == 1,
+            "cuda-register, hugepages=1: advised %d, locked %d", a.huge_advised,
+            a.page_locked);
+  print_message("cuda-register chunk: advised, then populated by %u "
+                "threads, then registered\n",
+                ntids);
+  CT_OK(pinpool_buffer_release(b));
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+
+  /* backend=cuda: the driver maps the memory; hugepages=1 has nothing to
+   * advise (no MADV_HUGEPAGE, no population of ours). */
+  if (ct_is_fake)
+    ct_fake.reset();
+  pool = CT_CREATE("backend=cuda,device=0,hugepages=1,tcache_bytes=0");
+  atomic_store(&ho_n, 0);
+  atomic_store(&pp_test_hook, ho_record);
+  rc = pinpool_buffer_alloc(pool, 4 * MiB, &b);
+  atomic_store(&pp_test_hook, NULL);
+  CT_OK(rc);
+  CT_ASSERT(atomic_load(&ho_n) == 0, "%d host-mapping points for backend=cuda",
+            atomic_load(&ho_n));
+  CT_OK(pinpool_buffer_attrs(b, &a));
+  CT_ASSERT(a.huge_advised == 0, "backend=cuda reports huge_advised");
+  CT_OK(pinpool_buffer_release(b));
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+
+  /* ... but a chunk the driver refused to pin, mapped pageable instead
+   * (pin_failure=pageable), is the host backend's mapping: advised, then
+   * populated. */
+  if (!ct_is_fake)
+    return;
+  ct_fake.reset();
+  pool = CT_CREATE("backend=cuda,device=0,hugepages=1,pin_failure=pageable,"
+                   "tcache_bytes=0");
+  CT_ASSERT(ct_fake.inject("cuMemHostAlloc", 1, CUDA_ERROR_OUT_OF_MEMORY) == 0,
+            "arm");
+  atomic_store(&ho_n, 0);
+  atomic_store(&pp_test_hook, ho_record);
+  rc = pinpool_buffer_alloc(pool, 4 * MiB, &b);
+  atomic_store(&pp_test_hook, NULL);
+  CT_OK(rc);
+  n = atomic_load(&ho_n);
+  CT_ASSERT(n >= 2 && n <= HO_MAX && ho_point[0] == PP_HOOK_HUGE_ADVISED &&
+                ho_point[1] == PP_HOOK_POPULATE,
+            "pageable fallback chunk: %d points, first %d then %d", n,
+            n > 0 ? ho_point[0] : -1, n > 1 ? ho_point[1] : -1);
+  CT_OK(pinpool_buffer_attrs(b, &a));
+  CT_ASSERT(a.huge_advised == 1 && a.page_locked == 0,
+            "pageable fallback chunk: advised %d, locked %d", a.huge_advised,
+            a.page_locked);
+  CT_OK(pinpool_buffer_release(b));
+  pinpool_destroy(pool);
+  CT_FAKE_BALANCED();
+}
+
 /* The attributes of the block a new buffer of `size` bytes gets. */
 static pinpool_buffer_t *buffer_(pinpool_t *pool, size_t size,
                                  pinpool_mem_attrs_t *a, const char *file,
@@ -777,6 +1071,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_pin_failure_error, ct_setup,
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_pin_fallback_injected, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_register_interior_pointers, ct_setup,
+                                      ct_teardown),
+      cmocka_unit_test_setup_teardown(test_register_huge_order, ct_setup,
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_register_pieces, ct_setup,
                                       ct_teardown),

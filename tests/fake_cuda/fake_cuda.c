@@ -1377,6 +1377,20 @@ long long fake_cuda_get(const char *key) {
   return v;
 }
 
+int fake_cuda_registration(const void *p, void **base, size_t *size) {
+  lock();
+  long i = ranges_containing(&g.reg, (uintptr_t)p, 1);
+  range_t r = i >= 0 ? g.reg.v[i] : (range_t){0, 0, NULL, 0};
+  unlock();
+  if (i < 0)
+    return -1;
+  if (base != NULL)
+    *base = (void *)r.base;
+  if (size != NULL)
+    *size = r.size;
+  return 0;
+}
+
 static int arm(int entry, unsigned nth, int code, bool async_event) {
   if (entry < 0 || nth == 0)
     return -1;

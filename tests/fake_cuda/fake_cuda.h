@@ -77,6 +77,15 @@ int fake_cuda_set(const char *key, long long value);
  * capture runs is CUDA_ERROR_STREAM_CAPTURE_IMPLICIT. */
 long long fake_cuda_get(const char *key);
 
+/* The registration (cuMemHostRegister, not yet unregistered) whose range
+ * holds the byte at `p`: 0, with its start in *base and its length in *size
+ * (either may be NULL), or -1 if no registration holds it. The driver
+ * answers cuPointerGetAttribute for every byte of a registration (a range's
+ * start and its interior alike) and refuses, with CUDA_ERROR_INVALID_VALUE,
+ * an address that no registration, cuMemHostAlloc or cuMemAlloc range
+ * holds; this tells a test which registration answered. */
+int fake_cuda_registration(const void *p, void **base, size_t *size);
+
 /* The `nth` call from now (1: the next) of `entry` ("cuMemHostAlloc",
  * "cuEventQuery", ...) does nothing and returns `code`. Several may be
  * armed at once. 0, or -1 for an unknown entry or no free slot. */
