@@ -11,8 +11,8 @@
  * (empty_cache, thread_flush), streams (record_stream, sim_submit,
  * process_events, synchronize), trim (a small max_cached, a
  * max_cached_pct of 5 % and a max_reserved, so segments are released and
- * retried all the time; blocks above 256 KiB are borrowed by smaller
- * classes in every configuration),
+ * retried all the time; blocks above 256 KiB are carved from the
+ * arena's chunks and given back to them in every configuration),
  * buffers (pinpool_buffer_*: retain, release, close, exports and their
  * release, attribute queries on a few buffers shared by every thread,
  * replaced all the time so that first attribute queries race), history

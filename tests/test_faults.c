@@ -6,10 +6,9 @@
  * passed; under the asan preset LeakSanitizer checks nothing leaks.
  *
  *   alloc, populate: the allocation fails with PINPOOL_ENOMEM only when the
- *     retry fails too (COUNT=2); with COUNT=1 the retry hides it. A failed
- *     resize of an idle segment (config remap) is followed by a fresh
- *     mapping, which hides one failure as well: some N of the sweep must
- *     still end in ENOMEM.
+ *     retry fails too (COUNT=2); with COUNT=1 the retry (idle memory
+ *     released, the carve tried once more: alloc.c, take_with_retry) hides
+ *     it. Some N of the sweep must still end in ENOMEM.
  *   mlock: mlock=1 falls back to unlocked memory (mlock_failures);
  *     mlock=require fails with PINPOOL_ENOMEM.
  *   record, query: the free succeeds, the block stays pending forever,
