@@ -417,6 +417,67 @@ static int check_segment(ctx_t *c, size_t i, const json_t *seg) {
   return 0;
 }
 
+/* ---- chunks (optional: written since issue 21) ----------------------------
+ */
+
+/* A free range: [address, size], size >= 1. */
+static int check_range(ctx_t *c, const where_t *w, size_t k, const json_t *r) {
+  if (!json_is_array(r))
+    return fail(c, w, "free", k, "expected [address, size], got %s",
+                type_name(r));
+  if (json_array_size(r) != 2)
+    return fail(c, w, "free", k, "expected [address, size], got %zu items",
+                json_array_size(r));
+  const where_t in = {w->outer, w->i, "free", k};
+  if (check_int(c, &in, NULL, 0, json_array_get(r, 0), 0, INT64_MAX, 0, NULL,
+                NULL) != 0 ||
+      check_int(c, &in, NULL, 1, json_array_get(r, 1), 1, INT64_MAX, 0, NULL,
+                NULL) != 0)
+    return -1;
+  return 0;
+}
+
+static int check_chunk(ctx_t *c, size_t i, const json_t *ch) {
+  const where_t w = {"chunks", i, NULL, NOIDX};
+  const json_t *flags, *free_list;
+  size_t n;
+  if (check_object_elem(c, &w, ch) != 0 || get_u64(c, &w, ch, "address") != 0 ||
+      get_int(c, &w, ch, "size", 1, INT64_MAX, 0, NULL, NULL) != 0 ||
+      get_array(c, &w, ch, "flags", &flags) != 0 ||
+      get_array(c, &w, ch, "free", &free_list) != 0)
+    return -1;
+  /* Optional (since issue 24): the NUMA node. */
+  if (json_object_get(ch, "node") != NULL &&
+      get_int(c, &w, ch, "node", 0, 63, 0, NULL, NULL) != 0)
+    return -1;
+  n = json_array_size(flags);
+  for (size_t k = 0; k < n; k++)
+    if (check_enum(c, &w, "flags", k, json_array_get(flags, k), flag_names,
+                   NELEMS(flag_names), NULL) != 0)
+      return -1;
+  n = json_array_size(free_list);
+  for (size_t k = 0; k < n; k++)
+    if (check_range(c, &w, k, json_array_get(free_list, k)) != 0)
+      return -1;
+  return 0;
+}
+
+static int check_chunks(ctx_t *c, const json_t *root, snap_t *s) {
+  const json_t *chunks = json_object_get(root, "chunks");
+  size_t n;
+  if (chunks == NULL)
+    return 0;
+  if (get_array(c, &top_level, root, "chunks", &chunks) != 0)
+    return -1;
+  n = json_array_size(chunks);
+  for (size_t k = 0; k < n; k++)
+    if (check_chunk(c, k, json_array_get(chunks, k)) != 0)
+      return -1;
+  s->chunks = chunks;
+  s->nchunks = n;
+  return 0;
+}
+
 /* ---- frames, stacks, history ------------------------------------------------
  */
 
@@ -562,7 +623,7 @@ static int check_root(ctx_t *c, const json_t *root, snap_t *s) {
   for (size_t k = 0; k < n; k++)
     if (check_segment(c, k, json_array_get(s->segments, k)) != 0)
       return -1;
-  if (check_history(c, root, &s->entries) != 0)
+  if (check_chunks(c, root, s) != 0 || check_history(c, root, &s->entries) != 0)
     return -1;
   s->nsegments = json_array_size(s->segments);
   s->nframes = c->nframes;
@@ -738,6 +799,22 @@ void snap_frame(const snap_t *s, size_t i, snap_frame_t *out) {
   out->module = json_string_value(json_object_get(f, "module"));
   out->file = json_string_value(json_object_get(f, "file"));
   out->line = id_value(json_object_get(f, "line"));
+}
+
+void snap_chunk(const snap_t *s, size_t i, snap_chunk_t *out) {
+  const json_t *c = json_array_get(s->chunks, i);
+  out->address = snap_u64(c, "address");
+  out->size = snap_u64(c, "size");
+  out->node = snap_u64(c, "node"); /* absent before issue 24: 0 */
+  out->nfree = json_array_size(json_object_get(c, "free"));
+}
+
+void snap_chunk_free(const snap_t *s, size_t i, size_t j, uint64_t *address,
+                     uint64_t *size) {
+  const json_t *r =
+      json_array_get(json_object_get(json_array_get(s->chunks, i), "free"), j);
+  *address = u64_value(json_array_get(r, 0));
+  *size = u64_value(json_array_get(r, 1));
 }
 
 size_t snap_stack_len(const snap_t *s, int64_t stack) {

@@ -56,10 +56,20 @@ typedef struct snap_frame {
   int64_t line;                         /* -1: null */
 } snap_frame_t;
 
+typedef struct snap_chunk {
+  uint64_t address, size, node;
+  size_t nfree; /* entries of its `free` list */
+} snap_chunk_t;
+
 typedef struct snap {
   json_t *root;                                       /* owned */
   const json_t *segments, *frames, *stacks, *entries; /* borrowed arrays */
   size_t nsegments, nframes, nstacks, nentries;
+  /* The arena's chunks (written since issue 21): NULL and 0 when the
+   * snapshot has none. The loader checks their types only; their order is
+   * the reader's business (as for segments). */
+  const json_t *chunks;
+  size_t nchunks;
 } snap_t;
 
 /* Load `path` ("-": standard input). 0, or -1 with a message in err. */
@@ -78,6 +88,10 @@ void snap_frame(const snap_t *s, size_t i, snap_frame_t *out);
 /* Frames of a stack: count, and frame index j (innermost first). */
 size_t snap_stack_len(const snap_t *s, int64_t stack);
 size_t snap_stack_frame(const snap_t *s, int64_t stack, size_t j);
+void snap_chunk(const snap_t *s, size_t i, snap_chunk_t *out);
+/* Free range j of chunk i: [*address, *address + *size). */
+void snap_chunk_free(const snap_t *s, size_t i, size_t j, uint64_t *address,
+                     uint64_t *size);
 /* An integer field of an object the loader checked ("size"...). */
 uint64_t snap_u64(const json_t *obj, const char *key);
 /* The value of a stream handle string ("0x7"); 0 for null. */

@@ -510,7 +510,7 @@ static void write_summary_text(const snap_t *s, const char *name,
   for (size_t k = 0; k < NFLAGS; k++)
     put_row(out, flag_names[k], m->flag_segments[k], m->flag_bytes[k]);
   put_row(out, "(no flags)", m->noflag_segments, m->noflag_bytes);
-  fprintf(out, "  %-16s %10s ", "reserve free", "");
+  fprintf(out, "  %-16s %10s ", "free in chunks", "");
   put_bytes(out, 14, t->chunk_free);
   fprintf(out, "\n");
 
@@ -565,8 +565,8 @@ static void write_summary_text(const snap_t *s, const char *name,
           t->reserved, t->allocated, t->pending, t->cached);
   fprintf(out,
           "  cached    %" PRIu64 " = cached blocks %" PRIu64
-          " + uncarved %" PRIu64 " + tails %" PRIu64 " + reserve free %" PRIu64
-          "\n",
+          " + uncarved %" PRIu64 " + tails %" PRIu64
+          " + free in chunks %" PRIu64 "\n",
           r->cached, r->cached - r->uncarved - r->tail - r->chunk_free,
           r->uncarved, r->tail, r->chunk_free);
   put_stats_check(out, s, t);

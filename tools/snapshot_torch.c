@@ -3,7 +3,10 @@
  * PyTorch's torch.cuda.memory._snapshot() pickle, so that memory_viz
  * (pytorch.org/memory_viz, torch/utils/viz/MemoryViz.js) and the Python
  * tools that read such pickles show pinpool's host memory. The mapping is
- * documented in docs/snapshot-format.md ("PyTorch memory_viz").
+ * documented in docs/snapshot-format.md ("PyTorch memory_viz"). Which
+ * segments the pickle lists (the arena's chunks, or for older snapshots
+ * pinpool's segments) and the blocks of each one are decided in
+ * snapshot_torch_layout.c; this file encodes them and the trace.
  *
  * The pickle is written by the small serializer below, not by Python: the
  * tool must not need Python, and the viewer decodes the file with its own
@@ -35,6 +38,7 @@
 
 #include "cli.h"
 #include "snapshot_load.h"
+#include "snapshot_torch.h"
 
 #define CMD "snapshot torch"
 
@@ -316,6 +320,7 @@ enum {
   EV_SEGMENT_ALLOC,
   EV_SEGMENT_FREE,
   EV_OOM,
+  EV_FOLDED, /* a segment event of a chunk shown inside a larger segment */
 };
 
 /* The fields used of a history entry, copied once: reading them through
@@ -466,31 +471,51 @@ static void rs_remove_block(replay_t *r, uint64_t addr) {
   amap_del(&r->blocks, addr);
 }
 
+/* memory_viz cannot grow or shrink a segment: when chunks that a segment
+ * crosses are shown as one (snapshot_torch_layout.c), their
+ * segment_alloc and segment_free entries, and those of earlier chunks in
+ * that range, are not written, and the segment is there from the start
+ * of the trace. */
+static void fold_segment_events(const tv_layout_t *l, events_t *ev) {
+  for (size_t k = 0; k < ev->n; k++) {
+    ev_t *v = &ev->v[k];
+    if ((v->kind == EV_SEGMENT_ALLOC || v->kind == EV_SEGMENT_FREE) &&
+        tv_in_joined(l, v->address, v->size)) {
+      v->kind = EV_FOLDED;
+      v->keep = 0;
+    }
+  }
+}
+
 /* Walk the events backwards from the segments and blocks of the snapshot,
  * as memory_viz does, and clear `keep` of each event it could not replay.
  * Returns the number left out, or -1 on ENOMEM. */
-static long replay(const snap_t *s, events_t *ev) {
+static long replay(const snap_t *s, const tv_layout_t *l, events_t *ev) {
   replay_t r = {0};
   long dropped = 0;
-  for (size_t i = 0; i < s->nsegments; i++) {
-    const json_t *seg = snap_segment(s, i);
-    size_t nb = snap_segment_nblocks(s, i);
-    /* check_layout made them sorted and disjoint, so each one goes in. */
-    int rc = rs_insert(&r, snap_u64(seg, "address"), snap_u64(seg, "size"));
+  for (size_t k = 0; k < l->n; k++) {
+    const tv_seg_t *g = &l->v[k];
+    /* tv_layout made them sorted and disjoint, so each one goes in. */
+    int rc = rs_insert(&r, g->address, g->size);
     if (rc < 0)
       goto nomem;
     if (rc > 0)
       continue;
-    for (size_t j = 0; j < nb; j++) {
-      snap_block_t b;
-      snap_block(s, i, j, &b);
-      if (b.state != SNAP_CACHED && rs_add_block(&r, b.address, r.n - 1) != 0)
-        goto nomem;
+    for (size_t i = g->seg_first; i < g->seg_end; i++) {
+      size_t nb = snap_segment_nblocks(s, i);
+      for (size_t j = 0; j < nb; j++) {
+        snap_block_t b;
+        snap_block(s, i, j, &b);
+        if (b.state != SNAP_CACHED && rs_add_block(&r, b.address, r.n - 1) != 0)
+          goto nomem;
+      }
     }
   }
   for (size_t k = ev->n; k-- > 0;) {
     ev_t *v = &ev->v[k];
     size_t i;
+    if (v->kind == EV_FOLDED)
+      continue;
     switch (v->kind) {
     case EV_ALLOC: /* before it, the block did not exist */
       rs_remove_block(&r, v->address);
@@ -540,49 +565,6 @@ nomem:
   free(r.segs);
   amap_free(&r.blocks);
   return -1;
-}
-
-/* The viewer lays a segment's blocks end to end from its address, so the
- * segments must not overlap and each one's blocks must be in address order
- * inside it (the format says so; the loader checks only types). */
-static int check_layout(const snap_t *s, const char *name, char *err,
-                        size_t errlen) {
-  uint64_t prev_end = 0;
-  for (size_t i = 0; i < s->nsegments; i++) {
-    const json_t *seg = snap_segment(s, i);
-    uint64_t addr = snap_u64(seg, "address"), size = snap_u64(seg, "size");
-    uint64_t bsize = snap_u64(seg, "block_size"), cursor = addr;
-    size_t nb = snap_segment_nblocks(s, i);
-    if (addr + size < addr) {
-      snprintf(err, errlen,
-               "%s: segments[%zu].size: the segment ends beyond 2^64", name, i);
-      return -1;
-    }
-    if (i > 0 && addr < prev_end) {
-      snprintf(err, errlen,
-               "%s: segments[%zu].address: overlaps segments[%zu] or is "
-               "not in address order",
-               name, i, i - 1);
-      return -1;
-    }
-    prev_end = addr + size;
-    for (size_t j = 0; j < nb; j++) {
-      snap_block_t b;
-      snap_block(s, i, j, &b);
-      if (b.address < cursor || b.address - addr > size ||
-          size - (b.address - addr) < bsize) {
-        snprintf(err, errlen,
-                 "%s: segments[%zu].blocks[%zu].address: 0x%" PRIx64 " is %s",
-                 name, i, j, b.address,
-                 b.address < cursor ? (j == 0 ? "below the segment"
-                                              : "not after the previous block")
-                                    : "not a whole block inside the segment");
-        return -1;
-      }
-      cursor = b.address + bsize;
-    }
-  }
-  return 0;
 }
 
 /* ---- The snapshot as a pickle -------------------------------------------- */
@@ -773,53 +755,69 @@ static void w_frames(torch_t *t, int64_t stack) {
   pk_end(t->p, &l);
 }
 
-static void w_block(torch_t *t, pk_seq_t *blocks, uint64_t addr, uint64_t size,
-                    uint64_t requested, int state, int64_t stack) {
+static void w_block(torch_t *t, pk_seq_t *blocks, const tv_block_t *b) {
   pk_seq_t d;
   pk_item(t->p, blocks);
   d = pk_dict(t->p);
-  w_kv_uint(t, &d, N_ADDRESS, addr);
-  w_kv_uint(t, &d, N_SIZE, size);
-  w_kv_uint(t, &d, N_REQUESTED_SIZE, requested);
+  w_kv_uint(t, &d, N_ADDRESS, b->address);
+  w_kv_uint(t, &d, N_SIZE, b->size);
+  w_kv_uint(t, &d, N_REQUESTED_SIZE, b->requested);
   w_kv_name(t, &d, N_STATE,
-            state == SNAP_ALLOCATED ? N_ACTIVE_ALLOCATED
-            : state == SNAP_PENDING ? N_ACTIVE_PENDING_FREE
-                                    : N_INACTIVE);
+            b->state == SNAP_ALLOCATED ? N_ACTIVE_ALLOCATED
+            : b->state == SNAP_PENDING ? N_ACTIVE_PENDING_FREE
+                                       : N_INACTIVE);
   pk_item(t->p, &d);
   w_name(t, N_FRAMES);
-  w_frames(t, state == SNAP_CACHED ? -1 : stack);
+  w_frames(t, b->stack);
   pk_end(t->p, &d);
 }
 
-static void w_segment(torch_t *t, const events_t *ev, size_t i) {
-  const json_t *seg = snap_segment(t->s, i);
-  uint64_t addr = snap_u64(seg, "address"), size = snap_u64(seg, "size");
-  uint64_t bsize = snap_u64(seg, "block_size"), cursor = addr;
-  uint64_t allocated = 0, active = 0, requested = 0, *stack;
-  size_t nb = snap_segment_nblocks(t->s, i);
+/* The sums of a segment's active blocks (as PyTorch's segment fields). */
+typedef struct seg_sums {
+  uint64_t allocated, active, requested;
+} seg_sums_t;
+
+static void sum_block(void *ctx, const tv_block_t *b) {
+  seg_sums_t *m = ctx;
+  if (b->state == SNAP_CACHED)
+    return;
+  if (b->state == SNAP_ALLOCATED)
+    m->allocated += b->size;
+  m->active += b->size;
+  m->requested += b->requested;
+}
+
+typedef struct block_out {
+  torch_t *t;
+  pk_seq_t *blocks;
+} block_out_t;
+
+static void put_block(void *ctx, const tv_block_t *b) {
+  block_out_t *o = ctx;
+  w_block(o->t, o->blocks, b);
+}
+
+static void w_segment(torch_t *t, const events_t *ev, const tv_seg_t *g) {
+  seg_sums_t m = {0, 0, 0};
+  uint64_t *stack;
   pk_seq_t d, blocks;
 
   /* The sums come before the blocks in the dict (PyTorch's key order). */
-  for (size_t j = 0; j < nb; j++) {
-    snap_block_t b;
-    snap_block(t->s, i, j, &b);
-    if (b.state == SNAP_CACHED)
-      continue;
-    if (b.state == SNAP_ALLOCATED)
-      allocated += bsize;
-    active += bsize;
-    requested += b.requested;
-  }
+  tv_blocks(t->s, g, sum_block, &m);
   d = pk_dict(t->p);
   w_kv_uint(t, &d, N_DEVICE, 0);
-  w_kv_uint(t, &d, N_ADDRESS, addr);
-  w_kv_uint(t, &d, N_TOTAL_SIZE, size);
-  w_kv_uint(t, &d, N_ALLOCATED_SIZE, allocated);
-  w_kv_uint(t, &d, N_ACTIVE_SIZE, active);
-  w_kv_uint(t, &d, N_REQUESTED_SIZE, requested);
+  w_kv_uint(t, &d, N_ADDRESS, g->address);
+  w_kv_uint(t, &d, N_TOTAL_SIZE, g->size);
+  w_kv_uint(t, &d, N_ALLOCATED_SIZE, m.allocated);
+  w_kv_uint(t, &d, N_ACTIVE_SIZE, m.active);
+  w_kv_uint(t, &d, N_REQUESTED_SIZE, m.requested);
   w_kv_uint(t, &d, N_STREAM, 0);
+  /* A chunk holding no segment is "large", like PyTorch's segments that
+   * large blocks are split from. */
   w_kv_name(t, &d, N_SEGMENT_TYPE,
-            bsize <= SMALL_BLOCK_MAX ? N_SMALL : N_LARGE);
+            g->max_block_size > 0 && g->max_block_size <= SMALL_BLOCK_MAX
+                ? N_SMALL
+                : N_LARGE);
   pk_item(t->p, &d);
   w_name(t, N_SEGMENT_POOL_ID);
   pk_uint(t->p, 0);
@@ -830,26 +828,15 @@ static void w_segment(torch_t *t, const events_t *ev, size_t i) {
   pk_op(t->p, OP_NEWFALSE);
   pk_item(t->p, &d);
   w_name(t, N_FRAMES);
-  stack = amap_get(&ev->seg_stack, addr);
+  stack = amap_get(&ev->seg_stack, g->address);
   w_frames(t, stack != NULL ? (int64_t)*stack : -1);
 
-  /* Blocks end to end from the segment's address: what pinpool does not
-   * list (blocks never handed out, the tail) becomes inactive blocks, so
-   * that the sizes add up to total_size. */
+  /* Blocks end to end from the segment's address, their sizes adding up
+   * to total_size (snapshot_torch_layout.c). */
   pk_item(t->p, &d);
   w_name(t, N_BLOCKS);
   blocks = pk_list(t->p);
-  for (size_t j = 0; j < nb; j++) {
-    snap_block_t b;
-    snap_block(t->s, i, j, &b);
-    if (b.address > cursor)
-      w_block(t, &blocks, cursor, b.address - cursor, 0, SNAP_CACHED, -1);
-    w_block(t, &blocks, b.address, bsize,
-            b.state == SNAP_CACHED ? 0 : b.requested, b.state, b.stack);
-    cursor = b.address + bsize;
-  }
-  if (cursor < addr + size)
-    w_block(t, &blocks, cursor, addr + size - cursor, 0, SNAP_CACHED, -1);
+  tv_blocks(t->s, g, put_block, &(block_out_t){t, &blocks});
   pk_end(t->p, &blocks);
   pk_end(t->p, &d);
 }
@@ -937,7 +924,8 @@ static void w_trace(torch_t *t, const events_t *ev) {
   pk_end(t->p, &trace);
 }
 
-static int write_pickle(const snap_t *s, const events_t *ev, FILE *f) {
+static int write_pickle(const snap_t *s, const tv_layout_t *lay,
+                        const events_t *ev, FILE *f) {
   torch_t t = {0};
   pk_seq_t top, l;
   const json_t *root = s->root;
@@ -963,9 +951,9 @@ static int write_pickle(const snap_t *s, const events_t *ev, FILE *f) {
   pk_item(t.p, &top);
   w_name(&t, N_SEGMENTS);
   l = pk_list(t.p);
-  for (size_t i = 0; i < s->nsegments; i++) {
+  for (size_t k = 0; k < lay->n; k++) {
     pk_item(t.p, &l);
-    w_segment(&t, ev, i);
+    w_segment(&t, ev, &lay->v[k]);
   }
   pk_end(t.p, &l);
 
@@ -1098,6 +1086,7 @@ int snap_torch_run(int argc, char **argv) {
   char err[512];
   snap_t snap;
   events_t ev = {0};
+  tv_layout_t lay = {0};
   output_t o;
   long dropped;
   int rc;
@@ -1113,12 +1102,17 @@ int snap_torch_run(int argc, char **argv) {
     return CLI_EXIT_FAIL;
   }
   name = strcmp(in, "-") == 0 ? "(stdin)" : in;
-  if (check_layout(&snap, name, err, sizeof err) != 0) {
+  if (tv_layout(&snap, name, &lay, err, sizeof err) != 0) {
     fprintf(stderr, "pinpool " CMD ": %s\n", err);
     snap_free(&snap);
     return CLI_EXIT_FAIL;
   }
-  if (build_events(&snap, &ev) != 0 || (dropped = replay(&snap, &ev)) < 0) {
+  dropped = -1;
+  if (build_events(&snap, &ev) == 0) {
+    fold_segment_events(&lay, &ev);
+    dropped = replay(&snap, &lay, &ev);
+  }
+  if (dropped < 0) {
     fprintf(stderr, "pinpool " CMD ": %s\n", strerror(ENOMEM));
     rc = CLI_EXIT_FAIL;
     goto done;
@@ -1131,7 +1125,7 @@ int snap_torch_run(int argc, char **argv) {
     goto done;
   }
   errno = 0;
-  rc = write_pickle(&snap, &ev, o.f);
+  rc = write_pickle(&snap, &lay, &ev, o.f);
   if (output_close(&o, rc == 0) != 0) {
     fprintf(stderr, "pinpool " CMD ": writing %s failed%s%s\n",
             o.is_stdout ? "standard output" : out, errno ? ": " : "",
@@ -1139,6 +1133,8 @@ int snap_torch_run(int argc, char **argv) {
     rc = CLI_EXIT_FAIL;
     goto done;
   }
+  if (lay.note[0] != '\0')
+    fprintf(stderr, "pinpool " CMD ": note: %s: %s\n", name, lay.note);
   if (dropped > 0)
     fprintf(stderr,
             "pinpool " CMD ": note: %ld of %zu history entries left out: "
@@ -1150,6 +1146,7 @@ int snap_torch_run(int argc, char **argv) {
 done:
   free(ev.v);
   amap_free(&ev.seg_stack);
+  tv_layout_free(&lay);
   snap_free(&snap);
   return rc;
 }

@@ -26,6 +26,70 @@ static int cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+static int is_u64(const json_t *v) {
+  return json_is_integer(v) && json_integer_value(v) >= 0;
+}
+
+typedef unsigned long long ull;
+
+/* chunks[] (optional: written since issue 21). What holds in every
+ * snapshot, busy pool or not: the chunks and the free ranges are copied
+ * together, in one hold of the segment lock. */
+static int check_chunk_list(json_t *root, json_t *tot, snapcheck_t *out,
+                            char *why, size_t n) {
+  json_t *chunks = json_object_get(root, "chunks"), *c, *r;
+  size_t i, j;
+  uint64_t prev_end = 0;
+  if (chunks == NULL)
+    return 0;
+  if (!json_is_array(chunks))
+    return bad(why, n, "chunks is not an array");
+  out->has_chunks = 1;
+  json_array_foreach(chunks, i, c) {
+    json_t *fr = json_object_get(c, "free");
+    if (!is_u64(json_object_get(c, "address")) ||
+        !is_u64(json_object_get(c, "size")) || !json_is_array(fr) ||
+        !json_is_array(json_object_get(c, "flags")))
+      return bad(why, n, "chunks[%zu]: address, size, flags or free missing",
+                 i);
+    uint64_t base = u(c, "address"), size = u(c, "size"), end = base + size;
+    if (size == 0 || end < base)
+      return bad(why, n, "chunks[%zu]: size %llu", i, (ull)size);
+    if (i > 0 && base < prev_end)
+      return bad(why, n,
+                 "chunks[%zu] at %#llx overlaps chunks[%zu] or is not in "
+                 "address order",
+                 i, (ull)base, i - 1);
+    uint64_t cur = base;
+    json_array_foreach(fr, j, r) {
+      json_t *a = json_array_get(r, 0), *s = json_array_get(r, 1);
+      if (json_array_size(r) != 2 || !is_u64(a) || !is_u64(s))
+        return bad(why, n, "chunks[%zu].free[%zu]: not [address, size]", i, j);
+      uint64_t ra = (uint64_t)json_integer_value(a);
+      uint64_t rs = (uint64_t)json_integer_value(s);
+      if (rs == 0 || ra < cur || ra + rs > end || ra + rs < ra)
+        return bad(why, n, "chunks[%zu].free[%zu] [%#llx, +%llu) is %s", i, j,
+                   (ull)ra, (ull)rs,
+                   rs == 0     ? "empty"
+                   : ra >= cur ? "beyond the chunk's end"
+                   : j > 0     ? "not after the range before it"
+                               : "below the chunk");
+      cur = ra + rs;
+      out->chunk_free_bytes += rs;
+      out->free_ranges++;
+    }
+    prev_end = end;
+    out->chunks++;
+    out->chunk_bytes += size;
+  }
+  if (out->chunk_free_bytes != u(tot, "chunk_free_bytes"))
+    return bad(why, n,
+               "chunks: the free ranges add up to %llu bytes, "
+               "totals.chunk_free_bytes is %llu",
+               (ull)out->chunk_free_bytes, (ull)u(tot, "chunk_free_bytes"));
+  return 0;
+}
+
 int snapcheck(const char *text, size_t len, snapcheck_t *out, char *why,
               size_t whylen) {
   memset(out, 0, sizeof *out);
@@ -136,6 +200,8 @@ int snapcheck(const char *text, size_t len, snapcheck_t *out, char *why,
     bad(why, whylen, "accounting identity fails in the totals");
     goto done;
   }
+  if (check_chunk_list(root, tot, out, why, whylen) != 0)
+    goto done;
   json_t *st;
   json_array_foreach(stacks, i, st) {
     json_t *f;
@@ -176,6 +242,206 @@ int snapcheck(const char *text, size_t len, snapcheck_t *out, char *why,
   rc = 0;
 done:
   free(addrs);
+  json_decref(root);
+  return rc;
+}
+
+/* ---- The arena of a quiescent pool (snapcheck_chunks) -------------------
+ */
+
+/* A piece of a chunk: a segment (segments[i]) or a free range
+ * (chunks[i].free[j]), [a, e). */
+typedef struct piece {
+  uint64_t a, e;
+  size_t i, j;
+  int seg;
+} piece_t;
+
+typedef struct chunk_info {
+  uint64_t base, end, node;
+  json_t *flags;
+} chunk_info_t;
+
+static int cmp_piece(const void *x, const void *y) {
+  const piece_t *p = x, *q = y;
+  return p->a < q->a ? -1 : p->a > q->a;
+}
+
+static const char *piece_name(const piece_t *p, char *buf, size_t n) {
+  if (p->seg)
+    snprintf(buf, n, "segments[%zu] [%#llx, %#llx)", p->i, (ull)p->a,
+             (ull)p->e);
+  else
+    snprintf(buf, n, "chunks[%zu].free[%zu] [%#llx, %#llx)", p->i, p->j,
+             (ull)p->a, (ull)p->e);
+  return buf;
+}
+
+/* Chunks k and k + 1 are one run: adjacent, same flags, same node. */
+static int joined(const chunk_info_t *c, size_t nc, size_t k) {
+  return k + 1 < nc && c[k].end == c[k + 1].base &&
+         c[k].node == c[k + 1].node && json_equal(c[k].flags, c[k + 1].flags);
+}
+
+/* The pieces tile the chunks (see snapcheck.h). */
+static int check_tiling(const chunk_info_t *ch, size_t nc, const piece_t *pc,
+                        size_t np, snapcheck_t *out, char *why, size_t n) {
+  char b1[96], b2[96];
+  size_t p = 0, last = SIZE_MAX; /* last: the piece consumed last */
+  int carry = 0; /* pc[p] began in the chunk before and goes on here */
+  for (size_t i = 0; i < nc; i++) {
+    uint64_t cur = ch[i].base, end = ch[i].end;
+    if (!carry && p < np && pc[p].a < cur) {
+      if (last != SIZE_MAX && pc[p].a < pc[last].e)
+        return bad(why, n, "%s overlaps %s", piece_name(&pc[p], b1, sizeof b1),
+                   piece_name(&pc[last], b2, sizeof b2));
+      return bad(why, n, "%s lies outside every chunk (below chunks[%zu])",
+                 piece_name(&pc[p], b1, sizeof b1), i);
+    }
+    while (cur < end) {
+      if (carry) {
+        carry = 0;
+      } else if (p == np || pc[p].a > cur) {
+        uint64_t to = p < np && pc[p].a < end ? pc[p].a : end;
+        return bad(why, n,
+                   "chunks[%zu]: [%#llx, %#llx) is in no segment and no "
+                   "free range",
+                   i, (ull)cur, (ull)to);
+      } else if (pc[p].a < cur) {
+        return bad(why, n, "%s overlaps %s", piece_name(&pc[p], b1, sizeof b1),
+                   piece_name(&pc[last], b2, sizeof b2));
+      } else if (!pc[p].seg && last != SIZE_MAX && !pc[last].seg &&
+                 pc[last].i == pc[p].i && pc[last].e == pc[p].a) {
+        return bad(why, n, "%s touches %s: the arena coalesces free ranges",
+                   piece_name(&pc[p], b1, sizeof b1),
+                   piece_name(&pc[last], b2, sizeof b2));
+      }
+      if (pc[p].e <= end) {
+        cur = pc[p].e;
+        last = p++;
+        continue;
+      }
+      if (!pc[p].seg)
+        return bad(why, n, "%s crosses the end of chunks[%zu]",
+                   piece_name(&pc[p], b1, sizeof b1), i);
+      if (!joined(ch, nc, i))
+        return bad(why, n,
+                   "%s crosses the end of chunks[%zu], and no chunk of its "
+                   "run follows (adjacent, same flags and node)",
+                   piece_name(&pc[p], b1, sizeof b1), i);
+      out->crossing_segments++;
+      carry = 1;
+      cur = end;
+    }
+  }
+  if (p < np) {
+    if (last != SIZE_MAX && pc[p].a < pc[last].e)
+      return bad(why, n, "%s overlaps %s", piece_name(&pc[p], b1, sizeof b1),
+                 piece_name(&pc[last], b2, sizeof b2));
+    return bad(why, n, "%s lies outside every chunk",
+               piece_name(&pc[p], b1, sizeof b1));
+  }
+  return 0;
+}
+
+/* The stats' arena fields against the chunks (see snapcheck.h). */
+static int check_arena_stats(json_t *root, const chunk_info_t *ch, size_t nc,
+                             const piece_t *pc, size_t np, size_t nsegs,
+                             snapcheck_t *out, char *why, size_t n) {
+  json_t *st = json_object_get(root, "stats");
+  static const char *const need[] = {"arena_chunks", "chunk_free_bytes",
+                                     "free_extents", "largest_free_extent"};
+  for (size_t k = 0; k < sizeof need / sizeof need[0]; k++)
+    if (!is_u64(json_object_get(st, need[k])))
+      return bad(why, n, "stats.%s missing", need[k]);
+  uint64_t raw = 0, raw_max = 0, merged = 0, merged_max = 0, run = 0;
+  const piece_t *prev = NULL;
+  for (size_t k = 0; k < np; k++) {
+    const piece_t *f = &pc[k];
+    if (f->seg)
+      continue;
+    raw++;
+    raw_max = f->e - f->a > raw_max ? f->e - f->a : raw_max;
+    /* Cut by the writer at a chunk boundary of a run: one extent. */
+    if (prev != NULL && prev->e == f->a && prev->i + 1 == f->i &&
+        joined(ch, nc, prev->i)) {
+      run += f->e - f->a;
+      out->joined_ranges++;
+    } else {
+      merged++;
+      run = f->e - f->a;
+    }
+    merged_max = run > merged_max ? run : merged_max;
+    prev = f;
+  }
+  uint64_t sc = u(st, "arena_chunks"), sf = u(st, "chunk_free_bytes");
+  uint64_t se = u(st, "free_extents"), sl = u(st, "largest_free_extent");
+  uint64_t sr = u(json_object_get(st, "reserved_bytes"), "current");
+  uint64_t ss = u(json_object_get(st, "segments"), "current");
+  uint64_t tr = u(json_object_get(root, "totals"), "reserved_bytes");
+  if (sc != nc)
+    return bad(why, n, "stats.arena_chunks %llu, %zu chunks listed", (ull)sc,
+               nc);
+  if (sr != out->chunk_bytes || tr != out->chunk_bytes)
+    return bad(why, n,
+               "the chunks hold %llu bytes: stats.reserved_bytes.current "
+               "%llu, totals.reserved_bytes %llu",
+               (ull)out->chunk_bytes, (ull)sr, (ull)tr);
+  if (ss != nsegs)
+    return bad(why, n, "stats.segments.current %llu, %zu segments listed",
+               (ull)ss, nsegs);
+  if (sf != out->chunk_free_bytes)
+    return bad(why, n,
+               "stats.chunk_free_bytes %llu, the free ranges add up to %llu",
+               (ull)sf, (ull)out->chunk_free_bytes);
+  if (!((se == raw && sl == raw_max) || (se == merged && sl == merged_max)))
+    return bad(why, n,
+               "stats.free_extents %llu and largest_free_extent %llu: the "
+               "free ranges are %llu (largest %llu), %llu (largest %llu) with "
+               "the pieces of a run joined",
+               (ull)se, (ull)sl, (ull)raw, (ull)raw_max, (ull)merged,
+               (ull)merged_max);
+  return 0;
+}
+
+int snapcheck_chunks(const char *text, size_t len, snapcheck_t *out, char *why,
+                     size_t whylen) {
+  if (snapcheck(text, len, out, why, whylen) != 0)
+    return -1;
+  if (!out->has_chunks)
+    return bad(why, whylen, "no chunks (a snapshot written before issue 21)");
+  json_t *root = json_loadb(text, len, 0, NULL);
+  json_t *chunks = json_object_get(root, "chunks");
+  json_t *segs = json_object_get(root, "segments"), *c, *r, *sg;
+  size_t nc = json_array_size(chunks), nsegs = json_array_size(segs);
+  size_t np = nsegs + (size_t)out->free_ranges, k = 0, i, j;
+  chunk_info_t *ch = calloc(nc + 1, sizeof *ch);
+  piece_t *pc = calloc(np + 1, sizeof *pc);
+  int rc = -1;
+  if (root == NULL || ch == NULL || pc == NULL) {
+    bad(why, whylen, "out of memory");
+    goto done;
+  }
+  json_array_foreach(chunks, i, c) {
+    ch[i] = (chunk_info_t){u(c, "address"), u(c, "address") + u(c, "size"),
+                           u(c, "node"), json_object_get(c, "flags")};
+    json_array_foreach(json_object_get(c, "free"), j, r) {
+      uint64_t a = (uint64_t)json_integer_value(json_array_get(r, 0));
+      pc[k++] = (piece_t){
+          a, a + (uint64_t)json_integer_value(json_array_get(r, 1)), i, j, 0};
+    }
+  }
+  json_array_foreach(segs, i, sg) {
+    uint64_t a = u(sg, "address");
+    pc[k++] = (piece_t){a, a + u(sg, "size"), i, 0, 1};
+  }
+  qsort(pc, np, sizeof *pc, cmp_piece);
+  if (check_tiling(ch, nc, pc, np, out, why, whylen) == 0 &&
+      check_arena_stats(root, ch, nc, pc, np, nsegs, out, why, whylen) == 0)
+    rc = 0;
+done:
+  free(ch);
+  free(pc);
   json_decref(root);
   return rc;
 }

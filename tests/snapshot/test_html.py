@@ -2,6 +2,7 @@
 """Test of `pinpool snapshot html` and of the viewer page, in headless Chromium.
 
   test_html.py --pinpool PINPOOL --example example.json --artifacts DIR
+               [--example-chunks example_chunks.json]
                [--snapgen PP_SNAPGEN] [--chromium PATH]
 
 1. Command line: usage errors exit 2, malformed or missing input exits 1 and
@@ -15,6 +16,11 @@
    tooltip (with its stack) through the real hit test.
 4. A 100,000-block, 100,000-entry snapshot renders (the page must not
    build one DOM node per block, and must not time out).
+   With the arena's `chunks` (example_chunks.json, pp_snapgen's), the
+   chunk map draws every chunk, free range and segment carved from them,
+   #chunk=ADDRESS hovers a free gap or a segment crossing into the next
+   chunk of its run, and the free space in chunks is labelled "free in
+   chunks" (never "reserve free", the words from before the arena).
 5. A screenshot of a real snapshot (pp_snapgen, else example.json) lands in
    DIR/snapshot-viewer.png.
 
@@ -91,7 +97,7 @@ class Dom(html.parser.HTMLParser):
 
 
 def parse_dom(text):
-    d = Dom(["pp-tooltip", "pp-errors"])
+    d = Dom(["pp-tooltip", "pp-errors", "totals-section"])
     d.feed(text)
     return d
 
@@ -322,6 +328,7 @@ def check_page_dom(name, dom_text, snap, hover=None, hover_text=None):
           "%s: %s history entries replayed" % (name, st.get("data-entries")))
     check("data-pwned" not in d.root_attrs,
           "%s: no script injected by the snapshot's strings" % name)
+    check_chunk_dom(name, d, st, snap)
     print("  rendered in %s ms" % st.get("data-render-ms"))
     if hover is not None:
         check(st.get("data-hover") == str(hover),
@@ -334,16 +341,51 @@ def check_page_dom(name, dom_text, snap, hover=None, hover_text=None):
     return st
 
 
+def check_chunk_dom(name, d, st, snap):
+    """The chunk map and the totals' words for the free space in chunks."""
+    totals = d.text["totals-section"]
+    check("reserve" not in totals.lower().replace("reserved", ""),
+          "%s: the totals do not call free space in chunks the reserve's"
+          % name)
+    if snap["totals"]["chunk_free_bytes"] > 0:
+        check("free in chunks" in totals,
+              "%s: the totals say \"free in chunks\"" % name)
+    sec = d.attrs.get("chunks-section", {})
+    if "chunks" not in snap:
+        check("hidden" in sec and st.get("data-chunks") == "0",
+              "%s: no chunks, no chunk map" % name)
+        return
+    ch = snap["chunks"]
+    gaps = sum(len(c["free"]) for c in ch)
+    inside = sum(1 for s in snap["segments"] if any(
+        c["address"] <= s["address"] < c["address"] + c["size"] for c in ch))
+    check("hidden" not in sec, "%s: the chunk map is shown" % name)
+    check(st.get("data-chunks") == str(len(ch)),
+          "%s: %s chunks drawn, %d listed" % (name, st.get("data-chunks"),
+                                              len(ch)))
+    check(st.get("data-chunk-gaps") == str(gaps),
+          "%s: %s free gaps drawn, %d listed" % (
+              name, st.get("data-chunk-gaps"), gaps))
+    check(st.get("data-chunk-segments") == str(inside),
+          "%s: %s segments drawn in chunks, %d start in one" % (
+              name, st.get("data-chunk-segments"), inside))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pinpool", required=True)
     ap.add_argument("--example", required=True)
+    ap.add_argument("--example-chunks", help="a snapshot with chunks "
+                    "(default: example_chunks.json beside --example)")
     ap.add_argument("--artifacts", required=True)
     ap.add_argument("--snapgen")
     ap.add_argument("--chromium")
     ap.add_argument("--big", type=int, default=100_000,
                     help="blocks and entries of the load-test snapshot")
     args = ap.parse_args()
+    if args.example_chunks is None:
+        args.example_chunks = os.path.join(os.path.dirname(args.example),
+                                           "example_chunks.json")
     t_start = time.monotonic()
 
     chromium = find_chromium(args.chromium)
@@ -464,6 +506,34 @@ def body(args, chromium, tmp):
     r = html(em_json, "-o", em_page)
     if check(r.returncode == 0, "empty pool: exit 0 (%s)" % r.stderr.decode(errors="replace").strip()):
         check_page_dom("empty pool", br.dump(em_page, "#hover=4096"), empty)
+
+    # The arena's chunks: a free gap and a segment crossing two chunks of a
+    # run, hovered on the chunk map.
+    with open(args.example_chunks) as f:
+        chunky = json.load(f)
+    ch_page = os.path.join(tmp, "chunks.html")
+    r = html(args.example_chunks, "-o", ch_page)
+    if check(r.returncode == 0, "example_chunks.json: exit 0 (%s)"
+             % r.stderr.decode(errors="replace").strip()):
+        base = chunky["chunks"][0]["address"]
+        gap = chunky["chunks"][0]["free"][0]
+        dom = br.dump(ch_page, "#chunk=%d" % (gap[0] + gap[1] // 2))
+        st = check_page_dom("example_chunks.json, a free gap", dom, chunky)
+        tip = parse_dom(dom).text["pp-tooltip"] if dom else ""
+        check(st is not None and st.get("data-chunk-hover") == "free:%d" % gap[0]
+              and "free in chunk" in tip,
+              "example_chunks.json: #chunk= on a gap shows it (%s)"
+              % (st.get("data-chunk-hover") if st else None))
+        cross = next(s for s in chunky["segments"]
+                     if s["address"] + s["size"] > chunky["chunks"][0]["address"]
+                     + chunky["chunks"][0]["size"] > s["address"])
+        dom = br.dump(ch_page, "#chunk=%d" % (base + 9 * (1 << 20)))
+        d2 = parse_dom(dom) if dom else None
+        st2 = d2.attrs.get("pp-status", {}) if d2 else {}
+        check(st2.get("data-chunk-hover") == "segment:%d" % cross["address"]
+              and "crosses into the next chunk" in d2.text["pp-tooltip"],
+              "example_chunks.json: #chunk= in the second chunk of a run shows "
+              "the segment crossing into it (%s)" % st2.get("data-chunk-hover"))
 
     # -- 4. Load: 100,000 blocks and entries ----------------------------------
     big = synthetic(args.big, args.big)

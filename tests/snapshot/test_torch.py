@@ -16,7 +16,14 @@ CDN, and the tests run offline):
 * if torch imports, the functions of torch.cuda._memory_viz that read a
   snapshot are called on it.
 
+With the arena's `chunks` in the snapshot (issue 21) the pickle's segments
+are the chunks, each tiled by the blocks of the segments carved from it and
+its free gaps; viz_layout computes that layout from the JSON on its own, and
+check_chunk_segments checks that every chunk became a segment and that the
+free gaps are the JSON's free ranges.
+
 usage: test_torch.py --pinpool PINPOOL --example example.json --workdir DIR
+                     [--example-chunks example_chunks.json]
                      [--snapgen PP_SNAPGEN] [--written DIR]
                      example|snapgen|written
 """
@@ -79,7 +86,118 @@ def expected_frames(snap, stack):
     return out
 
 
-def expected_trace(snap):
+# ---- The memory layout: which segments, which blocks -----------------------
+
+SMALL_BLOCK_MAX = 1 << 20
+
+
+def viz_layout(snap):
+    """The pickle's segments, in address order, as docs/snapshot-format.md
+    says, computed from the JSON; and the note the tool prints about them
+    (None for none). Each is {"address", "size", "segs": indices into
+    segments, "chunks": indices into chunks ([] for a segment shown on its
+    own)}."""
+    segs = snap["segments"]
+
+    def own(i):
+        return {"address": segs[i]["address"], "size": segs[i]["size"],
+                "segs": [i], "chunks": []}
+    per_segment = [own(i) for i in range(len(segs))]
+    if "chunks" not in snap:
+        return per_segment, None
+    ch = snap["chunks"]
+    base = [c["address"] for c in ch]
+    end = [c["address"] + c["size"] for c in ch]
+    join = [False] * len(ch)
+    outside = []
+    for i, sg in enumerate(segs):
+        a, e = sg["address"], sg["address"] + sg["size"]
+        k = bisect.bisect_right(base, a) - 1
+        if k < 0 or a >= end[k]:  # in no chunk: on its own, unless it
+            if k + 1 < len(ch) and base[k + 1] < e:  # overlaps one
+                return per_segment, "lies partly outside the chunks listed"
+            outside.append(i)
+            continue
+        k2 = k  # the chunks it crosses must follow each other
+        while e > end[k2] and k2 + 1 < len(ch) and base[k2 + 1] == end[k2]:
+            k2 += 1
+        if e > end[k2]:
+            return per_segment, "lies partly outside the chunks listed"
+        for j in range(k, k2):
+            join[j] = True
+    groups, k = [], 0
+    while k < len(ch):
+        k2 = k
+        while join[k2]:
+            k2 += 1
+        groups.append({"address": base[k], "size": end[k2] - base[k],
+                       "segs": [], "chunks": list(range(k, k2 + 1))})
+        k = k2 + 1
+    starts = [g["address"] for g in groups]
+    for i, sg in enumerate(segs):
+        if i not in outside:
+            groups[bisect.bisect_right(starts, sg["address"]) - 1][
+                "segs"].append(i)
+    out = sorted(groups + [own(i) for i in outside],
+                 key=lambda v: v["address"])
+    return out, ("in no chunk listed" if outside else None)
+
+
+def viz_blocks(snap, v):
+    """The blocks of layout segment v, end to end: the blocks listed,
+    inactive blocks for the rest of each pinpool segment, and for a chunk
+    its free space between the segments, cut at chunk boundaries."""
+    segs, blocks = snap["segments"], []
+
+    def inactive(addr, size):
+        return {"address": addr, "size": size, "requested_size": 0,
+                "state": "inactive", "frames": []}
+
+    def of_segment(sg):
+        bs, cursor = sg["block_size"], sg["address"]
+        for b in sg["blocks"]:
+            if b["address"] > cursor:
+                blocks.append(inactive(cursor, b["address"] - cursor))
+            cached = b["state"] == "cached"
+            blocks.append({
+                "address": b["address"], "size": bs,
+                "requested_size": 0 if cached else b["requested_size"],
+                "state": STATES[b["state"]],
+                "frames": [] if cached else expected_frames(snap,
+                                                            b["stack"]),
+            })
+            cursor = b["address"] + bs
+        if cursor < sg["address"] + sg["size"]:
+            blocks.append(inactive(cursor,
+                                   sg["address"] + sg["size"] - cursor))
+
+    if not v["chunks"]:
+        of_segment(segs[v["segs"][0]])
+        return blocks
+    ends = [snap["chunks"][k]["address"] + snap["chunks"][k]["size"]
+            for k in v["chunks"]]
+
+    def gaps(a, b):
+        while a < b:
+            cut = min(b, next(e for e in ends if e > a))
+            blocks.append(inactive(a, cut - a))
+            a = cut
+    cursor = v["address"]
+    for i in v["segs"]:
+        gaps(cursor, segs[i]["address"])
+        of_segment(segs[i])
+        cursor = segs[i]["address"] + segs[i]["size"]
+    gaps(cursor, v["address"] + v["size"])
+    return blocks
+
+
+def joined_overlap(layout, addr, size):
+    """Does [addr, addr + size) overlap a layout segment of 2+ chunks?"""
+    return any(len(v["chunks"]) >= 2 and v["address"] < addr + size
+               and addr < v["address"] + v["size"] for v in layout)
+
+
+def expected_trace(snap, layout):
     """The trace before anything is left out for the viewer."""
     cols = snap["history"]["fields"]
     waiting = set()
@@ -120,7 +238,10 @@ def expected_trace(snap):
                 seg_stack[addr] = e["stack"]
             else:
                 seg_stack.pop(addr, None)
-            trace.append(entry(a, e, addr, e["size"]))
+            # memory_viz cannot grow a segment: none for chunks shown as
+            # one segment with others (it is there from the start).
+            if not joined_overlap(layout, addr, e["size"]):
+                trace.append(entry(a, e, addr, e["size"]))
         elif a == "oom":
             trace.append(entry("oom", e, 0, e["size"]))
         # empty_cache: no PyTorch action
@@ -134,39 +255,24 @@ def expected_trace(snap):
 
 
 def expected_pickle(snap):
-    trace, seg_stack = expected_trace(snap)
+    layout, _ = viz_layout(snap)
+    trace, seg_stack = expected_trace(snap, layout)
     segments = []
-    for s in snap["segments"]:
-        bs, blocks, cursor = s["block_size"], [], s["address"]
-        end = s["address"] + s["size"]
-
-        def inactive(addr, size):
-            return {"address": addr, "size": size, "requested_size": 0,
-                    "state": "inactive", "frames": []}
-        for b in s["blocks"]:
-            if b["address"] > cursor:
-                blocks.append(inactive(cursor, b["address"] - cursor))
-            cached = b["state"] == "cached"
-            blocks.append({
-                "address": b["address"], "size": bs,
-                "requested_size": 0 if cached else b["requested_size"],
-                "state": STATES[b["state"]],
-                "frames": [] if cached else expected_frames(snap, b["stack"]),
-            })
-            cursor = b["address"] + bs
-        if cursor < end:
-            blocks.append(inactive(cursor, end - cursor))
-        active = [b for b in s["blocks"] if b["state"] != "cached"]
+    for v in layout:
+        blocks = viz_blocks(snap, v)
+        bss = [snap["segments"][i]["block_size"] for i in v["segs"]]
+        small = bss and max(bss) <= SMALL_BLOCK_MAX
+        active = [b for b in blocks if b["state"] != "inactive"]
         segments.append({
-            "device": 0, "address": s["address"], "total_size": s["size"],
-            "allocated_size": bs * sum(b["state"] == "allocated"
-                                       for b in s["blocks"]),
-            "active_size": bs * len(active),
+            "device": 0, "address": v["address"], "total_size": v["size"],
+            "allocated_size": sum(b["size"] for b in active
+                                  if b["state"] == "active_allocated"),
+            "active_size": sum(b["size"] for b in active),
             "requested_size": sum(b["requested_size"] for b in active),
             "stream": 0,
-            "segment_type": "small" if bs <= 1 << 20 else "large",
+            "segment_type": "small" if small else "large",
             "segment_pool_id": (0, 0), "is_expandable": False,
-            "frames": expected_frames(snap, seg_stack.get(s["address"])),
+            "frames": expected_frames(snap, seg_stack.get(v["address"])),
             "blocks": blocks,
         })
     return {
@@ -177,6 +283,71 @@ def expected_pickle(snap):
             "pinpool_version": snap["pinpool_version"],
             "backend": snap["backend"], "config": snap["config"]},
     }
+
+
+def tiles(snap):
+    """Do the segments and the free ranges tile the chunks exactly (as in a
+    snapshot of a quiescent pool: tests/snapshot/snapcheck.c)?"""
+    pieces = sorted([(s["address"], s["address"] + s["size"])
+                     for s in snap["segments"]]
+                    + [(a, a + n) for c in snap["chunks"]
+                       for a, n in c["free"]])
+    spans, cursor = [], None  # the chunks, adjacent ones merged
+    for c in snap["chunks"]:
+        if spans and spans[-1][1] == c["address"]:
+            spans[-1][1] += c["size"]
+        else:
+            spans.append([c["address"], c["address"] + c["size"]])
+    covered = []
+    for a, e in pieces:
+        if covered and covered[-1][1] == a:
+            covered[-1][1] = e
+        elif covered and a < covered[-1][1]:
+            return False  # overlap
+        else:
+            covered.append([a, e])
+    return covered == spans
+
+
+def check_chunk_segments(d, snap, name):
+    """Chunks became segments; their sizes tile them; and where the
+    snapshot's own layout tiles (a quiescent pool), the inactive blocks
+    outside every pinpool segment are exactly its free ranges."""
+    layout, note = viz_layout(snap)
+    if note is not None and "partly" in note:
+        print(f"{name}: segments shown on their own ({note})")
+        return
+    segs = d["segments"]
+    starts = [s["address"] for s in segs]
+    for k, c in enumerate(snap["chunks"]):
+        i = bisect.bisect_right(starts, c["address"]) - 1
+        check(i >= 0 and c["address"] + c["size"]
+              <= segs[i]["address"] + segs[i]["total_size"],
+              f"{name}: chunks[{k}] is inside a segment of the pickle")
+        if i >= 0 and segs[i]["address"] == c["address"]:
+            check(segs[i]["total_size"] >= c["size"],
+                  f"{name}: chunks[{k}] at a segment's start")
+    nchunk_segs = sum(1 for v in layout if v["chunks"])
+    check(nchunk_segs + sum(1 for v in layout if not v["chunks"])
+          == len(segs), f"{name}: one segment per chunk (or run of chunks "
+          "a segment crosses) and per segment in no chunk")
+    if not tiles(snap):
+        print(f"{name}: the segments do not tile the chunks (a busy pool)")
+        return
+    carved = sorted((s["address"], s["address"] + s["size"])
+                    for s in snap["segments"])
+    gaps = []
+    for s in segs:
+        for b in s["blocks"]:
+            i = bisect.bisect_right(carved, (b["address"], float("inf"))) - 1
+            if i < 0 or b["address"] >= carved[i][1]:
+                check(b["state"] == "inactive",
+                      f"{name}: a block outside every segment is inactive")
+                gaps.append([b["address"], b["size"]])
+    free = [r for c in snap["chunks"] for r in c["free"]]
+    check(gaps == free, f"{name}: the free gaps drawn ({len(gaps)}) are "
+          f"the chunks' free ranges ({len(free)})")
+    return len(gaps)
 
 
 # ---- Structure -------------------------------------------------------------
@@ -557,6 +728,12 @@ def full_checks(args, src, out, allow_notes=True):
     check_structure(d, name)
     check_js(data, d, name)
     check(viewer_replay(d, name), f"{name}: the viewer cannot replay it")
+    _, note = viz_layout(snap)
+    check((note is None and "chunks listed" not in err)
+          or (note is not None and note in err),
+          f"{name}: the note about the layout (want {note!r}): {err}")
+    if "chunks" in snap:
+        check_chunk_segments(d, snap, name)
     want = expected_pickle(snap)
     for k in ("segments", "allocator_settings"):
         check(d[k] == want[k], f"{name}: {k} differ from the JSON")
@@ -725,13 +902,16 @@ def inconsistent_tests(args, work):
           f"inconsistent: entries kept: {got}")
 
 
-def mutant_tests(args, work, count=150):
-    """Random histories and states over example.json's segments: each file
-    is either refused (exit 1) or gives a pickle that is well formed, that
-    the viewer's unpickler reads and that replays without an error."""
+def mutant_tests(args, work, src_path, count=150):
+    """Random histories and states over the segments of src_path (and its
+    chunks: moved, so that they may overlap or leave a segment outside):
+    each file is either refused (exit 1) or gives a pickle that is well
+    formed, that the viewer's unpickler reads and that replays without an
+    error."""
     import random
     rng = random.Random(20240611)
-    with open(args.example) as f:
+    tag = os.path.basename(src_path)
+    with open(src_path) as f:
         base = json.load(f)
     fields = base["history"]["fields"]
     actions = ["segment_alloc", "alloc", "free_requested", "free_completed",
@@ -743,6 +923,7 @@ def mutant_tests(args, work, count=150):
     out = os.path.join(work, "mutant.pickle")
     outcomes = {0: 0, 1: 0}
     notes = 0
+    layout_notes = {}
     for k in range(count):
         snap = copy.deepcopy(base)
         entries = snap["history"]["entries"]
@@ -770,6 +951,14 @@ def mutant_tests(args, work, count=150):
         if rng.random() < 0.1:  # may overlap or leave the segment
             s = rng.choice(snap["segments"])
             s["blocks"][0]["address"] += rng.choice([-4096, 4096, 1])
+        if "chunks" in snap and rng.random() < 0.3:
+            # may overlap a chunk, or leave a segment (partly) outside
+            c = rng.choice(snap["chunks"])
+            c[rng.choice(["address", "size"])] += rng.choice(
+                [-4096, 4096, 1 << 20, -(1 << 20)])
+            c["size"] = max(c["size"], 4096)
+        if "chunks" in snap and rng.random() < 0.2:  # a chunk left out
+            del snap["chunks"][rng.randrange(len(snap["chunks"]))]
         src = os.path.join(work, "mutant.json")
         with open(src, "w") as f:
             json.dump(snap, f)
@@ -782,17 +971,121 @@ def mutant_tests(args, work, count=150):
             check(not os.path.exists(out), f"mutant {k}: OUT left")
             continue
         notes += b"left out" in r.stderr
+        layout_notes[viz_layout(snap)[1]] = layout_notes.get(
+            viz_layout(snap)[1], 0) + 1
         with open(out, "rb") as f:
             data = f.read()
         d = pickle.loads(data)
         check_structure(d, f"mutant {k}")
         check_js(data, d, f"mutant {k}", exact_ints=False)
         check(viewer_replay(d, f"mutant {k}"), f"mutant {k}: replay")
+        check(d["segments"] == expected_pickle(snap)["segments"],
+              f"mutant {k}: segments differ from the layout computed here")
         os.remove(out)
-    print(f"mutants: {outcomes[0]} converted ({notes} with entries left "
-          f"out), {outcomes[1]} refused")
-    check(notes > 0 and outcomes[1] > 0, "mutants: no entries left out, or "
-          "none refused: the mutations no longer reach those paths")
+    print(f"mutants of {tag}: {outcomes[0]} converted ({notes} with entries "
+          f"left out), {outcomes[1]} refused; layouts {layout_notes}")
+    check(notes > 0 and outcomes[1] > 0, f"mutants of {tag}: no entries left "
+          "out, or none refused: the mutations no longer reach those paths")
+    if "chunks" in base:
+        check(len(layout_notes) == 3, f"mutants of {tag}: not every layout "
+              f"(by chunk, segments in no chunk, by segment): {layout_notes}")
+
+
+def chunk_tests(args, work):
+    """example_chunks.json: four chunks (two of them one run that a large
+    block crosses, one all free), four segments, five free gaps."""
+    src = args.example_chunks
+    with open(src) as f:
+        snap = json.load(f)
+    d = full_checks(args, src, os.path.join(work, "chunks.pickle"),
+                    allow_notes=False)
+    if d is None:
+        return
+    A, M = snap["chunks"][0]["address"], 1 << 20
+    segs = d["segments"]
+    check([(s["address"] - A, s["total_size"]) for s in segs]
+          == [(0, 12 * M), (64 * M, 2 * M), (96 * M, 4 * M)],
+          "chunks: the chunks are the segments (the run crossed by a block "
+          f"as one): {[(hex(s['address']), s['total_size']) for s in segs]}")
+    run_blocks = [(b["address"] - A, b["size"], b["state"])
+                  for b in segs[0]["blocks"]]
+    check((3 * M, 2 * M, "active_allocated") in run_blocks
+          and (6 * M, 4 * M, "inactive") in run_blocks
+          and (2 * M, M, "inactive") in run_blocks
+          and (10 * M, 2 * M, "inactive") in run_blocks,
+          f"chunks: the run's blocks and gaps: {run_blocks}")
+    check([(b["size"], b["state"]) for b in segs[1]["blocks"]]
+          == [(2 * M, "inactive")], "chunks: the free chunk is one gap")
+    check(sum(b["size"] for s in segs for b in s["blocks"])
+          == sum(c["size"] for c in snap["chunks"]),
+          "chunks: the blocks add up to the chunks' bytes")
+    check([s["segment_type"] for s in segs] == ["large", "large", "small"],
+          "chunks: segment types")
+    seg_events = [(t["action"], t["addr"] - A) for t in d["device_traces"][0]
+                  if t["action"].startswith("segment")]
+    check(seg_events == [("segment_alloc", 64 * M),
+                         ("segment_alloc", 96 * M)],
+          f"chunks: the run's segment events are folded: {seg_events}")
+    torch_tools(d, "example_chunks.json")
+
+    # Snapshots of a busy pool: a segment in no chunk listed is shown on
+    # its own; one partly in a chunk makes every segment shown on its own.
+    outside = copy.deepcopy(snap)
+    del outside["chunks"][3]
+    partly = copy.deepcopy(snap)
+    partly["chunks"][3]["size"] = M
+    for tag, variant, want in (("outside", outside, "in no chunk listed"),
+                               ("partly", partly, "partly outside")):
+        vsrc = os.path.join(work, f"chunks-{tag}.json")
+        with open(vsrc, "w") as f:
+            json.dump(variant, f)
+        dv = full_checks(args, vsrc, os.path.join(work, f"chunks-{tag}"
+                                                  ".pickle"))
+        r = run([args.pinpool, "snapshot", "torch", vsrc, "-o",
+                 os.path.join(work, "note.pickle")])
+        check(want in r.stderr.decode(), f"chunks-{tag}: note {want!r}: "
+              f"{r.stderr.decode()}")
+        if dv is not None and tag == "outside":
+            check([s["address"] - A for s in dv["segments"]]
+                  == [0, 64 * M, 96 * M] and dv["segments"][2]["total_size"]
+                  == 2 * M, "chunks-outside: the segment on its own")
+        if dv is not None and tag == "partly":
+            check(len(dv["segments"]) == len(snap["segments"]),
+                  "chunks-partly: one segment per pinpool segment")
+
+    # Chunks the tool cannot lay out, or the reader refuses.
+    cases = {}
+    c = copy.deepcopy(snap)
+    c["chunks"][1], c["chunks"][2] = c["chunks"][2], c["chunks"][1]
+    cases["chunk-order.json"] = (c, "chunks[2].address: overlaps chunks[1]")
+    c = copy.deepcopy(snap)
+    c["chunks"][1]["address"] -= 4096
+    cases["chunk-overlap.json"] = (c, "chunks[1].address: overlaps")
+    c = copy.deepcopy(snap)
+    c["chunks"][0]["free"][0] = [A]
+    cases["chunk-range.json"] = (c, "chunks[0].free[0]: expected [address, "
+                                 "size]")
+    c = copy.deepcopy(snap)
+    c["chunks"][2]["size"] = 0
+    cases["chunk-size.json"] = (c, "chunks[2].size")
+    c = copy.deepcopy(snap)
+    c["chunks"] = {}
+    cases["chunk-type.json"] = (c, "chunks: expected an array")
+    c = copy.deepcopy(snap)
+    c["chunks"][3]["flags"] = ["bogus"]
+    cases["chunk-flag.json"] = (c, "chunks[3].flags[0]: expected one of")
+    out = os.path.join(work, "bad.pickle")
+    for fname, (content, want) in cases.items():
+        bsrc = os.path.join(work, fname)
+        with open(bsrc, "w") as f:
+            json.dump(content, f)
+        r = run([args.pinpool, "snapshot", "torch", bsrc, "-o", out])
+        err = r.stderr.decode()
+        check(r.returncode == 1 and not os.path.exists(out),
+              f"{fname}: exit {r.returncode} (want 1), no OUT")
+        check(fname in err and want in err, f"{fname}: the message says "
+              f"{want!r}: {err}")
+    mutant_tests(args, work, src, count=100)
 
 
 def case_example(args, work):
@@ -804,7 +1097,8 @@ def case_example(args, work):
         torch_tools(d, "example.json")
     bad_input_tests(args, work)
     inconsistent_tests(args, work)
-    mutant_tests(args, work)
+    mutant_tests(args, work, args.example)
+    chunk_tests(args, work)
 
 
 def case_snapgen(args, work):
@@ -828,6 +1122,13 @@ def case_snapgen(args, work):
         d = full_checks(args, src, os.path.join(work, f"{tag}.pickle"))
         if d is None:
             continue
+        with open(src) as f:
+            snap = json.load(f)
+        # Written once the threads joined: the chunks tile, and they are
+        # the pickle's segments (check_chunk_segments compared the gaps).
+        check("chunks" in snap and tiles(snap) and viz_layout(snap)[1] is None,
+              f"{tag}: the snapshot's segments and free ranges tile its "
+              "chunks")
         acts = {t["action"] for t in d["device_traces"][0]}
         check({"alloc", "free_requested", "free_completed",
                "segment_alloc"} <= acts, f"{tag}: actions {sorted(acts)}")
@@ -863,11 +1164,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pinpool", required=True)
     ap.add_argument("--example", required=True)
+    ap.add_argument("--example-chunks", help="a snapshot with chunks "
+                    "(default: example_chunks.json beside --example)")
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--snapgen")
     ap.add_argument("--written", help="directory of snapshots to convert")
     ap.add_argument("case", choices=("example", "snapgen", "written"))
     args = ap.parse_args()
+    if args.example_chunks is None:
+        args.example_chunks = os.path.join(os.path.dirname(args.example),
+                                           "example_chunks.json")
     work = os.path.join(args.workdir, args.case)
     os.makedirs(work, exist_ok=True)
     for f in os.listdir(work):
