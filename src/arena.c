@@ -207,16 +207,19 @@ static int grow(pinpool_t *pool, unsigned node, size_t need) {
   int rc = backend_alloc(pool, node, hint, size, &mem, &flags);
   if (rc != 0)
     return rc;
+  /* Recorded before the chunk enters the arena: another thread's carve
+   * from it, and that carve's history, come after. */
+  pp_hist_event(pool, PP_H_SEGMENT_ALLOC, (uintptr_t)mem, size, 0, 0, NULL);
   pp_mutex_lock(&pool->seg_lock);
   rc = pp_ext_add_chunk(&a->ext, mem, size, flags);
   if (rc == 0)
     pp_store_relaxed(&a->total, a->ext.total_bytes);
   pp_mutex_unlock(&pool->seg_lock);
   if (rc != 0) {
+    pp_hist_event(pool, PP_H_SEGMENT_FREE, (uintptr_t)mem, size, 0, 0, NULL);
     backend_free(pool, mem, size, flags);
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the arena's metadata");
   }
-  pp_hist_event(pool, PP_H_SEGMENT_ALLOC, (uintptr_t)mem, size, 0, 0, NULL);
   return 0;
 }
 
@@ -355,8 +358,10 @@ unsigned pp_arena_release(pinpool_t *pool, uint64_t budget) {
       continue;
     }
     dry = 0;
-    backend_free(pool, base, size, flags);
+    /* Before the backend may hand the range to another thread's growth,
+     * whose SEGMENT_ALLOC must come after this in the history. */
     pp_hist_event(pool, PP_H_SEGMENT_FREE, (uintptr_t)base, size, 0, 0, NULL);
+    backend_free(pool, base, size, flags);
     got += size;
     n++;
   }
@@ -409,14 +414,15 @@ static int cmp_range(const void *a, const void *b) {
 }
 
 /* Every node's chunks and free extents, in address order (each chunk with
- * its node). One hold of seg_lock: a consistent picture. */
-int pp_arena_view(pinpool_t *pool, pp_chunk_view_t **chunks, size_t *nchunks,
-                  pp_range_t **free_out, size_t *nfree) {
+ * its node). */
+int pp_arena_view_locked(pinpool_t *pool, pp_chunk_view_t **chunks,
+                         size_t *nchunks, pp_range_t **free_out,
+                         size_t *nfree) {
   pp_chunk_view_t *call = NULL;
   pp_range_t *fall = NULL;
   size_t nc = 0, nf = 0;
   int rc = 0;
-  pp_mutex_lock(&pool->seg_lock);
+  pp_assert_held(&pool->seg_lock);
   for (unsigned n = 0; n < pool->nnodes && rc == 0; n++) {
     pp_chunk_view_t *c;
     pp_range_t *f;
@@ -446,7 +452,6 @@ int pp_arena_view(pinpool_t *pool, pp_chunk_view_t **chunks, size_t *nchunks,
     free(c);
     free(f);
   }
-  pp_mutex_unlock(&pool->seg_lock);
   if (rc != 0) {
     free(call);
     free(fall);

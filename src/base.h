@@ -157,6 +157,8 @@ enum {
                                a new segment starts, caller's thread */
   PP_HOOK_POPULATE_JOB,     /* host map: one share of that population
                                starts, on the thread that runs it */
+  PP_HOOK_SNAP_SEGMENTS,    /* snapshot: stats read, segments and chunks
+                               not yet copied */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

@@ -3,9 +3,12 @@
  * (snapshot_json.c formats what is gathered here).
  *
  * Gathering holds one pool lock at a time and never for long:
- *  - seg_lock while the list of live segments is copied (a few words per
- *    segment). That is the longest hold; it is measured and written out as
- *    max_hold_ns. Only segment creation and release wait for it.
+ *  - seg_lock while the list of live segments and the arena's chunks and
+ *    free extents are copied (a few words each), in one hold, so that the
+ *    segments and the free extents tile the chunks as they were at one
+ *    moment (tests/snapshot: snapcheck_chunks). That is the longest hold;
+ *    it is measured and written out as max_hold_ns. Only segment creation
+ *    and release wait for it.
  *  - a stripe lock per block that has streams, to copy its stream set.
  *  - the stack table's lock while it is copied.
  * Blocks are read with no lock: each block's state word is one atomic
@@ -94,11 +97,21 @@ static int copy_segments(pp_snap_t *s) {
       g->flags = d->flags; /* written before publication, under seg_lock */
       g->node = d->node;   /* likewise */
     }
+    int rc = fits ? pp_arena_view_locked(pool, &s->chunks, &s->nchunks,
+                                         &s->free_ext, &s->nfree)
+                  : 0;
     pp_mutex_unlock(&pool->seg_lock);
     hold_done(s, t0);
+    if (rc != 0) {
+      free(segs);
+      return pp_fail(rc, "snapshot: out of memory");
+    }
     if (fits) {
       s->segs = segs;
       s->nsegs = n;
+      s->chunk_free = 0;
+      for (size_t i = 0; i < s->nfree; i++)
+        s->chunk_free += s->free_ext[i].size;
       return 0;
     }
     free(segs);
@@ -287,15 +300,8 @@ int pp_snap_gather(pp_snap_t *s) {
   s->config = malloc(need);
   if (s->config == NULL || pinpool_get_config(pool, s->config, need, NULL) != 0)
     return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory");
-  t0 = pp_now_ns();
-  rc = pp_arena_view(pool, &s->chunks, &s->nchunks, &s->free_ext, &s->nfree);
-  hold_done(s, t0);
-  if (rc != 0)
-    return pp_fail(rc, "snapshot: out of memory");
-  s->chunk_free = 0;
-  for (size_t i = 0; i < s->nfree; i++)
-    s->chunk_free += s->free_ext[i].size;
-  rc = copy_segments(s);
+  pp_hook(PP_HOOK_SNAP_SEGMENTS);
+  rc = copy_segments(s); /* and the chunks, in the same hold */
   if (rc != 0)
     return rc;
   /* Room for every block of every segment copied: no growing (and no

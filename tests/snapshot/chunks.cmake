@@ -9,7 +9,8 @@ if(TARGET pp_snapcheck)
   target_link_libraries(test_snapshot_chunks PRIVATE pp_testutil pp_snapcheck
                         Threads::Threads)
   target_include_directories(test_snapshot_chunks PRIVATE
-                             ${PROJECT_SOURCE_DIR}/tests)
+                             ${PROJECT_SOURCE_DIR}/tests
+                             ${PROJECT_SOURCE_DIR}/src) # the test hook
   add_test(NAME snapshot_chunks
     COMMAND test_snapshot_chunks ${CMAKE_CURRENT_SOURCE_DIR}/example_chunks.json)
   set_tests_properties(snapshot_chunks PROPERTIES

@@ -14,7 +14,12 @@
  *     chunk, a run broken under a crossing segment, free ranges not
  *     coalesced, stats that disagree...) each fails, for the reason
  *     expected; those that break only the layout pass plain snapcheck,
- *     so it is the new check that catches them.
+ *     so it is the new check that catches them;
+ *   - one_hold: a large block carved and another given back just before
+ *     the snapshot copies its segments (the test hook): the chunks and the
+ *     segments it reports still tile, because both are copied in one hold
+ *     of seg_lock (with the chunks copied before that point, as they were,
+ *     the new block overlaps a free range and the old one leaves a gap).
  * usage: test_snapshot_chunks EXAMPLE_CHUNKS.json
  */
 #include "testutil.h"
@@ -24,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base.h" /* the test hook */
 #include "snapshot/snapcheck.h"
 
 static const char *example_path;
@@ -459,6 +465,53 @@ static void corrupted(void **state) {
   pinpool_destroy(pool);
 }
 
+/* one_hold: in one 32 MiB reserve chunk, P1 | P2 | P3 | P4 | free tail,
+ * with P3 (S bytes) given back before the snapshot. The hook carves a new
+ * S-byte block, which fills P3's space exactly, and gives P1 (S bytes)
+ * back: no aggregate changes (chunks, free bytes, free extents, largest,
+ * segments), only where the free extent of S bytes is. Pools with a cap
+ * give large blocks to the arena at once (no hot slot, no deferral). */
+#define HOLD_S (1 * MiB + 4 * KiB)
+static pinpool_t *hold_pool;
+static void *hold_p1, *hold_new;
+
+/* Runs on the snapshot's thread, which holds no pool lock at this point. */
+static void carve_at_copy(int point) {
+  if (point != PP_HOOK_SNAP_SEGMENTS || hold_new != NULL)
+    return;
+  PP_OK(pinpool_alloc(hold_pool, HOLD_S, &hold_new));
+  PP_OK(pinpool_free(hold_pool, hold_p1));
+}
+
+static void one_hold(void **state) {
+  (void)state;
+  PP_OK(pinpool_create("populate=0,mlock=0,tcache_bytes=0,reserve=32MiB,"
+                       "max_cached=1GiB",
+                       &hold_pool));
+  void *p2, *p3, *p4;
+  PP_OK(pinpool_alloc(hold_pool, HOLD_S, &hold_p1));
+  PP_OK(pinpool_alloc(hold_pool, 300 * KiB, &p2));
+  PP_OK(pinpool_alloc(hold_pool, HOLD_S, &p3));
+  PP_OK(pinpool_alloc(hold_pool, 300 * KiB, &p4));
+  PP_OK(pinpool_free(hold_pool, p3));
+  hold_new = NULL;
+  atomic_store(&pp_test_hook, carve_at_copy);
+  size_t len;
+  char *text = take(hold_pool, &len), why[512];
+  atomic_store(&pp_test_hook, NULL);
+  PP_ASSERT(hold_new == p3, "the hook's block at %p, not in P3's space %p",
+            hold_new, p3);
+  snapcheck_t c;
+  PP_ASSERT(snapcheck_chunks(text, len, &c, why, sizeof why) == 0,
+            "a block carved and one given back while the snapshot copied: %s",
+            why);
+  pinpool_snapshot_free(text);
+  PP_OK(pinpool_free(hold_pool, hold_new));
+  PP_OK(pinpool_free(hold_pool, p2));
+  PP_OK(pinpool_free(hold_pool, p4));
+  pinpool_destroy(hold_pool);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: test_snapshot_chunks EXAMPLE_CHUNKS.json\n");
@@ -469,6 +522,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(example),
       cmocka_unit_test(corrupted),
       cmocka_unit_test(quiescent_pools),
+      cmocka_unit_test(one_hold),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
