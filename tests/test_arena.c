@@ -517,11 +517,6 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_deferred_between_laps),
       cmocka_unit_test(test_deferred_cycle_reported),
   };
-  /* argv[1]: run only the tests whose name holds it (the mutant). */
-  struct CMUnitTest some[sizeof all / sizeof all[0]];
-  size_t n = 0;
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    if (argc < 2 || strstr(all[i].name, argv[1]) != NULL)
-      some[n++] = all[i];
-  return _cmocka_run_group_tests("test_arena", some, n, NULL, NULL);
+  return pp_run_selected("test_arena", all, sizeof all / sizeof all[0], argc,
+                         argv);
 }

@@ -483,11 +483,6 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_cuda),
       cmocka_unit_test(test_stress),
   };
-  /* argv[1]: run only the test of that name (the mutant variants). */
-  struct CMUnitTest some[sizeof all / sizeof all[0]];
-  size_t n = 0;
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    if (argc < 2 || strstr(all[i].name, argv[1]) != NULL)
-      some[n++] = all[i];
-  return _cmocka_run_group_tests("test_fork", some, n, NULL, NULL);
+  return pp_run_selected("test_fork", all, sizeof all / sizeof all[0], argc,
+                         argv);
 }

@@ -438,6 +438,20 @@ void pp_check_cb_balanced_(counting_backend_t *cb, const char *file, int line) {
 
 void pp_clean_env(void) { unsetenv("PINPOOL_CONF"); }
 
+int pp_run_selected(const char *group, const struct CMUnitTest *all, size_t n,
+                    int argc, char **argv) {
+  struct CMUnitTest *some = calloc(n, sizeof *some);
+  if (some == NULL)
+    return 1;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (argc < 2 || strstr(all[i].name, argv[1]) != NULL)
+      some[k++] = all[i];
+  int rc = _cmocka_run_group_tests(group, some, k, NULL, NULL);
+  free(some);
+  return rc;
+}
+
 void pp_check_emptied_(pinpool_t *pool, const char *file, int line) {
   pp_check_rc_(pinpool_empty_cache(pool), 0, "pinpool_empty_cache(pool)", file,
                line);

@@ -204,5 +204,9 @@ pinpool_backend_t pp_heap_backend(void);
 
 /* Unset PINPOOL_CONF so that an outer environment cannot change defaults. */
 void pp_clean_env(void);
+/* Run the tests of all[n] whose name holds argv[1] (all of them without
+ * one): the mutant variants run one test of a file. */
+int pp_run_selected(const char *group, const struct CMUnitTest *all, size_t n,
+                    int argc, char **argv);
 
 #endif /* PP_TESTUTIL_H */
