@@ -65,7 +65,7 @@ core = Extension(
 
 TOOL_SOURCES = ["pinpool.c", "cli.c", "demo.c", "snapshot.c",
                 "snapshot_load.c", "snapshot_summary.c", "snapshot_html.c",
-                "snapshot_torch.c", "snapshot_torch_layout.c"]
+                "snapshot_torch.c", "snapshot_torch_layout.c", "pickle.c"]
 
 
 def pkg_config(*args):
