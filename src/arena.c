@@ -207,16 +207,16 @@ static int grow(pinpool_t *pool, unsigned node, size_t need) {
   int rc = backend_alloc(pool, node, hint, size, &mem, &flags);
   if (rc != 0)
     return rc;
-  /* Recorded before the chunk enters the arena: another thread's carve
-   * from it, and that carve's history, come after. */
-  pp_hist_event(pool, PP_H_SEGMENT_ALLOC, (uintptr_t)mem, size, 0, 0, NULL);
   pp_mutex_lock(&pool->seg_lock);
   rc = pp_ext_add_chunk(&a->ext, mem, size, flags);
-  if (rc == 0)
+  if (rc == 0) {
     pp_store_relaxed(&a->total, a->ext.total_bytes);
+    /* Under the lock that every carve takes: no carve from the chunk, nor
+     * its history, comes first. */
+    pp_hist_event(pool, PP_H_SEGMENT_ALLOC, (uintptr_t)mem, size, 0, 0, NULL);
+  }
   pp_mutex_unlock(&pool->seg_lock);
   if (rc != 0) {
-    pp_hist_event(pool, PP_H_SEGMENT_FREE, (uintptr_t)mem, size, 0, 0, NULL);
     backend_free(pool, mem, size, flags);
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the arena's metadata");
   }
