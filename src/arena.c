@@ -212,7 +212,8 @@ static int grow(pinpool_t *pool, unsigned node, size_t need) {
   if (rc == 0) {
     pp_store_relaxed(&a->total, a->ext.total_bytes);
     /* Under the lock that every carve takes: no carve from the chunk, nor
-     * its history, comes first. */
+     * its history, comes first. History's locks are leaves, taken after
+     * seg_lock (the fork handlers' order too); growth only. */
     pp_hist_event(pool, PP_H_SEGMENT_ALLOC, (uintptr_t)mem, size, 0, 0, NULL);
   }
   pp_mutex_unlock(&pool->seg_lock);

@@ -371,9 +371,6 @@ static void test_attrs_host(void **state) {
   pinpool_destroy(pool);
 }
 
-/* A failed (here: not yet answerable) query is retried by the next one:
- * the node of a page that nobody touched yet is unknown, and known after
- * the page is written. */
 /* hugepages=1: MADV_HUGEPAGE must reach a segment before any of its pages
  * is touched (pages faulted in before it are small ones, and stay so), and
  * a large segment is populated by several threads. The huge_advised flag
@@ -483,6 +480,9 @@ static void test_huge_then_populate(void **state) {
   atomic_store(&pp_test_hook, NULL);
 }
 
+/* A failed (here: not yet answerable) query is retried by the next one:
+ * the node of a page that nobody touched yet is unknown, and known after
+ * the page is written. */
 static void test_attrs_retry(void **state) {
   (void)state;
   pinpool_t *pool;
