@@ -690,8 +690,14 @@ static void finish(pinpool_t *pool, pp_qitem_t *done) {
 
 /* Poll the heads of the queues that hold events: up to `budget`
  * completions. wait: synchronize each head instead of querying it. One
- * pass over the active list: a completed item is taken off under the lock
- * and resolved at the next unlock (finish), so the walk goes on from the
+ * pass over the active list, and each queue is drained before the walk
+ * moves on: a head that completed is taken off and the next one polled at
+ * once, so a call reclaims every completed event of every queue, not one a
+ * queue (issue 37, S1: 300 completed events on one stream took 300 calls,
+ * and an error behind the head went unreported until then). A head that
+ * has not completed ends its queue's turn: nothing behind it on that
+ * stream has completed either. A completed item is taken off under the
+ * lock and resolved at the next unlock (finish); the walk goes on from the
  * queue after it (which is still listed: only this pass's own drop can
  * unlink a queue while the lock is held) and never restarts. */
 static void process(pinpool_t *pool, unsigned budget, bool wait) {
@@ -731,20 +737,22 @@ static void process(pinpool_t *pool, unsigned budget, bool wait) {
     q->polling = false;
     /* A synchronize that found this head busy may now wait on it itself. */
     progress(pool);
-    pp_squeue_t *next = q->next;
-    if (r != 0) {
-      q->head = it->next;
-      if (q->head == NULL) {
-        q->tail = NULL;
-        queue_drop_locked(pool, q);
-      }
-      it->event_result = r;
-      it->next = NULL;
-      done = it;
-      done_busy = busy;
-      budget--;
+    if (r == 0) {
+      /* Not done: nothing behind the head on this stream is either. */
+      q = q->next;
+      continue;
     }
-    /* Not done: nothing behind the head on this stream is either. */
+    q->head = it->next;
+    it->event_result = r;
+    it->next = NULL;
+    done = it;
+    done_busy = busy;
+    budget--;
+    if (q->head != NULL)
+      continue; /* the same queue: its next head may have completed too */
+    q->tail = NULL;
+    pp_squeue_t *next = q->next;
+    queue_drop_locked(pool, q);
     q = next;
   }
   pp_mutex_unlock(&pool->streams_lock);

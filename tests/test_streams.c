@@ -392,6 +392,88 @@ static void test_callbacks_and_event_error(void **state) {
   pthread_mutex_destroy(&cp.mu);
 }
 
+/* The events of cp, oldest first (cp.all is newest first): n of them. */
+static cb_event_t **cbp_events(cb_provider_t *cp, int n) {
+  cb_event_t **ev = calloc((size_t)n, sizeof *ev);
+  PP_ASSERT(ev != NULL, "out of memory");
+  pthread_mutex_lock(&cp->mu);
+  int i = n;
+  for (cb_event_t *e = cp->all; e != NULL && i > 0; e = e->next)
+    ev[--i] = e;
+  pthread_mutex_unlock(&cp->mu);
+  PP_ASSERT(i == 0, "%d events missing", i);
+  return ev;
+}
+
+static void cbp_free_all(cb_provider_t *cp) {
+  for (cb_event_t *e = cp->all, *n; e != NULL; e = n) {
+    n = e->next;
+    free(e);
+  }
+  cp->all = NULL;
+}
+
+/* pinpool_process_events and pinpool_empty_cache reclaim every completed
+ * event, now (docs/api.md), not one per stream and call: 300 blocks on one
+ * stream whose events have all completed leave nothing pending after one
+ * call (issue 37, S1: one call left 299). An event error behind the head of
+ * a queue is counted and reported by that same call. */
+static void test_process_reclaims_all(void **state) {
+  (void)state;
+  enum { N = 300 };
+  for (int use_empty = 0; use_empty < 2; use_empty++) {
+    cb_provider_t cp = {.all = NULL};
+    pthread_mutex_init(&cp.mu, NULL);
+    pinpool_events_t evt = {"test-callbacks", cbp_record,  cbp_query,
+                            cbp_sync,         cbp_release, &cp};
+    err_seen_t seen = {0};
+    pinpool_hooks_t hooks = {NULL, &evt, on_error, &seen};
+    pinpool_t *pool;
+    PP_OK(pinpool_create_ex("tcache_bytes=0", &hooks, &pool));
+    void **b = calloc(N + 3, sizeof *b);
+    PP_ASSERT(b != NULL, "out of memory");
+    /* Every allocation first: an allocation's miss reclaims too. */
+    for (int i = 0; i < N + 3; i++)
+      PP_OK(pinpool_alloc(pool, 4096, &b[i]));
+    for (int i = 0; i < N; i++) {
+      PP_OK(pinpool_record_stream(pool, b[i], 1));
+      PP_OK(pinpool_free(pool, b[i]));
+    }
+    /* Stream 2: done, failed, done: the error is behind the head. */
+    for (int i = N; i < N + 3; i++) {
+      PP_OK(pinpool_record_stream(pool, b[i], 2));
+      PP_OK(pinpool_free(pool, b[i]));
+    }
+    cb_event_t **ev = cbp_events(&cp, N + 3);
+    for (int i = 0; i < N + 3; i++)
+      atomic_store(&ev[i]->state, i == N + 1 ? -1 : 1);
+    if (use_empty)
+      PP_OK(pinpool_empty_cache(pool));
+    else
+      PP_OK(pinpool_process_events(pool));
+    pinpool_stats_t st;
+    PP_STATS(pool, &st);
+    const char *call = use_empty ? "empty_cache" : "process_events";
+    PP_ASSERT(st.pending_blocks == 1 && st.events_completed == N + 2,
+              "one %s left %llu blocks pending (1 expected: the failed "
+              "one), %llu of %d events completed",
+              call, (unsigned long long)st.pending_blocks,
+              (unsigned long long)st.events_completed, N + 2);
+    PP_ASSERT(st.event_errors == 1 && atomic_load(&seen.count) == 1 &&
+                  seen.block == b[N + 1] && seen.err == PINPOOL_EDEVICE,
+              "%s: the error behind the head: %llu counted, callback "
+              "called %d times (block %p, expected %p)",
+              call, (unsigned long long)st.event_errors,
+              atomic_load(&seen.count), seen.block, b[N + 1]);
+    PP_CHECK_CONSISTENT(pool);
+    pinpool_destroy(pool);
+    free(ev);
+    free(b);
+    cbp_free_all(&cp);
+    pthread_mutex_destroy(&cp.mu);
+  }
+}
+
 /* background=1 reclaims without explicit calls. */
 static void test_background(void **state) {
   (void)state;
@@ -553,6 +635,7 @@ int main(void) {
       cmocka_unit_test(test_stream_set_reused_empty),
       cmocka_unit_test(test_no_stream_caches_at_once),
       cmocka_unit_test(test_callbacks_and_event_error),
+      cmocka_unit_test(test_process_reclaims_all),
       cmocka_unit_test(test_background),
       cmocka_unit_test(test_event_released_unfinished),
       cmocka_unit_test(test_empty_cache_reclaims),
