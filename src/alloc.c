@@ -117,6 +117,7 @@ static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
     pp_tcache_flush_all(tc);
     (void)pp_release_idle(pool);
     pp_fetch_add_relaxed(&pool->gs.trimmed, pp_arena_release(pool, UINT64_MAX));
+    pp_hook(PP_HOOK_OOM_RETRY);
     n = pp_central_take(pool, cls, bs, pp_tc_vshard(tc, pool), out, want,
                         missed);
   }

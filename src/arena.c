@@ -18,8 +18,10 @@
  * Locking: the arena is under the pool's seg_lock, which every carve and
  * give already held for the segment map (pool.c: a segment is created or
  * released in one hold). No backend call is made under it (invariant 1):
- * a take that finds no room drops it, makes the chunk, and takes it
- * again.
+ * a take that finds no room drops it and makes the chunk, and the hold
+ * that puts the chunk in the arena also carves the taker's piece
+ * (grow_take): never "grow, unlock, take again", in which anything that
+ * releases whole free chunks could give the new one back first.
  *
  * Accounting (stats.c, validate.c): a chunk's bytes enter the pool as
  * cached (central_in) when it is made and leave (central_out) when it is
@@ -167,9 +169,17 @@ static void backend_free(pinpool_t *pool, void *mem, size_t size,
 /* ---- Chunks ---------------------------------------------------------------
  */
 
-/* A new chunk with room for `need` bytes, entered into the arena. No lock
- * held. */
-static int grow(pinpool_t *pool, unsigned node, size_t need) {
+/* Every block given back to the arena without its lock since the last
+ * look: the deferred stack and the hot slots (pool.c). Caller holds
+ * seg_lock. */
+static void gather_locked(pinpool_t *pool) {
+  (void)pp_defer_drain_locked(pool);
+  (void)pp_hot_drain_locked(pool);
+}
+
+/* The size of the chunk to grow node `node` by for a carve of `need`
+ * bytes (the file comment's policy). */
+static size_t chunk_size(pinpool_t *pool, unsigned node, size_t need) {
   pp_arena_node_t *a = &pool->arena.node[node];
   size_t size = (size_t)(pp_load_relaxed(&a->total) / 8);
   size = size < CHUNK_MIN ? CHUNK_MIN : size > CHUNK_MAX ? CHUNK_MAX : size;
@@ -187,40 +197,70 @@ static int grow(pinpool_t *pool, unsigned node, size_t need) {
   uint64_t cap = pool->cfg.max_reserved;
   if (cap != 0 && pp_load_relaxed(&pool->gs.reserved_cur) + size > cap)
     size = need; /* the cap decides: no more than asked for */
+  return size;
+}
+
+/* Growth: the last look, then a new chunk, whose piece of `need` bytes
+ * goes to the caller in the same hold of seg_lock that puts the chunk in
+ * the arena. Until that hold the chunk is the backend's and this thread's
+ * alone, and after it the piece is carved: no release (empty_cache,
+ * another thread's trim or out-of-memory retry) can give the chunk back
+ * before the caller has its piece, so one request grows the arena at most
+ * once. The last look, in the hold that decides to grow, gathers every
+ * block given back since the miss (deferred or in a hot slot: the caller's
+ * release ran before that) so the arena never grows past one. No lock
+ * held; takes seg_lock. */
+static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
+                     unsigned *flags, bool *grew) {
+  pp_arena_node_t *a = &pool->arena.node[node];
+  size_t size = chunk_size(pool, node, need);
+  void *hint = NULL;
+  pp_mutex_lock(&pool->seg_lock);
+  gather_locked(pool);
+  void *p = pp_ext_take(&a->ext, need, flags);
   /* Beside the arena if that space is free (mappings grow downwards:
    * below its lowest chunk first), so that the new chunk joins a run. */
-  void *hint = NULL;
-  if (pool->prov.alloc_at != NULL) {
-    pp_mutex_lock(&pool->seg_lock);
-    if (a->ext.nchunks > 0) {
-      uintptr_t base;
-      size_t csize;
-      unsigned cflags;
-      pp_ext_chunk_info(a->ext.chunks[0], &base, &csize, &cflags);
-      if (base > size + ((uintptr_t)1 << 32))
-        hint = (void *)(base - size);
-    }
-    pp_mutex_unlock(&pool->seg_lock);
+  if (p == NULL && pool->prov.alloc_at != NULL && a->ext.nchunks > 0) {
+    uintptr_t base;
+    size_t csize;
+    unsigned cflags;
+    pp_ext_chunk_info(a->ext.chunks[0], &base, &csize, &cflags);
+    if (base > size + ((uintptr_t)1 << 32))
+      hint = (void *)(base - size);
   }
-  void *mem = NULL;
-  unsigned flags = 0;
-  int rc = backend_alloc(pool, node, hint, size, &mem, &flags);
+  pp_mutex_unlock(&pool->seg_lock);
+  if (p != NULL) {
+    *mem = p;
+    return 0;
+  }
+  void *cmem = NULL;
+  unsigned cflags = 0;
+  int rc = backend_alloc(pool, node, hint, size, &cmem, &cflags);
   if (rc != 0)
     return rc;
+  pp_hook(PP_HOOK_ARENA_GROW);
   pp_mutex_lock(&pool->seg_lock);
-  rc = pp_ext_add_chunk(&a->ext, mem, size, flags);
+  rc = pp_ext_add_chunk(&a->ext, cmem, size, cflags);
   if (rc == 0) {
     pp_store_relaxed(&a->total, a->ext.total_bytes);
     /* Under the lock that every carve takes: no carve from the chunk, nor
      * its history, comes first. History's locks are leaves, taken after
      * seg_lock (the fork handlers' order too); growth only. */
-    pp_hist_event(pool, PP_H_SEGMENT_ALLOC, (uintptr_t)mem, size, 0, 0, NULL);
+    pp_hist_event(pool, PP_H_SEGMENT_ALLOC, (uintptr_t)cmem, size, 0, 0, NULL);
+    /* Blocks given back during the backend call too: the piece is the
+     * best fit of the whole arena (the new chunk holds `need` bytes whole,
+     * so there is one). */
+    gather_locked(pool);
+    p = pp_ext_take(&a->ext, need, flags);
+    pp_assert(p != NULL);
   }
   pp_mutex_unlock(&pool->seg_lock);
   if (rc != 0) {
-    backend_free(pool, mem, size, flags);
+    backend_free(pool, cmem, size, cflags);
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the arena's metadata");
   }
+  *grew = true;
+  *mem = p;
   return 0;
 }
 
@@ -281,38 +321,25 @@ int pp_arena_take(pinpool_t *pool, unsigned node, size_t size, void **mem,
                   unsigned *flags, bool *grew) {
   pp_arena_node_t *a = &pool->arena.node[node];
   pp_assert(size % PP_PAGE == 0 && size > 0);
-  for (int tries = 0;; tries++) {
-    if (tries > 0)
-      pp_hook(PP_HOOK_ARENA_LAP);
-    pp_mutex_lock(&pool->seg_lock);
-    /* Every lap: a block another thread gave back since the last lap may
-     * coalesce into room (pool.c, "Deferred gives"); the miss's own
-     * release drained the stack only up to that moment. */
-    (void)pp_defer_drain_locked(pool);
-    void *p = pp_ext_take(&a->ext, size, flags);
-    pp_mutex_unlock(&pool->seg_lock);
-    if (p != NULL) {
-      *mem = p;
-      return 0;
-    }
-    /* The first miss gives the calling thread's cached blocks, then idle
-     * slabs and hot slots' blocks back to their chunks (they may coalesce
-     * into room) before the arena grows; another thread may take the new
-     * chunk's room before us, hence the loop (each lap grows the arena,
-     * so it ends). The thread's cache first: a large stack keeps blocks of
-     * sizes not asked for lately, and the small stacks' blocks keep their
-     * slabs from going idle; W2's thread grew the arena past both
-     * (docs/allocation-policy.md, "Growth"). */
-    if (tries == 0) {
-      unsigned n = pp_tcache_give_own(pool);
-      if (n + pp_release_idle(pool) > 0)
-        continue;
-    }
-    int rc = grow(pool, node, size);
-    if (rc != 0)
-      return rc;
-    *grew = true;
+  pp_mutex_lock(&pool->seg_lock);
+  (void)pp_defer_drain_locked(pool);
+  void *p = pp_ext_take(&a->ext, size, flags);
+  pp_mutex_unlock(&pool->seg_lock);
+  if (p != NULL) {
+    *mem = p;
+    return 0;
   }
+  /* A miss gives the calling thread's cached blocks, then idle slabs and
+   * hot slots' blocks back to their chunks (they may coalesce into room)
+   * before the arena grows. The thread's cache first: a large stack keeps
+   * blocks of sizes not asked for lately, and the small stacks' blocks
+   * keep their slabs from going idle; W2's thread grew the arena past both
+   * (docs/allocation-policy.md, "Growth"). grow_take looks once more, with
+   * what other threads gave back meanwhile, in the hold that decides. */
+  (void)pp_tcache_give_own(pool);
+  (void)pp_release_idle(pool);
+  pp_hook(PP_HOOK_ARENA_LAP);
+  return grow_take(pool, node, size, mem, flags, grew);
 }
 
 bool pp_arena_take_now(pinpool_t *pool, unsigned node, size_t size, void **mem,
@@ -359,6 +386,7 @@ unsigned pp_arena_release(pinpool_t *pool, uint64_t budget) {
       continue;
     }
     dry = 0;
+    pp_hook(PP_HOOK_ARENA_RELEASE);
     /* Before the backend may hand the range to another thread's growth,
      * whose SEGMENT_ALLOC must come after this in the history. */
     pp_hist_event(pool, PP_H_SEGMENT_FREE, (uintptr_t)base, size, 0, 0, NULL);

@@ -159,6 +159,19 @@ enum {
                                starts, on the thread that runs it */
   PP_HOOK_SNAP_SEGMENTS,    /* snapshot: stats read, segments and chunks
                                not yet copied */
+  /* The lock drops of the growth and release paths (arena.c, pool.c,
+   * alloc.c); tests/test_arena.c runs a release, a trim and an
+   * out-of-memory retry in each. */
+  PP_HOOK_ARENA_GROW,    /* arena take: the backend made the new chunk,
+                            not yet in the arena (no lock) */
+  PP_HOOK_SEG_CARVED,    /* segment creation: the arena grew and carved
+                            the piece, segment not yet published */
+  PP_HOOK_OOM_RETRY,     /* allocation: max_reserved reached, idle memory
+                            released, the retry's take not yet made */
+  PP_HOOK_ARENA_RELEASE, /* release: a whole free chunk out of the arena,
+                            not yet given to the backend */
+  PP_HOOK_IDLE_DETACHED, /* release, trim: idle segments detached from
+                            their bins, not yet given to the arena */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

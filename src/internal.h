@@ -662,7 +662,8 @@ bool pp_hot_put(struct pinpool *pool, unsigned cls, const pp_tentry_t *e,
                 uint64_t req, uint64_t epoch, pp_counter_t *ctr);
 bool pp_hot_take(struct pinpool *pool, unsigned cls, size_t bs, unsigned shard,
                  pp_tentry_t *out, pp_counter_t *ctr);
-unsigned pp_hot_drain(struct pinpool *pool); /* blocks drained */
+unsigned pp_hot_drain(struct pinpool *pool);        /* blocks drained */
+unsigned pp_hot_drain_locked(struct pinpool *pool); /* seg_lock held */
 /* Releases the deferred gives (pool.c) to the arena: blocks drained. The
  * _locked one: caller holds seg_lock. */
 unsigned pp_defer_drain(struct pinpool *pool);

@@ -239,8 +239,13 @@ static int seg_create(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
   pp_mutex_unlock(&pool->seg_lock);
   if (d == NULL && (d = desc_new(slab)) == NULL)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for segment metadata");
-  rc = pp_arena_take(pool, node, size, &mem, &flags,
-                     grew); /* may grow: no lock */
+  bool g = false;
+  rc = pp_arena_take(pool, node, size, &mem, &flags, &g); /* may grow */
+  /* The piece is carved: no release can give its chunk back. */
+  if (g) {
+    *grew = true;
+    pp_hook(PP_HOOK_SEG_CARVED);
+  }
   pp_mutex_lock(&pool->seg_lock);
   if (rc != 0)
     desc_put_locked(pool, d);
@@ -293,6 +298,8 @@ static void seg_release(pinpool_t *pool, pp_segment_t *d) {
  * creation and snapshot waiting for all of them). */
 static unsigned release_batch(pinpool_t *pool, pp_segment_t *batch) {
   unsigned n = 0;
+  if (batch != NULL)
+    pp_hook(PP_HOOK_IDLE_DETACHED);
   while (batch != NULL) {
     pp_mutex_lock(&pool->seg_lock);
     for (unsigned k = 0; k < 32 && batch != NULL; k++, n++) {
@@ -709,7 +716,9 @@ bool pp_hot_take(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
   return false;
 }
 
-unsigned pp_hot_drain(pinpool_t *pool) {
+/* locked: the caller holds seg_lock (an arena about to grow looks at the
+ * slots in the hold that decides: arena.c, grow_take). */
+static unsigned hot_drain(pinpool_t *pool, bool locked) {
   unsigned lo = pp_class_index(PP_SLAB_MAX_BLOCK) + 1;
   unsigned top = (unsigned)pp_load_relaxed(&pool->top_cls);
   unsigned n = 0;
@@ -724,12 +733,22 @@ unsigned pp_hot_drain(pinpool_t *pool) {
       for (unsigned k = 0; k < PP_HOT_SLOTS; k++) {
         pp_segment_t *s = hot_grab(&pp_bin(pool, c, i)->hot[k]);
         if (s != NULL) {
-          seg_release(pool, s);
+          if (locked)
+            seg_release_locked(pool, s);
+          else
+            seg_release(pool, s);
           n++;
         }
       }
   }
   return n;
+}
+
+unsigned pp_hot_drain(pinpool_t *pool) { return hot_drain(pool, false); }
+
+unsigned pp_hot_drain_locked(pinpool_t *pool) {
+  pp_assert_held(&pool->seg_lock);
+  return hot_drain(pool, true);
 }
 
 /* ---- Trimming and releasing idle memory --------------------------------- */

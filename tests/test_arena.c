@@ -429,13 +429,17 @@ static void test_deferred_released(void **state) {
   counted_done(pool, &cb);
 }
 
-/* ... and every lap of a carve's retry drains the stack again, not only
- * the release after its first miss: a block another thread gives back
- * between the laps coalesces into room, where the arena grew past it
- * before. Layout of a 16 MiB reserve: A (4 MiB) | C (4 MiB) | B (8 MiB).
- * C is in this thread's cache; an 8 MiB request misses, gives C back (so a
- * second lap runs), and at that lap's start another thread frees A and
- * exits. A and C coalesce to the 8 MiB the request needs. */
+/* ... and the last look before the arena grows finds every block given
+ * back meanwhile, in the deferred stack or in a hot slot: a block another
+ * thread frees after the miss's own release coalesces into room, where the
+ * arena grew past it before. Layout of a 16 MiB reserve: A | C (4 MiB) |
+ * B. C is in this thread's cache; a request of A + C misses, gives C back,
+ * and (at the hook, PP_HOOK_ARENA_LAP) another thread frees A and exits. A
+ * and C coalesce to the room the request needs. With A of 4 MiB the free
+ * goes to the other thread's cache and, at its exit, to the deferred stack;
+ * with A of 6 MiB (a class above a sixteenth of tcache_bytes, which a
+ * thread that never allocated it does not cache) to a hot slot, which the
+ * laps after the first did not look at (issue 37, D4). */
 static pinpool_t *g_lap_pool;
 static void *g_lap_block;
 static void free_at_lap(int point) {
@@ -446,34 +450,279 @@ static void free_at_lap(int point) {
   free_on_thread(g_lap_pool, a, NULL);
 }
 
-static void test_deferred_between_laps(void **state) {
-  (void)state;
+static void between_laps(size_t asize) {
   counting_backend_t cb;
   pinpool_t *pool = counted_pool(&cb, "reserve=16MiB");
   void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
-  PP_OK(pinpool_alloc(pool, 4 * MiB, &a));
+  PP_OK(pinpool_alloc(pool, asize, &a));
   PP_OK(pinpool_alloc(pool, 4 * MiB, &c));
-  PP_OK(pinpool_alloc(pool, 8 * MiB, &b));
-  PP_ASSERT((char *)c == (char *)a + 4 * MiB &&
-                (char *)b == (char *)a + 8 * MiB,
+  PP_OK(pinpool_alloc(pool, 12 * MiB - asize, &b));
+  PP_ASSERT((char *)c == (char *)a + asize &&
+                (char *)b == (char *)a + asize + 4 * MiB,
             "not side by side");
   PP_OK(pinpool_free(pool, c)); /* stays in this thread's cache */
   uint64_t calls = cb_counts(&cb).calls;
   g_lap_pool = pool;
   g_lap_block = a;
   atomic_store(&pp_test_hook, free_at_lap);
-  int rc = pinpool_alloc(pool, 8 * MiB, &d);
+  int rc = pinpool_alloc(pool, asize + 4 * MiB, &d);
   atomic_store(&pp_test_hook, NULL);
   PP_OK(rc);
   PP_ASSERT(g_lap_block == NULL, "no second lap");
   PP_ASSERT(cb_counts(&cb).calls == calls && d == a,
-            "grew (%" PRIu64 " backend calls) past a block given back "
-            "between the laps",
-            cb_counts(&cb).calls - calls);
+            "A of %zu MiB: grew (%" PRIu64 " backend calls) past a block "
+            "given back between the laps",
+            asize / MiB, cb_counts(&cb).calls - calls);
   PP_CHECK_CONSISTENT(pool);
   PP_OK(pinpool_free(pool, b));
   PP_OK(pinpool_free(pool, d));
   counted_done(pool, &cb);
+}
+
+static void test_deferred_between_laps(void **state) {
+  (void)state;
+  between_laps(4 * MiB);
+}
+
+static void test_hot_between_laps(void **state) {
+  (void)state;
+  between_laps(6 * MiB);
+}
+
+/* ---- The lock drops of the growth and release paths ----------------------
+ * Growth and release cannot hold seg_lock across a backend call
+ * (invariant 1), so each drops it; every such drop has a hook point
+ * (base.h). In each, at each firing (up to three), a helper thread runs
+ * one of the three things that give memory back while another thread is
+ * between two holds: a release (pinpool_empty_cache), a trim (a free in a
+ * pool with max_cached) and an out-of-memory retry (an allocation that
+ * finds max_reserved reached, with idle memory that releasing makes room
+ * with). What must hold, whatever the helper did: the interrupted
+ * allocation succeeds and grows the arena at most once (a chunk grown for
+ * it is its own: it is handed its piece in the hold that publishes the
+ * chunk, issue 37, D5), the pool is consistent, and the backend got back
+ * exactly what it gave, once. */
+enum { ACT_RELEASE, ACT_TRIM, ACT_OOM, NACTS };
+static const char *const act_names[NACTS] = {"release", "trim", "oom retry"};
+typedef struct window {
+  int point, act, fired, max_fire;
+  pinpool_t *pool;
+  void *blocks[4]; /* ACT_TRIM: the helper frees one a firing */
+  size_t oom_size; /* ACT_OOM: the helper's request */
+  void *keep;      /* ACT_OOM: a live block in the first chunk */
+  int rc[4];
+} window_t;
+static window_t g_win;
+static pthread_t g_main;
+static _Atomic unsigned g_main_allocs; /* the main thread's backend allocs */
+
+static void *act_run(void *arg) {
+  window_t *w = arg;
+  int rc = 0;
+  if (w->act == ACT_RELEASE) {
+    rc = pinpool_empty_cache(w->pool);
+  } else if (w->act == ACT_TRIM) {
+    rc = pinpool_free(w->pool, w->blocks[w->fired]);
+  } else {
+    void *p = NULL;
+    rc = pinpool_alloc(w->pool, w->oom_size, &p);
+    if (rc == 0)
+      rc = pinpool_free(w->pool, p);
+    else if (rc == PINPOOL_ENOMEM)
+      rc = 0; /* the window may hold what it needs: a clean failure */
+  }
+  w->rc[w->fired] = rc;
+  return NULL;
+}
+
+static void window_hook(int point) {
+  if (point != g_win.point || !pthread_equal(pthread_self(), g_main) ||
+      g_win.fired >= g_win.max_fire)
+    return;
+  pthread_t t;
+  if (pthread_create(&t, NULL, act_run, &g_win) == 0)
+    (void)pthread_join(t, NULL);
+  else
+    g_win.rc[g_win.fired] = -9999;
+  g_win.fired++;
+}
+
+static void count_main_allocs(counting_backend_t *cb, int is_alloc, size_t size,
+                              void *arg) {
+  (void)cb;
+  (void)size;
+  (void)arg;
+  if (is_alloc && pthread_equal(pthread_self(), g_main))
+    atomic_fetch_add(&g_main_allocs, 1);
+}
+
+static const char *point_name(int point) {
+  switch (point) {
+  case PP_HOOK_ARENA_LAP:
+    return "ARENA_LAP";
+  case PP_HOOK_ARENA_GROW:
+    return "ARENA_GROW";
+  case PP_HOOK_SEG_CARVED:
+    return "SEG_CARVED";
+  case PP_HOOK_OOM_RETRY:
+    return "OOM_RETRY";
+  case PP_HOOK_ARENA_RELEASE:
+    return "ARENA_RELEASE";
+  case PP_HOOK_IDLE_DETACHED:
+    return "IDLE_DETACHED";
+  default:
+    return "?";
+  }
+}
+
+/* A pool on a counting backend set up for action `act`: max_reserved of
+ * 48 MiB for all, max_cached of 1 MiB for the trim (whose pools have no
+ * hot slots nor deferred gives), and what the helper needs. */
+static pinpool_t *window_pool(counting_backend_t *cb, int act) {
+  cb_init(cb);
+  cb->hook = count_main_allocs;
+  pinpool_backend_t be = cb_table(cb, 1);
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create_with_backend(
+      act == ACT_TRIM ? "tcache_bytes=0,max_reserved=48MiB,max_cached=1MiB"
+                      : "tcache_bytes=0,max_reserved=48MiB",
+      &be, &pool));
+  g_win.pool = pool;
+  g_win.fired = 0;
+  g_win.max_fire = 3;
+  g_win.act = act;
+  memset(g_win.rc, 0, sizeof g_win.rc);
+  if (act == ACT_TRIM)
+    for (int i = 0; i < 3; i++)
+      PP_OK(pinpool_alloc(pool, 4 * KiB, &g_win.blocks[i]));
+  if (act == ACT_OOM) {
+    /* A chunk of 16 MiB with a live 4 MiB block (g_win.keep) and 12 MiB
+     * free, which nothing releases: a 24 MiB request fits max_reserved
+     * before the interrupted allocation's 20 MiB is counted and not after,
+     * and does again once a whole free chunk is released. */
+    void *p = NULL;
+    PP_OK(pinpool_alloc(pool, 16 * MiB, &p));
+    PP_OK(pinpool_free(pool, p));
+    PP_OK(pinpool_alloc(pool, 4 * MiB, &g_win.keep));
+    PP_ASSERT(g_win.keep == p, "4 MiB not carved from the idle 16 MiB");
+    g_win.oom_size = 24 * MiB;
+  }
+  return pool;
+}
+
+static void window_done(pinpool_t *pool, counting_backend_t *cb, int act) {
+  if (act == ACT_OOM)
+    PP_OK(pinpool_free(pool, g_win.keep));
+  if (act == ACT_TRIM)
+    for (int i = g_win.fired; i < 3; i++)
+      PP_OK(pinpool_free(pool, g_win.blocks[i]));
+  PP_CHECK_CONSISTENT(pool);
+  PP_OK(pinpool_empty_cache(pool));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(cb);
+  cb_fini(cb);
+}
+
+static void window_check_helper(int point, int act) {
+  PP_ASSERT(g_win.fired > 0, "%s: the hook never fired (%s)", point_name(point),
+            act_names[act]);
+  for (int i = 0; i < g_win.fired; i++)
+    PP_ASSERT(g_win.rc[i] == 0, "%s, %s in the window: %s", point_name(point),
+              act_names[act], pp_code_name(g_win.rc[i]));
+}
+
+/* The growth path's drops: an allocation of 20 MiB that grows the arena,
+ * with the helper's action at the point. */
+static bool growth_window(int point, int act) {
+  counting_backend_t cb;
+  pinpool_t *pool = window_pool(&cb, act);
+  g_main = pthread_self();
+  g_win.point = point;
+  atomic_store(&g_main_allocs, 0);
+  void *p = NULL;
+  atomic_store(&pp_test_hook, window_hook);
+  int rc = pinpool_alloc(pool, 20 * MiB, &p);
+  atomic_store(&pp_test_hook, NULL);
+  PP_ASSERT(rc == 0, "%s, %s: the allocation failed: %s", point_name(point),
+            act_names[act], pinpool_last_error());
+  window_check_helper(point, act);
+  unsigned grew = atomic_load(&g_main_allocs);
+  memset(p, 0x5a, 20 * MiB);
+  PP_OK(pinpool_free(pool, p));
+  window_done(pool, &cb, act);
+  if (grew > 1)
+    print_error("%s, %s: one allocation grew the arena %u times (its chunk "
+                "was given back before it took its piece)\n",
+                point_name(point), act_names[act], grew);
+  return grew <= 1;
+}
+
+static void test_growth_windows(void **state) {
+  (void)state;
+  static const int points[] = {PP_HOOK_ARENA_LAP, PP_HOOK_ARENA_GROW,
+                               PP_HOOK_SEG_CARVED};
+  unsigned bad = 0;
+  for (size_t i = 0; i < sizeof points / sizeof points[0]; i++)
+    for (int act = 0; act < NACTS; act++)
+      bad += !growth_window(points[i], act);
+  PP_ASSERT(bad == 0, "%u windows grew the arena more than once", bad);
+}
+
+/* The release path's drops: releases of idle slabs (three 8 KiB blocks
+ * of one, freed) and of whole free chunks (of 8 and 12 MiB), with the
+ * helper's action at the point. The release is pinpool_empty_cache, or
+ * in a pool with max_cached the trimming frees themselves; at
+ * PP_HOOK_OOM_RETRY it is an allocation that finds max_reserved reached
+ * with the 8 MiB chunk free (it fits once that is released; a pool with
+ * max_cached has released it already, and a helper that allocates in the
+ * window may take the room first: those may fail cleanly). */
+static void release_window(int point, int act) {
+  counting_backend_t cb;
+  pinpool_t *pool = window_pool(&cb, act);
+  g_main = pthread_self();
+  g_win.point = point;
+  void *a = NULL, *b = NULL, *s[3];
+  for (int i = 0; i < 3; i++) /* not the class of g_win.blocks */
+    PP_OK(pinpool_alloc(pool, 8 * KiB, &s[i]));
+  PP_OK(pinpool_alloc(pool, 8 * MiB, &a));
+  PP_OK(pinpool_alloc(pool, 12 * MiB, &b));
+  atomic_store(&pp_test_hook, window_hook);
+  for (int i = 0; i < 3; i++)
+    PP_OK(pinpool_free(pool, s[i]));
+  PP_OK(pinpool_free(pool, a));
+  int rc;
+  if (point == PP_HOOK_OOM_RETRY) {
+    pinpool_stats_t st = pp_stats_of(pool);
+    size_t x = (size_t)(48 * MiB - st.reserved_bytes.current) +
+               (act == ACT_TRIM ? 4 * KiB : 8 * MiB);
+    void *p = NULL;
+    rc = pinpool_alloc(pool, x, &p);
+    if (rc == 0)
+      rc = pinpool_free(pool, p);
+    else if (rc == PINPOOL_ENOMEM && act != ACT_RELEASE)
+      rc = 0; /* nothing to release, or the helper took the room first */
+    if (rc == 0)
+      rc = pinpool_free(pool, b);
+  } else {
+    rc = pinpool_free(pool, b);
+    if (rc == 0)
+      rc = pinpool_empty_cache(pool);
+  }
+  atomic_store(&pp_test_hook, NULL);
+  PP_ASSERT(rc == 0, "%s, %s: %s", point_name(point), act_names[act],
+            pinpool_last_error());
+  window_check_helper(point, act);
+  window_done(pool, &cb, act);
+}
+
+static void test_release_windows(void **state) {
+  (void)state;
+  static const int points[] = {PP_HOOK_ARENA_RELEASE, PP_HOOK_IDLE_DETACHED,
+                               PP_HOOK_OOM_RETRY};
+  for (size_t i = 0; i < sizeof points / sizeof points[0]; i++)
+    for (int act = 0; act < NACTS; act++)
+      release_window(points[i], act);
 }
 
 /* The validator walks the deferred stack with a bound: a cycle (a block
@@ -515,6 +764,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_deferred_gives),
       cmocka_unit_test(test_deferred_released),
       cmocka_unit_test(test_deferred_between_laps),
+      cmocka_unit_test(test_hot_between_laps),
+      cmocka_unit_test(test_growth_windows),
+      cmocka_unit_test(test_release_windows),
       cmocka_unit_test(test_deferred_cycle_reported),
   };
   return pp_run_selected("test_arena", all, sizeof all / sizeof all[0], argc,
