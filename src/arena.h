@@ -28,12 +28,14 @@ typedef struct pp_xslot {
 } pp_xslot_t;
 typedef struct pp_extents {
   size_t granule;
-  pp_xnode_t *bins[2 * PP_EXT_HALF]; /* free extents by size class */
-  /* At least the largest size in each bin (0: empty): exact after a push
-   * and after a scan that found no fit, so a take scans its own bin only
-   * when a fit may be there (extent.c, "Fit"). */
-  size_t bin_max[2 * PP_EXT_HALF];
+  /* Free extents by size class: each bin a tree ordered by size, then
+   * address (extent.c, "Bins"). */
+  pp_xnode_t *bins[2 * PP_EXT_HALF];
   uint64_t nonempty[2 * PP_EXT_BIN_WORDS];
+  /* The chunks that lie wholly inside a free extent, oldest free first:
+   * [0] those with avoided flags, [1] the others (extent.c, "Free
+   * chunks"). */
+  pp_xchunk_t *whole_head[2], *whole_tail[2];
   /* Flags of chunks carved only when no other has room, and released
    * first (PP_SEG_FALLBACK; 0 in the tests that do not set it). */
   unsigned avoid;
@@ -56,6 +58,12 @@ typedef struct pp_extents {
   unsigned tshift;                       /* 64 - log2(tcap) */
   size_t min_chunk;                      /* the smallest chunk's size */
   size_t free_bytes, total_bytes, nfree; /* nfree: free extents */
+  /* The meter (tests/test_scale.c counts with it, not with a clock):
+   * elements visited (tree nodes, extents, chunks, entries copied or
+   * sorted) in all, and the most in one call: a copy for a snapshot
+   * (copy_max), any other (work_max). Each call runs in one hold of the
+   * owner's lock. */
+  uint64_t work, work_max, copy_max;
 } pp_extents_t;
 void pp_ext_init(pp_extents_t *x, size_t granule, bool span);
 void pp_ext_fini(pp_extents_t *x);
@@ -80,8 +88,12 @@ bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags, void **base,
  * validator's check of a segment). */
 bool pp_ext_run_holds(const pp_extents_t *x, uintptr_t base, size_t size,
                       unsigned flags);
-/* A copy of the chunks and free extents, in address order, for snapshots
- * (malloc'd; 0 or PINPOOL_ENOMEM). */
+/* A copy of the chunks (in address order) and of the free extents (in no
+ * order): malloc'd by pp_ext_view (0 or PINPOOL_ENOMEM); into the
+ * caller's arrays by pp_ext_copy, which copies nothing and returns false
+ * when *nchunks or *nfree (set either way) exceed their room. A copy is
+ * O(chunks + extents) and sorts nothing: a snapshot copies in its hold of
+ * seg_lock and sorts after it (issue 38). */
 typedef struct pp_chunk_view {
   uintptr_t base;
   size_t size;
@@ -90,10 +102,14 @@ typedef struct pp_chunk_view {
 } pp_chunk_view_t;
 int pp_ext_view(const pp_extents_t *x, pp_chunk_view_t **chunks,
                 size_t *nchunks, pp_range_t **free_out, size_t *nfree);
-/* Chunks all free without skip_flags, and their bytes. */
+bool pp_ext_copy(const pp_extents_t *x, pp_chunk_view_t *chunks,
+                 size_t cap_chunks, pp_range_t *free_out, size_t cap_free,
+                 size_t *nchunks, size_t *nfree);
+/* Chunks all free without skip_flags, and their bytes: O(free chunks). */
 size_t pp_ext_free_chunks(const pp_extents_t *x, unsigned skip_flags,
                           size_t *bytes);
-size_t pp_ext_largest(const pp_extents_t *x); /* largest free extent */
+/* The largest free extent: O(log extents). */
+size_t pp_ext_largest(const pp_extents_t *x);
 bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len);
 
 /* ---- The arena (arena.c): every segment's memory. Chunks come from the
