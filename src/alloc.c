@@ -94,12 +94,13 @@ account_free(pp_tcache_t *tc, size_t req, size_t bs) {
 static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
                            size_t bs, pp_tentry_t *out, uint32_t want,
                            bool *missed, const void *ra) {
-  /* Bounded reclaim of completed stream-ordered frees before the bins are
-   * searched: cheap (one load) when nothing is pending. A block this
-   * thread keeps in an oversize stack goes back first: the take may carve
-   * from its space rather than grow the arena, and the thread hides at
-   * most one such block from itself as from the others. */
-  pp_process(pool, 64, false);
+  /* Bounded reclaim of completed stream-ordered frees (a few queues in
+   * turn, stream.c) before the bins are searched: cheap (one load) when
+   * nothing is pending. A block this thread keeps in an oversize stack
+   * goes back first: the take may carve from its space rather than grow
+   * the arena, and the thread hides at most one such block from itself as
+   * from the others. */
+  pp_process_miss(pool);
   pp_tcache_flush_over(tc);
   /* numa_spill: a spill that succeeds leaves no trace of the own node's
    * refusal (the thread's last error is put back). */

@@ -697,8 +697,10 @@ void pp_streams_fork(struct pinpool *pool, int phase);
 /* The free of an ALLOCATED block with the streams bit: word `w` as read. */
 int pp_stream_free(struct pinpool *pool, pp_tcache_t *tc, pp_segment_t *seg,
                    uint32_t idx, uint64_t w, const void *ra);
-/* Poll stream queues; up to `budget` completions. wait: synchronize. */
+/* Poll every stream queue; up to `budget` completions. wait: synchronize. */
 void pp_process(struct pinpool *pool, unsigned budget, bool wait);
+/* An allocation's miss: poll a bounded number of queues, in turn. */
+void pp_process_miss(struct pinpool *pool);
 
 /* stats.c */
 /* pp_tcounters_t summed over live and exited threads, as plain integers

@@ -55,7 +55,15 @@ typedef struct pp_squeue {
 typedef struct pp_qtab {
   pp_squeue_t **b; /* buckets; a power of two */
   size_t nb, n;
+  /* The miss's round-robin cursor (pp_process_miss): the next queue of the
+   * active list a miss polls; NULL: the list's head. Never a freed queue
+   * (queue_drop_locked moves it on). */
+  pp_squeue_t *cursor;
 } pp_qtab_t;
+
+/* Queue heads this thread examined, in any poll (a test hook: a miss looks
+ * at a bounded number of queues, however many hold events). */
+_Thread_local uint64_t pp_queue_polls;
 
 static size_t qhash(pinpool_stream_t s, size_t nb) {
   uint64_t x = (uint64_t)s * 0x9e3779b97f4a7c15u;
@@ -287,6 +295,8 @@ static void queue_drop_locked(pinpool_t *pool, pp_squeue_t *q) {
   pp_assert(*pq == q);
   *pq = q->hnext;
   t->n--;
+  if (t->cursor == q)
+    t->cursor = q->next;
   if (q->prev != NULL)
     q->prev->next = q->next;
   else
@@ -688,27 +698,60 @@ static void finish(pinpool_t *pool, pp_qitem_t *done) {
   }
 }
 
+/* A miss's turn (take_with_retry): the next queue under the round-robin
+ * cursor, which moves on past it (after the last queue, to the head of the
+ * list); NULL once `left` turns are used. streams_lock held. */
+static pp_squeue_t *miss_next(pinpool_t *pool, size_t *left) {
+  pp_assert_held(&pool->streams_lock);
+  if (*left == 0)
+    return NULL;
+  (*left)--;
+  pp_qtab_t *t = pool->qtab;
+  pp_squeue_t *q = t->cursor != NULL ? t->cursor : pool->squeues;
+  t->cursor = q != NULL ? q->next : NULL;
+  return q;
+}
+
 /* Poll the heads of the queues that hold events: up to `budget`
- * completions. wait: synchronize each head instead of querying it. One
- * pass over the active list, and each queue is drained before the walk
- * moves on: a head that completed is taken off and the next one polled at
- * once, so a call reclaims every completed event of every queue, not one a
- * queue (issue 37, S1: 300 completed events on one stream took 300 calls,
- * and an error behind the head went unreported until then). A head that
- * has not completed ends its queue's turn: nothing behind it on that
- * stream has completed either. A completed item is taken off under the
- * lock and resolved at the next unlock (finish); the walk goes on from the
- * queue after it (which is still listed: only this pass's own drop can
- * unlink a queue while the lock is held) and never restarts. */
-static void process(pinpool_t *pool, unsigned budget, bool wait) {
+ * completions. wait: synchronize each head instead of querying it.
+ *
+ * nq == 0, a full poll (process_events, empty_cache, synchronize, the
+ * background thread): one pass over the active list, from its head. nq >
+ * 0, a miss's poll: at most nq queues (never the same one twice), taken in
+ * turn from the round-robin cursor, so that a miss costs the same with 10
+ * or 100,000 streams holding events (issue 38, 1: every miss walked them
+ * all, 1.4 ms at 100,000) and the cursor's laps still reach every queue:
+ * a queue ahead of the cursor is polled within (queues ahead) / nq misses,
+ * whatever its stream, a slow one's included (invariant 7).
+ *
+ * Either way each queue is drained before its turn ends: a head that
+ * completed is taken off and the next one polled at once, so a full poll
+ * reclaims every completed event of every queue, not one a queue (issue
+ * 37, S1: 300 completed events on one stream took 300 calls, and an error
+ * behind the head went unreported until then). A head that has not
+ * completed ends the queue's turn: nothing behind it on that stream has
+ * completed either. A completed item is taken off under the lock and
+ * resolved at the next unlock (finish); the walk goes on from the queue
+ * after it (which is still listed: only this pass's own drop can unlink a
+ * queue while the lock is held; the cursor is moved past a dropped queue)
+ * and never restarts. */
+static void process(pinpool_t *pool, unsigned budget, bool wait, size_t nq) {
   pp_qitem_t *done = NULL; /* taken off since the last unlock: one */
   bool done_busy = false;  /* in a busy section for it */
+  uint64_t polls = 0;
   pp_mutex_lock(&pool->streams_lock);
-  pp_squeue_t *q = pool->squeues;
+  bool full = nq == 0;
+#ifdef PINPOOL_MUTANT_MISS_FULL_WALK
+  /* Logic mutant (docs/verification.md): a miss walks every queue again. */
+  full = true;
+#endif
+  size_t left = full || nq > pool->qtab->n ? pool->qtab->n : nq;
+  pp_squeue_t *q = full ? pool->squeues : miss_next(pool, &left);
   while (q != NULL && budget > 0) {
     pp_qitem_t *it = q->head;
+    polls++;
     if (it == NULL || q->polling) {
-      q = q->next;
+      q = full ? q->next : miss_next(pool, &left);
       continue;
     }
     q->polling = true; /* q is not freed while set, by anyone */
@@ -739,7 +782,7 @@ static void process(pinpool_t *pool, unsigned budget, bool wait) {
     progress(pool);
     if (r == 0) {
       /* Not done: nothing behind the head on this stream is either. */
-      q = q->next;
+      q = full ? q->next : miss_next(pool, &left);
       continue;
     }
     q->head = it->next;
@@ -752,10 +795,11 @@ static void process(pinpool_t *pool, unsigned budget, bool wait) {
       continue; /* the same queue: its next head may have completed too */
     q->tail = NULL;
     pp_squeue_t *next = q->next;
-    queue_drop_locked(pool, q);
-    q = next;
+    queue_drop_locked(pool, q); /* moves the cursor past q */
+    q = full ? next : miss_next(pool, &left);
   }
   pp_mutex_unlock(&pool->streams_lock);
+  pp_queue_polls += polls;
   finish(pool, done);
   if (done_busy)
     pp_busy_leave();
@@ -764,7 +808,13 @@ static void process(pinpool_t *pool, unsigned budget, bool wait) {
 void pp_process(pinpool_t *pool, unsigned budget, bool wait) {
   if (!pool->has_events || pp_load_relaxed(&pool->pending_live) == 0)
     return;
-  process(pool, budget, wait);
+  process(pool, budget, wait, 0);
+}
+
+void pp_process_miss(pinpool_t *pool) {
+  if (!pool->has_events || pp_load_relaxed(&pool->pending_live) == 0)
+    return;
+  process(pool, PP_MISS_BUDGET, false, PP_MISS_QUEUES);
 }
 
 int pinpool_process_events(pinpool_t *pool) {
@@ -788,7 +838,7 @@ int pinpool_synchronize(pinpool_t *pool) {
     pthread_mutex_unlock(&pool->sync_mu);
     if (atomic_load(&pool->pending_live) == 0)
       break;
-    process(pool, UINT32_MAX, true);
+    process(pool, UINT32_MAX, true, 0);
     /* What is left is polled by other threads (or completing in event_done
      * on them): sleep until one of them makes progress. */
     pthread_mutex_lock(&pool->sync_mu);

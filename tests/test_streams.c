@@ -6,6 +6,8 @@
  */
 #include "testutil.h"
 
+#include "stream.h" /* pp_queue_polls, PP_MISS_QUEUES */
+
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -474,6 +476,104 @@ static void test_process_reclaims_all(void **state) {
   }
 }
 
+/* A pool of `nstreams` streams, each with one freed block whose event the
+ * test controls (cp's events, oldest first, in *ev_out): the blocks are
+ * small (256 bytes) so that 10,000 of them stay cheap. */
+static pinpool_t *many_streams(cb_provider_t *cp, pinpool_hooks_t *hooks,
+                               int nstreams, cb_event_t ***ev_out) {
+  pinpool_t *pool;
+  PP_OK(pinpool_create_ex("tcache_bytes=0", hooks, &pool));
+  void **b = calloc((size_t)nstreams, sizeof *b);
+  PP_ASSERT(b != NULL, "out of memory");
+  /* Every allocation first: each one is a miss, which would poll. */
+  for (int i = 0; i < nstreams; i++)
+    PP_OK(pinpool_alloc(pool, 256, &b[i]));
+  for (int i = 0; i < nstreams; i++) {
+    PP_OK(pinpool_record_stream(pool, b[i], (pinpool_stream_t)(1000 + i)));
+    PP_OK(pinpool_free(pool, b[i]));
+  }
+  free(b);
+  *ev_out = cbp_events(cp, nstreams);
+  return pool;
+}
+
+/* Queue heads examined by `misses` allocations that miss (tcache_bytes=0:
+ * every allocation goes to the central bins), each freed at once. */
+static uint64_t polls_of_misses(pinpool_t *pool, int misses) {
+  uint64_t before = pp_queue_polls;
+  for (int i = 0; i < misses; i++) {
+    void *p;
+    PP_OK(pinpool_alloc(pool, 256, &p));
+    PP_OK(pinpool_free(pool, p));
+  }
+  return pp_queue_polls - before;
+}
+
+/* A cache miss polls a bounded number of stream queues, however many
+ * streams hold events (issue 38, 1: every miss polled every stream whose
+ * head had not completed, 10x the cost per 10x streams). Count, don't
+ * time: the queue heads a miss examines, at N and 10 N streams. Then the
+ * misses alone (no process_events) reclaim every completed event within a
+ * lap of the round-robin cursor, though one stream never completes
+ * (invariant 7: a slow stream holds back nothing). */
+static void test_miss_polls_flat(void **state) {
+  (void)state;
+  enum { N = 1000, MISSES = 200 };
+  double per_miss[2] = {0, 0};
+  for (int k = 0; k < 2; k++) {
+    int nstreams = k == 0 ? N : 10 * N;
+    cb_provider_t cp = {.all = NULL};
+    pthread_mutex_init(&cp.mu, NULL);
+    pinpool_events_t evt = {"test-callbacks", cbp_record,  cbp_query,
+                            cbp_sync,         cbp_release, &cp};
+    pinpool_hooks_t hooks = {NULL, &evt, NULL, NULL};
+    cb_event_t **ev;
+    pinpool_t *pool = many_streams(&cp, &hooks, nstreams, &ev);
+    per_miss[k] = (double)polls_of_misses(pool, MISSES) / MISSES;
+    PP_ASSERT(per_miss[k] <= PP_MISS_QUEUES,
+              "a miss polled %.1f queues per miss with %d streams holding "
+              "events (at most %d expected)",
+              per_miss[k], nstreams, (int)PP_MISS_QUEUES);
+    pinpool_stats_t st;
+    PP_STATS(pool, &st);
+    PP_ASSERT(st.pending_blocks == (uint64_t)nstreams, "nothing completed");
+    if (k == 0) {
+      /* Every event completes but the first stream's. */
+      for (int i = 1; i < nstreams; i++)
+        atomic_store(&ev[i]->state, 1);
+      int misses = 0, bound = nstreams / PP_MISS_QUEUES + 2;
+      for (; misses < bound; misses++) {
+        PP_STATS(pool, &st);
+        if (st.pending_blocks == 1)
+          break;
+        (void)polls_of_misses(pool, 1);
+      }
+      PP_STATS(pool, &st);
+      PP_ASSERT(st.pending_blocks == 1 && st.events_completed == N - 1,
+                "after %d misses: %llu blocks pending, %llu events "
+                "completed (the misses' cursor did not reach every queue)",
+                misses, (unsigned long long)st.pending_blocks,
+                (unsigned long long)st.events_completed);
+      atomic_store(&ev[0]->state, 1);
+    } else {
+      for (int i = 0; i < nstreams; i++)
+        atomic_store(&ev[i]->state, 1);
+    }
+    PP_OK(pinpool_process_events(pool));
+    PP_STATS(pool, &st);
+    PP_ASSERT(st.pending_blocks == 0, "%llu pending after process_events",
+              (unsigned long long)st.pending_blocks);
+    PP_CHECK_CONSISTENT(pool);
+    pinpool_destroy(pool);
+    free(ev);
+    cbp_free_all(&cp);
+    pthread_mutex_destroy(&cp.mu);
+  }
+  PP_ASSERT(per_miss[1] <= per_miss[0],
+            "queues per miss grew with the streams: %.1f at %d, %.1f at %d",
+            per_miss[0], N, per_miss[1], 10 * N);
+}
+
 /* background=1 reclaims without explicit calls. */
 static void test_background(void **state) {
   (void)state;
@@ -625,7 +725,7 @@ static void test_concurrent(void **state) {
   pinpool_destroy(g_pool);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_errors),
@@ -636,10 +736,12 @@ int main(void) {
       cmocka_unit_test(test_no_stream_caches_at_once),
       cmocka_unit_test(test_callbacks_and_event_error),
       cmocka_unit_test(test_process_reclaims_all),
+      cmocka_unit_test(test_miss_polls_flat),
       cmocka_unit_test(test_background),
       cmocka_unit_test(test_event_released_unfinished),
       cmocka_unit_test(test_empty_cache_reclaims),
       cmocka_unit_test(test_concurrent),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return pp_run_selected("test_streams", tests, sizeof tests / sizeof tests[0],
+                         argc, argv);
 }
