@@ -43,6 +43,7 @@ static pp_thread_t *threads; /* pp_global_lock */
 static pthread_key_t thread_key;
 static pthread_once_t thread_key_once = PTHREAD_ONCE_INIT;
 void (*pp_test_exit_locked_hook)(void);
+void (*pp_test_detached_hook)(void);
 
 static void tbin_free(pp_tcache_t *tc) {
   for (unsigned c = 0; c < PP_NCLASSES; c++)
@@ -182,14 +183,32 @@ static void thread_unlink_locked(pp_thread_t *thr) {
 /* A cache whose thread is gone: its blocks back to the central bins, its
  * counters into the pool's dead-thread totals, off the pool's list (the
  * caller frees it). The caller owns tc (its thread is exiting, or did not
- * survive a fork) and keeps the pool alive. */
+ * survive a fork) and keeps the pool alive.
+ *
+ * The unlink and the fold are one reg_lock hold: a stats reader (which sums
+ * the live caches and the dead totals under reg_lock) counts this thread's
+ * operations once, in one place or the other, never in neither, so the
+ * cumulative counts never go backwards while threads exit. Both sides are
+ * atomics, so no sanitizer sees a fold made after the unlock
+ * (test_tcache: stats_monotonic_exits, mutant FOLD_UNLOCKED). */
 static void tcache_detach(pp_tcache_t *tc) {
   pinpool_t *pool = tc->pool;
   pp_tcache_flush_all(tc);
   pp_mutex_lock(&pool->reg_lock);
   unlink_from_pool_locked(tc);
+#ifndef PINPOOL_MUTANT_FOLD_UNLOCKED
+  pp_stats_fold_dead(pool, tc);
+#endif
+  pp_mutex_unlock(&pool->reg_lock);
+  if (pp_test_detached_hook != NULL)
+    pp_test_detached_hook();
+#ifdef PINPOOL_MUTANT_FOLD_UNLOCKED
+  /* Logic mutant (docs/verification.md): the fold in a hold of its own,
+   * after the unlink's. */
+  pp_mutex_lock(&pool->reg_lock);
   pp_stats_fold_dead(pool, tc);
   pp_mutex_unlock(&pool->reg_lock);
+#endif
 }
 
 /* pthread key destructor: the thread is exiting. Its blocks go back to the

@@ -182,6 +182,10 @@ void pp_thread_id_reset(void);
 /* Test hook (tests/test_fork.c): called by an exiting thread while it
  * holds pp_global_lock. NULL outside that test. */
 extern void (*pp_test_exit_locked_hook)(void);
+/* Test hook (tests/test_tcache.c): called by a thread retiring its cache
+ * of a pool (exit, a child of fork) just after the cache left the pool's
+ * list, reg_lock released. NULL outside that test. */
+extern void (*pp_test_detached_hook)(void);
 
 void pp_tcache_flush_bin(pp_tcache_t *tc, unsigned cls, uint32_t keep);
 void pp_tcache_flush_all(pp_tcache_t *tc);
