@@ -98,7 +98,7 @@ typedef struct pp_chunk_view {
   uintptr_t base;
   size_t size;
   unsigned flags;
-  unsigned node; /* set by pp_arena_view_locked */
+  unsigned node; /* set by the snapshot (snapshot.c) */
 } pp_chunk_view_t;
 int pp_ext_view(const pp_extents_t *x, pp_chunk_view_t **chunks,
                 size_t *nchunks, pp_range_t **free_out, size_t *nfree);
@@ -162,11 +162,6 @@ void pp_arena_info(struct pinpool *pool, pp_arena_info_t *out);
 void pp_arena_info_locked(struct pinpool *pool, pp_arena_info_t *out);
 void pp_arena_node_info_locked(struct pinpool *pool, unsigned node,
                                pp_arena_info_t *out, uint64_t *segs);
-/* Every node's pp_ext_view, in address order. Caller holds seg_lock: the
- * snapshot copies the chunks and the segments in one hold, so that they
- * tile each other. */
-int pp_arena_view_locked(struct pinpool *pool, pp_chunk_view_t **chunks,
-                         size_t *nchunks, pp_range_t **free_out, size_t *nfree);
 /* Caller holds seg_lock. */
 bool pp_arena_validate_locked(struct pinpool *pool, char *why, size_t len);
 

@@ -1,0 +1,311 @@
+/*
+ * Costs that stay flat as the pool grows (issue 38): the work of each
+ * operation on a pool of N free extents, counted with the arena's meter
+ * (pp_extents_t.work: tree nodes, extents, chunks, entries copied or
+ * sorted, in src/extent.c), never timed. Each test builds the same
+ * fragmentation at N = 1,000 and 10,000 free extents and asserts that the
+ * count per operation grows at most logarithmically; the lock-hold test
+ * builds 100,000 and counts the most elements any call visits in one hold
+ * of seg_lock while a thread runs empty_cache, a snapshot and get_stats in
+ * a loop and another allocates and frees.
+ *
+ * The fragmentation: 2N + 1 blocks of 260 KiB (each a segment of its own,
+ * carved from the arena), every other one freed and its segment released
+ * by pinpool_empty_cache: N free extents separated by blocks in use. The
+ * backend reserves address space only (PROT_NONE, MAP_NORESERVE): the pool
+ * never touches block memory (DESIGN.md, invariant 4), so 100,000 extents
+ * take 52 GB of addresses and no memory.
+ *
+ * The mutants (tests/CMakeLists.txt, docs/verification.md) restore a walk
+ * each: free_capped and empty_cache fail with EXT_CHUNK_WALK (the chunk
+ * to release found by walking every free extent), snapshot_hold with
+ * SNAPSHOT_SORT_LOCKED (the copy sorted in the hold).
+ */
+#include "testutil.h"
+
+#include "internal.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#define BLOCK ((size_t)260 * 1024) /* above the slabs: a segment each */
+
+/* ---- A backend of address space only ------------------------------------ */
+
+static int space_alloc(void *ctx, size_t size, void **out) {
+  (void)ctx;
+  void *p = mmap(NULL, size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    return PINPOOL_ENOMEM;
+  *out = p;
+  return 0;
+}
+
+static void space_free(void *ctx, void *p, size_t size) {
+  (void)ctx;
+  (void)munmap(p, size);
+}
+
+static const pinpool_backend_t space = {"space", space_alloc, space_free, NULL,
+                                        0};
+
+/* ---- The meter ----------------------------------------------------------- */
+
+typedef struct meter {
+  uint64_t work, work_max, copy_max;
+  size_t nfree, nchunks;
+} meter_t;
+
+/* The arena's meter summed over its nodes (maxima: the largest), read
+ * under seg_lock; reset clears the maxima. */
+static meter_t meter(pinpool_t *pool, bool reset) {
+  meter_t m = {0, 0, 0, 0, 0};
+  pp_mutex_lock(&pool->seg_lock);
+  for (unsigned n = 0; n < pool->nnodes; n++) {
+    pp_extents_t *x = &pool->arena.node[n].ext;
+    m.work += x->work;
+    m.work_max = x->work_max > m.work_max ? x->work_max : m.work_max;
+    m.copy_max = x->copy_max > m.copy_max ? x->copy_max : m.copy_max;
+    m.nfree += x->nfree;
+    m.nchunks += x->nchunks;
+    if (reset)
+      x->work_max = x->copy_max = 0;
+  }
+  pp_mutex_unlock(&pool->seg_lock);
+  return m;
+}
+
+/* What a call may visit at N free extents and C chunks when it is
+ * logarithmic in N: a few descents of a tree of N nodes (each at most
+ * 1.44 log2 N deep) and the chunk table's upkeep. */
+static uint64_t log_bound(size_t n, size_t chunks) {
+  return (uint64_t)(8 * log2((double)n + 2)) + 2 * chunks + 32;
+}
+
+/* ---- The fragmentation --------------------------------------------------- */
+
+typedef struct frag {
+  pinpool_t *pool;
+  void **live; /* the blocks kept: N + 1 */
+  size_t nlive;
+} frag_t;
+
+static void frag_make(frag_t *f, size_t n, const char *conf) {
+  PP_OK(pinpool_create_with_backend(conf, &space, &f->pool));
+  size_t total = 2 * n + 1;
+  void **all = malloc(total * sizeof *all);
+  f->live = malloc((n + 1) * sizeof *f->live);
+  PP_ASSERT(all != NULL && f->live != NULL, "out of memory");
+  for (size_t i = 0; i < total; i++)
+    PP_OK(pinpool_alloc(f->pool, BLOCK, &all[i]));
+  f->nlive = 0;
+  for (size_t i = 0; i < total; i++) {
+    if (i % 2 == 0)
+      f->live[f->nlive++] = all[i];
+    else
+      PP_OK(pinpool_free(f->pool, all[i]));
+  }
+  free(all);
+  PP_OK(pinpool_empty_cache(f->pool));
+  meter_t m = meter(f->pool, true);
+  PP_ASSERT(m.nfree >= n && m.nfree <= n + m.nchunks + 2,
+            "%zu free extents for %zu islands (%zu chunks)", m.nfree, n,
+            m.nchunks);
+}
+
+static void frag_free(frag_t *f) {
+  for (size_t i = 0; i < f->nlive; i++)
+    PP_OK(pinpool_free(f->pool, f->live[i]));
+  free(f->live);
+  pinpool_destroy(f->pool);
+}
+
+static const size_t scale_n[2] = {1000, 10000};
+
+/* w[1] (at 10 N) at most logarithmically above w[0] (at N): within the
+ * bound, and not twice w[0] plus a little. */
+static void check_growth(const char *what, const uint64_t w[2],
+                         const size_t chunks[2]) {
+  printf("%s: %llu elements at %zu free extents, %llu at %zu\n", what,
+         (unsigned long long)w[0], scale_n[0], (unsigned long long)w[1],
+         scale_n[1]);
+  for (int i = 0; i < 2; i++)
+    PP_ASSERT(w[i] <= log_bound(scale_n[i], chunks[i]),
+              "%s visited %llu elements at %zu free extents (%zu chunks): "
+              "more than logarithmic (%llu)",
+              what, (unsigned long long)w[i], scale_n[i], chunks[i],
+              (unsigned long long)log_bound(scale_n[i], chunks[i]));
+  PP_ASSERT(w[1] <= 2 * w[0] + 2 * (chunks[1] - chunks[0]) + 32,
+            "%s: %llu elements at 10x the free extents, %llu before", what,
+            (unsigned long long)w[1], (unsigned long long)w[0]);
+}
+
+/* Item 2: with max_cached, a free trims, and the trim looks for a whole
+ * free chunk to release: none here, and finding that out walked every
+ * free extent (616 us per free at 30,000). */
+static void test_free_capped(void **state) {
+  (void)state;
+  uint64_t w[2];
+  size_t c[2];
+  for (int i = 0; i < 2; i++) {
+    frag_t f;
+    frag_make(&f, scale_n[i], "max_cached=1MiB,tcache_bytes=0");
+    meter_t m0 = meter(f.pool, true);
+    uint64_t most = 0;
+    for (int k = 0; k < 16; k++) {
+      void *p;
+      PP_OK(pinpool_alloc(f.pool, BLOCK, &p));
+      meter_t a = meter(f.pool, false);
+      PP_OK(pinpool_free(f.pool, p));
+      meter_t b = meter(f.pool, false);
+      if (b.work - a.work > most)
+        most = b.work - a.work;
+    }
+    meter_t m1 = meter(f.pool, false);
+    PP_ASSERT(m1.work > m0.work, "the frees did no work: nothing measured");
+    w[i] = most;
+    c[i] = m1.nchunks;
+    frag_free(&f);
+  }
+  check_growth("a free with max_cached", w, c);
+}
+
+/* Item 3: empty_cache releases every whole free chunk: 728 ms with 32 of
+ * them and 100,000 extents (each release walked them all). Its work is
+ * proportional to the chunks released, and each hold to one of them. */
+static void test_empty_cache(void **state) {
+  (void)state;
+  enum { K = 8 };
+  uint64_t w[2], hold[2];
+  size_t c[2];
+  for (int i = 0; i < 2; i++) {
+    frag_t f;
+    frag_make(&f, scale_n[i], "tcache_bytes=0");
+    /* K chunks of their own (above the largest chunk the growth makes),
+     * wholly free once their blocks are freed. */
+    void *big[K];
+    for (int k = 0; k < K; k++)
+      PP_OK(pinpool_alloc(f.pool, (size_t)2 << 30, &big[k]));
+    for (int k = 0; k < K; k++)
+      PP_OK(pinpool_free(f.pool, big[k]));
+    pinpool_stats_t st0, st1;
+    PP_STATS(f.pool, &st0);
+    meter_t a = meter(f.pool, true);
+    PP_OK(pinpool_empty_cache(f.pool));
+    meter_t b = meter(f.pool, false);
+    PP_STATS(f.pool, &st1);
+    PP_ASSERT(st1.arena_chunks + K <= st0.arena_chunks,
+              "empty_cache released %llu chunks, %d were free",
+              (unsigned long long)(st0.arena_chunks - st1.arena_chunks), K);
+    w[i] = (b.work - a.work) / K; /* per chunk released */
+    hold[i] = b.work_max;
+    c[i] = a.nchunks;
+    frag_free(&f);
+  }
+  check_growth("empty_cache, per chunk released", w, c);
+  check_growth("empty_cache, the longest hold", hold, c);
+}
+
+/* Item 6: a snapshot copies the free extents in its hold of seg_lock and
+ * sorts them after it: the hold visits each extent and chunk once, and
+ * sorts nothing (it sorted them all: 38 ms at 100,000). */
+static void test_snapshot_hold(void **state) {
+  (void)state;
+  for (int i = 0; i < 2; i++) {
+    frag_t f;
+    frag_make(&f, scale_n[i], "tcache_bytes=0");
+    meter_t a = meter(f.pool, true);
+    char *text;
+    size_t len;
+    PP_OK(pinpool_snapshot_write_mem(f.pool, &text, &len,
+                                     PINPOOL_SNAPSHOT_NO_HISTORY));
+    meter_t b = meter(f.pool, false);
+    printf("snapshot: %llu elements in the hold for %zu free extents and "
+           "%zu chunks\n",
+           (unsigned long long)b.copy_max, a.nfree, a.nchunks);
+    PP_ASSERT(b.copy_max >= a.nfree && b.copy_max <= a.nfree + a.nchunks,
+              "the snapshot's hold visited %llu elements for %zu free "
+              "extents and %zu chunks: it sorts in the hold",
+              (unsigned long long)b.copy_max, a.nfree, a.nchunks);
+    pinpool_snapshot_free(text);
+    frag_free(&f);
+  }
+}
+
+/* ---- The lock-hold test -------------------------------------------------- */
+
+typedef struct looper {
+  pinpool_t *pool;
+  int rounds;
+} looper_t;
+
+static void *loop_ops(void *arg) {
+  looper_t *l = arg;
+  for (int r = 0; r < l->rounds; r++) {
+    pinpool_stats_t st;
+    PP_OK(pinpool_empty_cache(l->pool));
+    char *text;
+    size_t len;
+    PP_OK(pinpool_snapshot_write_mem(l->pool, &text, &len,
+                                     PINPOOL_SNAPSHOT_NO_HISTORY));
+    pinpool_snapshot_free(text);
+    PP_OK(pinpool_get_stats(l->pool, &st));
+  }
+  return NULL;
+}
+
+/* N free extents (100,000; fewer under the sanitizers: PINPOOL_SCALE_N):
+ * one thread runs empty_cache, a snapshot and get_stats in a loop, this
+ * one allocates and frees blocks that carve, split, merge and release
+ * chunks. The most elements any call visited in its hold: logarithmic,
+ * but for the snapshot's copy, which is the extents and chunks once. */
+static void test_lock_hold(void **state) {
+  (void)state;
+  const char *env = getenv("PINPOOL_SCALE_N");
+  size_t n = env != NULL ? (size_t)strtoull(env, NULL, 10) : 100000;
+  frag_t f;
+  frag_make(&f, n, "tcache_bytes=0");
+  meter_t a = meter(f.pool, true);
+  looper_t l = {f.pool, 3};
+  pthread_t t;
+  PP_ASSERT(pthread_create(&t, NULL, loop_ops, &l) == 0, "thread");
+  for (int r = 0; r < 200; r++) {
+    void *p, *q, *big;
+    PP_OK(pinpool_alloc(f.pool, BLOCK, &p));
+    PP_OK(pinpool_alloc(f.pool, 3 * BLOCK, &q));
+    PP_OK(pinpool_alloc(f.pool, (size_t)2 << 30, &big));
+    PP_OK(pinpool_free(f.pool, p));
+    PP_OK(pinpool_free(f.pool, big));
+    PP_OK(pinpool_free(f.pool, q));
+  }
+  PP_ASSERT(pthread_join(t, NULL) == 0, "join");
+  meter_t b = meter(f.pool, false);
+  size_t chunks = a.nchunks > b.nchunks ? a.nchunks : b.nchunks;
+  printf("lock hold at %zu free extents, %zu chunks: at most %llu elements "
+         "in a call, %llu in a snapshot's copy\n",
+         a.nfree, chunks, (unsigned long long)b.work_max,
+         (unsigned long long)b.copy_max);
+  PP_ASSERT(b.work_max <= log_bound(a.nfree, chunks + 1),
+            "a hold of seg_lock visited %llu elements at %zu free extents",
+            (unsigned long long)b.work_max, a.nfree);
+  PP_ASSERT(b.copy_max <= a.nfree + 64 + chunks + 1,
+            "a snapshot's hold visited %llu elements at %zu free extents",
+            (unsigned long long)b.copy_max, a.nfree);
+  frag_free(&f);
+}
+
+int main(int argc, char **argv) {
+  pp_clean_env();
+  const struct CMUnitTest all[] = {
+      cmocka_unit_test(test_free_capped),
+      cmocka_unit_test(test_empty_cache),
+      cmocka_unit_test(test_snapshot_hold),
+      cmocka_unit_test(test_lock_hold),
+  };
+  return pp_run_selected("test_scale", all, sizeof all / sizeof all[0], argc,
+                         argv);
+}
