@@ -149,6 +149,20 @@ static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
   return n;
 }
 
+/* A block of bs bytes, above max_reserved: it never fits, whatever is
+ * released, so it fails before anything moves (a function that fails
+ * changes nothing; the retry emptied the cache, issue 37 D6). Counted
+ * and recorded as any allocation that runs out of memory. */
+__attribute__((noinline)) static int above_cap(pinpool_t *pool, size_t bs,
+                                               const void *ra) {
+  pp_fetch_add_relaxed(&pool->gs.oom, 1);
+  pp_hist_event(pool, PP_H_OOM, 0, bs, 0, 0, ra);
+  return pp_fail(PINPOOL_ENOMEM,
+                 "max_reserved (%llu bytes) is below the block of %zu "
+                 "bytes: nothing released could make it fit",
+                 (unsigned long long)pool->cfg.max_reserved, bs);
+}
+
 /* The size of the block a request of `size` bytes (class cls) gets: its
  * class's up to PP_SLAB_MAX_BLOCK, the request rounded up to a page above
  * (large blocks are carved from the arena at that size: less than a page
@@ -196,9 +210,11 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
                                                 pp_tcache_t *tc, unsigned cls,
                                                 size_t size, void **out,
                                                 const void *ra) {
+  size_t bs = block_bytes(cls, size);
+  if (pool->cfg.max_reserved != 0 && bs > pool->cfg.max_reserved)
+    return above_cap(pool, bs, ra);
   if (pp_tc_stale(tc, pool))
     pp_tcache_flush_all(tc); /* pinpool_empty_cache asked for it */
-  size_t bs = block_bytes(cls, size);
   bool large = size > PP_SLAB_MAX_BLOCK;
   pp_tbin_t *b = &tc->bins[cls];
   bool missed = false;

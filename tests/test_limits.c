@@ -166,6 +166,49 @@ static void test_max_reserved_small(void **state) {
   cb_fini(&cb);
 }
 
+/* A request that nothing released could make fit (above max_reserved)
+ * fails at once and changes nothing: the cache stays (issue 37, D6: the
+ * retry emptied it, 128 MiB cached -> 0 on one 1 GiB request, and the
+ * next allocation populated again). Only the failure's own counter and
+ * history entry record it. */
+static void test_above_cap_keeps_cache(void **state) {
+  (void)state;
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_t *pool = create_cb("max_reserved=256MiB", &cb);
+  void *p[8];
+  for (int i = 0; i < 8; i++)
+    PP_OK(pinpool_alloc(pool, 16 * MiB, &p[i]));
+  for (int i = 0; i < 8; i++)
+    PP_OK(pinpool_free(pool, p[i]));
+  pinpool_stats_t before, after;
+  PP_STATS(pool, &before);
+  PP_ASSERT(before.cached_bytes.current >= 128 * MiB, "cached %" PRIu64,
+            before.cached_bytes.current);
+  cb_counts_t c0 = cb_counts(&cb);
+  void *q = SENTINEL_PTR;
+  PP_CHECK_RC(pinpool_alloc(pool, 1 * GiB, &q), PINPOOL_ENOMEM);
+  PP_ASSERT(q == SENTINEL_PTR, "*out changed on ENOMEM");
+  PP_ASSERT(strstr(pinpool_last_error(), "max_reserved") != NULL,
+            "message: %s", pinpool_last_error());
+  PP_STATS(pool, &after);
+  PP_ASSERT(after.oom_count == before.oom_count + 1, "oom_count");
+  after.oom_count = before.oom_count;
+  PP_CHECK_STATS_EQUAL(&before, &after, "a request above max_reserved");
+  cb_counts_t c1 = cb_counts(&cb);
+  PP_ASSERT(c1.nfree == c0.nfree && c1.calls == c0.calls,
+            "%" PRIu64 " backend frees, %" PRIu64 " allocations",
+            c1.nfree - c0.nfree, c1.calls - c0.calls);
+  /* And the next allocation is served from the cache. */
+  PP_OK(pinpool_alloc(pool, 16 * MiB, &q));
+  PP_ASSERT(cb_counts(&cb).calls == c0.calls, "the cache was emptied");
+  PP_OK(pinpool_free(pool, q));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+}
+
 /* A random workload under a cap: every result is 0 or ENOMEM, and neither
  * the stats nor the backend ever go above the cap. */
 static void test_max_reserved_random(void **state) {
@@ -769,6 +812,7 @@ int main(void) {
       cmocka_unit_test(test_mlock_success_locks_all),
       cmocka_unit_test(test_max_reserved_large),
       cmocka_unit_test(test_max_reserved_small),
+      cmocka_unit_test(test_above_cap_keeps_cache),
       cmocka_unit_test(test_max_reserved_random),
       cmocka_unit_test(test_carve),
       cmocka_unit_test(test_max_cached_pct),
