@@ -47,17 +47,26 @@ static size_t round_up(size_t n, size_t to) {
 
 /* ---- The backend, with the max_reserved cap ----------------------------- */
 
+/* Claim n bytes under the cap before the backend call, so that threads
+ * growing at once never pass it together. The peak is not raised here: a
+ * backend call that fails hands nothing over (issue 37, D1: a failed 64 GiB
+ * reservation left peak=64 GiB); reserved_counted raises it. */
 static bool reserve_bytes(pinpool_t *pool, size_t n) {
   uint64_t cap = pool->cfg.max_reserved;
-  uint64_t cur = pp_load_relaxed(&pool->gs.reserved_cur);
+  uint64_t cur = pp_load_relaxed(&pool->gs.reserved_claimed);
   do {
     if (cap != 0 && (cur + n > cap || cur + n < cur))
       return false;
-  } while (!atomic_compare_exchange_weak_explicit(&pool->gs.reserved_cur, &cur,
-                                                  cur + n, memory_order_relaxed,
-                                                  memory_order_relaxed));
-  pp_atomic_max_relaxed(&pool->gs.reserved_peak, cur + n);
+  } while (!atomic_compare_exchange_weak_explicit(
+      &pool->gs.reserved_claimed, &cur, cur + n, memory_order_relaxed,
+      memory_order_relaxed));
   return true;
+}
+
+/* The backend handed over n claimed bytes: reserved, and the peak. */
+static void reserved_counted(pinpool_t *pool, size_t n) {
+  uint64_t cur = pp_fetch_add_relaxed(&pool->gs.reserved_cur, n) + n;
+  pp_atomic_max_relaxed(&pool->gs.reserved_peak, cur);
 }
 
 /* pin_failure=pageable: the CUDA backend could not pin `size` bytes (its
@@ -102,7 +111,8 @@ static int backend_alloc(pinpool_t *pool, unsigned node, void *hint,
                    "max_reserved (%llu bytes) reached: %llu reserved, %zu "
                    "more needed",
                    (unsigned long long)pool->cfg.max_reserved,
-                   (unsigned long long)pp_load_relaxed(&pool->gs.reserved_cur),
+                   (unsigned long long)pp_load_relaxed(
+                       &pool->gs.reserved_claimed),
                    size);
   uint64_t t0 = pp_now_ns();
   *flags = 0;
@@ -134,9 +144,10 @@ static int backend_alloc(pinpool_t *pool, unsigned node, void *hint,
                  pool->prov.name, *mem, size);
   }
   if (rc != 0) {
-    pp_fetch_sub_relaxed(&pool->gs.reserved_cur, size);
+    pp_fetch_sub_relaxed(&pool->gs.reserved_claimed, size);
     return rc;
   }
+  reserved_counted(pool, size);
   pp_fetch_add_relaxed(&pool->gs.reserved_alloc, size);
   pp_fetch_add_relaxed(&pool->gs.central_in, size); /* new memory is idle */
   if (*flags & PP_SEG_LOCKED)
@@ -160,6 +171,7 @@ static void backend_free(pinpool_t *pool, void *mem, size_t size,
   pp_backend_timed(&pool->gs.bf_count, &pool->gs.bf_total, &pool->gs.bf_max,
                    t0);
   pp_fetch_sub_relaxed(&pool->gs.reserved_cur, size);
+  pp_fetch_sub_relaxed(&pool->gs.reserved_claimed, size);
   pp_fetch_add_relaxed(&pool->gs.reserved_freed, size);
   pp_fetch_add_relaxed(&pool->gs.central_out, size);
   if (flags & PP_SEG_LOCKED)
@@ -195,7 +207,7 @@ static size_t chunk_size(pinpool_t *pool, unsigned node, size_t need) {
   if (pool->cfg.backend == PP_BACKEND_CUDA && size > rmax)
     size = need > rmax ? need : (size_t)rmax;
   uint64_t cap = pool->cfg.max_reserved;
-  if (cap != 0 && pp_load_relaxed(&pool->gs.reserved_cur) + size > cap)
+  if (cap != 0 && pp_load_relaxed(&pool->gs.reserved_claimed) + size > cap)
     size = need; /* the cap decides: no more than asked for */
   return size;
 }

@@ -459,6 +459,10 @@ enum { PP_BIN_PARTIAL = 1, PP_BIN_IDLE = 2 };
 /* Accounting not owned by a thread cache; atomics updated on slow paths. */
 typedef struct pp_gstats {
   pp_counter_t reserved_cur, reserved_peak, reserved_alloc, reserved_freed;
+  /* reserved_cur and the backend allocations in flight: what max_reserved
+   * is checked against (arena.c, reserve_bytes); reserved_cur and its peak
+   * count only memory the backend handed over. */
+  pp_counter_t reserved_claimed;
   pp_counter_t segs_cur, segs_peak, segs_alloc, segs_freed;
   /* Bytes into/out of central idle; hot-slot moves by a thread with a
    * cache are in its pp_tcounters_t slot_in/slot_out instead (pool.c). */
