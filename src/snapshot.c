@@ -137,6 +137,11 @@ static int copy_segments(pp_snap_t *s) {
       free(fr);
       return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory for segments");
     }
+    /* Touched here, not first in the hold: fresh pages fault (a 100,000
+     * extent copy is 1.6 MB, 400 faults). */
+    memset(segs, 0, cap * sizeof *segs);
+    memset(chunks, 0, cap_c * sizeof *chunks);
+    memset(fr, 0, cap_f * sizeof *fr);
     size_t n = 0, nc = 0, nf = 0;
     bool fits = true;
     uint64_t t0 = pp_now_ns();
