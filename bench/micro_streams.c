@@ -150,6 +150,10 @@ int main(int argc, char **argv) {
   if (k == 0)
     for (k = 0; k < 5; k++)
       ns[k] = def[k];
+  /* A first run, not counted: the process's first pool pays for what
+   * later ones find done (2x at the first N, whatever it was). */
+  if (miss && k > 0 && run_miss(ns[0]) < 0)
+    return 1;
   printf("%-10s %12s %8s\n", "streams", "ns/op", "ratio");
   double first = 0;
   for (int i = 0; i < k; i++) {

@@ -63,7 +63,7 @@ typedef struct pp_qtab {
 
 /* Queue heads this thread examined, in any poll (a test hook: a miss looks
  * at a bounded number of queues, however many hold events). */
-_Thread_local uint64_t pp_queue_polls;
+_Thread_local uint64_t pp_queue_polls PP_TLS_MODEL;
 
 static size_t qhash(pinpool_stream_t s, size_t nb) {
   uint64_t x = (uint64_t)s * 0x9e3779b97f4a7c15u;

@@ -66,7 +66,7 @@ enum { PP_USE_RECORD = 0, PP_USE_CAPTURING = 1, PP_USE_FAILED = 2 };
 enum { PP_MISS_QUEUES = 4, PP_MISS_BUDGET = 64 };
 /* Queue heads the calling thread has examined, in every poll so far (a
  * test hook: test_streams counts a miss's). */
-extern _Thread_local uint64_t pp_queue_polls;
+extern _Thread_local uint64_t pp_queue_polls PP_TLS_MODEL;
 /* A parked block's last capture was released: settle it again. */
 void pp_stream_resume(pinpool_t *pool, pp_pending_t *p);
 
