@@ -289,6 +289,18 @@ int pp_arena_init(pinpool_t *pool) {
   if (pool->cfg.reserve == 0)
     return 0;
   size_t size = round_up(pool->cfg.reserve, PP_PAGE);
+  /* Every node gets a reserve (numa=local): the cap is checked against
+   * all of them before the first is mapped, a configuration error (issue
+   * 37, D3: node 0's was mapped, populated and given back, and create
+   * failed with ENOMEM). config.c checks one reserve against the cap. */
+  uint64_t cap = pool->cfg.max_reserved;
+  uint64_t all = pp_sat_mul(size, pool->nnodes);
+  if (cap != 0 && all > cap)
+    return pp_fail(PINPOOL_ECONFIG,
+                   "config: key 'reserve' (%zu bytes on each of %u nodes, "
+                   "%llu in all) exceeds 'max_reserved' (%llu)",
+                   size, pool->nnodes, (unsigned long long)all,
+                   (unsigned long long)cap);
   for (unsigned n = 0; n < pool->nnodes; n++) {
     pp_arena_node_t *a = &pool->arena.node[n];
     void *mem = NULL;

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #define MPOL_BIND 2
+#define SENTINEL ((pinpool_t *)(uintptr_t)0x5e471e1)
 #define MPOL_F_ADDR (1 << 1)
 
 static _Thread_local int my_node = -1;
@@ -622,6 +623,41 @@ static void test_reserve_per_node(void **state) {
   pinpool_destroy(pool);
 }
 
+/* numa=local with a reserve: every node gets one, so max_reserved is
+ * checked against the reserve times the nodes at create, a configuration
+ * error before anything is mapped (issue 37, D3: the pool mapped and
+ * populated node 0's reserve, unmapped it and failed with ENOMEM). */
+static _Atomic unsigned g_populates;
+static void count_populate(int point) {
+  if (point == PP_HOOK_POPULATE)
+    atomic_fetch_add(&g_populates, 1);
+}
+
+static void test_reserve_over_cap(void **state) {
+  (void)state;
+  pinpool_t *pool = SENTINEL;
+  atomic_store(&g_populates, 0);
+  atomic_store(&pp_test_hook, count_populate);
+  int rc = pinpool_create(
+      "numa=local,numa_fake_nodes=2,reserve=4MiB,max_reserved=6MiB", &pool);
+  atomic_store(&pp_test_hook, NULL);
+  PP_CHECK_RC(rc, PINPOOL_ECONFIG);
+  PP_ASSERT(pool == SENTINEL, "*out set by a failed create");
+  PP_ASSERT(strstr(pinpool_last_error(), "max_reserved") != NULL &&
+                strstr(pinpool_last_error(), "2 nodes") != NULL,
+            "message: %s", pinpool_last_error());
+  PP_ASSERT(atomic_load(&g_populates) == 0,
+            "%u chunks populated before the refusal",
+            atomic_load(&g_populates));
+  /* Exactly the cap: accepted. */
+  PP_OK(pinpool_create(
+      "numa=local,numa_fake_nodes=2,reserve=4MiB,max_reserved=8MiB", &pool));
+  pinpool_stats_t st;
+  PP_STATS(pool, &st);
+  assert_int_equal(st.reserve_bytes, 8 * MiB);
+  pinpool_destroy(pool);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_config_errors),
@@ -636,6 +672,7 @@ int main(void) {
       cmocka_unit_test(test_placement),
       cmocka_unit_test(test_cpu_node),
       cmocka_unit_test(test_reserve_per_node),
+      cmocka_unit_test(test_reserve_over_cap),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
