@@ -308,15 +308,24 @@ int pp_arena_init(pinpool_t *pool) {
     int rc = backend_alloc(pool, n, NULL, size, &mem, &flags);
     if (rc != 0)
       return rc; /* pp_arena_fini gives back the nodes' reserves made */
-    if (pp_ext_add_chunk(&a->ext, mem, size, flags | PP_SEG_FROM_RESERVE) !=
-        0) {
+    /* A reserve the driver refused to pin (pin_failure=pageable) is a
+     * fallback chunk like any other, not the reserve: the first released
+     * when all free, after which the arena's next chunk asks the driver
+     * again (docs/cuda.md: a refusal is not remembered). Kept as the
+     * reserve, it was never released, and one refusal at create left the
+     * pool pageable for its life (issue 37, D2). */
+    bool keep = !(flags & PP_SEG_FALLBACK);
+    if (pp_ext_add_chunk(&a->ext, mem, size,
+                         keep ? flags | PP_SEG_FROM_RESERVE : flags) != 0) {
       backend_free(pool, mem, size, flags);
       return pp_fail(PINPOOL_ENOMEM,
                      "out of memory for the reserve's metadata");
     }
     pp_store_relaxed(&a->total, size);
-    pool->reserve_size += size;
-    pool->has_reserve = true;
+    if (keep) {
+      pool->reserve_size += size;
+      pool->has_reserve = true;
+    }
   }
   return 0;
 }

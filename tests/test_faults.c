@@ -16,6 +16,7 @@
  */
 #include "testutil.h"
 
+#include <dlfcn.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -191,6 +192,72 @@ static void test_register(void **state) {
   sweep(base, "register", 2, fired_enomem, true);
 }
 
+/* The fake CUDA driver's controls (tests/fake_cuda/fake_cuda.h), looked
+ * up in the library PINPOOL_LIBCUDA names, which the pool loads too. */
+typedef int (*fake_fail_fn)(const char *entry, unsigned nth, int code);
+typedef long long (*fake_get_fn)(const char *key);
+static bool fake_driver(fake_fail_fn *inject, fake_get_fn *get) {
+  const char *lib = getenv("PINPOOL_LIBCUDA");
+  void *h = lib != NULL ? dlopen(lib, RTLD_NOW) : NULL;
+  if (h == NULL)
+    return false;
+  *(void **)inject = dlsym(h, "fake_cuda_fail");
+  *(void **)get = dlsym(h, "fake_cuda_get");
+  return *inject != NULL && *get != NULL;
+}
+
+/* A reserve the driver refused at create (pin_failure=pageable) is a
+ * fallback chunk like any other: the first released when all free, and
+ * the arena's next chunk asks the driver again (docs/cuda.md, "When
+ * pinning fails"). Issue 37, D2: the fallback became the reserve, which is
+ * never released, so one refusal at create left the pool pageable for its
+ * whole life. For both CUDA backends, one refusal each. */
+static void test_reserve_refused(void **state) {
+  (void)state;
+  fake_fail_fn inject;
+  fake_get_fn get;
+  if (!fake_driver(&inject, &get)) {
+    print_message("test_reserve_refused: no fake CUDA driver, skipped\n");
+    return;
+  }
+  static const char *const be[2][2] = {{"cuda", "cuMemHostAlloc"},
+                                       {"cuda-register", "cuMemHostRegister"}};
+  for (int i = 0; i < 2; i++) {
+    char config[160];
+    snprintf(config, sizeof config,
+             "backend=%s,device=0,pin_failure=pageable,reserve=4MiB,"
+             "tcache_bytes=0",
+             be[i][0]);
+    PP_ASSERT(inject(be[i][1], 1, 2 /* CUDA_ERROR_OUT_OF_MEMORY */) == 0,
+              "arm the fake");
+    pinpool_t *pool = NULL;
+    PP_OK(pinpool_create(config, &pool));
+    pinpool_stats_t st = pp_stats_of(pool);
+    PP_ASSERT(st.fallback_bytes == 4 * MiB && st.locked_bytes == 0,
+              "%s: fallback %llu, locked %llu", be[i][0],
+              (unsigned long long)st.fallback_bytes,
+              (unsigned long long)st.locked_bytes);
+    void *p = NULL;
+    PP_OK(pinpool_alloc(pool, 1 * MiB, &p)); /* carved from it */
+    PP_OK(pinpool_free(pool, p));
+    PP_OK(pinpool_empty_cache(pool));
+    st = pp_stats_of(pool);
+    PP_ASSERT(st.fallback_bytes == 0 && st.reserved_bytes.current == 0,
+              "%s: the refused reserve was kept: %llu bytes pageable",
+              be[i][0], (unsigned long long)st.fallback_bytes);
+    PP_OK(pinpool_alloc(pool, 1 * MiB, &p));
+    st = pp_stats_of(pool);
+    PP_ASSERT(st.fallback_bytes == 0 && st.locked_bytes > 0,
+              "%s: the next chunk not pinned: fallback %llu, locked %llu",
+              be[i][0], (unsigned long long)st.fallback_bytes,
+              (unsigned long long)st.locked_bytes);
+    PP_OK(pinpool_free(pool, p));
+    PP_CHECK_CONSISTENT(pool);
+    pinpool_destroy(pool);
+    PP_ASSERT(get("bad_calls") == 0, "the driver saw bad calls");
+  }
+}
+
 /* A reserve that cannot be allocated fails create cleanly. */
 static void test_reserve_at_create(void **state) {
   (void)state;
@@ -213,6 +280,7 @@ int main(void) {
       cmocka_unit_test(test_query),
       cmocka_unit_test(test_register),
       cmocka_unit_test(test_reserve_at_create),
+      cmocka_unit_test(test_reserve_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
