@@ -220,9 +220,13 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
   bool missed = false;
   int n;
   uint64_t taken; /* bytes that left the central bins for this thread */
-  pp_owner_add(&tc->c.slow_allocs, 1);
-  if (large && b->n > 0 && tbin_match(tc, cls, bs))
+  /* slow_allocs: counted with the allocation, never by one that fails
+   * (tcache_hits, n_alloc - slow_allocs, went down on a failure: found by
+   * test_faults's check that a failure changes nothing, issue 37). */
+  if (large && b->n > 0 && tbin_match(tc, cls, bs)) {
+    pp_owner_add(&tc->c.slow_allocs, 1);
     return alloc_hit(pool, tc, b, size, out, ra, true);
+  }
   bool stack = b->items != NULL || tbin_init(pool, tc, b, pp_class_size(cls));
   /* Large classes take one block at a time: a refill of several would
    * carve blocks of one exact size that may never be asked for again. */
@@ -287,6 +291,7 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     *out = e.ptr;
     taken = (uint64_t)(n - 1) * bs + ebs;
   }
+  pp_owner_add(&tc->c.slow_allocs, 1);
   if (missed) {
     pp_fetch_add_relaxed(&pool->gs.misses, 1);
     pp_trim_to_cap(pool); /* a new segment adds idle bytes */

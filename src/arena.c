@@ -107,13 +107,12 @@ static int backend_alloc(pinpool_t *pool, unsigned node, void *hint,
   bool local = pool->cfg.numa == PP_NUMA_LOCAL;
   int place = pool->place[node];
   if (!reserve_bytes(pool, size))
-    return pp_fail(PINPOOL_ENOMEM,
-                   "max_reserved (%llu bytes) reached: %llu reserved, %zu "
-                   "more needed",
-                   (unsigned long long)pool->cfg.max_reserved,
-                   (unsigned long long)pp_load_relaxed(
-                       &pool->gs.reserved_claimed),
-                   size);
+    return pp_fail(
+        PINPOOL_ENOMEM,
+        "max_reserved (%llu bytes) reached: %llu reserved, %zu "
+        "more needed",
+        (unsigned long long)pool->cfg.max_reserved,
+        (unsigned long long)pp_load_relaxed(&pool->gs.reserved_claimed), size);
   uint64_t t0 = pp_now_ns();
   *flags = 0;
   char saved[256];

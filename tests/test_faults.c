@@ -13,6 +13,12 @@
  *     mlock=require fails with PINPOOL_ENOMEM.
  *   record, query: the free succeeds, the block stays pending forever,
  *     event_errors counts it.
+ *   sset: record_stream fails with PINPOOL_ENOMEM.
+ * Every public call of the workload that fails is checked to have changed
+ * nothing (check_unchanged: the stats field by field, cached bytes and
+ * chunks included, but for what the documented retry released), at every
+ * call of every site: issue 37's class test for "a function that fails
+ * changes nothing".
  */
 #include "testutil.h"
 
@@ -22,20 +28,93 @@
 
 typedef struct outcome {
   unsigned enomem;     /* allocations that failed with ENOMEM */
+  unsigned other;      /* other calls that failed with ENOMEM (sset) */
   unsigned unexpected; /* any other failure */
+  unsigned checked;    /* failures checked to have changed nothing */
 } outcome_t;
 
 static void note(outcome_t *o, const char *what, int rc, bool enomem_ok) {
   if (rc == 0)
     return;
   if (rc == PINPOOL_ENOMEM && enomem_ok) {
-    o->enomem++;
+    if (strcmp(what, "pinpool_alloc") == 0)
+      o->enomem++;
+    else
+      o->other++;
     return;
   }
   o->unexpected++;
   print_error("unexpected: %s returned %s (%s)\n", what, pp_code_name(rc),
               pinpool_last_error());
 }
+
+/* A function that fails changes nothing (issue 37): the stats after a
+ * failed call equal those before it, field by field, but for the
+ * failure's own record (oom_count, and the backend calls it made, failed
+ * ones included, in backend_alloc) and for what an allocation's documented
+ * retry did before failing again (docs/api.md: idle memory released, then
+ * one more try): whole free chunks given back to the backend (reserved and
+ * cached bytes down by what backend_free got, as many chunks fewer, and
+ * counted in trimmed_segments), idle segments given back to their chunks,
+ * and the arena's free extents accordingly. Nothing else: no block, no
+ * request, no peak (D1: the reserved peak of a failed reservation), no
+ * locked or fallback bytes, no segment made. */
+static void check_unchanged(pinpool_t *pool, const pinpool_stats_t *b,
+                            const char *what, int rc, outcome_t *o) {
+  pinpool_stats_t a, x;
+  PP_STATS(pool, &a);
+  x = a;
+  PP_ASSERT(a.oom_count <= b->oom_count + 1, "%s: oom_count +%llu", what,
+            (unsigned long long)(a.oom_count - b->oom_count));
+  x.oom_count = b->oom_count;
+  x.backend_alloc = b->backend_alloc;
+  /* The calling thread's cache exists from its first call on (the slack
+   * of the peaks counts the caches), whether that call failed or not. */
+  x.peak_slack_bytes = b->peak_slack_bytes;
+  bool retried = a.retries != b->retries;
+  PP_ASSERT(a.retries <= b->retries + 1, "%s: %llu retries", what,
+            (unsigned long long)(a.retries - b->retries));
+  x.retries = b->retries;
+  uint64_t freed = a.reserved_bytes.freed - b->reserved_bytes.freed;
+  uint64_t chunks = a.backend_free.count - b->backend_free.count;
+  uint64_t segs = a.segments.freed - b->segments.freed;
+  if (retried) {
+    x.reserved_bytes.current += freed;
+    x.reserved_bytes.freed -= freed;
+    x.cached_bytes.current += freed;
+    x.cached_bytes.freed -= freed;
+    x.segments.current += segs;
+    x.segments.freed -= segs;
+    x.arena_chunks += chunks;
+    PP_ASSERT(a.trimmed_segments - b->trimmed_segments == chunks,
+              "%s: %llu chunks trimmed, %llu given back", what,
+              (unsigned long long)(a.trimmed_segments - b->trimmed_segments),
+              (unsigned long long)chunks);
+    x.trimmed_segments = b->trimmed_segments;
+    x.backend_free = b->backend_free;
+    x.chunk_free_bytes = b->chunk_free_bytes;
+    x.free_extents = b->free_extents;
+    x.largest_free_extent = b->largest_free_extent;
+  }
+  char msg[160];
+  snprintf(msg, sizeof msg, "%s failing with %s", what, pp_code_name(rc));
+  PP_CHECK_STATS_EQUAL(b, &x, msg);
+  o->checked++;
+}
+
+/* Every public call of the workload: the stats are read before it (after
+ * the completed events are reclaimed, which any call may do first), and a
+ * failure is checked to have changed nothing. */
+#define CALL(o, pool, what, expr, enomem_ok)                                   \
+  do {                                                                         \
+    pinpool_stats_t before_;                                                   \
+    (void)pinpool_process_events(pool);                                        \
+    PP_STATS(pool, &before_);                                                  \
+    int rc_ = (expr);                                                          \
+    note((o), (what), rc_, (enomem_ok));                                       \
+    if (rc_ != 0)                                                              \
+      check_unchanged((pool), &before_, (what), rc_, (o));                     \
+  } while (0)
 
 /* Allocations of every kind of segment, frees with and without streams,
  * reclaim, empty_cache: the calls each site can fail. */
@@ -45,7 +124,7 @@ static void workload(pinpool_t *pool, outcome_t *o) {
   for (int round = 0; round < 3; round++) {
     for (int i = 0; i < 5; i++) {
       void **slot = &live[round * 5 + i];
-      note(o, "pinpool_alloc", pinpool_alloc(pool, sizes[i], slot), true);
+      CALL(o, pool, "pinpool_alloc", pinpool_alloc(pool, sizes[i], slot), true);
     }
     for (int i = 0; i < 5; i++) {
       void *p = live[round * 5 + i];
@@ -53,17 +132,18 @@ static void workload(pinpool_t *pool, outcome_t *o) {
         continue;
       memset(p, 0x11, 64);
       if ((i + round) % 2 == 0)
-        note(o, "pinpool_record_stream",
+        CALL(o, pool, "pinpool_record_stream",
              pinpool_record_stream(pool, p, (pinpool_stream_t)(1 + i % 2)),
-             false);
-      note(o, "pinpool_free", pinpool_free(pool, p), false);
+             true);
+      CALL(o, pool, "pinpool_free", pinpool_free(pool, p), false);
       live[round * 5 + i] = NULL;
     }
-    note(o, "pinpool_process_events", pinpool_process_events(pool), false);
+    CALL(o, pool, "pinpool_process_events", pinpool_process_events(pool),
+         false);
     if (round == 1)
-      note(o, "pinpool_empty_cache", pinpool_empty_cache(pool), false);
+      CALL(o, pool, "pinpool_empty_cache", pinpool_empty_cache(pool), false);
   }
-  note(o, "pinpool_synchronize", pinpool_synchronize(pool), false);
+  CALL(o, pool, "pinpool_synchronize", pinpool_synchronize(pool), false);
 }
 
 /* After the fault: the pool is consistent and works. */
@@ -102,18 +182,22 @@ static bool fired_event(const pinpool_stats_t *st, const outcome_t *o) {
   (void)o;
   return st->event_errors > 0;
 }
+static bool fired_other(const pinpool_stats_t *st, const outcome_t *o) {
+  (void)st;
+  return o->other > 0;
+}
 
 /* Sweep N = 1, 2, ... until a run in which the fault no longer fires. */
 static void sweep(const char *base, const char *site, unsigned count,
                   fired_fn fired, bool expect_enomem) {
-  unsigned n = 1, fired_runs = 0, enomem_runs = 0;
+  unsigned n = 1, fired_runs = 0, enomem_runs = 0, checked = 0;
   for (;; n++) {
     PP_ASSERT(n < 400, "%s: the fault still fires at call %u", site, n);
     char config[256];
     snprintf(config, sizeof config, "%s,fault=%s:%u:%u", base, site, n, count);
     pinpool_t *pool;
     PP_OK(pinpool_create(config, &pool));
-    outcome_t o = {0, 0};
+    outcome_t o = {0, 0, 0, 0};
     workload(pool, &o);
     pinpool_stats_t st;
     PP_STATS(pool, &st);
@@ -124,7 +208,8 @@ static void sweep(const char *base, const char *site, unsigned count,
     PP_ASSERT(st.oom_count == o.enomem,
               "%s: oom_count %llu vs %u ENOMEM answers", config,
               (unsigned long long)st.oom_count, o.enomem);
-    enomem_runs += o.enomem > 0;
+    enomem_runs += o.enomem > 0 || o.other > 0;
+    checked += o.checked;
     check_after(pool, config);
     pinpool_destroy(pool);
     if (!hit)
@@ -134,8 +219,11 @@ static void sweep(const char *base, const char *site, unsigned count,
   PP_ASSERT(fired_runs > 0, "%s: the fault never fired", site);
   PP_ASSERT(!expect_enomem || enomem_runs > 0, "%s: no run ended in ENOMEM",
             site);
-  print_message("%-8s %u calls swept, the fault fired in %u runs\n", site,
-                n - 1, fired_runs);
+  PP_ASSERT(checked == 0 || enomem_runs > 0, "%s: checked without failing",
+            site);
+  print_message("%-8s %u calls swept, the fault fired in %u runs, %u "
+                "failures checked to change nothing\n",
+                site, n - 1, fired_runs, checked);
 }
 
 static const char *k_base = "events=simulated,sim_delay_us=0,tcache_bytes="
@@ -170,6 +258,13 @@ static void test_mlock(void **state) {
   sweep(base, "mlock", 1, fired_mlock, false);
   snprintf(base, sizeof base, "%s,mlock=require", k_base);
   sweep(base, "mlock", 2, fired_enomem, true);
+}
+
+/* record_stream finds no memory for the block's stream set: ENOMEM, and
+ * nothing changed (checked by the workload's CALL). */
+static void test_sset(void **state) {
+  (void)state;
+  sweep(k_base, "sset", 1, fired_other, true);
 }
 
 static void test_record(void **state) {
@@ -243,8 +338,8 @@ static void test_reserve_refused(void **state) {
     PP_OK(pinpool_empty_cache(pool));
     st = pp_stats_of(pool);
     PP_ASSERT(st.fallback_bytes == 0 && st.reserved_bytes.current == 0,
-              "%s: the refused reserve was kept: %llu bytes pageable",
-              be[i][0], (unsigned long long)st.fallback_bytes);
+              "%s: the refused reserve was kept: %llu bytes pageable", be[i][0],
+              (unsigned long long)st.fallback_bytes);
     PP_OK(pinpool_alloc(pool, 1 * MiB, &p));
     st = pp_stats_of(pool);
     PP_ASSERT(st.fallback_bytes == 0 && st.locked_bytes > 0,
@@ -276,6 +371,7 @@ int main(void) {
       cmocka_unit_test(test_alloc),
       cmocka_unit_test(test_populate),
       cmocka_unit_test(test_mlock),
+      cmocka_unit_test(test_sset),
       cmocka_unit_test(test_record),
       cmocka_unit_test(test_query),
       cmocka_unit_test(test_register),

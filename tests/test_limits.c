@@ -189,8 +189,8 @@ static void test_above_cap_keeps_cache(void **state) {
   void *q = SENTINEL_PTR;
   PP_CHECK_RC(pinpool_alloc(pool, 1 * GiB, &q), PINPOOL_ENOMEM);
   PP_ASSERT(q == SENTINEL_PTR, "*out changed on ENOMEM");
-  PP_ASSERT(strstr(pinpool_last_error(), "max_reserved") != NULL,
-            "message: %s", pinpool_last_error());
+  PP_ASSERT(strstr(pinpool_last_error(), "max_reserved") != NULL, "message: %s",
+            pinpool_last_error());
   PP_STATS(pool, &after);
   PP_ASSERT(after.oom_count == before.oom_count + 1, "oom_count");
   after.oom_count = before.oom_count;
