@@ -11,10 +11,14 @@
  *  - runs: the host backend's chunks placed side by side coalesce, so a
  *    block larger than any one chunk's free space fits two neighbours'.
  *  - deferred gives: a large block another thread gives back is in the
- *    arena before the next carve, and before the arena grows.
- * Two tests look inside (internal.h): one stops a carve between its laps
- * with the test hook, one breaks a deferred block's link for the
- * validator to catch.
+ *    arena before the next carve, and before the arena grows, whether it
+ *    went to the deferred stack or a hot slot;
+ *  - the lock drops of the growth and release paths (issue 37): in each,
+ *    a release, a trim and an out-of-memory retry on another thread; an
+ *    allocation grows the arena at most once, and its chunk is its own.
+ * Tests look inside (internal.h): the test hook stops a thread at a named
+ * point, and one test breaks a deferred block's link for the validator to
+ * catch.
  */
 #include "testutil.h"
 
