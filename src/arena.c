@@ -258,12 +258,21 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
      * its history, comes first. History's locks are leaves, taken after
      * seg_lock (the fork handlers' order too); growth only. */
     pp_hist_event(pool, PP_H_SEGMENT_ALLOC, (uintptr_t)cmem, size, 0, 0, NULL);
-    /* Blocks given back during the backend call too: the piece is the
-     * best fit of the whole arena (the new chunk holds `need` bytes whole,
-     * so there is one). */
-    gather_locked(pool);
+    /* The deferred stack, as at every carve: the piece is the best fit
+     * of the arena as it is (the new chunk holds `need` bytes whole, so
+     * there is one). The hot slots were looked at in the hold that
+     * decided to grow; draining them again here would only break up
+     * blocks kept whole for their size. */
+    (void)pp_defer_drain_locked(pool);
+#ifdef PINPOOL_MUTANT_GROW_RETAKE
+    /* Mutant (docs/verification.md): "grow, unlock, take again", the
+     * pattern of issue 37's D4 and D5; test_arena's growth windows must
+     * fail. */
+    p = NULL;
+#else
     p = pp_ext_take(&a->ext, need, flags);
     pp_assert(p != NULL);
+#endif
   }
   pp_mutex_unlock(&pool->seg_lock);
   if (rc != 0) {
@@ -271,8 +280,13 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the arena's metadata");
   }
   *grew = true;
+#ifdef PINPOOL_MUTANT_GROW_RETAKE
+  pp_hook(PP_HOOK_ARENA_LAP);
+  return grow_take(pool, node, need, mem, flags, grew);
+#else
   *mem = p;
   return 0;
+#endif
 }
 
 /* numa=local: each node gets a reserve of `reserve` bytes, on it. */
