@@ -151,7 +151,10 @@ typedef struct pinpool_events {
 
 /* Called (from the thread that found it) when an event reports an error:
  * `err` is the code, `msg` a description, `block` the block that stays
- * pending. Must not call back into the pool. */
+ * pending. Also called once per process, with PINPOOL_ELIMIT and block
+ * NULL, when backend=auto leaves memory it meant to pin pageable (msg says
+ * why and how to raise RLIMIT_MEMLOCK; possibly from inside
+ * pinpool_create). Must not call back into the pool. */
 typedef void (*pinpool_error_fn)(void *arg, int err, const char *msg,
                                  void *block);
 
@@ -397,7 +400,27 @@ typedef struct pinpool_stats {
    * their bytes (of block_bytes: a lent block is allocated). */
   uint64_t lent_blocks;
   uint64_t lent_bytes;
+  /* backend=auto, the default (docs/configuration.md, "backend=auto"):
+   * what it chose, PINPOOL_AUTO_* (0: the backend was named), and the
+   * times this pool found memory it meant to pin pageable (auto chose
+   * host unlocked: 1 at create; each chunk whose mlock failed: 1 more).
+   * The process's first such finding also calls the pool's on_error with
+   * PINPOOL_ELIMIT and block NULL (pinpool_create_ex). */
+  uint64_t backend_auto;
+  uint64_t pin_warnings;
+  /* shared=1: lend returns refused since the pool was created (a wrong
+   * token, another peer, a stale or forged handle); each changed nothing
+   * (docs/sharing.md, "Threat model"). */
+  uint64_t lend_refusals;
 } pinpool_stats_t;
+
+/* pinpool_stats_t.backend_auto. */
+enum {
+  PINPOOL_AUTO_NONE = 0,          /* a backend was named: nothing chosen */
+  PINPOOL_AUTO_CUDA_REGISTER = 1, /* a CUDA driver and device */
+  PINPOOL_AUTO_HOST_LOCKED = 2,   /* host, mlock: RLIMIT_MEMLOCK allows it */
+  PINPOOL_AUTO_HOST_UNLOCKED = 3  /* host, pageable: the limit does not */
+};
 
 /* Fill *out. `current` values are exact when no other thread is inside a
  * pinpool call on this pool; while others allocate, each field is a recent

@@ -119,6 +119,35 @@ static PyTypeObject BufferType;
 
 /* ---- Pool ---------------------------------------------------------------- */
 
+/* backend=auto's warning that memory it meant to pin is pageable
+ * (pinpool_stats_t.pin_warnings): the library calls on_error with
+ * PINPOOL_ELIMIT once per process, possibly on a thread without the GIL
+ * (inside pinpool_create, or an allocation that grows the pool). The
+ * message waits here (state 1, published by the release store) until a
+ * thread back in Python (Pool() or an allocation) turns it into one
+ * pinpool.NotPinnedWarning (state 2). */
+static PyObject *NotPinnedWarning;
+static char pin_warning_msg[1024];
+static _Atomic int pin_warning_state;
+
+static void on_pool_error(void *arg, int err, const char *msg, void *block) {
+  (void)arg;
+  (void)block;
+  if (err != PINPOOL_ELIMIT || msg == NULL)
+    return;
+  (void)snprintf(pin_warning_msg, sizeof pin_warning_msg, "%s", msg);
+  atomic_store_explicit(&pin_warning_state, 1, memory_order_release);
+}
+
+/* 0, or -1 with the exception set (the warning filtered into an error). */
+static int give_pin_warning(void) {
+  int pending = 1;
+  if (atomic_load_explicit(&pin_warning_state, memory_order_acquire) != 1 ||
+      !atomic_compare_exchange_strong(&pin_warning_state, &pending, 2))
+    return 0;
+  return PyErr_WarnEx(NotPinnedWarning, pin_warning_msg, 1);
+}
+
 static PyObject *Pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"config", NULL};
   PyObject *config = Py_None;
@@ -141,13 +170,18 @@ static PyObject *Pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   pinpool_t *pool = NULL;
   /* A configured reserve is allocated (and maybe pinned) here. */
   PyThreadState *ts = PyEval_SaveThread();
-  int rc = pinpool_create(text, &pool);
+  pinpool_hooks_t hooks = {NULL, NULL, on_pool_error, NULL};
+  int rc = pinpool_create_ex(text, &hooks, &pool);
   PyEval_RestoreThread(ts);
   if (rc != 0) {
     Py_DECREF(self);
     return raise_rc(rc, "pinpool.Pool");
   }
   self->pool = pool;
+  if (give_pin_warning() != 0) {
+    Py_DECREF(self);
+    return NULL;
+  }
   /* Memory pinned through the CUDA driver is kDLCUDAHost; any other host
    * memory (page-locked or not) is plain CPU memory to DLPack. */
   char cfg[1024] = "";
@@ -186,11 +220,12 @@ static int parse_size(PyObject *arg, size_t *out) {
     if (!PyErr_ExceptionMatches(PyExc_OverflowError))
       return -1;
     PyErr_Clear();
-    PyErr_SetString(PyExc_ValueError, "nbytes is out of range");
+    PyErr_SetString(PyExc_ValueError, "Pool.alloc: nbytes is out of range");
     return -1;
   }
   if (v <= 0) {
-    PyErr_Format(PyExc_ValueError, "nbytes must be positive, not %zd", v);
+    PyErr_Format(PyExc_ValueError,
+                 "Pool.alloc: nbytes must be positive, not %zd", v);
     return -1;
   }
   *out = (size_t)v;
@@ -209,7 +244,10 @@ static PyObject *pool_alloc(PyObject *pool_obj, PyObject *arg) {
   PyEval_RestoreThread(ts);
   if (rc != 0)
     return raise_rc(rc, "Pool.alloc");
-  return new_buffer(pool_obj, buf);
+  PyObject *b = new_buffer(pool_obj, buf);
+  if (b != NULL && give_pin_warning() != 0)
+    Py_CLEAR(b);
+  return b;
 }
 
 static PyObject *Pool_alloc(PyObject *self, PyObject *arg) {
@@ -323,7 +361,8 @@ static const char *const dict_key_names[] = {
     "fallback_blocks", "peak_slack_bytes", "reserve_bytes", "max_cached",
     "max_reserved", "reclaim", "backend_alloc", "backend_free",
     "graph_held_blocks", "graph_held_bytes", "numa_spill_blocks",
-    "numa_spill_bytes", "lent_blocks", "lent_bytes",
+    "numa_spill_bytes", "lent_blocks", "lent_bytes", "backend_auto",
+    "pin_warnings",
     /* attrs_dict */
     "host_accessible", "device_accessible", "device_id", "page_locked",
     "numa_node", "huge_pages", "huge_advised", "backend"};
@@ -441,13 +480,22 @@ static PyObject *Pool_stats(PyObject *obj, PyObject *unused) {
                 {"numa_spill_blocks", st.numa_spill_blocks},
                 {"numa_spill_bytes", st.numa_spill_bytes},
                 {"lent_blocks", st.lent_blocks},
-                {"lent_bytes", st.lent_bytes}};
+                {"lent_bytes", st.lent_bytes},
+                {"pin_warnings", st.pin_warnings}};
   for (size_t i = 0; i < sizeof stats / sizeof stats[0]; i++)
     if (set_obj(d, stats[i].name, stat_dict(stats[i].s)) != 0)
       goto fail;
   for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
     if (set_u64(d, counts[i].name, counts[i].v) != 0)
       goto fail;
+  /* backend=auto's choice by name (docs/python.md, "Statistics"). */
+  static const char *const auto_names[] = {"", "cuda-register", "host-locked",
+                                           "host-unlocked"};
+  if (set_obj(d, "backend_auto",
+              PyUnicode_FromString(st.backend_auto < 4
+                                       ? auto_names[st.backend_auto]
+                                       : "unknown")) != 0)
+    goto fail;
   if (set_obj(d, "reclaim", duration_dict(&st.reclaim)) != 0 ||
       set_obj(d, "backend_alloc", duration_dict(&st.backend_alloc)) != 0 ||
       set_obj(d, "backend_free", duration_dict(&st.backend_free)) != 0)
@@ -517,10 +565,16 @@ static PyObject *Pool_record_history(PyObject *self, PyObject *args,
                         "or a str, not %.100s",
                         Py_TYPE(enabled)->tp_name);
   }
-  if (max_entries < 0 || depth < 0 || depth > 64)
+  if (max_entries < 0)
     return PyErr_Format(PyExc_ValueError,
-                        "Pool.record_history: max_entries must be >= 0 and "
-                        "stack_depth in 0..64");
+                        "Pool.record_history: max_entries must be >= 0, "
+                        "not %lld",
+                        max_entries);
+  if (depth < 0 || depth > 64)
+    return PyErr_Format(PyExc_ValueError,
+                        "Pool.record_history: stack_depth must be in 0..64, "
+                        "not %lld",
+                        depth);
   o.max_entries = (size_t)max_entries;
   o.stack_depth = (unsigned)depth;
   int rc = pinpool_record_history(
@@ -1895,7 +1949,16 @@ static int module_exec(PyObject *m) {
         "A shared Buffer's handle or descriptor does not describe a lend "
         "(forged, corrupt, another pool's, another file).",
         PyExc_ValueError, NULL);
+  if (NotPinnedWarning == NULL)
+    NotPinnedWarning = PyErr_NewExceptionWithDoc(
+        "pinpool.NotPinnedWarning",
+        "backend=auto could not page-lock the pool's memory (no CUDA "
+        "driver, and RLIMIT_MEMLOCK too low): it is pageable. The message "
+        "says how to raise the limit. Given once per process.",
+        PyExc_RuntimeWarning, NULL);
   if (StaleHandleError == NULL || BadHandleError == NULL ||
+      NotPinnedWarning == NULL ||
+      PyModule_AddObjectRef(m, "NotPinnedWarning", NotPinnedWarning) < 0 ||
       PyModule_AddObjectRef(m, "StaleHandleError", StaleHandleError) < 0 ||
       PyModule_AddObjectRef(m, "BadHandleError", BadHandleError) < 0)
     return -1;

@@ -312,6 +312,17 @@ static int host_alloc_at(void *ctx, void *hint, size_t size, void **out,
                        size, strerror(e), (unsigned long long)rl.rlim_cur);
       }
       *flags |= PP_SEG_LOCK_FAILED;
+      /* backend=auto promised pinned memory: say that this chunk is not. */
+      struct rlimit rl = {0, 0};
+      (void)getrlimit(RLIMIT_MEMLOCK, &rl);
+      pp_pin_warn(&h->cfg,
+                  "pinpool: backend=auto: mlock of a %zu-byte chunk failed "
+                  "(%s; RLIMIT_MEMLOCK is %llu bytes): the chunk is NOT "
+                  "page-locked (pageable). Fix: raise the limit (`ulimit -l "
+                  "unlimited`; LimitMEMLOCK=infinity in a systemd unit; "
+                  "`docker run --ulimit memlock=-1`) or lower max_reserved "
+                  "(docs/configuration.md, \"backend=auto\").",
+                  size, strerror(e), (unsigned long long)rl.rlim_cur);
     }
   }
   *out = p;

@@ -8,9 +8,11 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 typedef enum {
@@ -123,7 +125,7 @@ static int parse_fault(const char *v, pp_config_t *c) {
 static void config_defaults(pp_config_t *c) {
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   memset(c, 0, sizeof *c);
-  c->backend = PP_BACKEND_HOST;
+  c->backend = PP_BACKEND_AUTO;
   c->mlock = PP_MLOCK_OFF;
   c->populate = true;
   c->populate_threads = ncpu < 1 ? 1u : ncpu > 8 ? 8u : (unsigned)ncpu;
@@ -342,6 +344,7 @@ static int apply(const key_desc_t *k, const char *v, bool user_backend,
                      "or require)",
                      v);
     memcpy(field, &m, sizeof m);
+    c->mlock_set = true;
     return 0;
   }
   case K_NUMA: {
@@ -356,16 +359,17 @@ static int apply(const key_desc_t *k, const char *v, bool user_backend,
                         field);
   }
   case K_BACKEND: {
-    static const char *const names[] = {"host", "malloc", "cuda",
+    static const char *const names[] = {"auto", "host", "malloc", "cuda",
                                         "cuda-register"};
-    static const int values[] = {PP_BACKEND_HOST, PP_BACKEND_MALLOC,
-                                 PP_BACKEND_CUDA, PP_BACKEND_CUDA_REGISTER};
+    static const int values[] = {PP_BACKEND_AUTO, PP_BACKEND_HOST,
+                                 PP_BACKEND_MALLOC, PP_BACKEND_CUDA,
+                                 PP_BACKEND_CUDA_REGISTER};
     if (user_backend)
       return pp_fail(PINPOOL_ECONFIG,
                      "config: key 'backend' cannot be used with "
                      "pinpool_create_with_backend");
-    return parse_choice(v, "backend", names, values, 4,
-                        "host, malloc, cuda or cuda-register", field);
+    return parse_choice(v, "backend", names, values, 5,
+                        "auto, host, malloc, cuda or cuda-register", field);
   }
   }
   return pp_fail(PINPOOL_ECONFIG, "config: internal error on key '%s'",
@@ -440,8 +444,10 @@ int pp_config_parse(const char *text, bool user_backend, bool user_events,
                    "config: keys 'numa=local' and 'numa_node' exclude each "
                    "other (numa=local places each node's memory on that "
                    "node; numa_node places all of it on one)");
+  /* backend=auto becomes host or cuda-register: both can do what the
+   * checks below ask of the backend. */
   if (c.numa == PP_NUMA_LOCAL && c.backend != PP_BACKEND_HOST &&
-      c.backend != PP_BACKEND_CUDA_REGISTER)
+      c.backend != PP_BACKEND_CUDA_REGISTER && c.backend != PP_BACKEND_AUTO)
     return pp_fail(PINPOOL_ECONFIG,
                    "config: key 'numa': numa=local requires backend=host or "
                    "cuda-register (memory bound to a node before its first "
@@ -455,7 +461,7 @@ int pp_config_parse(const char *text, bool user_backend, bool user_events,
   /* Shared pools (docs/sharing.md): chunks are memfds the pool maps and
    * pins itself, so a backend that allocates its own memory cannot be one. */
   if (c.shared && c.backend != PP_BACKEND_HOST &&
-      c.backend != PP_BACKEND_CUDA_REGISTER)
+      c.backend != PP_BACKEND_CUDA_REGISTER && c.backend != PP_BACKEND_AUTO)
     return pp_fail(PINPOOL_ECONFIG,
                    "config: key 'shared': needs backend=host or "
                    "backend=cuda-register (the backend is %s)",
@@ -478,6 +484,134 @@ int pp_config_parse(const char *text, bool user_backend, bool user_events,
                    c.hugepages ? ", the huge page size" : "");
   *out = c;
   return 0;
+}
+
+/* ---- backend=auto ---------------------------------------------------------
+ * The default. A CUDA driver that loads and has a device: cuda-register
+ * (the driver pins; device=-1 takes the context current at create, else
+ * device 0's primary context). Otherwise host, locked with mlock when
+ * RLIMIT_MEMLOCK allows the pool; otherwise host unlocked, with the
+ * warning (pp_pin_warn).
+ *
+ * "Allows" is decided once, at create, for the whole life of a pool that
+ * grows: mlock is unbounded for this process (CAP_IPC_LOCK, or an
+ * unlimited RLIMIT_MEMLOCK), or max_reserved caps the pool at or below
+ * what may still be locked (the limit less the process's locked bytes,
+ * VmLck). A pool with no such cap under a finite limit would lock its
+ * first chunks and then, silently chunk by chunk, stop: half-pinned
+ * memory whose blocks behave differently. It is unlocked from the start
+ * instead, and says so. A chunk whose mlock fails anyway (other pools or
+ * code of the process locked memory since) is kept pageable, as mlock=1
+ * does (counted in mlock_failures), and warned about too. */
+
+static _Atomic(int) pin_warned_process; /* the process's one on_error call */
+
+void pp_pin_warn(const pp_config_t *cfg, const char *fmt, ...) {
+  if (cfg->pinwarn == NULL || cfg->backend_auto == PINPOOL_AUTO_NONE)
+    return;
+  pp_pinwarn_t *w = cfg->pinwarn;
+  pp_fetch_add_relaxed(&w->warnings, 1);
+  if (atomic_exchange(&pin_warned_process, 1) != 0 || w->on_error == NULL)
+    return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  (void)vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  w->on_error(w->error_arg, PINPOOL_ELIMIT, msg, NULL);
+}
+
+/* A number from /proc/self/status's line `key` ("VmLck:\t  12 kB" in kB,
+ * "CapEff:\t0000..." in hex); false if absent. */
+static bool proc_status(const char *key, int base, unsigned long long *out) {
+  FILE *f = fopen("/proc/self/status", "re");
+  if (f == NULL)
+    return false;
+  char line[256];
+  size_t klen = strlen(key);
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f) != NULL)
+    if (strncmp(line, key, klen) == 0 && line[klen] == ':') {
+      errno = 0;
+      *out = strtoull(line + klen + 1, NULL, base);
+      found = errno == 0;
+    }
+  (void)fclose(f);
+  return found;
+}
+
+/* mlock without limit: CAP_IPC_LOCK (bit 14) in the effective set. */
+static bool can_lock_unbounded(void) {
+  unsigned long long caps = 0;
+  return proc_status("CapEff", 16, &caps) && (caps & (1ull << 14)) != 0;
+}
+
+void pp_config_auto(pp_config_t *cfg, pp_cuda_t **cuda) {
+  *cuda = NULL;
+  if (cfg->backend != PP_BACKEND_AUTO)
+    return;
+  char saved[256];
+  pp_error_save(saved, sizeof saved); /* the probes' failures are not news */
+  pp_config_t probe = *cfg;
+  probe.backend = PP_BACKEND_CUDA_REGISTER;
+  int rc = pp_cuda_open(&probe, cuda);
+  if (rc != 0 && cfg->device < 0) {
+    /* No current context (a process that has not touched CUDA yet): the
+     * primary context of device 0, the one the runtime API would make. */
+    probe.device = 0;
+    rc = pp_cuda_open(&probe, cuda);
+  }
+  if (rc == 0) {
+    cfg->backend = PP_BACKEND_CUDA_REGISTER;
+    cfg->device = probe.device;
+    cfg->backend_auto = PINPOOL_AUTO_CUDA_REGISTER;
+    pp_error_restore(saved);
+    return;
+  }
+  *cuda = NULL;
+  char why[256];
+  pp_error_save(why, sizeof why);
+  pp_error_restore(saved);
+  cfg->backend = PP_BACKEND_HOST;
+  if (cfg->mlock_set) {
+    /* mlock was named: obeyed as with backend=host (mlock=0 is a choice,
+     * not a failure: no warning). */
+    cfg->backend_auto = cfg->mlock == PP_MLOCK_OFF ? PINPOOL_AUTO_HOST_UNLOCKED
+                                                   : PINPOOL_AUTO_HOST_LOCKED;
+    return;
+  }
+  struct rlimit rl = {0, 0};
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    /* Any process may raise its soft limit to the hard one. */
+    struct rlimit up = {rl.rlim_max, rl.rlim_max};
+    if (setrlimit(RLIMIT_MEMLOCK, &up) == 0)
+      rl = up;
+  }
+  unsigned long long locked_kb = 0;
+  (void)proc_status("VmLck", 10, &locked_kb);
+  uint64_t locked = (uint64_t)locked_kb << 10;
+  bool unbounded = rl.rlim_cur == RLIM_INFINITY || can_lock_unbounded();
+  uint64_t room =
+      unbounded || rl.rlim_cur <= locked ? 0 : (uint64_t)rl.rlim_cur - locked;
+  if (unbounded || (cfg->max_reserved != 0 && cfg->max_reserved <= room)) {
+    cfg->mlock = PP_MLOCK_TRY;
+    cfg->backend_auto = PINPOOL_AUTO_HOST_LOCKED;
+    return;
+  }
+  cfg->mlock = PP_MLOCK_OFF;
+  cfg->backend_auto = PINPOOL_AUTO_HOST_UNLOCKED;
+  pp_pin_warn(
+      cfg,
+      "pinpool: backend=auto: this pool's memory is NOT page-locked "
+      "(pageable: device copies from it are synchronous and slower). No "
+      "CUDA (%s); and RLIMIT_MEMLOCK is %llu bytes (%llu locked already) "
+      "while the pool may grow beyond it. Fix: raise the limit (`ulimit -l "
+      "unlimited` in the shell; LimitMEMLOCK=infinity in a systemd unit; "
+      "`docker run --ulimit memlock=-1`), or cap the pool with "
+      "max_reserved at most the limit, or name backend=host to choose "
+      "pageable memory without this warning (docs/configuration.md, "
+      "\"backend=auto\").",
+      why, (unsigned long long)rl.rlim_cur, (unsigned long long)locked);
 }
 
 static void format_cuda_flags(unsigned f, char *buf, size_t len) {

@@ -26,6 +26,7 @@ enum {
   PP_BACKEND_USER = 2,
   PP_BACKEND_CUDA = 3,          /* cuMemHostAlloc / cuMemFreeHost */
   PP_BACKEND_CUDA_REGISTER = 4, /* mmap + populate + cuMemHostRegister */
+  PP_BACKEND_AUTO = 5,          /* the default: resolved at create (config.c) */
 };
 enum {
   PP_EVENTS_NONE = 0, /* record_stream is refused */
@@ -46,6 +47,11 @@ typedef struct pp_config {
   uint64_t max_reserved;   /* 0: no cap */
   uint64_t reserve;
   int mlock;
+  bool mlock_set;   /* the config named mlock (backend=auto then obeys it) */
+  int backend_auto; /* PINPOOL_AUTO_*: what backend=auto chose, or 0 */
+  /* The pool's record of backend=auto's "not pinned" warning (config.c),
+   * shared through this pointer by the providers' copies (as `fault`). */
+  struct pp_pinwarn *pinwarn;
   int pin_failure; /* PP_PIN_*: a CUDA backend that cannot pin */
   bool hugepages;
   bool populate;
@@ -105,6 +111,25 @@ bool pp_fault_hit(const pp_config_t *cfg, int site);
  * and the backend / events key is refused. */
 int pp_config_parse(const char *text, bool user_backend, bool user_events,
                     pp_config_t *out);
+/* backend=auto (docs/configuration.md, "backend=auto"): resolve
+ * cfg->backend (and mlock) at create, before the providers open. A CUDA
+ * driver with a device gives cuda-register and the opened driver in *cuda
+ * (the pool owns it); else host, locked when RLIMIT_MEMLOCK allows (the
+ * soft limit raised to the hard one first), else host unlocked with the
+ * warning. Never fails: a backend that cannot be used is passed over. */
+struct pp_cuda;
+void pp_config_auto(pp_config_t *cfg, struct pp_cuda **cuda);
+/* The warning that memory backend=auto meant to pin is pageable: counted
+ * in the pool's stats (pin_warnings); the process's first one also goes
+ * to the pool's on_error with PINPOOL_ELIMIT. No-op unless cfg came from
+ * backend=auto. Any thread, no lock held. */
+typedef struct pp_pinwarn {
+  pinpool_error_fn on_error; /* immutable after create */
+  void *error_arg;
+  _Atomic(uint64_t) warnings;
+} pp_pinwarn_t;
+void pp_pin_warn(const pp_config_t *cfg, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 /* Write "key=value,..." for cfg; returns the length it needs (excl. NUL). */
 size_t pp_config_format(const pp_config_t *cfg, const char *backend_name,
                         char *buf, size_t len);
@@ -557,7 +582,8 @@ struct pinpool {
   pp_history_t hist;
   pp_gstats_t gs;
 
-  pp_fault_t fault; /* fault injection counters (config key fault) */
+  pp_fault_t fault;     /* fault injection counters (config key fault) */
+  pp_pinwarn_t pinwarn; /* backend=auto's warning (cfg.pinwarn points here) */
 
   /* Stream-ordered frees (stream.c). */
   pp_events_t ev;

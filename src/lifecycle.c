@@ -46,9 +46,12 @@ static void pool_free_struct(pinpool_t *pool, bool streams_ready) {
 static int open_providers(pinpool_t *pool, const pinpool_hooks_t *hooks) {
   const pp_config_t *cfg = &pool->cfg;
   int rc = pp_numa_check(cfg->numa_node);
-  if (rc == 0 && (cfg->backend == PP_BACKEND_CUDA ||
-                  cfg->backend == PP_BACKEND_CUDA_REGISTER ||
-                  cfg->events == PP_EVENTS_CUDA))
+  if (rc == 0) /* before anything copies the config: it decides backend */
+    pp_config_auto(&pool->cfg, &pool->cuda);
+  if (rc == 0 && pool->cuda == NULL &&
+      (cfg->backend == PP_BACKEND_CUDA ||
+       cfg->backend == PP_BACKEND_CUDA_REGISTER ||
+       cfg->events == PP_EVENTS_CUDA))
     rc = pp_cuda_open(cfg, &pool->cuda);
   if (rc != 0)
     return rc;
@@ -82,6 +85,7 @@ static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
     return pp_fail(PINPOOL_ENOMEM, "pinpool_create: out of memory");
   pool->cfg = *cfg;
   pool->cfg.fault = cfg->fault_site != PP_FAULT_NONE ? &pool->fault : NULL;
+  pool->cfg.pinwarn = &pool->pinwarn;
   pp_mutex_init(&pool->seg_lock);
   pp_mutex_init(&pool->trim_lock);
   pp_mutex_init(&pool->idle_lock);
@@ -90,6 +94,8 @@ static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
   if (hooks != NULL) {
     pool->on_error = hooks->on_error;
     pool->error_arg = hooks->error_arg;
+    pool->pinwarn.on_error = hooks->on_error;
+    pool->pinwarn.error_arg = hooks->error_arg;
   }
   int rc = pp_numa_init(pool);
   if (rc == 0 && cfg->shared) { /* before the providers copy the config */

@@ -216,6 +216,8 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   st.reserve_bytes = pool->reserve_size;
   st.max_cached = pool->cfg.max_cached;
   st.max_reserved = pool->cfg.max_reserved;
+  st.backend_auto = (uint64_t)pool->cfg.backend_auto;
+  st.pin_warnings = pp_load_relaxed(&pool->pinwarn.warnings);
   *out = st;
   return 0;
 }

@@ -4,8 +4,12 @@
 #define _GNU_SOURCE
 #include "testutil.h"
 
+#include <grp.h>
 #include <inttypes.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define SENTINEL ((pinpool_t *)(uintptr_t)0x5a5a5a5a)
 
@@ -494,6 +498,155 @@ static void test_backend_key_with_user_backend(void **state) {
   pinpool_destroy(pool);
 }
 
+/* ---- backend=auto on a machine without CUDA -------------------------------
+ * (docs/configuration.md, "backend=auto"; the CUDA side is in
+ * tests/cuda/test_cuda_open.c.) Each case runs in a child: RLIMIT_MEMLOCK,
+ * the process's one warning and the capabilities are per process. */
+
+typedef struct warn_log {
+  int calls, last_err;
+  char msg[1024];
+} warn_log_t;
+
+static void log_error(void *arg, int err, const char *msg, void *block) {
+  warn_log_t *w = arg;
+  w->calls++;
+  w->last_err = err;
+  (void)snprintf(w->msg, sizeof w->msg, "%s", block == NULL ? msg : "block?");
+}
+
+static int child_create(const char *conf, warn_log_t *w, pinpool_t **pool) {
+  pinpool_hooks_t hooks = {NULL, NULL, log_error, w};
+  return pinpool_create_ex(conf, &hooks, pool);
+}
+
+/* RLIMIT_MEMLOCK 64 KiB and no CAP_IPC_LOCK (root gives up its user):
+ * host unlocked, the warning once per process (with the ways to fix it),
+ * counted by each pool; a named backend=host or mlock=0 is no failure. */
+static int auto_low_limit_child(void) {
+  struct rlimit rl = {64 * 1024, 64 * 1024};
+  if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0)
+    return 10;
+  if (geteuid() == 0 &&
+      (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0))
+    return 11;
+  warn_log_t w = {0, 0, ""};
+  pinpool_t *pool = NULL;
+  if (child_create("", &w, &pool) != 0)
+    return 12;
+  pinpool_stats_t st;
+  if (pinpool_get_stats(pool, &st) != 0 ||
+      st.backend_auto != PINPOOL_AUTO_HOST_UNLOCKED || st.pin_warnings != 1)
+    return 13;
+  if (w.calls != 1 || w.last_err != PINPOOL_ELIMIT ||
+      strstr(w.msg, "ulimit -l") == NULL ||
+      strstr(w.msg, "LimitMEMLOCK=") == NULL ||
+      strstr(w.msg, "--ulimit memlock=-1") == NULL ||
+      strstr(w.msg, "RLIMIT_MEMLOCK is 65536 bytes") == NULL)
+    return 14;
+  char cfg[1024];
+  if (pinpool_get_config(pool, cfg, sizeof cfg, NULL) != 0 ||
+      strncmp(cfg, "backend=host,", 13) != 0 ||
+      strstr(cfg, ",mlock=0,") == NULL)
+    return 15;
+  void *p = NULL;
+  if (pinpool_alloc(pool, 1 << 20, &p) != 0 ||
+      pinpool_get_stats(pool, &st) != 0 || st.locked_bytes != 0 ||
+      st.mlock_failures != 0 || pinpool_free(pool, p) != 0)
+    return 16;
+  /* The second pool counts its own; the callback is not called again. */
+  pinpool_t *pool2 = NULL;
+  if (child_create("", &w, &pool2) != 0 || pinpool_get_stats(pool2, &st) != 0 ||
+      st.pin_warnings != 1 || w.calls != 1)
+    return 17;
+  pinpool_destroy(pool2);
+  pinpool_destroy(pool);
+  /* Named: obeyed, no warning. */
+  const char *named[] = {"backend=host", "mlock=0"};
+  for (int i = 0; i < 2; i++) {
+    if (child_create(named[i], &w, &pool) != 0 ||
+        pinpool_get_stats(pool, &st) != 0 || st.pin_warnings != 0)
+      return 18 + i;
+    if (st.backend_auto !=
+        (i == 0 ? PINPOOL_AUTO_NONE : PINPOOL_AUTO_HOST_UNLOCKED))
+      return 20 + i;
+    pinpool_destroy(pool);
+  }
+  /* A pool capped within the limit may be locked whole. */
+  if (child_create("max_reserved=48KiB", &w, &pool) != 0 ||
+      pinpool_get_stats(pool, &st) != 0 ||
+      st.backend_auto != PINPOOL_AUTO_HOST_LOCKED || st.pin_warnings != 0)
+    return 22;
+  pinpool_destroy(pool);
+  /* The soft limit is raised to the hard one first. */
+  rl.rlim_cur = 0;
+  if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0 ||
+      child_create("max_reserved=48KiB", &w, &pool) != 0 ||
+      pinpool_get_stats(pool, &st) != 0 ||
+      st.backend_auto != PINPOOL_AUTO_HOST_LOCKED ||
+      getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur != 64 * 1024)
+    return 23;
+  pinpool_destroy(pool);
+  return 0;
+}
+
+/* With CAP_IPC_LOCK (root): host locked; a chunk whose mlock fails anyway
+ * (injected) stays pageable, counted, and warned about once. */
+static int auto_locked_child(void) {
+  warn_log_t w = {0, 0, ""};
+  pinpool_t *pool = NULL;
+  if (child_create("", &w, &pool) != 0)
+    return 30;
+  pinpool_stats_t st;
+  void *p = NULL;
+  if (pinpool_alloc(pool, 1 << 20, &p) != 0 ||
+      pinpool_get_stats(pool, &st) != 0 ||
+      st.backend_auto != PINPOOL_AUTO_HOST_LOCKED || st.locked_bytes == 0 ||
+      st.pin_warnings != 0 || w.calls != 0 || pinpool_free(pool, p) != 0)
+    return 31;
+  pinpool_destroy(pool);
+  if (child_create("fault=mlock:1", &w, &pool) != 0 ||
+      pinpool_alloc(pool, 1 << 20, &p) != 0 ||
+      pinpool_get_stats(pool, &st) != 0 || st.mlock_failures != 1 ||
+      st.locked_bytes != 0 || st.pin_warnings != 1 || w.calls != 1 ||
+      w.last_err != PINPOOL_ELIMIT || strstr(w.msg, "NOT page-locked") == NULL)
+    return 32;
+  /* The next chunk locks. */
+  void *q = NULL;
+  if (pinpool_alloc(pool, 8 << 20, &q) != 0 ||
+      pinpool_get_stats(pool, &st) != 0 || st.locked_bytes == 0 ||
+      st.pin_warnings != 1 || pinpool_free(pool, q) != 0 ||
+      pinpool_free(pool, p) != 0)
+    return 33;
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static void run_child(int (*fn)(void), const char *what) {
+  (void)fflush(NULL);
+  pid_t pid = fork();
+  PP_ASSERT(pid >= 0, "fork");
+  if (pid == 0) {
+    (void)unsetenv("PINPOOL_LIBCUDA");
+    (void)setenv("PINPOOL_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+    _exit(fn());
+  }
+  int status = 0;
+  PP_ASSERT(waitpid(pid, &status, 0) == pid, "waitpid");
+  PP_ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "%s: the child failed with %d (see the code in test_config.c)",
+            what, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+
+static void test_auto_backend_host(void **state) {
+  (void)state;
+  run_child(auto_low_limit_child, "RLIMIT_MEMLOCK 64 KiB");
+  if (geteuid() == 0)
+    run_child(auto_locked_child, "root");
+  else
+    print_message("not root: the locked case is left out\n");
+}
+
 int main(void) {
   pp_clean_env();
   const struct CMUnitTest tests[] = {
@@ -509,6 +662,7 @@ int main(void) {
       cmocka_unit_test(test_get_config_values),
       cmocka_unit_test(test_get_config_errors),
       cmocka_unit_test(test_backend_key_with_user_backend),
+      cmocka_unit_test(test_auto_backend_host),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

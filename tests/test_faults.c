@@ -254,9 +254,9 @@ static void test_populate(void **state) {
 static void test_mlock(void **state) {
   (void)state;
   char base[256];
-  snprintf(base, sizeof base, "%s,mlock=1", k_base);
+  snprintf(base, sizeof base, "%s,backend=host,mlock=1", k_base);
   sweep(base, "mlock", 1, fired_mlock, false);
-  snprintf(base, sizeof base, "%s,mlock=require", k_base);
+  snprintf(base, sizeof base, "%s,backend=host,mlock=require", k_base);
   sweep(base, "mlock", 2, fired_enomem, true);
 }
 

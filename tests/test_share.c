@@ -49,7 +49,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CONF "shared=1,mlock=0,populate=1"
+#define CONF "shared=1,backend=host,mlock=0,populate=1"
 
 static void sleep_ms(unsigned ms) {
   struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
@@ -712,7 +712,7 @@ static int limits_child(void) {
                     "sanitizer): memlock part skipped\n");
     return 0;
   }
-  if (pinpool_create("shared=1,mlock=require", &pool) != 0)
+  if (pinpool_create("shared=1,backend=host,mlock=require", &pool) != 0)
     return 56;
   rc = pinpool_alloc(pool, 4 * MiB, &p);
   if (rc != PINPOOL_ENOMEM ||
@@ -725,7 +725,7 @@ static int limits_child(void) {
   pinpool_destroy(pool);
   if (count_fds() != fds0)
     return 59;
-  if (pinpool_create("shared=1,mlock=1", &pool) != 0)
+  if (pinpool_create("shared=1,backend=host,mlock=1", &pool) != 0)
     return 60;
   if (pinpool_alloc(pool, 4 * MiB, &p) != 0)
     return 61;

@@ -16,6 +16,7 @@ made from any number of threads at once, free-threaded builds included.
 from pinpool._core import (
     BadHandleError,
     Buffer,
+    NotPinnedWarning,
     Pool,
     StaleHandleError,
     __version__,
@@ -27,9 +28,14 @@ from pinpool._core import (
 from pinpool._array import asarray
 from pinpool._loader import SharedLoader, WorkerError
 
+# Raised in the main process for a worker's exception: named where users
+# import it from (tracebacks print the qualified name).
+WorkerError.__module__ = "pinpool"
+
 __all__ = [
     "BadHandleError",
     "Buffer",
+    "NotPinnedWarning",
     "Pool",
     "SharedLoader",
     "StaleHandleError",

@@ -72,6 +72,8 @@ class _Stats(TypedDict):
     numa_spill_bytes: int
     lent_blocks: int
     lent_bytes: int
+    backend_auto: str  # NotPinnedWarning: "", "cuda-register", "host-locked", "host-unlocked"
+    pin_warnings: int
     reclaim: _Duration
     backend_alloc: _Duration
     backend_free: _Duration
@@ -193,6 +195,7 @@ def asarray(buf: Buffer, dtype: npt.DTypeLike = None, shape: Optional[_Shape] = 
 class StaleHandleError(ValueError): ...
 class BadHandleError(ValueError): ...
 class WorkerError(RuntimeError): ...
+class NotPinnedWarning(RuntimeWarning): ...
 
 _T = TypeVar("_T")
 

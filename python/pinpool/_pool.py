@@ -84,6 +84,40 @@ def _fmt_bytes(n: int) -> str:
     return f"{value:.2f} TiB"
 
 
+def _pinning(config: str, st: Dict[str, Any]) -> str:
+    """Which backend the pool uses and whether its memory is pinned, in
+    words: "host, page-locked (backend=auto)" and the like."""
+    keys = dict(kv.split("=", 1) for kv in config.split(",") if "=" in kv)
+    name = keys.get("backend", "a user backend")
+    auto = st["backend_auto"]
+    if name in ("cuda", "cuda-register"):
+        state = "pinned by the CUDA driver"
+        if st["fallback_bytes"]:
+            state += (f", {_fmt_bytes(st['fallback_bytes'])} pageable "
+                      f"(pin_failure=pageable)")
+    elif name == "host" and keys.get("mlock", "0") != "0":
+        locked, reserved = st["locked_bytes"], st["reserved_bytes"]["current"]
+        if locked >= reserved:
+            state = "page-locked"
+        else:
+            state = (f"partly page-locked: {_fmt_bytes(locked)} of "
+                     f"{_fmt_bytes(reserved)} ({st['mlock_failures']} "
+                     f"chunks failed mlock)")
+    elif name in ("host", "malloc"):
+        state = "NOT page-locked"
+    else:
+        state = "page-locked as the user backend says"
+    if auto == "host-unlocked":
+        how = "backend=auto: no CUDA, RLIMIT_MEMLOCK too low; NotPinnedWarning"
+    elif auto:
+        how = "backend=auto"
+    else:
+        how = f"backend={name}" if name != "a user backend" else "hooks"
+        if name == "host":
+            how += f", mlock={keys.get('mlock', '0')}"
+    return f"{name}, {state} ({how})"
+
+
 def memory_summary(pool: Pool) -> str:
     s = memory_stats(pool)
     st = pool.stats()
@@ -125,5 +159,6 @@ def memory_summary(pool: Pool) -> str:
         dbl,
     ]
     cfg = pool.config
+    lines.append("backend: " + _pinning(cfg, cast(Dict[str, Any], st)))
     lines.append("config: " + cfg)
     return "\n".join(lines) + "\n"

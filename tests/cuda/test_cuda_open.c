@@ -102,6 +102,77 @@ static void test_no_device(void **state) {
   EXPECT_FAILS("events=cuda", PINPOOL_ENODRIVER, "no CUDA device");
 }
 
+/* backend=auto, the default (docs/configuration.md, "backend=auto"): a
+ * driver that loads and reports a device gives cuda-register (device=-1
+ * takes the current context, else device 0's primary one); a driver with
+ * no device, or none at all, gives host; a named backend is obeyed and
+ * the driver is not even loaded. */
+static void expect_auto(const char *conf, uint64_t want, const char *prefix,
+                        long long registrations) {
+  pinpool_t *pool = CT_CREATE(conf);
+  pinpool_stats_t st = ct_stats(pool);
+  CT_ASSERT(st.backend_auto == want, "%s: backend_auto %llu, want %llu", conf,
+            (unsigned long long)st.backend_auto, (unsigned long long)want);
+  char cfg[1024];
+  CT_OK(pinpool_get_config(pool, cfg, sizeof cfg, NULL));
+  CT_ASSERT(strncmp(cfg, prefix, strlen(prefix)) == 0, "%s: config %s", conf,
+            cfg);
+  void *p = NULL;
+  CT_OK(pinpool_alloc(pool, 1 << 20, &p));
+  CT_FAKE_EQ("live_registrations", registrations);
+  CT_OK(pinpool_free(pool, p));
+  pinpool_destroy(pool);
+  CT_FAKE_CLEAN();
+}
+
+static void test_auto_backend(void **state) {
+  (void)state;
+  CT_REQUIRE_FAKE();
+  /* No context current: device 0's primary context, released at destroy
+   * (CT_FAKE_CLEAN checks primary_refs). */
+  expect_auto("", PINPOOL_AUTO_CUDA_REGISTER, "backend=cuda-register,", 1);
+  pinpool_t *pool = CT_CREATE("backend=auto");
+  char cfg[1024];
+  CT_OK(pinpool_get_config(pool, cfg, sizeof cfg, NULL));
+  CT_ASSERT(strstr(cfg, ",device=0,") != NULL, "config %s", cfg);
+  pinpool_destroy(pool);
+  /* A current context: taken, as device=-1 does. */
+  ct_ctx_enter();
+  pool = CT_CREATE("");
+  CT_OK(pinpool_get_config(pool, cfg, sizeof cfg, NULL));
+  CT_ASSERT(strstr(cfg, ",device=-1,") != NULL, "config %s", cfg);
+  pinpool_destroy(pool);
+  ct_ctx_leave();
+  /* A named backend: the driver is not loaded. */
+  long long inits = ct_fake.get("calls:cuInit");
+  expect_auto("backend=host", PINPOOL_AUTO_NONE, "backend=host,", 0);
+  CT_FAKE_EQ("calls:cuInit", inits);
+  /* No device: host, locked or not as RLIMIT_MEMLOCK allows (test_config
+   * and tests/python test which). */
+  CT_ASSERT(ct_fake.set("device_count", 0) == 0, "set");
+  pool = CT_CREATE("");
+  pinpool_stats_t st = ct_stats(pool);
+  CT_ASSERT(st.backend_auto == PINPOOL_AUTO_HOST_LOCKED ||
+                st.backend_auto == PINPOOL_AUTO_HOST_UNLOCKED,
+            "no device: backend_auto %llu",
+            (unsigned long long)st.backend_auto);
+  pinpool_destroy(pool);
+  CT_ASSERT(ct_fake.set("device_count", 1) == 0, "set");
+  CT_ASSERT(ct_fake.set("init_result", CUDA_ERROR_NO_DEVICE) == 0, "set");
+  pool = CT_CREATE("");
+  CT_ASSERT(ct_stats(pool).backend_auto != PINPOOL_AUTO_CUDA_REGISTER,
+            "cuInit: no device, yet cuda-register");
+  pinpool_destroy(pool);
+  CT_ASSERT(ct_fake.set("init_result", 0) == 0, "set");
+  /* No driver at all. */
+  pool = NULL;
+  CT_OK(ct_create_with_lib("/nonexistent/libcuda.so.1", "", &pool));
+  CT_ASSERT(ct_stats(pool).backend_auto != PINPOOL_AUTO_CUDA_REGISTER,
+            "no driver, yet cuda-register");
+  pinpool_destroy(pool);
+  CT_FAKE_CLEAN();
+}
+
 static void test_device_out_of_range(void **state) {
   (void)state;
   CT_REQUIRE_DRIVER();
@@ -133,7 +204,11 @@ static void test_no_current_context(void **state) {
                "no current CUDA context (set device=N)");
   EXPECT_FAILS("backend=cuda,device=-1", PINPOOL_ENODRIVER,
                "no current CUDA context");
-  EXPECT_FAILS("events=cuda", PINPOOL_ENODRIVER, "no current CUDA context");
+  /* backend=host: backend=auto (the default) would open device 0's
+   * primary context for its cuda-register backend, and the events would
+   * use it (test_auto_backend). */
+  EXPECT_FAILS("backend=host,events=cuda", PINPOOL_ENODRIVER,
+               "no current CUDA context");
   /* With one current, the pool takes it and does not retain it. */
   ct_ctx_enter();
   pinpool_t *pool = NULL;
@@ -266,6 +341,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_stub_library, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_init_fails, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_no_device, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_auto_backend, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_device_out_of_range, ct_setup,
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_no_current_context, ct_setup,

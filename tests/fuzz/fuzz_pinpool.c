@@ -2453,7 +2453,8 @@ static void setup(fuzz_t *fz, reader_t *r) {
     b->events = EV_NONE;
     b->max_reserved = 16 * MIB;
     (void)snprintf(b->config, sizeof b->config,
-                   "populate=0,tcache_bytes=64KiB,shards=1,max_reserved=16MiB");
+                   "populate=0,tcache_bytes=64KiB,shards=1,max_reserved=16MiB,"
+                   "backend=host"); /* unlocked: not backend=auto's choice */
     pool_open(b);
   }
 }

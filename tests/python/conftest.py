@@ -37,7 +37,11 @@ needs_torch = pytest.mark.skipif(torch is None, reason="needs torch")
 
 @pytest.fixture
 def pool():
-    p = pinpool.Pool("")
+    # backend=host, named: the tests run with the fake CUDA driver on
+    # PINPOOL_LIBCUDA, and backend=auto (the default) would take it for a
+    # GPU and make cuda-register pools (kDLCUDAHost). test_autopin.py
+    # tests the default itself.
+    p = pinpool.Pool("backend=host")
     yield p
     gc.collect()
     blocks = p.stats()["blocks"]["current"]

@@ -345,7 +345,7 @@ def test_consumers_outlive_buffer_object(pool):
 @needs_numpy
 @needs_torch
 def test_exports_outlive_pool_object():
-    p = pinpool.Pool("")
+    p = pinpool.Pool("backend=host")  # kDLCPU, which torch 1.13 takes
     b = p.alloc(3000)
     t = torch.from_dlpack(b)
     d = np.from_dlpack(b)

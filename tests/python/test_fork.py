@@ -43,7 +43,7 @@ def _invariant(pool):
 def _child_work(seed):
     """In a child: allocate from the inherited pool and a new one."""
     total = 0
-    for pool in (_inherited, pinpool.Pool("mlock=0,populate=0")):
+    for pool in (_inherited, pinpool.Pool("backend=host,mlock=0,populate=0")):
         # Blocks the parent's threads held at the fork stay allocated here
         # (their buffers belong to threads that did not survive).
         before = pool.stats()["blocks"]["current"]
@@ -113,7 +113,7 @@ class _Churn:
 @pytest.fixture
 def inherited():
     global _inherited
-    _inherited = pinpool.Pool("mlock=0,populate=0")
+    _inherited = pinpool.Pool("backend=host,mlock=0,populate=0")
     yield _inherited
     _inherited = None
 

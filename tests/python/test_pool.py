@@ -16,7 +16,7 @@ def test_module():
 
 
 def test_create_and_config():
-    p = pinpool.Pool("max_cached=64MiB,tcache_bytes=1MiB")
+    p = pinpool.Pool("backend=host,max_cached=64MiB,tcache_bytes=1MiB")
     assert "max_cached=67108864" in p.config
     assert p.config.startswith("backend=host,")
     assert "pinpool.Pool" in repr(p)
@@ -59,9 +59,11 @@ def test_alloc_and_stats(pool):
                                    (1.5, TypeError), ("10", TypeError),
                                    (None, TypeError)])
 def test_alloc_bad_sizes(pool, n, exc):
-    with pytest.raises(exc):
+    with pytest.raises(exc) as e:
         pool.alloc(n)
     assert live_blocks(pool) == 0
+    if exc is ValueError:  # every message names the call (issue 41)
+        assert str(e.value).startswith("Pool.alloc: "), str(e.value)
 
 
 def test_out_of_memory_is_memoryerror():
@@ -119,10 +121,15 @@ def test_history_bad_arguments(pool, tmp_path):
         pool.record_history("sometimes")
     with pytest.raises(TypeError):
         pool.record_history(3)
-    with pytest.raises(ValueError, match="stack_depth"):
-        pool.record_history("all", stack_depth=65)
-    with pytest.raises(ValueError):
+    # Each message names the argument that is wrong, and only that one.
+    for depth in (65, 999, -1):
+        with pytest.raises(ValueError, match="stack_depth") as e:
+            pool.record_history("all", stack_depth=depth)
+        assert "max_entries" not in str(e.value), str(e.value)
+        assert str(depth) in str(e.value)
+    with pytest.raises(ValueError, match="max_entries") as e:
         pool.record_history("all", max_entries=-1)
+    assert "stack_depth" not in str(e.value), str(e.value)
     with pytest.raises(ValueError, match="max_entries"):
         pool.record_history("all", max_entries=1 << 27)
     # Nothing changed by the refused calls.
@@ -238,3 +245,13 @@ def test_allocations_from_many_threads(pool):
     for t in threads:
         t.join()
     assert len(out) == 1600
+
+
+def test_public_names_are_the_package_s():
+    """Exceptions and warnings print as pinpool.X, where users import them
+    from (issue 41: WorkerError printed as pinpool._loader.WorkerError)."""
+    for name in ("WorkerError", "NotPinnedWarning", "StaleHandleError",
+                 "BadHandleError"):
+        cls = getattr(pinpool, name)
+        assert name in pinpool.__all__
+        assert f"{cls.__module__}.{cls.__qualname__}" == f"pinpool.{name}"

@@ -40,7 +40,7 @@ TIMEOUT = 20  # seconds: a hang fails the test instead of the whole run
 
 @pytest.fixture
 def spool():
-    p = pinpool.Pool("shared=1")
+    p = pinpool.Pool("shared=1,backend=host")  # not auto's cuda-register
     yield p
     gc.collect()
     assert p.stats()["lent_blocks"] == 0, "lends left after the test"

@@ -1,0 +1,161 @@
+"""backend=auto, the default (docs/configuration.md, "backend=auto"):
+pinned when it can be, and a NotPinnedWarning when it cannot.
+
+Each case runs in a child interpreter: RLIMIT_MEMLOCK, the capabilities
+and the one warning per process are the process's. The children choose
+their CUDA driver through PINPOOL_LIBCUDA: a path that does not exist (no
+CUDA), or the fake driver of tests/fake_cuda that ctest passes in.
+"""
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import pinpool
+from conftest import torch
+
+NO_CUDA = "/nonexistent/libcuda.so.1"
+
+# Prints one JSON line: what the child saw.
+CHILD = textwrap.dedent("""
+    import json, sys, warnings
+    import pinpool
+    out = {}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        p = pinpool.Pool(%(config)r)
+        b = p.alloc(1 << 20)
+        out["page_locked"] = b.attributes["page_locked"]
+        if %(torch)r:
+            import torch, pinpool.torch as ppt
+            t = ppt.pin(torch.arange(1000))
+            out["pin_page_locked"] = ppt.buffer_of(t).attributes["page_locked"]
+        st = p.stats()
+        out["backend_auto"] = st["backend_auto"]
+        out["pin_warnings"] = st["pin_warnings"]
+        out["locked_bytes"] = st["locked_bytes"]
+        out["config"] = p.config
+        out["summary"] = p.memory_summary()
+        # A second pool: counted, not warned again (once per process).
+        out["second_warnings"] = pinpool.Pool(%(config)r).stats()["pin_warnings"]
+    out["warnings"] = [(w.category.__name__, str(w.message)) for w in seen]
+    print(json.dumps(out))
+""")
+
+
+def child_env(lib):
+    env = dict(os.environ)
+    env["PINPOOL_LIBCUDA"] = lib
+    env.pop("PINPOOL_CONF", None)
+    # This pinpool, from any working directory (the children run in /).
+    here = os.path.dirname(os.path.dirname(os.path.abspath(pinpool.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [here] + [os.path.abspath(p) for p in
+                  env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def run_child(config="", lib=NO_CUDA, memlock=None, drop_root=False,
+              with_torch=False):
+    env = child_env(lib)
+
+    def pre():
+        if memlock is not None:
+            resource.setrlimit(resource.RLIMIT_MEMLOCK, memlock)
+        if drop_root and os.geteuid() == 0:
+            # No CAP_IPC_LOCK: RLIMIT_MEMLOCK applies.
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+
+    code = CHILD % {"config": config, "torch": with_torch}
+    r = subprocess.run([sys.executable, "-c", code], env=env,
+                       preexec_fn=pre, capture_output=True, text=True,
+                       timeout=120, cwd="/")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_low_memlock_warns_and_is_not_locked():
+    out = run_child(memlock=(64 << 10, 64 << 10), drop_root=True,
+                    with_torch=torch is not None)
+    assert out["page_locked"] is False
+    if torch is not None:
+        assert out["pin_page_locked"] is False
+    assert out["backend_auto"] == "host-unlocked"
+    assert out["config"].startswith("backend=host,")
+    assert out["pin_warnings"] == 1 and out["second_warnings"] == 1
+    assert len(out["warnings"]) == 1, out["warnings"]
+    cls, msg = out["warnings"][0]
+    assert cls == "NotPinnedWarning"
+    for fix in ("ulimit -l", "LimitMEMLOCK=", "--ulimit memlock=-1",
+                "RLIMIT_MEMLOCK is 65536 bytes"):
+        assert fix in msg, (fix, msg)
+    assert "host, NOT page-locked (backend=auto" in out["summary"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (CAP_IPC_LOCK)")
+def test_raised_memlock_is_locked():
+    # Root keeps CAP_IPC_LOCK: mlock has no limit. Raising the hard limit
+    # needs CAP_SYS_RESOURCE, which a container may lack: take what is
+    # allowed.
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    out = run_child(memlock=(hard, hard), with_torch=torch is not None)
+    assert out["page_locked"] is True
+    if torch is not None:
+        assert out["pin_page_locked"] is True
+    assert out["backend_auto"] == "host-locked"
+    assert out["locked_bytes"] > 0
+    assert out["pin_warnings"] == 0 and out["warnings"] == []
+    assert "host, page-locked (backend=auto" in out["summary"]
+
+
+def test_fake_cuda_device_chooses_cuda_register():
+    lib = os.environ.get("PINPOOL_LIBCUDA")
+    if not lib or not os.path.exists(lib):
+        pytest.skip("PINPOOL_LIBCUDA not set (no fake CUDA driver)")
+    out = run_child(lib=lib)
+    assert out["backend_auto"] == "cuda-register"
+    assert out["config"].startswith("backend=cuda-register,")
+    assert out["page_locked"] is True
+    assert out["warnings"] == [] and out["pin_warnings"] == 0
+    assert "cuda-register, pinned by the CUDA driver (backend=auto" in \
+        out["summary"]
+
+
+def test_explicit_host_keeps_todays_behaviour():
+    out = run_child(config="backend=host", memlock=(64 << 10, 64 << 10),
+                    drop_root=True)
+    assert out["page_locked"] is False
+    assert out["backend_auto"] == ""
+    assert out["warnings"] == [] and out["pin_warnings"] == 0
+    assert "host, NOT page-locked (backend=host" in out["summary"]
+
+
+def test_warning_can_be_filtered_into_an_error():
+    code = textwrap.dedent("""
+        import warnings, pinpool
+        warnings.simplefilter("error", pinpool.NotPinnedWarning)
+        try:
+            pinpool.Pool()
+        except pinpool.NotPinnedWarning as e:
+            print("raised", issubclass(pinpool.NotPinnedWarning, RuntimeWarning))
+    """)
+    env = child_env(NO_CUDA)
+
+    def pre():
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
+        if os.geteuid() == 0:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+
+    r = subprocess.run([sys.executable, "-c", code], env=env, preexec_fn=pre,
+                       capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "raised True"
