@@ -32,7 +32,8 @@ from typing import Any, List, Optional, Sequence, Union
 
 import torch
 
-from pinpool._array import nbytes_of, parse_shape
+from pinpool._array import nbytes_of as _nbytes_of
+from pinpool._array import parse_shape as _parse_shape
 from pinpool._core import Buffer, Pool, default_pool
 
 __all__ = ["buffer_of", "collate", "empty", "from_buffer", "is_pooled", "pin",
@@ -74,10 +75,10 @@ def empty(shape: Union[int, Sequence[int]], dtype: torch.dtype = torch.float32,
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, not "
                         f"{type(dtype).__name__}")
-    dims = parse_shape(shape)
+    dims = _parse_shape(shape)
     p = _pool(pool)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    n = nbytes_of(dims, itemsize)
+    n = _nbytes_of(dims, itemsize)
     buf = p.alloc(max(n, 1))
     mv = memoryview(buf)  # type: ignore[arg-type]  # (as in _array.py)
     if n == 0:
@@ -116,8 +117,8 @@ def from_buffer(buf: Buffer, dtype: torch.dtype = torch.uint8,
     if shape is None:
         dims: Sequence[int] = (buf.nbytes // itemsize,)
     else:
-        dims = parse_shape(shape)
-    n = nbytes_of(tuple(dims), itemsize)
+        dims = _parse_shape(shape)
+    n = _nbytes_of(tuple(dims), itemsize)
     if n > buf.nbytes:
         raise ValueError(f"shape {tuple(dims)} of {dtype} needs {n} bytes; "
                          f"the buffer has {buf.nbytes}")

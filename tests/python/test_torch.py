@@ -303,3 +303,16 @@ def test_record_stream_fake_cuda(cuda_pool):
     gc.collect()
     p.synchronize()
     assert live_blocks(p) == 0
+
+
+def test_public_functions_are_listed_and_documented():
+    """Every public function of pinpool.torch is in __all__ with a
+    docstring; helpers are underscored (issue 41: nbytes_of and
+    parse_shape were public without docstrings)."""
+    import inspect
+    public = [n for n, v in vars(ppt).items()
+              if not n.startswith("_") and inspect.isfunction(v)]
+    for name in public:
+        assert name in ppt.__all__, name
+        assert (getattr(ppt, name).__doc__ or "").strip(), name
+    assert not hasattr(ppt, "nbytes_of") and not hasattr(ppt, "parse_shape")
