@@ -9,9 +9,9 @@
 #include "base.h"
 
 /* ---- Extents (extent.c): free space of the arena's chunks, carved at a
- * granule and coalesced; good fit in O(1) (size bins, a bitmap) and merges
- * in O(1) (a hash table of extent ends). Not thread-safe: the owner's lock
- * (the pool's seg_lock). */
+ * granule and coalesced; best fit in O(log n) (size bins of trees, a
+ * bitmap) and merges in O(1) (a hash table of extent ends). Not
+ * thread-safe: the owner's lock (the pool's seg_lock). */
 typedef struct pp_xnode pp_xnode_t;
 typedef struct pp_xchunk pp_xchunk_t;
 #define PP_EXT_BIN_WORDS ((PP_NCLASSES + 63) / 64)
