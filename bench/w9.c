@@ -255,7 +255,7 @@ static void run_lend(int nw, size_t batch, int nbatches) {
       int fd;
       if (pinpool_share_recv(sock[w], &h, &fd) != 0)
         die("recv");
-      if (pinpool_lend_return(pool, &h) != 0)
+      if (pinpool_lend_return(pool, &h, pid[w]) != 0)
         die("lend_return");
       done++;
       void *p = owner_ptr(&h); /* the owner's own address of the block */
@@ -286,7 +286,8 @@ static void run_lend(int nw, size_t batch, int nbatches) {
       st.reserved_bytes.current / 1048576.0, st.locked_bytes / 1048576.0,
       (c1 - c0) / 1e6 / nbatches, g_consume_ns / 1e6 / nbatches,
       (unsigned long long)st.mlock_failures});
-  pinpool_lend_reclaim(pool, -1, PINPOOL_RECLAIM_FREE, NULL);
+  pinpool_lend_reclaim(pool, -1, PINPOOL_RECLAIM_FREE | PINPOOL_RECLAIM_LIVE,
+                       NULL);
   pinpool_destroy(pool);
 }
 

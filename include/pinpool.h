@@ -68,7 +68,15 @@ PINPOOL_API const char *pinpool_version(void);
  *                      forged, corrupt, another pool's, another file
  *  PINPOOL_ELIMIT      a process limit was reached (RLIMIT_NOFILE; the
  *                      message names it)
- *  PINPOOL_ECLOSED     the peer closed the socket */
+ *  PINPOOL_ECLOSED     the peer closed the socket
+ *  PINPOOL_EPERM       a lend return refused: the handle's token is not the
+ *                      lend's, or the process named is not the one the
+ *                      block was lent to (counted in lend_refusals)
+ *  PINPOOL_EEXITED     the peer process has exited (a lend to it refused)
+ *  PINPOOL_EAGAIN      the socket would block (O_NONBLOCK, SO_RCVTIMEO):
+ *                      what arrived of a message is kept, call again
+ *  PINPOOL_EINTR       a signal interrupted the socket call: what arrived
+ *                      of a message is kept, call again */
 #define PINPOOL_OK 0
 #define PINPOOL_EINVAL (-1)
 #define PINPOOL_ENOMEM (-2)
@@ -88,6 +96,10 @@ PINPOOL_API const char *pinpool_version(void);
 #define PINPOOL_EBADHANDLE (-16)
 #define PINPOOL_ELIMIT (-17)
 #define PINPOOL_ECLOSED (-18)
+#define PINPOOL_EPERM (-19)
+#define PINPOOL_EEXITED (-20)
+#define PINPOOL_EAGAIN (-21)
+#define PINPOOL_EINTR (-22)
 
 /* A static string naming the code ("PINPOOL_ENOMEM: out of memory ...").
  * Unknown codes give "unknown pinpool error". Thread-safe. */
@@ -704,20 +716,25 @@ PINPOOL_API int pinpool_export_release(const pinpool_export_t *exp);
 /* ---- Sharing with other processes (docs/sharing.md) ----------------------
  * A pool created with shared=1 backs its chunks with sealed memfds. Its
  * owner lends an allocated block to another process: the handle below plus
- * the chunk's descriptor, passed over a Unix socket (pinpool_share_send /
+ * the chunk's descriptor (and the read-only, write-sealed descriptor of the
+ * chunk's control area), passed over a Unix socket (pinpool_share_send /
  * pinpool_share_recv) or inherited by a child forked after the chunk was
- * made (handle.owner_fd is then valid in the child). The worker attaches
- * the handle (the chunk is mapped once per process), fills the block,
- * detaches and sends the handle back; the owner calls pinpool_lend_return
- * and may then read, record streams on and free the block. While a block
- * is lent, pinpool_free refuses it (PINPOOL_EBUSY).
+ * made (handle.owner_fd and owner_ctl_fd are then valid in the child). The
+ * worker attaches the handle (the chunk is mapped once per process), fills
+ * the block, detaches and sends the handle back; the owner calls
+ * pinpool_lend_return naming the process it came from, and may then read,
+ * record streams on and free the block. While a block is lent,
+ * pinpool_free refuses it (PINPOOL_EBUSY).
  *
  * The handle is plain data, fixed size, meant to be copied byte for byte
  * between processes of the same machine. generation identifies one lend
  * (never 0, never reused by the pool): a handle whose lend has ended is
- * refused at attach with PINPOOL_ESTALE. */
+ * refused at attach with PINPOOL_ESTALE. token is the lend's secret (128
+ * bits from getrandom): a return is accepted only with it, and only from
+ * the process the block was lent to. Version 2 (128 bytes) replaced the
+ * 96-byte version 1, whose returns anyone could forge. */
 #define PINPOOL_SHARE_MAGIC 0x68737070u /* "ppsh" */
-#define PINPOOL_SHARE_VERSION 1u
+#define PINPOOL_SHARE_VERSION 2u
 typedef struct pinpool_share_handle {
   uint32_t magic;       /* PINPOOL_SHARE_MAGIC */
   uint32_t version;     /* PINPOOL_SHARE_VERSION */
@@ -725,70 +742,127 @@ typedef struct pinpool_share_handle {
   int32_t owner_pid;    /* the owner's process id (information) */
   int32_t owner_fd;     /* the chunk's descriptor number in the owner */
   uint64_t chunk_id;    /* the chunk, within the pool */
-  uint64_t chunk_size;  /* its bytes (the memfd has a control area after) */
+  uint64_t chunk_size;  /* its bytes (the chunk's memfd is this size) */
   uint64_t dev, ino;    /* the memfd's st_dev and st_ino */
   uint64_t offset;      /* the block, from the chunk's start */
   uint64_t length;      /* its bytes (its block size) */
   uint64_t generation;  /* the lend */
   uint32_t slot;        /* the lend's slot in the chunk's control area */
-  uint32_t reserved[3]; /* 0 */
+  int32_t owner_ctl_fd; /* the control area's descriptor number in the
+                           owner (read-only, sealed against writes) */
+  uint64_t ctl_ino;     /* the control area memfd's st_ino (st_dev: dev) */
+  uint8_t token[16];    /* the lend's secret: a return must carry it */
+  uint32_t reserved[4]; /* 0 */
 } pinpool_share_handle_t;
 
 /* Owner: lend the allocated block `ptr` of a shared pool to process `peer`
- * (its pid, > 0: reclaim and the death check use it). Fills *handle and
- * stores the chunk's descriptor in *fd: the pool's own (close-on-exec, do
- * not close it; valid while the block is lent), to send with
- * pinpool_share_send or to leave to a child forked later. Errors (nothing
- * changes): PINPOOL_EINVAL (NULL argument, peer <= 0 or no such process,
- * the pool is not shared), PINPOOL_ENOTOWNED / PINPOOL_EINTERIOR /
- * PINPOOL_EDOUBLEFREE (as pinpool_free), PINPOOL_EBUSY (lent already, or
- * the chunk's lend slots are all in use), PINPOOL_ELIMIT (no descriptor
- * for the peer's pidfd), PINPOOL_ENOMEM, PINPOOL_EFORKED. Thread-safe;
- * lending a block while another thread frees it is the caller's race. */
+ * (its pid, > 0): the lend is recorded against the process that pid names
+ * now, through a pidfd the pool holds (never the number: a later process
+ * that gets the same pid is another peer). Fills *handle and stores the
+ * chunk's descriptor in *fd: the pool's own (close-on-exec, do not close
+ * it; valid while the block is lent), to send with pinpool_share_send or
+ * to leave to a child forked later. Errors (nothing changes):
+ * PINPOOL_EINVAL (NULL argument, peer <= 0, the pool is not shared),
+ * PINPOOL_EEXITED (no process has that pid, or it has exited: a zombie),
+ * PINPOOL_ENOTOWNED / PINPOOL_EINTERIOR / PINPOOL_EDOUBLEFREE (as
+ * pinpool_free), PINPOOL_EBUSY (lent already, or the chunk's lend slots
+ * are all in use), PINPOOL_ELIMIT (no descriptor for the peer's pidfd),
+ * PINPOOL_ENOMEM, PINPOOL_EBACKEND (no pidfd_open or getrandom),
+ * PINPOOL_EFORKED. Thread-safe; lending a block while another thread
+ * frees it is the caller's race. */
 PINPOOL_API int pinpool_lend(pinpool_t *pool, void *ptr, int peer,
                              pinpool_share_handle_t *handle, int *fd);
 
-/* Owner: the worker handed the block back (it sent the handle back): the
- * lend ends, the handle becomes stale, the block is the owner's again
- * (still allocated). Errors (nothing changes): PINPOOL_EINVAL,
- * PINPOOL_EBADHANDLE (not this pool's, or fields that do not describe the
- * lend), PINPOOL_ESTALE (the lend ended already), PINPOOL_EFORKED. */
+/* Owner: pinpool_lend to the process named by `pidfd` (pidfd_open, or
+ * SO_PEERPIDFD of a connected socket): no window in which the pid could
+ * name another process. The pool keeps its own duplicate. Errors as
+ * pinpool_lend (PINPOOL_EINVAL: pidfd is not a pidfd). */
+PINPOOL_API int pinpool_lend_pidfd(pinpool_t *pool, void *ptr, int pidfd,
+                                   pinpool_share_handle_t *handle, int *fd);
+
+/* Owner: process `peer` (a pid) handed the block back (it sent the handle
+ * back): the lend ends, the handle becomes stale, the block is the owner's
+ * again (still allocated). Accepted only if the handle's token is the
+ * lend's and `peer` names, now, the live process the lend was recorded
+ * against. A refused return changes nothing and is counted in
+ * pinpool_stats_t.lend_refusals. Errors: PINPOOL_EINVAL (NULL handle,
+ * peer <= 0), PINPOOL_EBADHANDLE (not this pool's, or fields that do not
+ * describe the lend), PINPOOL_ESTALE (the lend ended already),
+ * PINPOOL_EPERM (another token, another process, or the borrower has
+ * exited: its lends end by reclaim), PINPOOL_EFORKED. (Version 1 took no
+ * peer and accepted any handle with the right generation.) */
 PINPOOL_API int pinpool_lend_return(pinpool_t *pool,
-                                    const pinpool_share_handle_t *handle);
+                                    const pinpool_share_handle_t *handle,
+                                    int peer);
 
-/* Reclaim flag: also pinpool_free every reclaimed block. */
+/* Reclaim flags: PINPOOL_RECLAIM_FREE also pinpool_frees every reclaimed
+ * block. PINPOOL_RECLAIM_LIVE also ends lends to processes that are still
+ * alive (by default only lends to exited processes end: a live one may
+ * still write the block, so ending its lend would let the owner hand out
+ * memory it writes). */
 #define PINPOOL_RECLAIM_FREE 1u
+#define PINPOOL_RECLAIM_LIVE 2u
+/* Peers for pinpool_lend_reclaim_list besides a pid. */
+#define PINPOOL_PEER_ALL (-1)
+#define PINPOOL_PEER_EXITED (-2) /* = PINPOOL_PEER_ALL without LIVE */
 
-/* Owner: end every lend to process `peer` (-1: every lend), as if each
- * had been returned; with PINPOOL_RECLAIM_FREE also free the blocks. For a
- * worker that died, or a connection that closed. *count (may be NULL):
- * lends ended. Errors: PINPOOL_EINVAL (peer 0 or < -1, unknown flags, not
- * shared), PINPOOL_EFORKED; with PINPOOL_RECLAIM_FREE, the first error of
- * a free (every lend is ended anyway). */
+/* Owner: end the lends to the processes that had pid `peer` and have
+ * exited (-1: to every process that has exited); with
+ * PINPOOL_RECLAIM_LIVE also to the live process `peer` names (-1: every
+ * lend); with PINPOOL_RECLAIM_FREE also free the blocks. Exit is seen
+ * through the pool's pidfd of each peer (a zombie has exited). *count
+ * (may be NULL): lends ended. Errors: PINPOOL_EINVAL (peer 0 or < -1,
+ * unknown flags, not shared), PINPOOL_EFORKED; with PINPOOL_RECLAIM_FREE,
+ * the first error of a free (the lends are ended anyway). */
 PINPOOL_API int pinpool_lend_reclaim(pinpool_t *pool, int peer, unsigned flags,
                                      size_t *count);
 
-/* Owner: pinpool_lend_reclaim for every peer process that has exited
- * (checked with the pidfd the pool opened at its first lend, immune to pid
- * reuse; a zombie counts as exited). Does not wait. */
+/* Owner: pinpool_lend_reclaim(pool, -1, flags without LIVE, count): every
+ * lend to a process that has exited. Does not wait. */
 PINPOOL_API int pinpool_lend_reclaim_exited(pinpool_t *pool, unsigned flags,
                                             size_t *count);
+
+/* One lend that a reclaim ended. */
+typedef struct pinpool_lend_info {
+  void *ptr;           /* the block */
+  uint64_t length;     /* its block size */
+  uint64_t generation; /* the lend's (the handle's) */
+  int32_t peer;        /* the pid it was lent to */
+  uint32_t reserved;   /* 0 */
+} pinpool_lend_info_t;
+
+/* Owner: pinpool_lend_reclaim that says exactly which lends it ended: at
+ * most `cap` of them, in ended[0 .. *count) (call again while *count ==
+ * cap). peer: a pid, PINPOOL_PEER_ALL or PINPOOL_PEER_EXITED. The lends
+ * reported are ended in one hold of the pool's share lock; a failure
+ * before ends none. Errors: as pinpool_lend_reclaim, and PINPOOL_EINVAL
+ * (ended NULL, cap 0, count NULL). */
+PINPOOL_API int pinpool_lend_reclaim_list(pinpool_t *pool, int peer,
+                                          unsigned flags,
+                                          pinpool_lend_info_t *ended,
+                                          size_t cap, size_t *count);
 
 /* Worker: map the block of `handle` and store its address in *out. fd is
  * the chunk's descriptor as received (not consumed: close it when you
  * like, the mapping stays); -1 is allowed if this process has the chunk
- * mapped already (another attached block of it). The descriptor is
- * checked first: an open memfd, read-write, of the handle's inode, the
- * handle's size, sealed against shrinking and growing. Then the chunk's
- * control area: the pool's nonce, the chunk's id, and the lend itself.
- * Errors (nothing mapped or changed): PINPOOL_EINVAL (NULL argument, no
- * descriptor and the chunk not mapped), PINPOOL_EBADHANDLE (forged or
- * corrupt handle, wrong descriptor, a file that is not the chunk, missing
- * seals), PINPOOL_ESTALE (the lend has ended), PINPOOL_ENOMEM /
- * PINPOOL_EBACKEND (mmap). Thread-safe; works in any process, the owner's
- * included. */
+ * mapped already (another attached block of it). The control area's
+ * descriptor is the one received with the handle (pinpool_share_recv keeps
+ * it), else the inherited handle.owner_ctl_fd. The descriptor is checked
+ * first: an open memfd, read-write, of the handle's inode, the handle's
+ * size, sealed against shrinking and growing. Then the control area (its
+ * own memfd, sealed against writes): the pool's nonce, the chunk's id, and
+ * the lend itself. Errors (nothing mapped or changed): PINPOOL_EINVAL (NULL
+ * argument, no descriptor and the chunk not mapped), PINPOOL_EBADHANDLE
+ * (forged or corrupt handle, wrong descriptor, a file that is not the
+ * chunk, missing seals, no control area), PINPOOL_ESTALE (the lend has
+ * ended), PINPOOL_ENOMEM / PINPOOL_EBACKEND (mmap). Thread-safe; works in
+ * any process, the owner's included. */
 PINPOOL_API int pinpool_share_attach(const pinpool_share_handle_t *handle,
                                      int fd, void **out);
+/* Worker: pinpool_share_attach with the control area's descriptor given
+ * (ctl_fd, not consumed; -1: as pinpool_share_attach). */
+PINPOOL_API int pinpool_share_attach_ctl(const pinpool_share_handle_t *handle,
+                                         int fd, int ctl_fd, void **out);
 
 /* Worker: forget an attached block (the address pinpool_share_attach
  * gave); the chunk is unmapped when its last attached block goes. Send the
@@ -797,14 +871,24 @@ PINPOOL_API int pinpool_share_attach(const pinpool_share_handle_t *handle,
 PINPOOL_API int pinpool_share_detach(void *ptr);
 
 /* Send a handle, and the descriptor fd (>= 0) with it, over a connected
- * Unix socket (SCM_RIGHTS); fd -1 sends the handle alone (a return).
- * Receive one with pinpool_share_recv: *fd is the descriptor received
- * (close-on-exec; the caller owns it) or -1. Errors: PINPOOL_EINVAL,
+ * Unix socket (SCM_RIGHTS); fd -1 sends the handle alone (a return). The
+ * owner's own handle also carries its control area's descriptor. Receive
+ * one with pinpool_share_recv: *fd is the descriptor received
+ * (close-on-exec; the caller owns it) or -1.
+ *
+ * Framing: one message is the handle's bytes. A stream socket may carry it
+ * in pieces: the pieces received so far are kept per socket (and a piece
+ * sent so far, per socket, by pinpool_share_send) until the message is
+ * complete; a call that cannot finish returns PINPOOL_EAGAIN (the socket
+ * is non-blocking, or SO_RCVTIMEO/SO_SNDTIMEO expired) or PINPOOL_EINTR (a
+ * signal), nothing lost: call again (pinpool_share_send with the same
+ * handle and fd) when poll says so. Errors: PINPOOL_EINVAL,
  * PINPOOL_ECLOSED (the peer closed the socket), PINPOOL_ELIMIT (a
  * descriptor limit: the receiver's RLIMIT_NOFILE, in which case the
  * handle is consumed and its descriptor lost, or the sender's in-flight
- * limit), PINPOOL_EBADHANDLE (not a pinpool handle, or several
- * descriptors: all closed), PINPOOL_EBACKEND (another socket error). */
+ * limit), PINPOOL_EBADHANDLE (not a pinpool handle, or too many
+ * descriptors: all closed, the message consumed), PINPOOL_EAGAIN,
+ * PINPOOL_EINTR, PINPOOL_EBACKEND (another socket error). */
 PINPOOL_API int
 pinpool_share_send(int sock, const pinpool_share_handle_t *handle, int fd);
 PINPOOL_API int pinpool_share_recv(int sock, pinpool_share_handle_t *handle,

@@ -56,6 +56,18 @@ static PyObject *raise_rc(int rc, const char *what) {
   case PINPOOL_EBADHANDLE:
     type = BadHandleError;
     break;
+  case PINPOOL_EPERM: /* a refused lend return (docs/sharing.md) */
+    type = PyExc_PermissionError;
+    break;
+  case PINPOOL_EEXITED:
+    type = PyExc_ProcessLookupError;
+    break;
+  case PINPOOL_EAGAIN:
+    type = PyExc_BlockingIOError;
+    break;
+  case PINPOOL_EINTR:
+    type = PyExc_InterruptedError;
+    break;
   case PINPOOL_ENOMEM:
     type = PyExc_MemoryError;
     break;
@@ -362,7 +374,7 @@ static const char *const dict_key_names[] = {
     "max_reserved", "reclaim", "backend_alloc", "backend_free",
     "graph_held_blocks", "graph_held_bytes", "numa_spill_blocks",
     "numa_spill_bytes", "lent_blocks", "lent_bytes", "backend_auto",
-    "pin_warnings",
+    "pin_warnings", "lend_refusals",
     /* attrs_dict */
     "host_accessible", "device_accessible", "device_id", "page_locked",
     "numa_node", "huge_pages", "huge_advised", "backend"};
@@ -481,6 +493,7 @@ static PyObject *Pool_stats(PyObject *obj, PyObject *unused) {
                 {"numa_spill_bytes", st.numa_spill_bytes},
                 {"lent_blocks", st.lent_blocks},
                 {"lent_bytes", st.lent_bytes},
+                {"lend_refusals", st.lend_refusals},
                 {"pin_warnings", st.pin_warnings}};
   for (size_t i = 0; i < sizeof stats / sizeof stats[0]; i++)
     if (set_obj(d, stats[i].name, stat_dict(stats[i].s)) != 0)
@@ -732,24 +745,63 @@ static int parse_pid(PyObject *arg, int *out) {
   return 0;
 }
 
-static PyObject *Pool_lend_reclaim_pid(PyObject *self, PyObject *arg) {
+/* _lend_reclaim(peer, flags, candidates) -> list: end the lends that
+ * pinpool_lend_reclaim_list selects (peer: a pid, -1 every peer, -2 the
+ * exited; flags: PINPOOL_RECLAIM_LIVE or 0) and say which: the result has
+ * one entry per candidate generation (a list of ints, the Python table's),
+ * True where that lend was ended. Everything that can fail is made before
+ * the first lend ends, and nothing after can fail: the C table and the
+ * caller's table change together or not at all (docs/sharing.md). */
+static PyObject *Pool__lend_reclaim(PyObject *self, PyObject *args) {
   int peer;
-  if (parse_pid(arg, &peer) != 0)
+  unsigned flags;
+  PyObject *cands;
+  if (!PyArg_ParseTuple(args, "iIO!:_lend_reclaim", &peer, &flags, &PyList_Type,
+                        &cands))
     return NULL;
+  Py_ssize_t nc = PyList_GET_SIZE(cands);
+  uint64_t *gens = PyMem_Malloc(((size_t)nc + 1) * sizeof *gens);
+  if (gens == NULL)
+    return PyErr_NoMemory();
+  for (Py_ssize_t i = 0; i < nc; i++) {
+    gens[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(cands, i));
+    if (gens[i] == (uint64_t)-1 && PyErr_Occurred()) {
+      PyMem_Free(gens);
+      return NULL;
+    }
+  }
+  PyObject *out = PyList_New(nc);
+  enum { CAP = 256 };
+  pinpool_lend_info_t *info = PyMem_Malloc(CAP * sizeof *info);
+  if (out == NULL || info == NULL) {
+    Py_XDECREF(out);
+    PyMem_Free(gens);
+    PyMem_Free(info);
+    return PyErr_NoMemory();
+  }
+  for (Py_ssize_t i = 0; i < nc; i++)
+    PyList_SET_ITEM(out, i, Py_NewRef(Py_False));
+  int rc = 0;
   size_t n = 0;
-  int rc = pinpool_lend_reclaim(((PoolObject *)self)->pool, peer, 0, &n);
-  if (rc != 0)
+  do { /* CAP at a time; each batch ends and reports together */
+    rc = pinpool_lend_reclaim_list(((PoolObject *)self)->pool, peer, flags,
+                                   info, CAP, &n);
+    for (size_t k = 0; rc == 0 && k < n; k++)
+      for (Py_ssize_t i = 0; i < nc; i++)
+        if (gens[i] == info[k].generation) {
+          PyObject *old = PyList_GET_ITEM(out, i);
+          PyList_SET_ITEM(out, i, Py_NewRef(Py_True));
+          Py_DECREF(old);
+          break;
+        }
+  } while (rc == 0 && n == CAP);
+  PyMem_Free(gens);
+  PyMem_Free(info);
+  if (rc != 0) { /* before any lend of the failing batch ended */
+    Py_DECREF(out);
     return raise_rc(rc, "Pool.lend_reclaim");
-  return PyLong_FromSize_t(n);
-}
-
-static PyObject *Pool_lend_reclaim_dead(PyObject *self, PyObject *unused) {
-  (void)unused;
-  size_t n = 0;
-  int rc = pinpool_lend_reclaim_exited(((PoolObject *)self)->pool, 0, &n);
-  if (rc != 0)
-    return raise_rc(rc, "Pool.lend_reclaim_exited");
-  return PyLong_FromSize_t(n);
+  }
+  return out;
 }
 
 /* The docstrings are what help() shows: each starts with the signature
@@ -880,12 +932,15 @@ static PyMethodDef Pool_methods[] = {
               "Thread-safe: taken while other threads keep allocating; the\n"
               "GIL is released while it is written."),
     KW_METHOD("lend_reclaim", Pool_lend_reclaim,
-              "lend_reclaim($self, pid=None, *, free=False)\n--\n\n"
-              "End every lend of this pool to process pid (None: to every\n"
-              "process), as if each block had been sent back: for a worker\n"
-              "that died or a shutdown. The owner's Buffers of those blocks\n"
-              "are usable again; free=True closes them too. Returns the\n"
-              "number of lends ended.\n\n"
+              "lend_reclaim($self, pid=None, *, free=False, live=False)\n"
+              "--\n\n"
+              "End the lends of this pool to the processes that had pid\n"
+              "(None: any pid) and have exited, as if each block had been\n"
+              "sent back: for a worker that died. live=True also ends the\n"
+              "lends to the live process pid names (None: every lend): the\n"
+              "caller vouches that it writes them no more. The owner's\n"
+              "Buffers of those blocks are usable again; free=True closes\n"
+              "them too. Returns the number of lends ended.\n\n"
               "Raises ValueError (pid <= 0, a pool without shared=1),\n"
               "TypeError (pid not an int).\n\n"
               "Thread-safe; a worker still attached keeps its mapping but\n"
@@ -896,8 +951,7 @@ static PyMethodDef Pool_methods[] = {
               "pidfd check, immune to pid reuse; a zombie counts as exited).\n"
               "Does not wait. Returns the number of lends ended.\n\n"
               "Raises ValueError (a pool without shared=1). Thread-safe."),
-    {"_lend_reclaim", Pool_lend_reclaim_pid, METH_O, NULL},
-    {"_lend_reclaim_exited", Pool_lend_reclaim_dead, METH_NOARGS, NULL},
+    {"_lend_reclaim", Pool__lend_reclaim, METH_VARARGS, NULL},
     {"__enter__", Pool_enter, METH_NOARGS,
      "__enter__($self, /)\n--\n\nReturn the pool."},
     {"__exit__", Pool_exit, METH_VARARGS,
@@ -1655,15 +1709,20 @@ static PyObject *Buffer__lend(PyObject *obj, PyObject *arg) {
   return Py_BuildValue("(y#i)", (const char *)&h, (Py_ssize_t)sizeof h, fd);
 }
 
-/* _lend_return(handle): pinpool_lend_return; the block is ours again. */
-static PyObject *Buffer__lend_return(PyObject *obj, PyObject *arg) {
+/* _lend_return(handle, peer): pinpool_lend_return from process peer; the
+ * block is ours again. */
+static PyObject *Buffer__lend_return(PyObject *obj, PyObject *args) {
   BufferObject *self = (BufferObject *)obj;
+  PyObject *hobj;
+  int peer;
+  if (!PyArg_ParseTuple(args, "Oi:_lend_return", &hobj, &peer))
+    return NULL;
   pinpool_share_handle_t h;
-  if (parse_handle(arg, &h) != 0)
+  if (parse_handle(hobj, &h) != 0)
     return NULL;
   if (self->att != NULL || self->ptr == NULL)
     return PyErr_Format(PyExc_TypeError, "not an owner's buffer");
-  int rc = pinpool_lend_return(((PoolObject *)self->pool)->pool, &h);
+  int rc = pinpool_lend_return(((PoolObject *)self->pool)->pool, &h, peer);
   if (rc != 0)
     return raise_rc(rc, "returned Buffer");
   atomic_store_explicit(&self->lent, 0, memory_order_release);
@@ -1724,7 +1783,7 @@ static PyMethodDef Buffer_methods[] = {
         "already), TypeError (an attached buffer: only the owner lends).\n\n"
         "Thread-safe: of concurrent lends of one buffer, one wins."),
     {"_lend", Buffer__lend, METH_O, NULL},
-    {"_lend_return", Buffer__lend_return, METH_O, NULL},
+    {"_lend_return", Buffer__lend_return, METH_VARARGS, NULL},
     {"_lend_clear", Buffer__lend_clear, METH_NOARGS, NULL},
     {"_attached_handle", Buffer__attached_handle, METH_NOARGS, NULL},
     KW_METHOD("__reduce__", Buffer_reduce, NULL),
@@ -1843,14 +1902,15 @@ static PyTypeObject BufferType = {
 /* ---- Module ---------------------------------------------------------------
  */
 
-/* _attach(handle, fd, nbytes) -> Buffer: a worker's Buffer on a lent
- * block (pinpool_share_attach; fd is not consumed). */
+/* _attach(handle, fd, ctl_fd, nbytes) -> Buffer: a worker's Buffer on a
+ * lent block (pinpool_share_attach_ctl; the descriptors are not
+ * consumed). */
 static PyObject *mod_attach(PyObject *m, PyObject *args) {
   (void)m;
   PyObject *hobj;
-  int fd;
+  int fd, ctl_fd;
   Py_ssize_t nbytes;
-  if (!PyArg_ParseTuple(args, "Oin:_attach", &hobj, &fd, &nbytes))
+  if (!PyArg_ParseTuple(args, "Oiin:_attach", &hobj, &fd, &ctl_fd, &nbytes))
     return NULL;
   pinpool_share_handle_t h;
   if (parse_handle(hobj, &h) != 0)
@@ -1869,7 +1929,7 @@ static PyObject *mod_attach(PyObject *m, PyObject *args) {
   }
   void *p = NULL;
   PyThreadState *ts = PyEval_SaveThread(); /* mmap, fstat */
-  int rc = pinpool_share_attach(&h, fd, &p);
+  int rc = pinpool_share_attach_ctl(&h, fd, ctl_fd, &p);
   PyEval_RestoreThread(ts);
   if (rc != 0) {
     free(a);
@@ -1895,31 +1955,8 @@ static PyObject *mod_attach(PyObject *m, PyObject *args) {
   return (PyObject *)self;
 }
 
-/* _lend_live(handle, fd) -> bool: is the lend still on? An attach (and
- * detach) in this process, which checks the chunk's control area: the
- * only way the C API tells which lends a reclaim_exited ended. */
-static PyObject *mod_lend_live(PyObject *m, PyObject *args) {
-  (void)m;
-  PyObject *hobj;
-  int fd;
-  if (!PyArg_ParseTuple(args, "Oi:_lend_live", &hobj, &fd))
-    return NULL;
-  pinpool_share_handle_t h;
-  if (parse_handle(hobj, &h) != 0)
-    return NULL;
-  void *p = NULL;
-  int rc = pinpool_share_attach(&h, fd, &p);
-  if (rc == PINPOOL_ESTALE)
-    Py_RETURN_FALSE;
-  if (rc != 0)
-    return raise_rc(rc, "_lend_live");
-  (void)pinpool_share_detach(p);
-  Py_RETURN_TRUE;
-}
-
 static PyMethodDef module_methods[] = {
     {"_attach", mod_attach, METH_VARARGS, NULL},
-    {"_lend_live", mod_lend_live, METH_VARARGS, NULL},
     {"default_pool", mod_default_pool, METH_NOARGS,
      "default_pool()\n--\n\n"
      "The process-wide Pool, created at the first call with the\n"

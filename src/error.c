@@ -57,6 +57,15 @@ const char *pinpool_strerror(int err) {
     return "PINPOOL_ELIMIT: a process limit was reached (RLIMIT_NOFILE)";
   case PINPOOL_ECLOSED:
     return "PINPOOL_ECLOSED: the peer closed the socket";
+  case PINPOOL_EPERM:
+    return "PINPOOL_EPERM: lend return refused (wrong token, or not from "
+           "the process the block was lent to)";
+  case PINPOOL_EEXITED:
+    return "PINPOOL_EEXITED: the peer process has exited";
+  case PINPOOL_EAGAIN:
+    return "PINPOOL_EAGAIN: the socket would block (partial message kept)";
+  case PINPOOL_EINTR:
+    return "PINPOOL_EINTR: interrupted by a signal (partial message kept)";
   default:
     return "unknown pinpool error";
   }

@@ -197,6 +197,8 @@ void pp_share_chunk_drop(pp_share_t *s, void *base, size_t size);
 /* True if ptr is lent now (pinpool_free refuses it). */
 bool pp_share_is_lent(pp_share_t *s, const void *ptr);
 void pp_share_counts(pp_share_t *s, uint64_t *blocks, uint64_t *bytes);
+/* Lend returns refused (pinpool_stats_t.lend_refusals). */
+uint64_t pp_share_refusals(pp_share_t *s);
 /* The lends, copied for a snapshot (malloc'd). */
 typedef struct pp_lend_view {
   uintptr_t addr;

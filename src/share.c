@@ -4,20 +4,29 @@
  *
  * Owner side. Each chunk is a sealed memfd (SHRINK | GROW | SEAL: its size
  * never changes, so no process mapping it can be made to fault with
- * SIGBUS) of the chunk's bytes followed by a control area: a header naming
- * the pool (nonce) and chunk, then one slot per block that may be lent at
- * once. A lend takes a slot and writes the block's offset, length and a
- * generation taken from a pool-wide counter (never 0, never reused); the
- * end of the lend (return or reclaim) stores 0 there. A worker attaching a
- * handle reads the slot: a generation that differs is a stale handle (the
- * lend ended, the block may have been freed and reused since). The owner
- * writes slots; workers map the area read-only.
+ * SIGBUS) and a control area in a memfd of its own: a header naming the
+ * pool (nonce) and chunk, then one slot per block that may be lent at
+ * once. The control memfd is sealed against writes (FUTURE_WRITE) once the
+ * owner has mapped it, and workers get it read-only: only the owner's
+ * mapping can ever write it. A lend takes a slot and writes the block's
+ * offset, length and a generation taken from a pool-wide counter (never 0,
+ * never reused); the end of the lend (return or reclaim) stores 0 there. A
+ * worker attaching a handle reads the slot: a generation that differs is a
+ * stale handle. The control area is a courtesy to workers; the owner never
+ * reads it: what the owner believes about lends is its own table here.
+ *
+ * Threat model (docs/sharing.md): a worker is any code. A lend is recorded
+ * against a peer record that holds a pidfd (identity by process, never by
+ * pid number) and carries a 128-bit token from getrandom; a return is
+ * accepted only with the token and from the pid that names the recorded
+ * process now. Refusals change nothing and are counted.
  *
  * The worker side is share_worker.c.
  *
  * Locking: share->lock is a leaf (no pool lock is taken under it, no
- * provider call is made under it); the worker table has its own lock. The
- * fork handlers take both (fork.c).
+ * provider call is made under it; the system calls made under it are
+ * pidfd_open, poll, getrandom, fstat, close); the worker table has its own
+ * lock. The fork handlers take both (fork.c).
  */
 #include "share.h"
 
@@ -28,22 +37,30 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
+#ifndef PIDFS_MAGIC
+#define PIDFS_MAGIC                                                            \
+  0x50494446 /* Linux 6.9: a pidfd's inode names its process */
+#endif
+
 /* ---- Owner state ------------------------------------------------------- */
 struct pp_schunk {
   uintptr_t base;
   size_t size;
-  int fd;
-  uint64_t id, dev, ino;
-  void *ctl;
+  int fd;     /* the chunk's bytes, read-write */
+  int ctl_fd; /* the control area, read-only (write-sealed) */
+  uint64_t id, dev, ino, ctl_ino;
+  void *ctl; /* the owner's writable mapping of it */
   size_t ctl_len;
   uint32_t nslots;
   uint32_t nfree;
@@ -54,30 +71,39 @@ typedef struct lend {
   size_t len;
   pp_schunk_t *ck;
   uint32_t slot;
-  int peer;
+  int peer_pid;     /* information: the number when lent */
+  uint64_t peer_id; /* the peer record (identity) */
   uint64_t gen;
+  uint8_t token[16];
   uint64_t since_ns;      /* CLOCK_MONOTONIC */
   uint64_t since_unix_ns; /* CLOCK_REALTIME */
 } lend_t;
+/* A peer: one process, named by the pool's own pidfd for as long as the
+ * record lives (while it has lends). Two records may carry one pid number
+ * (a process that exited, and a later one that got its pid); at most one
+ * of them is alive. */
 typedef struct peer {
+  uint64_t id; /* never reused */
   int pid;
-  int pidfd; /* -1: pidfd_open unavailable (kill(pid, 0) instead) */
+  int pidfd;
   size_t nlends;
 } peer_t;
 struct pp_share {
   pp_mutex_t lock;
   uint64_t nonce; /* immutable */
   int owner_pid;  /* immutable */
-  uint64_t next_id, next_gen;
+  uint64_t next_id, next_gen, next_peer;
   pp_schunk_t **chunks; /* sorted by base */
   size_t nchunks, cchunks;
   lend_t *lends;
   size_t nlends, clends;
   peer_t *peers;
   size_t npeers, cpeers;
+  uint8_t rnd[256]; /* getrandom's bytes, 16 per token */
+  size_t rnd_left;
   /* nlends and the bytes lent, readable without the lock (free's check,
-   * stats). */
-  _Atomic(uint64_t) nlent, lent_bytes;
+   * stats); refused returns. */
+  _Atomic(uint64_t) nlent, lent_bytes, refusals;
 };
 
 static uint64_t realtime_ns(void) {
@@ -90,14 +116,45 @@ static uint64_t random_nonce(void) {
   uint64_t v = 0;
   long n = syscall(SYS_getrandom, &v, sizeof v, 0);
   if (n != (long)sizeof v || v == 0) {
-    /* No getrandom: unique enough for identification (not a secret:
-     * the fd grant is the boundary, docs/sharing.md). */
+    /* No getrandom: unique enough for identification (the nonce is not a
+     * secret: it is in every handle and control area; tokens are). */
     static _Atomic(uint64_t) ctr;
     v = pp_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)&v ^
         (pp_fetch_add_relaxed(&ctr, 1) * 0x9e3779b97f4a7c15ull);
     v |= 1;
   }
   return v;
+}
+
+/* A fresh 128-bit token (lock held): from the kernel's CSPRNG, 16 tokens
+ * per getrandom call. No fallback: a guessable token is no token. */
+static int token_new(pp_share_t *s, uint8_t out[16]) {
+  pp_assert_held(&s->lock);
+  if (s->rnd_left < 16) {
+    size_t got = 0;
+    while (got < sizeof s->rnd) {
+      long n = syscall(SYS_getrandom, s->rnd + got, sizeof s->rnd - got, 0);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        return pp_fail(PINPOOL_EBACKEND, "pinpool_lend: getrandom: %s",
+                       n < 0 ? strerror(errno) : "no bytes");
+      got += (size_t)n;
+    }
+    s->rnd_left = sizeof s->rnd;
+  }
+  s->rnd_left -= 16;
+  memcpy(out, s->rnd + s->rnd_left, 16);
+  memset(s->rnd + s->rnd_left, 0, 16); /* each token leaves one copy */
+  return 0;
+}
+
+/* Constant time: the time taken says nothing of how much matched. */
+static bool token_eq(const uint8_t *a, const uint8_t *b) {
+  unsigned d = 0;
+  for (int i = 0; i < 16; i++)
+    d |= (unsigned)(a[i] ^ b[i]);
+  return d == 0;
 }
 
 int pp_share_create(pp_share_t **out) {
@@ -109,6 +166,7 @@ int pp_share_create(pp_share_t **out) {
   s->owner_pid = (int)getpid();
   s->next_id = 1;
   s->next_gen = 1;
+  s->next_peer = 1;
   *out = s;
   return 0;
 }
@@ -122,6 +180,8 @@ static void chunk_unmap(pp_schunk_t *c) {
     (void)munmap(c->ctl, c->ctl_len);
   if (c->fd >= 0)
     (void)close(c->fd);
+  if (c->ctl_fd >= 0)
+    (void)close(c->ctl_fd);
   free(c->free_slots);
   free(c);
 }
@@ -135,11 +195,11 @@ void pp_share_destroy(pp_share_t *s) {
   for (size_t i = 0; i < s->nchunks; i++)
     chunk_unmap(s->chunks[i]);
   for (size_t i = 0; i < s->npeers; i++)
-    if (s->peers[i].pidfd >= 0)
-      (void)close(s->peers[i].pidfd);
+    (void)close(s->peers[i].pidfd);
   free(s->chunks);
   free(s->lends);
   free(s->peers);
+  memset(s->rnd, 0, sizeof s->rnd);
   pp_mutex_destroy(&s->lock);
   free(s);
 }
@@ -167,6 +227,73 @@ static int sys_fail(int err, const char *what, size_t size) {
                  strerror(err));
 }
 
+static int memfd_new(const char *name) {
+  int fd = (int)syscall(SYS_memfd_create, name,
+                        MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
+  if (fd < 0 && errno == EINVAL) /* before Linux 6.3 */
+    fd = (int)syscall(SYS_memfd_create, name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  return fd;
+}
+
+/* The control area of c (c->ctl_len bytes): a memfd mapped writable here,
+ * then sealed so that no descriptor or new mapping can ever write it, then
+ * reopened read-only for workers (a view mapped from a read-write open
+ * file description could be mprotect'ed writable again: the reference
+ * notes). The read-write descriptor is closed: only this mapping writes. */
+static int ctl_new(pp_schunk_t *c) {
+  int fd = memfd_new("pinpool-ctl");
+  if (fd < 0)
+    return sys_fail(errno, "memfd_create of the control area", c->size);
+  int rc = 0;
+  struct stat st;
+  if (ftruncate(fd, (off_t)c->ctl_len) != 0)
+    rc = sys_fail(errno, "ftruncate of the control area", c->size);
+  if (rc == 0) {
+    c->ctl = mmap(NULL, c->ctl_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (c->ctl == MAP_FAILED) {
+      c->ctl = NULL;
+      rc = sys_fail(errno, "mmap of the control area", c->size);
+    }
+  }
+#ifdef PINPOOL_MUTANT_SHARE_CTL_WRITABLE
+  /* Mutant (docs/verification.md): the control area as writable as the
+   * chunk (no seal against writes, no read-only reopen, inherited). */
+  if (rc == 0 && fstat(fd, &st) == 0) {
+    c->ctl_ino = (uint64_t)st.st_ino;
+    c->ctl_fd = fd;
+    return 0;
+  }
+#endif
+  /* A child forked from the owner would inherit this writable mapping:
+   * none does. */
+  if (rc == 0 && madvise(c->ctl, c->ctl_len, MADV_DONTFORK) != 0)
+    rc = sys_fail(errno, "madvise(MADV_DONTFORK) of the control area", c->size);
+  if (rc == 0 && fcntl(fd, F_ADD_SEALS, CTL_SEALS) != 0)
+    rc = sys_fail(errno,
+                  "sealing the control area (F_SEAL_FUTURE_WRITE "
+                  "needs Linux 5.1)",
+                  c->size);
+  if (rc == 0 && fstat(fd, &st) != 0)
+    rc = sys_fail(errno, "fstat of the control area", c->size);
+  if (rc != 0) {
+    (void)close(fd);
+    return rc;
+  }
+  c->ctl_ino = (uint64_t)st.st_ino;
+  char path[64];
+  (void)snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  int ro = open(path, O_RDONLY | O_CLOEXEC);
+  if (ro >= 0) {
+    (void)close(fd);
+    c->ctl_fd = ro;
+  } else {
+    /* No /proc: the seal alone keeps writes out (a read-write descriptor
+     * can neither write nor map writable a FUTURE_WRITE-sealed memfd). */
+    c->ctl_fd = fd;
+  }
+  return 0;
+}
+
 int pp_share_chunk_new(pp_share_t *s, size_t size, bool huge, void **base,
                        pp_schunk_t **out) {
   pp_schunk_t *c = calloc(1, sizeof *c);
@@ -178,6 +305,7 @@ int pp_share_chunk_new(pp_share_t *s, size_t size, bool huge, void **base,
     return pp_fail(PINPOOL_ENOMEM, "shared pool: out of memory");
   }
   c->fd = -1;
+  c->ctl_fd = -1;
   c->free_slots = slots;
   c->nslots = (uint32_t)nslots;
   for (uint32_t i = 0; i < c->nslots; i++)
@@ -186,18 +314,14 @@ int pp_share_chunk_new(pp_share_t *s, size_t size, bool huge, void **base,
   c->size = size;
   c->ctl_len = pp_ctl_bytes(size);
   c->base = 0; /* mapped below */
-  int fd = (int)syscall(SYS_memfd_create, "pinpool-chunk",
-                        MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
-  if (fd < 0 && errno == EINVAL) /* before Linux 6.3 */
-    fd = (int)syscall(SYS_memfd_create, "pinpool-chunk",
-                      MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  int fd = memfd_new("pinpool-chunk");
   int rc = 0;
   if (fd < 0) {
     rc = sys_fail(errno, "memfd_create", size);
   } else {
     c->fd = fd;
     struct stat st;
-    if (ftruncate(fd, (off_t)(size + c->ctl_len)) != 0)
+    if (ftruncate(fd, (off_t)size) != 0)
       rc = sys_fail(errno, "ftruncate", size);
     else if (fcntl(fd, F_ADD_SEALS, SEALS_NEEDED) != 0)
       rc = sys_fail(errno, "sealing", size);
@@ -208,6 +332,8 @@ int pp_share_chunk_new(pp_share_t *s, size_t size, bool huge, void **base,
       c->ino = (uint64_t)st.st_ino;
     }
   }
+  if (rc == 0)
+    rc = ctl_new(c);
   char *p = MAP_FAILED;
   if (rc == 0 && huge) {
     /* THP needs a 2 MiB-aligned range: reserve one, map the file over it. */
@@ -231,19 +357,11 @@ int pp_share_chunk_new(pp_share_t *s, size_t size, bool huge, void **base,
   }
   if (rc == 0 && p == MAP_FAILED)
     rc = sys_fail(errno, "mmap", size);
-  if (rc == 0) {
-    c->base = (uintptr_t)p;
-    c->ctl = mmap(NULL, c->ctl_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                  (off_t)size);
-    if (c->ctl == MAP_FAILED) {
-      c->ctl = NULL;
-      rc = sys_fail(errno, "mmap of the control area", size);
-    }
-  }
   if (rc != 0) {
     chunk_unmap(c); /* base is set only once p is mapped */
     return rc;
   }
+  c->base = (uintptr_t)p;
   pp_ctl_head_t *h = c->ctl;
   pp_store_relaxed(&h->nonce, s->nonce);
   pp_store_relaxed(&h->chunk_size, (uint64_t)size);
@@ -322,6 +440,187 @@ void pp_share_chunk_drop(pp_share_t *s, void *base, size_t size) {
     (void)munmap(base, size);
 }
 
+/* ---- Peers ----------------------------------------------------------------
+ * A peer record holds a pidfd: the process it names can die, but the
+ * descriptor never names another. Whether it has exited: poll (a zombie
+ * has). */
+
+static bool pidfd_exited(int pidfd) {
+  struct pollfd pfd = {pidfd, POLLIN, 0};
+  int n;
+  do
+    n = poll(&pfd, 1, 0);
+  while (n < 0 && errno == EINTR);
+  return n > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+static peer_t *peer_by_id(pp_share_t *s, uint64_t id) {
+  pp_assert_held(&s->lock);
+  for (size_t i = 0; i < s->npeers; i++)
+    if (s->peers[i].id == id)
+      return &s->peers[i];
+  return NULL;
+}
+/* The live record of pid, if any: a live process's pid names only it. */
+static peer_t *peer_live(pp_share_t *s, int pid) {
+  pp_assert_held(&s->lock);
+  for (size_t i = 0; i < s->npeers; i++)
+#ifdef PINPOOL_MUTANT_SHARE_PID_KEY
+    /* Mutant (docs/verification.md): peers by pid number alone. */
+    if (s->peers[i].pid == pid)
+#else
+    if (s->peers[i].pid == pid && !pidfd_exited(s->peers[i].pidfd))
+#endif
+      return &s->peers[i];
+  return NULL;
+}
+
+static int nofile_fail(const char *fn, int pid, int e) {
+  struct rlimit rl = {0, 0};
+  (void)getrlimit(RLIMIT_NOFILE, &rl);
+  return pp_fail(PINPOOL_ELIMIT,
+                 "%s: a pidfd for peer %d: %s (RLIMIT_NOFILE is %llu "
+                 "descriptors)",
+                 fn, pid, strerror(e), (unsigned long long)rl.rlim_cur);
+}
+
+/* PIDFD_GET_INFO (Linux 6.13): the pid in the caller's pid namespace. */
+struct pp_pidfd_info {
+  uint64_t mask, cgroupid;
+  uint32_t pid, tgid, ppid, ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid;
+  int32_t exit_code;
+};
+_Static_assert(sizeof(struct pp_pidfd_info) == 64, "PIDFD_INFO_SIZE_VER0");
+#define PP_PIDFD_GET_INFO _IOWR(0xFF, 11, struct pp_pidfd_info)
+
+/* The pid a pidfd names, in this process's pid namespace: > 0, or -1 if
+ * it has been reaped, 0 if it is in no pid namespace of ours; -2 if not a
+ * pidfd. PIDFD_GET_INFO where the kernel has it, else "Pid:" of its
+ * fdinfo (which counts in /proc's namespace). */
+static int pidfd_pid(int pidfd) {
+  struct pp_pidfd_info info;
+  memset(&info, 0, sizeof info);
+  info.mask = 1; /* PIDFD_INFO_PID */
+  if (ioctl(pidfd, PP_PIDFD_GET_INFO, &info) == 0)
+    return (int)info.tgid;
+  if (errno == ESRCH)
+    return -1;
+  if (errno == EBADF)
+    return -2;
+  char path[64], buf[1024];
+  (void)snprintf(path, sizeof path, "/proc/self/fdinfo/%d", pidfd);
+  int f = open(path, O_RDONLY | O_CLOEXEC);
+  if (f < 0)
+    return -2;
+  ssize_t n = read(f, buf, sizeof buf - 1);
+  (void)close(f);
+  if (n <= 0)
+    return -2;
+  buf[n] = '\0';
+  const char *p = strstr(buf, "\nPid:");
+  if (p == NULL)
+    return -2;
+  return (int)strtol(p + 5, NULL, 10);
+}
+
+/* Add a record for the process of `pidfd` (consumed), pid `pid`. */
+static int peer_add(pp_share_t *s, int pid, int pidfd, peer_t **out) {
+  pp_assert_held(&s->lock);
+  if (s->npeers == s->cpeers) {
+    size_t n = s->cpeers == 0 ? 8 : s->cpeers * 2;
+    peer_t *t = realloc(s->peers, n * sizeof *t);
+    if (t == NULL) {
+      (void)close(pidfd);
+      return pp_fail(PINPOOL_ENOMEM, "pinpool_lend: out of memory");
+    }
+    s->peers = t;
+    s->cpeers = n;
+  }
+  peer_t *p = &s->peers[s->npeers++];
+  *p = (peer_t){s->next_peer++, pid, pidfd, 0};
+  *out = p;
+  return 0;
+}
+
+/* Whether the process `pid` names now is the one p's pidfd names, p having
+ * exited (lock held): no process has the pid (it was p's and was reaped),
+ * or a pidfd opened for it is the same pidfs inode as p's (p's zombie).
+ * Without pidfs (before Linux 6.9) two pidfds cannot be compared: false. */
+static bool exited_peer_is(const peer_t *p, int pid) {
+  if (p->pid != pid)
+    return false;
+  int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+  if (fd < 0)
+    return errno == ESRCH;
+  struct stat a, b;
+  struct statfs fs;
+  bool same = fstatfs(fd, &fs) == 0 && fs.f_type == PIDFS_MAGIC &&
+              fstat(fd, &a) == 0 && fstat(p->pidfd, &b) == 0 &&
+              a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+  (void)close(fd);
+  return same;
+}
+
+/* The record of the process pid names now, made if needed (lock held). A
+ * record whose process has exited is another process's, even with this
+ * pid: the lend goes to a new record. */
+static int peer_of_pid(pp_share_t *s, const char *fn, int pid, peer_t **out) {
+  peer_t *p = peer_live(s, pid);
+  if (p != NULL) {
+    *out = p;
+    return 0;
+  }
+  int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ESRCH)
+      return pp_fail(PINPOOL_EEXITED, "%s: no process %d (it has exited)", fn,
+                     pid);
+    if (e == EMFILE || e == ENFILE)
+      return nofile_fail(fn, pid, e);
+    return pp_fail(PINPOOL_EBACKEND,
+                   "%s: pidfd_open(%d): %s (a shared pool needs pidfds: "
+                   "Linux 5.3)",
+                   fn, pid, strerror(e));
+  }
+  (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+  if (pidfd_exited(fd)) { /* a zombie: it will never return the block */
+    (void)close(fd);
+    return pp_fail(PINPOOL_EEXITED, "%s: process %d has exited (a zombie)", fn,
+                   pid);
+  }
+  return peer_add(s, pid, fd, out);
+}
+
+/* The record of the process `pidfd` names (lock held). */
+static int peer_of_pidfd(pp_share_t *s, const char *fn, int pidfd,
+                         peer_t **out) {
+  int pid = pidfd_pid(pidfd);
+  if (pid == -2)
+    return pp_fail(PINPOOL_EINVAL, "%s: descriptor %d is not a pidfd", fn,
+                   pidfd);
+  if (pid <= 0 || pidfd_exited(pidfd))
+    return pp_fail(PINPOOL_EEXITED,
+                   pid == 0 ? "%s: the process of pidfd %d is outside this "
+                              "pid namespace"
+                            : "%s: the process of pidfd %d has exited",
+                   fn, pidfd);
+  /* Alive now, so its pid names it alone: a live record with that pid is
+   * this process. */
+  peer_t *p = peer_live(s, pid);
+  if (p != NULL) {
+    *out = p;
+    return 0;
+  }
+  int fd = fcntl(pidfd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0)
+    return errno == EMFILE || errno == ENFILE
+               ? nofile_fail(fn, pid, errno)
+               : pp_fail(PINPOOL_EBACKEND, "%s: dup of pidfd %d: %s", fn, pidfd,
+                         strerror(errno));
+  return peer_add(s, pid, fd, out);
+}
+
 /* ---- Lends --------------------------------------------------------------- */
 
 static lend_t *lend_find(pp_share_t *s, const void *ptr) {
@@ -329,13 +628,6 @@ static lend_t *lend_find(pp_share_t *s, const void *ptr) {
   for (size_t i = 0; i < s->nlends; i++)
     if (s->lends[i].ptr == ptr)
       return &s->lends[i];
-  return NULL;
-}
-static peer_t *peer_find(pp_share_t *s, int pid) {
-  pp_assert_held(&s->lock);
-  for (size_t i = 0; i < s->npeers; i++)
-    if (s->peers[i].pid == pid)
-      return &s->peers[i];
   return NULL;
 }
 
@@ -346,13 +638,14 @@ static void lend_end(pp_share_t *s, lend_t *l) {
   pp_ctl_slot_t *slot = pp_ctl_slot(l->ck->ctl, l->slot);
   pp_store_release(&slot->gen, 0);
   l->ck->free_slots[l->ck->nfree++] = l->slot;
-  peer_t *p = peer_find(s, l->peer);
+  peer_t *p = peer_by_id(s, l->peer_id);
+  pp_assert(p != NULL);
   if (p != NULL && --p->nlends == 0) {
-    if (p->pidfd >= 0)
-      (void)close(p->pidfd);
+    (void)close(p->pidfd);
     *p = s->peers[--s->npeers];
   }
   pp_fetch_sub_relaxed(&s->lent_bytes, l->len);
+  memset(l->token, 0, sizeof l->token);
   *l = s->lends[--s->nlends];
   pp_store_release(&s->nlent, s->nlends);
 }
@@ -371,6 +664,10 @@ void pp_share_counts(pp_share_t *s, uint64_t *blocks, uint64_t *bytes) {
   *bytes = pp_load_relaxed(&s->lent_bytes);
 }
 
+uint64_t pp_share_refusals(pp_share_t *s) {
+  return pp_load_relaxed(&s->refusals);
+}
+
 int pp_share_lends_copy(pp_share_t *s, pp_lend_view_t **out, size_t *n) {
   pp_mutex_lock(&s->lock);
   size_t k = s->nlends;
@@ -386,58 +683,13 @@ int pp_share_lends_copy(pp_share_t *s, pp_lend_view_t **out, size_t *n) {
                             l->ck->id,
                             (uintptr_t)l->ptr - l->ck->base,
                             l->gen,
-                            l->peer,
+                            l->peer_pid,
                             l->since_ns,
                             l->since_unix_ns};
   }
   pp_mutex_unlock(&s->lock);
   *out = v;
   *n = k;
-  return 0;
-}
-
-/* Open the peer's record (lock held): a pidfd, so that its death is seen
- * even when its pid is reused. */
-static int peer_get(pp_share_t *s, int pid, peer_t **out) {
-  pp_assert_held(&s->lock);
-  peer_t *p = peer_find(s, pid);
-  if (p != NULL) {
-    *out = p;
-    return 0;
-  }
-  if (s->npeers == s->cpeers) {
-    size_t n = s->cpeers == 0 ? 8 : s->cpeers * 2;
-    peer_t *t = realloc(s->peers, n * sizeof *t);
-    if (t == NULL)
-      return pp_fail(PINPOOL_ENOMEM, "pinpool_lend: out of memory");
-    s->peers = t;
-    s->cpeers = n;
-  }
-  int fd = (int)syscall(SYS_pidfd_open, pid, 0);
-  if (fd < 0) {
-    int e = errno;
-    if (e == ESRCH)
-      return pp_fail(PINPOOL_EINVAL, "pinpool_lend: no process %d", pid);
-    if (e == EMFILE || e == ENFILE) {
-      struct rlimit rl = {0, 0};
-      (void)getrlimit(RLIMIT_NOFILE, &rl);
-      return pp_fail(PINPOOL_ELIMIT,
-                     "pinpool_lend: pidfd_open for peer %d: %s "
-                     "(RLIMIT_NOFILE is %llu descriptors)",
-                     pid, strerror(e), (unsigned long long)rl.rlim_cur);
-    }
-    if (e != ENOSYS && e != EPERM)
-      return pp_fail(PINPOOL_EBACKEND, "pinpool_lend: pidfd_open(%d): %s", pid,
-                     strerror(e));
-    if (kill(pid, 0) != 0 && errno == ESRCH)
-      return pp_fail(PINPOOL_EINVAL, "pinpool_lend: no process %d", pid);
-    fd = -1; /* older kernel: kill(pid, 0) at reclaim time */
-  } else {
-    (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
-  }
-  p = &s->peers[s->npeers++];
-  *p = (peer_t){pid, fd, 0};
-  *out = p;
   return 0;
 }
 
@@ -452,49 +704,59 @@ static int need_shared(pinpool_t *pool, const char *fn) {
   return 0;
 }
 
-int pinpool_lend(pinpool_t *pool, void *ptr, int peer,
-                 pinpool_share_handle_t *out, int *fd) {
-  int rc = need_shared(pool, "pinpool_lend");
+/* pinpool_lend and pinpool_lend_pidfd: peer is a pid (by_pidfd false) or a
+ * pidfd. */
+static int lend(pinpool_t *pool, const char *fn, void *ptr, int peer,
+                bool by_pidfd, pinpool_share_handle_t *out, int *fd) {
+  int rc = need_shared(pool, fn);
   if (rc != 0)
     return rc;
   if (ptr == NULL || out == NULL || fd == NULL)
-    return pp_fail(PINPOOL_EINVAL, "pinpool_lend: NULL argument");
-  if (peer <= 0)
-    return pp_fail(PINPOOL_EINVAL,
-                   "pinpool_lend: peer %d is not a process id (> 0)", peer);
+    return pp_fail(PINPOOL_EINVAL, "%s: NULL argument", fn);
+  if (!by_pidfd && peer <= 0)
+    return pp_fail(PINPOOL_EINVAL, "%s: peer %d is not a process id (> 0)", fn,
+                   peer);
+  if (by_pidfd && peer < 0)
+    return pp_fail(PINPOOL_EINVAL, "%s: pidfd %d is not a descriptor", fn,
+                   peer);
   size_t bs = 0;
   rc = pinpool_block_size(pool, ptr, &bs);
   if (rc != 0) {
     char why[256];
     pp_error_save(why, sizeof why);
-    return pp_fail(rc, "pinpool_lend: %s", why);
+    return pp_fail(rc, "%s: %s", fn, why);
   }
   pp_share_t *s = pool->share;
   pp_mutex_lock(&s->lock);
   pp_schunk_t *c = chunk_of(s, ptr);
   peer_t *p = NULL;
+  uint8_t token[16] = {0};
   if (c == NULL || (uintptr_t)ptr + bs - c->base > c->size)
-    rc = pp_fail(PINPOOL_ECORRUPT, "pinpool_lend: block %p is in no chunk",
+    rc = pp_fail(PINPOOL_ECORRUPT, "%s: block %p is in no chunk", fn,
                  ptr); /* cannot happen: every chunk is a memfd */
   else if (lend_find(s, ptr) != NULL)
-    rc = pp_fail(PINPOOL_EBUSY, "pinpool_lend: block %p is lent already", ptr);
+    rc = pp_fail(PINPOOL_EBUSY, "%s: block %p is lent already", fn, ptr);
   else if (c->nfree == 0)
-    rc = pp_fail(PINPOOL_EBUSY,
-                 "pinpool_lend: chunk %llu has %u blocks lent, its most",
-                 (unsigned long long)c->id, c->nslots);
+    rc = pp_fail(PINPOOL_EBUSY, "%s: chunk %llu has %u blocks lent, its most",
+                 fn, (unsigned long long)c->id, c->nslots);
   else if (s->nlends == s->clends) {
     size_t n = s->clends == 0 ? 16 : s->clends * 2;
     lend_t *t = realloc(s->lends, n * sizeof *t);
     if (t == NULL)
-      rc = pp_fail(PINPOOL_ENOMEM, "pinpool_lend: out of memory");
+      rc = pp_fail(PINPOOL_ENOMEM, "%s: out of memory", fn);
     else
       s->lends = t, s->clends = n;
   }
   if (rc == 0)
-    rc = peer_get(s, peer, &p);
+    rc = token_new(s, token);
+  /* Last: a record made here is the only thing to undo, and only if it has
+   * no lend (below, it gets this one). */
+  if (rc == 0)
+    rc = by_pidfd ? peer_of_pidfd(s, fn, peer, &p)
+                  : peer_of_pid(s, fn, peer, &p);
   if (rc != 0 || p == NULL) {
     pp_mutex_unlock(&s->lock);
-    return rc;
+    return rc != 0 ? rc : PINPOOL_ECORRUPT;
   }
   uint32_t si = c->free_slots[--c->nfree];
   uint64_t gen = s->next_gen++;
@@ -502,11 +764,13 @@ int pinpool_lend(pinpool_t *pool, void *ptr, int peer,
   pp_ctl_slot_t *slot = pp_ctl_slot(c->ctl, si);
   pp_store_relaxed(&slot->offset, off);
   pp_store_relaxed(&slot->length, (uint64_t)bs);
-  pp_store_relaxed(&slot->peer, (uint64_t)peer);
+  pp_store_relaxed(&slot->peer, (uint64_t)p->pid);
   pp_store_release(&slot->gen, gen); /* publishes offset and length */
   p->nlends++;
-  s->lends[s->nlends++] =
-      (lend_t){ptr, bs, c, si, peer, gen, pp_now_ns(), realtime_ns()};
+  lend_t *l = &s->lends[s->nlends++];
+  *l = (lend_t){ptr,   bs,  c,   si,          p->pid,
+                p->id, gen, {0}, pp_now_ns(), realtime_ns()};
+  memcpy(l->token, token, sizeof token);
   pp_fetch_add_relaxed(&s->lent_bytes, bs);
   pp_store_release(&s->nlent, s->nlends);
   *out = (pinpool_share_handle_t){.magic = PINPOOL_SHARE_MAGIC,
@@ -521,98 +785,188 @@ int pinpool_lend(pinpool_t *pool, void *ptr, int peer,
                                   .offset = off,
                                   .length = bs,
                                   .generation = gen,
-                                  .slot = si};
+                                  .slot = si,
+                                  .owner_ctl_fd = c->ctl_fd,
+                                  .ctl_ino = c->ctl_ino};
+  memcpy(out->token, token, sizeof token);
+  memset(token, 0, sizeof token);
   *fd = c->fd;
   pp_mutex_unlock(&s->lock);
   return 0;
 }
 
-int pinpool_lend_return(pinpool_t *pool, const pinpool_share_handle_t *h) {
+int pinpool_lend(pinpool_t *pool, void *ptr, int peer,
+                 pinpool_share_handle_t *out, int *fd) {
+  return lend(pool, "pinpool_lend", ptr, peer, false, out, fd);
+}
+
+int pinpool_lend_pidfd(pinpool_t *pool, void *ptr, int pidfd,
+                       pinpool_share_handle_t *out, int *fd) {
+  return lend(pool, "pinpool_lend_pidfd", ptr, pidfd, true, out, fd);
+}
+
+/* A refused return: counted, nothing else changes. */
+static int refuse(pp_share_t *s, int code, const char *fmt,
+                  unsigned long long gen) {
+  pp_fetch_add_relaxed(&s->refusals, 1);
+  return pp_fail(code, fmt, gen);
+}
+
+int pinpool_lend_return(pinpool_t *pool, const pinpool_share_handle_t *h,
+                        int peer) {
   int rc = need_shared(pool, "pinpool_lend_return");
   if (rc != 0)
     return rc;
   if (h == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_lend_return: handle is NULL");
+  if (peer <= 0)
+    return pp_fail(PINPOOL_EINVAL,
+                   "pinpool_lend_return: peer %d is not a process id (> 0)",
+                   peer);
   pp_share_t *s = pool->share;
+  unsigned long long g = (unsigned long long)h->generation;
   if (h->magic != PINPOOL_SHARE_MAGIC || h->version != PINPOOL_SHARE_VERSION ||
       h->nonce != s->nonce)
-    return pp_fail(PINPOOL_EBADHANDLE,
-                   "pinpool_lend_return: not a handle of this pool");
+    return refuse(s, PINPOOL_EBADHANDLE,
+                  "pinpool_lend_return: not a handle of this pool "
+                  "(generation %llu)",
+                  g);
   pp_mutex_lock(&s->lock);
   lend_t *l = NULL;
   for (size_t i = 0; i < s->nlends && l == NULL; i++)
     if (s->lends[i].gen == h->generation)
       l = &s->lends[i];
-  if (l == NULL)
-    rc = pp_fail(PINPOOL_ESTALE,
-                 "pinpool_lend_return: no lend of generation %llu (returned "
-                 "or reclaimed already)",
-                 (unsigned long long)h->generation);
-  else if (l->ck->id != h->chunk_id ||
-           (uintptr_t)l->ptr - l->ck->base != h->offset ||
-           l->len != h->length || l->slot != h->slot)
-    rc = pp_fail(PINPOOL_EBADHANDLE,
-                 "pinpool_lend_return: the handle of generation %llu does "
-                 "not describe that lend (forged?)",
-                 (unsigned long long)h->generation);
-  else
+  if (l == NULL) {
+    rc = refuse(s, PINPOOL_ESTALE,
+                "pinpool_lend_return: no lend of generation %llu (returned "
+                "or reclaimed already)",
+                g);
+  } else if (l->ck->id != h->chunk_id ||
+             (uintptr_t)l->ptr - l->ck->base != h->offset ||
+             l->len != h->length || l->slot != h->slot) {
+    rc = refuse(s, PINPOOL_EBADHANDLE,
+                "pinpool_lend_return: the handle of generation %llu does "
+                "not describe that lend (forged?)",
+                g);
+  }
+#ifndef PINPOOL_MUTANT_SHARE_NO_TOKEN
+  else if (!token_eq(l->token, h->token)) {
+    rc = refuse(s, PINPOOL_EPERM,
+                "pinpool_lend_return: the handle of generation %llu does "
+                "not carry its lend's token (forged)",
+                g);
+  } else {
+    /* The borrower alive: its pid names it alone. Exited (a worker that
+     * sent its last return and left): accepted while the pid names no
+     * other process. */
+    peer_t *p = peer_by_id(s, l->peer_id);
+    if (p == NULL || p->pid != peer)
+      rc = refuse(s, PINPOOL_EPERM,
+                  "pinpool_lend_return: the lend of generation %llu was "
+                  "made to another process",
+                  g);
+    else if (pidfd_exited(p->pidfd) && !exited_peer_is(p, peer))
+      rc = refuse(s, PINPOOL_EPERM,
+                  "pinpool_lend_return: the borrower of generation %llu has "
+                  "exited and its pid names another process now (end its "
+                  "lends with pinpool_lend_reclaim_exited)",
+                  g);
+    else
+      lend_end(s, l);
+  }
+#else
+  /* Mutant (docs/verification.md): neither token nor peer compared. */
+  else {
+    (void)token_eq;
+    (void)exited_peer_is;
     lend_end(s, l);
+  }
+#endif
   pp_mutex_unlock(&s->lock);
   return rc;
 }
 
-/* Whether process `p` has exited (lock held). */
-static bool peer_exited(const peer_t *p) {
-  if (p->pidfd >= 0) {
-    struct pollfd pfd = {p->pidfd, POLLIN, 0};
-    return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP)) != 0;
-  }
-  return kill(p->pid, 0) != 0 && errno == ESRCH;
+/* Whether lend l is selected by (peer, live) (lock held): its peer record
+ * has exited, or `live` (the caller ends live lends too); and its pid is
+ * peer (> 0) or peer is -1. */
+static bool selected(pp_share_t *s, const lend_t *l, int peer, bool live) {
+  if (peer > 0 && l->peer_pid != peer)
+    return false;
+  if (live)
+    return true;
+  peer_t *p = peer_by_id(s, l->peer_id);
+  return p == NULL || pidfd_exited(p->pidfd);
 }
 
-/* End every lend to `peer` (-1: all); free the blocks if asked. */
-static int reclaim(pinpool_t *pool, int peer, unsigned flags, size_t *count) {
+/* End up to cap selected lends in one hold of the lock, listing them in
+ * ended (may be NULL: then cap is unbounded and ptrs is filled for FREE);
+ * then free them if asked. */
+static int reclaim(pinpool_t *pool, int peer, unsigned flags,
+                   pinpool_lend_info_t *ended, size_t cap, size_t *count) {
   pp_share_t *s = pool->share;
+  bool live = (flags & PINPOOL_RECLAIM_LIVE) != 0;
   size_t n = 0;
   int rc = 0;
   for (;;) {
-    void *ptr = NULL;
+    /* Batches of up to 64 when the caller wants no list: a free is made
+     * outside the lock. */
+    pinpool_lend_info_t local[64];
+    pinpool_lend_info_t *out = ended != NULL ? ended + n : local;
+    size_t room = ended != NULL ? cap - n : 64;
+    size_t k = 0;
     pp_mutex_lock(&s->lock);
-    for (size_t i = 0; i < s->nlends; i++)
-      if (peer == -1 || s->lends[i].peer == peer) {
-        ptr = s->lends[i].ptr;
-        lend_end(s, &s->lends[i]);
-        break;
+    /* Exit status is read once per peer per pass: a peer seen exited stays
+     * exited. */
+    for (size_t i = 0; i < s->nlends && k < room;) {
+      lend_t *l = &s->lends[i];
+      if (!selected(s, l, peer, live)) {
+        i++;
+        continue;
       }
-    pp_mutex_unlock(&s->lock);
-    if (ptr == NULL)
-      break;
-    n++;
-    if (flags & PINPOOL_RECLAIM_FREE) {
-      int r = pinpool_free(pool, ptr);
-      if (r != 0 && rc == 0)
-        rc = r; /* the owner freed it meanwhile: its own race */
+      out[k++] = (pinpool_lend_info_t){l->ptr, l->len, l->gen, l->peer_pid, 0};
+      lend_end(s, l); /* moves the last lend to i */
     }
+    pp_mutex_unlock(&s->lock);
+    n += k;
+    if (flags & PINPOOL_RECLAIM_FREE)
+      for (size_t i = 0; i < k; i++) {
+        int r = pinpool_free(pool, out[i].ptr);
+        if (r != 0 && rc == 0)
+          rc = r; /* the owner freed it meanwhile: its own race */
+      }
+    if (k < room || ended != NULL)
+      break;
   }
   if (count != NULL)
     *count = n;
   return rc;
 }
 
-int pinpool_lend_reclaim(pinpool_t *pool, int peer, unsigned flags,
-                         size_t *count) {
-  int rc = need_shared(pool, "pinpool_lend_reclaim");
+static int reclaim_args(pinpool_t *pool, const char *fn, int peer,
+                        unsigned flags) {
+  int rc = need_shared(pool, fn);
   if (rc != 0)
     return rc;
-  if (peer == 0 || peer < -1)
+  if (peer == 0 || peer < -2)
     return pp_fail(PINPOOL_EINVAL,
-                   "pinpool_lend_reclaim: peer %d (a process id, or -1 for "
-                   "every peer)",
+                   "%s: peer %d (a process id, or -1 for every peer)", fn,
                    peer);
-  if ((flags & ~PINPOOL_RECLAIM_FREE) != 0)
-    return pp_fail(PINPOOL_EINVAL, "pinpool_lend_reclaim: unknown flags %#x",
-                   flags);
-  return reclaim(pool, peer, flags, count);
+  if ((flags & ~(PINPOOL_RECLAIM_FREE | PINPOOL_RECLAIM_LIVE)) != 0)
+    return pp_fail(PINPOOL_EINVAL, "%s: unknown flags %#x", fn, flags);
+  return 0;
+}
+
+int pinpool_lend_reclaim(pinpool_t *pool, int peer, unsigned flags,
+                         size_t *count) {
+  int rc = reclaim_args(pool, "pinpool_lend_reclaim", peer, flags);
+  if (rc == 0 && peer == PINPOOL_PEER_EXITED)
+    rc = pp_fail(PINPOOL_EINVAL,
+                 "pinpool_lend_reclaim: peer %d (a process id, or -1 for "
+                 "every peer)",
+                 peer);
+  if (rc != 0)
+    return rc;
+  return reclaim(pool, peer, flags, NULL, 0, count);
 }
 
 int pinpool_lend_reclaim_exited(pinpool_t *pool, unsigned flags,
@@ -623,24 +977,22 @@ int pinpool_lend_reclaim_exited(pinpool_t *pool, unsigned flags,
   if ((flags & ~PINPOOL_RECLAIM_FREE) != 0)
     return pp_fail(PINPOOL_EINVAL,
                    "pinpool_lend_reclaim_exited: unknown flags %#x", flags);
-  pp_share_t *s = pool->share;
-  size_t total = 0;
-  for (;;) {
-    int dead = 0;
-    pp_mutex_lock(&s->lock);
-    for (size_t i = 0; i < s->npeers && dead == 0; i++)
-      if (peer_exited(&s->peers[i]))
-        dead = s->peers[i].pid;
-    pp_mutex_unlock(&s->lock);
-    if (dead == 0)
-      break;
-    size_t n = 0;
-    int r = reclaim(pool, dead, flags, &n);
-    if (r != 0 && rc == 0)
-      rc = r;
-    total += n;
+  return reclaim(pool, -1, flags, NULL, 0, count);
+}
+
+int pinpool_lend_reclaim_list(pinpool_t *pool, int peer, unsigned flags,
+                              pinpool_lend_info_t *ended, size_t cap,
+                              size_t *count) {
+  int rc = reclaim_args(pool, "pinpool_lend_reclaim_list", peer, flags);
+  if (rc != 0)
+    return rc;
+  if (ended == NULL || cap == 0 || count == NULL)
+    return pp_fail(PINPOOL_EINVAL,
+                   "pinpool_lend_reclaim_list: ended, cap and count are "
+                   "needed");
+  if (peer == PINPOOL_PEER_EXITED) {
+    peer = -1;
+    flags &= ~PINPOOL_RECLAIM_LIVE;
   }
-  if (count != NULL)
-    *count = total;
-  return rc;
+  return reclaim(pool, peer, flags, ended, cap, count);
 }

@@ -34,12 +34,18 @@
 #define SYS_pidfd_open 434
 #endif
 
+/* The chunk's bytes: never resized, always writable (workers fill them). */
 #define SEALS_NEEDED (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 #define SEALS_FORBIDDEN (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)
+/* The control area, a memfd of its own: never resized and, once the owner
+ * has mapped it (its mapping keeps writing), never writable again through
+ * any descriptor or new mapping (F_SEAL_FUTURE_WRITE, Linux 5.1). */
+#define CTL_SEALS                                                              \
+  (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL | F_SEAL_FUTURE_WRITE)
 #define CTL_MAGIC 0x70696e706f6f6c31ull /* "pinpool1" */
 #define HUGE_ALIGN ((size_t)2 << 20)
 
-/* ---- The control area (in the memfd, after the chunk's bytes) ----------
+/* ---- The control area (a sealed memfd of its own, docs/sharing.md) -----
  * Atomics: the owner writes while workers (other processes, or threads of
  * this one) read. Lock-free 64-bit atomics are address-free, so they work
  * across processes. */
@@ -52,7 +58,7 @@ typedef struct pp_ctl_slot {
   _Atomic(uint64_t) offset, length, peer;
 } pp_ctl_slot_t;
 _Static_assert(sizeof(pp_ctl_head_t) == 64, "control header is 64 bytes");
-_Static_assert(sizeof(pinpool_share_handle_t) == 96, "handle is 96 bytes");
+_Static_assert(sizeof(pinpool_share_handle_t) == 128, "handle is 128 bytes");
 
 /* Slots per chunk: one per 16 KiB of chunk, 128 to 65536 (a 2 MiB chunk
  * lends 128 blocks at once; a 1 GiB chunk 65536, in 2 MiB of control). A
@@ -70,5 +76,16 @@ static inline uint64_t pp_ctl_bytes(uint64_t size) {
 static inline pp_ctl_slot_t *pp_ctl_slot(void *ctl, uint64_t i) {
   return (pp_ctl_slot_t *)((char *)ctl + sizeof(pp_ctl_head_t)) + i;
 }
+
+/* Worker side (share_worker.c): a control-area descriptor received with a
+ * handle (pinpool_share_recv), kept until the chunk is attached. The
+ * descriptor is consumed. */
+void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd);
+/* Tests: at most this many bytes per sendmsg/recvmsg of a handle (0: no
+ * cap), to force short reads and writes at every byte boundary; the
+ * received control descriptors and the part-messages kept now. */
+extern _Atomic(size_t) pp_share_io_cap;
+size_t pp_share_worker_pending_ctl(void);
+size_t pp_share_io_kept(void);
 
 #endif

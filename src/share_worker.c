@@ -38,11 +38,22 @@ typedef struct attachment {
   char *ptr;
   wchunk_t *ck;
 } attachment_t;
+/* A control-area descriptor received with a handle, for a chunk not mapped
+ * here yet (pinpool_share_recv): consumed by the chunk's first attach. At
+ * most MAX_CTL are kept (the oldest is closed). */
+#define MAX_CTL 64
+typedef struct ctl_pending {
+  uint64_t dev, ino; /* the chunk's */
+  uint64_t ctl_ino;
+  int fd;
+} ctl_pending_t;
 static struct {
   pp_mutex_t lock;
   wchunk_t *chunks;
   attachment_t *att;
   size_t natt, catt;
+  ctl_pending_t ctl[MAX_CTL];
+  size_t nctl;
 } wk = {.lock = {.m = PTHREAD_MUTEX_INITIALIZER}};
 
 void pp_share_worker_fork(int phase) {
@@ -102,19 +113,46 @@ static int check_fd(const pinpool_share_handle_t *h, int fd) {
                    "pinpool_share_attach: descriptor %d has seals %#x, "
                    "expected shrink, grow and seal (and no write seal)",
                    fd, (unsigned)seals);
-  if ((uint64_t)st.st_size != h->chunk_size + pp_ctl_bytes(h->chunk_size))
+  if ((uint64_t)st.st_size != h->chunk_size)
     return pp_fail(PINPOOL_EBADHANDLE,
                    "pinpool_share_attach: descriptor %d is %lld bytes, the "
                    "handle's chunk %llu",
                    fd, (long long)st.st_size,
-                   (unsigned long long)h->chunk_size +
-                       pp_ctl_bytes(h->chunk_size));
+                   (unsigned long long)h->chunk_size);
   int fl = fcntl(fd, F_GETFL);
   if (fl < 0 || (fl & O_ACCMODE) != O_RDWR)
     return pp_fail(PINPOOL_EBADHANDLE,
                    "pinpool_share_attach: descriptor %d is not open "
                    "read-write",
                    fd);
+  return 0;
+}
+
+/* cfd is the handle's control area: the memfd of inode ctl_ino, its size,
+ * sealed against resizing and against every write. 0 or EBADHANDLE. */
+static int check_ctl(const pinpool_share_handle_t *h, int cfd) {
+  struct stat st;
+  if (fstat(cfd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      (uint64_t)st.st_dev != h->dev || (uint64_t)st.st_ino != h->ctl_ino)
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_share_attach: descriptor %d is not the handle's "
+                   "control area (inode %llu)",
+                   cfd, (unsigned long long)h->ctl_ino);
+  int seals = fcntl(cfd, F_GET_SEALS);
+  if (seals < 0 ||
+      (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
+          (F_SEAL_SHRINK | F_SEAL_GROW) ||
+      (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) == 0)
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_share_attach: control descriptor %d has seals "
+                   "%#x: not sealed against writes and resizing",
+                   cfd, (unsigned)seals);
+  if ((uint64_t)st.st_size != pp_ctl_bytes(h->chunk_size))
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_share_attach: control descriptor %d is %lld "
+                   "bytes, expected %llu",
+                   cfd, (long long)st.st_size,
+                   (unsigned long long)pp_ctl_bytes(h->chunk_size));
   return 0;
 }
 
@@ -161,12 +199,64 @@ static int check_slot(const wchunk_t *c, const pinpool_share_handle_t *h) {
   return 0;
 }
 
-int pinpool_share_attach(const pinpool_share_handle_t *h, int fd, void **out) {
+/* The descriptor of h's control area to map (lock held): ctl_fd if given,
+ * else one received with a handle of this chunk, else the inherited
+ * owner_ctl_fd if it is that file; *pending: the index of a received one
+ * (to close once mapped), else -1. -1 if none. */
+static int find_ctl(const pinpool_share_handle_t *h, int ctl_fd,
+                    long *pending) {
+  *pending = -1;
+  if (ctl_fd >= 0)
+    return ctl_fd;
+  for (size_t i = 0; i < wk.nctl; i++)
+    if (wk.ctl[i].dev == h->dev && wk.ctl[i].ino == h->ino &&
+        wk.ctl[i].ctl_ino == h->ctl_ino) {
+      *pending = (long)i;
+      return wk.ctl[i].fd;
+    }
+  struct stat st;
+  if (h->owner_ctl_fd >= 0 && fstat(h->owner_ctl_fd, &st) == 0 &&
+      (uint64_t)st.st_dev == h->dev && (uint64_t)st.st_ino == h->ctl_ino)
+    return h->owner_ctl_fd;
+  return -1;
+}
+
+void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd) {
+  int drop = -1;
+  pp_mutex_lock(&wk.lock);
+  wchunk_t *c = wk.chunks;
+  while (c != NULL && !(c->dev == h->dev && c->ino == h->ino))
+    c = c->next;
+  size_t i = 0;
+  while (i < wk.nctl && !(wk.ctl[i].dev == h->dev && wk.ctl[i].ino == h->ino))
+    i++;
+  if (c != NULL) {
+    drop = ctl_fd; /* mapped already: its control area is mapped too */
+  } else if (i < wk.nctl) {
+    drop = wk.ctl[i].fd; /* the newer one replaces it */
+    wk.ctl[i] = (ctl_pending_t){h->dev, h->ino, h->ctl_ino, ctl_fd};
+  } else {
+    if (wk.nctl == MAX_CTL) { /* the oldest goes */
+      drop = wk.ctl[0].fd;
+      memmove(&wk.ctl[0], &wk.ctl[1], (MAX_CTL - 1) * sizeof wk.ctl[0]);
+      wk.nctl--;
+    }
+    wk.ctl[wk.nctl++] = (ctl_pending_t){h->dev, h->ino, h->ctl_ino, ctl_fd};
+  }
+  pp_mutex_unlock(&wk.lock);
+  if (drop >= 0)
+    (void)close(drop);
+}
+
+int pinpool_share_attach_ctl(const pinpool_share_handle_t *h, int fd,
+                             int ctl_fd, void **out) {
   if (h == NULL || out == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_share_attach: NULL argument");
   int rc = check_handle(h);
   if (rc == 0 && fd >= 0)
     rc = check_fd(h, fd);
+  if (rc == 0 && ctl_fd >= 0)
+    rc = check_ctl(h, ctl_fd);
   if (rc != 0)
     return rc;
   pp_mutex_lock(&wk.lock);
@@ -174,6 +264,7 @@ int pinpool_share_attach(const pinpool_share_handle_t *h, int fd, void **out) {
   while (c != NULL && !(c->dev == h->dev && c->ino == h->ino))
     c = c->next;
   bool fresh = false;
+  long pending = -1;
   if (c != NULL && (c->nonce != h->nonce || c->id != h->chunk_id ||
                     c->size != h->chunk_size))
     rc = bad("pinpool_share_attach: %s",
@@ -192,18 +283,25 @@ int pinpool_share_attach(const pinpool_share_handle_t *h, int fd, void **out) {
       wk.att = t, wk.catt = n;
   }
   if (rc == 0 && c == NULL) {
-    c = calloc(1, sizeof *c);
-    if (c == NULL) {
+    int cfd = find_ctl(h, ctl_fd, &pending);
+    if (cfd < 0)
+      rc = bad("pinpool_share_attach: %s",
+               "no descriptor of the chunk's control area (it comes with "
+               "the handle from pinpool_share_send, or is inherited)");
+    else if (cfd != ctl_fd)
+      rc = check_ctl(h, cfd);
+    if (rc == 0)
+      c = calloc(1, sizeof *c);
+    if (rc == 0 && c == NULL) {
       rc = pp_fail(PINPOOL_ENOMEM, "pinpool_share_attach: out of memory");
-    } else {
+    } else if (rc == 0) {
       *c = (wchunk_t){NULL,     h->dev,      h->ino,
                       h->nonce, h->chunk_id, h->chunk_size,
                       NULL,     NULL,        pp_ctl_bytes(h->chunk_size),
                       0};
-      /* The control area read-only: a worker's bug cannot corrupt the
-       * generations other workers check. */
-      c->ctl = mmap(NULL, c->ctl_len, PROT_READ, MAP_SHARED, fd,
-                    (off_t)h->chunk_size);
+      /* Read-only, from a descriptor sealed against writes (and opened
+       * read-only by the owner): no process but the owner can write it. */
+      c->ctl = mmap(NULL, c->ctl_len, PROT_READ, MAP_SHARED, cfd, 0);
       if (c->ctl == MAP_FAILED) {
         rc = map_fail(errno, "control area", c->ctl_len);
         free(c);
@@ -232,6 +330,11 @@ int pinpool_share_attach(const pinpool_share_handle_t *h, int fd, void **out) {
     pp_mutex_unlock(&wk.lock);
     return rc != 0 ? rc : PINPOOL_ECORRUPT;
   }
+  int drop = -1;
+  if (pending >= 0) { /* mapped: the received descriptor is done */
+    drop = wk.ctl[pending].fd;
+    wk.ctl[pending] = wk.ctl[--wk.nctl];
+  }
   if (fresh) {
     c->next = wk.chunks;
     wk.chunks = c;
@@ -240,8 +343,14 @@ int pinpool_share_attach(const pinpool_share_handle_t *h, int fd, void **out) {
   char *p = c->base + h->offset;
   wk.att[wk.natt++] = (attachment_t){p, c};
   pp_mutex_unlock(&wk.lock);
+  if (drop >= 0)
+    (void)close(drop);
   *out = p;
   return 0;
+}
+
+int pinpool_share_attach(const pinpool_share_handle_t *h, int fd, void **out) {
+  return pinpool_share_attach_ctl(h, fd, -1, out);
 }
 
 int pinpool_share_detach(void *ptr) {
@@ -283,12 +392,122 @@ size_t pp_share_worker_chunks(void) {
   return n;
 }
 
-/* ---- Passing a handle and its descriptor ---------------------------------
- * One message: the handle's 96 bytes, with the descriptor as SCM_RIGHTS
- * ancillary data on the first byte (stream sockets deliver it with the
- * first read of those bytes). */
+size_t pp_share_worker_pending_ctl(void) {
+  pp_mutex_lock(&wk.lock);
+  size_t n = wk.nctl;
+  pp_mutex_unlock(&wk.lock);
+  return n;
+}
+
+/* ---- Passing a handle and its descriptors --------------------------------
+ * One message: the handle's 128 bytes, with the descriptors as SCM_RIGHTS
+ * ancillary data on the first byte: the chunk's and, from the owner, its
+ * control area's. A stream socket may deliver or accept the bytes in
+ * pieces: what a call could not finish is kept per socket (struct io
+ * below) and finished by the next call on that socket, so that a message
+ * is never split between two readers' idea of the stream. A kept piece is
+ * taken out of the table while its call runs (no lock over a system
+ * call); two threads on one socket at once are the caller's race, as they
+ * would be for any stream. */
+
+_Atomic(size_t) pp_share_io_cap; /* tests: bytes per send/recv call, 0 all */
+
+static size_t io_len(size_t left) {
+  size_t cap = pp_load_relaxed(&pp_share_io_cap);
+  return cap != 0 && cap < left ? cap : left;
+}
+
+typedef struct io {
+  int sock;
+  uint64_t sdev, sino; /* the socket: a reused descriptor number is another */
+  bool tx;
+  size_t done; /* bytes received or sent */
+  unsigned char buf[sizeof(pinpool_share_handle_t)];
+  int fds[2]; /* received: the chunk's, the control area's */
+  int nfds;
+  int err; /* received: reported once the message is complete */
+} io_t;
+#define MAX_IO 64
+static struct {
+  pp_mutex_t lock;
+  io_t *io[MAX_IO];
+  size_t n;
+} ios = {.lock = {.m = PTHREAD_MUTEX_INITIALIZER}};
+
+static void io_free(io_t *p) {
+  if (p == NULL)
+    return;
+  for (int i = 0; i < p->nfds; i++)
+    (void)close(p->fds[i]);
+  free(p);
+}
+
+static bool sock_id(int sock, uint64_t *dev, uint64_t *ino) {
+  struct stat st;
+  if (fstat(sock, &st) != 0)
+    return false;
+  *dev = (uint64_t)st.st_dev;
+  *ino = (uint64_t)st.st_ino;
+  return true;
+}
+
+/* Take the kept piece of sock's direction tx out of the table (NULL if
+ * none, or if the descriptor number now names another socket: then the
+ * old piece is dropped). */
+static io_t *io_take(int sock, bool tx) {
+  io_t *p = NULL;
+  pp_mutex_lock(&ios.lock);
+  for (size_t i = 0; i < ios.n; i++)
+    if (ios.io[i]->sock == sock && ios.io[i]->tx == tx) {
+      p = ios.io[i];
+      ios.io[i] = ios.io[--ios.n];
+      break;
+    }
+  pp_mutex_unlock(&ios.lock);
+  uint64_t dev, ino;
+  if (p != NULL &&
+      (!sock_id(sock, &dev, &ino) || dev != p->sdev || ino != p->sino)) {
+    io_free(p);
+    p = NULL;
+  }
+  return p;
+}
+
+/* Keep p (a partial message) for the next call on its socket. */
+static int io_keep(io_t *p) {
+  if (p->sdev == 0 && p->sino == 0 && !sock_id(p->sock, &p->sdev, &p->sino)) {
+    io_free(p);
+    return -1;
+  }
+  io_t *drop = NULL;
+  pp_mutex_lock(&ios.lock);
+  if (ios.n == MAX_IO) /* the oldest goes: that socket desynchronises */
+    drop = ios.io[0], ios.io[0] = ios.io[--ios.n];
+  ios.io[ios.n++] = p;
+  pp_mutex_unlock(&ios.lock);
+  io_free(drop);
+  return 0;
+}
+
+/* Pieces of messages kept (tests). */
+size_t pp_share_io_kept(void) {
+  pp_mutex_lock(&ios.lock);
+  size_t n = ios.n;
+  pp_mutex_unlock(&ios.lock);
+  return n;
+}
 
 static int sock_fail(const char *fn, int err) {
+  if (err == EAGAIN || err == EWOULDBLOCK)
+    return pp_fail(PINPOOL_EAGAIN,
+                   "%s: the socket would block (what arrived of the message "
+                   "is kept: call again)",
+                   fn);
+  if (err == EINTR)
+    return pp_fail(PINPOOL_EINTR,
+                   "%s: interrupted by a signal (what arrived of the message "
+                   "is kept: call again)",
+                   fn);
   if (err == EMFILE || err == ENFILE || err == ETOOMANYREFS)
     return pp_fail(PINPOOL_ELIMIT, "%s: %s (descriptor limit: RLIMIT_NOFILE)",
                    fn, strerror(err));
@@ -298,47 +517,107 @@ static int sock_fail(const char *fn, int err) {
   return pp_fail(PINPOOL_EBACKEND, "%s: %s", fn, strerror(err));
 }
 
-int pinpool_share_send(int sock, const pinpool_share_handle_t *h, int fd) {
-  if (h == NULL || sock < 0)
-    return pp_fail(PINPOOL_EINVAL, "pinpool_share_send: bad argument");
-  union {
-    char buf[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-  } u;
-  memset(&u, 0, sizeof u);
-  const char *p = (const char *)h;
-  size_t left = sizeof *h;
-  bool with_fd = fd >= 0;
-  while (left > 0) {
-    struct iovec iov = {(void *)p, left};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (with_fd) {
-      msg.msg_control = u.buf;
-      msg.msg_controllen = sizeof u.buf;
-      struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-      cm->cmsg_level = SOL_SOCKET;
-      cm->cmsg_type = SCM_RIGHTS;
-      cm->cmsg_len = CMSG_LEN(sizeof(int));
-      memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-    }
-    ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      if (errno == EBADF && with_fd && fcntl(fd, F_GETFD) < 0)
-        return pp_fail(PINPOOL_EINVAL,
-                       "pinpool_share_send: %d is not an open descriptor", fd);
-      return sock_fail("pinpool_share_send", errno);
-    }
-    with_fd = false; /* sent with the first byte */
-    p += n;
-    left -= (size_t)n;
+/* The descriptors to send with h: fd, and the owner's control area. */
+static int send_fds(const pinpool_share_handle_t *h, int fd, int fds[2]) {
+  int n = 0;
+  if (fd < 0)
+    return 0;
+  if (fcntl(fd, F_GETFD) < 0)
+    return pp_fail(PINPOOL_EINVAL,
+                   "pinpool_share_send: %d is not an open descriptor", fd);
+  fds[n++] = fd;
+  struct stat st;
+  if (h->owner_pid == (int32_t)getpid() && h->owner_ctl_fd >= 0 &&
+      fstat(h->owner_ctl_fd, &st) == 0 && (uint64_t)st.st_dev == h->dev &&
+      (uint64_t)st.st_ino == h->ctl_ino)
+    fds[n++] = h->owner_ctl_fd;
+  return n;
+}
+
+/* Send what is left of p (its first byte carried the descriptors). */
+static int send_rest(io_t *p) {
+  while (p->done < sizeof p->buf) {
+    ssize_t n = send(p->sock, p->buf + p->done, io_len(sizeof p->buf - p->done),
+                     MSG_NOSIGNAL);
+    if (n < 0)
+      return -errno;
+    p->done += (size_t)n;
   }
   return 0;
 }
 
-/* Close every descriptor of the control messages of msg. */
-static void close_fds(struct msghdr *msg) {
+int pinpool_share_send(int sock, const pinpool_share_handle_t *h, int fd) {
+  if (h == NULL || sock < 0)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_share_send: bad argument");
+  io_t *p = io_take(sock, true);
+  if (p != NULL) { /* finish the message an earlier call began */
+    int e = send_rest(p);
+    if (e == -EAGAIN || e == -EWOULDBLOCK || e == -EINTR) {
+      int rc = sock_fail("pinpool_share_send", -e);
+      if (io_keep(p) != 0)
+        return pp_fail(PINPOOL_EBACKEND,
+                       "pinpool_share_send: a part-sent message was lost "
+                       "(the socket cannot be identified)");
+      return rc;
+    }
+    bool same = memcmp(p->buf, h, sizeof p->buf) == 0;
+    io_free(p);
+    if (e != 0)
+      return sock_fail("pinpool_share_send", -e);
+    if (same) /* this call was the retry of that message: done */
+      return 0;
+  }
+  int fds[2];
+  int nfds = send_fds(h, fd, fds);
+  if (nfds < 0)
+    return nfds;
+  union {
+    char buf[CMSG_SPACE(2 * sizeof(int))];
+    struct cmsghdr align;
+  } u;
+  memset(&u, 0, sizeof u);
+  struct iovec iov = {(void *)h, io_len(sizeof *h)};
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (nfds > 0) {
+    msg.msg_control = u.buf;
+    msg.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+    memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
+  }
+  ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+  if (n < 0) /* nothing sent: nothing kept, the same call again */
+    return sock_fail("pinpool_share_send", errno);
+  if ((size_t)n == sizeof *h)
+    return 0;
+  p = calloc(1, sizeof *p);
+  if (p == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "pinpool_share_send: out of memory (a "
+                                   "message is part-sent)");
+  *p = (io_t){.sock = sock, .tx = true, .done = (size_t)n};
+  memcpy(p->buf, h, sizeof p->buf);
+  int e = send_rest(p);
+  if (e == 0) {
+    io_free(p);
+    return 0;
+  }
+  if (e == -EAGAIN || e == -EWOULDBLOCK || e == -EINTR) {
+    int rc = sock_fail("pinpool_share_send", -e);
+    if (io_keep(p) != 0)
+      return pp_fail(PINPOOL_EBACKEND,
+                     "pinpool_share_send: a part-sent message was lost (the "
+                     "socket cannot be identified)");
+    return rc;
+  }
+  io_free(p);
+  return sock_fail("pinpool_share_send", -e);
+}
+
+/* Take the descriptors of msg's control messages into p (at most 2 kept;
+ * more: all closed and the message marked bad). */
+static void take_fds(io_t *p, struct msghdr *msg) {
   for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm != NULL;
        cm = CMSG_NXTHDR(msg, cm)) {
     if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
@@ -347,80 +626,110 @@ static void close_fds(struct msghdr *msg) {
     for (size_t i = 0; i < k; i++) {
       int f;
       memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof f);
-      (void)close(f);
+      if (p->nfds < 2 && p->err == 0) {
+        p->fds[p->nfds++] = f;
+      } else {
+        (void)close(f);
+        p->err = PINPOOL_EBADHANDLE;
+      }
     }
   }
+  if (p->err == PINPOOL_EBADHANDLE) /* several: none is trusted */
+    for (; p->nfds > 0; p->nfds--)
+      (void)close(p->fds[p->nfds - 1]);
 }
 
 int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
   if (h == NULL || fd == NULL || sock < 0)
     return pp_fail(PINPOOL_EINVAL, "pinpool_share_recv: bad argument");
+  io_t *p = io_take(sock, false);
+  if (p == NULL) {
+    p = calloc(1, sizeof *p);
+    if (p == NULL)
+      return pp_fail(PINPOOL_ENOMEM, "pinpool_share_recv: out of memory");
+    p->sock = sock;
+  }
+  while (p->done < sizeof p->buf) {
+    /* Room for more descriptors than a message has, so that a peer sending
+     * several is detected (and its descriptors closed), not truncated. */
+    union {
+      char buf[CMSG_SPACE(4 * sizeof(int))];
+      struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct iovec iov = {p->buf + p->done, io_len(sizeof p->buf - p->done)};
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = u.buf,
+                         .msg_controllen = sizeof u.buf};
+    ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      int e = errno;
+      if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR) {
+        int rc = sock_fail("pinpool_share_recv", e);
+#ifdef PINPOOL_MUTANT_SHARE_NO_KEEP
+        /* Mutant (docs/verification.md): what arrived is dropped. */
+        if (true)
+#else
+        if (p->done == 0 && p->nfds == 0 && p->err == 0)
+#endif
+          io_free(p); /* nothing arrived: nothing to keep */
+        else if (io_keep(p) != 0)
+          return pp_fail(PINPOOL_EBACKEND,
+                         "pinpool_share_recv: a part-received message was "
+                         "lost (the socket cannot be identified)");
+        return rc;
+      }
+      bool within = p->done > 0;
+      io_free(p);
+      return within && e == ECONNRESET
+                 ? pp_fail(PINPOOL_ECLOSED, "pinpool_share_recv: the peer "
+                                            "closed the socket within a "
+                                            "message")
+                 : sock_fail("pinpool_share_recv", e);
+    }
+    take_fds(p, &msg);
+    if ((msg.msg_flags & MSG_CTRUNC) && p->err == 0) {
+      p->err = PINPOOL_ELIMIT; /* reported when the message is complete */
+      for (; p->nfds > 0; p->nfds--)
+        (void)close(p->fds[p->nfds - 1]);
+    }
+    if (msg.msg_flags & MSG_TRUNC) /* a datagram longer than a handle */
+      p->err = p->err != 0 ? p->err : PINPOOL_EBADHANDLE;
+    if (n == 0) {
+      bool within = p->done > 0;
+      io_free(p);
+      return pp_fail(PINPOOL_ECLOSED, within ? "pinpool_share_recv: the peer "
+                                               "closed the socket within a "
+                                               "message"
+                                             : "pinpool_share_recv: the peer "
+                                               "closed the socket");
+    }
+    p->done += (size_t)n;
+  }
   pinpool_share_handle_t tmp;
-  /* Room for more than one descriptor, so that a peer sending several is
-   * detected (and its descriptors closed) rather than truncated. */
-  union {
-    char buf[CMSG_SPACE(4 * sizeof(int))];
-    struct cmsghdr align;
-  } u;
-  memset(&u, 0, sizeof u);
-  struct iovec iov = {&tmp, sizeof tmp};
-  struct msghdr msg = {.msg_iov = &iov,
-                       .msg_iovlen = 1,
-                       .msg_control = u.buf,
-                       .msg_controllen = sizeof u.buf};
-  ssize_t n;
-  do
-    n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-  while (n < 0 && errno == EINTR);
-  if (n < 0)
-    return sock_fail("pinpool_share_recv", errno);
-  if (n == 0)
-    return pp_fail(PINPOOL_ECLOSED,
-                   "pinpool_share_recv: the peer closed the socket");
-  int got = -1, nfds = 0;
-  for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL;
-       cm = CMSG_NXTHDR(&msg, cm))
-    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-      size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      if (k > 0 && got < 0)
-        memcpy(&got, CMSG_DATA(cm), sizeof got);
-      nfds += (int)k;
-    }
-  if (msg.msg_flags & MSG_CTRUNC) {
-    close_fds(&msg);
-    return pp_fail(PINPOOL_ELIMIT,
-                   "pinpool_share_recv: a descriptor was dropped (MSG_CTRUNC: "
-                   "this process is at RLIMIT_NOFILE, or the peer sent too "
-                   "many)");
-  }
-  if (nfds > 1) {
-    close_fds(&msg);
+  memcpy(&tmp, p->buf, sizeof tmp);
+  int err = p->err;
+  if (err == 0 && (tmp.magic != PINPOOL_SHARE_MAGIC ||
+                   tmp.version != PINPOOL_SHARE_VERSION))
+    err = PINPOOL_EBADHANDLE;
+  if (err != 0) {
+    io_free(p);
+    if (err == PINPOOL_ELIMIT)
+      return pp_fail(PINPOOL_ELIMIT,
+                     "pinpool_share_recv: a descriptor was dropped "
+                     "(MSG_CTRUNC: this process is at RLIMIT_NOFILE, or the "
+                     "peer sent too many)");
     return pp_fail(PINPOOL_EBADHANDLE,
-                   "pinpool_share_recv: %d descriptors in one message", nfds);
+                   "pinpool_share_recv: the message is not a pinpool handle "
+                   "(bad magic or version, too many descriptors, or too "
+                   "long)");
   }
-  size_t have = (size_t)n;
-  while (have < sizeof tmp) { /* a stream socket may split the bytes */
-    ssize_t m = recv(sock, (char *)&tmp + have, sizeof tmp - have, 0);
-    if (m < 0 && errno == EINTR)
-      continue;
-    if (m <= 0) {
-      int e = m < 0 ? errno : 0;
-      if (got >= 0)
-        (void)close(got);
-      return m == 0 ? pp_fail(PINPOOL_ECLOSED,
-                              "pinpool_share_recv: the peer closed the socket "
-                              "within a message")
-                    : sock_fail("pinpool_share_recv", e);
-    }
-    have += (size_t)m;
-  }
-  if (tmp.magic != PINPOOL_SHARE_MAGIC ||
-      tmp.version != PINPOOL_SHARE_VERSION) {
-    if (got >= 0)
-      (void)close(got);
-    return pp_fail(PINPOOL_EBADHANDLE,
-                   "pinpool_share_recv: the message is not a pinpool handle");
-  }
+  int got = p->nfds > 0 ? p->fds[0] : -1;
+  if (p->nfds > 1)
+    pp_share_ctl_received(&tmp, p->fds[1]);
+  p->nfds = 0;
+  io_free(p);
   *h = tmp;
   *fd = got;
   return 0;

@@ -199,8 +199,10 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   st.history_lost_writes = pp_load_relaxed(&pool->hist.lost);
   st.graph_held_blocks = pp_load_relaxed(&pool->graph_blocks);
   st.graph_held_bytes = pp_load_relaxed(&pool->graph_bytes);
-  if (pool->share != NULL)
+  if (pool->share != NULL) {
     pp_share_counts(pool->share, &st.lent_blocks, &st.lent_bytes);
+    st.lend_refusals = pp_share_refusals(pool->share);
+  }
   st.mlock_failures = pp_load_relaxed(&g->mlock_failures);
   st.fallback_bytes = pp_load_relaxed(&g->fallback_bytes);
   st.fallback_blocks = pp_load_relaxed(&g->fallback_blocks);

@@ -56,7 +56,8 @@ static void test_strerror(void **state) {
       PINPOOL_EBACKEND,  PINPOOL_ECORRUPT,   PINPOOL_EBUSY,
       PINPOOL_ENODRIVER, PINPOOL_EDEVICE,    PINPOOL_EFORKED,
       PINPOOL_ESTALE,    PINPOOL_EBADHANDLE, PINPOOL_ELIMIT,
-      PINPOOL_ECLOSED};
+      PINPOOL_ECLOSED,   PINPOOL_EPERM,      PINPOOL_EEXITED,
+      PINPOOL_EAGAIN,    PINPOOL_EINTR};
   enum { N = sizeof codes / sizeof codes[0] };
   const char *msg[N];
   for (int i = 0; i < N; i++) {
@@ -75,7 +76,7 @@ static void test_strerror(void **state) {
       PP_ASSERT(strcmp(msg[i], msg[j]) != 0,
                 "codes %d and %d share the text \"%s\"", codes[i], codes[j],
                 msg[i]);
-  static const int unknown[] = {12345,      -12345,         1, -19, -100,
+  static const int unknown[] = {12345,      -12345,         1, -23, -100,
                                 2147483647, -2147483647 - 1};
   for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
     const char *m = pinpool_strerror(unknown[i]);

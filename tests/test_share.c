@@ -180,8 +180,8 @@ static void test_in_process(void **state) {
   PP_OK(pinpool_share_detach(wb));
   PP_ASSERT(pp_share_worker_chunks() == 0, "unmapped with the last");
   PP_CHECK_RC(pinpool_share_detach(wb), PINPOOL_EINVAL);
-  PP_OK(pinpool_lend_return(pool, &ha));
-  PP_OK(pinpool_lend_return(pool, &hb));
+  PP_OK(pinpool_lend_return(pool, &ha, getpid()));
+  PP_OK(pinpool_lend_return(pool, &hb, getpid()));
   st = pp_stats_of(pool);
   PP_ASSERT(st.lent_blocks == 0 && st.lent_bytes == 0, "returned");
   PP_OK(pinpool_free(pool, a));
@@ -242,7 +242,7 @@ static void test_socket(void **state) {
     PP_OK(pinpool_share_recv(sv[0], &back, &bfd));
     PP_ASSERT(bfd == -1, "no descriptor comes back");
     PP_ASSERT(memcmp(&back, &h, sizeof h) == 0, "the same handle");
-    PP_OK(pinpool_lend_return(pool, &back));
+    PP_OK(pinpool_lend_return(pool, &back, pid));
     size_t bs = 0;
     PP_OK(pinpool_block_size(pool, blk[i], &bs));
     PP_ASSERT(filled(blk[i], bs, (unsigned)i), "block %d filled", i);
@@ -291,7 +291,7 @@ static void test_inherit(void **state) {
   pinpool_share_handle_t back;
   PP_ASSERT(read(to_parent[0], &back, sizeof back) == (ssize_t)sizeof back,
             "the child answered (exit %d)", wait_child(pid, 0));
-  PP_OK(pinpool_lend_return(pool, &back));
+  PP_OK(pinpool_lend_return(pool, &back, pid));
   PP_ASSERT(filled(p, 2 * MiB, 42), "filled by the child");
   PP_CHECK_RC(wait_child(pid, 10000), 0);
   PP_OK(pinpool_free(pool, p));
@@ -324,9 +324,9 @@ static void test_stale(void **state) {
   pinpool_share_handle_t h1, h2, h3;
   int fd;
   PP_OK(pinpool_lend(pool, p, getpid(), &h1, &fd));
-  PP_OK(pinpool_lend_return(pool, &h1));
+  PP_OK(pinpool_lend_return(pool, &h1, getpid()));
   expect_stale(&h1, fd, "returned");
-  PP_CHECK_RC(pinpool_lend_return(pool, &h1), PINPOOL_ESTALE);
+  PP_CHECK_RC(pinpool_lend_return(pool, &h1, getpid()), PINPOOL_ESTALE);
   /* Lent again: a new generation, maybe the same slot. */
   PP_OK(pinpool_lend(pool, p, getpid(), &h2, &fd));
   PP_ASSERT(h2.generation != h1.generation, "a new generation");
@@ -337,6 +337,8 @@ static void test_stale(void **state) {
   /* Reclaimed. */
   size_t n = 0;
   PP_OK(pinpool_lend_reclaim(pool, getpid(), 0, &n));
+  PP_ASSERT(n == 0, "a live peer's lend needs RECLAIM_LIVE: %zu", n);
+  PP_OK(pinpool_lend_reclaim(pool, getpid(), PINPOOL_RECLAIM_LIVE, &n));
   PP_ASSERT(n == 1, "one lend reclaimed: %zu", n);
   expect_stale(&h2, fd, "reclaimed");
   /* Freed and reused: the same address, lent anew. */
@@ -347,7 +349,8 @@ static void test_stale(void **state) {
   PP_OK(pinpool_lend(pool, q, getpid(), &h3, &fd));
   PP_ASSERT(h3.offset == h2.offset && h3.slot == h2.slot, "same place");
   expect_stale(&h2, fd, "freed and reused");
-  PP_OK(pinpool_lend_reclaim(pool, -1, PINPOOL_RECLAIM_FREE, &n));
+  PP_OK(pinpool_lend_reclaim(pool, -1,
+                             PINPOOL_RECLAIM_FREE | PINPOOL_RECLAIM_LIVE, &n));
   PP_ASSERT(n == 1, "reclaimed %zu", n);
   pinpool_stats_t st = pp_stats_of(pool);
   PP_ASSERT(st.blocks.current == 0 && st.lent_blocks == 0, "all back");
@@ -417,14 +420,18 @@ static void test_sigkill(void **state) {
       }
       PP_ASSERT(n == 4, "every block back: %zu", n);
     } else {
-      /* Noticed through the socket: EOF, then reclaim by pid. */
+      /* Noticed through the socket: EOF, then reclaim by pid once it has
+       * exited (EOF comes while the process is still exiting: before it
+       * has, its lends end only with RECLAIM_LIVE). */
       pinpool_share_handle_t h;
       int fd;
       PP_CHECK_RC(pinpool_share_recv(sv[0], &h, &fd), PINPOOL_ECLOSED);
+      PP_CHECK_RC(wait_child(pid, 10000), -2);
       PP_OK(pinpool_lend_reclaim(pool, pid, PINPOOL_RECLAIM_FREE, &n));
       PP_ASSERT(n == 4, "every block back: %zu", n);
     }
-    PP_CHECK_RC(wait_child(pid, 10000), -2);
+    if (round == 0)
+      PP_CHECK_RC(wait_child(pid, 10000), -2);
     st = pp_stats_of(pool);
     PP_ASSERT(st.lent_blocks == 0 && st.lent_bytes == 0 &&
                   st.blocks.current == 0,
@@ -532,28 +539,50 @@ static void test_forged(void **state) {
   as_file(&f, m);
   expect_bad(&f, m, PINPOOL_EBADHANDLE, "a write-sealed memfd");
   (void)close(m);
-  /* A look-alike: sealed as ours, right size, a control area copied from
-   * the real chunk, but another file; and one that claims our inode. */
-  m = sealed_memfd(fsize, 0);
-  {
-    size_t ctl = fsize - h.chunk_size;
-    char *src = mmap(NULL, ctl, PROT_READ, MAP_SHARED, fd, (off_t)h.chunk_size);
-    PP_ASSERT(src != MAP_FAILED, "map ctl");
-    PP_ASSERT(pwrite(m, src, ctl, (off_t)h.chunk_size) == (ssize_t)ctl, "cp");
-    (void)munmap(src, ctl);
-  }
-  PP_ASSERT(fcntl(m, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) ==
-                0,
-            "seal");
+  /* A look-alike: sealed as ours, right size, but another file; and one
+   * that claims our inode. */
+  m = sealed_memfd(fsize, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
   expect_bad(&h, m, PINPOOL_EBADHANDLE, "a look-alike memfd");
   f = h;
   as_file(&f, m);
   void *w = NULL;
-  /* Its copied control area says "lent": the handle's own file, so it
-   * maps, but it is the forger's memory, not the pool's (harmless). */
+  /* The real control area says "lent": the handle's own file, so it maps,
+   * but it is the forger's memory, not the pool's (harmless). */
   PP_OK(pinpool_share_attach(&f, m, &w));
   PP_OK(pinpool_share_detach(w));
   (void)close(m);
+  /* Control areas that are not the chunk's: another file; a copy sealed as
+   * ours claiming its inode (its size is right, its inode is not); an
+   * unsealed memfd claiming to be it. */
+  {
+    struct stat cs;
+    PP_ASSERT(fstat(h.owner_ctl_fd, &cs) == 0, "ctl");
+    size_t clen = (size_t)cs.st_size;
+    const void *src =
+        mmap(NULL, clen, PROT_READ, MAP_SHARED, h.owner_ctl_fd, 0);
+    PP_ASSERT(src != MAP_FAILED, "map ctl");
+    int cm = sealed_memfd(clen, 0);
+    PP_ASSERT(pwrite(cm, src, clen, 0) == (ssize_t)clen, "copy");
+    (void)munmap((void *)src, clen);
+    w = (void *)1;
+    PP_CHECK_RC(pinpool_share_attach_ctl(&h, fd, cm, &w), PINPOOL_EBADHANDLE);
+    f = h;
+    struct stat ms;
+    PP_ASSERT(fstat(cm, &ms) == 0, "fstat");
+    f.ctl_ino = (uint64_t)ms.st_ino;
+    f.owner_ctl_fd = cm;
+    expect_bad(&f, fd, PINPOOL_EBADHANDLE, "an unsealed control area");
+    PP_ASSERT(fcntl(cm, F_ADD_SEALS,
+                    F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE |
+                        F_SEAL_SEAL) == 0,
+              "seal");
+    PP_CHECK_RC(pinpool_share_attach_ctl(&h, fd, cm, &w), PINPOOL_EBADHANDLE);
+    PP_ASSERT(w == (void *)1 && pp_share_worker_chunks() == 0, "nothing");
+    (void)close(cm);
+    f = h;
+    f.owner_ctl_fd = -1;
+    expect_bad(&f, fd, PINPOOL_EBADHANDLE, "no control area descriptor");
+  }
   /* Read-only descriptor of the real chunk. */
   char path[64];
   (void)snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
@@ -573,14 +602,14 @@ static void test_forged(void **state) {
   PP_OK(pinpool_share_detach(w));
   /* Returns that do not match a lend. */
   f = h, f.nonce ^= 1;
-  PP_CHECK_RC(pinpool_lend_return(pool, &f), PINPOOL_EBADHANDLE);
+  PP_CHECK_RC(pinpool_lend_return(pool, &f, getpid()), PINPOOL_EBADHANDLE);
   f = h, f.offset += 4096;
-  PP_CHECK_RC(pinpool_lend_return(pool, &f), PINPOOL_EBADHANDLE);
+  PP_CHECK_RC(pinpool_lend_return(pool, &f, getpid()), PINPOOL_EBADHANDLE);
   f = h, f.generation += 1000;
-  PP_CHECK_RC(pinpool_lend_return(pool, &f), PINPOOL_ESTALE);
+  PP_CHECK_RC(pinpool_lend_return(pool, &f, getpid()), PINPOOL_ESTALE);
   PP_ASSERT(pp_stats_of(pool).lent_blocks == 2, "still lent");
-  PP_OK(pinpool_lend_return(pool, &h));
-  PP_OK(pinpool_lend_return(pool, &hbig));
+  PP_OK(pinpool_lend_return(pool, &h, getpid()));
+  PP_OK(pinpool_lend_return(pool, &hbig, getpid()));
   PP_OK(pinpool_free(pool, p));
   PP_OK(pinpool_free(pool, big));
   PP_CHECK_CONSISTENT(pool);
@@ -622,12 +651,12 @@ static void test_sealed(void **state) {
   }
   PP_CHECK_RC(wait_child(pid, 10000), 0);
   struct stat st;
-  PP_ASSERT(fstat(fd, &st) == 0 && (uint64_t)st.st_size > h.chunk_size,
+  PP_ASSERT(fstat(fd, &st) == 0 && (uint64_t)st.st_size == h.chunk_size,
             "size unchanged");
   /* The owner touches its whole chunk's block: no SIGBUS. */
   PP_ASSERT(filled(p, 1 * MiB, 5), "the worker's fill");
   memset(p, 0, 1 * MiB);
-  PP_OK(pinpool_lend_return(pool, &h));
+  PP_OK(pinpool_lend_return(pool, &h, getpid()));
   PP_OK(pinpool_free(pool, p));
   PP_CHECK_CONSISTENT(pool);
   pinpool_destroy(pool);
@@ -765,7 +794,10 @@ static void test_bad_input(void **state) {
   PP_CHECK_RC(pinpool_lend(pool, p, getpid(), &h, NULL), PINPOOL_EINVAL);
   PP_CHECK_RC(pinpool_lend(pool, p, 0, &h, &fd), PINPOOL_EINVAL);
   PP_CHECK_RC(pinpool_lend(pool, p, -5, &h, &fd), PINPOOL_EINVAL);
-  PP_CHECK_RC(pinpool_lend(pool, p, 0x3fffffff, &h, &fd), PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_lend(pool, p, 0x3fffffff, &h, &fd), PINPOOL_EEXITED);
+  PP_CHECK_RC(pinpool_lend_pidfd(pool, p, -1, &h, &fd), PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_lend_pidfd(pool, p, 0, &h, &fd), PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_lend_pidfd(pool, p, 987, &h, &fd), PINPOOL_EINVAL);
   PP_CHECK_RC(pinpool_lend(plain, q, getpid(), &h, &fd), PINPOOL_EINVAL);
   PP_ASSERT(strstr(pinpool_last_error(), "shared=1") != NULL, "%s",
             pinpool_last_error());
@@ -781,17 +813,35 @@ static void test_bad_input(void **state) {
   PP_ASSERT(after.lent_blocks == 0 && before.lent_blocks == 0, "nothing lent");
 
   PP_OK(pinpool_lend(pool, p, getpid(), &h, &fd));
-  PP_CHECK_RC(pinpool_lend_return(NULL, &h), PINPOOL_EINVAL);
-  PP_CHECK_RC(pinpool_lend_return(pool, NULL), PINPOOL_EINVAL);
-  PP_CHECK_RC(pinpool_lend_return(plain, &h), PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_lend_return(NULL, &h, getpid()), PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_lend_return(pool, NULL, getpid()), PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_lend_return(plain, &h, getpid()), PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_lend_return(pool, &h, 0), PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_lend_return(pool, &h, -3), PINPOOL_EINVAL);
   PP_CHECK_RC(pinpool_lend_reclaim(NULL, -1, 0, NULL), PINPOOL_EINVAL);
   PP_CHECK_RC(pinpool_lend_reclaim(pool, 0, 0, NULL), PINPOOL_EINVAL);
   PP_CHECK_RC(pinpool_lend_reclaim(pool, -2, 0, NULL), PINPOOL_EINVAL);
-  PP_CHECK_RC(pinpool_lend_reclaim(pool, -1, 2, NULL), PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_lend_reclaim(pool, -1, 4, NULL), PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_lend_reclaim(pool, -3, 0, NULL), PINPOOL_EINVAL);
+  pinpool_lend_info_t info[2];
+  size_t n = 5;
+  PP_CHECK_RC(pinpool_lend_reclaim_list(pool, -1, 0, NULL, 2, &n),
+              PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_lend_reclaim_list(pool, -1, 0, info, 0, &n),
+              PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_lend_reclaim_list(pool, -1, 0, info, 2, NULL),
+              PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_lend_reclaim_list(pool, 0, 0, info, 2, &n),
+              PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_lend_reclaim_list(pool, -1, 8, info, 2, &n),
+              PINPOOL_EINVAL);
+  PP_CHECK_RC(pinpool_lend_reclaim_list(plain, -1, 0, info, 2, &n),
+              PINPOOL_EINVAL);
   PP_CHECK_RC(pinpool_lend_reclaim(plain, -1, 0, NULL), PINPOOL_EINVAL);
   PP_CHECK_RC(pinpool_lend_reclaim_exited(NULL, 0, NULL), PINPOOL_EINVAL);
   PP_CHECK_RC(pinpool_lend_reclaim_exited(pool, 8, NULL), PINPOOL_EINVAL);
-  size_t n = 5;
+  PP_CHECK_RC(pinpool_lend_reclaim_exited(pool, PINPOOL_RECLAIM_LIVE, NULL),
+              PINPOOL_EINVAL);
   PP_OK(pinpool_lend_reclaim(pool, 1, 0, &n)); /* init has nothing */
   PP_ASSERT(n == 0, "%zu", n);
   PP_ASSERT(pp_stats_of(pool).lent_blocks == 1, "still lent");
@@ -832,7 +882,7 @@ static void test_bad_input(void **state) {
   PP_ASSERT(strcmp(pinpool_strerror(PINPOOL_ECLOSED), "unknown pinpool error"),
             "named");
 
-  PP_OK(pinpool_lend_return(pool, &h));
+  PP_OK(pinpool_lend_return(pool, &h, getpid()));
   PP_OK(pinpool_free(pool, p));
   PP_OK(pinpool_free(plain, q));
   PP_CHECK_CONSISTENT(pool);
@@ -860,7 +910,7 @@ static void test_snapshot(void **state) {
   PP_ASSERT(strstr(text, want) != NULL, "generation listed");
   PP_ASSERT(strstr(text, "\"lent_blocks\":1") != NULL, "stat");
   pinpool_snapshot_free(text);
-  PP_OK(pinpool_lend_return(pool, &h));
+  PP_OK(pinpool_lend_return(pool, &h, getpid()));
   PP_OK(pinpool_snapshot_write_mem(pool, &text, &len, 0));
   PP_ASSERT(strstr(text, "\"lends\":[]") != NULL, "none lent");
   pinpool_snapshot_free(text);
@@ -902,7 +952,7 @@ static void test_cuda_register(void **state) {
     PP_OK(pinpool_share_attach(&h, fd, &w));
     fill(w, 1 * MiB, 11);
     PP_OK(pinpool_share_detach(w));
-    PP_OK(pinpool_lend_return(pool, &h));
+    PP_OK(pinpool_lend_return(pool, &h, getpid()));
     PP_ASSERT(filled(p, 1 * MiB, 11), "seen by the owner");
     PP_OK(pinpool_free(pool, p));
     PP_CHECK_CONSISTENT(pool);
@@ -932,7 +982,8 @@ static void *lend_thread(void *arg) {
       break;
     }
     memset(w, t->id, n);
-    if (pinpool_share_detach(w) != 0 || pinpool_lend_return(t->pool, &h) != 0)
+    if (pinpool_share_detach(w) != 0 ||
+        pinpool_lend_return(t->pool, &h, getpid()) != 0)
       t->err = 2;
     const unsigned char *c = p;
     if (c[0] != (unsigned char)t->id || c[n - 1] != (unsigned char)t->id)

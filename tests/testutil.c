@@ -44,6 +44,14 @@ const char *pp_code_name(int code) {
     return "PINPOOL_ELIMIT";
   case PINPOOL_ECLOSED:
     return "PINPOOL_ECLOSED";
+  case PINPOOL_EPERM:
+    return "PINPOOL_EPERM";
+  case PINPOOL_EEXITED:
+    return "PINPOOL_EEXITED";
+  case PINPOOL_EAGAIN:
+    return "PINPOOL_EAGAIN";
+  case PINPOOL_EINTR:
+    return "PINPOOL_EINTR";
   default:
     return "(unknown code)";
   }

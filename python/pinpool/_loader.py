@@ -3,22 +3,40 @@ the consumer's pinned memory (docs/python.md, "The loader").
 
 The main process allocates each batch's block from a shared=1 pool, lends
 it to one worker (Buffer.lend(worker.pid)) and sends it with the task; the
-worker attaches it, calls fill_fn(task, buf), detaches and sends it back;
-the main process ends the lend and yields its own Buffer. No byte is
+worker attaches it, calls fill_fn(task, buf), detaches and sends the handle
+back; the main process ends the lend and yields its own Buffer. No byte is
 copied on the host between the fill and the pinned block.
 
-Messages are pickled by the sending thread itself (ForkingPickler.dumps),
-not by the queues' feeder threads: an error while pickling (a Buffer sent
-back with a live view) must reach the code that caused it, and a feeder
-thread would only print it.
+Each worker has a channel of its own: a Unix socket pair. A message is an
+8-byte header (payload bytes, descriptors) and a pickle; a task carries the
+chunk's and the control area's descriptors as SCM_RIGHTS on its first
+byte, straight from the pool's own (no os.dup, no multiprocessing
+resource sharer holding them: closing the loader and the pool gives the
+memory back). The main process reads each channel without blocking and
+keeps a message's pieces per worker until it is whole (a worker that
+stalls mid-message cannot hang it), and knows which worker every message
+came from: a return is checked against the lend's token and that worker's
+pid (pinpool_lend_return).
+
+Failures stay as narrow as they are: a task that cannot be sent (its
+pickle fails, the send fails) ends no other lend; its own block stays lent
+to that worker (quarantined) until the worker is gone, since nothing tells
+the owner the worker never saw it. No lend of a live worker is ever ended
+by the loader: close() stops and joins (or kills) the workers first, then
+ends what was lent to them.
 """
 
+import errno
 import itertools
 import multiprocessing
-import queue
+import os
+import pickle
+import select
 import signal
+import socket
+import struct
+import time
 import traceback
-from multiprocessing.reduction import ForkingPickler
 from typing import (Any, Callable, Dict, Generic, Iterable, Iterator, List,
                     Optional, Tuple, TypeVar, Union)
 
@@ -27,47 +45,176 @@ from pinpool import _share
 
 T = TypeVar("T")
 
+# A chunk lends at most this many blocks at once (the control area's slots
+# for the smallest chunk, docs/sharing.md "Limits"): a loader may not need
+# more lends at once than that.
+MAX_LENDS = 128
 
-def _dumps(obj: Any) -> bytes:
-    # ForkingPickler.dumps gives a memoryview, which a Queue cannot pickle.
-    return bytes(ForkingPickler.dumps(obj))
+_HEADER = struct.Struct("=II")  # payload bytes, descriptors
+_MAX_PAYLOAD = 1 << 30
+
+# Tests: called with the name of each step of the send and receive paths
+# (docs/verification.md, "Issue 36: sharing"); may raise to inject a fault.
+_fault: Optional[Callable[[str], None]] = None
+
+
+def _step(name: str) -> None:
+    if _fault is not None:
+        _fault(name)
 
 
 class WorkerError(RuntimeError):
-    """A SharedLoader worker raised (the message has its traceback) or
-    died (its lent blocks were reclaimed)."""
+    """A SharedLoader worker raised (the message has its traceback), died
+    (its lent blocks were reclaimed), or broke its channel's protocol."""
 
+
+# -- the channel ------------------------------------------------------------
+
+def _recv_fds(sock: socket.socket, n: int, maxfds: int,
+              flags: int = 0) -> Tuple[bytes, List[int]]:
+    """recvmsg of up to n bytes and maxfds descriptors (socket.recv_fds
+    drops its flags before Python 3.12)."""
+    data, anc, mflags, _ = sock.recvmsg(n, socket.CMSG_SPACE(maxfds * 4),
+                                        flags | socket.MSG_CMSG_CLOEXEC)
+    fds: List[int] = []
+    for level, kind, raw in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += struct.unpack(f"{len(raw) // 4}i", raw[:len(raw) // 4 * 4])
+    if mflags & socket.MSG_CTRUNC:
+        for f in fds:
+            os.close(f)
+        raise OSError(errno.EMFILE, "a descriptor was dropped (MSG_CTRUNC: "
+                      "RLIMIT_NOFILE, or too many sent)")
+    return data, fds
+
+
+def _send_msg(sock: socket.socket, obj: Any, fds: List[int]) -> None:
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    data = _HEADER.pack(len(payload), len(fds)) + payload
+    _step("sendmsg")
+    n = socket.send_fds(sock, [data], fds) if fds else sock.send(data)
+    if n < len(data):  # the descriptors went with the first byte
+        sock.sendall(memoryview(data)[n:])
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        b = sock.recv(n - len(out))
+        if not b:
+            raise EOFError("the channel closed within a message")
+        out += b
+    return bytes(out)
+
+
+def _recv_msg(sock: socket.socket) -> Tuple[Any, List[int]]:
+    """A worker's blocking read of one message and its descriptors."""
+    head, fds = _recv_fds(sock, _HEADER.size, 4)
+    if not head:
+        raise EOFError("the channel closed")
+    try:
+        head += _recv_exact(sock, _HEADER.size - len(head))
+        size, nfds = _HEADER.unpack(head)
+        if nfds != len(fds) or size > _MAX_PAYLOAD:
+            raise ValueError(f"a message with {len(fds)} descriptors, "
+                             f"expected {nfds}")
+        return pickle.loads(_recv_exact(sock, size)), fds
+    except BaseException:
+        for f in fds:
+            os.close(f)
+        raise
+
+
+class _Inbox:
+    """The owner's side of one worker's channel: non-blocking reads, a
+    message's pieces kept until it is whole (so that no read can split the
+    stream, and no worker can hang the owner by stalling mid-message)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock  # blocking (for the owner's sends)
+        self.buf = bytearray()
+        self.eof = False
+
+    def pump(self) -> None:
+        """Read what is there; descriptors are never expected from a worker
+        and are closed."""
+        while not self.eof:
+            try:
+                _step("recv")
+                data, fds = _recv_fds(self.sock, 1 << 16, 4,
+                                      socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionResetError:  # it died with our bytes unread
+                self.eof = True
+                return
+            for f in fds:
+                os.close(f)
+            if not data:
+                self.eof = True
+                return
+            self.buf += data
+
+    def take(self) -> Optional[Tuple[Any, ...]]:
+        """One whole message, or None."""
+        if len(self.buf) < _HEADER.size:
+            return None
+        size, nfds = _HEADER.unpack_from(self.buf)
+        if nfds != 0 or size > _MAX_PAYLOAD:
+            raise WorkerError("a worker sent a malformed message (descriptors "
+                              "or size): the channel is broken")
+        if len(self.buf) < _HEADER.size + size:
+            return None
+        payload = bytes(self.buf[_HEADER.size:_HEADER.size + size])
+        del self.buf[:_HEADER.size + size]
+        msg = pickle.loads(payload)
+        if not (isinstance(msg, tuple) and len(msg) >= 3):
+            raise WorkerError("a worker sent a malformed message")
+        return msg
+
+
+# -- the worker ---------------------------------------------------------------
 
 def _worker_main(wid: int, fill_fn: Callable[[Any, Buffer], Any],
-                 inq: Any, outq: Any, stop: Any) -> None:
+                 sock: socket.socket, close_fds: List[int]) -> None:
     # The parent handles Ctrl-C and shuts the workers down.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while True:
-        payload = inq.get()
-        if payload is None:
-            return
+    for f in close_fds:  # (fork) the other workers' channels
         try:
-            seq, task, buf = ForkingPickler.loads(payload)
-        except BaseException:  # a stale block after a shutdown, say
-            if stop.is_set():
-                continue
-            outq.put(_dumps(
-                ("err", wid, -1, traceback.format_exc(), None)))
+            os.close(f)
+        except OSError:
+            pass
+    while True:
+        try:
+            msg, fds = _recv_msg(sock)
+        except EOFError:
             return
-        if stop.is_set():  # draining: the block is reclaimed anyway
-            buf.close()
-            continue
+        if msg is None:
+            return
+        seq, task, handle, nbytes = msg
+        try:
+            buf = _share.attach(handle, nbytes, fds[0], fds[1])
+        except BaseException:
+            _send_msg(sock, ("err", seq, traceback.format_exc(), None), [])
+            return
+        finally:
+            for f in fds:
+                os.close(f)
         try:
             fill_fn(task, buf)
-            msg = _dumps(("ok", wid, seq, buf))
+            kind, tb = "ok", ""
         except BaseException:
-            tb = traceback.format_exc()
-            try:
-                msg = _dumps(("err", wid, seq, tb, buf))
-            except BaseException:  # a live view: the block stays lent
-                buf.close()
-                msg = _dumps(("err", wid, seq, tb, None))
-        outq.put(msg)
+            kind, tb = "err", traceback.format_exc()
+        back: Optional[bytes] = None
+        if buf.exports == 0:
+            back = buf._attached_handle()  # type: ignore[attr-defined]
+            buf.close()  # detached: it may be handed back
+        elif kind == "ok":  # a live view: the block stays with us
+            kind = "err"
+            tb = (f"fill_fn left {buf.exports} live export(s) of the batch "
+                  "(memoryview, ndarray, tensor): release them before "
+                  "returning")
+        _send_msg(sock, (kind, seq, back, tb, os.getpid()), [])
 
 
 def _tasks(tasks: Union[int, Iterable[Any]]) -> Iterator[Any]:
@@ -112,7 +259,13 @@ class SharedLoader(Generic[T]):
     Errors: fill_fn raising in a worker raises WorkerError here, with the
     worker's traceback in the message; a worker that dies (SIGKILL, a
     crash) raises WorkerError naming it, after its lent blocks are
-    reclaimed and freed. Either way the loader is closed. timeout
+    reclaimed and freed; a worker that hands back what it was not lent
+    (pinpool_lend_return refuses it) raises WorkerError. Either way the
+    loader is closed. A task that cannot be sent (it does not pickle)
+    raises here; its block stays lent to its worker until close() has
+    stopped that worker. Settings that need more than 128 lends at once
+    (num_workers * max_lent_per_worker: a chunk lends at most 128 blocks
+    at a time) raise ValueError at construction. timeout
     (seconds, None: forever): the longest wait for one batch
     (TimeoutError). close() (or leaving a `with` block, or the end of the
     iteration) stops the workers, joins them and reclaims every block still
@@ -140,6 +293,11 @@ class SharedLoader(Generic[T]):
         self._batch_bytes = _positive("batch_bytes", batch_bytes)
         self._nw = _positive("num_workers", num_workers)
         self._k = _positive("max_lent_per_worker", max_lent_per_worker)
+        if self._nw * self._k > MAX_LENDS:
+            raise ValueError(
+                f"num_workers * max_lent_per_worker = {self._nw * self._k} "
+                f"lends at once: more than the {MAX_LENDS} a chunk can lend "
+                "at a time (docs/sharing.md, \"Limits\")")
         if timeout is not None and not (isinstance(timeout, (int, float))
                                         and timeout > 0):
             raise ValueError(f"timeout must be > 0 or None, not {timeout!r}")
@@ -154,25 +312,37 @@ class SharedLoader(Generic[T]):
         self._transform = transform
         self._timeout = timeout
         self._procs: List[Any] = []
-        self._inqs: List[Any] = []
-        self._outq: Any = None
-        self._stop: Any = None
+        self._socks: List[socket.socket] = []
+        self._inbox: List[_Inbox] = []
         self._started = False
         self._closed = False
         self._held: Dict[int, Buffer] = {}  # filled, not yet yielded (order)
+        # Lent and sent, not back yet: seq -> (worker, Buffer).
+        self._inflight: Dict[int, Tuple[int, Buffer]] = {}
+        # Lent to a worker that may or may not have it (its send failed):
+        # kept lent until close() has stopped the worker.
+        self._quarantine: List[Buffer] = []
 
     # -- life cycle ------------------------------------------------------
     def _start(self) -> None:
         self._started = True
-        self._outq = self._ctx.Queue()
-        self._stop = self._ctx.Event()
+        fork = self._ctx.get_start_method() == "fork"
         for w in range(self._nw):
-            q = self._ctx.Queue()
+            ours, theirs = socket.socketpair(socket.AF_UNIX,
+                                             socket.SOCK_STREAM)
+            # A forked child inherits the owner's ends (its own and the
+            # earlier workers'): it closes them, so that EOF means EOF.
+            others = ([s.fileno() for s in self._socks] + [ours.fileno()]
+                      if fork else [])
             p = self._ctx.Process(
                 target=_worker_main, name=f"pinpool-loader-{w}",
-                args=(w, self._fill, q, self._outq, self._stop), daemon=True)
-            p.start()
-            self._inqs.append(q)
+                args=(w, self._fill, theirs, others), daemon=True)
+            try:
+                p.start()
+            finally:
+                theirs.close()
+            self._socks.append(ours)
+            self._inbox.append(_Inbox(ours))
             self._procs.append(p)
 
     @property
@@ -181,34 +351,43 @@ class SharedLoader(Generic[T]):
         return [p.pid for p in self._procs]
 
     def close(self) -> None:
-        """Stop and join the workers and reclaim (and free) every block
-        still lent or filled but not yielded. Idempotent; raises nothing
-        for workers that died."""
+        """Stop and join the workers, then reclaim (and free) every block
+        still lent to them, and free those filled but not yielded.
+        Idempotent; raises nothing for workers that died."""
         if self._closed:
             return
         self._closed = True
         if not self._started:
             return
-        self._stop.set()
-        for q in self._inqs:
-            q.put(None)
+        for s in self._socks:
+            try:
+                s.setblocking(True)
+                s.settimeout(1.0)
+                _send_msg(s, None, [])
+            except (OSError, ValueError):
+                pass  # dead, or its socket full: it is killed below
+            try:
+                s.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
         for p in self._procs:
             p.join(timeout=2.0)
         for p in self._procs:
             if p.is_alive():
                 p.kill()
                 p.join()
+        # Every worker has exited: no live process can write what was lent
+        # to it (reclaim ends only lends to exited processes).
+        _step("reclaim")
         for p in self._procs:
             _share.lend_reclaim(self._pool, p.pid, free=True)
+        self._inflight.clear()
+        self._quarantine.clear()
         for b in self._held.values():
             b.close()
         self._held.clear()
-        for q, p in zip(self._inqs, self._procs):
-            if p.exitcode != 0:  # killed: its pipe may never be read
-                q.cancel_join_thread()
-            q.close()
-            q.join_thread()
-        self._outq.close()
+        for s in self._socks:
+            s.close()
 
     def __enter__(self) -> "SharedLoader[T]":
         return self
@@ -224,16 +403,25 @@ class SharedLoader(Generic[T]):
 
     # -- iteration ---------------------------------------------------------
     def _send(self, w: int, seq: int, task: Any) -> None:
+        _step("alloc")
         buf = self._pool.alloc(self._batch_bytes)
         try:
+            _step("lend")
             buf.lend(self._procs[w].pid)
-            payload = _dumps((seq, task, buf))
         except BaseException:
-            if buf.lent_to is not None:
-                _share.lend_reclaim(self._pool, self._procs[w].pid)
-            buf.close()
+            buf.close()  # not lent: nobody else has it
             raise
-        self._inqs[w].put(payload)
+        try:
+            handle, nbytes, fd, ctl = _share.lend_message(buf)
+            _step("pickle")
+            _send_msg(self._socks[w], (seq, task, handle, nbytes), [fd, ctl])
+        except BaseException:
+            # The worker may have some of it (a part-sent message, or its
+            # descriptors): the block stays lent to it, to be reclaimed
+            # once it has exited; no other lend is touched.
+            self._quarantine.append(buf)
+            raise
+        self._inflight[seq] = (w, buf)
 
     def _dead_worker(self) -> Optional[Tuple[int, Any]]:
         for w, p in enumerate(self._procs):
@@ -280,16 +468,9 @@ class SharedLoader(Generic[T]):
                     progress = True
             if exhausted and done == sent:
                 return
-            msg = self._receive()
-            kind, w, seq = msg[0], msg[1], msg[2]
-            if kind == "err":
-                tb, buf = msg[3], msg[4]
-                if buf is not None:
-                    buf.close()
-                raise WorkerError(
-                    f"SharedLoader worker {w} (pid {self._procs[w].pid}) "
-                    f"raised on task #{seq}:\n{tb}")
-            buf = msg[3]
+            w, msg = self._receive()
+            buf = self._take(w, msg)
+            seq = msg[1]
             done += 1
             if not self._ordered:
                 lent[w] -= 1
@@ -309,27 +490,86 @@ class SharedLoader(Generic[T]):
                 next_yield += 1
                 yield self._deliver(b)
 
-    def _receive(self) -> Tuple[Any, ...]:
-        waited = 0.0
-        while True:
+    def _take(self, w: int, msg: Tuple[Any, ...]) -> Buffer:
+        """The block of a worker's answer, its lend ended; raises
+        WorkerError for an error or a return the pool refuses."""
+        kind, seq, handle = msg[0], msg[1], msg[2]
+        pid = self._procs[w].pid
+        entry = self._inflight.get(seq) if isinstance(seq, int) else None
+        if entry is None or entry[0] != w:
+            raise WorkerError(f"SharedLoader worker {w} (pid {pid}) answered "
+                              f"task #{seq}, which it was not sent")
+        buf: Optional[Buffer] = None
+        if handle is not None:
             try:
-                payload = self._outq.get(timeout=0.05)
-            except queue.Empty:
-                dead = self._dead_worker()
-                if dead is not None:
-                    w, p = dead
-                    n = _share.lend_reclaim(self._pool, p.pid, free=True)
-                    code = p.exitcode
-                    how = (f"was killed by signal {-code}" if code < 0
-                           else f"exited with status {code}")
-                    raise WorkerError(
-                        f"SharedLoader worker {w} (pid {p.pid}) {how}; its "
-                        f"{n} lent block(s) were reclaimed")
-                waited += 0.05
-                if self._timeout is not None and waited >= self._timeout:
+                _step("return")
+                buf = _share._take(handle, pid)
+            except Exception as e:
+                raise WorkerError(
+                    f"SharedLoader worker {w} (pid {pid}) handed back a "
+                    f"block the pool refused: {e}") from e
+            if buf is not entry[1]:
+                raise WorkerError(
+                    f"SharedLoader worker {w} (pid {pid}) handed back another "
+                    f"block than task #{seq}'s")
+        del self._inflight[seq]
+        if kind == "ok" and buf is not None:
+            return buf
+        if buf is not None:
+            buf.close()
+        else:  # still attached in the worker: lent until it has exited
+            self._quarantine.append(entry[1])
+        tb = msg[3] if len(msg) > 3 else ""
+        raise WorkerError(
+            f"SharedLoader worker {w} (pid {pid}) raised on task #{seq}:\n"
+            f"{tb}")
+
+    def _receive(self) -> Tuple[int, Tuple[Any, ...]]:
+        deadline = (None if self._timeout is None
+                    else time.monotonic() + self._timeout)
+        while True:
+            for w, box in enumerate(self._inbox):
+                msg = box.take()
+                if msg is not None:
+                    return w, msg
+            for w, box in enumerate(self._inbox):
+                if box.eof:
+                    self._worker_gone(w)
+            dead = self._dead_worker()
+            if dead is not None:
+                # Its last messages may still be in its channel.
+                box = self._inbox[dead[0]]
+                box.pump()
+                msg = box.take()
+                if msg is not None:
+                    return dead[0], msg
+                self._worker_gone(dead[0])
+            wait = 0.05
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
                     raise TimeoutError(
                         f"SharedLoader: no batch in {self._timeout} s")
-                continue
-            msg: Tuple[Any, ...] = ForkingPickler.loads(payload)
-            return msg
+            try:
+                ready, _, _ = select.select(self._socks, [], [], wait)
+            except InterruptedError:
+                ready = []
+            for s in ready:
+                self._inbox[self._socks.index(s)].pump()
 
+    def _worker_gone(self, w: int) -> None:
+        p = self._procs[w]
+        p.join(timeout=2.0)  # EOF comes while it exits
+        if p.is_alive():  # it closed its channel and lives on
+            p.kill()
+            p.join()
+        _step("reclaim")
+        n = _share.lend_reclaim(self._pool, p.pid, free=True)
+        for seq in [q for q, (v, _) in self._inflight.items() if v == w]:
+            del self._inflight[seq]
+        code = p.exitcode
+        how = (f"was killed by signal {-code}" if code < 0
+               else f"exited with status {code}")
+        raise WorkerError(
+            f"SharedLoader worker {w} (pid {p.pid}) {how}; its "
+            f"{n} lent block(s) were reclaimed")

@@ -11,13 +11,21 @@ until then.
 
 Pickling, in the owner: the block is lent (to the pid given to Buffer.lend,
 else to this process: see `reduce_buffer`) and the pickle carries the
-96-byte handle, nbytes and the chunk's descriptor as a
+128-byte handle (with the lend's secret token), nbytes and the descriptors
+of the chunk and of its read-only control area as
 multiprocessing.reduction.DupFd, the mechanism torch.multiprocessing uses
-for storages: the descriptor is passed over a Unix socket (SCM_RIGHTS), by
-multiprocessing's resource sharer or, while a process is being spawned, by
-the spawning Popen. In a worker: unpickling attaches the block; pickling
-the attached Buffer detaches it and carries the handle alone; the owner
-unpickles that into its Buffer and ends the lend (pinpool_lend_return).
+for storages: the descriptors are passed over a Unix socket (SCM_RIGHTS),
+by multiprocessing's resource sharer or, while a process is being spawned,
+by the spawning Popen (pinpool.SharedLoader passes them over its own
+sockets instead: `lend_message`). In a worker: unpickling attaches the
+block; pickling the attached Buffer detaches it and carries the handle
+alone, with the worker's pid; the owner unpickles that into its Buffer and
+ends the lend (pinpool_lend_return, from that pid: the token and the peer
+must be the lend's).
+
+The owner's table below changes only together with the C library's:
+every call that ends lends says which (pinpool_lend_reclaim_list), and the
+table drops exactly those; nothing here reads memory a worker can write.
 """
 
 import os
@@ -27,12 +35,17 @@ from multiprocessing import reduction
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from pinpool._core import (BadHandleError, Buffer, Pool, StaleHandleError,
-                           _attach, _lend_live)
+                           _attach)
 
 # pinpool_share_handle_t (include/pinpool.h): every field naturally
-# aligned, so the native layout has no padding: 96 bytes.
-_HANDLE = struct.Struct("=IIQiiQQQQQQQI12x")
+# aligned, so the native layout has no padding: 128 bytes.
+_HANDLE = struct.Struct("=IIQiiQQQQQQQIiQ16s16x")
 _MAGIC = 0x68737070
+_VERSION = 2
+# pinpool_lend_reclaim_list's peers and flags (include/pinpool.h).
+_PEER_ALL = -1
+_PEER_EXITED = -2
+_RECLAIM_LIVE = 2
 
 
 class _Handle(NamedTuple):
@@ -49,6 +62,9 @@ class _Handle(NamedTuple):
     length: int
     generation: int
     slot: int
+    owner_ctl_fd: int
+    ctl_ino: int
+    token: bytes
 
 
 def _parse(handle: bytes) -> _Handle:
@@ -57,6 +73,9 @@ def _parse(handle: bytes) -> _Handle:
     h = _Handle(*_HANDLE.unpack(handle))
     if h.magic != _MAGIC:
         raise BadHandleError("not a pinpool share handle (bad magic)")
+    if h.version != _VERSION:
+        raise BadHandleError(f"a pinpool share handle of version {h.version}"
+                             f", not {_VERSION}")
     return h
 
 
@@ -64,7 +83,8 @@ class _Lend(NamedTuple):
     buf: Buffer
     peer: int
     handle: bytes
-    fd: int
+    fd: int  # the chunk's descriptor (the pool's own: never closed here)
+    ctl_fd: int  # its control area's (read-only; the pool's own)
 
 
 # (pool nonce, generation) -> the lend. A generation is never reused by a
@@ -84,7 +104,8 @@ def lend(buf: Buffer, pid: int) -> None:
     with _lock:
         handle, fd = buf._lend(pid)  # type: ignore[attr-defined]
         h = _parse(handle)
-        _lends[(h.nonce, h.generation)] = _Lend(buf, pid, handle, fd)
+        _lends[(h.nonce, h.generation)] = _Lend(buf, pid, handle, fd,
+                                                h.owner_ctl_fd)
 
 
 def _current(buf: Buffer) -> Optional[_Lend]:
@@ -109,7 +130,7 @@ def reduce_buffer(buf: Buffer) -> Tuple[Any, Tuple[Any, ...]]:
         if buf.closed:
             raise ValueError("cannot send back a closed shared Buffer")
         buf.close()
-        return (_returned, (handle,))
+        return (_returned, (handle, os.getpid()))
     if buf.closed:
         raise ValueError("cannot pickle a closed Buffer")
     pool = buf.pool  # not None: an attached buffer was handled above
@@ -129,11 +150,31 @@ def reduce_buffer(buf: Buffer) -> Tuple[Any, Tuple[Any, ...]]:
             current = _current(buf)
     assert current is not None
     return (_rebuild, (current.handle, buf.nbytes,
-                       reduction.DupFd(current.fd)))
+                       reduction.DupFd(current.fd),
+                       reduction.DupFd(current.ctl_fd)))
 
 
-def _take(handle: bytes) -> Buffer:
-    """In the owner: end the lend of `handle` and give back its Buffer."""
+def lend_message(buf: Buffer) -> Tuple[bytes, int, int, int]:
+    """For a channel that passes descriptors itself (SharedLoader): the
+    lent buf's (handle, nbytes, chunk fd, control fd); the descriptors are
+    the pool's own (send them, never close them)."""
+    current = _current(buf)
+    if current is None:
+        raise ValueError("the Buffer is not lent")
+    return current.handle, buf.nbytes, current.fd, current.ctl_fd
+
+
+def attach(handle: bytes, nbytes: int, fd: int, ctl_fd: int) -> Buffer:
+    """In a worker: the Buffer of a lend received with its descriptors
+    (not consumed)."""
+    _parse(handle)
+    buf: Buffer = _attach(handle, fd, ctl_fd, nbytes)
+    return buf
+
+
+def _take(handle: bytes, peer: int) -> Buffer:
+    """In the owner: end the lend of `handle`, handed back by process
+    `peer`, and give back its Buffer."""
     h = _parse(handle)
     with _lock:
         lend_ = _lends.get((h.nonce, h.generation))
@@ -142,23 +183,35 @@ def _take(handle: bytes) -> Buffer:
                 f"a shared Buffer came back whose lend (generation "
                 f"{h.generation}) is not live in this process: returned or "
                 "reclaimed already")
-        lend_.buf._lend_return(handle)  # type: ignore[attr-defined]
+        # A lend to this process itself (pickled with no Buffer.lend: the
+        # receiver was unknown) is bound to no other process: its token
+        # alone says the handle came back from whoever received it.
+        if lend_.peer == os.getpid():
+            peer = lend_.peer
+        lend_.buf._lend_return(handle, peer)  # type: ignore[attr-defined]
         del _lends[(h.nonce, h.generation)]
     return lend_.buf
 
 
-def _rebuild(handle: bytes, nbytes: int, dupfd: Any) -> Buffer:
+def _rebuild(handle: bytes, nbytes: int, dupfd: Any,
+             dupctl: Any) -> Buffer:
     """Unpickle a lent Buffer: attach it (a worker), or take it back (the
     owner, e.g. pickle.loads(pickle.dumps(buf)) in one process)."""
     h = _parse(handle)
     fd = dupfd.detach()  # always: an unconsumed descriptor would leak
     try:
+        ctl = dupctl.detach()
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
         if h.owner_pid == os.getpid() and _owns(h):
-            return _take(handle)
-        buf: Buffer = _attach(handle, fd, nbytes)
+            return _take(handle, os.getpid())
+        buf: Buffer = _attach(handle, fd, ctl, nbytes)
         return buf
     finally:
         os.close(fd)
+        os.close(ctl)
 
 
 def _owns(h: _Handle) -> bool:
@@ -167,55 +220,87 @@ def _owns(h: _Handle) -> bool:
             k[0] == h.nonce for k in _lends)
 
 
-def _returned(handle: bytes) -> Buffer:
-    """Unpickle a Buffer a worker sent back: the owner's, lend ended."""
+def _returned(handle: bytes, peer: int = 0) -> Buffer:
+    """Unpickle a Buffer a worker sent back: the owner's, lend ended. peer:
+    the pid the worker says it has (a channel that knows its peer checks
+    it, as SharedLoader does); the token in the handle is what a process
+    that was not lent the block cannot produce."""
     h = _parse(handle)
     if h.owner_pid != os.getpid():
         raise ValueError(
             f"a returned shared Buffer can only be unpickled by its owner "
             f"(pid {h.owner_pid}), not in pid {os.getpid()}")
-    return _take(handle)
+    if not isinstance(peer, int) or peer <= 0:
+        raise BadHandleError("a returned shared Buffer without its sender's "
+                             "pid (pickled by an older pinpool?)")
+    return _take(handle, peer)
 
 
-def _clear(which: List[Tuple[int, int]]) -> List[Buffer]:
-    """Forget the lends `which` (ended by a reclaim); their Buffers."""
-    with _lock:
-        bufs = [_lends.pop(k).buf for k in which]
-        for b in bufs:
+def _reclaim(pool: Pool, peer: int, live: bool) -> List[Buffer]:
+    """End the lends pinpool_lend_reclaim_list selects (peer: a pid,
+    _PEER_ALL or _PEER_EXITED) and drop exactly those from the table (lock
+    held by the caller). The C call is told this table's generations and
+    says which of them it ended; its result is made before any lend ends,
+    so the two tables change together."""
+    keys = [k for k, v in _lends.items() if v.buf.pool is pool]
+    ended: List[bool] = pool._lend_reclaim(  # type: ignore[attr-defined]
+        peer, _RECLAIM_LIVE if live else 0, [k[1] for k in keys])
+    bufs = []
+    for k, gone in zip(keys, ended):
+        if gone:
+            b = _lends.pop(k).buf
             b._lend_clear()  # type: ignore[attr-defined]
+            bufs.append(b)
     return bufs
 
 
+def _close_all(bufs: List[Buffer]) -> None:
+    first: Optional[BaseException] = None
+    for b in bufs:
+        try:
+            b.close()
+        except BaseException as e:  # the others are closed all the same
+            first = first or e
+    if first is not None:
+        raise first
+
+
 def lend_reclaim(pool: Pool, pid: Optional[int] = None, *,
-                 free: bool = False) -> int:
+                 free: bool = False, live: bool = False) -> int:
     """Pool.lend_reclaim (its docstring is the reference)."""
+    if not isinstance(pool, Pool):
+        raise TypeError(f"pool must be a pinpool.Pool, not "
+                        f"{type(pool).__name__}")
     if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
         raise TypeError(f"pid must be an int or None, not {type(pid).__name__}")
     if pid is not None and pid <= 0:
         raise ValueError(f"Pool.lend_reclaim: pid must be > 0, not {pid}")
     with _lock:
-        n: int = pool._lend_reclaim(-1 if pid is None else pid)  # type: ignore[attr-defined]
-        bufs = _clear([k for k, v in _lends.items()
-                       if v.buf.pool is pool and (pid is None or v.peer == pid)])
+        bufs = _reclaim(pool, _PEER_ALL if pid is None else pid, bool(live))
+    n = len(bufs)
     if free:
-        for b in bufs:
-            b.close()
+        _close_all(bufs)
     return n
 
 
 def lend_reclaim_exited(pool: Pool, *, free: bool = False) -> int:
     """Pool.lend_reclaim_exited (its docstring is the reference)."""
+    if not isinstance(pool, Pool):
+        raise TypeError(f"pool must be a pinpool.Pool, not "
+                        f"{type(pool).__name__}")
     with _lock:
-        n: int = pool._lend_reclaim_exited()  # type: ignore[attr-defined]
-        if n == 0:
-            return 0
-        # The C call says how many lends it ended, not which: ask each.
-        bufs = _clear([k for k, v in _lends.items() if v.buf.pool is pool
-                       and not _lend_live(v.handle, v.fd)])
+        bufs = _reclaim(pool, _PEER_EXITED, False)
+    n = len(bufs)
     if free:
-        for b in bufs:
-            b.close()
+        _close_all(bufs)
     return n
+
+
+def lent_generations(pool: Pool) -> List[int]:
+    """The generations of pool's lends in this table (tests compare them
+    with the C table's, Pool.snapshot()["lends"])."""
+    with _lock:
+        return sorted(k[1] for k, v in _lends.items() if v.buf.pool is pool)
 
 
 def lent_count(pool: Pool, pid: Optional[int] = None) -> int:

@@ -1,0 +1,899 @@
+/*
+ * Shared pools against workers that are buggy or hostile (issue 36,
+ * docs/sharing.md "Threat model"). Workers are forked children reporting
+ * by exit status (no cmocka in a child), each under a deadline.
+ *
+ *  - hostile_returns: three workers, each told every handle of every lend
+ *    (tokens included, as a child forked from the owner would find them in
+ *    its memory), send back every lend they were not given, and edits of
+ *    their own (other chunk, generation +1, guessed and flipped tokens,
+ *    another slot); from the owner's side, every one is refused, counted in
+ *    lend_refusals and nothing else: the real borrowers' bytes, the lends,
+ *    the stats. A worker cannot attach a lend of a chunk it was not given,
+ *    nor reclaim or return anything through the inherited pool.
+ *  - pid_reuse (root; skipped otherwise): in a new pid namespace a worker
+ *    exits, is reaped, and another gets its pid (ns_last_pid): lend, lend
+ *    by pidfd, return, reclaim by pid, reclaim_exited and reclaim_list each
+ *    treat them as two processes; lending to the exited (and to a zombie)
+ *    fails with PINPOOL_EEXITED.
+ *  - ctl_readonly: from a worker, the control area cannot be made writable
+ *    by mprotect, pwrite, fallocate, ftruncate, a fresh mmap, or a
+ *    read-write reopen through /proc; nor the library's own mapping of it.
+ *  - reclaim_list: it reports exactly the lends it ended.
+ *  - framing: a handle split at every byte boundary on a non-blocking
+ *    socket (PINPOOL_EAGAIN, the piece kept, nothing misread after); short
+ *    reads and writes of every size (pp_share_io_cap); a full non-blocking
+ *    socket on the sending side; a signal during a stalled peer's message
+ *    (PINPOOL_EINTR), SO_RCVTIMEO (PINPOOL_EAGAIN); extra descriptors (all
+ *    closed, the stream still in step); a descriptor number reused by
+ *    another socket.
+ */
+#include "testutil.h"
+
+#include "share.h" /* pp_share_io_cap, pp_share_io_kept, ... */
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CONF "shared=1,mlock=0,populate=1"
+
+static void sleep_ms(unsigned ms) {
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/* Wait for pid (killed after timeout_ms): its exit status, -1 on timeout,
+ * -2 if a signal killed it. */
+static int wait_child(pid_t pid, unsigned timeout_ms) {
+  int status = 0;
+  for (unsigned waited = 0;; waited++) {
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid)
+      break;
+    if (r < 0)
+      return -3;
+    if (waited >= timeout_ms) {
+      (void)kill(pid, SIGKILL);
+      (void)waitpid(pid, &status, 0);
+      return -1;
+    }
+    sleep_ms(1);
+  }
+  return WIFSIGNALED(status) ? -2 : WEXITSTATUS(status);
+}
+
+static int count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  int n = 0;
+  if (d == NULL)
+    return -1;
+  while (readdir(d) != NULL)
+    n++;
+  (void)closedir(d);
+  return n - 3;
+}
+
+static void fill(void *p, size_t n, unsigned seed) {
+  unsigned char *c = p;
+  for (size_t i = 0; i < n; i += 64)
+    c[i] = (unsigned char)(seed + i / 64);
+}
+static int filled(const void *p, size_t n, unsigned seed) {
+  const unsigned char *c = p;
+  for (size_t i = 0; i < n; i += 64)
+    if (c[i] != (unsigned char)(seed + i / 64))
+      return 0;
+  return 1;
+}
+
+static int read_full(int fd, void *buf, size_t n) {
+  char *p = buf;
+  while (n > 0) {
+    ssize_t r = read(fd, p, n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+static int write_full(int fd, const void *buf, size_t n) {
+  const char *p = buf;
+  while (n > 0) {
+    ssize_t r = write(fd, p, n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+/* ---- hostile returns ------------------------------------------------------
+ */
+#define NW 3
+/* Lends per worker: a 1 MiB block and a block of a chunk of its own. */
+#define PER 2
+#define NL (NW * PER)
+
+/* Forgeries a worker makes of one of its own handles (k: which). */
+#define NFORGE 6
+static pinpool_share_handle_t forge(const pinpool_share_handle_t *h, int k) {
+  pinpool_share_handle_t f = *h;
+  switch (k) {
+  case 0:
+    f.chunk_id += 1;
+    break;
+  case 1:
+    f.generation += 1;
+    break;
+  case 2: /* a guessed token */
+    (void)syscall(SYS_getrandom, f.token, sizeof f.token, 0);
+    break;
+  case 3:
+    f.token[15] ^= 1;
+    break;
+  case 4:
+    f.slot += 1;
+    break;
+  default:
+    f.generation -= 1;
+    break;
+  }
+  return f;
+}
+
+/* Worker w: receives its PER handles (with descriptors), then the whole
+ * table of NL handles; fills its own blocks, tries what the owner's API
+ * offers through the inherited pool, attaches across chunks, then sends
+ * back every lend it was not given and NFORGE edits of each of its own,
+ * then its own honestly. */
+static int hostile_worker(pinpool_t *inherited, int w, int sock) {
+  pinpool_share_handle_t mine[PER], all[NL];
+  int fds[PER];
+  void *p[PER];
+  for (int i = 0; i < PER; i++) {
+    if (pinpool_share_recv(sock, &mine[i], &fds[i]) != 0 || fds[i] < 0)
+      return 10;
+    if (pinpool_share_attach(&mine[i], fds[i], &p[i]) != 0)
+      return 11;
+    fill(p[i], mine[i].length, (unsigned)(w * 16 + i));
+  }
+  if (read_full(sock, all, sizeof all) != 0)
+    return 12;
+  /* The owner's calls, through the pool this child inherited: refused. */
+  size_t n = 0;
+  if (pinpool_lend_reclaim(inherited, -1, PINPOOL_RECLAIM_LIVE, &n) !=
+          PINPOOL_EFORKED ||
+      pinpool_lend_reclaim_exited(inherited, 0, &n) != PINPOOL_EFORKED ||
+      pinpool_lend_return(inherited, &all[(w + 1) % NW * PER], getpid()) !=
+          PINPOOL_EFORKED)
+    return 13;
+  /* Another worker's lend of a chunk this one was not given: no
+   * descriptor of it, and this worker's descriptor is another file. */
+  for (int j = 0; j < NL; j++) {
+    if (j / PER == w || all[j].chunk_id == mine[0].chunk_id)
+      continue;
+    void *q = NULL;
+    if (pinpool_share_attach(&all[j], -1, &q) == 0 ||
+        pinpool_share_attach(&all[j], fds[0], &q) == 0 ||
+        pinpool_share_attach(&all[j], fds[1], &q) == 0)
+      return 14;
+  }
+  /* Returns: every lend not ours (exact, token included), then forgeries
+   * of ours. The owner answers each with its code. */
+  for (int j = 0; j < NL; j++)
+    if (j / PER != w && pinpool_share_send(sock, &all[j], -1) != 0)
+      return 15;
+  for (int i = 0; i < PER; i++)
+    for (int k = 0; k < NFORGE; k++) {
+      pinpool_share_handle_t f = forge(&mine[i], k);
+      if (pinpool_share_send(sock, &f, -1) != 0)
+        return 16;
+    }
+  /* Still ours: the owner must not have let anyone else have it. */
+  for (int i = 0; i < PER; i++)
+    if (!filled(p[i], mine[i].length, (unsigned)(w * 16 + i)))
+      return 17;
+  char go;
+  if (read_full(sock, &go, 1) != 0)
+    return 18;
+  for (int i = 0; i < PER; i++) {
+    if (pinpool_share_detach(p[i]) != 0 ||
+        pinpool_share_send(sock, &mine[i], -1) != 0)
+      return 19;
+    (void)close(fds[i]);
+  }
+  return 0;
+}
+
+static void test_hostile_returns(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create(CONF, &pool));
+  int sv[NW][2];
+  pid_t pid[NW];
+  for (int w = 0; w < NW; w++) {
+    PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv[w]) == 0,
+              "socketpair");
+    pid[w] = fork();
+    PP_ASSERT(pid[w] >= 0, "fork");
+    if (pid[w] == 0) {
+      for (int v = 0; v <= w; v++)
+        (void)close(sv[v][0]);
+      _exit(hostile_worker(pool, w, sv[w][1]));
+    }
+    (void)close(sv[w][1]);
+  }
+  /* Each worker: one 1 MiB block (all in one chunk) and a 40 MiB block
+   * (a chunk of its own). */
+  void *blk[NL];
+  pinpool_share_handle_t all[NL];
+  for (int w = 0; w < NW; w++)
+    for (int i = 0; i < PER; i++) {
+      int j = w * PER + i, fd;
+      PP_OK(pinpool_alloc(pool, i == 0 ? 1 * MiB : 40 * MiB, &blk[j]));
+      PP_OK(pinpool_lend(pool, blk[j], pid[w], &all[j], &fd));
+      PP_OK(pinpool_share_send(sv[w][0], &all[j], fd));
+    }
+  for (int w = 0; w < NW; w++)
+    PP_ASSERT(write_full(sv[w][0], all, sizeof all) == 0, "table");
+  pinpool_stats_t before = pp_stats_of(pool);
+  PP_ASSERT(before.lent_blocks == NL && before.lend_refusals == 0, "lent");
+  /* Every hostile return, from the socket it came on: refused. */
+  int refused = 0;
+  for (int w = 0; w < NW; w++) {
+    int expect = (NL - PER) + PER * NFORGE;
+    for (int k = 0; k < expect; k++) {
+      pinpool_share_handle_t h;
+      int fd = 7;
+      PP_OK(pinpool_share_recv(sv[w][0], &h, &fd));
+      PP_ASSERT(fd == -1, "no descriptor");
+      int rc = pinpool_lend_return(pool, &h, pid[w]);
+      PP_ASSERT(rc == PINPOOL_EPERM || rc == PINPOOL_ESTALE ||
+                    rc == PINPOOL_EBADHANDLE,
+                "worker %d, return %d: accepted (%d: %s)", w, k, rc,
+                pinpool_last_error());
+      refused++;
+    }
+  }
+  pinpool_stats_t after = pp_stats_of(pool);
+  PP_ASSERT(after.lend_refusals == (uint64_t)refused, "refusals %llu of %d",
+            (unsigned long long)after.lend_refusals, refused);
+  PP_ASSERT(after.lent_blocks == before.lent_blocks &&
+                after.lent_bytes == before.lent_bytes &&
+                after.blocks.current == before.blocks.current &&
+                after.block_bytes.current == before.block_bytes.current &&
+                after.reserved_bytes.current == before.reserved_bytes.current,
+            "nothing changed but the refusal count");
+  /* Still lent: the owner would not free or hand out any of them. */
+  for (int j = 0; j < NL; j++)
+    PP_CHECK_RC(pinpool_free(pool, blk[j]), PINPOOL_EBUSY);
+  void *fresh = NULL;
+  PP_OK(pinpool_alloc(pool, 1 * MiB, &fresh));
+  for (int j = 0; j < NL; j++)
+    PP_ASSERT(fresh != blk[j], "a lent block handed out again");
+  PP_OK(pinpool_free(pool, fresh));
+  /* The real borrowers' bytes, as they wrote them. */
+  for (int j = 0; j < NL; j++)
+    PP_ASSERT(filled(blk[j], all[j].length, (unsigned)(j / PER * 16 + j % PER)),
+              "block %d changed", j);
+  /* The honest returns, from their borrowers: accepted. */
+  for (int w = 0; w < NW; w++)
+    PP_ASSERT(write(sv[w][0], "g", 1) == 1, "go");
+  for (int w = 0; w < NW; w++)
+    for (int i = 0; i < PER; i++) {
+      pinpool_share_handle_t h;
+      int fd;
+      PP_OK(pinpool_share_recv(sv[w][0], &h, &fd));
+      PP_OK(pinpool_lend_return(pool, &h, pid[w]));
+    }
+  for (int w = 0; w < NW; w++) {
+    PP_CHECK_RC(wait_child(pid[w], 20000), 0);
+    (void)close(sv[w][0]);
+  }
+  PP_ASSERT(pp_stats_of(pool).lent_blocks == 0, "all returned");
+  PP_ASSERT(pp_stats_of(pool).lend_refusals == (uint64_t)refused, "count");
+  for (int j = 0; j < NL; j++)
+    PP_OK(pinpool_free(pool, blk[j]));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+/* ---- pid reuse in a pid namespace -----------------------------------------
+ */
+/* Codes: the child's exit status names the check that failed. */
+static int set_last_pid(pid_t want) {
+  int f = open("/proc/sys/kernel/ns_last_pid", O_WRONLY | O_CLOEXEC);
+  if (f < 0)
+    return -1;
+  char b[32];
+  int n = snprintf(b, sizeof b, "%d", (int)want - 1);
+  int ok = write(f, b, (size_t)n) == n ? 0 : -1;
+  (void)close(f);
+  return ok;
+}
+
+/* A child that waits on a pipe for its end. */
+static pid_t sleeper(int *wake) {
+  int pp[2];
+  if (pipe2(pp, O_CLOEXEC) != 0)
+    return -1;
+  pid_t p = fork();
+  if (p == 0) {
+    char c;
+    (void)close(pp[1]);
+    (void)read(pp[0], &c, 1);
+    _exit(0);
+  }
+  (void)close(pp[0]);
+  *wake = pp[1];
+  return p;
+}
+
+static int pidns_main(void) {
+  pinpool_t *pool = NULL;
+  if (pinpool_create(CONF, &pool) != 0)
+    return 40;
+  void *a1 = NULL, *a2 = NULL, *b1 = NULL, *b2 = NULL, *c1 = NULL;
+  if (pinpool_alloc(pool, 64 * KiB, &a1) ||
+      pinpool_alloc(pool, 64 * KiB, &a2) ||
+      pinpool_alloc(pool, 64 * KiB, &b1) ||
+      pinpool_alloc(pool, 64 * KiB, &b2) || pinpool_alloc(pool, 64 * KiB, &c1))
+    return 41;
+  int wa;
+  pid_t A = sleeper(&wa);
+  if (A <= 0)
+    return 42;
+  pinpool_share_handle_t ha, ha2, hb, hb2, hz;
+  int fd;
+  if (pinpool_lend(pool, a1, A, &ha, &fd) != 0)
+    return 43;
+  /* A ends: while it is a zombie, a lend to it is refused. */
+  (void)close(wa);
+  int pfd = (int)syscall(SYS_pidfd_open, A, 0);
+  if (pfd < 0)
+    return 44;
+  struct pollfd pl = {pfd, POLLIN, 0};
+  if (poll(&pl, 1, 10000) != 1)
+    return 45;
+  if (pinpool_lend(pool, a2, A, &hz, &fd) != PINPOOL_EEXITED)
+    return 46;
+  if (pinpool_lend_pidfd(pool, a2, pfd, &hz, &fd) != PINPOOL_EEXITED)
+    return 47;
+  if (waitpid(A, NULL, 0) != A)
+    return 48;
+  /* Reaped, its lend still recorded: a lend to its pid is refused. */
+  if (pinpool_lend(pool, a2, A, &hz, &fd) != PINPOOL_EEXITED)
+    return 49;
+  if (pinpool_lend_pidfd(pool, a2, pfd, &hz, &fd) != PINPOOL_EEXITED)
+    return 50;
+  /* B gets A's pid. */
+  if (set_last_pid(A) != 0)
+    return 51;
+  int wb;
+  pid_t B = sleeper(&wb);
+  if (B != A) {
+    fprintf(stderr, "pidns: wanted pid %d, got %d\n", (int)A, (int)B);
+    return 52;
+  }
+  /* Lends to the pid now go to B, a new peer. */
+  if (pinpool_lend(pool, b1, B, &hb, &fd) != 0)
+    return 53;
+  int bfd = (int)syscall(SYS_pidfd_open, B, 0);
+  if (bfd < 0 || pinpool_lend_pidfd(pool, b2, bfd, &hb2, &fd) != 0)
+    return 54;
+  /* A's handle returned "from" the pid: B is not A. */
+  if (pinpool_lend_return(pool, &ha, A) != PINPOOL_EPERM)
+    return 55;
+  /* reclaim_exited ends A's lend alone (one, not B's two). */
+  size_t n = 0;
+  if (pinpool_lend_reclaim_exited(pool, 0, &n) != 0 || n != 1)
+    return 56;
+  pinpool_stats_t st;
+  if (pinpool_get_stats(pool, &st) != 0 || st.lent_blocks != 2)
+    return 57;
+  /* A second exited peer with the same number, then reclaim(pid) without
+   * LIVE: only the exited one's lend. */
+  if (pinpool_lend(pool, a1, B, &ha2, &fd) != 0) /* B again: a third */
+    return 58;
+  if (pinpool_lend_reclaim(pool, B, 0, &n) != 0 || n != 0)
+    return 59;
+  pinpool_lend_info_t info[4];
+  if (pinpool_lend_reclaim_list(pool, PINPOOL_PEER_EXITED, 0, info, 4, &n) !=
+          0 ||
+      n != 0)
+    return 60;
+  /* B's returns, from B's pid: accepted. */
+  if (pinpool_lend_return(pool, &hb, B) != 0 ||
+      pinpool_lend_return(pool, &hb2, B) != 0) {
+    fprintf(stderr, "pidns: %s\n", pinpool_last_error());
+    return 61;
+  }
+  /* B ends; C takes the pid; B's last lend ends by reclaim(pid), C's not. */
+  (void)close(wb);
+  if (waitpid(B, NULL, 0) != B)
+    return 62;
+  if (set_last_pid(B) != 0)
+    return 63;
+  int wc;
+  pid_t C = sleeper(&wc);
+  if (C != B)
+    return 64;
+  pinpool_share_handle_t hc;
+  if (pinpool_lend(pool, c1, C, &hc, &fd) != 0)
+    return 65;
+  if (pinpool_lend_reclaim_list(pool, C, 0, info, 4, &n) != 0 || n != 1 ||
+      info[0].ptr != a1 || info[0].generation != ha2.generation ||
+      info[0].peer != C)
+    return 66;
+  if (pinpool_lend_return(pool, &hc, C) != 0)
+    return 67;
+  (void)close(wc);
+  (void)waitpid(C, NULL, 0);
+  (void)close(pfd);
+  (void)close(bfd);
+  if (pinpool_get_stats(pool, &st) != 0 || st.lent_blocks != 0)
+    return 68;
+  if (pinpool_free(pool, a1) || pinpool_free(pool, a2) ||
+      pinpool_free(pool, b1) || pinpool_free(pool, b2) ||
+      pinpool_free(pool, c1) || pinpool_validate(pool) != 0)
+    return 69;
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static void test_pid_reuse(void **state) {
+  (void)state;
+  if (geteuid() != 0) {
+    print_message("pid_reuse: not root (a pid namespace needs "
+                  "CAP_SYS_ADMIN): skipped\n");
+    skip();
+  }
+  pid_t outer = fork();
+  PP_ASSERT(outer >= 0, "fork");
+  if (outer == 0) {
+    if (unshare(CLONE_NEWPID) != 0) {
+      fprintf(stderr, "unshare(CLONE_NEWPID): %s\n", strerror(errno));
+      _exit(77);
+    }
+    pid_t init = fork(); /* pid 1 of the new namespace */
+    if (init < 0)
+      _exit(78);
+    if (init == 0) {
+      if (getpid() != 1)
+        _exit(79);
+      if (access("/proc/sys/kernel/ns_last_pid", W_OK) != 0)
+        _exit(77);
+      _exit(pidns_main());
+    }
+    int st = 0;
+    (void)waitpid(init, &st, 0);
+    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 99);
+  }
+  int rc = wait_child(outer, 30000);
+  if (rc == 77) {
+    print_message("pid_reuse: no pid namespace here: skipped\n");
+    skip();
+  }
+  PP_ASSERT(rc == 0, "pid namespace check %d failed", rc);
+}
+
+/* ---- the control area, from a worker --------------------------------------
+ */
+static int ctl_attacks(int cfd, size_t len) {
+  char b = 1;
+  /* The descriptor: read-only, and the file sealed against writes. */
+  if (pwrite(cfd, &b, 1, 0) >= 0)
+    return 1;
+  if (fallocate(cfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                (off_t)len) == 0)
+    return 2;
+  if (ftruncate(cfd, 0) == 0)
+    return 3;
+  if (mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, cfd, 0) != MAP_FAILED)
+    return 4;
+  void *v = mmap(NULL, len, PROT_READ, MAP_SHARED, cfd, 0);
+  if (v == MAP_FAILED)
+    return 5;
+  if (mprotect(v, len, PROT_READ | PROT_WRITE) == 0)
+    return 6;
+  (void)munmap(v, len);
+  /* A read-write reopen of the same file: the seal still says no. */
+  char path[64];
+  (void)snprintf(path, sizeof path, "/proc/self/fd/%d", cfd);
+  int rw = open(path, O_RDWR | O_CLOEXEC);
+  if (rw >= 0) {
+    if (pwrite(rw, &b, 1, 0) >= 0)
+      return 7;
+    if (fallocate(rw, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                  (off_t)len) == 0)
+      return 8;
+    if (mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0) !=
+        MAP_FAILED)
+      return 9;
+    v = mmap(NULL, len, PROT_READ, MAP_SHARED, rw, 0);
+    if (v == MAP_FAILED || mprotect(v, len, PROT_READ | PROT_WRITE) == 0)
+      return 10;
+    (void)munmap(v, len);
+    if (fcntl(rw, F_ADD_SEALS, F_SEAL_WRITE) == 0 ||
+        fcntl(rw, F_SEAL_SEAL) == 0)
+      return 11;
+    (void)close(rw);
+  }
+  return 0;
+}
+
+/* The library's own read-only view of the control area (a worker found it
+ * in /proc/self/maps): mprotect cannot make it writable either. */
+static int ctl_view_attack(void) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (f == NULL)
+    return 20;
+  char line[512];
+  int found = 0;
+  while (fgets(line, sizeof line, f) != NULL) {
+    if (strstr(line, "pinpool-ctl") == NULL)
+      continue;
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx", &lo, &hi) != 2)
+      continue;
+    found++;
+    if (mprotect((void *)lo, hi - lo, PROT_READ | PROT_WRITE) == 0)
+      return 21;
+  }
+  (void)fclose(f);
+  return found > 0 ? 0 : 22;
+}
+
+static void test_ctl_readonly(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create(CONF, &pool));
+  void *p = NULL;
+  PP_OK(pinpool_alloc(pool, 1 * MiB, &p));
+  int sv[2];
+  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
+  pid_t pid = fork();
+  PP_ASSERT(pid >= 0, "fork");
+  if (pid == 0) {
+    (void)close(sv[0]);
+    /* The message, raw: the handle and both descriptors. */
+    pinpool_share_handle_t h;
+    union {
+      char buf[CMSG_SPACE(4 * sizeof(int))];
+      struct cmsghdr a;
+    } u;
+    struct iovec iov = {&h, sizeof h};
+    struct msghdr m = {.msg_iov = &iov,
+                       .msg_iovlen = 1,
+                       .msg_control = u.buf,
+                       .msg_controllen = sizeof u.buf};
+    if (recvmsg(sv[1], &m, MSG_WAITALL) != (ssize_t)sizeof h)
+      _exit(30);
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    if (cm == NULL || cm->cmsg_len != CMSG_LEN(2 * sizeof(int)))
+      _exit(31);
+    int fds[2];
+    memcpy(fds, CMSG_DATA(cm), sizeof fds);
+    struct stat st;
+    if (fstat(fds[1], &st) != 0 || (uint64_t)st.st_ino != h.ctl_ino)
+      _exit(32);
+    int r = ctl_attacks(fds[1], (size_t)st.st_size);
+    if (r == 0) /* and through the descriptor inherited from the owner */
+      r = ctl_attacks(h.owner_ctl_fd, (size_t)st.st_size);
+    void *w = NULL;
+    if (r == 0 && pinpool_share_attach_ctl(&h, fds[0], fds[1], &w) != 0)
+      _exit(33);
+    if (r == 0)
+      r = ctl_view_attack();
+    if (r != 0) {
+      fprintf(stderr,
+              "ctl attack %d succeeded: the worker wrote the "
+              "control area\n",
+              r);
+      _exit(40 + r);
+    }
+    fill(w, h.length, 9);
+    if (pinpool_share_detach(w) != 0)
+      _exit(34);
+    _exit(0);
+  }
+  (void)close(sv[1]);
+  pinpool_share_handle_t h;
+  int fd;
+  PP_OK(pinpool_lend(pool, p, pid, &h, &fd));
+  PP_OK(pinpool_share_send(sv[0], &h, fd));
+  PP_CHECK_RC(wait_child(pid, 10000), 0);
+  /* The worker filled the block, and the lend is as the owner made it: an
+   * attach here still finds the generation. */
+  PP_ASSERT(filled(p, 1 * MiB, 9), "filled");
+  void *w = NULL;
+  PP_OK(pinpool_share_attach(&h, fd, &w));
+  PP_OK(pinpool_share_detach(w));
+  size_t n = 0;
+  PP_OK(pinpool_lend_reclaim_exited(pool, PINPOOL_RECLAIM_FREE, &n));
+  PP_ASSERT(n == 1, "%zu", n);
+  (void)close(sv[0]);
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+/* ---- reclaim_list -------------------------------------------------------- */
+static void test_reclaim_list(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create(CONF, &pool));
+  void *b[5];
+  pinpool_share_handle_t h[5];
+  int fd;
+  int wake;
+  pid_t dead = sleeper(&wake);
+  PP_ASSERT(dead > 0, "fork");
+  for (int i = 0; i < 5; i++) {
+    PP_OK(pinpool_alloc(pool, 64 * KiB, &b[i]));
+    PP_OK(pinpool_lend(pool, b[i], i < 3 ? dead : getpid(), &h[i], &fd));
+  }
+  (void)close(wake);
+  PP_CHECK_RC(wait_child(dead, 10000), 0);
+  pinpool_lend_info_t info[2];
+  size_t n = 0, total = 0;
+  bool seen[5] = {false};
+  do { /* two at a time: it says which, exactly */
+    PP_OK(pinpool_lend_reclaim_list(pool, PINPOOL_PEER_EXITED, 0, info, 2, &n));
+    for (size_t k = 0; k < n; k++) {
+      int i = 0;
+      while (i < 5 && b[i] != info[k].ptr)
+        i++;
+      PP_ASSERT(i < 3 && !seen[i], "ended lend %zu is not one of the dead's",
+                k);
+      seen[i] = true;
+      PP_ASSERT(info[k].generation == h[i].generation &&
+                    info[k].length == h[i].length && info[k].peer == dead,
+                "fields");
+    }
+    total += n;
+  } while (n == 2);
+  PP_ASSERT(total == 3 && seen[0] && seen[1] && seen[2], "the three: %zu",
+            total);
+  PP_ASSERT(pp_stats_of(pool).lent_blocks == 2, "the live two stay");
+  PP_OK(pinpool_lend_reclaim_list(pool, getpid(), PINPOOL_RECLAIM_LIVE, info, 2,
+                                  &n));
+  PP_ASSERT(n == 2, "%zu", n);
+  for (int i = 0; i < 5; i++)
+    PP_OK(pinpool_free(pool, b[i]));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+/* ---- framing --------------------------------------------------------------
+ */
+static pinpool_share_handle_t fake_handle(uint64_t gen) {
+  pinpool_share_handle_t h;
+  memset(&h, 0, sizeof h);
+  h.magic = PINPOOL_SHARE_MAGIC;
+  h.version = PINPOOL_SHARE_VERSION;
+  h.generation = gen;
+  for (int i = 0; i < 16; i++)
+    h.token[i] = (uint8_t)(gen * 31 + (uint64_t)i);
+  h.owner_pid = -1; /* not ours: the send carries fd alone */
+  return h;
+}
+
+/* Send bytes [from, to) of h raw, with descriptors fds[0..nfds) on them. */
+static void raw_send(int sock, const pinpool_share_handle_t *h, size_t from,
+                     size_t to, const int *fds, int nfds) {
+  union {
+    char buf[CMSG_SPACE(4 * sizeof(int))];
+    struct cmsghdr a;
+  } u;
+  memset(&u, 0, sizeof u);
+  struct iovec iov = {(char *)h + from, to - from};
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (nfds > 0) {
+    m.msg_control = u.buf;
+    m.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+    memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
+  }
+  PP_ASSERT(sendmsg(sock, &m, 0) == (ssize_t)(to - from), "raw send");
+}
+
+static void expect_handle(int sock, uint64_t gen, bool with_fd, ino_t ino) {
+  pinpool_share_handle_t h;
+  int fd = -5;
+  PP_OK(pinpool_share_recv(sock, &h, &fd));
+  pinpool_share_handle_t want = fake_handle(gen);
+  PP_ASSERT(memcmp(&h, &want, sizeof h) == 0, "handle %llu misread",
+            (unsigned long long)gen);
+  if (with_fd) {
+    struct stat st;
+    PP_ASSERT(fd >= 0 && fstat(fd, &st) == 0 && st.st_ino == ino,
+              "its descriptor");
+    (void)close(fd);
+  } else {
+    PP_ASSERT(fd == -1, "no descriptor");
+  }
+}
+
+static void on_alarm(int sig) { (void)sig; }
+
+static void test_framing(void **state) {
+  (void)state;
+  int fds0 = count_fds();
+  FILE *tf = tmpfile();
+  PP_ASSERT(tf != NULL, "tmpfile");
+  int file = fileno(tf);
+  struct stat fst;
+  PP_ASSERT(fstat(file, &fst) == 0, "fstat");
+  const size_t H = sizeof(pinpool_share_handle_t);
+  int sv[2];
+  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
+  /* 1. Split at every byte boundary, non-blocking receiver. */
+  PP_ASSERT(fcntl(sv[1], F_SETFL, O_NONBLOCK) == 0, "nonblock");
+  for (size_t k = 1; k < H; k++) {
+    pinpool_share_handle_t h = fake_handle(k), got;
+    int fd = -5;
+    raw_send(sv[0], &h, 0, k, &file, 1);
+    PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &fd), PINPOOL_EAGAIN);
+    PP_ASSERT(fd == -5, "nothing out yet");
+    PP_ASSERT(pp_share_io_kept() == 1, "the piece is kept");
+    raw_send(sv[0], &h, k, H, NULL, 0);
+    expect_handle(sv[1], k, true, fst.st_ino);
+    PP_ASSERT(pp_share_io_kept() == 0, "nothing kept");
+  }
+  PP_CHECK_RC(
+      pinpool_share_recv(sv[1], &(pinpool_share_handle_t){0}, &(int){0}),
+      PINPOOL_EAGAIN);
+  PP_ASSERT(pp_share_io_kept() == 0, "an empty socket keeps nothing");
+  PP_ASSERT(fcntl(sv[1], F_SETFL, 0) == 0, "blocking");
+  /* 2. Short reads and writes of every size up to a handle. */
+  for (size_t cap = 1; cap <= H; cap++) {
+    pp_store_relaxed(&pp_share_io_cap, cap);
+    pinpool_share_handle_t h = fake_handle(1000 + cap);
+    PP_OK(pinpool_share_send(sv[0], &h, cap % 2 ? file : -1));
+    h = fake_handle(2000 + cap);
+    PP_OK(pinpool_share_send(sv[0], &h, -1));
+    expect_handle(sv[1], 1000 + cap, cap % 2, fst.st_ino);
+    expect_handle(sv[1], 2000 + cap, false, 0);
+  }
+  pp_store_relaxed(&pp_share_io_cap, 0);
+  /* 3. A full non-blocking socket on the sender's side: EAGAIN, the piece
+   * kept, the same call again finishes it; every message intact, in
+   * order. Short writes make the part-sent case certain. */
+  int small = 4096;
+  (void)setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+  PP_ASSERT(fcntl(sv[0], F_SETFL, O_NONBLOCK) == 0, "nonblock");
+  pp_store_relaxed(&pp_share_io_cap, 40);
+  uint64_t partial = 0;
+  for (uint64_t round = 0; round < 3; round++) {
+    uint64_t base = 5000 + round * 100000, n = 0, next = 0;
+    pinpool_share_handle_t h;
+    int rc;
+    for (;;) { /* until the socket is full */
+      h = fake_handle(base + n);
+      rc = pinpool_share_send(sv[0], &h, -1);
+      if (rc != 0)
+        break;
+      n++;
+      PP_ASSERT(n < 100000, "the socket never filled");
+    }
+    PP_CHECK_RC(rc, PINPOOL_EAGAIN);
+    partial += pp_share_io_kept();
+    /* Drain one at a time, the same call again until it is sent. */
+    while ((rc = pinpool_share_send(sv[0], &h, -1)) == PINPOOL_EAGAIN) {
+      PP_ASSERT(next < n, "drained everything before the part-sent one");
+      expect_handle(sv[1], base + next++, false, 0);
+    }
+    PP_OK(rc);
+    n++;
+    while (next < n)
+      expect_handle(sv[1], base + next++, false, 0);
+  }
+  pp_store_relaxed(&pp_share_io_cap, 0);
+  PP_ASSERT(fcntl(sv[0], F_SETFL, 0) == 0, "blocking");
+  PP_ASSERT(pp_share_io_kept() == 0, "nothing kept");
+  print_message("framing: %llu of 3 full-socket sends were part-sent\n",
+                (unsigned long long)partial);
+  /* 4. A peer stalling mid-message: a signal gets the receiver out
+   * (EINTR), SO_RCVTIMEO too (EAGAIN); the rest completes the message. */
+  struct sigaction sa, old;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_alarm; /* no SA_RESTART */
+  PP_ASSERT(sigaction(SIGALRM, &sa, &old) == 0, "sigaction");
+  pinpool_share_handle_t h = fake_handle(7);
+  raw_send(sv[0], &h, 0, 50, &file, 1);
+  struct itimerval it = {{0, 0}, {0, 20000}};
+  PP_ASSERT(setitimer(ITIMER_REAL, &it, NULL) == 0, "setitimer");
+  pinpool_share_handle_t got;
+  int gfd = -5;
+  PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &gfd), PINPOOL_EINTR);
+  PP_ASSERT(gfd == -5 && pp_share_io_kept() == 1, "kept");
+  struct timeval tv = {0, 20000};
+  PP_ASSERT(setsockopt(sv[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0,
+            "rcvtimeo");
+  PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &gfd), PINPOOL_EAGAIN);
+  raw_send(sv[0], &h, 50, 90, NULL, 0);
+  PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &gfd), PINPOOL_EAGAIN);
+  raw_send(sv[0], &h, 90, H, NULL, 0);
+  expect_handle(sv[1], 7, true, fst.st_ino);
+  tv.tv_usec = 0;
+  PP_ASSERT(setsockopt(sv[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0,
+            "rcvtimeo off");
+  PP_ASSERT(sigaction(SIGALRM, &old, NULL) == 0, "sigaction");
+  /* 5. Extra descriptors: three at once, or two then one more on a later
+   * piece: the message is consumed whole and refused, every descriptor
+   * closed, and the next message is read right. */
+  int three[3] = {file, file, file};
+  h = fake_handle(8);
+  raw_send(sv[0], &h, 0, H, three, 3);
+  PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &gfd), PINPOOL_EBADHANDLE);
+  h = fake_handle(9);
+  raw_send(sv[0], &h, 0, 10, three, 2);
+  raw_send(sv[0], &h, 10, H, three, 1);
+  PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &gfd), PINPOOL_EBADHANDLE);
+  h = fake_handle(10);
+  PP_OK(pinpool_share_send(sv[0], &h, file));
+  expect_handle(sv[1], 10, true, fst.st_ino);
+  PP_ASSERT(count_fds() == fds0 + 3, "every extra descriptor closed (%d)",
+            count_fds() - fds0);
+  /* 6. A piece kept for a descriptor number that then names another
+   * socket: not applied to it. */
+  PP_ASSERT(fcntl(sv[1], F_SETFL, O_NONBLOCK) == 0, "nonblock");
+  h = fake_handle(11);
+  raw_send(sv[0], &h, 0, 30, NULL, 0);
+  PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &gfd), PINPOOL_EAGAIN);
+  int num = sv[1];
+  (void)close(sv[0]);
+  (void)close(sv[1]);
+  int sv2[2];
+  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv2) == 0, "sp");
+  int recv_end = sv2[0] == num ? sv2[0] : sv2[1];
+  int send_end = recv_end == sv2[0] ? sv2[1] : sv2[0];
+  PP_ASSERT(recv_end == num, "the number is reused (%d %d %d)", num, sv2[0],
+            sv2[1]);
+  h = fake_handle(12);
+  PP_OK(pinpool_share_send(send_end, &h, -1));
+  expect_handle(recv_end, 12, false, 0);
+  PP_ASSERT(pp_share_io_kept() == 0, "the old piece dropped");
+  (void)close(sv2[0]);
+  (void)close(sv2[1]);
+  (void)fclose(tf);
+  PP_ASSERT(count_fds() == fds0, "descriptors: %d before, %d after", fds0,
+            count_fds());
+}
+
+int main(int argc, char **argv) {
+  pp_clean_env();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_hostile_returns),
+      cmocka_unit_test(test_pid_reuse),
+      cmocka_unit_test(test_ctl_readonly),
+      cmocka_unit_test(test_reclaim_list),
+      cmocka_unit_test(test_framing),
+  };
+  return pp_run_selected("test_share_hostile", tests,
+                         sizeof tests / sizeof tests[0], argc, argv);
+}
