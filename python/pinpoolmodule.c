@@ -1767,21 +1767,21 @@ static PyObject *Buffer_repr(PyObject *obj) {
 }
 
 static PyMethodDef Buffer_methods[] = {
-    KW_METHOD(
-        "lend", Buffer_lend,
-        "lend($self, pid)\n--\n\n"
-        "Lend the block of a shared=1 pool to process pid (its worker)\n"
-        "before sending the buffer to it (queue.put, pickle): the pid\n"
-        "is what Pool.lend_reclaim(pid) and Pool.lend_reclaim_exited()\n"
-        "reclaim by if that process dies. A buffer pickled without a\n"
-        "lend is lent to this process itself (docs/python.md, \"Shared\n"
-        "pools\"). While lent, the owner's buffer refuses new exports\n"
-        "and close(); it is the owner's again when the worker sends it\n"
-        "back (unpickled here) or the lend is reclaimed.\n\n"
-        "Raises ValueError (pid <= 0 or no such process, a pool\n"
-        "without shared=1, a closed buffer), BufferError (lent\n"
-        "already), TypeError (an attached buffer: only the owner lends).\n\n"
-        "Thread-safe: of concurrent lends of one buffer, one wins."),
+    KW_METHOD("lend", Buffer_lend,
+              "lend($self, pid)\n--\n\n"
+              "Lend the block of a shared=1 pool to process pid (its worker)\n"
+              "before sending the buffer to it (queue.put, pickle): the pid\n"
+              "is what Pool.lend_reclaim(pid) and Pool.lend_reclaim_exited()\n"
+              "reclaim by if that process dies. A buffer pickled without a\n"
+              "lend is lent to this process itself (docs/python.md, \"Shared\n"
+              "pools\"). While lent, the owner's buffer refuses new exports\n"
+              "and close(); it is the owner's again when the worker sends it\n"
+              "back (unpickled here) or the lend is reclaimed.\n\n"
+              "Raises ValueError (pid <= 0, a pool without shared=1, a\n"
+              "closed buffer), ProcessLookupError (no such process, or it\n"
+              "has exited), BufferError (lent already), TypeError (an\n"
+              "attached buffer: only the owner lends).\n\n"
+              "Thread-safe: of concurrent lends of one buffer, one wins."),
     {"_lend", Buffer__lend, METH_O, NULL},
     {"_lend_return", Buffer__lend_return, METH_VARARGS, NULL},
     {"_lend_clear", Buffer__lend_clear, METH_NOARGS, NULL},
