@@ -172,6 +172,8 @@ enum {
                             not yet given to the backend */
   PP_HOOK_IDLE_DETACHED, /* release, trim: idle segments detached from
                             their bins, not yet given to the arena */
+  PP_HOOK_SHARE_IO,      /* pinpool_share_send/recv: the table of kept
+                            part-messages locked (share_worker.c) */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

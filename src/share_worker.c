@@ -56,11 +56,17 @@ static struct {
   size_t nctl;
 } wk = {.lock = {.m = PTHREAD_MUTEX_INITIALIZER}};
 
+/* Both of this file's locks (never held together elsewhere): a child must
+ * not inherit either held. ios is defined below. */
+static void ios_fork(int phase);
 void pp_share_worker_fork(int phase) {
-  if (phase == PP_FORK_PREPARE)
+  if (phase == PP_FORK_PREPARE) {
     pp_mutex_lock(&wk.lock);
-  else
+    ios_fork(phase);
+  } else {
+    ios_fork(phase);
     pp_mutex_unlock(&wk.lock);
+  }
 }
 
 static int bad(const char *fmt, const char *what) {
@@ -434,6 +440,13 @@ static struct {
   size_t n;
 } ios = {.lock = {.m = PTHREAD_MUTEX_INITIALIZER}};
 
+static void ios_fork(int phase) {
+  if (phase == PP_FORK_PREPARE)
+    pp_mutex_lock(&ios.lock);
+  else
+    pp_mutex_unlock(&ios.lock);
+}
+
 static void io_free(io_t *p) {
   if (p == NULL)
     return;
@@ -457,6 +470,7 @@ static bool sock_id(int sock, uint64_t *dev, uint64_t *ino) {
 static io_t *io_take(int sock, bool tx) {
   io_t *p = NULL;
   pp_mutex_lock(&ios.lock);
+  pp_hook(PP_HOOK_SHARE_IO);
   for (size_t i = 0; i < ios.n; i++)
     if (ios.io[i]->sock == sock && ios.io[i]->tx == tx) {
       p = ios.io[i];

@@ -27,16 +27,22 @@
  *    (PINPOOL_EINTR), SO_RCVTIMEO (PINPOOL_EAGAIN); extra descriptors (all
  *    closed, the stream still in step); a descriptor number reused by
  *    another socket.
+ *  - fork_io_lock: a fork while another thread holds the table of kept
+ *    part-messages (a test hook inside its lock): the child's
+ *    pinpool_share_send/recv must not deadlock (the fork handlers take
+ *    that lock too).
  */
 #include "testutil.h"
 
-#include "share.h" /* pp_share_io_cap, pp_share_io_kept, ... */
+#include "share.h" /* pp_share_io_cap, pp_share_io_kept, pp_test_hook */
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -885,6 +891,67 @@ static void test_framing(void **state) {
             count_fds());
 }
 
+/* ---- fork while the part-message table is locked ------------------------ */
+static sem_t io_in;
+static _Atomic(int) io_armed;
+
+static void hold_io_lock(int point) {
+  if (point != PP_HOOK_SHARE_IO || !atomic_exchange(&io_armed, 0))
+    return;
+  (void)sem_post(&io_in);
+  sleep_ms(200); /* the fork comes meanwhile */
+}
+
+static void *recv_nonblocking(void *arg) {
+  int sock = *(int *)arg;
+  pinpool_share_handle_t h;
+  int fd;
+  (void)pinpool_share_recv(sock, &h, &fd); /* EAGAIN, through the hook */
+  return NULL;
+}
+
+static void test_fork_io_lock(void **state) {
+  (void)state;
+  /* An owner: the fork handlers exist from the first pool on (fork.c). */
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create(CONF, &pool));
+  int sv[2], sv2[2];
+  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0 &&
+                socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv2) == 0,
+            "socketpair");
+  PP_ASSERT(fcntl(sv[1], F_SETFL, O_NONBLOCK) == 0, "nonblock");
+  PP_ASSERT(sem_init(&io_in, 0, 0) == 0, "sem_init");
+  atomic_store(&pp_test_hook, hold_io_lock);
+  atomic_store(&io_armed, 1);
+  pthread_t t;
+  PP_ASSERT(pthread_create(&t, NULL, recv_nonblocking, &sv[1]) == 0, "thread");
+  while (sem_wait(&io_in) != 0) {
+  }
+  pid_t pid = fork(); /* the other thread is inside the table's lock */
+  if (pid == 0) {
+    atomic_store(&pp_test_hook, NULL);
+    pinpool_share_handle_t h = fake_handle(77), got;
+    int fd = -5;
+    if (pinpool_share_send(sv2[0], &h, -1) != 0 ||
+        pinpool_share_recv(sv2[1], &got, &fd) != 0 ||
+        memcmp(&h, &got, sizeof h) != 0)
+      _exit(1);
+    _exit(0);
+  }
+  PP_ASSERT(pid > 0, "fork");
+  (void)pthread_join(t, NULL);
+  atomic_store(&pp_test_hook, NULL);
+  int rc = wait_child(pid, 5000);
+  PP_ASSERT(rc == 0, "the child's share_send/recv %s (%d)",
+            rc == -1 ? "deadlocked on a lock held at the fork" : "failed", rc);
+  (void)sem_destroy(&io_in);
+  for (int i = 0; i < 2; i++) {
+    (void)close(sv[i]);
+    (void)close(sv2[i]);
+  }
+  pinpool_destroy(pool);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest tests[] = {
@@ -893,6 +960,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_ctl_readonly),
       cmocka_unit_test(test_reclaim_list),
       cmocka_unit_test(test_framing),
+      cmocka_unit_test(test_fork_io_lock),
   };
   return pp_run_selected("test_share_hostile", tests,
                          sizeof tests / sizeof tests[0], argc, argv);
