@@ -11,6 +11,14 @@
  * The pickle is written by a small serializer of our own (pickle.c, which
  * says which opcodes and why), not by Python: the tool must not need it.
  *
+ * Two layouts (--layout): "new", the dict {segments, device_traces,
+ * allocator_settings} of torch 2.x's _snapshot() that memory_viz and
+ * torch 2's _memory_viz (trace_plot, segment_plot) read; and "old", the
+ * bare list of segments of torch 1.x's memory_snapshot(), whose blocks
+ * carry a "history" list, that torch 1.13's _memory_viz (stats, segments,
+ * memory, compare: Debian 12's) reads. Without --layout the installed
+ * torch decides (installed_layout); docs/snapshot-format.md.
+ *
  * memory_viz's "Allocator State History" replays the trace backwards from
  * the segments, and stops with a script error at an event that does not fit
  * them (a free_requested of a block it does not know, a block outside every
@@ -21,11 +29,14 @@
  */
 #define _XOPEN_SOURCE 700 /* realpath, and POSIX 2008 (mkstemp, fchmod) */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -36,16 +47,24 @@
 #define CMD "snapshot torch"
 
 static void torch_usage(FILE *out) {
-  fprintf(out,
-          "usage: pinpool snapshot torch FILE -o OUT.pickle\n\n"
-          "Write the snapshot FILE ('-' for standard input) as the pickle\n"
-          "that torch.cuda.memory._snapshot() returns, for PyTorch's\n"
-          "memory_viz (drag OUT.pickle onto https://pytorch.org/memory_viz)\n"
-          "and torch.cuda._memory_viz. Host memory is shown as device 0.\n\n"
-          "  -o, --output OUT.pickle   the file to write ('-' for standard "
-          "output)\n\n"
-          "Exit status: 0 success, 1 unreadable or malformed input or write\n"
-          "error (OUT is then left as it was), 2 usage error.\n");
+  fprintf(
+      out,
+      "usage: pinpool snapshot torch FILE -o OUT.pickle [--layout "
+      "old|new]\n\n"
+      "Write the snapshot FILE ('-' for standard input) as the pickle\n"
+      "that torch.cuda.memory._snapshot() returns, for PyTorch's\n"
+      "memory_viz (drag OUT.pickle onto https://pytorch.org/memory_viz)\n"
+      "and torch.cuda._memory_viz. Host memory is shown as device 0.\n\n"
+      "  -o, --output OUT.pickle   the file to write ('-' for standard "
+      "output)\n"
+      "  --layout old|new          new: the dict of torch >= 2.0\n"
+      "                            (segments, device_traces); old: the\n"
+      "                            list of segments of torch 1.x. Default:\n"
+      "                            the installed torch's ($PINPOOL_TORCH_\n"
+      "                            VERSION, else what `python3 -c 'import\n"
+      "                            torch'` reports; new without torch)\n\n"
+      "Exit status: 0 success, 1 unreadable or malformed input or write\n"
+      "error (OUT is then left as it was), 2 usage error.\n");
 }
 
 /* ---- Address map (open addressing, linear probing) ----------------------- */
@@ -451,6 +470,8 @@ enum {
   N_NA,
   N_EMPTY,
   N_UNKNOWN,
+  N_HISTORY,
+  N_REAL_SIZE,
   N_COUNT
 };
 
@@ -496,6 +517,8 @@ static const char *const names[N_COUNT] = {
     [N_NA] = "N/A",
     [N_EMPTY] = "",
     [N_UNKNOWN] = "??",
+    [N_HISTORY] = "history",
+    [N_REAL_SIZE] = "real_size",
 };
 
 /* PyTorch's small pool holds blocks of at most 1 MiB (in 2 MiB segments);
@@ -505,6 +528,7 @@ static const char *const names[N_COUNT] = {
 typedef struct torch {
   const snap_t *s;
   pk_t *p;
+  int old;                     /* --layout old: torch 1.x's list */
   uint32_t name_memo[N_COUNT]; /* memo index + 1; 0: not written yet */
   uint32_t *frame_memo;        /* per frame, the same */
   uint32_t *stack_memo;        /* per stack: its frames list */
@@ -607,6 +631,22 @@ static void w_block(torch_t *t, pk_seq_t *blocks, const tv_block_t *b) {
   pk_item(t->p, &d);
   w_name(t, N_FRAMES);
   w_frames(t, b->stack);
+  if (t->old && b->state != SNAP_CACHED) {
+    /* torch 1.x: who allocated the block, as a one-entry history. */
+    pk_seq_t h, e;
+    pk_item(t->p, &d);
+    w_name(t, N_HISTORY);
+    h = pk_list(t->p);
+    pk_item(t->p, &h);
+    e = pk_dict(t->p);
+    w_kv_uint(t, &e, N_ADDR, b->address);
+    w_kv_uint(t, &e, N_REAL_SIZE, b->requested);
+    pk_item(t->p, &e);
+    w_name(t, N_FRAMES);
+    w_frames(t, b->stack);
+    pk_end(t->p, &e);
+    pk_end(t->p, &h);
+  }
   pk_end(t->p, &d);
 }
 
@@ -763,13 +803,14 @@ static void w_trace(torch_t *t, const events_t *ev) {
 }
 
 static int write_pickle(const snap_t *s, const tv_layout_t *lay,
-                        const events_t *ev, FILE *f) {
+                        const events_t *ev, int old, FILE *f) {
   torch_t t = {0};
   pk_seq_t top, l;
   const json_t *root = s->root;
   int rc = -1;
 
   t.s = s;
+  t.old = old;
   t.p = malloc(sizeof *t.p);
   t.frame_memo = calloc(s->nframes + 1, sizeof *t.frame_memo);
   t.stack_memo = calloc(s->nstacks + 1, sizeof *t.stack_memo);
@@ -784,6 +825,16 @@ static int write_pickle(const snap_t *s, const tv_layout_t *lay,
   t.p->len = 0;
 
   pk_op_le(t.p, OP_PROTO, 4, 1);
+  if (old) {
+    /* torch 1.x's memory_snapshot(): the segments, nothing else. */
+    l = pk_list(t.p);
+    for (size_t k = 0; k < lay->n; k++) {
+      pk_item(t.p, &l);
+      w_segment(&t, ev, &lay->v[k]);
+    }
+    pk_end(t.p, &l);
+    goto stop;
+  }
   top = pk_dict(t.p);
 
   pk_item(t.p, &top);
@@ -821,6 +872,7 @@ static int write_pickle(const snap_t *s, const tv_layout_t *lay,
   }
   pk_end(t.p, &l);
   pk_end(t.p, &top);
+stop:
   pk_op(t.p, OP_STOP);
   pk_flush(t.p);
   if (t.p->failed) {
@@ -836,6 +888,57 @@ out:
 }
 
 /* ---- The command --------------------------------------------------------- */
+
+/* The layout the installed torch reads: 1 (old) for torch 1.x, 0 (new)
+ * for 2.x and later, and for no torch (memory_viz, the web page, reads
+ * the new). The version is $PINPOOL_TORCH_VERSION if set (the Python
+ * package sets it when torch is already imported), else what
+ * `$PINPOOL_PYTHON -c ...` (python3 by default) prints: the interpreter a
+ * user runs `python3 -m torch.cuda._memory_viz` with. *source says
+ * which. */
+static int installed_layout(const char **source) {
+  char ver[64] = "";
+  const char *env = getenv("PINPOOL_TORCH_VERSION");
+  if (env != NULL && env[0] != '\0') {
+    snprintf(ver, sizeof ver, "%s", env);
+    *source = "PINPOOL_TORCH_VERSION";
+  } else {
+    const char *py = getenv("PINPOOL_PYTHON");
+    if (py == NULL || py[0] == '\0')
+      py = "python3";
+    static char said[300];
+    snprintf(said, sizeof said, "%s -c 'import torch'", py);
+    *source = said;
+    int fds[2];
+    if (pipe(fds) != 0)
+      return 0;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_addclose(&fa, fds[0]);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    char *argv[] = {(char *)py, "-c", "import torch; print(torch.__version__)",
+                    NULL};
+    extern char **environ;
+    pid_t pid;
+    int spawned = posix_spawnp(&pid, py, &fa, NULL, argv, environ) == 0;
+    posix_spawn_file_actions_destroy(&fa);
+    (void)close(fds[1]);
+    size_t n = 0;
+    ssize_t r;
+    while (spawned && n + 1 < sizeof ver &&
+           (r = read(fds[0], ver + n, sizeof ver - 1 - n)) > 0)
+      n += (size_t)r;
+    ver[n] = '\0';
+    (void)close(fds[0]);
+    int status = 0;
+    if (spawned && (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+                    WEXITSTATUS(status) != 0))
+      ver[0] = '\0'; /* no torch there */
+  }
+  long major = strtol(ver, NULL, 10);
+  return major == 1 || (major == 0 && ver[0] == '0');
+}
 
 /* Where the pickle goes: a temporary file next to OUT, renamed over it once
  * complete, so that OUT is never a truncated pickle and a failed run leaves
@@ -929,10 +1032,41 @@ int snap_torch_run(int argc, char **argv) {
   long dropped;
   int rc;
 
+  /* --layout is this command's own: taken out before the common ones. */
+  int layout = -1; /* 0 new, 1 old, -1 the installed torch's */
+  char **rest = malloc(sizeof *rest * (size_t)(argc + 1));
+  int nrest = 0;
+  if (rest == NULL) {
+    fprintf(stderr, "pinpool " CMD ": %s\n", strerror(ENOMEM));
+    return CLI_EXIT_FAIL;
+  }
+  for (int i = 0; i < argc; i++) {
+    const char *v = NULL;
+    int r = i > 0 ? cli_option(CMD, argc, argv, &i, "--layout", &v) : 0;
+    if (r < 0) {
+      free(rest);
+      return CLI_EXIT_USAGE;
+    }
+    if (r == 0) {
+      rest[nrest++] = argv[i];
+      continue;
+    }
+    if (layout != -1 || (strcmp(v, "old") != 0 && strcmp(v, "new") != 0)) {
+      free(rest);
+      return cli_usage_error(CMD, layout != -1 ? "--layout given twice"
+                                               : "--layout must be old or new");
+    }
+    layout = strcmp(v, "old") == 0;
+  }
+  rest[nrest] = NULL;
   int args =
-      snap_convert_args(CMD, argc, argv, torch_usage, "OUT.pickle", &in, &out);
+      snap_convert_args(CMD, nrest, rest, torch_usage, "OUT.pickle", &in, &out);
+  free(rest);
   if (args >= 0)
     return args;
+  const char *source = "--layout";
+  if (layout < 0)
+    layout = installed_layout(&source);
 
   /* Everything is checked and prepared before OUT is touched. */
   if (snap_load(in, &snap, err, sizeof err) != 0) {
@@ -963,7 +1097,7 @@ int snap_torch_run(int argc, char **argv) {
     goto done;
   }
   errno = 0;
-  rc = write_pickle(&snap, &lay, &ev, o.f);
+  rc = write_pickle(&snap, &lay, &ev, layout, o.f);
   if (output_close(&o, rc == 0) != 0) {
     fprintf(stderr, "pinpool " CMD ": writing %s failed%s%s\n",
             o.is_stdout ? "standard output" : out, errno ? ": " : "",
@@ -973,6 +1107,12 @@ int snap_torch_run(int argc, char **argv) {
   }
   if (lay.note[0] != '\0')
     fprintf(stderr, "pinpool " CMD ": note: %s: %s\n", name, lay.note);
+  /* The old layout is the exception: say why it was chosen. */
+  if (layout && strcmp(source, "--layout") != 0)
+    fprintf(stderr,
+            "pinpool " CMD ": note: the old layout, a list of segments "
+            "(torch 1.x, as %s says; --layout old|new to choose)\n",
+            source);
   if (dropped > 0)
     fprintf(stderr,
             "pinpool " CMD ": note: %ld of %zu history entries left out: "

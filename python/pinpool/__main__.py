@@ -2,6 +2,7 @@
 same program as the `pinpool` command, compiled into the package
 (pinpool._cli, python/climodule.c)."""
 
+import os
 import sys
 from typing import List, Optional
 
@@ -17,6 +18,9 @@ def main(argv: Optional[List[str]] = None) -> int:
               file=sys.stderr)
         return 1
     args = sys.argv[1:] if argv is None else list(argv)
+    # `snapshot torch` writes the layout of the torch this interpreter
+    # imports (tools/snapshot_torch.c asks $PINPOOL_PYTHON, else python3).
+    os.environ.setdefault("PINPOOL_PYTHON", sys.executable)
     return _cli.main(["pinpool"] + args)
 
 

@@ -655,7 +655,14 @@ def torch_tools(d, name):
             args = [a["segments"] if type(a) is dict else a for a in args]
             return fn(*args, **kw)
 
-    total = sum(s["total_size"] for s in d["segments"])
+    old = bool(d.get("old"))
+    if old:  # --layout old: the bare list, as torch 1.x wrote it
+        total = sum(s["total_size"] for s in d["segments"])
+        d = d["segments"]
+        segs = d
+    else:
+        total = sum(s["total_size"] for s in d["segments"])
+        segs = d["segments"]
     identity = {"format_flamegraph": lambda lines: lines}
     for fname in ("stats", "segments", "memory", "compare", "segsum",
                   "trace", "trace_plot", "segment_plot", "_frame_fmt"):
@@ -674,17 +681,24 @@ def torch_tools(d, name):
                 check(sizes == total, f"{name}: _memory_viz.{fname} covers "
                       f"{sizes} of {total} bytes")
             elif fname == "compare":
-                empty = copy.deepcopy(d)
-                empty["segments"] = []
+                if old:
+                    empty = []
+                else:
+                    empty = copy.deepcopy(d)
+                    empty["segments"] = []
                 import contextlib
                 import io
                 with contextlib.redirect_stdout(io.StringIO()):
                     r = call(fn, empty, d, **identity)
-                check(len(r.splitlines()) == sum(len(s["blocks"]) for s in
-                                                 d["segments"]),
+                # A block's line, and with a history (old layout) a
+                # "<gaps>" line for the bytes beyond the requested size.
+                want = sum(1 + ("history" in b and b["size"] > sum(
+                    h["real_size"] for h in b["history"]))
+                    for s in segs for b in s["blocks"])
+                check(len(r.splitlines()) == want,
                       f"{name}: _memory_viz.compare lists every block")
             elif fname == "_frame_fmt":
-                for s in d["segments"]:
+                for s in segs:
                     for b in s["blocks"]:
                         for f in b["frames"]:
                             fn(f)
@@ -1088,9 +1102,66 @@ def chunk_tests(args, work):
     mutant_tests(args, work, src, count=100)
 
 
+def layout_tests(args, work, new):
+    """--layout and the default (issue 41, 2): "old" is torch 1.x's bare
+    list of the same segments, each active block with a one-entry history
+    (addr, real_size = the requested size, frames); without --layout the
+    installed torch's version decides (PINPOOL_TORCH_VERSION here)."""
+    src = args.example
+
+    def convert_with(extra, version):
+        out = os.path.join(work, "layout.pickle")
+        env = dict(os.environ, PINPOOL_TORCH_VERSION=version)
+        r = run([args.pinpool, "snapshot", "torch", src, "-o", out] + extra,
+                env=env)
+        if not check(r.returncode == 0, f"layout {extra} {version}: exit "
+                     f"{r.returncode}: {r.stderr.decode()}"):
+            return None, r.stderr.decode()
+        with open(out, "rb") as f:
+            return pickle.loads(f.read()), r.stderr.decode()
+
+    old, err = convert_with(["--layout", "old"], "2.1.0")
+    if old is not None and check(type(old) is list, "--layout old: a list"):
+        check(err == "", f"--layout old: unexpected message: {err}")
+        check(len(old) == len(new["segments"]), "--layout old: segments")
+        for so, sn in zip(old, new["segments"]):
+            for k in sn:
+                check(so[k] == sn[k] if k != "blocks" else
+                      len(so[k]) == len(sn[k]), f"--layout old: segment {k}")
+            for bo, bn in zip(so["blocks"], sn["blocks"]):
+                h = bo.pop("history", None)
+                check(bo == bn, "--layout old: block differs")
+                if bn["state"] == "inactive":
+                    check(h is None, "--layout old: history of a free block")
+                else:
+                    check(h == [{"addr": bn["address"],
+                                 "real_size": bn["requested_size"],
+                                 "frames": bn["frames"]}],
+                          f"--layout old: history {h}")
+        torch_tools({"segments": old, "old": True}, "example.json (old)")
+    for version, want in (("1.13.0a0", list), ("1.8.1", list),
+                          ("2.1.0+cu121", dict), ("10.0", dict)):
+        d, err = convert_with([], version)
+        check(type(d) is want, f"PINPOOL_TORCH_VERSION={version}: "
+              f"{type(d).__name__}, want {want.__name__}")
+        check("the old layout" in err if want is list else err == "",
+              f"PINPOOL_TORCH_VERSION={version}: the note (only for the "
+              f"old layout): {err}")
+    d, err = convert_with(["--layout=new"], "1.13.0")
+    check(type(d) is dict, "--layout=new beats the installed version")
+    for bad in (["--layout", "newer"], ["--layout"],
+                ["--layout", "old", "--layout", "new"]):
+        r = run([args.pinpool, "snapshot", "torch", src, "-o",
+                 os.path.join(work, "bad.pickle")] + bad)
+        check(r.returncode == 2 and b"--layout" in r.stderr,
+              f"{bad}: exit {r.returncode}: {r.stderr!r}")
+
+
 def case_example(args, work):
     d = full_checks(args, args.example, os.path.join(work, "example.pickle"),
                     allow_notes=False)
+    if d is not None:
+        layout_tests(args, work, d)
     if d is not None:
         with open(os.path.join(work, "example.pickle"), "rb") as f:
             stream_tests(args, work, f.read())
@@ -1171,6 +1242,9 @@ def main():
     ap.add_argument("--written", help="directory of snapshots to convert")
     ap.add_argument("case", choices=("example", "snapgen", "written"))
     args = ap.parse_args()
+    # The dict layout (torch >= 2), which these checks describe, unless a
+    # test asks for another (layout_tests): not the installed torch's.
+    os.environ["PINPOOL_TORCH_VERSION"] = "2.0.0"
     if args.example_chunks is None:
         args.example_chunks = os.path.join(os.path.dirname(args.example),
                                            "example_chunks.json")
