@@ -27,6 +27,7 @@ for the same address (the block reused) in place.
 from __future__ import annotations
 
 import collections.abc
+import threading
 import weakref
 from typing import Any, List, Optional, Sequence, Union
 
@@ -36,8 +37,9 @@ from pinpool._array import nbytes_of as _nbytes_of
 from pinpool._array import parse_shape as _parse_shape
 from pinpool._core import Buffer, Pool, default_pool
 
-__all__ = ["buffer_of", "collate", "empty", "from_buffer", "is_pooled", "pin",
-           "pin_memory_fn", "record_stream", "zeros"]
+__all__ = ["buffer_of", "collate", "empty", "from_buffer", "is_pooled",
+           "patch_dataloader", "pin", "pin_memory_fn", "record_stream",
+           "zeros"]
 
 # storage address -> the memoryview the storage holds (weakly).
 # WeakValueDictionary tolerates entries that die on other threads.
@@ -303,3 +305,108 @@ def pin_memory_fn(data: Any, pool: Optional[Pool] = None) -> Any:
     if isinstance(data, list):
         return [pin_memory_fn(v, p) for v in data]
     return data
+
+
+# ---- patch_dataloader --------------------------------------------------------
+# DataLoader.__iter__ as torch defines it, replaced while patches are on;
+# _patches: the patches on, innermost last (each one's pool). Under
+# _patch_lock: switching it on or off from several threads at once.
+_patch_lock = threading.Lock()
+_patches: List["_DataLoaderPatch"] = []
+_torch_iter: Any = None
+
+
+class _Pinned:
+    """A DataLoader's iterator whose batches are pin_memory_fn'ed."""
+
+    def __init__(self, it: Any, pool: Pool) -> None:
+        self._it = it
+        self._pool = pool
+
+    def __iter__(self) -> "_Pinned":
+        return self
+
+    def __next__(self) -> Any:
+        return pin_memory_fn(next(self._it), self._pool)
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
+
+
+def _patched_iter(loader: Any) -> Any:
+    with _patch_lock:
+        patch = _patches[-1] if _patches else None
+    if patch is None or not loader.pin_memory:
+        return _torch_iter(loader)
+    # torch's own pinning (a CUDA pin thread; nothing at all on a machine
+    # without CUDA) is left out: the batches are pinned into the pool here.
+    loader.pin_memory = False
+    try:
+        it = _torch_iter(loader)
+    finally:
+        loader.pin_memory = True
+    return _Pinned(it, patch.pool)
+
+
+class _DataLoaderPatch:
+    """The switch patch_dataloader() turned on: undo() (or leaving the
+    with block) turns it off."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.active = True
+
+    def undo(self) -> None:
+        """Turn this patch off; the DataLoader is torch's again when no
+        patch is left on. Idempotent."""
+        global _torch_iter
+        with _patch_lock:
+            if not self.active:
+                return
+            self.active = False
+            _patches.remove(self)
+            if not _patches:
+                torch.utils.data.DataLoader.__iter__ = _torch_iter
+                _torch_iter = None
+
+    def __enter__(self) -> "_DataLoaderPatch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.undo()
+
+
+def patch_dataloader(pool: Optional[Pool] = None) -> _DataLoaderPatch:
+    """From now on, every torch.utils.data.DataLoader(..., pin_memory=True)
+    pins its batches into pool memory (default_pool() if pool is None)
+    instead of calling tensor.pin_memory(): each batch goes through
+    pin_memory_fn as it leaves the loader's iterator, on the thread that
+    iterates, with any num_workers (the workers collate as usual; the
+    batches cross to this process in shared memory and are copied into
+    the pool once). Loaders with pin_memory=False are untouched.
+
+    Returns the switch: a context manager, or call .undo(). Patches nest
+    (the innermost pool is used); the last one undone restores torch's
+    DataLoader.__iter__. Works without CUDA (torch's own pin_memory=True
+    pins nothing there). Thread-safe.
+
+        with pinpool.torch.patch_dataloader():
+            for batch in DataLoader(ds, batch_size=64, num_workers=4,
+                                    pin_memory=True):
+                ...  # batch tensors are on pool memory
+
+    Raises TypeError (pool not a Pool).
+    """
+    global _torch_iter
+    p = _pool(pool)
+    patch = _DataLoaderPatch(p)
+    with _patch_lock:
+        if not _patches:
+            _torch_iter = torch.utils.data.DataLoader.__iter__
+            torch.utils.data.DataLoader.__iter__ = _patched_iter
+        _patches.append(patch)
+    return patch
+

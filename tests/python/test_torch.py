@@ -316,3 +316,79 @@ def test_public_functions_are_listed_and_documented():
         assert name in ppt.__all__, name
         assert (getattr(ppt, name).__doc__ or "").strip(), name
     assert not hasattr(ppt, "nbytes_of") and not hasattr(ppt, "parse_shape")
+
+
+class _Samples(torch.utils.data.Dataset if torch is not None else object):
+    """Tensors, a dict and a number: what default_collate stacks."""
+
+    def __len__(self):
+        return 22
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return {"x": torch.randn(3, 5, generator=g), "y": i,
+                "z": (torch.arange(4) * i, "s")}
+
+
+def _flat(batch):
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, dict):
+        return [t for k in sorted(batch) for t in _flat(batch[k])]
+    if isinstance(batch, (list, tuple)):
+        return [t for b in batch for t in _flat(b)]
+    return []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_patch_dataloader_pins_into_the_pool(pool, workers):
+    """DataLoader(..., pin_memory=True) under patch_dataloader gives the
+    batches torch's own loader gives, on pool memory; undone, torch's
+    loader is back (issue 41, 5)."""
+    from torch.utils.data import DataLoader
+    original = DataLoader.__iter__
+    ds = _Samples()
+    want = list(DataLoader(ds, batch_size=4, num_workers=workers))
+    with ppt.patch_dataloader(pool) as patch:
+        loader = DataLoader(ds, batch_size=4, num_workers=workers,
+                            pin_memory=True)
+        got = list(loader)
+        assert loader.pin_memory  # the loader is left as it was made
+        assert len(iter(loader)) == len(want)
+        # pin_memory=False: untouched.
+        plain = list(DataLoader(ds, batch_size=4, num_workers=workers))
+        assert not any(ppt.is_pooled(t) for b in plain for t in _flat(b))
+    assert DataLoader.__iter__ is original and not patch.active
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g["z"][1] == w["z"][1]
+        fg, fw = _flat(g), _flat(w)
+        assert len(fg) == len(fw) == 3
+        for a, b in zip(fg, fw):
+            assert torch.equal(a, b) and a.dtype == b.dtype
+            assert ppt.is_pooled(a, pool)
+    after = list(DataLoader(ds, batch_size=4, pin_memory=True))
+    assert not any(ppt.is_pooled(t) for b in after for t in _flat(b))
+    del got, g, fg, a
+    gc.collect()
+
+
+def test_patch_dataloader_nests_and_undoes(pool):
+    from torch.utils.data import DataLoader
+    original = DataLoader.__iter__
+    other = pinpool.Pool("backend=host")
+    outer = ppt.patch_dataloader(pool)
+    inner = ppt.patch_dataloader(other)
+    batch = next(iter(DataLoader(_Samples(), batch_size=2, pin_memory=True)))
+    assert ppt.is_pooled(batch["x"], other)  # the innermost pool
+    inner.undo()
+    inner.undo()  # idempotent
+    batch = next(iter(DataLoader(_Samples(), batch_size=2, pin_memory=True)))
+    assert ppt.is_pooled(batch["x"], pool)
+    outer.undo()
+    assert DataLoader.__iter__ is original
+    with pytest.raises(TypeError):
+        ppt.patch_dataloader("pool")
+    assert DataLoader.__iter__ is original
+    del batch
+    gc.collect()
