@@ -171,7 +171,8 @@ enum {
   PP_HOOK_ARENA_RELEASE, /* release: a whole free chunk out of the arena,
                             not yet given to the backend */
   PP_HOOK_IDLE_DETACHED, /* release, trim: idle segments detached from
-                            their bins, not yet given to the arena */
+                            their bins or hot slots, not yet given to the
+                            arena */
   PP_HOOK_SHARE_IO,      /* pinpool_share_send/recv: the table of kept
                             part-messages locked (share_worker.c) */
 };

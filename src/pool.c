@@ -733,10 +733,12 @@ static unsigned hot_drain(pinpool_t *pool, bool locked) {
       for (unsigned k = 0; k < PP_HOT_SLOTS; k++) {
         pp_segment_t *s = hot_grab(&pp_bin(pool, c, i)->hot[k]);
         if (s != NULL) {
-          if (locked)
+          if (locked) {
             seg_release_locked(pool, s);
-          else
+          } else {
+            pp_hook(PP_HOOK_IDLE_DETACHED); /* in no slot, not in the arena */
             seg_release(pool, s);
+          }
           n++;
         }
       }
