@@ -369,7 +369,7 @@ class _DataLoaderPatch:
             self.active = False
             _patches.remove(self)
             if not _patches:
-                torch.utils.data.DataLoader.__iter__ = _torch_iter
+                setattr(torch.utils.data.DataLoader, "__iter__", _torch_iter)
                 _torch_iter = None
 
     def __enter__(self) -> "_DataLoaderPatch":
@@ -406,7 +406,7 @@ def patch_dataloader(pool: Optional[Pool] = None) -> _DataLoaderPatch:
     with _patch_lock:
         if not _patches:
             _torch_iter = torch.utils.data.DataLoader.__iter__
-            torch.utils.data.DataLoader.__iter__ = _patched_iter
+            setattr(torch.utils.data.DataLoader, "__iter__", _patched_iter)
         _patches.append(patch)
     return patch
 
