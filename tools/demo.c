@@ -633,6 +633,15 @@ static void print_stats_table(const pinpool_stats_t *s) {
   print_bytes("max_cached", s->max_cached, s->max_cached ? "" : "(no cap)");
   print_bytes("max_reserved", s->max_reserved,
               s->max_reserved ? "" : "(no cap)");
+  /* backend=auto's choice (docs/configuration.md, "backend=auto"). */
+  static const char *const auto_notes[] = {
+      "(a backend was named)", "(cuda-register: pinned by the driver)",
+      "(host, page-locked with mlock)",
+      "(host, NOT page-locked: RLIMIT_MEMLOCK too low)"};
+  print_count("backend_auto", s->backend_auto,
+              s->backend_auto < 4 ? auto_notes[s->backend_auto] : "");
+  print_count("pin_warnings", s->pin_warnings,
+              s->pin_warnings ? "(memory meant to be pinned is pageable)" : "");
 }
 
 static void print_check(const char *what, bool ok) {
