@@ -79,9 +79,11 @@ typedef struct lend {
   uint64_t since_unix_ns; /* CLOCK_REALTIME */
 } lend_t;
 /* A peer: one process, named by the pool's own pidfd for as long as the
- * record lives (while it has lends). Two records may carry one pid number
- * (a process that exited, and a later one that got its pid); at most one
- * of them is alive. */
+ * record lives: while it has lends, and after its last one until the pool
+ * sees it has exited (peers_prune), so that a worker lent to again and
+ * again costs no pidfd_open per lend. Two records may carry one pid
+ * number (a process that exited, and a later one that got its pid); at
+ * most one of them is alive. */
 typedef struct peer {
   uint64_t id; /* never reused */
   int pid;
@@ -461,6 +463,21 @@ static peer_t *peer_by_id(pp_share_t *s, uint64_t id) {
       return &s->peers[i];
   return NULL;
 }
+/* Drop the records without lends whose process has exited (lock held):
+ * at a new record and after a reclaim, so that their pidfds do not pile
+ * up. */
+static void peers_prune(pp_share_t *s) {
+  pp_assert_held(&s->lock);
+  for (size_t i = 0; i < s->npeers;) {
+    if (s->peers[i].nlends == 0 && pidfd_exited(s->peers[i].pidfd)) {
+      (void)close(s->peers[i].pidfd);
+      s->peers[i] = s->peers[--s->npeers];
+    } else {
+      i++;
+    }
+  }
+}
+
 /* The live record of pid, if any: a live process's pid names only it. */
 static peer_t *peer_live(pp_share_t *s, int pid) {
   pp_assert_held(&s->lock);
@@ -526,6 +543,7 @@ static int pidfd_pid(int pidfd) {
 /* Add a record for the process of `pidfd` (consumed), pid `pid`. */
 static int peer_add(pp_share_t *s, int pid, int pidfd, peer_t **out) {
   pp_assert_held(&s->lock);
+  peers_prune(s);
   if (s->npeers == s->cpeers) {
     size_t n = s->cpeers == 0 ? 8 : s->cpeers * 2;
     peer_t *t = realloc(s->peers, n * sizeof *t);
@@ -583,7 +601,7 @@ static int peer_of_pid(pp_share_t *s, const char *fn, int pid, peer_t **out) {
                    "Linux 5.3)",
                    fn, pid, strerror(e));
   }
-  (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+  /* (pidfd_open sets close-on-exec itself.) */
   if (pidfd_exited(fd)) { /* a zombie: it will never return the block */
     (void)close(fd);
     return pp_fail(PINPOOL_EEXITED, "%s: process %d has exited (a zombie)", fn,
@@ -640,10 +658,8 @@ static void lend_end(pp_share_t *s, lend_t *l) {
   l->ck->free_slots[l->ck->nfree++] = l->slot;
   peer_t *p = peer_by_id(s, l->peer_id);
   pp_assert(p != NULL);
-  if (p != NULL && --p->nlends == 0) {
-    (void)close(p->pidfd);
-    *p = s->peers[--s->npeers];
-  }
+  if (p != NULL)
+    p->nlends--; /* kept without lends until it exits (peers_prune) */
   pp_fetch_sub_relaxed(&s->lent_bytes, l->len);
   memset(l->token, 0, sizeof l->token);
   *l = s->lends[--s->nlends];
@@ -926,6 +942,7 @@ static int reclaim(pinpool_t *pool, int peer, unsigned flags,
       out[k++] = (pinpool_lend_info_t){l->ptr, l->len, l->gen, l->peer_pid, 0};
       lend_end(s, l); /* moves the last lend to i */
     }
+    peers_prune(s);
     pp_mutex_unlock(&s->lock);
     n += k;
     if (flags & PINPOOL_RECLAIM_FREE)
