@@ -83,6 +83,11 @@ def test_demo_and_snapshot_summary(tmp_path):
     assert json.loads(snap.read_text())["stats"]
     r = run("snapshot", "summary", str(snap))
     assert r.returncode == 0, r.stderr
+    # Written once the pool is idle: its stats agree with its blocks
+    # (issue 41: "stats differ from the totals", then "identity OK").
+    assert "stats     agree with the totals" in r.stdout, r.stdout
+    assert "identity OK" in r.stdout
+    assert json.loads(snap.read_text())["totals"]["pending_bytes"] == 0
     html = tmp_path / "demo.html"
     r = run("snapshot", "html", str(snap), "-o", str(html))
     assert r.returncode == 0 and html.stat().st_size > 1000, r.stderr
