@@ -337,7 +337,9 @@ static int thp_possible(void) {
 static void test_attrs_host(void **state) {
   (void)state;
   pinpool_t *pool;
-  PP_OK(pinpool_create("mlock=1,hugepages=1", &pool));
+  /* backend=host: backend=auto would take the fake driver (the test's
+   * PINPOOL_LIBCUDA) and make a cuda-register pool. */
+  PP_OK(pinpool_create("backend=host,mlock=1,hugepages=1", &pool));
   pinpool_buffer_t *b = balloc(pool, 4 * MiB);
   pinpool_mem_attrs_t a, again;
   PP_OK(pinpool_buffer_attrs(b, &a));
