@@ -109,15 +109,24 @@ static uint64_t process_faults(void) {
  * byte a page as it is handed out. A pool that gave pages back to the
  * kernel (munmap, MADV_DONTNEED, mremap) anywhere on the path, by a
  * backend call or not, would take a fault when such a page is written
- * again; so the steady state takes none, but for the pages of any chunk
- * the arena grew by (populated in the phase, which may fault them in) and
- * a few for the library's and the C library's own metadata. Faults are
- * the process's: chunks are populated on helper threads too. */
+ * again; so the steady state takes none but a few for the library's and
+ * the C library's own metadata. Faults are the process's: chunks are
+ * populated on helper threads too.
+ *
+ * Steady: the measured mix keeps at most 3/4 of the bytes the warm-up
+ * kept live, so the arena the warm-up grew holds it, and it must not grow
+ * (invariant 8), asserted on the arena's counters, not only on the faults
+ * a grown chunk's pages cost (the only sign of it once, under TSan). The
+ * same mix at the warm-up's own cap is not steady after 3,000 operations
+ * under any fit: 6,000 more grew the arena by a chunk for 18 (the lists'
+ * first fit) and 23 (the trees' best fit) seeds of 60, this seed under the
+ * best fit only (docs/verification.md, "Issue 38 items 2-6"); at 3/4 of
+ * it, none of 100 under either. */
 static void test_steady_pages(void **state) {
   (void)state;
   pinpool_t *pool = NULL;
   PP_OK(pinpool_create("populate=1,mlock=0,hugepages=0", &pool));
-  /* The library's and libc's metadata: 24 faults here; a sanitizer's
+  /* The library's and libc's metadata: 8 faults here; a sanitizer's
    * shadow memory: about 700 (TSan). Pages given back: millions. */
 #ifdef PP_SANITIZED
   enum { MAXLIVE = 4096, SLACK = 8192 };
@@ -133,18 +142,24 @@ static void test_steady_pages(void **state) {
   pinpool_stats_t a, b;
   PP_STATS(pool, &a);
   uint64_t f0 = process_faults();
-  random_mix(pool, lv, &nlive, &bytes, cap, 4 * KiB, 8 * MiB, 6000, &rng, true);
+  random_mix(pool, lv, &nlive, &bytes, cap / 4 * 3, 4 * KiB, 8 * MiB, 6000,
+             &rng, true);
   uint64_t faults = process_faults() - f0;
   PP_STATS(pool, &b);
-  uint64_t grown = b.reserved_bytes.current - a.reserved_bytes.current;
+  PP_ASSERT(b.arena_chunks == a.arena_chunks &&
+                b.backend_alloc.count == a.backend_alloc.count &&
+                b.reserved_bytes.current == a.reserved_bytes.current,
+            "the steady state grew the arena: %" PRIu64 " -> %" PRIu64
+            " chunks, %" PRIu64 " -> %" PRIu64 " reserved bytes",
+            a.arena_chunks, b.arena_chunks, a.reserved_bytes.current,
+            b.reserved_bytes.current);
   PP_ASSERT(b.backend_free.count == a.backend_free.count,
             "%" PRIu64 " backend frees in the steady state",
             b.backend_free.count - a.backend_free.count);
-  PP_ASSERT(faults <= grown / 4096 + SLACK,
-            "%" PRIu64 " page faults in 6,000 steady operations (the arena "
-            "grew by %" PRIu64 " bytes): pages were given back and faulted "
-            "in again",
-            faults, grown);
+  PP_ASSERT(faults <= SLACK,
+            "%" PRIu64 " page faults in 6,000 steady operations: pages were "
+            "given back and faulted in again",
+            faults);
   while (nlive > 0)
     PP_OK(pinpool_free(pool, lv[--nlive].p));
   free(lv);
