@@ -100,7 +100,7 @@ static int child_main(void *arg) {
   if (pinpool_validate(inherited) != 0)
     return 12;
   pinpool_t *fresh = NULL;
-  if (pinpool_create("mlock=0,populate=0", &fresh) != 0)
+  if (pinpool_create("backend=host,mlock=0,populate=0", &fresh) != 0)
     return 13;
   for (int i = 0; i < 16; i++)
     if (pinpool_alloc(fresh, 4096u << (i % 8), &p[i]) != 0)
@@ -147,8 +147,9 @@ static void *alloc_and_exit(void *arg) {
 static void test_exit_lock_held(void **state) {
   (void)state;
   pinpool_t *a = NULL, *b = NULL;
-  PP_OK(pinpool_create("mlock=0,populate=0", &a));
-  PP_OK(pinpool_create("mlock=0,populate=0", &b)); /* the child's first */
+  PP_OK(pinpool_create("backend=host,mlock=0,populate=0", &a));
+  /* the child's first */
+  PP_OK(pinpool_create("backend=host,mlock=0,populate=0", &b));
   PP_ASSERT(sem_init(&hook_in, 0, 0) == 0, "sem_init");
   pp_test_exit_locked_hook = hold_global_lock;
   atomic_store(&hook_armed, 1);
@@ -338,8 +339,10 @@ static void test_stress(void **state) {
       env_uint("PINPOOL_FORK_CHILD_WORK", 1) ? child_main : child_exit;
   unsigned deadline = env_uint("PINPOOL_FORK_DEADLINE_MS", 10000);
   stress_t s = {0};
-  PP_OK(pinpool_create("mlock=0,populate=0,tcache_bytes=4MiB", &s.a));
-  PP_OK(pinpool_create("mlock=0,populate=0,max_cached=16MiB", &s.b));
+  PP_OK(pinpool_create("backend=host,mlock=0,populate=0,tcache_bytes=4MiB",
+                       &s.a));
+  PP_OK(
+      pinpool_create("backend=host,mlock=0,populate=0,max_cached=16MiB", &s.b));
   pinpool_history_options_t h = {PINPOOL_HISTORY_ALLOC, 4096, 0, 0};
   PP_OK(pinpool_record_history(s.a, &h));
   pthread_t th[5];
@@ -404,7 +407,7 @@ static int child_streams(void *arg) {
 static void test_streams(void **state) {
   (void)state;
   pinpool_t *pool = NULL;
-  PP_OK(pinpool_create("mlock=0,populate=0,events=simulated,"
+  PP_OK(pinpool_create("backend=host,mlock=0,populate=0,events=simulated,"
                        "sim_delay_us=20000,background=1,poll_us=100",
                        &pool));
   /* Start both streams' workers and let them settle first: a thread still
@@ -458,7 +461,7 @@ static int child_cuda_then_host(void *arg) {
   if (rc != 0)
     return rc;
   pinpool_t *host = NULL;
-  if (pinpool_create("mlock=0,populate=0", &host) != 0)
+  if (pinpool_create("backend=host,mlock=0,populate=0", &host) != 0)
     return 34;
   return child_main(host);
 }
