@@ -27,6 +27,7 @@ ends what was lent to them.
 """
 
 import errno
+import io
 import itertools
 import multiprocessing
 import os
@@ -51,7 +52,50 @@ T = TypeVar("T")
 MAX_LENDS = 128
 
 _HEADER = struct.Struct("=II")  # payload bytes, descriptors
+# The owner's tasks to a worker (the owner is trusted by its workers).
 _MAX_PAYLOAD = 1 << 30
+# A worker's answer to the owner: kind, seq, a 128-byte handle or None, a
+# traceback (cut to _MAX_TB by the worker) and a pid. Anything longer is a
+# broken or hostile worker: refused as soon as its header is read, so the
+# owner never buffers more than this per worker.
+_MAX_TB = 32 << 10
+_MAX_ANSWER = 64 << 10
+# Reads of one worker's channel per pump: a worker that streams without
+# pause cannot keep the owner in pump past its deadline.
+_PUMP_READS = 4
+
+
+class _AnswerUnpickler(pickle.Unpickler):
+    """The owner unpickles a worker's answer with this: it resolves no
+    global at all, so the answer can only be built of the pickle's own
+    types (tuple, str, bytes, int, None); a worker cannot make the owner
+    call anything (docs/sharing.md, "Threat model": what the owner accepts
+    from a worker)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(
+            f"a worker's answer names {module}.{name}: refused (an answer "
+            "holds only tuples, str, bytes, int and None)")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("a worker's answer with a persistent "
+                                     "id: refused")
+
+
+def _load_answer(payload: bytes) -> Tuple[Any, ...]:
+    """A worker's answer (kind, seq, handle, traceback, pid), checked for
+    its shape: WorkerError for anything else."""
+    try:
+        msg = _AnswerUnpickler(io.BytesIO(payload)).load()
+    except Exception as e:
+        raise WorkerError(f"a worker sent a malformed message: {e}") from None
+    if not (isinstance(msg, tuple) and len(msg) == 5
+            and msg[0] in ("ok", "err") and type(msg[1]) is int
+            and (msg[2] is None or (type(msg[2]) is bytes
+                                    and len(msg[2]) == _share._HANDLE.size))
+            and type(msg[3]) is str and type(msg[4]) is int):
+        raise WorkerError("a worker sent a malformed message")
+    return msg
 
 # Tests: called with the name of each step of the send and receive paths
 # (docs/verification.md, "Issue 36: sharing"); may raise to inject a fault.
@@ -97,6 +141,39 @@ def _send_msg(sock: socket.socket, obj: Any, fds: List[int]) -> None:
         sock.sendall(memoryview(data)[n:])
 
 
+def _send_nowait(sock: socket.socket, obj: Any, fds: List[int],
+                 deadline: Optional[float],
+                 idle: Callable[[socket.socket, Optional[float]], None],
+                 what: str) -> None:
+    """The owner's send of one message on a non-blocking socket: never
+    blocks past deadline (time.monotonic(); None: forever), so a worker that
+    stops reading cannot hang the owner (TimeoutError). idle(sock, wait) is
+    called whenever the socket is full: it waits up to `wait` seconds for
+    sock to be writable (and reads the workers meanwhile)."""
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    data = memoryview(_HEADER.pack(len(payload), len(fds)) + payload)
+    _step("sendmsg")
+    first = True
+    while data:
+        try:
+            if first and fds:  # the descriptors go with the first byte
+                n = socket.send_fds(sock, [data], fds)
+            else:
+                n = sock.send(data)
+            first = False
+            data = data[n:]
+            continue
+        except (BlockingIOError, InterruptedError):
+            pass
+        wait = None
+        if deadline is not None:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                raise TimeoutError(f"SharedLoader: {what} not taken in time "
+                                   "(the worker does not read its channel)")
+        idle(sock, wait)
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     out = bytearray()
     while len(out) < n:
@@ -136,9 +213,14 @@ class _Inbox:
         self.eof = False
 
     def pump(self) -> None:
-        """Read what is there; descriptors are never expected from a worker
-        and are closed."""
-        while not self.eof:
+        """Read what is there, at most _PUMP_READS reads and never past one
+        whole message (so that the caller's deadline holds against a worker
+        that never stops sending); descriptors are never expected from a
+        worker and are closed. WorkerError for a header that announces more
+        than an answer can hold."""
+        for _ in range(_PUMP_READS):
+            if self.eof or self._whole():
+                return
             try:
                 _step("recv")
                 data, fds = _recv_fds(self.sock, 1 << 16, 4,
@@ -155,22 +237,25 @@ class _Inbox:
                 return
             self.buf += data
 
+    def _whole(self) -> bool:
+        if len(self.buf) < _HEADER.size:
+            return False
+        size, nfds = _HEADER.unpack_from(self.buf)
+        if nfds != 0 or size > _MAX_ANSWER:
+            raise WorkerError(
+                f"a worker sent a malformed message ({nfds} descriptors, "
+                f"{size} bytes: an answer is at most {_MAX_ANSWER}): the "
+                "channel is broken")
+        return len(self.buf) >= _HEADER.size + int(size)
+
     def take(self) -> Optional[Tuple[Any, ...]]:
         """One whole message, or None."""
-        if len(self.buf) < _HEADER.size:
+        if not self._whole():
             return None
-        size, nfds = _HEADER.unpack_from(self.buf)
-        if nfds != 0 or size > _MAX_PAYLOAD:
-            raise WorkerError("a worker sent a malformed message (descriptors "
-                              "or size): the channel is broken")
-        if len(self.buf) < _HEADER.size + size:
-            return None
+        size, _ = _HEADER.unpack_from(self.buf)
         payload = bytes(self.buf[_HEADER.size:_HEADER.size + size])
         del self.buf[:_HEADER.size + size]
-        msg = pickle.loads(payload)
-        if not (isinstance(msg, tuple) and len(msg) >= 3):
-            raise WorkerError("a worker sent a malformed message")
-        return msg
+        return _load_answer(payload)
 
 
 # -- the worker ---------------------------------------------------------------
@@ -195,7 +280,8 @@ def _worker_main(wid: int, fill_fn: Callable[[Any, Buffer], Any],
         try:
             buf = _share.attach(handle, nbytes, fds[0], fds[1])
         except BaseException:
-            _send_msg(sock, ("err", seq, traceback.format_exc(), None), [])
+            _send_msg(sock, ("err", seq, None, traceback.format_exc()[-_MAX_TB:],
+                             os.getpid()), [])
             return
         finally:
             for f in fds:
@@ -214,6 +300,8 @@ def _worker_main(wid: int, fill_fn: Callable[[Any, Buffer], Any],
             tb = (f"fill_fn left {buf.exports} live export(s) of the batch "
                   "(memoryview, ndarray, tensor): release them before "
                   "returning")
+        if len(tb) > _MAX_TB:  # an answer is at most _MAX_ANSWER bytes
+            tb = "...\n" + tb[-_MAX_TB:]
         _send_msg(sock, (kind, seq, back, tb, os.getpid()), [])
 
 
@@ -237,6 +325,31 @@ def _positive(name: str, v: Any) -> int:
     if v < 1:
         raise ValueError(f"{name} must be >= 1, not {v}")
     return v
+
+
+def _check_footprint(pool: Pool, batch_bytes: int, lends: int) -> None:
+    """ValueError, before anything starts, for settings whose blocks lent
+    at once (lends blocks of batch_bytes) cannot fit: more than the pool's
+    max_reserved, or more than the machine's physical memory (a loader
+    that would reach the OOM killer, or fail midway with workers started)."""
+    need = batch_bytes * lends
+    cap = 0
+    for kv in pool.config.split(","):
+        k, _, v = kv.partition("=")
+        if k == "max_reserved" and v.isdigit():
+            cap = int(v)
+    if cap and need > cap:
+        raise ValueError(
+            f"batch_bytes * num_workers * max_lent_per_worker = {need} bytes "
+            f"lent at once: more than the pool's max_reserved ({cap})")
+    try:
+        phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        phys = 0
+    if phys > 0 and need > phys:
+        raise ValueError(
+            f"batch_bytes * num_workers * max_lent_per_worker = {need} bytes "
+            f"lent at once: more than this machine's memory ({phys})")
 
 
 class SharedLoader(Generic[T]):
@@ -298,6 +411,7 @@ class SharedLoader(Generic[T]):
                 f"num_workers * max_lent_per_worker = {self._nw * self._k} "
                 f"lends at once: more than the {MAX_LENDS} a chunk can lend "
                 "at a time (docs/sharing.md, \"Limits\")")
+        _check_footprint(pool, self._batch_bytes, self._nw * self._k)
         if timeout is not None and not (isinstance(timeout, (int, float))
                                         and timeout > 0):
             raise ValueError(f"timeout must be > 0 or None, not {timeout!r}")
@@ -341,6 +455,7 @@ class SharedLoader(Generic[T]):
                 p.start()
             finally:
                 theirs.close()
+            ours.setblocking(False)  # the owner never blocks on a worker
             self._socks.append(ours)
             self._inbox.append(_Inbox(ours))
             self._procs.append(p)
@@ -414,7 +529,10 @@ class SharedLoader(Generic[T]):
         try:
             handle, nbytes, fd, ctl = _share.lend_message(buf)
             _step("pickle")
-            _send_msg(self._socks[w], (seq, task, handle, nbytes), [fd, ctl])
+            deadline = (None if self._timeout is None
+                        else time.monotonic() + self._timeout)
+            _send_nowait(self._socks[w], (seq, task, handle, nbytes),
+                         [fd, ctl], deadline, self._idle, f"task #{seq}")
         except BaseException:
             # The worker may have some of it (a part-sent message, or its
             # descriptors): the block stays lent to it, to be reclaimed
@@ -422,6 +540,24 @@ class SharedLoader(Generic[T]):
             self._quarantine.append(buf)
             raise
         self._inflight[seq] = (w, buf)
+
+    def _idle(self, sock: socket.socket, wait: Optional[float]) -> None:
+        """A send waits for sock to drain: the answers that come meanwhile
+        are read (kept whole in their inboxes), so that a worker blocked on
+        writing its answer is not waiting on the owner blocked on writing
+        its next task. At most 0.05 s a call: a dead worker shows up."""
+        wait = 0.05 if wait is None else min(wait, 0.05)
+        try:
+            r, _, _ = select.select(self._socks, [sock], [], wait)
+        except InterruptedError:
+            return
+        for s in r:
+            self._inbox[self._socks.index(s)].pump()
+        w = self._socks.index(sock)
+        if self._procs[w].exitcode is not None or self._inbox[w].eof:
+            raise WorkerError(f"SharedLoader worker {w} (pid "
+                              f"{self._procs[w].pid}) is gone: its task "
+                              "could not be sent")
 
     def _dead_worker(self) -> Optional[Tuple[int, Any]]:
         for w, p in enumerate(self._procs):
@@ -503,7 +639,10 @@ class SharedLoader(Generic[T]):
         if handle is not None:
             try:
                 _step("return")
-                buf = _share._take(handle, pid)
+                # The answer must name task #seq's lend, and come from the
+                # worker it was lent to: checked before any lend ends.
+                buf = _share._take(handle, pid, expect=entry[1],
+                                   known_peer=True)
             except Exception as e:
                 raise WorkerError(
                     f"SharedLoader worker {w} (pid {pid}) handed back a "

@@ -172,9 +172,14 @@ def attach(handle: bytes, nbytes: int, fd: int, ctl_fd: int) -> Buffer:
     return buf
 
 
-def _take(handle: bytes, peer: int) -> Buffer:
+def _take(handle: bytes, peer: int, *, expect: Optional[Buffer] = None,
+          known_peer: bool = False) -> Buffer:
     """In the owner: end the lend of `handle`, handed back by process
-    `peer`, and give back its Buffer."""
+    `peer`, and give back its Buffer. expect: the Buffer the caller lent
+    for this answer; any other lend is refused before anything ends
+    (PermissionError). known_peer: `peer` is known from the channel (the
+    loader's socket), not claimed by the sender: the peer check is never
+    waived then."""
     h = _parse(handle)
     with _lock:
         lend_ = _lends.get((h.nonce, h.generation))
@@ -183,10 +188,16 @@ def _take(handle: bytes, peer: int) -> Buffer:
                 f"a shared Buffer came back whose lend (generation "
                 f"{h.generation}) is not live in this process: returned or "
                 "reclaimed already")
+        if expect is not None and lend_.buf is not expect:
+            raise PermissionError(
+                f"process {peer} handed back a lend (generation "
+                f"{h.generation}) it was not given for this answer")
         # A lend to this process itself (pickled with no Buffer.lend: the
         # receiver was unknown) is bound to no other process: its token
-        # alone says the handle came back from whoever received it.
-        if lend_.peer == os.getpid():
+        # alone says the handle came back from whoever received it, on a
+        # channel whose sender is only claimed (a pickle). A channel that
+        # knows its peer never takes a self-lend back from another process.
+        if lend_.peer == os.getpid() and not known_peer:
             peer = lend_.peer
         lend_.buf._lend_return(handle, peer)  # type: ignore[attr-defined]
         del _lends[(h.nonce, h.generation)]

@@ -313,3 +313,167 @@ def test_reclaim_exited_needs_no_new_mapping(spool):
                        env=dict(os.environ, PINPOOL_CONF=""))
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[0] == "3 True [None, None, None]", r.stdout
+
+
+# -- what the owner accepts from a worker (reviewer's defects, issue 36) ----
+
+def _channel():
+    """In a loader worker (fork): its own channel to the owner, found among
+    its descriptors as a hostile fill_fn would."""
+    import socket
+    import stat
+    for f in sorted(os.listdir("/proc/self/fd"), key=int):
+        try:
+            if stat.S_ISSOCK(os.fstat(int(f)).st_mode):
+                return socket.socket(fileno=os.dup(int(f)))
+        except OSError:
+            pass
+    raise AssertionError("no channel")
+
+
+def _answer(sock, payload, size=None):
+    import struct
+    sock.sendall(struct.pack("=II", len(payload) if size is None else size,
+                             0) + payload)
+
+
+class _Runs:
+    """Unpickling this runs code: it writes the marker file."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (exec, (f"open({self.path!r}, 'w').write('ran')",))
+
+
+def fill_answers_with_code(task, buf):
+    _answer(_channel(), pickle.dumps(("ok", 0, None, "", _Runs(task))))
+    import time
+    time.sleep(5)
+
+
+def test_owner_runs_no_code_from_a_worker_answer(spool, tmp_path):
+    # A worker's answer is unpickled by the owner: with pickle.loads, any
+    # global (exec, os.system) runs in the owner. Only plain data passes.
+    mark = str(tmp_path / "ran")
+    with pytest.raises(pinpool.WorkerError, match="refused"):
+        for b in pinpool.SharedLoader(spool, fill_answers_with_code, [mark],
+                                      4096, num_workers=1,
+                                      start_method="fork", timeout=TIMEOUT):
+            b.close()
+    assert not os.path.exists(mark), "the owner ran a worker's code"
+
+
+def fill_returns_the_victim(task, buf):
+    # task: the handle of a lend this worker was never given (its token
+    # known, as a child forked after the lend knows it).
+    _answer(_channel(), pickle.dumps(("ok", 0, task, "", os.getpid())))
+    import time
+    time.sleep(5)
+
+
+def test_loader_answer_with_another_lend_ends_nothing(spool):
+    # The answer to task #0 names a lend that is not task #0's (here the
+    # owner's self-lend of another Buffer): refused before any lend ends.
+    victim = spool.alloc(8192)
+    pickle.dumps(victim)  # lent to the owner's pid: a receiver unknown
+    handle = _share._current(victim).handle
+    with pytest.raises(pinpool.WorkerError, match="not given"):
+        for b in pinpool.SharedLoader(spool, fill_returns_the_victim,
+                                      [handle], 4096, num_workers=1,
+                                      start_method="fork", timeout=TIMEOUT):
+            b.close()
+    assert victim.lent_to == os.getpid(), "the victim's lend was ended"
+    tables_agree(spool)
+    assert _share.lent_generations(spool) == [_share._parse(handle).generation]
+    spool.lend_reclaim(os.getpid(), live=True)
+    victim.close()
+
+
+def fill_stops_reading(task, buf):
+    import time
+    time.sleep(TIMEOUT)
+
+
+class _Alarm(Exception):
+    pass
+
+
+def test_loader_send_to_a_worker_that_stops_reading_times_out(spool):
+    # Tasks bigger than the socket's buffer, a worker that never reads: the
+    # owner's send gives up at the loader's timeout. (SIGALRM turns a hang
+    # of the send into a failure of this test.)
+    import signal
+
+    def ring(*_):
+        raise _Alarm()
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.alarm(TIMEOUT)
+    try:
+        with pytest.raises(TimeoutError, match="not taken"):
+            for b in pinpool.SharedLoader(
+                    spool, fill_stops_reading, [b"t" * (4 << 20)] * 3, 4096,
+                    num_workers=1, max_lent_per_worker=2,
+                    start_method="fork", timeout=1):
+                b.close()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def fill_floods(task, buf):
+    s = _channel()
+    s.sendall(__import__("struct").pack("=II", task, 0))
+    chunk = b"\0" * (1 << 20)
+    for _ in range(8):
+        s.sendall(chunk)
+    import time
+    time.sleep(TIMEOUT)
+
+
+@pytest.mark.parametrize("size", [1 << 30, _loader._MAX_ANSWER + 1])
+def test_worker_announcing_a_huge_answer_is_refused(spool, size):
+    # The owner refuses an answer bigger than the protocol's at its header
+    # (it never buffers more than _MAX_ANSWER of one worker's bytes).
+    with pytest.raises(pinpool.WorkerError, match="malformed"):
+        for b in pinpool.SharedLoader(spool, fill_floods, [size], 4096,
+                                      num_workers=1, start_method="fork",
+                                      timeout=TIMEOUT):
+            b.close()
+
+
+def test_pump_never_reads_past_one_answer():
+    # A worker that streams without pause cannot keep the owner reading:
+    # one pump does a bounded number of reads.
+    import socket
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    SO_SNDBUFFORCE = 32  # root: past wmem_max, so that 1 MiB is queued
+    b.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, 8 << 20)
+    try:
+        _answer(b, b"\0" * (1 << 20), size=_loader._MAX_ANSWER)
+        box = _loader._Inbox(a)
+        box.pump()
+        assert 0 < len(box.buf) <= (_loader._HEADER.size +
+                                    _loader._MAX_ANSWER + (1 << 16))
+        with pytest.raises(pinpool.WorkerError, match="malformed"):
+            box.take()  # zeros are no answer
+    finally:
+        a.close()
+        b.close()
+
+
+def test_loader_footprint_beyond_memory_is_refused(spool):
+    # Checked before anything starts: no worker, no block.
+    with pytest.raises(ValueError, match="machine's memory"):
+        pinpool.SharedLoader(spool, fill_index, 1, 1 << 40)
+    small = pinpool.Pool("shared=1,max_reserved=64M")
+    with pytest.raises(ValueError, match="max_reserved"):
+        pinpool.SharedLoader(small, fill_index, 1, 24 << 20, num_workers=2,
+                             max_lent_per_worker=2)
+    loader = pinpool.SharedLoader(small, fill_index, 1, 8 << 20,
+                                  num_workers=2, max_lent_per_worker=2)
+    assert loader.worker_pids == []
+    loader.close()
+    assert spool.stats()["blocks"]["current"] == 0
