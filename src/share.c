@@ -515,11 +515,19 @@ _Static_assert(sizeof(struct pp_pidfd_info) == 64, "PIDFD_INFO_SIZE_VER0");
  * pidfd. PIDFD_GET_INFO where the kernel has it, else "Pid:" of its
  * fdinfo (which counts in /proc's namespace). */
 static int pidfd_pid(int pidfd) {
+  /* A thread pidfd (PIDFD_THREAD, which is O_EXCL, Linux 6.9) polls
+   * readable when its thread exits, not its process: a peer tracked by it
+   * would "exit" while the process lives. -3: not a process's pidfd. */
+  int fl = fcntl(pidfd, F_GETFL);
+  if (fl < 0)
+    return -2;
+  if (fl & O_EXCL)
+    return -3;
   struct pp_pidfd_info info;
   memset(&info, 0, sizeof info);
   info.mask = 1; /* PIDFD_INFO_PID */
   if (ioctl(pidfd, PP_PIDFD_GET_INFO, &info) == 0)
-    return (int)info.tgid;
+    return info.pid != info.tgid ? -3 : (int)info.tgid;
   if (errno == ESRCH)
     return -1;
   if (errno == EBADF)
@@ -617,6 +625,12 @@ static int peer_of_pidfd(pp_share_t *s, const char *fn, int pidfd,
   if (pid == -2)
     return pp_fail(PINPOOL_EINVAL, "%s: descriptor %d is not a pidfd", fn,
                    pidfd);
+  if (pid == -3)
+    return pp_fail(PINPOOL_EINVAL,
+                   "%s: pidfd %d names a thread (PIDFD_THREAD), not a "
+                   "process: its thread's exit would end the process's "
+                   "lends; open it with pidfd_open(pid, 0)",
+                   fn, pidfd);
   if (pid <= 0 || pidfd_exited(pidfd))
     return pp_fail(PINPOOL_EEXITED,
                    pid == 0 ? "%s: the process of pidfd %d is outside this "

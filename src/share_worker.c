@@ -656,6 +656,18 @@ static void take_fds(io_t *p, struct msghdr *msg) {
 int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
   if (h == NULL || fd == NULL || sock < 0)
     return pp_fail(PINPOOL_EINVAL, "pinpool_share_recv: bad argument");
+  /* SOCK_SEQPACKET and SOCK_DGRAM deliver a message whole or not at all:
+   * one shorter than a handle is a bad message, never the start of one (a
+   * piece kept would swallow the next, good, message). Only a stream
+   * delivers in pieces. */
+  int type = SOCK_STREAM;
+  socklen_t tlen = sizeof type;
+  if (getsockopt(sock, SOL_SOCKET, SO_TYPE, &type, &tlen) != 0)
+    return errno == ENOTSOCK || errno == EBADF
+               ? pp_fail(PINPOOL_EINVAL,
+                         "pinpool_share_recv: %d is not a socket", sock)
+               : sock_fail("pinpool_share_recv", errno);
+  bool stream = type == SOCK_STREAM;
   io_t *p = io_take(sock, false);
   if (p == NULL) {
     p = calloc(1, sizeof *p);
@@ -663,6 +675,7 @@ int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
       return pp_fail(PINPOOL_ENOMEM, "pinpool_share_recv: out of memory");
     p->sock = sock;
   }
+  bool short_dgram = false;
   while (p->done < sizeof p->buf) {
     /* Room for more descriptors than a message has, so that a peer sending
      * several is detected (and its descriptors closed), not truncated. */
@@ -671,7 +684,8 @@ int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
       struct cmsghdr align;
     } u;
     memset(&u, 0, sizeof u);
-    struct iovec iov = {p->buf + p->done, io_len(sizeof p->buf - p->done)};
+    size_t left = sizeof p->buf - p->done;
+    struct iovec iov = {p->buf + p->done, stream ? io_len(left) : left};
     struct msghdr msg = {.msg_iov = &iov,
                          .msg_iovlen = 1,
                          .msg_control = u.buf,
@@ -710,6 +724,14 @@ int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
     }
     if (msg.msg_flags & MSG_TRUNC) /* a datagram longer than a handle */
       p->err = p->err != 0 ? p->err : PINPOOL_EBADHANDLE;
+    if (!stream && (size_t)n != left && (n > 0 || type == SOCK_DGRAM)) {
+      /* A short message (a datagram's 0 bytes too: it has no end of
+       * stream): refused whole, with its descriptors. */
+      short_dgram = true;
+      p->err = p->err != 0 ? p->err : PINPOOL_EBADHANDLE;
+      p->done = sizeof p->buf;
+      break;
+    }
     if (n == 0) {
       bool within = p->done > 0;
       io_free(p);
@@ -734,6 +756,11 @@ int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
                      "pinpool_share_recv: a descriptor was dropped "
                      "(MSG_CTRUNC: this process is at RLIMIT_NOFILE, or the "
                      "peer sent too many)");
+    if (short_dgram)
+      return pp_fail(PINPOOL_EBADHANDLE,
+                     "pinpool_share_recv: a message shorter than a handle "
+                     "(on a SOCK_SEQPACKET/SOCK_DGRAM socket: discarded "
+                     "whole)");
     return pp_fail(PINPOOL_EBADHANDLE,
                    "pinpool_share_recv: the message is not a pinpool handle "
                    "(bad magic or version, too many descriptors, or too "

@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -691,6 +692,89 @@ static void test_reclaim_list(void **state) {
   pinpool_destroy(pool);
 }
 
+/* ---- thread pidfds ----------------------------------------------------------
+ * A pidfd of a thread (PIDFD_THREAD, Linux 6.9) polls readable when that
+ * thread exits: a lend tracked by it would end while its process lives. */
+#ifndef PIDFD_THREAD
+#define PIDFD_THREAD O_EXCL
+#endif
+static int thr_pipe[2];
+static void *parked_thread(void *a) {
+  (void)a;
+  pid_t t = (pid_t)syscall(SYS_gettid);
+  char c;
+  if (write(thr_pipe[1], &t, sizeof t) != sizeof t)
+    _exit(3);
+  if (read(thr_pipe[0], &c, 1) < 0) /* never written: parked until killed */
+    _exit(3);
+  return NULL;
+}
+
+static void test_thread_pidfd(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create(CONF, &pool));
+  void *b;
+  PP_OK(pinpool_alloc(pool, 64 * KiB, &b));
+  int up[2];
+  PP_ASSERT(pipe(up) == 0, "pipe");
+  pid_t c = fork();
+  PP_ASSERT(c >= 0, "fork");
+  if (c == 0) {
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed check ends it too */
+    thr_pipe[1] = up[1];
+    int down[2];
+    if (pipe(down) != 0)
+      _exit(3);
+    thr_pipe[0] = down[0];
+    pthread_t t;
+    if (pthread_create(&t, NULL, parked_thread, NULL) != 0)
+      _exit(3);
+    (void)pthread_join(t, NULL);
+    _exit(0);
+  }
+  (void)close(up[1]);
+  pid_t tid = 0;
+  PP_ASSERT(read_full(up[0], &tid, sizeof tid) == 0, "tid");
+  (void)close(up[0]);
+  int fds0 = count_fds();
+  pid_t named[2] = {tid, c}; /* a non-leader thread, and the leader thread */
+  for (int k = 0; k < 2; k++) {
+    int tfd = (int)syscall(SYS_pidfd_open, named[k], PIDFD_THREAD);
+    if (tfd < 0 && errno == EINVAL) /* no PIDFD_THREAD: nothing to refuse */
+      break;
+    PP_ASSERT(tfd >= 0, "pidfd_open(%d, PIDFD_THREAD): %s", (int)named[k],
+              strerror(errno));
+    pinpool_share_handle_t h;
+    int fd = -5;
+    PP_CHECK_RC(pinpool_lend_pidfd(pool, b, tfd, &h, &fd), PINPOOL_EINVAL);
+    PP_ASSERT(strstr(pinpool_last_error(), "thread") != NULL, "says why: %s",
+              pinpool_last_error());
+    PP_ASSERT(fd == -5 && pp_stats_of(pool).lent_blocks == 0,
+              "nothing changed");
+    (void)close(tfd);
+  }
+  PP_ASSERT(count_fds() == fds0, "no descriptor kept");
+  /* The process's own pidfd is taken. */
+  int pfd = (int)syscall(SYS_pidfd_open, c, 0);
+  PP_ASSERT(pfd >= 0, "pidfd_open");
+  pinpool_share_handle_t h;
+  int fd;
+  PP_OK(pinpool_lend_pidfd(pool, b, pfd, &h, &fd));
+  (void)close(fd);
+  (void)close(pfd);
+  size_t n = 9;
+  PP_OK(pinpool_lend_reclaim_exited(pool, 0, &n));
+  PP_ASSERT(n == 0, "the live process's lend stays: %zu", n);
+  (void)kill(c, SIGKILL);
+  (void)waitpid(c, NULL, 0);
+  PP_OK(pinpool_lend_reclaim_exited(pool, 0, &n));
+  PP_ASSERT(n == 1, "%zu", n);
+  PP_OK(pinpool_free(pool, b));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
 /* ---- framing --------------------------------------------------------------
  */
 static pinpool_share_handle_t fake_handle(uint64_t gen) {
@@ -892,6 +976,49 @@ static void test_framing(void **state) {
 }
 
 /* ---- fork while the part-message table is locked ------------------------ */
+/* SOCK_SEQPACKET and SOCK_DGRAM: a message shorter than a handle (with or
+ * without descriptors, any length from 0) is refused whole and the next
+ * message read right, for every length and with the test hook's cap on
+ * piece size (which a datagram socket must ignore). */
+static void test_datagram_short(void **state) {
+  (void)state;
+  int fds0 = count_fds();
+  FILE *tf = tmpfile();
+  PP_ASSERT(tf != NULL, "tmpfile");
+  int file = fileno(tf);
+  struct stat fst;
+  PP_ASSERT(fstat(file, &fst) == 0, "fstat");
+  const size_t H = sizeof(pinpool_share_handle_t);
+  const int types[2] = {SOCK_SEQPACKET, SOCK_DGRAM};
+  for (int t = 0; t < 2; t++) {
+    int sv[2];
+    PP_ASSERT(socketpair(AF_UNIX, types[t] | SOCK_CLOEXEC, 0, sv) == 0, "sp");
+    for (size_t len = 0; len < H; len++) {
+      if (len == 0 && types[t] == SOCK_SEQPACKET)
+        continue; /* 0 bytes there reads as the end of the connection */
+      pinpool_share_handle_t h = fake_handle(100 + len), got;
+      int gfd = -5;
+      if (len == 0)
+        PP_ASSERT(send(sv[0], "", 0, 0) == 0, "empty datagram");
+      else
+        raw_send(sv[0], &h, 0, len, &file, len % 2 ? 1 : 0);
+      PP_OK(pinpool_share_send(sv[0], &h, file));
+      PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &gfd), PINPOOL_EBADHANDLE);
+      PP_ASSERT(gfd == -5, "*fd untouched on refusal");
+      PP_ASSERT(pp_share_io_kept() == 0, "type %d len %zu: nothing kept",
+                types[t], len);
+      pp_store_relaxed(&pp_share_io_cap, len % 7 + 1);
+      expect_handle(sv[1], 100 + len, true, fst.st_ino);
+      pp_store_relaxed(&pp_share_io_cap, 0);
+    }
+    (void)close(sv[0]);
+    (void)close(sv[1]);
+  }
+  (void)fclose(tf);
+  PP_ASSERT(count_fds() == fds0, "descriptors: %d before, %d after", fds0,
+            count_fds());
+}
+
 static sem_t io_in;
 static _Atomic(int) io_armed;
 
@@ -959,7 +1086,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_pid_reuse),
       cmocka_unit_test(test_ctl_readonly),
       cmocka_unit_test(test_reclaim_list),
+      cmocka_unit_test(test_thread_pidfd),
       cmocka_unit_test(test_framing),
+      cmocka_unit_test(test_datagram_short),
       cmocka_unit_test(test_fork_io_lock),
   };
   return pp_run_selected("test_share_hostile", tests,
