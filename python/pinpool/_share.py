@@ -233,9 +233,12 @@ def _owns(h: _Handle) -> bool:
 
 def _returned(handle: bytes, peer: int = 0) -> Buffer:
     """Unpickle a Buffer a worker sent back: the owner's, lend ended. peer:
-    the pid the worker says it has (a channel that knows its peer checks
-    it, as SharedLoader does); the token in the handle is what a process
-    that was not lent the block cannot produce."""
+    the pid the worker says it has, a claim (a pickle does not say who
+    wrote it): the token in the handle is what binds the return, and a
+    process that never had it cannot produce it; a child forked from the
+    owner after the lend has it, and can claim the borrower's pid
+    (docs/python.md). A channel that knows its peer (SharedLoader's
+    socket) passes the real pid to _take instead, with known_peer."""
     h = _parse(handle)
     if h.owner_pid != os.getpid():
         raise ValueError(
