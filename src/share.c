@@ -229,11 +229,15 @@ static int sys_fail(int err, const char *what, size_t size) {
                  strerror(err));
 }
 
+_Atomic(int) pp_share_owner_pid;
+
 static int memfd_new(const char *name) {
   int fd = (int)syscall(SYS_memfd_create, name,
                         MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
   if (fd < 0 && errno == EINVAL) /* before Linux 6.3 */
     fd = (int)syscall(SYS_memfd_create, name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd >= 0) /* this process owns shared chunks (a fork child does not) */
+    pp_store_relaxed(&pp_share_owner_pid, (int)getpid());
   return fd;
 }
 

@@ -228,6 +228,16 @@ static int find_ctl(const pinpool_share_handle_t *h, int ctl_fd,
 }
 
 void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd) {
+  /* Kept only in a process that owns no chunks (the owner never needs a
+   * control area sent to it, and any peer can send one), and only a
+   * descriptor that is the handle's control area (inode, seals, size): a
+   * peer cannot park other files, or unsealed memory, here. At most
+   * MAX_CTL are kept. */
+  if (pp_load_relaxed(&pp_share_owner_pid) == (int)getpid() ||
+      check_ctl(h, ctl_fd) != 0) {
+    (void)close(ctl_fd);
+    return;
+  }
   int drop = -1;
   pp_mutex_lock(&wk.lock);
   wchunk_t *c = wk.chunks;

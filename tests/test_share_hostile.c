@@ -1019,6 +1019,85 @@ static void test_datagram_short(void **state) {
             count_fds());
 }
 
+/* Control descriptors a peer sends: the owner keeps none (100 returns each
+ * with a second descriptor, any (dev, ino)); a worker keeps only the
+ * handle's real control area, not another file or an unsealed memfd. */
+static void send_two(int sock, const pinpool_share_handle_t *h, int a, int b) {
+  int two[2] = {a, b};
+  raw_send(sock, h, 0, sizeof *h, two, 2);
+}
+
+static int worker_keeps(int sock) {
+  /* Forked from the owner: owns no chunks itself. */
+  pinpool_share_handle_t g;
+  int fd = -1;
+  if (pinpool_share_recv(sock, &g, &fd) != 0 || fd < 0) /* the bogus one */
+    return 10;
+  (void)close(fd);
+  if (pp_share_worker_pending_ctl() != 0)
+    return 11;
+  if (pinpool_share_recv(sock, &g, &fd) != 0 || fd < 0) /* the real one */
+    return 12;
+  (void)close(fd);
+  return pp_share_worker_pending_ctl() == 1 ? 0 : 13;
+}
+
+static void test_ctl_fds_not_kept(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create(CONF, &pool));
+  void *b;
+  PP_OK(pinpool_alloc(pool, 64 * KiB, &b));
+  pinpool_share_handle_t h;
+  int cfd;
+  PP_OK(pinpool_lend(pool, b, getpid(), &h, &cfd));
+  int sv[2];
+  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
+  int fds0 = count_fds();
+  for (int i = 0; i < 100; i++) {
+    pinpool_share_handle_t f = h;
+    f.ino = 1000000 + (uint64_t)i; /* any chunk the peer names */
+    int m = memfd_create("from-peer", MFD_CLOEXEC);
+    PP_ASSERT(m >= 0 && ftruncate(m, 1 << 20) == 0, "memfd");
+    send_two(sv[1], &f, m, m);
+    (void)close(m);
+    pinpool_share_handle_t g;
+    int got = -1;
+    PP_OK(pinpool_share_recv(sv[0], &g, &got));
+    PP_ASSERT(got >= 0, "the first descriptor is the caller's");
+    (void)close(got);
+  }
+  PP_ASSERT(pp_share_worker_pending_ctl() == 0 && count_fds() == fds0,
+            "the owner kept %zu control descriptors (%d open more)",
+            pp_share_worker_pending_ctl(), count_fds() - fds0);
+  /* A worker: an unsealed memfd named as the control area is not kept;
+   * the owner's real one is. */
+  pid_t c = fork();
+  PP_ASSERT(c >= 0, "fork");
+  if (c == 0)
+    _exit(worker_keeps(sv[0]));
+  pinpool_share_handle_t f = h;
+  int m = memfd_create("fake-ctl", MFD_CLOEXEC);
+  PP_ASSERT(m >= 0, "memfd");
+  struct stat st;
+  PP_ASSERT(fstat(m, &st) == 0, "fstat");
+  f.ino = h.ino + 1000;  /* another chunk: not the attached one */
+  f.ctl_ino = st.st_ino; /* and the "control area" is m */
+  send_two(sv[1], &f, cfd, m);
+  (void)close(m);
+  PP_OK(pinpool_share_send(sv[1], &h, cfd)); /* the owner's own send */
+  PP_CHECK_RC(wait_child(c, 10000), 0);
+  (void)close(cfd);
+  (void)close(sv[0]);
+  (void)close(sv[1]);
+  size_t n = 0;
+  PP_OK(pinpool_lend_reclaim(pool, getpid(), PINPOOL_RECLAIM_LIVE, &n));
+  PP_ASSERT(n == 1, "%zu", n);
+  PP_OK(pinpool_free(pool, b));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
 static sem_t io_in;
 static _Atomic(int) io_armed;
 
@@ -1089,6 +1168,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_thread_pidfd),
       cmocka_unit_test(test_framing),
       cmocka_unit_test(test_datagram_short),
+      cmocka_unit_test(test_ctl_fds_not_kept),
       cmocka_unit_test(test_fork_io_lock),
   };
   return pp_run_selected("test_share_hostile", tests,
