@@ -44,6 +44,7 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/sysinfo.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -302,6 +303,21 @@ static int ctl_new(pp_schunk_t *c) {
 
 int pp_share_chunk_new(pp_share_t *s, size_t size, bool huge, void **base,
                        pp_schunk_t **out) {
+  /* A memfd is shmem without overcommit accounting (VM_NORESERVE):
+   * ftruncate and a MAP_SHARED mmap of any size succeed, and populating
+   * it then runs until the OOM killer ends the process. Refused here, as
+   * the plain host backend's anonymous mmap is by the kernel's heuristic
+   * overcommit: a chunk bigger than RAM and swap together. */
+  struct sysinfo si;
+  if (sysinfo(&si) == 0) {
+    unsigned long long total =
+        ((unsigned long long)si.totalram + si.totalswap) * si.mem_unit;
+    if ((unsigned long long)size > total)
+      return pp_fail(PINPOOL_ENOMEM,
+                     "shared pool: a chunk of %zu bytes is more than this "
+                     "machine's memory (%llu bytes of RAM and swap)",
+                     size, total);
+  }
   pp_schunk_t *c = calloc(1, sizeof *c);
   uint64_t nslots = pp_ctl_slots(size);
   uint32_t *slots = malloc(nslots * sizeof *slots);
