@@ -379,8 +379,10 @@ class SharedLoader(Generic[T]):
     stopped that worker. Settings that need more than 128 lends at once
     (num_workers * max_lent_per_worker: a chunk lends at most 128 blocks
     at a time) raise ValueError at construction. timeout
-    (seconds, None: forever): the longest wait for one batch
-    (TimeoutError). close() (or leaving a `with` block, or the end of the
+    (seconds, None: forever): the longest wait for one batch, and for
+    one task's send to be taken by its worker (TimeoutError).
+    batch_bytes * num_workers * max_lent_per_worker beyond the pool's
+    max_reserved or physical memory raises ValueError at construction. close() (or leaving a `with` block, or the end of the
     iteration) stops the workers, joins them and reclaims every block still
     lent. fill_fn must be picklable with the 'spawn' start method (a
     module-level function). One iteration per loader.
