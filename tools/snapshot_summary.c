@@ -177,9 +177,13 @@ typedef struct summary {
   uint64_t live_requested; /* allocated + pending_free */
   /* Fragmentation: free memory in segments is cached blocks + uncarved
    * blocks (tails cannot hold a block). */
-  uint64_t largest_run;               /* bytes of adjacent free blocks */
-  uint64_t largest_run_bs;            /* their block size */
-  uint64_t largest_run_addr;          /* segment address */
+  uint64_t largest_run;      /* bytes of adjacent free blocks */
+  uint64_t largest_run_bs;   /* their block size */
+  uint64_t largest_run_addr; /* segment address */
+  /* Each segment's largest free run, summed: the free space that is in one
+   * piece within its segment. An idle segment's free space is one run, so
+   * a pool whose free space is whole segments is not fragmented. */
+  uint64_t whole_runs;
   uint64_t used_segments;             /* with a live block and free blocks */
   uint64_t free_in_used;              /* free block bytes in them */
   uint64_t idle_segments, idle_bytes; /* no live block */
@@ -215,7 +219,7 @@ static void summarize_segment(const snap_t *s, size_t seg, summary_t *m,
   uint64_t unc = snap_u64(o, "uncarved_blocks"),
            tail = snap_u64(o, "tail_bytes");
   size_t nb = snap_segment_nblocks(s, seg), nflags = json_array_size(flags);
-  uint64_t run = 0, live = 0, free_bytes = 0, next = 0;
+  uint64_t run = 0, live = 0, free_bytes = 0, next = 0, seg_run = 0;
   int any_flag = 0, in_run = 0;
 
   m->r.segments++;
@@ -296,6 +300,8 @@ static void summarize_segment(const snap_t *s, size_t seg, summary_t *m,
       in_run = 0;
       run = 0;
     }
+    if (in_run && run > seg_run)
+      seg_run = run;
     if (in_run && run > m->largest_run) {
       m->largest_run = run;
       m->largest_run_bs = bs;
@@ -308,12 +314,15 @@ static void summarize_segment(const snap_t *s, size_t seg, summary_t *m,
   if (unc > 0) {
     run = (nb == 0 || in_run) ? run + unc * bs : unc * bs;
     free_bytes += unc * bs;
+    if (run > seg_run)
+      seg_run = run;
     if (run > m->largest_run) {
       m->largest_run = run;
       m->largest_run_bs = bs;
       m->largest_run_addr = addr;
     }
   }
+  m->whole_runs += seg_run;
   if (live == 0) {
     m->idle_segments++;
     m->idle_bytes += size;
@@ -397,6 +406,15 @@ static void summarize(const snap_t *s, summary_t *m) {
 
 static double pct(uint64_t part, uint64_t whole) {
   return whole == 0 ? 0.0 : 100.0 * (double)part / (double)whole;
+}
+
+/* Fragmentation on free space: the share of the free bytes in segments that
+ * is not in its segment's largest run. Measured per segment, not against the
+ * pool's one largest run: a pool whose free space is several whole idle
+ * segments reads 0 % (issue 41 found an idle, fully cached pool reported as
+ * 91 % fragmented). */
+static double fragmentation(const summary_t *m, uint64_t free_seg) {
+  return free_seg == 0 ? 0.0 : 100.0 - pct(m->whole_runs, free_seg);
 }
 
 /* "NUMBER  (HUMAN)" with the number right-aligned in `w` columns. */
@@ -544,9 +562,9 @@ static void write_summary_text(const snap_t *s, const char *name,
             m->largest_run / m->largest_run_bs, m->largest_run_bs,
             m->largest_run_addr);
   fprintf(out,
-          "\n  fragmentation     %13.2f %%  (1 - largest free run / free "
-          "in segments)\n",
-          free_seg == 0 ? 0.0 : 100.0 - pct(m->largest_run, free_seg));
+          "\n  fragmentation     %13.2f %%  (1 - each segment's largest free "
+          "run / free in segments; whole idle segments count as one run)\n",
+          fragmentation(m, free_seg));
   fprintf(out, "  in used segments  ");
   put_bytes(out, 14, m->free_in_used);
   fprintf(out,
@@ -695,8 +713,8 @@ static json_t *summary_json(const snap_t *s, const char *name,
   x = json_object();
   jset(x, "free_bytes", jint(free_seg));
   jset(x, "largest_run_bytes", jint(m->largest_run));
-  jset(x, "fragmentation_percent",
-       json_real(free_seg == 0 ? 0.0 : 100.0 - pct(m->largest_run, free_seg)));
+  jset(x, "whole_runs_bytes", jint(m->whole_runs));
+  jset(x, "fragmentation_percent", json_real(fragmentation(m, free_seg)));
   jset(x, "free_in_used_segments_bytes", jint(m->free_in_used));
   jset(x, "used_segments", jint(m->used_segments));
   jset(x, "idle_segments", jint(m->idle_segments));

@@ -185,3 +185,35 @@ def test_snapshot_torch_read_by_the_installed_torch(tmp_path):
             "new")
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert _memory_viz("stats", str(pick), tmp_path=tmp_path).returncode != 0
+
+
+@needs_cli
+def test_summary_idle_pool_not_fragmented(tmp_path):
+    # Issue 41: an idle, fully cached pool read "fragmentation 91 %", the
+    # pool's one largest free run against all its free space. Free space
+    # that is whole idle segments is not fragmented; a segment whose free
+    # blocks sit between live ones is.
+    pool = pinpool.Pool("backend=host")
+    sizes = [4096, 8192, 16384, 65536, 131072]
+    bufs = [pool.alloc(n) for n in sizes for _ in range(4)]
+    idle = tmp_path / "idle.json"
+    for b in bufs:
+        b.close()
+    pool.snapshot(str(idle))
+    r = run("snapshot", "summary", str(idle), "--json")
+    assert r.returncode == 0, r.stderr
+    frag = json.loads(r.stdout)["fragmentation"]
+    assert frag["free_bytes"] > frag["largest_run_bytes"] > 0, frag
+    assert frag["fragmentation_percent"] == 0, frag
+    # Every other block of one class live: its segment's free space is in
+    # pieces, and the figure says so.
+    bufs = [pool.alloc(4096) for _ in range(8)]
+    for b in bufs[::2]:
+        b.close()
+    holes = tmp_path / "holes.json"
+    pool.snapshot(str(holes))
+    r = run("snapshot", "summary", str(holes), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["fragmentation"]["fragmentation_percent"] > 0
+    for b in bufs[1::2]:
+        b.close()
