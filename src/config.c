@@ -511,7 +511,10 @@ void pp_pin_warn(const pp_config_t *cfg, const char *fmt, ...) {
     return;
   pp_pinwarn_t *w = cfg->pinwarn;
   pp_fetch_add_relaxed(&w->warnings, 1);
-  if (atomic_exchange(&pin_warned_process, 1) != 0 || w->on_error == NULL)
+  /* The process's one call goes to the first pool that can receive it: a
+   * pool without on_error counts the warning (pin_warnings) but leaves the
+   * slot to a later pool that has a callback. */
+  if (w->on_error == NULL || atomic_exchange(&pin_warned_process, 1) != 0)
     return;
   char msg[1024];
   va_list ap;
