@@ -297,7 +297,21 @@ def pin_memory_fn(data: Any, pool: Optional[Pool] = None) -> Any:
     if isinstance(data, (str, bytes)):
         return data
     if isinstance(data, collections.abc.Mapping):
-        return {k: pin_memory_fn(v, p) for k, v in data.items()}
+        pinned = {k: pin_memory_fn(v, p) for k, v in data.items()}
+        # The batch's own mapping type (OrderedDict, a dict subclass), as
+        # torch's pin_memory keeps it; a type that cannot be built from a
+        # dict gives a dict, as torch's does.
+        try:
+            return type(data)(pinned)  # type: ignore[call-arg]
+        except TypeError:
+            return pinned
+    if hasattr(data, "pin_memory") and not isinstance(data, (tuple, list)):
+        # A custom batch with its own pin_memory() hook: torch's loader
+        # calls it when CUDA is there (it pins with CUDA, not into the
+        # pool) and returns the batch as is otherwise; so does this.
+        if torch.cuda.is_available():
+            return data.pin_memory()
+        return data
     if isinstance(data, tuple) and hasattr(data, "_fields"):
         return type(data)(*(pin_memory_fn(v, p) for v in data))
     if isinstance(data, tuple):
@@ -336,18 +350,29 @@ class _Pinned:
         return getattr(self._it, name)
 
 
+# _iter_lock: the window in which a loader's pin_memory reads False while
+# torch builds its iterator. Another thread starting to iterate then (the
+# same loader, or reading its pin_memory) waits instead of seeing False and
+# getting torch's unpinned iterator.
+_iter_lock = threading.RLock()
+
+
 def _patched_iter(loader: Any) -> Any:
     with _patch_lock:
         patch = _patches[-1] if _patches else None
-    if patch is None or not loader.pin_memory:
+    if patch is None:
         return _torch_iter(loader)
-    # torch's own pinning (a CUDA pin thread; nothing at all on a machine
-    # without CUDA) is left out: the batches are pinned into the pool here.
-    loader.pin_memory = False
-    try:
-        it = _torch_iter(loader)
-    finally:
-        loader.pin_memory = True
+    with _iter_lock:
+        if not loader.pin_memory:
+            return _torch_iter(loader)
+        # torch's own pinning (a CUDA pin thread; nothing at all on a
+        # machine without CUDA) is left out: the batches are pinned into
+        # the pool here.
+        loader.pin_memory = False
+        try:
+            it = _torch_iter(loader)
+        finally:
+            loader.pin_memory = True
     return _Pinned(it, patch.pool)
 
 

@@ -8,6 +8,8 @@ import collections
 import gc
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -391,4 +393,86 @@ def test_patch_dataloader_nests_and_undoes(pool):
         ppt.patch_dataloader("pool")
     assert DataLoader.__iter__ is original
     del batch
+    gc.collect()
+
+
+class _OrderedSamples(torch.utils.data.Dataset if torch is not None else
+                      object):
+    """Batches whose collate keeps an OrderedDict and a custom batch class
+    with its own pin_memory() hook."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.full((4,), float(i))
+
+
+class _CustomBatch:
+    def __init__(self, t):
+        self.t = t
+        self.hooked = False
+
+    def pin_memory(self):
+        self.hooked = True
+        return self
+
+
+def _ordered_collate(items):
+    return collections.OrderedDict(
+        [("b", torch.stack(items)), ("a", torch.stack(items) * 2)])
+
+
+def test_patch_dataloader_keeps_batch_types(pool):
+    """The review of issue 41: an OrderedDict batch came back as a dict,
+    and a batch's own pin_memory() hook was skipped; torch keeps the type
+    and calls the hook when CUDA is there (returns the batch as is without
+    CUDA)."""
+    from torch.utils.data import DataLoader
+    ds = _OrderedSamples()
+    want = list(DataLoader(ds, batch_size=4, collate_fn=_ordered_collate,
+                           pin_memory=True))
+    with ppt.patch_dataloader(pool):
+        got = list(DataLoader(ds, batch_size=4, collate_fn=_ordered_collate,
+                              pin_memory=True))
+        custom = list(DataLoader(ds, batch_size=4, pin_memory=True,
+                                 collate_fn=lambda xs: _CustomBatch(
+                                     torch.stack(xs))))
+    assert [type(b) for b in got] == [type(b) for b in want]
+    assert [list(b) for b in got] == [["b", "a"]] * 2
+    for g, w in zip(got, want):
+        assert torch.equal(g["b"], w["b"]) and ppt.is_pooled(g["b"], pool)
+    for b in custom:
+        assert isinstance(b, _CustomBatch)
+        assert b.hooked == torch.cuda.is_available()
+    del got, g
+    gc.collect()
+
+
+def test_patch_dataloader_iterators_on_threads(pool, monkeypatch):
+    """The review of issue 41: while one thread built its iterator (the
+    loader's pin_memory briefly False), another thread starting to iterate
+    the same loader got torch's unpinned iterator. Torch's iterator
+    construction is slowed to hold that window open."""
+    from torch.utils.data import DataLoader
+    loader = DataLoader(_OrderedSamples(), batch_size=4, pin_memory=True)
+    real = DataLoader._get_iterator
+
+    def slow(self):
+        time.sleep(0.05)
+        return real(self)
+
+    monkeypatch.setattr(DataLoader, "_get_iterator", slow)
+    pooled = []
+    with ppt.patch_dataloader(pool):
+        def run():
+            for b in loader:
+                pooled.append(ppt.is_pooled(b, pool))
+
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert pooled and all(pooled), pooled
     gc.collect()
