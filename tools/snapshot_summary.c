@@ -180,12 +180,14 @@ typedef struct summary {
   uint64_t largest_run;      /* bytes of adjacent free blocks */
   uint64_t largest_run_bs;   /* their block size */
   uint64_t largest_run_addr; /* segment address */
-  /* Each segment's largest free run, summed: the free space that is in one
-   * piece within its segment. An idle segment's free space is one run, so
-   * a pool whose free space is whole segments is not fragmented. */
-  uint64_t whole_runs;
-  uint64_t used_segments;             /* with a live block and free blocks */
-  uint64_t free_in_used;              /* free block bytes in them */
+  /* Free space that is whole: idle segments' free blocks and wholly free
+   * chunks (empty_cache returns them as they are), and the largest free
+   * piece of the rest (a run in a segment with live blocks, or a free
+   * range of a chunk in use). */
+  uint64_t whole_free, part_largest;
+  uint64_t arena_free;    /* the chunks' free ranges (`chunks[].free`) */
+  uint64_t used_segments; /* with a live block and free blocks */
+  uint64_t free_in_used;  /* free block bytes in them */
   uint64_t idle_segments, idle_bytes; /* no live block */
   problems_t problems;
   /* history */
@@ -322,7 +324,10 @@ static void summarize_segment(const snap_t *s, size_t seg, summary_t *m,
       m->largest_run_addr = addr;
     }
   }
-  m->whole_runs += seg_run;
+  if (live == 0)
+    m->whole_free += free_bytes;
+  else if (seg_run > m->part_largest)
+    m->part_largest = seg_run;
   if (live == 0) {
     m->idle_segments++;
     m->idle_bytes += size;
@@ -377,6 +382,23 @@ static void summarize(const snap_t *s, summary_t *m) {
   read_totals(s, &m->t);
   for (size_t seg = 0; seg < s->nsegments; seg++)
     summarize_segment(s, seg, m, &prev_end);
+  for (size_t i = 0; i < s->nchunks; i++) {
+    snap_chunk_t c;
+    uint64_t largest = 0, free_bytes = 0;
+    snap_chunk(s, i, &c);
+    for (size_t j = 0; j < c.nfree; j++) {
+      uint64_t a, n;
+      snap_chunk_free(s, i, j, &a, &n);
+      free_bytes += n;
+      if (n > largest)
+        largest = n;
+    }
+    m->arena_free += free_bytes;
+    if (free_bytes == c.size)
+      m->whole_free += free_bytes;
+    else if (largest > m->part_largest)
+      m->part_largest = largest;
+  }
   /* Cached memory is everything reserved and not live; the reserve's free
    * ranges are not in any segment, so they come from the totals. */
   m->r.chunk_free = m->t.chunk_free;
@@ -408,13 +430,17 @@ static double pct(uint64_t part, uint64_t whole) {
   return whole == 0 ? 0.0 : 100.0 * (double)part / (double)whole;
 }
 
-/* Fragmentation on free space: the share of the free bytes in segments that
- * is not in its segment's largest run. Measured per segment, not against the
- * pool's one largest run: a pool whose free space is several whole idle
- * segments reads 0 % (issue 41 found an idle, fully cached pool reported as
- * 91 % fragmented). */
+/* Fragmentation on free space (1 - largest free piece / free bytes, in
+ * segments and in the arena's chunks), where free space that is whole
+ * (idle segments, wholly free chunks) counts as one piece with the largest:
+ * the share of the free bytes that lies in pieces a request of the largest
+ * piece's size could not use. An idle pool whose free space is whole
+ * segments and chunks reads 0 % (issue 41 found one reported as 91 %
+ * fragmented, the pool's one largest run against all its free space). */
 static double fragmentation(const summary_t *m, uint64_t free_seg) {
-  return free_seg == 0 ? 0.0 : 100.0 - pct(m->whole_runs, free_seg);
+  uint64_t free_all = free_seg + m->arena_free;
+  return free_all == 0 ? 0.0
+                       : 100.0 - pct(m->whole_free + m->part_largest, free_all);
 }
 
 /* "NUMBER  (HUMAN)" with the number right-aligned in `w` columns. */
@@ -562,8 +588,8 @@ static void write_summary_text(const snap_t *s, const char *name,
             m->largest_run / m->largest_run_bs, m->largest_run_bs,
             m->largest_run_addr);
   fprintf(out,
-          "\n  fragmentation     %13.2f %%  (1 - each segment's largest free "
-          "run / free in segments; whole idle segments count as one run)\n",
+          "\n  fragmentation     %13.2f %%  (1 - largest free piece / free in "
+          "segments and chunks; idle segments and free chunks are whole)\n",
           fragmentation(m, free_seg));
   fprintf(out, "  in used segments  ");
   put_bytes(out, 14, m->free_in_used);
@@ -713,7 +739,9 @@ static json_t *summary_json(const snap_t *s, const char *name,
   x = json_object();
   jset(x, "free_bytes", jint(free_seg));
   jset(x, "largest_run_bytes", jint(m->largest_run));
-  jset(x, "whole_runs_bytes", jint(m->whole_runs));
+  jset(x, "whole_free_bytes", jint(m->whole_free));
+  jset(x, "arena_free_bytes", jint(m->arena_free));
+  jset(x, "largest_part_bytes", jint(m->part_largest));
   jset(x, "fragmentation_percent", json_real(fragmentation(m, free_seg)));
   jset(x, "free_in_used_segments_bytes", jint(m->free_in_used));
   jset(x, "used_segments", jint(m->used_segments));
