@@ -281,7 +281,7 @@ ATTRS = ("numa_node", "huge_pages", "attributes", "page_locked",
          "device_accessible", "host_accessible", "backend", "device_id")
 
 
-@pytest.mark.parametrize("config", ["", "backend=cuda,device=0"])
+@pytest.mark.parametrize("config", ["backend=host", "backend=cuda,device=0"])
 def test_lazy_attributes_first_queried_by_many_threads(config):
     """cuda-python's Buffer race: lazily computed attributes, first queried
     by many threads at once. Each round worker 0 makes a fresh buffer
