@@ -22,6 +22,9 @@ BUILD="${1:-build/release}"
 [[ "$BUILD" == /* ]] || BUILD="$ROOT/$BUILD"
 PY=/usr/bin/python3
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/pinpool-package.XXXXXX")"
+# Readable by all: test_autopin runs children that gave up root (uid
+# 65534, so that RLIMIT_MEMLOCK applies) with the venv's interpreter.
+chmod 755 "$WORK"
 trap 'rm -rf "$WORK"' EXIT
 VENV="$WORK/venv"
 
