@@ -39,12 +39,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static void sleep_ms(unsigned ms) {
-  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
-
 static unsigned env_uint(const char *name, unsigned dflt) {
   const char *v = getenv(name);
   return v != NULL && *v != '\0' ? (unsigned)strtoul(v, NULL, 10) : dflt;
@@ -76,7 +70,7 @@ static int run_child(int (*fn)(void *), void *arg, unsigned timeout_ms) {
       (void)waitpid(pid, &status, 0);
       return -1;
     }
-    sleep_ms(1);
+    pp_sleep_ms(1);
   }
   if (WIFSIGNALED(status))
     return -2;
@@ -133,7 +127,7 @@ static void hold_global_lock(void) {
   if (!atomic_exchange(&hook_armed, 0))
     return;
   (void)sem_post(&hook_in);
-  sleep_ms(200); /* the fork happens meanwhile */
+  pp_sleep_ms(200); /* the fork happens meanwhile */
 }
 
 static void *alloc_and_exit(void *arg) {
@@ -187,7 +181,7 @@ static void slow_free(void *ctx, void *ptr, size_t size) {
   (void)size;
   if (atomic_exchange(&backend_armed, 0)) {
     (void)sem_post(&backend_in);
-    sleep_ms(100); /* the fork happens meanwhile */
+    pp_sleep_ms(100); /* the fork happens meanwhile */
   }
   free(ptr);
 }
@@ -310,7 +304,7 @@ static void *snapshotter(void *arg) {
       pinpool_snapshot_free(text);
       atomic_fetch_add(&s->snapshots, 1);
     }
-    sleep_ms(2);
+    pp_sleep_ms(2);
   }
   return NULL;
 }

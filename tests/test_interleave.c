@@ -19,11 +19,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static void sleep_ms(unsigned ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* ---- The gate: stop the armed thread at a hook point ----------------------
  * A thread arms points for itself (stop_here) or any thread arms a point for
  * whichever thread reaches it first (stop_anyone). The first arrival at an
@@ -311,7 +306,7 @@ static int evp_sync(void *ctx, void *ev) {
   (void)ctx;
   ev_t *e = ev;
   while (atomic_load(&e->state) == 0)
-    sleep_ms(1);
+    pp_sleep_ms(1);
   return atomic_load(&e->state) < 0 ? PINPOOL_EDEVICE : 0;
 }
 static void evp_release(void *ctx, void *e) {
@@ -372,7 +367,7 @@ static void test_synchronize_waits_for_cache(void **state) {
   call_arg_t c = {pool, 0};
   pthread_t th;
   pthread_create(&th, NULL, sync_thread, &c);
-  sleep_ms(100);
+  pp_sleep_ms(100);
   bool early = atomic_load(&c.done) != 0;
   int vrc = early ? pinpool_validate(pool) : 0;
   release(PP_HOOK_EVENT_DONE);
@@ -431,7 +426,7 @@ static void test_error_keeps_other_streams(void **state) {
   call_arg_t c = {pool, 0};
   pthread_t th;
   pthread_create(&th, NULL, sync_thread, &c);
-  sleep_ms(100);
+  pp_sleep_ms(100);
   bool sync_early = atomic_load(&c.done) != 0;
   atomic_store(&evp_find(&evp, 2)->state, 1);
   pthread_join(th, NULL);
@@ -451,7 +446,7 @@ static void test_error_keeps_other_streams(void **state) {
   destroy_arg_t d = {pool, 0};
   pthread_t td;
   pthread_create(&td, NULL, destroy_thread, &d);
-  sleep_ms(100);
+  pp_sleep_ms(100);
   bool destroy_early = atomic_load(&d.done) != 0;
   cb_counts_t mid = cb_counts(&cb);
   atomic_store(&evp_find(&evp, 4)->state, 1);
@@ -561,8 +556,8 @@ static void test_attr_waiter_sleeps(void **state) {
   wait_arrived(PP_HOOK_ATTR_BUSY); /* t1 computes (and is stopped there) */
   pthread_create(&t2, NULL, attr_second, &a);
   while (!atomic_load(&a.started))
-    sleep_ms(1);
-  sleep_ms(300);
+    pp_sleep_ms(1);
+  pp_sleep_ms(300);
   bool early = atomic_load(&a.done) != 0;
   release(PP_HOOK_ATTR_BUSY);
   pthread_join(t1, NULL);
@@ -583,7 +578,7 @@ static _Atomic(int) g_in_query;
 static int slow_query(void *ctx, void *ev) {
   atomic_store(&g_in_query, 1);
   while (!atomic_load(&g_query_gate))
-    sleep_ms(1);
+    pp_sleep_ms(1);
   return evp_query(ctx, ev);
 }
 
@@ -614,13 +609,13 @@ static void test_synchronize_sleeps(void **state) {
   PP_OK(pinpool_free(pool, p));
   atomic_store(&evp_find(&evp, 1)->state, 1); /* done, once asked */
   while (!atomic_load(&g_in_query)) /* the background thread polls it */
-    sleep_ms(1);
+    pp_sleep_ms(1);
   attr_arg_t a = {(pinpool_buffer_t *)(void *)pool, 0, 0, 0};
   pthread_t th;
   pthread_create(&th, NULL, sync_timed, &a);
   while (!atomic_load(&a.started))
-    sleep_ms(1);
-  sleep_ms(300);
+    pp_sleep_ms(1);
+  pp_sleep_ms(300);
   bool early = atomic_load(&a.done) != 0;
   atomic_store(&g_query_gate, 1);
   pthread_join(th, NULL);
@@ -701,11 +696,11 @@ static void test_synchronize_sees_late_queue(void **state) {
   call_arg_t c = {pool, 0};
   pthread_t ts;
   pthread_create(&ts, NULL, sync_thread, &c);
-  sleep_ms(100); /* synchronize found no queue and went to sleep */
+  pp_sleep_ms(100); /* synchronize found no queue and went to sleep */
   release(PP_HOOK_FREE_COUNTED);
   pthread_join(tf, NULL);
   for (int i = 0; i < 200 && !atomic_load(&c.done); i++)
-    sleep_ms(10);
+    pp_sleep_ms(10);
   bool done = atomic_load(&c.done) != 0;
   if (!done) { /* unstick it for the join: progress from another poll */
     void *q;

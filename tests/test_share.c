@@ -51,56 +51,6 @@
 
 #define CONF "shared=1,backend=host,mlock=0,populate=1"
 
-static void sleep_ms(unsigned ms) {
-  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
-
-/* Wait for pid (killed after timeout_ms): its exit status, -1 on timeout,
- * -2 if a signal killed it. */
-static int wait_child(pid_t pid, unsigned timeout_ms) {
-  int status = 0;
-  for (unsigned waited = 0;; waited++) {
-    pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid)
-      break;
-    if (r < 0)
-      return -3;
-    if (waited >= timeout_ms) {
-      (void)kill(pid, SIGKILL);
-      (void)waitpid(pid, &status, 0);
-      return -1;
-    }
-    sleep_ms(1);
-  }
-  return WIFSIGNALED(status) ? -2 : WEXITSTATUS(status);
-}
-
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  int n = 0;
-  if (d == NULL)
-    return -1;
-  while (readdir(d) != NULL)
-    n++;
-  (void)closedir(d);
-  return n - 3; /* ., .., and the directory's own descriptor */
-}
-
-static void fill(void *p, size_t n, unsigned seed) {
-  unsigned char *c = p;
-  for (size_t i = 0; i < n; i += 64)
-    c[i] = (unsigned char)(seed + i / 64);
-}
-static int filled(const void *p, size_t n, unsigned seed) {
-  const unsigned char *c = p;
-  for (size_t i = 0; i < n; i += 64)
-    if (c[i] != (unsigned char)(seed + i / 64))
-      return 0;
-  return 1;
-}
-
 static pinpool_t *shared_pool(const char *conf) {
   pinpool_t *pool = NULL;
   PP_OK(pinpool_create(conf, &pool));
@@ -146,7 +96,7 @@ static void test_config(void **state) {
 /* ---- in one process --------------------------------------------------- */
 static void test_in_process(void **state) {
   (void)state;
-  int fds0 = count_fds();
+  int fds0 = pp_count_fds();
   pinpool_t *pool = shared_pool(CONF);
   void *a = NULL, *b = NULL;
   PP_OK(pinpool_alloc(pool, 1 * MiB, &a));
@@ -167,9 +117,9 @@ static void test_in_process(void **state) {
   PP_OK(pinpool_share_attach(&hb, -1, &wb)); /* the chunk is mapped */
   PP_ASSERT(wa != a && wa != NULL, "a second view");
   PP_ASSERT(pp_share_worker_chunks() == 1, "mapped once");
-  fill(wa, 1 * MiB, 7);
-  fill(wb, hb.length, 9);
-  PP_ASSERT(filled(a, 1 * MiB, 7) && filled(b, hb.length, 9),
+  pp_fill(wa, 1 * MiB, 7);
+  pp_fill(wb, hb.length, 9);
+  PP_ASSERT(pp_filled(a, 1 * MiB, 7) && pp_filled(b, hb.length, 9),
             "the owner sees the worker's bytes");
   /* Lent: the owner may not free it. */
   PP_CHECK_RC(pinpool_free(pool, a), PINPOOL_EBUSY);
@@ -189,8 +139,8 @@ static void test_in_process(void **state) {
   PP_CHECK_CONSISTENT(pool);
   PP_OK(pinpool_empty_cache(pool));
   pinpool_destroy(pool);
-  PP_ASSERT(count_fds() == fds0, "descriptors: %d before, %d after", fds0,
-            count_fds());
+  PP_ASSERT(pp_count_fds() == fds0, "descriptors: %d before, %d after", fds0,
+            pp_count_fds());
 }
 
 /* ---- over a socket ---------------------------------------------------- */
@@ -205,7 +155,7 @@ static int socket_worker(int sock) {
     if (pinpool_share_attach(&h, fd, &p) != 0)
       return 11;
     (void)close(fd);
-    fill(p, h.length, (unsigned)i);
+    pp_fill(p, h.length, (unsigned)i);
     if (pinpool_share_detach(p) != 0)
       return 12;
     if (pinpool_share_send(sock, &h, -1) != 0)
@@ -245,9 +195,9 @@ static void test_socket(void **state) {
     PP_OK(pinpool_lend_return(pool, &back, pid));
     size_t bs = 0;
     PP_OK(pinpool_block_size(pool, blk[i], &bs));
-    PP_ASSERT(filled(blk[i], bs, (unsigned)i), "block %d filled", i);
+    PP_ASSERT(pp_filled(blk[i], bs, (unsigned)i), "block %d filled", i);
   }
-  PP_CHECK_RC(wait_child(pid, 10000), 0);
+  PP_CHECK_RC(pp_wait_child(pid, 10000), 0);
   for (int i = 0; i < NBLK; i++)
     PP_OK(pinpool_free(pool, blk[i]));
   (void)close(sv[0]);
@@ -276,7 +226,7 @@ static void test_inherit(void **state) {
     void *w = NULL;
     if (pinpool_share_attach(&h, h.owner_fd, &w) != 0)
       _exit(22);
-    fill(w, h.length, 42);
+    pp_fill(w, h.length, 42);
     if (pinpool_share_detach(w) != 0)
       _exit(23);
     if (write(to_parent[1], &h, sizeof h) != (ssize_t)sizeof h)
@@ -290,10 +240,10 @@ static void test_inherit(void **state) {
   PP_ASSERT(write(to_child[1], &h, sizeof h) == (ssize_t)sizeof h, "write");
   pinpool_share_handle_t back;
   PP_ASSERT(read(to_parent[0], &back, sizeof back) == (ssize_t)sizeof back,
-            "the child answered (exit %d)", wait_child(pid, 0));
+            "the child answered (exit %d)", pp_wait_child(pid, 0));
   PP_OK(pinpool_lend_return(pool, &back, pid));
-  PP_ASSERT(filled(p, 2 * MiB, 42), "filled by the child");
-  PP_CHECK_RC(wait_child(pid, 10000), 0);
+  PP_ASSERT(pp_filled(p, 2 * MiB, 42), "filled by the child");
+  PP_CHECK_RC(pp_wait_child(pid, 10000), 0);
   PP_OK(pinpool_free(pool, p));
   for (int i = 0; i < 2; i++) {
     (void)close(to_child[i]);
@@ -416,7 +366,7 @@ static void test_sigkill(void **state) {
       for (int t = 0; t < 5000 && n == 0; t++) {
         PP_OK(pinpool_lend_reclaim_exited(pool, PINPOOL_RECLAIM_FREE, &n));
         if (n == 0)
-          sleep_ms(1);
+          pp_sleep_ms(1);
       }
       PP_ASSERT(n == 4, "every block back: %zu", n);
     } else {
@@ -426,12 +376,12 @@ static void test_sigkill(void **state) {
       pinpool_share_handle_t h;
       int fd;
       PP_CHECK_RC(pinpool_share_recv(sv[0], &h, &fd), PINPOOL_ECLOSED);
-      PP_CHECK_RC(wait_child(pid, 10000), -2);
+      PP_CHECK_RC(pp_wait_child(pid, 10000), -2);
       PP_OK(pinpool_lend_reclaim(pool, pid, PINPOOL_RECLAIM_FREE, &n));
       PP_ASSERT(n == 4, "every block back: %zu", n);
     }
     if (round == 0)
-      PP_CHECK_RC(wait_child(pid, 10000), -2);
+      PP_CHECK_RC(pp_wait_child(pid, 10000), -2);
     st = pp_stats_of(pool);
     PP_ASSERT(st.lent_blocks == 0 && st.lent_bytes == 0 &&
                   st.blocks.current == 0,
@@ -483,7 +433,7 @@ static void test_forged(void **state) {
   void *p = NULL, *big = NULL;
   PP_OK(pinpool_alloc(pool, 1 * MiB, &p));
   PP_OK(pinpool_alloc(pool, 40 * MiB, &big)); /* a chunk of its own */
-  fill(p, 1 * MiB, 3);
+  pp_fill(p, 1 * MiB, 3);
   pinpool_share_handle_t h, hbig, f;
   int fd, fdbig;
   PP_OK(pinpool_lend(pool, p, getpid(), &h, &fd));
@@ -596,9 +546,9 @@ static void test_forged(void **state) {
   PP_ASSERT(after.lent_blocks == before.lent_blocks &&
                 after.reserved_bytes.current == before.reserved_bytes.current,
             "unchanged");
-  PP_ASSERT(filled(p, 1 * MiB, 3), "the block is intact");
+  PP_ASSERT(pp_filled(p, 1 * MiB, 3), "the block is intact");
   PP_OK(pinpool_share_attach(&h, fd, &w)); /* the real one works */
-  PP_ASSERT(filled(w, 1 * MiB, 3), "seen by the worker view");
+  PP_ASSERT(pp_filled(w, 1 * MiB, 3), "seen by the worker view");
   PP_OK(pinpool_share_detach(w));
   /* Returns that do not match a lend. */
   f = h, f.nonce ^= 1;
@@ -646,15 +596,15 @@ static void test_sealed(void **state) {
     void *w = NULL;
     if (pinpool_share_attach(&h, fd, &w) != 0)
       _exit(37);
-    fill(w, h.length, 5);
+    pp_fill(w, h.length, 5);
     _exit(0); /* without detaching: the kernel unmaps */
   }
-  PP_CHECK_RC(wait_child(pid, 10000), 0);
+  PP_CHECK_RC(pp_wait_child(pid, 10000), 0);
   struct stat st;
   PP_ASSERT(fstat(fd, &st) == 0 && (uint64_t)st.st_size == h.chunk_size,
             "size unchanged");
   /* The owner touches its whole chunk's block: no SIGBUS. */
-  PP_ASSERT(filled(p, 1 * MiB, 5), "the worker's fill");
+  PP_ASSERT(pp_filled(p, 1 * MiB, 5), "the worker's fill");
   memset(p, 0, 1 * MiB);
   PP_OK(pinpool_lend_return(pool, &h, getpid()));
   PP_OK(pinpool_free(pool, p));
@@ -664,7 +614,7 @@ static void test_sealed(void **state) {
 
 /* ---- limits -------------------------------------------------------------- */
 static int limits_child(void) {
-  int fds0 = count_fds();
+  int fds0 = pp_count_fds();
   pinpool_t *pool = NULL;
   if (pinpool_create(CONF, &pool) != 0)
     return 40;
@@ -717,7 +667,7 @@ static int limits_child(void) {
   if (pinpool_alloc(pool, 1 * MiB, &p) != 0 || pinpool_free(pool, p) != 0)
     return 52;
   pinpool_destroy(pool);
-  if (count_fds() != fds0)
+  if (pp_count_fds() != fds0)
     return 53;
 
   /* RLIMIT_MEMLOCK (the owner's: it locks the shared chunks), without
@@ -752,7 +702,7 @@ static int limits_child(void) {
   if (pinpool_get_stats(pool, &st) != 0 || st.reserved_bytes.current != 0)
     return 58;
   pinpool_destroy(pool);
-  if (count_fds() != fds0)
+  if (pp_count_fds() != fds0)
     return 59;
   if (pinpool_create("shared=1,backend=host,mlock=1", &pool) != 0)
     return 60;
@@ -764,7 +714,7 @@ static int limits_child(void) {
   if (pinpool_free(pool, p) != 0 || pinpool_validate(pool) != 0)
     return 63;
   pinpool_destroy(pool);
-  if (count_fds() != fds0)
+  if (pp_count_fds() != fds0)
     return 64;
   return 0;
 }
@@ -775,7 +725,7 @@ static void test_limits(void **state) {
   PP_ASSERT(pid >= 0, "fork");
   if (pid == 0)
     _exit(limits_child());
-  PP_CHECK_RC(wait_child(pid, 20000), 0);
+  PP_CHECK_RC(pp_wait_child(pid, 20000), 0);
 }
 
 /* ---- bad input --------------------------------------------------------- */
@@ -861,14 +811,14 @@ static void test_bad_input(void **state) {
   PP_CHECK_RC(pinpool_share_recv(sv[1], NULL, &fd), PINPOOL_EINVAL);
   PP_CHECK_RC(pinpool_share_recv(sv[1], &h, NULL), PINPOOL_EINVAL);
   /* Garbage on the socket: not a handle, and its descriptor is closed. */
-  int fds0 = count_fds();
+  int fds0 = pp_count_fds();
   pinpool_share_handle_t junk;
   memset(&junk, 0x5a, sizeof junk);
   PP_OK(pinpool_share_send(sv[0], &junk, fd));
   pinpool_share_handle_t got;
   int gfd = -9;
   PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &gfd), PINPOOL_EBADHANDLE);
-  PP_ASSERT(gfd == -9 && count_fds() == fds0, "the descriptor was closed");
+  PP_ASSERT(gfd == -9 && pp_count_fds() == fds0, "the descriptor was closed");
   /* A socket that is not connected, one whose peer went. */
   int lone = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   PP_CHECK_RC(pinpool_share_send(lone, &h, -1), PINPOOL_EBACKEND);
@@ -925,7 +875,7 @@ static void test_cuda_register(void **state) {
     print_message("no PINPOOL_LIBCUDA: skipped\n");
     return;
   }
-  int fds0 = count_fds();
+  int fds0 = pp_count_fds();
   /* A refused registration gives the chunk back (its memfd closed, as
    * the descriptor count at the end shows); a pageable fallback chunk is a
    * memfd too. */
@@ -950,16 +900,16 @@ static void test_cuda_register(void **state) {
     PP_OK(pinpool_lend(pool, p, getpid(), &h, &fd));
     void *w = NULL;
     PP_OK(pinpool_share_attach(&h, fd, &w));
-    fill(w, 1 * MiB, 11);
+    pp_fill(w, 1 * MiB, 11);
     PP_OK(pinpool_share_detach(w));
     PP_OK(pinpool_lend_return(pool, &h, getpid()));
-    PP_ASSERT(filled(p, 1 * MiB, 11), "seen by the owner");
+    PP_ASSERT(pp_filled(p, 1 * MiB, 11), "seen by the owner");
     PP_OK(pinpool_free(pool, p));
     PP_CHECK_CONSISTENT(pool);
     pinpool_destroy(pool);
   }
-  PP_ASSERT(count_fds() == fds0, "descriptors: %d before, %d after", fds0,
-            count_fds());
+  PP_ASSERT(pp_count_fds() == fds0, "descriptors: %d before, %d after", fds0,
+            pp_count_fds());
 }
 
 /* ---- threads: lends, attaches, returns, frees and snapshots at once ---- */

@@ -60,83 +60,6 @@
 
 #define CONF "shared=1,mlock=0,populate=1"
 
-static void sleep_ms(unsigned ms) {
-  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
-
-/* Wait for pid (killed after timeout_ms): its exit status, -1 on timeout,
- * -2 if a signal killed it. */
-static int wait_child(pid_t pid, unsigned timeout_ms) {
-  int status = 0;
-  for (unsigned waited = 0;; waited++) {
-    pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid)
-      break;
-    if (r < 0)
-      return -3;
-    if (waited >= timeout_ms) {
-      (void)kill(pid, SIGKILL);
-      (void)waitpid(pid, &status, 0);
-      return -1;
-    }
-    sleep_ms(1);
-  }
-  return WIFSIGNALED(status) ? -2 : WEXITSTATUS(status);
-}
-
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  int n = 0;
-  if (d == NULL)
-    return -1;
-  while (readdir(d) != NULL)
-    n++;
-  (void)closedir(d);
-  return n - 3;
-}
-
-static void fill(void *p, size_t n, unsigned seed) {
-  unsigned char *c = p;
-  for (size_t i = 0; i < n; i += 64)
-    c[i] = (unsigned char)(seed + i / 64);
-}
-static int filled(const void *p, size_t n, unsigned seed) {
-  const unsigned char *c = p;
-  for (size_t i = 0; i < n; i += 64)
-    if (c[i] != (unsigned char)(seed + i / 64))
-      return 0;
-  return 1;
-}
-
-static int read_full(int fd, void *buf, size_t n) {
-  char *p = buf;
-  while (n > 0) {
-    ssize_t r = read(fd, p, n);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return -1;
-    p += r;
-    n -= (size_t)r;
-  }
-  return 0;
-}
-static int write_full(int fd, const void *buf, size_t n) {
-  const char *p = buf;
-  while (n > 0) {
-    ssize_t r = write(fd, p, n);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return -1;
-    p += r;
-    n -= (size_t)r;
-  }
-  return 0;
-}
-
 /* ---- hostile returns ------------------------------------------------------
  */
 #define NW 3
@@ -185,9 +108,9 @@ static int hostile_worker(pinpool_t *inherited, int w, int sock) {
       return 10;
     if (pinpool_share_attach(&mine[i], fds[i], &p[i]) != 0)
       return 11;
-    fill(p[i], mine[i].length, (unsigned)(w * 16 + i));
+    pp_fill(p[i], mine[i].length, (unsigned)(w * 16 + i));
   }
-  if (read_full(sock, all, sizeof all) != 0)
+  if (pp_read_full(sock, all, sizeof all) != 0)
     return 12;
   /* The owner's calls, through the pool this child inherited: refused. */
   size_t n = 0;
@@ -221,10 +144,10 @@ static int hostile_worker(pinpool_t *inherited, int w, int sock) {
     }
   /* Still ours: the owner must not have let anyone else have it. */
   for (int i = 0; i < PER; i++)
-    if (!filled(p[i], mine[i].length, (unsigned)(w * 16 + i)))
+    if (!pp_filled(p[i], mine[i].length, (unsigned)(w * 16 + i)))
       return 17;
   char go;
-  if (read_full(sock, &go, 1) != 0)
+  if (pp_read_full(sock, &go, 1) != 0)
     return 18;
   for (int i = 0; i < PER; i++) {
     if (pinpool_share_detach(p[i]) != 0 ||
@@ -265,7 +188,7 @@ static void test_hostile_returns(void **state) {
       PP_OK(pinpool_share_send(sv[w][0], &all[j], fd));
     }
   for (int w = 0; w < NW; w++)
-    PP_ASSERT(write_full(sv[w][0], all, sizeof all) == 0, "table");
+    PP_ASSERT(pp_write_full(sv[w][0], all, sizeof all) == 0, "table");
   pinpool_stats_t before = pp_stats_of(pool);
   PP_ASSERT(before.lent_blocks == NL && before.lend_refusals == 0, "lent");
   /* Every hostile return, from the socket it came on: refused. */
@@ -304,8 +227,9 @@ static void test_hostile_returns(void **state) {
   PP_OK(pinpool_free(pool, fresh));
   /* The real borrowers' bytes, as they wrote them. */
   for (int j = 0; j < NL; j++)
-    PP_ASSERT(filled(blk[j], all[j].length, (unsigned)(j / PER * 16 + j % PER)),
-              "block %d changed", j);
+    PP_ASSERT(
+        pp_filled(blk[j], all[j].length, (unsigned)(j / PER * 16 + j % PER)),
+        "block %d changed", j);
   /* The honest returns, from their borrowers: accepted. */
   for (int w = 0; w < NW; w++)
     PP_ASSERT(write(sv[w][0], "g", 1) == 1, "go");
@@ -317,7 +241,7 @@ static void test_hostile_returns(void **state) {
       PP_OK(pinpool_lend_return(pool, &h, pid[w]));
     }
   for (int w = 0; w < NW; w++) {
-    PP_CHECK_RC(wait_child(pid[w], 20000), 0);
+    PP_CHECK_RC(pp_wait_child(pid[w], 20000), 0);
     (void)close(sv[w][0]);
   }
   PP_ASSERT(pp_stats_of(pool).lent_blocks == 0, "all returned");
@@ -499,7 +423,7 @@ static void test_pid_reuse(void **state) {
     (void)waitpid(init, &st, 0);
     _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 99);
   }
-  int rc = wait_child(outer, 30000);
+  int rc = pp_wait_child(outer, 30000);
   if (rc == 77) {
     print_message("pid_reuse: no pid namespace here: skipped\n");
     skip();
@@ -622,7 +546,7 @@ static void test_ctl_readonly(void **state) {
               r);
       _exit(40 + r);
     }
-    fill(w, h.length, 9);
+    pp_fill(w, h.length, 9);
     if (pinpool_share_detach(w) != 0)
       _exit(34);
     _exit(0);
@@ -632,10 +556,10 @@ static void test_ctl_readonly(void **state) {
   int fd;
   PP_OK(pinpool_lend(pool, p, pid, &h, &fd));
   PP_OK(pinpool_share_send(sv[0], &h, fd));
-  PP_CHECK_RC(wait_child(pid, 10000), 0);
+  PP_CHECK_RC(pp_wait_child(pid, 10000), 0);
   /* The worker filled the block, and the lend is as the owner made it: an
    * attach here still finds the generation. */
-  PP_ASSERT(filled(p, 1 * MiB, 9), "filled");
+  PP_ASSERT(pp_filled(p, 1 * MiB, 9), "filled");
   void *w = NULL;
   PP_OK(pinpool_share_attach(&h, fd, &w));
   PP_OK(pinpool_share_detach(w));
@@ -663,7 +587,7 @@ static void test_reclaim_list(void **state) {
     PP_OK(pinpool_lend(pool, b[i], i < 3 ? dead : getpid(), &h[i], &fd));
   }
   (void)close(wake);
-  PP_CHECK_RC(wait_child(dead, 10000), 0);
+  PP_CHECK_RC(pp_wait_child(dead, 10000), 0);
   pinpool_lend_info_t info[2];
   size_t n = 0, total = 0;
   bool seen[5] = {false};
@@ -737,9 +661,9 @@ static void test_thread_pidfd(void **state) {
   }
   (void)close(up[1]);
   pid_t tid = 0;
-  PP_ASSERT(read_full(up[0], &tid, sizeof tid) == 0, "tid");
+  PP_ASSERT(pp_read_full(up[0], &tid, sizeof tid) == 0, "tid");
   (void)close(up[0]);
-  int fds0 = count_fds();
+  int fds0 = pp_count_fds();
   pid_t named[2] = {tid, c}; /* a non-leader thread, and the leader thread */
   for (int k = 0; k < 2; k++) {
     int tfd = (int)syscall(SYS_pidfd_open, named[k], PIDFD_THREAD);
@@ -756,7 +680,7 @@ static void test_thread_pidfd(void **state) {
               "nothing changed");
     (void)close(tfd);
   }
-  PP_ASSERT(count_fds() == fds0, "no descriptor kept");
+  PP_ASSERT(pp_count_fds() == fds0, "no descriptor kept");
   /* The process's own pidfd is taken. */
   int pfd = (int)syscall(SYS_pidfd_open, c, 0);
   PP_ASSERT(pfd >= 0, "pidfd_open");
@@ -834,7 +758,7 @@ static void on_alarm(int sig) { (void)sig; }
 
 static void test_framing(void **state) {
   (void)state;
-  int fds0 = count_fds();
+  int fds0 = pp_count_fds();
   FILE *tf = tmpfile();
   PP_ASSERT(tf != NULL, "tmpfile");
   int file = fileno(tf);
@@ -949,8 +873,8 @@ static void test_framing(void **state) {
   h = fake_handle(10);
   PP_OK(pinpool_share_send(sv[0], &h, file));
   expect_handle(sv[1], 10, true, fst.st_ino);
-  PP_ASSERT(count_fds() == fds0 + 3, "every extra descriptor closed (%d)",
-            count_fds() - fds0);
+  PP_ASSERT(pp_count_fds() == fds0 + 3, "every extra descriptor closed (%d)",
+            pp_count_fds() - fds0);
   /* 6. A piece kept for a descriptor number that then names another
    * socket: not applied to it. */
   PP_ASSERT(fcntl(sv[1], F_SETFL, O_NONBLOCK) == 0, "nonblock");
@@ -973,8 +897,8 @@ static void test_framing(void **state) {
   (void)close(sv2[0]);
   (void)close(sv2[1]);
   (void)fclose(tf);
-  PP_ASSERT(count_fds() == fds0, "descriptors: %d before, %d after", fds0,
-            count_fds());
+  PP_ASSERT(pp_count_fds() == fds0, "descriptors: %d before, %d after", fds0,
+            pp_count_fds());
 }
 
 /* ---- fork while the part-message table is locked ------------------------ */
@@ -984,7 +908,7 @@ static void test_framing(void **state) {
  * piece size (which a datagram socket must ignore). */
 static void test_datagram_short(void **state) {
   (void)state;
-  int fds0 = count_fds();
+  int fds0 = pp_count_fds();
   FILE *tf = tmpfile();
   PP_ASSERT(tf != NULL, "tmpfile");
   int file = fileno(tf);
@@ -1017,8 +941,8 @@ static void test_datagram_short(void **state) {
     (void)close(sv[1]);
   }
   (void)fclose(tf);
-  PP_ASSERT(count_fds() == fds0, "descriptors: %d before, %d after", fds0,
-            count_fds());
+  PP_ASSERT(pp_count_fds() == fds0, "descriptors: %d before, %d after", fds0,
+            pp_count_fds());
 }
 
 /* Control descriptors a peer sends: the owner keeps none (100 returns each
@@ -1055,7 +979,7 @@ static void test_ctl_fds_not_kept(void **state) {
   PP_OK(pinpool_lend(pool, b, getpid(), &h, &cfd));
   int sv[2];
   PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
-  int fds0 = count_fds();
+  int fds0 = pp_count_fds();
   for (int i = 0; i < 100; i++) {
     pinpool_share_handle_t f = h;
     f.ino = 1000000 + (uint64_t)i; /* any chunk the peer names */
@@ -1069,9 +993,9 @@ static void test_ctl_fds_not_kept(void **state) {
     PP_ASSERT(got >= 0, "the first descriptor is the caller's");
     (void)close(got);
   }
-  PP_ASSERT(pp_share_worker_pending_ctl() == 0 && count_fds() == fds0,
+  PP_ASSERT(pp_share_worker_pending_ctl() == 0 && pp_count_fds() == fds0,
             "the owner kept %zu control descriptors (%d open more)",
-            pp_share_worker_pending_ctl(), count_fds() - fds0);
+            pp_share_worker_pending_ctl(), pp_count_fds() - fds0);
   /* A worker: an unsealed memfd named as the control area is not kept;
    * the owner's real one is. */
   pid_t c = fork();
@@ -1088,7 +1012,7 @@ static void test_ctl_fds_not_kept(void **state) {
   send_two(sv[1], &f, cfd, m);
   (void)close(m);
   PP_OK(pinpool_share_send(sv[1], &h, cfd)); /* the owner's own send */
-  PP_CHECK_RC(wait_child(c, 10000), 0);
+  PP_CHECK_RC(pp_wait_child(c, 10000), 0);
   (void)close(cfd);
   (void)close(sv[0]);
   (void)close(sv[1]);
@@ -1143,7 +1067,7 @@ static void test_shared_alloc_beyond_memory(void **state) {
   PP_ASSERT(c >= 0, "fork");
   if (c == 0)
     _exit(huge_child(total + GiB));
-  PP_CHECK_RC(wait_child(c, 20000), 0);
+  PP_CHECK_RC(pp_wait_child(c, 20000), 0);
 #endif
 }
 
@@ -1154,7 +1078,7 @@ static void hold_io_lock(int point) {
   if (point != PP_HOOK_SHARE_IO || !atomic_exchange(&io_armed, 0))
     return;
   (void)sem_post(&io_in);
-  sleep_ms(200); /* the fork comes meanwhile */
+  pp_sleep_ms(200); /* the fork comes meanwhile */
 }
 
 static void *recv_nonblocking(void *arg) {
@@ -1196,7 +1120,7 @@ static void test_fork_io_lock(void **state) {
   PP_ASSERT(pid > 0, "fork");
   (void)pthread_join(t, NULL);
   atomic_store(&pp_test_hook, NULL);
-  int rc = wait_child(pid, 5000);
+  int rc = pp_wait_child(pid, 5000);
   PP_ASSERT(rc == 0, "the child's share_send/recv %s (%d)",
             rc == -1 ? "deadlocked on a lock held at the fork" : "failed", rc);
   (void)sem_destroy(&io_in);

@@ -13,11 +13,6 @@
 #include <stdlib.h>
 #include <time.h>
 
-static void sleep_ms(unsigned ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* ---- A "DMA" that reads the block later, on the simulated stream -------- */
 typedef struct copy {
   const unsigned char *p;
@@ -145,7 +140,7 @@ static void test_slow_stream_does_not_block_fast(void **state) {
     PP_STATS(pool, &st);
     if (st.pending_blocks == 1)
       break;
-    sleep_ms(5);
+    pp_sleep_ms(5);
   }
   PP_ASSERT(st.pending_blocks == 1 && st.events_completed == 1,
             "fast block not reclaimed while the slow stream lags: pending "
@@ -173,7 +168,7 @@ static void test_multiple_streams(void **state) {
   PP_STATS(pool, &st);
   PP_ASSERT(st.events_recorded == 2, "events recorded: %llu",
             (unsigned long long)st.events_recorded);
-  sleep_ms(50); /* stream 2 is done by now, stream 1 is not */
+  pp_sleep_ms(50); /* stream 2 is done by now, stream 1 is not */
   PP_OK(pinpool_process_events(pool));
   PP_STATS(pool, &st);
   PP_ASSERT(st.pending_blocks == 1, "reclaimed before its slow stream");
@@ -220,7 +215,7 @@ static void test_stream_set_reused_empty(void **state) {
                 "%u streams before: %llu events for one stream", nfirst,
                 (unsigned long long)(st.events_recorded - rec));
       for (int i = 0; i < 100 && st.pending_blocks != 0; i++) {
-        sleep_ms(2);
+        pp_sleep_ms(2);
         PP_OK(pinpool_process_events(pool));
         PP_STATS(pool, &st);
       }
@@ -287,7 +282,7 @@ static int cbp_sync(void *ctx, void *ev) {
   (void)ctx;
   cb_event_t *e = ev;
   while (atomic_load(&e->state) == 0)
-    sleep_ms(1);
+    pp_sleep_ms(1);
   return atomic_load(&e->state) < 0 ? PINPOOL_EDEVICE : 0;
 }
 static void cbp_release(void *ctx, void *ev) {
@@ -590,7 +585,7 @@ static void test_background(void **state) {
     PP_STATS(pool, &st);
     if (st.pending_blocks == 0)
       break;
-    sleep_ms(5);
+    pp_sleep_ms(5);
   }
   PP_ASSERT(st.pending_blocks == 0 && st.events_completed == 1,
             "background thread did not reclaim");
@@ -626,7 +621,7 @@ static void test_event_released_unfinished(void **state) {
   PP_OK(pinpool_alloc(pool, 4096, &b));
   PP_OK(pinpool_record_stream(pool, b, 5));
   PP_OK(pinpool_free(pool, b)); /* done after both copies: ~1.7 s */
-  sleep_ms(500);                /* the first copy and the old item passed */
+  pp_sleep_ms(500);             /* the first copy and the old item passed */
   PP_OK(pinpool_process_events(pool));
   PP_STATS(pool, &st);
   PP_ASSERT(st.pending_blocks == 2 && st.events_completed == 0,
@@ -654,7 +649,7 @@ static void test_empty_cache_reclaims(void **state) {
   PP_OK(pinpool_free(pool, p));
   pinpool_stats_t st;
   for (int i = 0; i < 200; i++) {
-    sleep_ms(2);
+    pp_sleep_ms(2);
     PP_OK(pinpool_empty_cache(pool));
     PP_STATS(pool, &st);
     if (st.reserved_bytes.current == 0)

@@ -1,8 +1,14 @@
 #define _GNU_SOURCE
 #include "testutil.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 const char *pp_code_name(int code) {
   switch (code) {
@@ -503,4 +509,81 @@ void *pp_alloc_touch(pinpool_t *pool, size_t n) {
   PP_OK(pinpool_alloc(pool, n, &p));
   memset(p, 0x5a, n);
   return p;
+}
+
+void pp_sleep_ms(unsigned ms) {
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+int pp_wait_child(pid_t pid, unsigned timeout_ms) {
+  int status = 0;
+  for (unsigned waited = 0;; waited++) {
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid)
+      break;
+    if (r < 0)
+      return -3;
+    if (waited >= timeout_ms) {
+      (void)kill(pid, SIGKILL);
+      (void)waitpid(pid, &status, 0);
+      return -1;
+    }
+    pp_sleep_ms(1);
+  }
+  return WIFSIGNALED(status) ? -2 : WEXITSTATUS(status);
+}
+
+int pp_count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  int n = 0;
+  if (d == NULL)
+    return -1;
+  while (readdir(d) != NULL)
+    n++;
+  (void)closedir(d);
+  return n - 3; /* ., .., and the directory's own descriptor */
+}
+
+void pp_fill(void *p, size_t n, unsigned seed) {
+  unsigned char *c = p;
+  for (size_t i = 0; i < n; i += 64)
+    c[i] = (unsigned char)(seed + i / 64);
+}
+
+int pp_filled(const void *p, size_t n, unsigned seed) {
+  const unsigned char *c = p;
+  for (size_t i = 0; i < n; i += 64)
+    if (c[i] != (unsigned char)(seed + i / 64))
+      return 0;
+  return 1;
+}
+
+int pp_read_full(int fd, void *buf, size_t n) {
+  char *p = buf;
+  while (n > 0) {
+    ssize_t r = read(fd, p, n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+int pp_write_full(int fd, const void *buf, size_t n) {
+  const char *p = buf;
+  while (n > 0) {
+    ssize_t r = write(fd, p, n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
 }

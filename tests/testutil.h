@@ -31,6 +31,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <sys/types.h>
+
 #include "pinpool.h"
 
 /* PP_SANITIZED: built with ASan or TSan, whose runtimes change what some
@@ -208,5 +210,20 @@ void pp_clean_env(void);
  * one): the mutant variants run one test of a file. */
 int pp_run_selected(const char *group, const struct CMUnitTest *all, size_t n,
                     int argc, char **argv);
+
+/* ---- Child processes and descriptors (the sharing and fork tests) ------- */
+/* Sleep ms milliseconds, resuming after signals. */
+void pp_sleep_ms(unsigned ms);
+/* Wait for pid, killing it after timeout_ms: its exit status, -1 on timeout,
+ * -2 if a signal killed it, -3 if waitpid failed. */
+int pp_wait_child(pid_t pid, unsigned timeout_ms);
+/* Open descriptors of this process, the three standard ones not counted. */
+int pp_count_fds(void);
+/* Write / check a pattern of one byte per 64 derived from seed. */
+void pp_fill(void *p, size_t n, unsigned seed);
+int pp_filled(const void *p, size_t n, unsigned seed);
+/* Read / write exactly n bytes, resuming after EINTR: 0, or -1. */
+int pp_read_full(int fd, void *buf, size_t n);
+int pp_write_full(int fd, const void *buf, size_t n);
 
 #endif /* PP_TESTUTIL_H */
