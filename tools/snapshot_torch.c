@@ -61,8 +61,10 @@ static void torch_usage(FILE *out) {
       "                            (segments, device_traces); old: the\n"
       "                            list of segments of torch 1.x. Default:\n"
       "                            the installed torch's ($PINPOOL_TORCH_\n"
-      "                            VERSION, else what `python3 -c 'import\n"
-      "                            torch'` reports; new without torch)\n\n"
+      "                            VERSION, else the first of\n"
+      "                            $PINPOOL_PYTHON, python3, /usr/bin/\n"
+      "                            python3, python that imports torch;\n"
+      "                            new without torch)\n\n"
       "Exit status: 0 success, 1 unreadable or malformed input or write\n"
       "error (OUT is then left as it was), 2 usage error.\n");
 }
@@ -889,14 +891,51 @@ out:
 
 /* ---- The command --------------------------------------------------------- */
 
+/* What `py -c 'import torch; print(torch.__version__)'` prints, into ver
+ * (ver[0] == '\0' when py is missing, fails, or has no torch). */
+static void ask_torch_version(const char *py, char *ver, size_t len) {
+  ver[0] = '\0';
+  int fds[2];
+  if (pipe(fds) != 0)
+    return;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+  posix_spawn_file_actions_addclose(&fa, fds[0]);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  char *argv[] = {(char *)py, "-c", "import torch; print(torch.__version__)",
+                  NULL};
+  extern char **environ;
+  pid_t pid;
+  int spawned = posix_spawnp(&pid, py, &fa, NULL, argv, environ) == 0;
+  posix_spawn_file_actions_destroy(&fa);
+  (void)close(fds[1]);
+  size_t n = 0;
+  ssize_t r;
+  while (spawned && n + 1 < len && (r = read(fds[0], ver + n, len - 1 - n)) > 0)
+    n += (size_t)r;
+  ver[n] = '\0';
+  (void)close(fds[0]);
+  int status = 0;
+  if (!spawned || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0 || ver[0] < '0' || ver[0] > '9')
+    ver[0] = '\0'; /* no torch there */
+}
+
 /* The layout the installed torch reads: 1 (old) for torch 1.x, 0 (new)
  * for 2.x and later, and for no torch (memory_viz, the web page, reads
- * the new). The version is $PINPOOL_TORCH_VERSION if set (the Python
- * package sets it when torch is already imported), else what
- * `$PINPOOL_PYTHON -c ...` (python3 by default) prints: the interpreter a
- * user runs `python3 -m torch.cuda._memory_viz` with. *source says
- * which. */
+ * the new). The version is $PINPOOL_TORCH_VERSION if set, else the first
+ * that one of these interpreters reports: $PINPOOL_PYTHON (`python3 -m
+ * pinpool` sets it to its own), python3 on PATH, /usr/bin/python3, python.
+ * More than one is asked because python3 on PATH is often not the one
+ * with torch (a pyenv or virtual environment shim in front of the
+ * system's python3-torch, issue 41): the first interpreter that imports
+ * torch is the one a user can run `-m torch.cuda._memory_viz` with.
+ * *source says which. */
 static int installed_layout(const char **source) {
+  static const char *const fallback[] = {"python3", "/usr/bin/python3",
+                                         "python"};
+  static char said[300];
   char ver[64] = "";
   const char *env = getenv("PINPOOL_TORCH_VERSION");
   if (env != NULL && env[0] != '\0') {
@@ -904,37 +943,15 @@ static int installed_layout(const char **source) {
     *source = "PINPOOL_TORCH_VERSION";
   } else {
     const char *py = getenv("PINPOOL_PYTHON");
-    if (py == NULL || py[0] == '\0')
-      py = "python3";
-    static char said[300];
+    if (py != NULL && py[0] != '\0')
+      ask_torch_version(py, ver, sizeof ver);
+    for (size_t i = 0; ver[0] == '\0' && i < sizeof fallback / sizeof *fallback;
+         i++)
+      ask_torch_version(py = fallback[i], ver, sizeof ver);
+    if (ver[0] == '\0')
+      return 0; /* no torch anywhere: the web page's layout */
     snprintf(said, sizeof said, "%s -c 'import torch'", py);
     *source = said;
-    int fds[2];
-    if (pipe(fds) != 0)
-      return 0;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-    posix_spawn_file_actions_addclose(&fa, fds[0]);
-    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-    char *argv[] = {(char *)py, "-c", "import torch; print(torch.__version__)",
-                    NULL};
-    extern char **environ;
-    pid_t pid;
-    int spawned = posix_spawnp(&pid, py, &fa, NULL, argv, environ) == 0;
-    posix_spawn_file_actions_destroy(&fa);
-    (void)close(fds[1]);
-    size_t n = 0;
-    ssize_t r;
-    while (spawned && n + 1 < sizeof ver &&
-           (r = read(fds[0], ver + n, sizeof ver - 1 - n)) > 0)
-      n += (size_t)r;
-    ver[n] = '\0';
-    (void)close(fds[0]);
-    int status = 0;
-    if (spawned && (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
-                    WEXITSTATUS(status) != 0))
-      ver[0] = '\0'; /* no torch there */
   }
   long major = strtol(ver, NULL, 10);
   return major == 1 || (major == 0 && ver[0] == '0');

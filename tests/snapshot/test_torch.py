@@ -34,6 +34,7 @@ import json
 import os
 import pickle
 import pickletools
+import shutil
 import subprocess
 import sys
 import time
@@ -1102,6 +1103,70 @@ def chunk_tests(args, work):
     mutant_tests(args, work, src, count=100)
 
 
+def interpreter_tests(args, work):
+    """Without PINPOOL_TORCH_VERSION the tool asks interpreters for torch's
+    version, in turn: $PINPOOL_PYTHON, python3 on PATH, /usr/bin/python3,
+    python; the first that imports torch decides (issue 41, second round:
+    python3 on PATH was a pyenv Python without torch, the tool wrote the
+    new layout, and /usr/bin/python3's torch 1.13 refused it)."""
+    fake = os.path.join(work, "fakebin")
+    shutil.rmtree(fake, ignore_errors=True)
+    os.makedirs(fake)
+
+    def interpreter(name, version):
+        # Answers `-c 'import torch; print(torch.__version__)'` as an
+        # interpreter with that torch would, or fails as one without.
+        path = os.path.join(fake, name)
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\n" + (f"echo {version}\n" if version else
+                                     "echo 'No module named torch' >&2\n"
+                                     "exit 1\n"))
+        os.chmod(path, 0o755)
+        return path
+
+    def convert(path_first, pinpool_python=None):
+        out = os.path.join(work, "interp.pickle")
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("PINPOOL_TORCH_VERSION", "PINPOOL_PYTHON")}
+        env["PATH"] = path_first + os.pathsep + env.get("PATH", "")
+        if pinpool_python:
+            env["PINPOOL_PYTHON"] = pinpool_python
+        r = run([args.pinpool, "snapshot", "torch", args.example, "-o", out],
+                env=env)
+        if not check(r.returncode == 0, f"interpreters: exit {r.returncode}:"
+                     f" {r.stderr.decode()}"):
+            return None, r.stderr.decode()
+        with open(out, "rb") as f:
+            return pickle.loads(f.read()), r.stderr.decode()
+
+    # The order: $PINPOOL_PYTHON before python3 on PATH; one without torch
+    # is passed over.
+    interpreter("python3", "1.8.1")
+    d, err = convert(fake, interpreter("with2", "2.1.0"))
+    check(type(d) is dict, "PINPOOL_PYTHON's torch 2 beats python3's 1.x")
+    d, err = convert(fake, interpreter("without", None))
+    check(type(d) is list and "as python3 -c" in err,
+          f"PINPOOL_PYTHON without torch: python3 on PATH decides: {err}")
+    # python3 on PATH without torch (the pyenv shim of issue 41): the
+    # system's interpreter decides, and its own _memory_viz reads the
+    # result.
+    interpreter("python3", None)
+    d, err = convert(fake)
+    r = run(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"])
+    if r.returncode != 0:
+        print("interpreters: /usr/bin/python3 has no torch; its check skipped")
+        return
+    if int(r.stdout.decode().split(".")[0]) < 2:
+        check(type(d) is list and "/usr/bin/python3" in err, f"python3 on "
+              f"PATH without torch: /usr/bin/python3's 1.x decides: {err}")
+    else:
+        check(type(d) is dict, "/usr/bin/python3's torch 2 decides")
+    r = run(["/usr/bin/python3", "-m", "torch.cuda._memory_viz", "stats",
+             os.path.join(work, "interp.pickle")], cwd=work, timeout=300)
+    check(r.returncode == 0, f"/usr/bin/python3 -m torch.cuda._memory_viz "
+          f"stats refused the default layout: {r.stderr.decode()[-500:]}")
+
+
 def layout_tests(args, work, new):
     """--layout and the default (issue 41, 2): "old" is torch 1.x's bare
     list of the same segments, each active block with a one-entry history
@@ -1149,6 +1214,7 @@ def layout_tests(args, work, new):
               f"old layout): {err}")
     d, err = convert_with(["--layout=new"], "1.13.0")
     check(type(d) is dict, "--layout=new beats the installed version")
+    interpreter_tests(args, work)
     for bad in (["--layout", "newer"], ["--layout"],
                 ["--layout", "old", "--layout", "new"]):
         r = run([args.pinpool, "snapshot", "torch", src, "-o",
@@ -1251,7 +1317,10 @@ def main():
     work = os.path.join(args.workdir, args.case)
     os.makedirs(work, exist_ok=True)
     for f in os.listdir(work):
-        os.remove(os.path.join(work, f))
+        if os.path.isdir(os.path.join(work, f)):
+            shutil.rmtree(os.path.join(work, f))
+        else:
+            os.remove(os.path.join(work, f))
     {"example": case_example, "snapgen": case_snapgen,
      "written": case_written}[args.case](args, work)
     if failures:
