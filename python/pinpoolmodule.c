@@ -93,6 +93,8 @@ typedef struct {
   PyObject ob_base; /* PyObject_HEAD */
   pinpool_t *pool;  /* immutable; destroyed in dealloc */
   int device_type;  /* DLPack device of its memory, immutable */
+  bool may_warn; /* backend=auto chose host: pin warnings possible; immutable */
+  _Atomic(uint64_t) pin_told; /* its pin_warnings when last given the warning */
 } PoolObject;
 
 /* A block of another process's shared pool, attached here (a Buffer
@@ -135,9 +137,18 @@ static PyTypeObject BufferType;
  * (pinpool_stats_t.pin_warnings): the library calls on_error with
  * PINPOOL_ELIMIT once per process, possibly on a thread without the GIL
  * (inside pinpool_create, or an allocation that grows the pool). The
- * message waits here (state 1, published by the release store) until a
- * thread back in Python (Pool() or an allocation) turns it into one
- * pinpool.NotPinnedWarning (state 2). */
+ * message waits here (PIN_PENDING, published by the release store) until
+ * a thread back in Python (Pool() or an allocation) turns it into one
+ * pinpool.NotPinnedWarning (PIN_DELIVERED).
+ *
+ * The once-per-process slot is used up only by a warning delivered (shown,
+ * recorded, or ignored by a filter). One that a filter turned into an
+ * exception (PIN_RAISED) made its Pool() or alloc() fail, and the library
+ * will not call on_error again: the message is kept, and each later pool
+ * with warnings of its own (its pin_warnings stat above what it was told)
+ * gets it again, so that a process that made the warning an error never
+ * gets pageable memory silently. */
+enum { PIN_NONE, PIN_PENDING, PIN_DELIVERED, PIN_RAISED };
 static PyObject *NotPinnedWarning;
 static char pin_warning_msg[1024];
 static _Atomic int pin_warning_state;
@@ -148,16 +159,43 @@ static void on_pool_error(void *arg, int err, const char *msg, void *block) {
   if (err != PINPOOL_ELIMIT || msg == NULL)
     return;
   (void)snprintf(pin_warning_msg, sizeof pin_warning_msg, "%s", msg);
-  atomic_store_explicit(&pin_warning_state, 1, memory_order_release);
+  atomic_store_explicit(&pin_warning_state, PIN_PENDING, memory_order_release);
 }
 
-/* 0, or -1 with the exception set (the warning filtered into an error). */
-static int give_pin_warning(void) {
-  int pending = 1;
-  if (atomic_load_explicit(&pin_warning_state, memory_order_acquire) != 1 ||
-      !atomic_compare_exchange_strong(&pin_warning_state, &pending, 2))
+/* The pool's pin_warnings stat (0 if unreadable). */
+static uint64_t pool_pin_warnings(pinpool_t *pool) {
+  pinpool_stats_t st;
+  return pinpool_get_stats(pool, &st) == 0 ? st.pin_warnings : 0;
+}
+
+/* After Pool() or an allocation of self: 0, or -1 with the exception set
+ * (the warning filtered into an error). The stats are read only after a
+ * raised warning (PIN_RAISED), and then only for pools that can warn
+ * (backend=auto's host pools): the usual cost is one atomic load. */
+static int give_pin_warning(PoolObject *self) {
+  int s = atomic_load_explicit(&pin_warning_state, memory_order_acquire);
+  if (s == PIN_RAISED) {
+    if (!self->may_warn)
+      return 0;
+    uint64_t n = pool_pin_warnings(self->pool);
+    if (n <= atomic_load_explicit(&self->pin_told, memory_order_relaxed))
+      return 0;
+    atomic_store_explicit(&self->pin_told, n, memory_order_relaxed);
+  } else if (s != PIN_PENDING) {
     return 0;
-  return PyErr_WarnEx(NotPinnedWarning, pin_warning_msg, 1);
+  }
+  /* One thread delivers; a concurrent one leaves it to that one. */
+  if (!atomic_compare_exchange_strong(&pin_warning_state, &s, PIN_DELIVERED))
+    return 0;
+  if (PyErr_WarnEx(NotPinnedWarning, pin_warning_msg, 1) == 0)
+    return 0;
+  /* Raised: this pool was told (its pin_warnings so far); later ones
+   * with warnings of their own are told again. */
+  if (self->may_warn)
+    atomic_store_explicit(&self->pin_told, pool_pin_warnings(self->pool),
+                          memory_order_relaxed);
+  atomic_store_explicit(&pin_warning_state, PIN_RAISED, memory_order_release);
+  return -1;
 }
 
 static PyObject *Pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
@@ -190,7 +228,13 @@ static PyObject *Pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return raise_rc(rc, "pinpool.Pool");
   }
   self->pool = pool;
-  if (give_pin_warning() != 0) {
+  {
+    pinpool_stats_t st;
+    self->may_warn = pinpool_get_stats(pool, &st) == 0 &&
+                     (st.backend_auto == PINPOOL_AUTO_HOST_LOCKED ||
+                      st.backend_auto == PINPOOL_AUTO_HOST_UNLOCKED);
+  }
+  if (give_pin_warning(self) != 0) {
     Py_DECREF(self);
     return NULL;
   }
@@ -257,7 +301,7 @@ static PyObject *pool_alloc(PyObject *pool_obj, PyObject *arg) {
   if (rc != 0)
     return raise_rc(rc, "Pool.alloc");
   PyObject *b = new_buffer(pool_obj, buf);
-  if (b != NULL && give_pin_warning() != 0)
+  if (b != NULL && give_pin_warning(self) != 0)
     Py_CLEAR(b);
   return b;
 }

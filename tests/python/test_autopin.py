@@ -159,3 +159,50 @@ def test_warning_can_be_filtered_into_an_error():
                        capture_output=True, text=True, timeout=60, cwd="/")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "raised True"
+
+
+def test_warning_raised_as_an_error_is_given_again():
+    # Issue 41, second round: a NotPinnedWarning that a filter turned into
+    # an exception failed its Pool() but used up the process's one
+    # warning; a later pageable pool was then created silently. The slot
+    # is used only by a warning delivered: each later pool that warns
+    # raises again, a pool that does not warn is not affected, and once
+    # the warning is delivered (the filter lifted) it is not repeated.
+    code = textwrap.dedent("""
+        import json, warnings, pinpool
+        out = []
+        warnings.simplefilter("error", pinpool.NotPinnedWarning)
+        for _ in range(2):
+            try:
+                pinpool.Pool()
+                out.append("created")
+            except pinpool.NotPinnedWarning:
+                out.append("raised")
+        quiet = pinpool.Pool("backend=host")  # named: no warning
+        quiet.alloc(4096).close()
+        out.append("quiet")
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            p = pinpool.Pool()
+            p.alloc(1 << 20).close()
+            q = pinpool.Pool()
+            q.alloc(1 << 20).close()
+        out.append([w.category.__name__ for w in seen])
+        out.append([p.stats()["pin_warnings"], q.stats()["pin_warnings"]])
+        print(json.dumps(out))
+    """)
+    env = child_env(NO_CUDA)
+
+    def pre():
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
+        if os.geteuid() == 0:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+
+    r = subprocess.run([sys.executable, "-c", code], env=env, preexec_fn=pre,
+                       capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == ["raised", "raised", "quiet", ["NotPinnedWarning"],
+                   [1, 1]], out
