@@ -41,6 +41,7 @@ typedef struct floor_ring {
 static char *g_floor_base;
 static size_t g_floor_len;
 static floor_ring_t g_floor[MAX_THREADS];
+static bool g_floor_huge; /* floor-huge: the ring on 2 MiB pages */
 
 /* Called by each workload before its threads start: `per_thread` bytes for
  * each of `threads` rings (a no-op for other implementations). */
@@ -49,10 +50,32 @@ void pb_floor_prepare(size_t per_thread, int threads) {
     return;
   per_thread = (per_thread + PAGE - 1) & ~(PAGE - 1);
   g_floor_len = per_thread * (size_t)threads;
-  void *p = mmap(NULL, g_floor_len, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (p == MAP_FAILED)
-    pb_die("floor: mmap(%zu) failed: %s", g_floor_len, strerror(errno));
+  void *p;
+  if (g_floor_huge) {
+    /* floor-huge: the same ring on transparent huge pages (the floor of
+     * pinpool's hugepages=1), 2 MiB aligned and advised before the first
+     * touch, then written one byte a page (faulted in as huge pages). */
+    const size_t huge = (size_t)2 << 20;
+    g_floor_len = (g_floor_len + huge - 1) & ~(huge - 1);
+    char *m = mmap(NULL, g_floor_len + huge, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+      pb_die("floor: mmap(%zu) failed: %s", g_floor_len, strerror(errno));
+    char *a = (char *)(((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1));
+    if (a > m)
+      munmap(m, (size_t)(a - m));
+    munmap(a + g_floor_len, (size_t)(m + huge - a));
+    if (madvise(a, g_floor_len, MADV_HUGEPAGE) != 0)
+      pb_die("floor-huge: madvise(MADV_HUGEPAGE): %s", strerror(errno));
+    for (size_t o = 0; o < g_floor_len; o += PAGE)
+      ((volatile char *)a)[o] = 0;
+    p = a;
+  } else {
+    p = mmap(NULL, g_floor_len, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED)
+      pb_die("floor: mmap(%zu) failed: %s", g_floor_len, strerror(errno));
+  }
   g_floor_base = p;
   for (int t = 0; t < threads; t++) {
     g_floor[t].start = g_floor[t].cur = g_floor_base + per_thread * (size_t)t;
@@ -430,12 +453,14 @@ void pb_im_setup(const char *pool_config, const char *variant,
              "per-stream free lists");
     if (rmmpool_create(0, &ev, NULL, &pb_im.rmm) != 0)
       pb_die("rmmpool_create failed");
-  } else if (strcmp(impl, "floor") == 0) {
+  } else if (strcmp(impl, "floor") == 0 || strcmp(impl, "floor-huge") == 0) {
     pb_im.kind = K_FLOOR;
-    pb_im.name = "floor";
+    g_floor_huge = strcmp(impl, "floor-huge") == 0;
+    pb_im.name = g_floor_huge ? "floor-huge" : "floor";
     snprintf(pb_im.config, sizeof pb_im.config,
-             "pre-faulted region, a ring per thread sized to the live set, "
-             "free is a no-op");
+             "pre-faulted region%s, a ring per thread sized to the live set, "
+             "free is a no-op",
+             g_floor_huge ? " on transparent huge pages" : "");
   } else if (strcmp(impl, "naive") == 0) {
     pb_im.kind = K_NAIVE;
     pb_im.name = "naive";

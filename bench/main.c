@@ -36,6 +36,9 @@
  *            of a pre-faulted region (a ring per thread the size of the
  *            workload's live set), frees do nothing: the cost of the
  *            touches alone
+ *   floor-huge  the floor on transparent huge pages (2 MiB aligned,
+ *            MADV_HUGEPAGE, then written): pinpool hugepages=1's floor
+ *            (issue 37); run by hand, not by run.sh
  *   malloc   this binary's malloc (glibc, jemalloc, mimalloc or tcmalloc;
  *            --name renames it, e.g. tcmalloc-rr0 for the tcmalloc binary
  *            run under TCMALLOC_RELEASE_RATE=0)
@@ -118,7 +121,8 @@ static void usage(FILE *f) {
       "workloads: W1..W7, W1h (history cost), W8 (snapshots)\n"
       "impls: pinpool, pinpool-tc (W1), pinpool-h-alloc,\n"
       "       pinpool-h-all, pinpool-h-all16 (W1h), refpool, rmmpool, naive,\n"
-      "       floor (touch mode only), malloc (%s; --name NAME reports it\n"
+      "       floor, floor-huge (touch mode only), malloc (%s; --name NAME "
+      "reports it\n"
       "       under another name); W1h and W8 measure pinpool only\n"
       "       with a CUDA driver and device (W1..W7): pinpool-cuda,\n"
       "       pinpool-cuda-register, refpool-cuda, cuhostalloc\n"
