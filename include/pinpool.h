@@ -795,6 +795,15 @@ PINPOOL_API int pinpool_lend_return(pinpool_t *pool,
                                     const pinpool_share_handle_t *handle,
                                     int peer);
 
+/* Owner: count in pinpool_stats_t.lend_refusals a return the caller
+ * refused by a check of its own, one the library cannot make (the sender
+ * of a return that came over a channel not proven to be the borrower; an
+ * answer naming a lend it was not sent for): so that lend_refusals counts
+ * every refused return, the library's and its callers' (the Python
+ * module's). Nothing else changes. Errors: PINPOOL_EINVAL (pool NULL or
+ * not shared=1). */
+PINPOOL_API int pinpool_lend_refused(pinpool_t *pool);
+
 /* Reclaim flags: PINPOOL_RECLAIM_FREE also pinpool_frees every reclaimed
  * block. PINPOOL_RECLAIM_LIVE also ends lends to processes that are still
  * alive (by default only lends to exited processes end: a live one may

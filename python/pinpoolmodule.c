@@ -35,6 +35,7 @@
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,6 +96,7 @@ typedef struct {
   int device_type;  /* DLPack device of its memory, immutable */
   bool may_warn; /* backend=auto chose host: pin warnings possible; immutable */
   _Atomic(uint64_t) pin_told; /* its pin_warnings when last given the warning */
+  PyObject *weaklist;         /* the shared table finds a pool by its nonce */
 } PoolObject;
 
 /* A block of another process's shared pool, attached here (a Buffer
@@ -250,6 +252,8 @@ static PyObject *Pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 }
 
 static void Pool_dealloc(PoolObject *self) {
+  if (self->weaklist != NULL)
+    PyObject_ClearWeakRefs((PyObject *)self);
   pinpool_t *pool = self->pool;
   self->pool = NULL;
   if (pool != NULL) {
@@ -789,6 +793,17 @@ static int parse_pid(PyObject *arg, int *out) {
   return 0;
 }
 
+/* _lend_refused(): a return refused by the Python side (pinpool/_share.py:
+ * its sender unproven, or an answer naming another lend) counted in
+ * lend_refusals with the library's own refusals. */
+static PyObject *Pool__lend_refused(PyObject *self, PyObject *unused) {
+  (void)unused;
+  int rc = pinpool_lend_refused(((PoolObject *)self)->pool);
+  if (rc != 0)
+    return raise_rc(rc, "Pool");
+  Py_RETURN_NONE;
+}
+
 /* _lend_reclaim(peer, flags, candidates) -> list: end the lends that
  * pinpool_lend_reclaim_list selects (peer: a pid, -1 every peer, -2 the
  * exited; flags: PINPOOL_RECLAIM_LIVE or 0) and say which: the result has
@@ -996,6 +1011,7 @@ static PyMethodDef Pool_methods[] = {
               "Does not wait. Returns the number of lends ended.\n\n"
               "Raises ValueError (a pool without shared=1). Thread-safe."),
     {"_lend_reclaim", Pool__lend_reclaim, METH_VARARGS, NULL},
+    {"_lend_refused", Pool__lend_refused, METH_NOARGS, NULL},
     {"__enter__", Pool_enter, METH_NOARGS,
      "__enter__($self, /)\n--\n\nReturn the pool."},
     {"__exit__", Pool_exit, METH_VARARGS,
@@ -1014,6 +1030,7 @@ static PyTypeObject PoolType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pinpool.Pool",
     .tp_basicsize = sizeof(PoolObject),
     .tp_dealloc = (destructor)Pool_dealloc,
+    .tp_weaklistoffset = offsetof(PoolObject, weaklist),
     .tp_repr = Pool_repr,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc =

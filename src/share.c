@@ -230,15 +230,11 @@ static int sys_fail(int err, const char *what, size_t size) {
                  strerror(err));
 }
 
-_Atomic(int) pp_share_owner_pid;
-
 static int memfd_new(const char *name) {
   int fd = (int)syscall(SYS_memfd_create, name,
                         MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
   if (fd < 0 && errno == EINVAL) /* before Linux 6.3 */
     fd = (int)syscall(SYS_memfd_create, name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd >= 0) /* this process owns shared chunks (a fork child does not) */
-    pp_store_relaxed(&pp_share_owner_pid, (int)getpid());
   return fd;
 }
 
@@ -860,6 +856,13 @@ static int refuse(pp_share_t *s, int code, const char *fmt,
                   unsigned long long gen) {
   pp_fetch_add_relaxed(&s->refusals, 1);
   return pp_fail(code, fmt, gen);
+}
+
+int pinpool_lend_refused(pinpool_t *pool) {
+  int rc = need_shared(pool, "pinpool_lend_refused");
+  if (rc == 0)
+    pp_fetch_add_relaxed(&pool->share->refusals, 1);
+  return rc;
 }
 
 int pinpool_lend_return(pinpool_t *pool, const pinpool_share_handle_t *h,

@@ -81,10 +81,6 @@ static inline pp_ctl_slot_t *pp_ctl_slot(void *ctl, uint64_t i) {
  * handle (pinpool_share_recv), kept until the chunk is attached. The
  * descriptor is consumed. */
 void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd);
-/* The pid of the process that created shared chunks (0: none has): there,
- * control descriptors a peer sends are closed, never kept (an owner maps
- * its own control areas; what a peer sends it is the peer's choice). */
-extern _Atomic(int) pp_share_owner_pid;
 /* Tests: at most this many bytes per sendmsg/recvmsg of a handle (0: no
  * cap), to force short reads and writes at every byte boundary; the
  * received control descriptors and the part-messages kept now. */

@@ -228,13 +228,16 @@ static int find_ctl(const pinpool_share_handle_t *h, int ctl_fd,
 }
 
 void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd) {
-  /* Kept only in a process that owns no chunks (the owner never needs a
-   * control area sent to it, and any peer can send one), and only a
-   * descriptor that is the handle's control area (inode, seals, size): a
-   * peer cannot park other files, or unsealed memory, here. At most
-   * MAX_CTL are kept. */
-  if (pp_load_relaxed(&pp_share_owner_pid) == (int)getpid() ||
-      check_ctl(h, ctl_fd) != 0) {
+  /* Kept only for a handle of another process's pool (a handle of this
+   * process's own, e.g. a worker's return with its control area, never
+   * needs it: the owner maps its chunks itself), and only a descriptor
+   * that is the handle's control area (inode, seals, size): a peer cannot
+   * park other files, or unsealed memory, here. At most MAX_CTL are kept,
+   * in any process: a process that owns chunks and also works for another
+   * pool keeps that pool's control areas as a worker does (the handle's
+   * owner_pid tells the two apart; a peer that forges it can park at most
+   * MAX_CTL sealed memfds, as it can in any worker). */
+  if (h->owner_pid == (int)getpid() || check_ctl(h, ctl_fd) != 0) {
     (void)close(ctl_fd);
     return;
   }

@@ -635,6 +635,8 @@ class SharedLoader(Generic[T]):
         pid = self._procs[w].pid
         entry = self._inflight.get(seq) if isinstance(seq, int) else None
         if entry is None or entry[0] != w:
+            if handle is not None:  # a return refused: counted as the C ones
+                self._pool._lend_refused()  # type: ignore[attr-defined]
             raise WorkerError(f"SharedLoader worker {w} (pid {pid}) answered "
                               f"task #{seq}, which it was not sent")
         buf: Optional[Buffer] = None

@@ -17,20 +17,29 @@ multiprocessing.reduction.DupFd, the mechanism torch.multiprocessing uses
 for storages: the descriptors are passed over a Unix socket (SCM_RIGHTS),
 by multiprocessing's resource sharer or, while a process is being spawned,
 by the spawning Popen (pinpool.SharedLoader passes them over its own
-sockets instead: `lend_message`). In a worker: unpickling attaches the
-block; pickling the attached Buffer detaches it and carries the handle
-alone, with the worker's pid; the owner unpickles that into its Buffer and
-ends the lend (pinpool_lend_return, from that pid: the token and the peer
-must be the lend's).
+sockets instead: `lend_message`), and the address of the owner's return
+socket. In a worker: unpickling attaches the block; pickling the attached
+Buffer detaches it, then proves who is returning it: it connects to the
+owner's return socket and sends the handle with a fresh random proof,
+and the pickle carries the handle and that proof. The owner unpickles
+that into its Buffer and ends the lend (pinpool_lend_return) from the
+process the kernel says connected with that proof (SO_PEERCRED), never
+from a pid the pickle claims: the token and the peer must be the lend's.
+A pickle is bytes anyone may copy, and a process forked after the lend
+(a worker's child, or the owner's) has the token in its memory; neither
+can connect as the borrower (issue 36, second round).
 
 The owner's table below changes only together with the C library's:
 every call that ends lends says which (pinpool_lend_reclaim_list), and the
 table drops exactly those; nothing here reads memory a worker can write.
 """
 
+import collections
 import os
+import socket
 import struct
 import threading
+import weakref
 from multiprocessing import reduction
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
@@ -95,6 +104,158 @@ class _Lend(NamedTuple):
 # calls under it are short and take only the pool's share lock (a leaf).
 _lock = threading.RLock()
 _lends: Dict[Tuple[int, int], _Lend] = {}
+# pool nonce -> the Pool, so that a return refused here (its lend gone
+# from the table) is counted in that pool's lend_refusals all the same.
+_pools: "weakref.WeakValueDictionary[int, Pool]" = weakref.WeakValueDictionary()
+
+# -- the return channel (owner side) -----------------------------------------
+# An AF_UNIX SOCK_SEQPACKET socket in the abstract namespace, made at the
+# first pickle of a lend and named in it. A returning worker connects and
+# sends (handle, proof); the kernel records the connecting process
+# (SO_PEERCRED, the pid in this process's pid namespace), which no sender
+# can choose. Connections are read without blocking when a returned Buffer
+# is unpickled (the worker sends its proof before its pickle leaves it, so
+# the proof is queued by then); a connection without its message yet is
+# kept for the next time, at most _MAX_WAITING (the oldest closed first).
+# What a connection proves is kept until its pickle comes, at most
+# _MAX_PROOFS (the oldest dropped first): a peer can send as many as it
+# likes, and none of them ends a lend but one from the borrower.
+_PROOF_BYTES = 16
+_MAX_PROOFS = 4096
+_MAX_WAITING = 64
+_CRED = struct.Struct("=iII")  # struct ucred: pid, uid, gid
+_listener: Optional[socket.socket] = None
+_listener_pid = 0
+_address = b""
+_waiting: List[socket.socket] = []
+_proofs: "collections.OrderedDict[Tuple[int, int, bytes], int]" = \
+    collections.OrderedDict()
+# A worker's side: (pool nonce, generation) of an attached lend -> its
+# owner's return address (from the lend's pickle).
+_homes: Dict[Tuple[int, int], bytes] = {}
+# A worker's proof must be queued before this many seconds (a full backlog
+# of an owner that never unpickles).
+_CONNECT_TIMEOUT = 20.0
+_MAX_HOMES = 16384
+
+
+def _return_address() -> bytes:
+    """The owner's return socket's address, made if needed (lock held)."""
+    global _listener, _listener_pid, _address
+    if _listener is None or _listener_pid != os.getpid():
+        s = socket.socket(socket.AF_UNIX,
+                          socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        addr = (b"\0pinpool-return-%d-" % os.getpid()
+                + os.urandom(8).hex().encode())
+        try:
+            s.bind(addr)
+            s.listen(socket.SOMAXCONN)
+            s.setblocking(False)
+        except BaseException:
+            s.close()
+            raise
+        _listener, _listener_pid, _address = s, os.getpid(), addr
+    return _address
+
+
+def _forget_listener_in_child() -> None:
+    """After fork, in the child: the owner's return socket is not the
+    child's (a child that accepted on it would take the owner's proofs).
+    No lock: the forking thread is the only one left."""
+    global _listener, _listener_pid, _address
+    if _listener is not None:
+        try:
+            _listener.close()
+        except OSError:
+            pass
+    for c in _waiting:
+        try:
+            c.close()
+        except OSError:
+            pass
+    _waiting.clear()
+    _proofs.clear()
+    _listener, _listener_pid, _address = None, 0, b""
+
+
+os.register_at_fork(after_in_child=_forget_listener_in_child)
+
+
+def _read_proof(conn: socket.socket) -> bool:
+    """Read conn's (handle, proof) into _proofs under the pid that
+    connected; False if its message has not come yet (keep conn)."""
+    try:
+        msg = conn.recv(_HANDLE.size + _PROOF_BYTES + 1, socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+    if len(msg) != _HANDLE.size + _PROOF_BYTES:
+        return True  # not a proof: nothing kept
+    try:
+        cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                               _CRED.size)
+        pid = _CRED.unpack(cred)[0]
+        h = _parse(msg[:_HANDLE.size])
+    except (OSError, BadHandleError, struct.error):
+        return True
+    if pid <= 0:  # a process outside this pid namespace
+        return True
+    key = (h.nonce, h.generation, msg[_HANDLE.size:])
+    _proofs[key] = pid
+    _proofs.move_to_end(key)
+    while len(_proofs) > _MAX_PROOFS:
+        _proofs.popitem(last=False)
+    return True
+
+
+def _drain() -> None:
+    """Read every proof queued on the return socket (lock held)."""
+    if _listener is None or _listener_pid != os.getpid():
+        return
+    still: List[socket.socket] = []
+    for c in _waiting:
+        if _read_proof(c):
+            c.close()
+        else:
+            still.append(c)
+    _waiting[:] = still
+    while True:
+        try:
+            conn, _ = _listener.accept()
+        except (BlockingIOError, InterruptedError):
+            break
+        except OSError:  # EMFILE and the like: the rest waits
+            break
+        if _read_proof(conn):
+            conn.close()
+            continue
+        _waiting.append(conn)
+        if len(_waiting) > _MAX_WAITING:
+            _waiting.pop(0).close()
+
+
+def _prove_return(addr: bytes, handle: bytes) -> bytes:
+    """In a worker: tell the owner at addr that this process returns
+    handle's lend; the proof the pickle carries."""
+    proof = os.urandom(_PROOF_BYTES)
+    s = socket.socket(socket.AF_UNIX,
+                      socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        s.settimeout(_CONNECT_TIMEOUT)
+        s.connect(addr)
+        s.sendall(handle + proof)
+    finally:
+        s.close()
+    return proof
+
+
+def _count_refusal(nonce: int) -> None:
+    """A return refused here counted in its pool's lend_refusals, as the
+    C library counts its own (one stat)."""
+    pool = _pools.get(nonce)
+    if pool is not None:
+        pool._lend_refused()  # type: ignore[attr-defined]
 
 
 def lend(buf: Buffer, pid: int) -> None:
@@ -104,6 +265,7 @@ def lend(buf: Buffer, pid: int) -> None:
     with _lock:
         handle, fd = buf._lend(pid)  # type: ignore[attr-defined]
         h = _parse(handle)
+        _pools[h.nonce] = buf.pool  # type: ignore[assignment]
         _lends[(h.nonce, h.generation)] = _Lend(buf, pid, handle, fd,
                                                 h.owner_ctl_fd)
 
@@ -129,8 +291,20 @@ def reduce_buffer(buf: Buffer) -> Tuple[Any, Tuple[Any, ...]]:
                 "export(s) (memoryview, ndarray, tensor): release them first")
         if buf.closed:
             raise ValueError("cannot send back a closed shared Buffer")
+        h = _parse(handle)
+        with _lock:
+            addr = _homes.get((h.nonce, h.generation))
+        if addr is None:
+            raise ValueError(
+                "cannot pickle this shared Buffer back: it was not "
+                "unpickled from its owner's pickle (a SharedLoader batch goes "
+                "back with the loader's answer)")
         buf.close()
-        return (_returned, (handle, os.getpid()))
+        with _lock:
+            _homes.pop((h.nonce, h.generation), None)
+        # Detached first: the owner may hand the block out again as soon
+        # as the proof is read.
+        return (_returned, (handle, os.getpid(), _prove_return(addr, handle)))
     if buf.closed:
         raise ValueError("cannot pickle a closed Buffer")
     pool = buf.pool  # not None: an attached buffer was handled above
@@ -148,10 +322,11 @@ def reduce_buffer(buf: Buffer) -> Tuple[Any, Tuple[Any, ...]]:
             # shutdown.
             lend(buf, os.getpid())
             current = _current(buf)
+        addr = _return_address()
     assert current is not None
     return (_rebuild, (current.handle, buf.nbytes,
                        reduction.DupFd(current.fd),
-                       reduction.DupFd(current.ctl_fd)))
+                       reduction.DupFd(current.ctl_fd), addr))
 
 
 def lend_message(buf: Buffer) -> Tuple[bytes, int, int, int]:
@@ -184,11 +359,13 @@ def _take(handle: bytes, peer: int, *, expect: Optional[Buffer] = None,
     with _lock:
         lend_ = _lends.get((h.nonce, h.generation))
         if lend_ is None:
+            _count_refusal(h.nonce)
             raise StaleHandleError(
-                f"a shared Buffer came back whose lend (generation "
+                f"stale handle: a shared Buffer came back whose lend (generation "
                 f"{h.generation}) is not live in this process: returned or "
                 "reclaimed already")
         if expect is not None and lend_.buf is not expect:
+            _count_refusal(h.nonce)
             raise PermissionError(
                 f"process {peer} handed back a lend (generation "
                 f"{h.generation}) it was not given for this answer")
@@ -205,9 +382,10 @@ def _take(handle: bytes, peer: int, *, expect: Optional[Buffer] = None,
 
 
 def _rebuild(handle: bytes, nbytes: int, dupfd: Any,
-             dupctl: Any) -> Buffer:
+             dupctl: Any, addr: bytes = b"") -> Buffer:
     """Unpickle a lent Buffer: attach it (a worker), or take it back (the
-    owner, e.g. pickle.loads(pickle.dumps(buf)) in one process)."""
+    owner, e.g. pickle.loads(pickle.dumps(buf)) in one process). addr: the
+    owner's return socket, remembered for the Buffer's way back."""
     h = _parse(handle)
     fd = dupfd.detach()  # always: an unconsumed descriptor would leak
     try:
@@ -219,6 +397,11 @@ def _rebuild(handle: bytes, nbytes: int, dupfd: Any,
         if h.owner_pid == os.getpid() and _owns(h):
             return _take(handle, os.getpid())
         buf: Buffer = _attach(handle, fd, ctl, nbytes)
+        if isinstance(addr, bytes) and addr:
+            with _lock:
+                _homes[(h.nonce, h.generation)] = addr
+                if len(_homes) > _MAX_HOMES:  # the oldest: closed, never sent
+                    del _homes[next(iter(_homes))]
         return buf
     finally:
         os.close(fd)
@@ -226,28 +409,43 @@ def _rebuild(handle: bytes, nbytes: int, dupfd: Any,
 
 
 def _owns(h: _Handle) -> bool:
+    """h is a lend of a pool of this process's (live or ended)."""
     with _lock:
-        return (h.nonce, h.generation) in _lends or any(
-            k[0] == h.nonce for k in _lends)
+        return h.nonce in _pools or any(k[0] == h.nonce for k in _lends)
 
 
-def _returned(handle: bytes, peer: int = 0) -> Buffer:
+def _returned(handle: bytes, peer: int = 0, proof: bytes = b"") -> Buffer:
     """Unpickle a Buffer a worker sent back: the owner's, lend ended. peer:
-    the pid the worker says it has, a claim (a pickle does not say who
-    wrote it): the token in the handle is what binds the return, and a
-    process that never had it cannot produce it; a child forked from the
-    owner after the lend has it, and can claim the borrower's pid
-    (docs/python.md). A channel that knows its peer (SharedLoader's
-    socket) passes the real pid to _take instead, with known_peer."""
+    the pid the sender says it has, a claim, used in messages only (a
+    pickle does not say who wrote it, and a process forked after the lend
+    has the token). proof: what the sender sent over the owner's return
+    socket; the process the kernel says connected with it is the peer
+    pinpool_lend_return checks. Without a proof the return is refused
+    (PermissionError), and counted in lend_refusals."""
     h = _parse(handle)
     if h.owner_pid != os.getpid():
         raise ValueError(
             f"a returned shared Buffer can only be unpickled by its owner "
             f"(pid {h.owner_pid}), not in pid {os.getpid()}")
-    if not isinstance(peer, int) or peer <= 0:
-        raise BadHandleError("a returned shared Buffer without its sender's "
-                             "pid (pickled by an older pinpool?)")
-    return _take(handle, peer)
+    if not isinstance(peer, int) or isinstance(peer, bool):
+        raise BadHandleError("a returned shared Buffer with a bad sender")
+    with _lock:
+        if (h.nonce, h.generation) not in _lends:
+            return _take(handle, os.getpid())  # refused as stale, counted
+        _drain()
+        sender = None
+        if isinstance(proof, bytes) and len(proof) == _PROOF_BYTES:
+            sender = _proofs.pop((h.nonce, h.generation, proof), None)
+        if sender is None:
+            _count_refusal(h.nonce)
+            raise PermissionError(
+                f"a shared Buffer (generation {h.generation}) came back "
+                f"(claiming pid {peer}) without a proof of its sender on the "
+                "owner's return socket: refused (a copied or forged pickle, "
+                "or one from an older pinpool)")
+        # The sender is known now: a self-lend (receiver unknown) is bound
+        # to its token alone, as before; any other to its borrower.
+        return _take(handle, sender)
 
 
 def _reclaim(pool: Pool, peer: int, live: bool) -> List[Buffer]:

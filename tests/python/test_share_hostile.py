@@ -477,3 +477,137 @@ def test_loader_footprint_beyond_memory_is_refused(spool):
     assert loader.worker_pids == []
     loader.close()
     assert spool.stats()["blocks"]["current"] == 0
+
+
+# -- a pickled return proves its sender (issue 36, second round) ---------------
+
+class _Forged:
+    """A return pickle made by hand: it unpickles as _share._returned(*args)
+    in the owner, whatever the pid it claims."""
+
+    def __init__(self, args):
+        self.args = args
+
+    def __reduce__(self):
+        return (_share._returned, self.args)
+
+
+def _forge_returns(buf, claimed_pid):
+    """Every return a process holding buf's handle (and token) but not
+    the borrower can make, claiming to be claimed_pid: the pickle alone,
+    and (where this pinpool has a return socket) with a proof sent from
+    this process."""
+    handle = buf._attached_handle()
+    out = [pickle.dumps(_Forged((handle, claimed_pid)))]
+    prove = getattr(_share, "_prove_return", None)
+    if prove is not None:
+        h = _share._parse(handle)
+        addr = _share._homes[(h.nonce, h.generation)]
+        out.append(pickle.dumps(_Forged((handle, claimed_pid,
+                                         prove(addr, handle)))))
+        out.append(pickle.dumps(buf))  # its own honest-looking return
+    return out
+
+
+def _borrower_with_a_grandchild(inq, outq):
+    buf = pickle.loads(inq.get(timeout=TIMEOUT))
+    with memoryview(buf) as m:
+        m[:] = b"\x33" * len(m)
+    me = os.getpid()
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # forked after the lend: it has the Buffer and its token
+        code = 0
+        try:
+            os.close(r)
+            forged = _forge_returns(buf, me)
+            os.write(w, pickle.dumps(forged))
+        except BaseException:  # noqa: BLE001
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    data = b""
+    while True:
+        piece = os.read(r, 1 << 16)
+        if not piece:
+            break
+        data += piece
+    os.close(r)
+    _, status = os.waitpid(child, 0)
+    outq.put((os.waitstatus_to_exitcode(status), pickle.loads(data)))
+    assert inq.get(timeout=TIMEOUT) == "go"
+    with memoryview(buf) as m:
+        m[:] = b"\x44" * len(m)
+    outq.put(pickle.dumps(buf))
+
+
+def _given_the_pickle(inq, outq):
+    buf = pickle.loads(inq.get(timeout=TIMEOUT))  # attached: descriptors too
+    claimed = inq.get(timeout=TIMEOUT)
+    forged = _forge_returns(buf, claimed)
+    outq.put(forged)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_pickled_return_from_a_process_forked_or_given_the_pickle_is_refused(
+        spool, method):
+    ctx = mp.get_context(method)
+    inq, outq, xin, xout = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Queue()
+    w = ctx.Process(target=_borrower_with_a_grandchild, args=(inq, outq))
+    x = ctx.Process(target=_given_the_pickle, args=(xin, xout))
+    w.start()
+    x.start()
+    try:
+        b = spool.alloc(4096)
+        b.lend(w.pid)
+        inq.put(pickle.dumps(b))
+        xin.put(pickle.dumps(b))  # the same lend's pickle, to another process
+        xin.put(w.pid)
+        code, forged = outq.get(timeout=TIMEOUT)
+        assert code == 0, "the grandchild failed to forge"
+        forged += xout.get(timeout=TIMEOUT)
+        refusals = spool.stats()["lend_refusals"]
+        for i, data in enumerate(forged):
+            with pytest.raises(PermissionError):
+                pickle.loads(data)
+            st = spool.stats()
+            assert st["lend_refusals"] == refusals + i + 1, \
+                f"return #{i} refused but not counted"
+            assert st["lent_blocks"] == 1 and b.lent_to == w.pid, \
+                f"return #{i} ended the borrower's lend"
+            tables_agree(spool)
+        inq.put("go")
+        assert pickle.loads(outq.get(timeout=TIMEOUT)) is b  # the borrower
+        with memoryview(b) as m:
+            assert bytes(m) == b"\x44" * 4096
+        assert b.lent_to is None
+    finally:
+        for p in (w, x):
+            p.join(TIMEOUT)
+            if p.is_alive():
+                p.kill()
+    assert w.exitcode == 0 and x.exitcode == 0
+    b.close()
+
+
+def test_python_refusals_are_counted_with_the_c_ones(spool):
+    a, b = spool.alloc(64), spool.alloc(64)
+    stale = pickle.dumps(a)  # lent to this process
+    assert spool.lend_reclaim(live=True) == 1
+    before = spool.stats()["lend_refusals"]
+    with pytest.raises(pinpool.StaleHandleError):
+        pickle.loads(stale)  # refused in Python: the table has no such lend
+    assert spool.stats()["lend_refusals"] == before + 1
+    pickle.dumps(b)
+    handle = _share._current(b).handle
+    with pytest.raises(PermissionError):
+        _share._take(handle, os.getpid(), expect=a)  # another lend's answer
+    assert spool.stats()["lend_refusals"] == before + 2
+    with pytest.raises(PermissionError):
+        pickle.loads(pickle.dumps(_Forged((handle, os.getpid()))))
+    assert spool.stats()["lend_refusals"] == before + 3
+    assert b.lent_to == os.getpid()
+    assert spool.lend_reclaim(live=True) == 1
+    a.close()
+    b.close()

@@ -1,0 +1,259 @@
+/*
+ * A process that owns shared chunks and also works for another process's
+ * pool (issue 36, second round; docs/sharing.md "A process in both
+ * roles"). The helper process is a forked child reporting by exit status
+ * (no cmocka in a child), under a deadline.
+ *
+ *  - both_roles: this process owns a shared chunk (its own lend live); a
+ *    second owner, forked, lends it a block and sends the handle with
+ *    pinpool_share_send (chunk and control descriptors). The control
+ *    descriptor must be kept and found by pinpool_share_attach (no
+ *    descriptor given): before, a process that had created shared chunks
+ *    closed every control descriptor it received, and the attach failed
+ *    with PINPOOL_EBADHANDLE.
+ *  - own_returns_keep_nothing: returns of this process's own lends with
+ *    control descriptors (genuine and forged) keep none.
+ *  - forged_owner_bounded: a peer naming another owner can park at most
+ *    MAX_CTL sealed descriptors here, whatever it sends.
+ */
+#include "testutil.h"
+
+#include "share.h" /* pp_share_worker_pending_ctl */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CONF "shared=1,mlock=0"
+#define KiB ((size_t)1024)
+
+static void nap_ms(unsigned ms) {
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/* Wait for pid (killed after timeout_ms): its exit status, -1 on timeout,
+ * -2 if a signal killed it. */
+static int reap(pid_t pid, unsigned timeout_ms) {
+  int status = 0;
+  for (unsigned waited = 0;; waited++) {
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid)
+      break;
+    if (r < 0)
+      return -3;
+    if (waited >= timeout_ms) {
+      (void)kill(pid, SIGKILL);
+      (void)waitpid(pid, &status, 0);
+      return -1;
+    }
+    nap_ms(1);
+  }
+  return WIFSIGNALED(status) ? -2 : WEXITSTATUS(status);
+}
+
+static int open_fds(void) {
+  int n = 0;
+  for (int fd = 0; fd < 4096; fd++)
+    if (fcntl(fd, F_GETFD) >= 0)
+      n++;
+  return n;
+}
+
+/* The second owner: lends a block of its own pool to its parent, sends
+ * the handle, waits for the parent's byte, checks what the parent wrote,
+ * takes the block back. Exit status: 0, or the step that failed. */
+static int second_owner(int sock) {
+  pinpool_t *pool = NULL;
+  void *b = NULL;
+  if (pinpool_create(CONF, &pool) != 0 ||
+      pinpool_alloc(pool, 64 * KiB, &b) != 0)
+    return 2;
+  memset(b, 0, 64 * KiB);
+  pinpool_share_handle_t h;
+  int fd = -1;
+  if (pinpool_lend(pool, b, getppid(), &h, &fd) != 0)
+    return 3;
+  if (pinpool_share_send(sock, &h, fd) != 0)
+    return 4;
+  char c = 0;
+  if (read(sock, &c, 1) != 1 || c != 'w')
+    return 5;
+  if (((unsigned char *)b)[0] != 0xA5 ||
+      ((unsigned char *)b)[64 * KiB - 1] != 0xA5)
+    return 6;
+  if (pinpool_lend_return(pool, &h, getppid()) != 0)
+    return 7;
+  (void)close(fd);
+  if (pinpool_free(pool, b) != 0)
+    return 8;
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static void test_both_roles(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create(CONF, &pool));
+  void *mine;
+  PP_OK(pinpool_alloc(pool, 64 * KiB, &mine)); /* this process owns a chunk */
+  pinpool_share_handle_t mh;
+  int mfd;
+  PP_OK(pinpool_lend(pool, mine, getpid(), &mh, &mfd));
+  int sv[2];
+  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
+  pid_t c = fork();
+  PP_ASSERT(c >= 0, "fork");
+  if (c == 0) {
+    (void)close(sv[0]);
+    _exit(second_owner(sv[1]));
+  }
+  (void)close(sv[1]);
+  pinpool_share_handle_t h;
+  int fd = -1;
+  PP_OK(pinpool_share_recv(sv[0], &h, &fd));
+  PP_ASSERT(pp_share_worker_pending_ctl() == 1,
+            "the second owner's control descriptor was not kept (%zu kept)",
+            pp_share_worker_pending_ctl());
+  void *p = NULL;
+  /* No control descriptor given: the one received with the handle. */
+  PP_CHECK_RC(pinpool_share_attach(&h, fd, &p), 0);
+  (void)close(fd);
+  PP_ASSERT(pp_share_worker_pending_ctl() == 0, "kept after the attach");
+  memset(p, 0xA5, 64 * KiB);
+  PP_OK(pinpool_share_detach(p));
+  PP_ASSERT(write(sv[0], "w", 1) == 1, "write");
+  PP_CHECK_RC(reap(c, 10000), 0);
+  (void)close(sv[0]);
+  PP_OK(pinpool_lend_return(pool, &mh, getpid()));
+  (void)close(mfd);
+  PP_OK(pinpool_free(pool, mine));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+/* A handle with two descriptors (the chunk's, then the "control area"),
+ * as pinpool_share_send frames it. */
+static void send_pair(int sock, const pinpool_share_handle_t *h, int a, int b) {
+  int fds[2] = {a, b};
+  char cbuf[CMSG_SPACE(sizeof fds)];
+  memset(cbuf, 0, sizeof cbuf);
+  struct iovec iov = {(void *)h, sizeof *h};
+  struct msghdr m = {.msg_iov = &iov,
+                     .msg_iovlen = 1,
+                     .msg_control = cbuf,
+                     .msg_controllen = sizeof cbuf};
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof fds);
+  memcpy(CMSG_DATA(cm), fds, sizeof fds);
+  PP_ASSERT(sendmsg(sock, &m, 0) == (ssize_t)sizeof *h, "sendmsg");
+}
+
+/* A memfd sealed as a control area of chunk_size is (any process can make
+ * one): *ino its inode. */
+static int sealed_ctl(uint64_t chunk_size, uint64_t *ino) {
+  int m = memfd_create("peer-ctl", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  PP_ASSERT(m >= 0, "memfd");
+  PP_ASSERT(ftruncate(m, (off_t)pp_ctl_bytes(chunk_size)) == 0, "ftruncate");
+  PP_ASSERT(fcntl(m, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) ==
+                0,
+            "seals");
+  struct stat st;
+  PP_ASSERT(fstat(m, &st) == 0, "fstat");
+  *ino = (uint64_t)st.st_ino;
+  return m;
+}
+
+static void test_own_returns_keep_nothing(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create(CONF, &pool));
+  void *b;
+  PP_OK(pinpool_alloc(pool, 64 * KiB, &b));
+  pinpool_share_handle_t h;
+  int cfd;
+  PP_OK(pinpool_lend(pool, b, getpid(), &h, &cfd));
+  int sv[2];
+  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
+  int fds0 = open_fds();
+  for (int i = 0; i < 100; i++) {
+    pinpool_share_handle_t f = h; /* this process's own pool: owner_pid */
+    uint64_t ino;
+    int m = sealed_ctl(h.chunk_size, &ino);
+    f.ino = 1000000 + (uint64_t)i; /* any chunk the peer names */
+    f.ctl_ino = ino;               /* with a control area that checks out */
+    send_pair(sv[1], &f, cfd, m);
+    (void)close(m);
+    pinpool_share_handle_t g;
+    int got = -1;
+    PP_OK(pinpool_share_recv(sv[0], &g, &got));
+    (void)close(got);
+  }
+  PP_ASSERT(pp_share_worker_pending_ctl() == 0 && open_fds() == fds0,
+            "kept %zu control descriptors of its own pool's handles (%d "
+            "open more)",
+            pp_share_worker_pending_ctl(), open_fds() - fds0);
+  (void)close(sv[0]);
+  (void)close(sv[1]);
+  (void)close(cfd);
+  PP_OK(pinpool_lend_return(pool, &h, getpid()));
+  PP_OK(pinpool_free(pool, b));
+  pinpool_destroy(pool);
+}
+
+static void test_forged_owner_bounded(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create(CONF, &pool));
+  void *b;
+  PP_OK(pinpool_alloc(pool, 64 * KiB, &b));
+  pinpool_share_handle_t h;
+  int cfd;
+  PP_OK(pinpool_lend(pool, b, getpid(), &h, &cfd));
+  int sv[2];
+  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
+  int fds0 = open_fds();
+  for (int i = 0; i < 200; i++) {
+    pinpool_share_handle_t f = h;
+    f.owner_pid = getpid() + 1 + i; /* "another owner's" */
+    uint64_t ino;
+    int m = sealed_ctl(h.chunk_size, &ino);
+    f.ino = 2000000 + (uint64_t)i;
+    f.ctl_ino = ino;
+    send_pair(sv[1], &f, cfd, m);
+    (void)close(m);
+    pinpool_share_handle_t g;
+    int got = -1;
+    PP_OK(pinpool_share_recv(sv[0], &g, &got));
+    (void)close(got);
+  }
+  size_t kept = pp_share_worker_pending_ctl();
+  PP_ASSERT(kept <= 64 && open_fds() - fds0 == (int)kept,
+            "%zu kept, %d open more (at most 64)", kept, open_fds() - fds0);
+  (void)close(sv[0]);
+  (void)close(sv[1]);
+  (void)close(cfd);
+  PP_OK(pinpool_lend_return(pool, &h, getpid()));
+  PP_OK(pinpool_free(pool, b));
+  pinpool_destroy(pool);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_both_roles),
+      cmocka_unit_test(test_own_returns_keep_nothing),
+      cmocka_unit_test(test_forged_owner_bounded),
+  };
+  return pp_run_selected("test_share_roles", tests,
+                         sizeof tests / sizeof tests[0], argc, argv);
+}
