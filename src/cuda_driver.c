@@ -12,9 +12,11 @@
 #include "cuda_driver.h"
 
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The driver API version whose signatures cuda_driver.h declares. Asking
  * cuGetProcAddress for this version pins each name to that ABI even when a
@@ -181,10 +183,26 @@ static int pick_context(pp_cuda_t *c, const pp_config_t *cfg) {
   return 0;
 }
 
+/* The process in which pinpool's cuInit succeeded (0: none yet). A fork()
+ * child inherits it and so knows that the driver was initialized before it
+ * was forked: CUDA does not support fork, and a driver call in such a
+ * child (cuInit included) fails or hangs. pinpool does not make one there:
+ * a pool that needs CUDA fails, and backend=auto chooses host. An
+ * initialization by other code of the parent (a framework's) is not seen
+ * here (docs/configuration.md, "backend=auto"). */
+static _Atomic(int) cuda_init_pid;
+
 int pp_cuda_open(const pp_config_t *cfg, pp_cuda_t **out) {
   int rc = pp_cuda_check_config(cfg);
   if (rc != 0)
     return rc;
+  int parent = atomic_load_explicit(&cuda_init_pid, memory_order_relaxed);
+  if (parent != 0 && parent != (int)getpid())
+    return pp_fail(PINPOOL_ENODRIVER,
+                   "CUDA was initialized in process %d, which forked this "
+                   "one: a forked child cannot use it (CUDA does not "
+                   "support fork)",
+                   parent);
   const char *path = getenv("PINPOOL_LIBCUDA");
   if (path == NULL || path[0] == '\0')
     path = "libcuda.so.1";
@@ -228,6 +246,7 @@ int pp_cuda_open(const pp_config_t *cfg, pp_cuda_t **out) {
     free(c);
     return rc;
   }
+  atomic_store_explicit(&cuda_init_pid, (int)getpid(), memory_order_relaxed);
   /* From here on the library stays loaded for the life of the process: an
    * initialized driver keeps threads and handlers inside it, and unloading
    * it under them would crash. dlopen counts references, so later pools

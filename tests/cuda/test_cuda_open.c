@@ -8,6 +8,7 @@
 #include "cudatest.h"
 
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define SENTINEL ((pinpool_t *)(uintptr_t)0x5e47)
@@ -171,6 +172,62 @@ static void test_auto_backend(void **state) {
             "no driver, yet cuda-register");
   pinpool_destroy(pool);
   CT_FAKE_CLEAN();
+}
+
+/* backend=auto in a fork() child of a process that initialized CUDA
+ * (issue 41, second round): CUDA does not support fork, so the child makes
+ * no driver call. The fake counts a child's cuInit (forked_inits) and
+ * fails it, as a real driver's may; without the check the child's auto
+ * pool called cuInit. The child's auto pool is host, and a pool that
+ * names a CUDA backend fails and says why. Checked in the child; its exit
+ * status says which check failed. */
+static int auto_in_fork_child(void) {
+  pinpool_t *pool = NULL;
+  pinpool_stats_t st;
+  void *p = NULL;
+  if (pinpool_create("", &pool) != 0)
+    return 10;
+  if (pinpool_get_stats(pool, &st) != 0 ||
+      (st.backend_auto != PINPOOL_AUTO_HOST_LOCKED &&
+       st.backend_auto != PINPOOL_AUTO_HOST_UNLOCKED))
+    return 11;
+  if (pinpool_alloc(pool, 1 << 20, &p) != 0 || pinpool_free(pool, p) != 0)
+    return 12;
+  pinpool_destroy(pool);
+  if (ct_fake.get("forked_inits") != 0)
+    return 13;
+  pool = NULL;
+  if (pinpool_create("backend=cuda-register", &pool) != PINPOOL_ENODRIVER ||
+      pool != NULL)
+    return 14;
+  const char *e = pinpool_last_error();
+  if (e == NULL || strstr(e, "forked") == NULL)
+    return 15;
+  if (pinpool_create("backend=host,events=cuda", &pool) != PINPOOL_ENODRIVER)
+    return 16;
+  return ct_fake.get("forked_inits") == 0 ? 0 : 17;
+}
+
+static void test_auto_backend_fork_child(void **state) {
+  (void)state;
+  CT_REQUIRE_FAKE();
+  /* This process initializes the driver (if no earlier test did). */
+  pinpool_t *pool = CT_CREATE("");
+  CT_ASSERT(ct_stats(pool).backend_auto == PINPOOL_AUTO_CUDA_REGISTER,
+            "parent: not cuda-register");
+  pid_t pid = fork();
+  CT_ASSERT(pid >= 0, "fork");
+  if (pid == 0)
+    _exit(auto_in_fork_child());
+  int status = 0;
+  CT_ASSERT(waitpid(pid, &status, 0) == pid, "waitpid");
+  CT_ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "fork child: check %d failed (status 0x%x)",
+            WIFEXITED(status) ? WEXITSTATUS(status) : -1, status);
+  /* The parent still uses the driver. */
+  pinpool_destroy(pool);
+  expect_auto("", PINPOOL_AUTO_CUDA_REGISTER, "backend=cuda-register,", 1);
+  CT_FAKE_EQ("forked_inits", 0);
 }
 
 static void test_device_out_of_range(void **state) {
@@ -342,6 +399,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_init_fails, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_no_device, ct_setup, ct_teardown),
       cmocka_unit_test_setup_teardown(test_auto_backend, ct_setup, ct_teardown),
+      cmocka_unit_test_setup_teardown(test_auto_backend_fork_child, ct_setup,
+                                      ct_teardown),
       cmocka_unit_test_setup_teardown(test_device_out_of_range, ct_setup,
                                       ct_teardown),
       cmocka_unit_test_setup_teardown(test_no_current_context, ct_setup,

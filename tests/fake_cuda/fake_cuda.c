@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_DEVICES 8
 #define MAX_DEPTH 32
@@ -154,6 +155,8 @@ static struct {
   pthread_mutex_t mu;
   pthread_cond_t done_cv; /* broadcast whenever a stream operation ends */
   bool initialized;
+  pid_t init_pid;         /* the process whose cuInit succeeded */
+  long long forked_inits; /* cuInit in a fork() child of that process */
   int init_result;
   int device_count;
   int delay_us;
@@ -524,8 +527,17 @@ CUresult cuInit(unsigned flags) {
     rc = CUDA_ERROR_INVALID_VALUE;
   if (rc == CUDA_SUCCESS)
     rc = g.init_result;
-  if (rc == CUDA_SUCCESS)
+  /* CUDA does not support fork(): a driver initialized in the parent is
+   * unusable in the child, whose calls fail (or hang) on real drivers.
+   * Here the child's cuInit is counted and fails. */
+  if (rc == CUDA_SUCCESS && g.initialized && g.init_pid != getpid()) {
+    g.forked_inits++;
+    rc = CUDA_ERROR_NOT_INITIALIZED;
+  }
+  if (rc == CUDA_SUCCESS) {
     g.initialized = true;
+    g.init_pid = getpid();
+  }
   unlock();
   return rc;
 }
@@ -1325,6 +1337,7 @@ static const struct {
     COUNTER(capture_violations),
     COUNTER(captured_event_uses),
     COUNTER(live_graphs),
+    COUNTER(forked_inits),
 };
 #undef COUNTER
 
@@ -1460,7 +1473,7 @@ void fake_cuda_reset(void) {
   g.misalign = 0;
   g.driver_version = 12080;
   memset(g.calls, 0, sizeof g.calls);
-  g.ctx_errors = g.bad_calls = 0;
+  g.ctx_errors = g.bad_calls = g.forked_inits = 0;
   g.captured_records = g.capture_violations = g.captured_event_uses = 0;
   g.last_host_alloc_flags = g.last_register_flags = -1;
   g.last_event_flags = g.last_proc_flags = -1;

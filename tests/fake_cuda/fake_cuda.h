@@ -63,6 +63,11 @@ int fake_cuda_set(const char *key, long long value);
  *   live_captures          cuStreamBeginCapture not yet ended
  *   live_graphs            graphs from cuStreamEndCapture and executable
  *                          graphs not destroyed
+ *   forked_inits           cuInit calls in a fork() child of the process
+ *                          that initialized the driver: each failed with
+ *                          CUDA_ERROR_NOT_INITIALIZED (CUDA does not
+ *                          support fork; a real driver's behaviour there is
+ *                          undefined)
  *
  * Graph capture: cuStreamBeginCapture (modes global, thread-local,
  * relaxed), cuStreamEndCapture, cuStreamGetCaptureInfo (id and status),
