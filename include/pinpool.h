@@ -424,6 +424,15 @@ typedef struct pinpool_stats {
    * token, another peer, a stale or forged handle); each changed nothing
    * (docs/sharing.md, "Threat model"). */
   uint64_t lend_refusals;
+  /* grow_ahead= (docs/allocation-policy.md, "Growth ahead of demand"):
+   * chunks and bytes the background grower made ahead of demand, the
+   * carves served while grown-ahead bytes were unused (hits), and of
+   * those the carves that the free bytes outside them could not have
+   * held: each would have grown the arena on the allocating thread. */
+  uint64_t grow_ahead_chunks;
+  uint64_t grow_ahead_bytes;
+  uint64_t grow_ahead_hits;
+  uint64_t grow_ahead_waits_avoided;
 } pinpool_stats_t;
 
 /* pinpool_stats_t.backend_auto. */

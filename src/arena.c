@@ -229,6 +229,8 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
   pp_mutex_lock(&pool->seg_lock);
   gather_locked(pool);
   void *p = pp_ext_take(&a->ext, need, flags);
+  if (p != NULL)
+    pp_grow_carved_locked(pool, node, need); /* growahead.c: hits */
   /* Beside the arena if that space is free (mappings grow downwards:
    * below its lowest chunk first), so that the new chunk joins a run. */
   if (p == NULL && pool->prov.alloc_at != NULL && a->ext.nchunks > 0) {
@@ -370,6 +372,8 @@ int pp_arena_take(pinpool_t *pool, unsigned node, size_t size, void **mem,
   pp_mutex_lock(&pool->seg_lock);
   (void)pp_defer_drain_locked(pool);
   void *p = pp_ext_take(&a->ext, size, flags);
+  if (p != NULL)
+    pp_grow_carved_locked(pool, node, size); /* growahead.c: hits */
   pp_mutex_unlock(&pool->seg_lock);
   if (p != NULL) {
     *mem = p;
@@ -394,6 +398,8 @@ bool pp_arena_take_now(pinpool_t *pool, unsigned node, size_t size, void **mem,
   pp_assert(size % PP_PAGE == 0 && size > 0);
   pp_assert_held(&pool->seg_lock);
   void *p = pp_ext_take(&a->ext, size, flags);
+  if (p != NULL)
+    pp_grow_carved_locked(pool, node, size); /* growahead.c: hits */
   *mem = p;
   return p != NULL;
 }
@@ -424,8 +430,10 @@ unsigned pp_arena_release(pinpool_t *pool, uint64_t budget) {
     pp_mutex_lock(&pool->seg_lock);
     bool ok = pp_ext_remove_free_chunk(&a->ext, PP_SEG_FROM_RESERVE, &base,
                                        &size, &flags);
-    if (ok)
+    if (ok) {
       pp_store_relaxed(&a->total, a->ext.total_bytes);
+      pool->grow.releases++; /* growahead.c: a release pauses the grower */
+    }
     pp_mutex_unlock(&pool->seg_lock);
     if (!ok) {
       dry++;
@@ -490,4 +498,61 @@ bool pp_arena_validate_locked(pinpool_t *pool, char *why, size_t len) {
     }
   }
   return true;
+}
+
+/* ---- Growth ahead of demand (growahead.c) ------------------------------
+ * The grower's chunk is made as grow_take makes one: with no lock held,
+ * then put in the arena in one hold of seg_lock. It goes in whole and
+ * free, so a release may give it back at once: that is the release's
+ * right (the grower then pauses, growahead.c), and no carve is in flight
+ * on it. The allocating thread never waits for this: it takes seg_lock
+ * only for the short hold that enters the chunk. */
+int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
+                        uint64_t room, uint64_t releases, size_t *size_out,
+                        unsigned *flags) {
+  pp_arena_node_t *a = &pool->arena.node[node];
+  size_t size = chunk_size(pool, node, need);
+  if (size > room)
+    size = (size_t)(room & ~(uint64_t)(CHUNK_ALIGN - 1));
+  if (size < CHUNK_MIN)
+    return 1; /* a cap leaves no room for a chunk */
+  void *hint = NULL;
+  pp_mutex_lock(&pool->seg_lock);
+  if (pool->prov.alloc_at != NULL && a->ext.nchunks > 0) {
+    uintptr_t base;
+    size_t csize;
+    unsigned cflags;
+    pp_ext_chunk_info(a->ext.chunks[0], &base, &csize, &cflags);
+    if (base > size + ((uintptr_t)1 << 32))
+      hint = (void *)(base - size);
+  }
+  pp_mutex_unlock(&pool->seg_lock);
+  void *cmem = NULL;
+  unsigned cflags = 0;
+  int rc = backend_alloc(pool, node, hint, size, &cmem, &cflags);
+  if (rc != 0)
+    return rc;
+  pp_hook(PP_HOOK_GROW_AHEAD);
+  pp_mutex_lock(&pool->seg_lock);
+  /* A release since the grower looked wins (growahead.c): the chunk goes
+   * back unused rather than undo what the release gave. */
+  bool lost = pool->grow.releases != releases;
+  rc = lost ? 0 : pp_ext_add_chunk(&a->ext, cmem, size, cflags);
+  if (rc == 0 && !lost) {
+    pp_store_relaxed(&a->total, a->ext.total_bytes);
+    pp_hist_event(pool, PP_H_SEGMENT_ALLOC, (uintptr_t)cmem, size, 0, 0, NULL);
+    pool->grow.node[node].unused += size;
+  }
+  pp_mutex_unlock(&pool->seg_lock);
+  if (lost) {
+    backend_free(pool, cmem, size, cflags);
+    return 2;
+  }
+  if (rc != 0) {
+    backend_free(pool, cmem, size, cflags);
+    return pp_fail(PINPOOL_ENOMEM, "out of memory for the arena's metadata");
+  }
+  *size_out = size;
+  *flags = cflags;
+  return 0;
 }

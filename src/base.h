@@ -175,6 +175,8 @@ enum {
                             arena */
   PP_HOOK_SHARE_IO,      /* pinpool_share_send/recv: the table of kept
                             part-messages locked (share_worker.c) */
+  PP_HOOK_GROW_AHEAD,    /* grower: the backend made a chunk ahead of
+                            demand, not yet in the arena (no lock) */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

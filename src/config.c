@@ -26,7 +26,8 @@ typedef enum {
   K_EVENTS,
   K_CUDA_FLAGS,
   K_FAULT,
-  K_NUMA
+  K_NUMA,
+  K_GROW
 } kind_t;
 
 typedef struct key_desc {
@@ -73,6 +74,7 @@ static const key_desc_t keys[] = {
     {"numa_fake_nodes", K_UINT, CFG_OFF(numa_fake_nodes), 1, PP_NUMA_MAX},
     {"shared", K_BOOL, CFG_OFF(shared), 0, 0},
     {"fault", K_FAULT, CFG_OFF(fault_site), 0, 0},
+    {"grow_ahead", K_GROW, CFG_OFF(grow_ahead), 0, 0},
 };
 
 static const char *fault_sites[PP_FAULT_SITES] = {
@@ -347,6 +349,19 @@ static int apply(const key_desc_t *k, const char *v, bool user_backend,
     c->mlock_set = true;
     return 0;
   }
+  case K_GROW: {
+    /* A size (0: off), off, or auto (growahead.c). */
+    uint64_t n = 0;
+    bool aut = strcasecmp(v, "auto") == 0;
+    if (!aut && strcasecmp(v, "off") != 0 && parse_size(v, &n) != 0)
+      return pp_fail(PINPOOL_ECONFIG,
+                     "config: bad value '%s' for key 'grow_ahead' (expected "
+                     "a size such as 256MiB, auto, or 0 or off)",
+                     v);
+    memcpy(field, &n, sizeof n);
+    c->grow_ahead_auto = aut;
+    return 0;
+  }
   case K_NUMA: {
     static const char *const names[] = {"off", "local"};
     static const int values[] = {PP_NUMA_OFF, PP_NUMA_LOCAL};
@@ -439,6 +454,15 @@ int pp_config_parse(const char *text, bool user_backend, bool user_events,
                    (unsigned long long)c.max_reserved);
   if (c.reserve > PP_MAX_REQUEST)
     return pp_fail(PINPOOL_ECONFIG, "config: key 'reserve' is too large");
+  /* A headroom the caps would never allow is a mistake, not a wish: the
+   * grower stops at the caps (growahead.c). */
+  bool over_reserved = c.max_reserved != 0 && c.grow_ahead > c.max_reserved;
+  if (over_reserved || (c.max_cached != 0 && c.grow_ahead > c.max_cached))
+    return pp_fail(
+        PINPOOL_ECONFIG, "config: key 'grow_ahead' (%llu) exceeds '%s' (%llu)",
+        (unsigned long long)c.grow_ahead,
+        over_reserved ? "max_reserved" : "max_cached",
+        (unsigned long long)(over_reserved ? c.max_reserved : c.max_cached));
   if (c.numa == PP_NUMA_LOCAL && c.numa_node >= 0)
     return pp_fail(PINPOOL_ECONFIG,
                    "config: keys 'numa=local' and 'numa_node' exclude each "
@@ -676,6 +700,18 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
                      used < len ? len - used : 0, ",fault=%s:%llu:%llu",
                      fault_sites[c->fault_site], (unsigned long long)c->fault_n,
                      (unsigned long long)c->fault_count);
+    n = m < 0 ? m : n + m;
+  }
+  /* grow_ahead only when set: the string of a pool without it is
+   * unchanged. */
+  if (n >= 0 && (c->grow_ahead != 0 || c->grow_ahead_auto)) {
+    size_t used = (size_t)n;
+    int m = c->grow_ahead_auto
+                ? snprintf(used < len ? buf + used : NULL,
+                           used < len ? len - used : 0, ",grow_ahead=auto")
+                : snprintf(used < len ? buf + used : NULL,
+                           used < len ? len - used : 0, ",grow_ahead=%llu",
+                           (unsigned long long)c->grow_ahead);
     n = m < 0 ? m : n + m;
   }
   return n < 0 ? 0 : (size_t)n;

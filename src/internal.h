@@ -85,6 +85,10 @@ typedef struct pp_config {
    * (as `fault`). */
   bool shared;
   struct pp_share *share;
+  /* grow_ahead= (growahead.c): bytes of free headroom the background
+   * grower keeps, or grow_ahead_auto (sized from the recent growth). */
+  uint64_t grow_ahead;
+  bool grow_ahead_auto;
   uint64_t fault_n, fault_count;
   struct pp_fault *fault;
 } pp_config_t;
@@ -517,6 +521,45 @@ typedef struct pp_rstats {
   unsigned ncaches, max_ncaches;
 } pp_rstats_t;
 
+/* The background grower (growahead.c; docs/allocation-policy.md, "Growth
+ * ahead of demand"). */
+#define PP_GROW_SAMPLES 8
+typedef struct pp_grow_node {
+  /* Under seg_lock: bytes the grower put in this node's arena that no
+   * carve has used yet, and the largest carve since the grower's last
+   * sample. */
+  uint64_t unused;
+  uint64_t max_carve;
+  /* The grower's own (only its thread touches them): the node's demand
+   * (bytes carved from its chunks) and largest carve, one sample per
+   * eighth of the window. */
+  uint64_t used[PP_GROW_SAMPLES], carve[PP_GROW_SAMPLES];
+} pp_grow_node_t;
+typedef struct pp_grow {
+  pp_grow_node_t *node; /* [nnodes]; NULL when grow_ahead is off */
+  /* Set once create has made the arena (lifecycle.c): the grower looks at
+   * nothing before. */
+  _Atomic(bool) ready;
+  /* The grower's own: when it last looked and sampled, the sample slot,
+   * grow.releases at its last look, and its pause (a release won:
+   * nothing grown ahead until the demand passes pause_used). */
+  uint64_t last_ns, sample_ns, start_ns; /* start_ns: the last resume */
+  unsigned slot;
+  uint64_t releases_seen, pause_used;
+  bool paused;
+  /* Chunks pp_arena_release gave back (under seg_lock, in the hold that
+   * takes the chunk out): a release is seen by the grower's next look, and
+   * by the hold that would enter a chunk made after the look. */
+  uint64_t releases;
+  /* pinpool_stats_t.grow_ahead_*. */
+  pp_counter_t chunks, bytes, hits, waits_avoided;
+  /* Held by the grower from its backend call to the hold that enters the
+   * chunk, and by pinpool_validate throughout (pp_grow_lock): the
+   * grower's chunk is counted before the arena has it. Taken before any
+   * pool lock; made anew in a child of fork (no grower there). */
+  pthread_mutex_t mu;
+} pp_grow_t;
+
 struct pinpool {
   uint64_t id;       /* unique for the process lifetime; never reused */
   pp_counter_t refs; /* owner + objects that outlive pinpool_destroy */
@@ -630,7 +673,8 @@ struct pinpool {
   struct pinpool *reg_prev, *reg_next; /* fork.c's registry */
   pthread_mutex_t bg_mutex;
   pthread_cond_t bg_cond;
-  bool bg_stop; /* under bg_mutex */
+  bool bg_stop;   /* under bg_mutex */
+  pp_grow_t grow; /* grow_ahead= (growahead.c) */
 };
 
 /* A cap on idle bytes is set (max_cached or max_cached_pct): idle segments
@@ -719,6 +763,29 @@ void pp_pool_unref(struct pinpool *pool);
 bool pp_pool_try_ref(struct pinpool *pool);
 /* Drop a reference unless it is the last (which pp_pool_unref drops). */
 bool pp_pool_unref_unless_last(struct pinpool *pool);
+
+/* growahead.c: the grower's state (at create, before the streams) and
+ * its end; one look (the background thread's loop); the carve hook
+ * (arena.c, seg_lock held). */
+int pp_grow_init(struct pinpool *pool);
+void pp_grow_fini(struct pinpool *pool);
+void pp_grow_tick(struct pinpool *pool);
+void pp_grow_carved_locked(struct pinpool *pool, unsigned node, size_t size);
+void pp_grow_lock(struct pinpool *pool); /* no-op when grow_ahead is off */
+void pp_grow_unlock(struct pinpool *pool);
+void pp_grow_fork_child(struct pinpool *pool);
+/* arena.c, for the grower: a chunk of at least `need` bytes (the growth
+ * policy's size, at most `room`) made with no lock held and put in node's
+ * arena whole and free in one hold of seg_lock. 0 (*size, *flags set), 1
+ * if `room` cannot hold a chunk, 2 if a release came after the grower's
+ * look (grow.releases moved from `releases`: the chunk went back), or an
+ * error; nothing changed unless 0. */
+int pp_arena_grow_ahead(struct pinpool *pool, unsigned node, size_t need,
+                        uint64_t room, uint64_t releases, size_t *size,
+                        unsigned *flags);
+/* pool.c: the bytes the idle caps (max_cached, max_cached_pct) leave for
+ * more idle memory before a trim (UINT64_MAX: no cap). */
+uint64_t pp_cache_room(struct pinpool *pool);
 
 /* stream.c */
 int pp_streams_init(struct pinpool *pool); /* after ev is set */

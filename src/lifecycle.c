@@ -142,6 +142,8 @@ static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
     pool_free_struct(pool, true);
     return rc;
   }
+  /* The grower (growahead.c) looks at the arena from now on. */
+  pp_store_release(&pool->grow.ready, true);
   pp_fork_register(pool); /* fork.c: the fork handlers see it from now */
   *out = pool;
   return 0;

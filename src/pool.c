@@ -810,29 +810,42 @@ static pp_segment_t *detach_oldest(pinpool_t *pool, uint64_t budget) {
   return batch;
 }
 
+/* The idle bytes the caps allow with `cached` idle now (UINT64_MAX: no
+ * cap). */
+static uint64_t cache_limit(pinpool_t *pool, uint64_t cached) {
+  uint64_t exempt = pool->has_reserve ? pool->reserve_size : 0;
+  uint64_t lim = pool->cfg.max_cached != 0 ? pool->cfg.max_cached : UINT64_MAX;
+  if (pool->cfg.max_cached_pct != 0) {
+    /* Relative cap: idle bytes at most pct % of the bytes in use
+     * (allocated, pending, in thread caches). Both terms are read
+     * without a lock; a trim decided on slightly stale values releases
+     * a chunk more or less, never a block in use. */
+    uint64_t res = pp_load_relaxed(&pool->gs.reserved_cur);
+    uint64_t used = res > cached ? res - cached : 0;
+    uint64_t rel = pp_sat_mul(used / 100, pool->cfg.max_cached_pct);
+    if (rel < lim)
+      lim = rel;
+  }
+  /* Saturating: a cap near 2^64 plus the reserve wrapped to a small
+   * number and trimmed everything (docs/verification.md, "Review
+   * defects", 6). */
+  return pp_sat_add(lim, exempt);
+}
+
+uint64_t pp_cache_room(pinpool_t *pool) {
+  if (!pp_trims(pool))
+    return UINT64_MAX;
+  uint64_t cached = central_cached(pool);
+  uint64_t limit = cache_limit(pool, cached);
+  return limit > cached ? limit - cached : 0;
+}
+
 void pp_trim_to_cap(pinpool_t *pool) {
   if (!pp_trims(pool))
     return;
-  uint64_t exempt = pool->has_reserve ? pool->reserve_size : 0;
-  uint64_t cap = pool->cfg.max_cached != 0 ? pool->cfg.max_cached : UINT64_MAX;
   for (int pass = 0; pass < 2; pass++) {
     uint64_t cached = central_cached(pool);
-    uint64_t lim = cap;
-    if (pool->cfg.max_cached_pct != 0) {
-      /* Relative cap: idle bytes at most pct % of the bytes in use
-       * (allocated, pending, in thread caches). Both terms are read
-       * without a lock; a trim decided on slightly stale values releases
-       * a chunk more or less, never a block in use. */
-      uint64_t res = pp_load_relaxed(&pool->gs.reserved_cur);
-      uint64_t used = res > cached ? res - cached : 0;
-      uint64_t rel = pp_sat_mul(used / 100, pool->cfg.max_cached_pct);
-      if (rel < lim)
-        lim = rel;
-    }
-    /* Saturating: a cap near 2^64 plus the reserve wrapped to a small
-     * number and trimmed everything (docs/verification.md, "Review
-     * defects", 6). */
-    uint64_t limit = pp_sat_add(lim, exempt);
+    uint64_t limit = cache_limit(pool, cached);
     if (cached <= limit)
       return;
     /* Whole free chunks first; then idle slabs, oldest first, go back to

@@ -228,6 +228,10 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   st.max_reserved = pool->cfg.max_reserved;
   st.backend_auto = (uint64_t)pool->cfg.backend_auto;
   st.pin_warnings = pp_load_relaxed(&pool->pinwarn.warnings);
+  st.grow_ahead_chunks = pp_load_relaxed(&pool->grow.chunks);
+  st.grow_ahead_bytes = pp_load_relaxed(&pool->grow.bytes);
+  st.grow_ahead_hits = pp_load_relaxed(&pool->grow.hits);
+  st.grow_ahead_waits_avoided = pp_load_relaxed(&pool->grow.waits_avoided);
   *out = st;
   return 0;
 }

@@ -864,18 +864,28 @@ int pinpool_sim_submit(pinpool_t *pool, pinpool_stream_t stream,
 /* ---- Background reclaim ----------------------------------------------------
  */
 
+/* The thread of background=1 (event reclaim) and of grow_ahead= (the
+ * grower, growahead.c): either or both. */
+static bool bg_reclaims(const pinpool_t *pool) {
+  return pool->has_events && pool->cfg.background;
+}
+
 static void *bg_main(void *arg) {
   pinpool_t *pool = arg;
+  /* The grower alone looks once a millisecond (growahead.c, LOOK_NS). */
+  unsigned us = bg_reclaims(pool) ? pool->cfg.poll_us : 1000u;
   pthread_mutex_lock(&pool->bg_mutex);
   while (!pool->bg_stop) {
     pthread_mutex_unlock(&pool->bg_mutex);
-    pp_process(pool, UINT32_MAX, false);
+    if (bg_reclaims(pool))
+      pp_process(pool, UINT32_MAX, false);
+    pp_grow_tick(pool);
     pthread_mutex_lock(&pool->bg_mutex);
     if (pool->bg_stop)
       break;
     struct timespec ts;
     (void)clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)pool->cfg.poll_us * 1000u;
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)us * 1000u;
     ts.tv_sec += (time_t)(ns / 1000000000u);
     ts.tv_nsec = (long)(ns % 1000000000u);
     (void)pthread_cond_timedwait(&pool->bg_cond, &pool->bg_mutex, &ts);
@@ -902,12 +912,15 @@ int pp_streams_init(pinpool_t *pool) {
   }
   if (pool->qtab == NULL || pool->qtab->b == NULL)
     return pp_fail(PINPOOL_ENOMEM, "pinpool_create: out of memory");
-  if (pool->has_events && pool->cfg.background) {
+  int rc = pp_grow_init(pool);
+  if (rc != 0)
+    return rc;
+  if (bg_reclaims(pool) || pool->grow.node != NULL) {
     int e = pthread_create(&pool->bg_thread, NULL, bg_main, pool);
     if (e != 0)
-      return pp_fail(PINPOOL_ENOMEM,
-                     "background=1: cannot start the reclaim thread: %s",
-                     strerror(e));
+      return pp_fail(
+          PINPOOL_ENOMEM, "%s: cannot start the background thread: %s",
+          bg_reclaims(pool) ? "background=1" : "grow_ahead", strerror(e));
     pool->bg_running = true;
   }
   return 0;
@@ -922,6 +935,7 @@ void pp_streams_fini(pinpool_t *pool) {
     (void)pthread_join(pool->bg_thread, NULL);
     pool->bg_running = false;
   }
+  pp_grow_fini(pool);
   /* destroy (after synchronize: the queues are empty) or a failed create
    * (no event was ever queued). */
   for (pp_squeue_t *q = pool->squeues, *next; q != NULL; q = next) {
@@ -974,6 +988,7 @@ void pp_streams_fork(pinpool_t *pool, int phase) {
     (void)pthread_cond_init(&pool->sync_cv, NULL);
     /* The forking thread is in no synchronize; nobody else survived. */
     atomic_store(&pool->sync_waiters, 0);
+    pp_grow_fork_child(pool); /* growahead.c */
     if (pool->bg_running) {
       pool->bg_running = false; /* not this process's thread */
       pp_store_relaxed(&pool->bg_restart, true);

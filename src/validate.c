@@ -237,6 +237,9 @@ int pinpool_validate(pinpool_t *pool) {
   vstate_t *v = calloc(1, sizeof *v);
   if (v == NULL)
     return pp_fail(PINPOOL_ENOMEM, "pinpool_validate: out of memory");
+  /* grow_ahead: the grower counts its chunk before the hold that enters
+   * it; validate waits for it (growahead.c, pp_grow_lock). */
+  pp_grow_lock(pool);
   pp_mutex_lock(&pool->reg_lock);
   pp_mutex_lock(&pool->seg_lock);
   pp_mutex_lock(&pool->trim_lock);
@@ -333,6 +336,7 @@ int pinpool_validate(pinpool_t *pool) {
           "pending %llu",
           (unsigned long long)reserved, (unsigned long long)blk,
           (unsigned long long)cached, (unsigned long long)pend);
+  pp_grow_unlock(pool);
   int rc = 0;
   if (v->bad)
     rc = pp_fail(PINPOOL_ECORRUPT, "pinpool_validate: %s", v->why);

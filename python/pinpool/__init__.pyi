@@ -73,6 +73,10 @@ class _Stats(TypedDict):
     lent_blocks: int
     lent_bytes: int
     lend_refusals: int
+    grow_ahead_chunks: int
+    grow_ahead_bytes: int
+    grow_ahead_hits: int
+    grow_ahead_waits_avoided: int
     backend_auto: str  # NotPinnedWarning: "", "cuda-register", "host-locked", "host-unlocked"
     pin_warnings: int
     reclaim: _Duration

@@ -162,6 +162,10 @@ static struct {
   int delay_us;
   int driver_version;
   int misalign;
+  /* The time pinning takes: cuMemHostAlloc and cuMemHostRegister sleep
+   * this many microseconds per GiB (docs/cuda.md records 0.1-0.45 s/GiB
+   * on real drivers), after the driver lock is dropped. */
+  long long pin_us_per_gib;
   fctx_t ctxs[MAX_DEVICES];
   long long calls[E_COUNT];
   long long ctx_errors, bad_calls, pushes, pops;
@@ -213,6 +217,9 @@ __attribute__((constructor)) static void fake_init(void) {
   const char *d = getenv("FAKE_CUDA_DELAY_US");
   if (d != NULL)
     g.delay_us = atoi(d);
+  const char *pin = getenv("FAKE_CUDA_PIN_US_PER_GIB");
+  if (pin != NULL)
+    g.pin_us_per_gib = atoll(pin);
   set_hidden_locked(getenv("FAKE_CUDA_HIDE"));
 }
 
@@ -684,6 +691,17 @@ CUresult cuCtxSynchronize(void) {
 }
 
 /* ---- Host memory ------------------------------------------------------- */
+/* pin_us_per_gib: the cost of pinning `size` bytes, slept with no lock. */
+static void pin_sleep(long long us_per_gib, size_t size) {
+  if (us_per_gib <= 0)
+    return;
+  uint64_t ns = (uint64_t)((double)us_per_gib * 1000.0 * (double)size /
+                           (double)(1ull << 30));
+  struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
 CUresult cuMemHostAlloc(void **p, size_t size, unsigned flags) {
   CUresult rc = enter_locked(E_cuMemHostAlloc, NEED_INIT | NEED_CTX);
   if (rc == CUDA_SUCCESS && (p == NULL || size == 0 || (flags & ~7u) != 0))
@@ -706,7 +724,10 @@ CUresult cuMemHostAlloc(void **p, size_t size, unsigned flags) {
       }
     }
   }
+  long long pin = g.pin_us_per_gib;
   unlock();
+  if (rc == CUDA_SUCCESS)
+    pin_sleep(pin, size);
   return rc;
 }
 
@@ -754,7 +775,10 @@ CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags) {
     if (ranges_add(&g.reg, r) != 0)
       rc = CUDA_ERROR_OUT_OF_MEMORY;
   }
+  long long pin = g.pin_us_per_gib;
   unlock();
+  if (rc == CUDA_SUCCESS)
+    pin_sleep(pin, size);
   return rc;
 }
 
@@ -1309,6 +1333,9 @@ int fake_cuda_set(const char *key, long long value) {
     g.driver_version = (int)value;
   else if (strcmp(key, "misalign") == 0)
     g.misalign = value != 0;
+  else if (strcmp(key, "pin_us_per_gib") == 0 && value >= 0 &&
+           value <= 100000000)
+    g.pin_us_per_gib = value;
   else
     rc = -1;
   unlock();

@@ -11,7 +11,8 @@
  * events complete asynchronously, and out of order across streams.
  *
  * Environment read when the library loads: FAKE_CUDA_DELAY_US (default
- * delay), FAKE_CUDA_HIDE (as fake_cuda_hide).
+ * delay), FAKE_CUDA_PIN_US_PER_GIB (as pin_us_per_gib), FAKE_CUDA_HIDE (as
+ * fake_cuda_hide).
  */
 #ifndef FAKE_CUDA_H
 #define FAKE_CUDA_H
@@ -24,7 +25,10 @@
  *   delay_us         sleep before each stream operation, for streams
  *                    without their own delay (default 0)
  *   driver_version   what cuDriverGetVersion reports (default 12080)
- *   misalign         1: cuMemHostAlloc returns memory 64 bytes off a page */
+ *   misalign         1: cuMemHostAlloc returns memory 64 bytes off a page
+ *   pin_us_per_gib   microseconds cuMemHostAlloc and cuMemHostRegister
+ *                    sleep per GiB pinned, no lock held (default 0; also
+ *                    FAKE_CUDA_PIN_US_PER_GIB) */
 int fake_cuda_set(const char *key, long long value);
 
 /* Counters and state (-1 for an unknown key):

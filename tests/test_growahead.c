@@ -1,0 +1,348 @@
+/*
+ * Growth ahead of demand (grow_ahead=; issue 37; docs/allocation-policy.md,
+ * "Growth ahead of demand"). Counts, never times:
+ *  - ramp_*: a live set that grows one 3 MiB block at a time. With the
+ *    grower on, the test lets it catch up between steps (it waits, bounded,
+ *    for the headroom the grower promises: an allocation never waits for
+ *    the grower), and then no allocation after the first grows the arena
+ *    on its own thread (cache_misses == 1; every other backend allocation
+ *    is the grower's). Without it, they do (cache_misses > 1). On
+ *    backend=host and on backend=cuda-register with the fake driver.
+ *  - max_reserved: the grower fills what the cap leaves and stops there.
+ *  - release_wins: after pinpool_empty_cache the grower does not grow back
+ *    what the release gave until the live set grows again.
+ *  - bad_values: ECONFIG, nothing created.
+ *  - fork_growing: fork while the grower's chunk is made (no lock held, a
+ *    test hook holds it there): the child's pool works.
+ */
+#include "testutil.h"
+
+#include "internal.h" /* pp_test_hook, PP_HOOK_GROW_AHEAD */
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define STEP ((size_t)3 * MiB)
+#define NSTEPS 24
+#define AHEAD ((size_t)16 * MiB)
+
+/* Wait (bounded: a loaded machine runs the grower late, never wrongly)
+ * until the arena holds what the grower promises before the next step. */
+static bool headroom(pinpool_t *pool, size_t bytes, size_t largest) {
+  for (int i = 0; i < 10000; i++) {
+    pinpool_stats_t st = pp_stats_of(pool);
+    if (st.chunk_free_bytes >= bytes && st.largest_free_extent >= largest)
+      return true;
+    pp_sleep_ms(1);
+  }
+  return false;
+}
+
+/* The ramp: NSTEPS blocks of STEP bytes, each touched and kept. Returns
+ * the allocations that grew the arena on this thread. */
+static uint64_t ramp(const char *conf, bool ahead) {
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create(conf, &pool));
+  void *p[NSTEPS];
+  for (int i = 0; i < NSTEPS; i++) {
+    PP_OK(pinpool_alloc(pool, STEP, &p[i]));
+    pp_fill(p[i], STEP, (unsigned)i);
+    if (ahead)
+      PP_ASSERT(headroom(pool, AHEAD, STEP), "step %d: no headroom", i);
+  }
+  pinpool_stats_t st = pp_stats_of(pool);
+  for (int i = 0; i < NSTEPS; i++) {
+    PP_ASSERT(pp_filled(p[i], STEP, (unsigned)i), "block %d changed", i);
+    PP_OK(pinpool_free(pool, p[i]));
+  }
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+  if (ahead) {
+    /* Every backend allocation but the inline ones is the grower's, and
+     * the headroom was used: hits, and waits it avoided. */
+    PP_ASSERT(st.backend_alloc.count == st.cache_misses + st.grow_ahead_chunks,
+              "backend allocations %llu, misses %llu, grown ahead %llu",
+              (unsigned long long)st.backend_alloc.count,
+              (unsigned long long)st.cache_misses,
+              (unsigned long long)st.grow_ahead_chunks);
+    PP_ASSERT(st.grow_ahead_chunks >= 1 && st.grow_ahead_bytes >= AHEAD,
+              "grown ahead: %llu chunks, %llu bytes",
+              (unsigned long long)st.grow_ahead_chunks,
+              (unsigned long long)st.grow_ahead_bytes);
+    PP_ASSERT(
+        st.grow_ahead_hits >= NSTEPS - 1 && st.grow_ahead_waits_avoided >= 1,
+        "hits %llu, waits avoided %llu", (unsigned long long)st.grow_ahead_hits,
+        (unsigned long long)st.grow_ahead_waits_avoided);
+  } else {
+    PP_ASSERT(st.grow_ahead_chunks == 0 && st.grow_ahead_hits == 0,
+              "grown ahead with grow_ahead off");
+  }
+  return st.cache_misses;
+}
+
+static void ramp_host(void **state) {
+  (void)state;
+  uint64_t off = ramp("backend=host,mlock=0", false);
+  PP_ASSERT(off > 1, "without grow_ahead the ramp grew %llu times",
+            (unsigned long long)off);
+  uint64_t on = ramp("backend=host,mlock=0,grow_ahead=16MiB", true);
+  PP_ASSERT(on == 1, "with grow_ahead: %llu allocations grew the arena",
+            (unsigned long long)on);
+}
+
+/* backend=cuda-register on the fake driver (PINPOOL_LIBCUDA; the chunks
+ * are registered by the grower, not by the allocating thread). */
+static void ramp_cuda(void **state) {
+  (void)state;
+  if (getenv("PINPOOL_LIBCUDA") == NULL)
+    skip();
+  uint64_t off = ramp("backend=cuda-register,device=0", false);
+  PP_ASSERT(off > 1, "without grow_ahead the ramp grew %llu times",
+            (unsigned long long)off);
+  uint64_t on = ramp("backend=cuda-register,device=0,grow_ahead=16MiB", true);
+  PP_ASSERT(on == 1, "with grow_ahead: %llu allocations grew the arena",
+            (unsigned long long)on);
+  /* backend=cuda: one cuMemHostAlloc per chunk. */
+  on = ramp("backend=cuda,device=0,grow_ahead=16MiB", true);
+  PP_ASSERT(on == 1, "backend=cuda: %llu allocations grew the arena",
+            (unsigned long long)on);
+}
+
+/* grow_ahead=auto: a live set that grows makes the grower grow a headroom
+ * of the window's growth. */
+static void ramp_auto(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("backend=host,mlock=0,grow_ahead=auto", &pool));
+  void *p[8];
+  for (int i = 0; i < 8; i++)
+    PP_OK(pinpool_alloc(pool, STEP, &p[i]));
+  /* Room for the largest carve at least (the window's growth, 24 MiB, only
+   * while the window lasts: a loaded machine may run the grower later). */
+  PP_ASSERT(headroom(pool, STEP, STEP), "auto: no headroom");
+  pinpool_stats_t st = pp_stats_of(pool);
+  PP_ASSERT(st.grow_ahead_chunks >= 1 && st.cache_misses >= 1,
+            "auto: nothing grown ahead of a growing live set");
+  for (int i = 0; i < 8; i++)
+    PP_OK(pinpool_free(pool, p[i]));
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+}
+
+/* The grower fills what max_reserved leaves, and stops there: the cap is
+ * reached by the grower's chunks, never passed, and the allocations that
+ * fit under it then find room without growing or retrying. */
+static void max_reserved(void **state) {
+  (void)state;
+  const uint64_t cap = 32 * MiB;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("backend=host,mlock=0,grow_ahead=24MiB,"
+                       "max_reserved=32MiB",
+                       &pool));
+  void *p[9];
+  PP_OK(pinpool_alloc(pool, STEP, &p[0]));
+  pinpool_stats_t st = pp_stats_of(pool);
+  for (int i = 0; i < 5000 && st.grow_ahead_chunks == 0; i++) {
+    pp_sleep_ms(1);
+    st = pp_stats_of(pool);
+  }
+  for (int i = 1; i < 4; i++)
+    PP_OK(pinpool_alloc(pool, STEP, &p[i]));
+  for (int i = 0; i < 5000 && st.reserved_bytes.current + 2 * MiB <= cap; i++) {
+    pp_sleep_ms(1);
+    st = pp_stats_of(pool);
+    PP_ASSERT(st.reserved_bytes.current <= cap, "%llu reserved",
+              (unsigned long long)st.reserved_bytes.current);
+  }
+  PP_ASSERT(st.reserved_bytes.current + 2 * MiB > cap,
+            "the grower stopped at %llu of %llu",
+            (unsigned long long)st.reserved_bytes.current,
+            (unsigned long long)cap);
+  /* Stopped: a few more looks change nothing. */
+  pp_sleep_ms(20);
+  pinpool_stats_t st2 = pp_stats_of(pool);
+  PP_ASSERT(st2.grow_ahead_chunks == st.grow_ahead_chunks &&
+                st2.reserved_bytes.peak <= cap,
+            "grower went on: %llu chunks, peak %llu",
+            (unsigned long long)st2.grow_ahead_chunks,
+            (unsigned long long)st2.reserved_bytes.peak);
+  /* What is free under the cap serves the live set without the backend. */
+  uint64_t free_blocks = st2.largest_free_extent / STEP;
+  for (int i = 4; i < 9 && (uint64_t)(i - 4) < free_blocks; i++)
+    PP_OK(pinpool_alloc(pool, STEP, &p[i]));
+  st = pp_stats_of(pool);
+  PP_ASSERT(st.cache_misses == 1 && st.retries == 0 && st.oom_count == 0,
+            "misses %llu, retries %llu, oom %llu",
+            (unsigned long long)st.cache_misses, (unsigned long long)st.retries,
+            (unsigned long long)st.oom_count);
+  PP_ASSERT(st.reserved_bytes.peak <= cap, "peak %llu",
+            (unsigned long long)st.reserved_bytes.peak);
+  for (int i = 0; i < 9 && (i < 4 || (uint64_t)(i - 4) < free_blocks); i++)
+    PP_OK(pinpool_free(pool, p[i]));
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+}
+
+/* A release wins: after empty_cache the grower does not grow back what it
+ * gave until the live set grows (else the two would loop), and then it
+ * does. */
+static void release_wins(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("backend=host,mlock=0,grow_ahead=16MiB", &pool));
+  void *p[3];
+  PP_OK(pinpool_alloc(pool, STEP, &p[0]));
+  PP_ASSERT(headroom(pool, AHEAD, STEP), "no headroom");
+  PP_OK(pinpool_empty_cache(pool));
+  pinpool_stats_t st = pp_stats_of(pool);
+  PP_ASSERT(st.chunk_free_bytes < AHEAD, "empty_cache left %llu free",
+            (unsigned long long)st.chunk_free_bytes);
+  /* Many looks of the grower (one a millisecond): none grows. */
+  pp_sleep_ms(50);
+  pinpool_stats_t st2 = pp_stats_of(pool);
+  PP_ASSERT(st2.grow_ahead_chunks == st.grow_ahead_chunks &&
+                st2.reserved_bytes.current == st.reserved_bytes.current,
+            "the grower undid empty_cache: %llu -> %llu chunks",
+            (unsigned long long)st.grow_ahead_chunks,
+            (unsigned long long)st2.grow_ahead_chunks);
+  /* New demand: the grower comes back. */
+  PP_OK(pinpool_alloc(pool, STEP, &p[1]));
+  PP_OK(pinpool_alloc(pool, STEP, &p[2]));
+  PP_ASSERT(headroom(pool, AHEAD, STEP), "the grower did not resume");
+  st = pp_stats_of(pool);
+  PP_ASSERT(st.grow_ahead_chunks > st2.grow_ahead_chunks, "not resumed");
+  for (int i = 0; i < 3; i++)
+    PP_OK(pinpool_free(pool, p[i]));
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+}
+
+static void bad(const char *conf, const char *key) {
+  pinpool_t *pool = (pinpool_t *)(uintptr_t)0x1234;
+  int rc = pinpool_create(conf, &pool);
+  PP_ASSERT(rc == PINPOOL_ECONFIG, "\"%s\": %d", conf, rc);
+  PP_ASSERT(pool == (pinpool_t *)(uintptr_t)0x1234, "\"%s\": *out changed",
+            conf);
+  const char *le = pinpool_last_error();
+  PP_ASSERT(le != NULL && strstr(le, key) != NULL, "\"%s\": message %s", conf,
+            le ? le : "(null)");
+}
+
+static void good(const char *conf, const char *shown) {
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create(conf, &pool));
+  char buf[1024];
+  PP_OK(pinpool_get_config(pool, buf, sizeof buf, NULL));
+  if (shown != NULL)
+    PP_ASSERT(strstr(buf, shown) != NULL, "\"%s\" shows \"%s\"", conf, buf);
+  else
+    PP_ASSERT(strstr(buf, "grow_ahead") == NULL, "\"%s\" shows \"%s\"", conf,
+              buf);
+  pinpool_destroy(pool);
+}
+
+static void bad_values(void **state) {
+  (void)state;
+  bad("backend=host,grow_ahead=", "grow_ahead");
+  bad("backend=host,grow_ahead=lots", "grow_ahead");
+  bad("backend=host,grow_ahead=-1", "grow_ahead");
+  bad("backend=host,grow_ahead=autoo", "grow_ahead");
+  bad("backend=host,grow_ahead=64XiB", "grow_ahead");
+  bad("backend=host,grow_ahead=99999999999999999999", "grow_ahead");
+  bad("backend=host,grow_ahead=64MiB,max_reserved=32MiB", "max_reserved");
+  bad("backend=host,grow_ahead=64MiB,max_cached=32MiB", "max_cached");
+  bad("backend=host,grow_ahead=auto,grow_ahead=0", "grow_ahead");
+  good("backend=host,grow_ahead=0", NULL);
+  good("backend=host,grow_ahead=off", NULL);
+  good("backend=host,grow_ahead=auto", ",grow_ahead=auto");
+  good("backend=host,grow_ahead=AUTO", ",grow_ahead=auto");
+  good("backend=host,grow_ahead=64MiB", ",grow_ahead=67108864");
+}
+
+/* ---- Fork while the grower makes a chunk ---------------------------------
+ * The hook runs on the grower's thread with no pool lock held, between the
+ * backend call (the chunk counted as reserved) and the hold that enters
+ * the chunk: it stays there 100 ms, and the parent forks meanwhile. The
+ * fork must wait for the grower to finish (a busy section, fork.c), or the
+ * child counts a chunk its arena lacks (validate: "reserved: chunks hold
+ * ..."). The child has no grower (threads do not survive fork) and its
+ * pool works: allocations, frees, validate, destroy. */
+static atomic_int fork_phase; /* 1: grower in the window */
+
+static void hold_grower(int point) {
+  if (point != PP_HOOK_GROW_AHEAD || atomic_load(&fork_phase) != 0)
+    return;
+  atomic_store(&fork_phase, 1);
+  pp_sleep_ms(100);
+}
+
+static int child_work(pinpool_t *pool) {
+  void *q[12];
+  for (int i = 0; i < 12; i++) {
+    if (pinpool_alloc(pool, STEP, &q[i]) != 0)
+      return 10 + i;
+    pp_fill(q[i], STEP, 100u + (unsigned)i);
+  }
+  for (int i = 0; i < 12; i++) {
+    if (!pp_filled(q[i], STEP, 100u + (unsigned)i))
+      return 30 + i;
+    if (pinpool_free(pool, q[i]) != 0)
+      return 50;
+  }
+  if (pinpool_empty_cache(pool) != 0)
+    return 51;
+  if (pinpool_validate(pool) != 0) {
+    fprintf(stderr, "child: %s\n", pinpool_last_error());
+    return 54;
+  }
+  pinpool_stats_t st;
+  if (pinpool_get_stats(pool, &st) != 0)
+    return 52;
+  if (st.requests.current != 1)
+    return 53;
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static void fork_growing(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  atomic_store(&fork_phase, 0);
+  PP_OK(pinpool_create("backend=host,mlock=0,populate=0,grow_ahead=16MiB",
+                       &pool));
+  atomic_store(&pp_test_hook, hold_grower);
+  void *p = NULL;
+  PP_OK(pinpool_alloc(pool, STEP, &p));
+  for (int i = 0; i < 10000 && atomic_load(&fork_phase) != 1; i++)
+    pp_sleep_ms(1);
+  PP_ASSERT(atomic_load(&fork_phase) == 1, "the grower never grew");
+  pid_t pid = fork();
+  PP_ASSERT(pid >= 0, "fork: %s", strerror(errno));
+  if (pid == 0) {
+    atomic_store(&pp_test_hook, NULL);
+    _exit(child_work(pool));
+  }
+  int rc = pp_wait_child(pid, 30000);
+  atomic_store(&pp_test_hook, NULL);
+  PP_ASSERT(rc == 0, "child: %d", rc);
+  /* The parent's grower finished its chunk. */
+  PP_ASSERT(headroom(pool, AHEAD, STEP), "parent: no headroom");
+  PP_OK(pinpool_free(pool, p));
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+}
+
+int main(int argc, char **argv) {
+  pp_clean_env();
+  const struct CMUnitTest all[] = {
+      cmocka_unit_test(bad_values),   cmocka_unit_test(ramp_host),
+      cmocka_unit_test(ramp_cuda),    cmocka_unit_test(ramp_auto),
+      cmocka_unit_test(max_reserved), cmocka_unit_test(release_wins),
+      cmocka_unit_test(fork_growing),
+  };
+  return pp_run_selected("test_growahead", all, sizeof all / sizeof all[0],
+                         argc, argv);
+}
