@@ -206,3 +206,49 @@ def test_warning_raised_as_an_error_is_given_again():
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out == ["raised", "raised", "quiet", ["NotPinnedWarning"],
                    [1, 1]], out
+
+
+def test_warning_raised_by_an_allocation_is_given_once_per_pool():
+    # The same from an allocation: two backend=auto pools capped within a
+    # 1 MiB RLIMIT_MEMLOCK are both locked at create; once the first has
+    # locked its 1 MiB, the second's chunk fails mlock at its allocation,
+    # which warns. Under the error filter that alloc() raises; the pool's
+    # next allocation (its chunk cached, no new warning) does not raise
+    # again, and a later pool that warns at create raises.
+    code = textwrap.dedent("""
+        import json, warnings, pinpool
+        out = []
+        warnings.simplefilter("error", pinpool.NotPinnedWarning)
+        a = pinpool.Pool("max_reserved=1MiB")
+        b = pinpool.Pool("max_reserved=1MiB")
+        out.append([a.stats()["backend_auto"], b.stats()["backend_auto"]])
+        keep = a.alloc(1 << 20)
+        for _ in range(2):
+            try:
+                b.alloc(1 << 20).close()
+                out.append("allocated")
+            except pinpool.NotPinnedWarning:
+                out.append("raised")
+        try:
+            pinpool.Pool("max_reserved=1MiB")
+            out.append("created")
+        except pinpool.NotPinnedWarning:
+            out.append("raised")
+        out.append(b.stats()["pin_warnings"])
+        print(json.dumps(out))
+    """)
+    env = child_env(NO_CUDA)
+
+    def pre():
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (1 << 20, 1 << 20))
+        if os.geteuid() == 0:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+
+    r = subprocess.run([sys.executable, "-c", code], env=env, preexec_fn=pre,
+                       capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == [["host-locked", "host-locked"], "raised", "allocated",
+                   "raised", 1], out
