@@ -5,6 +5,7 @@
  * (log10 of the ratio: 0 flat, 1 linear). docs/benchmarks.md, "Issue 38".
  *
  *   pp_bench_scale [REPS] [N ...]   (default: 5 1000 10000 100000)
+ *   PP_SCALE_OPS="stall snapshot" pp_bench_scale ...: those alone
  *
  * The pool: 2N + 1 blocks of 260 KiB (each a segment of its own, carved
  * from the arena), every other one freed and its segment given back by
@@ -23,7 +24,8 @@
  *   stall         the longest alloc + free of a block that is carved from
  *                 the arena (its size changes each time: no cache serves
  *                 it) while another thread runs empty_cache, a snapshot
- *                 and get_stats in a loop
+ *                 and get_stats in a loop, for 1 s
+ *   stall-p99     the 99th percentile of those alloc + free pairs
  *   fit-cycle     the arena's extents alone (src/extent.c): a bin of N
  *                 extents too small for a request of its class and one
  *                 that fits; alloc A, alloc B, free A, free B
@@ -210,6 +212,13 @@ static void *loop_ops(void *arg) {
   return NULL;
 }
 
+static double stall_p99_ns; /* the last op_stall's 99th percentile */
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 static double op_stall(size_t n) {
   frag_t f;
   frag_make(&f, n, "tcache_bytes=0");
@@ -218,6 +227,10 @@ static double op_stall(size_t n) {
   if (pthread_create(&t, NULL, loop_ops, &l) != 0)
     die("thread");
   uint64_t worst = 0, t_end = now_ns() + 1000000000u; /* 1 s */
+  size_t cap = (size_t)1 << 22, got = 0;
+  uint64_t *lat = malloc(cap * sizeof *lat);
+  if (lat == NULL)
+    die("stall: out of memory");
   for (size_t i = 0; now_ns() < t_end; i++) {
     /* A size of its own each time (up to 4 MiB in pages): carved. */
     size_t size = BLOCK + (i % 997) * GRAN;
@@ -227,7 +240,12 @@ static double op_stall(size_t n) {
       die("stall");
     uint64_t dt = now_ns() - t0;
     worst = dt > worst ? dt : worst;
+    if (got < cap)
+      lat[got++] = dt;
   }
+  qsort(lat, got, sizeof *lat, cmp_u64);
+  stall_p99_ns = got > 0 ? (double)lat[got * 99 / 100] : 0;
+  free(lat);
   atomic_store(&l.stop, 1);
   pthread_join(t, NULL);
   frag_free(&f);
@@ -320,20 +338,29 @@ int main(int argc, char **argv) {
       {"free-capped", "us", op_free_capped, 1e-3},
       {"empty-cache", "ms", op_empty_cache, 1e-6},
       {"snapshot", "ms", op_snapshot, 1e-6},
-      {"snapshot-hold", "ms", NULL, 1e-6},
+      {"snapshot-hold", "us", NULL, 1e-3},
       {"get-stats", "us", op_get_stats, 1e-3},
       {"stall", "ms", op_stall, 1e-6},
+      {"stall-p99", "us", NULL, 1e-3},
       {"fit-cycle", "us", op_fit_cycle, 1e-3},
       {"largest", "us", op_largest, 1e-3},
   };
   enum { NOPS = sizeof ops / sizeof ops[0] };
+  /* PP_SCALE_OPS="stall snapshot": only the operations named (and those
+   * measured with them: stall-p99, snapshot-hold); the others read 0. */
+  const char *only = getenv("PP_SCALE_OPS");
   double med[NOPS][8];
   for (int k = 0; k < nn; k++) {
     double v[NOPS][16];
     for (int r = 0; r < reps && r < 16; r++)
       for (int o = 0; o < (int)NOPS; o++) {
-        if (ops[o].fn == NULL) { /* snapshot-hold: the snapshot's */
-          v[o][r] = snap_hold_ns;
+        if (ops[o].fn == NULL) { /* the op before it measured these */
+          v[o][r] = strcmp(ops[o].name, "stall-p99") == 0 ? stall_p99_ns
+                                                          : snap_hold_ns;
+          continue;
+        }
+        if (only != NULL && strstr(only, ops[o].name) == NULL) {
+          v[o][r] = 0; /* not asked for */
           continue;
         }
         v[o][r] = ops[o].fn(ns[k]);

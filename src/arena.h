@@ -60,9 +60,10 @@ typedef struct pp_extents {
   size_t free_bytes, total_bytes, nfree; /* nfree: free extents */
   /* The meter (tests/test_scale.c counts with it, not with a clock):
    * elements visited (tree nodes, extents, chunks, entries copied or
-   * sorted) in all, and the most in one call: a copy for a snapshot
-   * (copy_max), any other (work_max). Each call runs in one hold of the
-   * owner's lock. */
+   * sorted) in all, and the most in one call (work_max): each call runs
+   * in one hold of the owner's lock. copy_max: the most a snapshot's copy
+   * visited in one hold, its segments included (snapshot.c sets it on
+   * node 0's extents). */
   uint64_t work, work_max, copy_max;
 } pp_extents_t;
 void pp_ext_init(pp_extents_t *x, size_t granule, bool span);
@@ -92,8 +93,8 @@ bool pp_ext_run_holds(const pp_extents_t *x, uintptr_t base, size_t size,
  * order): malloc'd by pp_ext_view (0 or PINPOOL_ENOMEM); into the
  * caller's arrays by pp_ext_copy, which copies nothing and returns false
  * when *nchunks or *nfree (set either way) exceed their room. A copy is
- * O(chunks + extents) and sorts nothing: a snapshot copies in its hold of
- * seg_lock and sorts after it (issue 38). */
+ * O(chunks + extents) in one call: snapshots copy in pieces instead
+ * (pp_ext_copy_some, below). */
 typedef struct pp_chunk_view {
   uintptr_t base;
   size_t size;
@@ -105,6 +106,31 @@ int pp_ext_view(const pp_extents_t *x, pp_chunk_view_t **chunks,
 bool pp_ext_copy(const pp_extents_t *x, pp_chunk_view_t *chunks,
                  size_t cap_chunks, pp_range_t *free_out, size_t cap_free,
                  size_t *nchunks, size_t *nfree);
+/* A copy in pieces, one per hold of the owner's lock (snapshots, issue
+ * 38: one copy of 100,000 free extents held seg_lock for milliseconds).
+ * The cursor (zeroed to start) is where the copy stands: the chunks in
+ * address order, then the free extents by (bin, size, address), and it is
+ * a key, so the extents may change between two calls. Each call copies at
+ * most `budget` elements (chunks, then free extents) after it, appending
+ * to chunks[*nc...] and free_out[*nf...] (room for `budget` more in
+ * each), and returns the elements it visited (the meter's count: tree
+ * descents and the chunks' search included, at most 3 * budget +
+ * 6 log2(extents + 2) + log2(chunks + 2) + 2). c->done: nothing is left.
+ * If nothing changed between the calls, the pieces are exactly one
+ * pp_ext_copy; otherwise a chunk is copied at most once and in address
+ * order, and a free extent that changed may be copied twice (in two
+ * shapes, which overlap) or not at all (snapshot.c makes a consistent
+ * picture of that: docs/snapshot-format.md). */
+typedef struct pp_ext_cursor {
+  uintptr_t chunk_from; /* the next chunk: the first based at or above */
+  unsigned bin;         /* the next free extent: in this bin, */
+  size_t size;          /* after (size, base) when `after` */
+  uintptr_t base;
+  bool after, chunks_done, done;
+} pp_ext_cursor_t;
+uint64_t pp_ext_copy_some(const pp_extents_t *x, pp_ext_cursor_t *c,
+                          size_t budget, pp_chunk_view_t *chunks, size_t *nc,
+                          pp_range_t *free_out, size_t *nf);
 /* Chunks all free without skip_flags, and their bytes: O(free chunks). */
 size_t pp_ext_free_chunks(const pp_extents_t *x, unsigned skip_flags,
                           size_t *bytes);

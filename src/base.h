@@ -159,6 +159,8 @@ enum {
                                starts, on the thread that runs it */
   PP_HOOK_SNAP_SEGMENTS,    /* snapshot: stats read, segments and chunks
                                not yet copied */
+  PP_HOOK_SNAP_PIECE,       /* snapshot: between two holds of its copy of
+                               the segments and the arena (no lock) */
   /* The lock drops of the growth and release paths (arena.c, pool.c,
    * alloc.c); tests/test_arena.c runs a release, a trim and an
    * out-of-memory retry in each. */

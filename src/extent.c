@@ -950,17 +950,6 @@ static void copy_node(const pp_extents_t *x, pp_xnode_t *e, void *arg) {
   o->f[o->n++] = (pp_range_t){e->base, e->size};
 }
 
-#ifdef PINPOOL_MUTANT_SNAPSHOT_SORT_LOCKED
-/* Mutant (docs/verification.md): the copy sorted in the hold, as the view
- * was, each comparison counted (test_scale's snapshot_hold must fail). */
-static const pp_extents_t *sort_meter;
-static int range_cmp_metered(const void *a, const void *b) {
-  const pp_range_t *p = a, *q = b;
-  METER(sort_meter);
-  return p->base < q->base ? -1 : p->base > q->base;
-}
-#endif
-
 bool pp_ext_copy(const pp_extents_t *x, pp_chunk_view_t *chunks,
                  size_t cap_chunks, pp_range_t *free_out, size_t cap_free,
                  size_t *nchunks, size_t *nfree) {
@@ -968,7 +957,6 @@ bool pp_ext_copy(const pp_extents_t *x, pp_chunk_view_t *chunks,
   *nfree = x->nfree;
   if (x->nchunks > cap_chunks || x->nfree > cap_free)
     return false;
-  uint64_t w0 = x->work;
   for (size_t i = 0; i < x->nchunks; i++) {
     METER(x);
     chunks[i] = (pp_chunk_view_t){x->chunks[i]->base, x->chunks[i]->size,
@@ -977,13 +965,6 @@ bool pp_ext_copy(const pp_extents_t *x, pp_chunk_view_t *chunks,
   copy_out_t o = {free_out, 0};
   each_node(x, copy_node, &o);
   pp_assert(o.n == x->nfree);
-#ifdef PINPOOL_MUTANT_SNAPSHOT_SORT_LOCKED
-  sort_meter = x;
-  qsort(free_out, o.n, sizeof *free_out, range_cmp_metered);
-#endif
-  pp_extents_t *m = (pp_extents_t *)x; /* the meter only */
-  if (m->work - w0 > m->copy_max)
-    m->copy_max = m->work - w0;
   return true;
 }
 
@@ -1000,6 +981,92 @@ int pp_ext_view(const pp_extents_t *x, pp_chunk_view_t **chunks,
   *chunks = c;
   *free_out = f;
   return 0;
+}
+
+/* ---- A copy over several holds (snapshots: arena.h, pp_ext_copy_some).
+ * The cursor is a key, not a pointer: each call finds its place again by
+ * a descent (O(log n)), so nothing the extents did between two calls can
+ * leave it dangling. */
+
+/* Up to k nodes of t after *key (every node when key is NULL), in order,
+ * into out; *last: the last one copied. An explicit stack: a bin's tree
+ * is at most 1.44 log2 n deep ("Bins"), under 64. */
+static size_t tree_copy_after(const pp_extents_t *x, pp_xnode_t *t,
+                              const pp_xnode_t *key, pp_range_t *out, size_t k,
+                              const pp_xnode_t **last) {
+  pp_xnode_t *stack[64];
+  unsigned sp = 0;
+  while (t != NULL) { /* the path to the first node after key */
+    METER(x);
+    if (key == NULL || before(key, t)) {
+      pp_assert(sp < 64);
+      stack[sp++] = t;
+      t = t->left;
+    } else {
+      t = t->right;
+    }
+  }
+  size_t n = 0;
+  while (sp > 0 && n < k) {
+    const pp_xnode_t *c = stack[--sp];
+    out[n++] = (pp_range_t){c->base, c->size};
+    *last = c;
+    for (t = c->right; t != NULL; t = t->left) {
+      METER(x);
+      pp_assert(sp < 64);
+      stack[sp++] = t;
+    }
+  }
+  return n;
+}
+
+uint64_t pp_ext_copy_some(const pp_extents_t *x, pp_ext_cursor_t *c,
+                          size_t budget, pp_chunk_view_t *chunks, size_t *nc,
+                          pp_range_t *free_out, size_t *nf) {
+  uint64_t w0 = x->work;
+  size_t got = 0;
+  if (!c->chunks_done) {
+    size_t lo = 0, hi = x->nchunks; /* the first chunk at or above from */
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      METER(x);
+      if (x->ranges[mid].base < c->chunk_from)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    for (; lo < x->nchunks && got < budget; lo++, got++) {
+      METER(x);
+      const pp_xchunk_t *k = x->chunks[lo];
+      chunks[(*nc)++] = (pp_chunk_view_t){k->base, k->size, k->flags, 0};
+      c->chunk_from = k->base + k->size;
+    }
+    c->chunks_done = lo == x->nchunks;
+  }
+  while (c->chunks_done && !c->done && got < budget) {
+    if (c->bin >= 2 * PP_EXT_HALF) {
+      c->done = true;
+      break;
+    }
+    pp_xnode_t key;
+    key.base = c->base;
+    key.size = c->size;
+    const pp_xnode_t *last = NULL;
+    size_t want = budget - got;
+    size_t n = tree_copy_after(x, x->bins[c->bin], c->after ? &key : NULL,
+                               free_out + *nf, want, &last);
+    *nf += n;
+    got += n;
+    if (n == want) { /* maybe more in this bin: after the last one */
+      c->after = true;
+      c->size = last->size;
+      c->base = last->base;
+    } else {
+      c->bin++;
+      c->after = false;
+    }
+  }
+  return x->work - w0;
 }
 
 #ifdef PINPOOL_MUTANT_EXT_LARGEST_WALK

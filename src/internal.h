@@ -602,6 +602,9 @@ struct pinpool {
   _Alignas(64) _Atomic(struct pp_segment *) deferred;
   _Alignas(64) pp_mutex_t seg_lock; /* all, desc_free_* */
   pp_segment_t *all;
+  /* Snapshots copying `all` over several holds (snapshot.c): each one's
+   * next segment, which a release of that segment moves on (pool.c). */
+  struct pp_snap_cursor *snap_cursors;
   pp_segment_t *desc_free_slab, *desc_free_large;
   pp_segmap_t *map;
 
@@ -676,6 +679,14 @@ struct pinpool {
   bool bg_stop;   /* under bg_mutex */
   pp_grow_t grow; /* grow_ahead= (growahead.c) */
 };
+
+/* A snapshot's place in `all` between two holds of seg_lock: the next
+ * segment to copy (NULL: the end). New segments go to the head, so a
+ * copy sees only those that existed when it began (snapshot.c). */
+typedef struct pp_snap_cursor {
+  pp_segment_t *next;
+  struct pp_snap_cursor *link;
+} pp_snap_cursor_t;
 
 /* A cap on idle bytes is set (max_cached or max_cached_pct): idle segments
  * are kept in the LRU that trimming walks. */

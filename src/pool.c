@@ -271,6 +271,11 @@ static void seg_release_locked(pinpool_t *pool, pp_segment_t *d) {
       (d->flags & PP_SEG_FALLBACK) ? pp_load_relaxed(&d->nblocks) : 0;
   pp_store_relaxed(&d->gen, pp_load_relaxed(&d->gen) + 1);
   pp_segmap_remove(pool->map, d);
+  /* A snapshot whose copy would go on from d goes on from its successor
+   * (d's all_next is the descriptor free list's once it is recycled). */
+  for (pp_snap_cursor_t *c = pool->snap_cursors; c != NULL; c = c->link)
+    if (c->next == d)
+      c->next = d->all_next;
   if (d->all_prev != NULL)
     d->all_prev->all_next = d->all_next;
   else

@@ -4,13 +4,14 @@
  *
  * Gathering holds one pool lock at a time and never for long:
  *  - seg_lock while the list of live segments and the arena's chunks and
- *    free extents are copied (a few words each), in one hold, so that the
- *    segments and the free extents tile the chunks as they were at one
- *    moment (tests/snapshot: snapcheck_chunks). That is the longest hold;
- *    it is measured and written out as max_hold_ns. Only segment creation
- *    and release wait for it. It copies and nothing more: the arrays are
- *    allocated before it and sorted after it (tests/test_scale.c counts
- *    the elements it visits).
+ *    free extents are copied (a few words each), in pieces of at most
+ *    PP_SNAP_PIECE elements a hold ("copied in pieces" below: what they
+ *    make together; in a quiescent pool the segments and the free extents
+ *    tile the chunks, tests/snapshot: snapcheck_chunks). Those are the
+ *    longest holds; the longest is written out as max_hold_ns. Only
+ *    segment creation and release wait for them. They copy and nothing
+ *    more: the arrays are grown between them and sorted after them
+ *    (tests/test_scale.c counts the elements each visits).
  *  - a stripe lock per block that has streams, to copy its stream set.
  *  - the stack table's lock while it is copied.
  * Blocks are read with no lock: each block's state word is one atomic
@@ -72,31 +73,33 @@ static void hold_done(pp_snap_t *s, uint64_t t0) {
     s->max_hold_ns = dt;
 }
 
-/* The arena's chunks and free extents of every node, into arrays with
- * room for cap_c and cap_f: false if they had too little (*nc, *nf: what
- * was needed). Caller holds seg_lock: a copy, no sort, no allocation. */
-static bool copy_arena_locked(pinpool_t *pool, pp_chunk_view_t *c, size_t cap_c,
-                              pp_range_t *f, size_t cap_f, size_t *nc,
-                              size_t *nf) {
-  bool fits = true;
-  *nc = *nf = 0;
-  for (unsigned n = 0; n < pool->nnodes; n++) {
-    pp_extents_t *x = &pool->arena.node[n].ext;
-    size_t k = 0, m = 0;
-    if (fits &&
-        pp_ext_copy(x, c + *nc, cap_c - *nc, f + *nf, cap_f - *nf, &k, &m)) {
-      for (size_t i = 0; i < k; i++)
-        c[*nc + i].node = n;
-    } else {
-      fits = false;
-      k = x->nchunks;
-      m = x->nfree;
-    }
-    *nc += k;
-    *nf += m;
-  }
-  return fits;
-}
+/* ---- The segments and the arena, copied in pieces (issue 38) ----------
+ * One hold of seg_lock copied every segment, chunk and free extent: with
+ * 100,000 free extents (and as many segments) that held it for
+ * milliseconds, and every segment creation and release waited
+ * (docs/benchmarks.md, "Issue 38"). Each hold now copies at most
+ * PP_SNAP_PIECE elements and lets go: the segments first, from a cursor
+ * that the pool moves on when it releases the segment under it (pool.c,
+ * seg_release_locked), then each node's chunks and free extents from a
+ * cursor that is a key (pp_ext_copy_some). What the pieces make together
+ * (docs/snapshot-format.md, step 2, the argument in full):
+ *  - segments: only those that existed when the copy began (new ones go
+ *    to the head of the list, behind the cursor), and of those, after the
+ *    block reads' generation check (read_blocks), only the ones that still
+ *    exist: each existed all through the copy of the arena, so no free
+ *    range copied overlaps it, and no two of them overlap.
+ *  - chunks: each at most once and in address order (the cursor is an
+ *    address), so no two overlap (across nodes, one that does is dropped).
+ *  - free ranges: each was free when its piece was copied. One that
+ *    changed between pieces can come twice in two shapes, or not at all:
+ *    the ranges are sorted and those that overlap or touch are joined
+ *    (their union was free piecewise and overlaps no segment reported),
+ *    and what lies outside the chunks copied is cut off.
+ * So no byte is in two of them; where the arena changed during the copy,
+ * some bytes may be in neither. A copy during which nothing changed is
+ * the one-hold copy exactly: a quiescent pool's segments and free ranges
+ * tile its chunks. The totals are sums of what was copied, so the
+ * accounting identity holds in every snapshot. */
 
 static int range_cmp(const void *a, const void *b) {
   uintptr_t x = ((const pp_range_t *)a)->base;
@@ -110,86 +113,217 @@ static int chunk_cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* The segments, and the arena's chunks and free extents, copied in one
- * hold of seg_lock (they tile each other as at one moment), into arrays
- * allocated before it; sorted after it (issue 38: the view sorted up to
- * 100,000 free extents in the hold, 38 ms). The arena's sizes come from a
- * hold of their own, O(nodes); when they grew in between, the copy finds
- * too little room and the next attempt has more. */
+static void cursor_drop_locked(pinpool_t *pool, pp_snap_cursor_t *sc) {
+  pp_snap_cursor_t **pp = &pool->snap_cursors;
+  while (*pp != sc)
+    pp = &(*pp)->link;
+  *pp = sc->link;
+}
+
+/* One segment's fields, under seg_lock. */
+static void copy_seg(pp_sseg_t *g, pp_segment_t *d) {
+  g->d = d;
+  g->gen = pp_load_relaxed(&d->gen);
+  g->base = pp_load_relaxed(&d->base);
+  g->size = pp_load_relaxed(&d->size);
+  g->bs = pp_load_relaxed(&d->block_size);
+  g->nblocks = pp_load_relaxed(&d->nblocks);
+  g->cls = pp_load_relaxed(&d->cls_index);
+  g->flags = d->flags; /* written before publication, under seg_lock */
+  g->node = d->node;   /* likewise */
+}
+
+/* The pieces put together (see above), with no lock held: the chunks in
+ * address order without overlaps; the free ranges sorted, joined where
+ * they overlap or touch, cut to the chunks' spans (adjacent chunks
+ * together, so that a range crossing chunks of a run stays one). Sets
+ * s->chunks, s->free_ext and their counts; 0 or PINPOOL_ENOMEM. */
+static int tidy_arena(pp_snap_t *s, pp_chunk_view_t *c, size_t nc,
+                      pp_range_t *f, size_t nf) {
+  qsort(c, nc, sizeof *c, chunk_cmp);
+  size_t k = 0;
+  for (size_t i = 0; i < nc; i++)
+    if (k == 0 || c[i].base >= c[k - 1].base + c[k - 1].size)
+      c[k++] = c[i];
+  nc = k;
+  qsort(f, nf, sizeof *f, range_cmp);
+  size_t m = 0;
+  for (size_t i = 0; i < nf; i++) {
+    if (m > 0 && f[i].base <= f[m - 1].base + f[m - 1].size) {
+      uintptr_t e = f[i].base + f[i].size;
+      if (e > f[m - 1].base + f[m - 1].size)
+        f[m - 1].size = e - f[m - 1].base;
+    } else {
+      f[m++] = f[i];
+    }
+  }
+  /* The spans, then each range cut to them (a range splits only where a
+   * chunk it crossed was not copied). */
+  pp_range_t *span = malloc((nc + 1) * sizeof *span);
+  pp_range_t *out = malloc((m + nc + 1) * sizeof *out);
+  if (span == NULL || out == NULL) {
+    free(span);
+    free(out);
+    free(c);
+    free(f);
+    return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory for the arena");
+  }
+  size_t ns = 0;
+  for (size_t i = 0; i < nc; i++) {
+    if (ns > 0 && span[ns - 1].base + span[ns - 1].size == c[i].base)
+      span[ns - 1].size += c[i].size;
+    else
+      span[ns++] = (pp_range_t){c[i].base, c[i].size};
+  }
+  size_t no = 0, j = 0;
+  for (size_t i = 0; i < m; i++) {
+    uintptr_t a = f[i].base, e = a + f[i].size;
+    while (j < ns && span[j].base + span[j].size <= a)
+      j++;
+    for (size_t q = j; q < ns && span[q].base < e; q++) {
+      uintptr_t lo = a > span[q].base ? a : span[q].base;
+      uintptr_t hi = span[q].base + span[q].size;
+      hi = e < hi ? e : hi;
+      if (lo < hi)
+        out[no++] = (pp_range_t){lo, hi - lo};
+    }
+  }
+  free(span);
+  free(f);
+  s->chunks = c;
+  s->nchunks = nc;
+  s->free_ext = out;
+  s->nfree = no;
+  s->chunk_free = 0;
+  for (size_t i = 0; i < no; i++)
+    s->chunk_free += out[i].size;
+  return 0;
+}
+
+/* The segments, and the arena's chunks and free extents, copied in pieces
+ * of at most PP_SNAP_PIECE elements, each in a hold of seg_lock (the
+ * arrays grown between them), then put together with no lock held. */
 static int copy_segments(pp_snap_t *s) {
   pinpool_t *pool = s->pool;
-  size_t want_c = 0, want_f = 0;
+  pp_sseg_t *segs = NULL;
+  pp_chunk_view_t *chunks = NULL;
+  pp_range_t *fr = NULL;
+  size_t cap_s = 0, cap_c = 0, cap_f = 0, ns = 0, nc = 0, nf = 0;
+  pp_ext_cursor_t *cur = calloc(pool->nnodes, sizeof *cur);
+  if (cur == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory for segments");
+  pp_snap_cursor_t sc = {NULL, NULL};
+  bool one_hold = false;
+#ifdef PINPOOL_MUTANT_SNAPSHOT_ONE_HOLD
+  /* Mutant (docs/verification.md): the pieces in one hold while the
+   * arrays have room, as the copy was (test_scale's snapshot_hold and
+   * lock_hold must fail). */
+  one_hold = true;
+  size_t want_s = 0, want_c = 0, want_f = 0; /* room for all, as it had */
   pp_mutex_lock(&pool->seg_lock);
+  for (pp_segment_t *d = pool->all; d != NULL; d = d->all_next)
+    want_s++;
   for (unsigned n = 0; n < pool->nnodes; n++) {
     want_c += pool->arena.node[n].ext.nchunks;
     want_f += pool->arena.node[n].ext.nfree;
   }
   pp_mutex_unlock(&pool->seg_lock);
-  for (int attempt = 0; attempt < 16; attempt++) {
-    size_t cap = (size_t)pp_load_relaxed(&pool->gs.segs_cur) + 64;
-    size_t cap_c = want_c + 16, cap_f = want_f + want_f / 8 + 64;
-    pp_sseg_t *segs = malloc(cap * sizeof *segs);
-    pp_chunk_view_t *chunks = malloc(cap_c * sizeof *chunks);
-    pp_range_t *fr = malloc(cap_f * sizeof *fr);
-    if (segs == NULL || chunks == NULL || fr == NULL) {
-      free(segs);
-      free(chunks);
-      free(fr);
-      return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory for segments");
-    }
-    /* Touched here, not first in the hold: fresh pages fault (a 100,000
-     * extent copy is 1.6 MB, 400 faults). */
-    memset(segs, 0, cap * sizeof *segs);
-    memset(chunks, 0, cap_c * sizeof *chunks);
-    memset(fr, 0, cap_f * sizeof *fr);
-    size_t n = 0, nc = 0, nf = 0;
-    bool fits = true;
-    uint64_t t0 = pp_now_ns();
-    pp_mutex_lock(&pool->seg_lock);
-    for (pp_segment_t *d = pool->all; d != NULL; d = d->all_next) {
-      if (n == cap) {
-        fits = false;
+  if (!pp_snap_grow((void **)&segs, &cap_s, want_s + 2 * PP_SNAP_PIECE,
+                    sizeof *segs) ||
+      !pp_snap_grow((void **)&chunks, &cap_c, want_c + 2 * PP_SNAP_PIECE,
+                    sizeof *chunks) ||
+      !pp_snap_grow((void **)&fr, &cap_f, want_f + 2 * PP_SNAP_PIECE,
+                    sizeof *fr))
+    abort();
+#endif
+  bool registered = false, locked = false, segs_done = false, done = false;
+  unsigned node = 0;
+  uint64_t t0 = 0, work = 0;
+  while (!done) {
+    if (!locked) {
+      /* Room for a piece in every array, made with no lock held. */
+      if (!pp_snap_grow((void **)&segs, &cap_s, ns + PP_SNAP_PIECE,
+                        sizeof *segs) ||
+          !pp_snap_grow((void **)&chunks, &cap_c, nc + PP_SNAP_PIECE,
+                        sizeof *chunks) ||
+          !pp_snap_grow((void **)&fr, &cap_f, nf + PP_SNAP_PIECE, sizeof *fr))
         break;
+      t0 = pp_now_ns();
+      pp_mutex_lock(&pool->seg_lock);
+      locked = true;
+      work = 0;
+      if (!registered) {
+        sc.next = pool->all;
+        sc.link = pool->snap_cursors;
+        pool->snap_cursors = &sc;
+        registered = true;
       }
-      pp_sseg_t *g = &segs[n++];
-      g->d = d;
-      g->gen = pp_load_relaxed(&d->gen);
-      g->base = pp_load_relaxed(&d->base);
-      g->size = pp_load_relaxed(&d->size);
-      g->bs = pp_load_relaxed(&d->block_size);
-      g->nblocks = pp_load_relaxed(&d->nblocks);
-      g->cls = pp_load_relaxed(&d->cls_index);
-      g->flags = d->flags; /* written before publication, under seg_lock */
-      g->node = d->node;   /* likewise */
     }
-    if (fits)
-      fits = copy_arena_locked(pool, chunks, cap_c, fr, cap_f, &nc, &nf);
-    pp_mutex_unlock(&pool->seg_lock);
-    hold_done(s, t0);
-    if (fits) {
-      /* Out of the hold: the chunks and the free extents in address
-       * order (each node's chunks are, the nodes' are interleaved). */
-      if (pool->nnodes > 1)
-        qsort(chunks, nc, sizeof *chunks, chunk_cmp);
-      qsort(fr, nf, sizeof *fr, range_cmp);
-      s->segs = segs;
-      s->nsegs = n;
-      s->chunks = chunks;
-      s->nchunks = nc;
-      s->free_ext = fr;
-      s->nfree = nf;
-      s->chunk_free = 0;
-      for (size_t i = 0; i < s->nfree; i++)
-        s->chunk_free += s->free_ext[i].size;
-      return 0;
+    /* A piece: at most PP_SNAP_PIECE elements (the tests count them),
+     * and no more once PP_SNAP_PIECE_NS have passed, looked at every
+     * PP_SNAP_STEP (what they cost when each is a cache miss: at 100,000
+     * segments and extents about 0.7 us each, so 512 of them took 300-400
+     * us). */
+    size_t budget = PP_SNAP_PIECE;
+    uint64_t t_end = pp_now_ns() + PP_SNAP_PIECE_NS;
+    while (budget > 0 && !(segs_done && node == pool->nnodes)) {
+      size_t step = budget < PP_SNAP_STEP ? budget : PP_SNAP_STEP, used = 0;
+      for (; !segs_done && used < step; used++) {
+        pp_segment_t *d = sc.next;
+        if (d == NULL) {
+          segs_done = true;
+          break;
+        }
+        copy_seg(&segs[ns++], d);
+        sc.next = d->all_next;
+        work++;
+      }
+      if (segs_done && node < pool->nnodes && used < step) {
+        size_t nc0 = nc, nf0 = nf;
+        work += pp_ext_copy_some(&pool->arena.node[node].ext, &cur[node],
+                                 step - used, chunks, &nc, fr, &nf);
+        for (size_t i = nc0; i < nc; i++)
+          chunks[i].node = node;
+        used += (nc - nc0) + (nf - nf0);
+        if (cur[node].done)
+          node++;
+      }
+      budget -= used;
+      if (pp_now_ns() >= t_end)
+        break;
+    }
+    done = segs_done && node == pool->nnodes;
+    if (done || !one_hold || cap_s - ns < PP_SNAP_PIECE ||
+        cap_c - nc < PP_SNAP_PIECE || cap_f - nf < PP_SNAP_PIECE) {
+      pp_extents_t *x0 = &pool->arena.node[0].ext; /* the meter (arena.h) */
+      if (work > x0->copy_max)
+        x0->copy_max = work;
+      if (done) {
+        cursor_drop_locked(pool, &sc);
+        registered = false;
+      }
+      pp_mutex_unlock(&pool->seg_lock);
+      locked = false;
+      hold_done(s, t0);
+      if (!done)
+        pp_hook(PP_HOOK_SNAP_PIECE);
+    }
+  }
+  free(cur);
+  if (!done) { /* out of memory growing an array, no lock held */
+    if (registered) {
+      pp_mutex_lock(&pool->seg_lock);
+      cursor_drop_locked(pool, &sc);
+      pp_mutex_unlock(&pool->seg_lock);
     }
     free(segs);
     free(chunks);
     free(fr);
-    want_c = nc > want_c ? nc : want_c;
-    want_f = nf > want_f ? nf : want_f;
+    return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory for segments");
   }
-  return pp_fail(PINPOOL_EBUSY, "snapshot: segments kept being created");
+  s->segs = segs;
+  s->nsegs = ns;
+  return tidy_arena(s, chunks, nc, fr, nf);
 }
 
 bool pp_snap_grow(void **p, size_t *cap, size_t need, size_t elem) {
@@ -374,7 +508,7 @@ int pp_snap_gather(pp_snap_t *s) {
   if (s->config == NULL || pinpool_get_config(pool, s->config, need, NULL) != 0)
     return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory");
   pp_hook(PP_HOOK_SNAP_SEGMENTS);
-  rc = copy_segments(s); /* and the chunks, in the same hold */
+  rc = copy_segments(s); /* and the arena's chunks and free extents */
   if (rc != 0)
     return rc;
   /* Room for every block of every segment copied: no growing (and no

@@ -446,6 +446,54 @@ done:
   return rc;
 }
 
+int snapcheck_disjoint(const char *text, size_t len, snapcheck_t *out,
+                       char *why, size_t whylen) {
+  if (snapcheck(text, len, out, why, whylen) != 0)
+    return -1;
+  if (!out->has_chunks)
+    return bad(why, whylen, "no chunks (a snapshot written before issue 21)");
+  json_t *root = json_loadb(text, len, 0, NULL);
+  json_t *chunks = json_object_get(root, "chunks");
+  json_t *segs = json_object_get(root, "segments"), *c, *r, *sg;
+  size_t nsegs = json_array_size(segs);
+  size_t np = nsegs + (size_t)out->free_ranges, k = 0, i, j;
+  piece_t *pc = calloc(np + 1, sizeof *pc);
+  int rc = -1;
+  char b1[96], b2[96];
+  if (root == NULL || pc == NULL) {
+    bad(why, whylen, "out of memory");
+    goto done;
+  }
+  /* snapcheck checked that each free range lies in its chunk. */
+  json_array_foreach(chunks, i, c) {
+    json_array_foreach(json_object_get(c, "free"), j, r) {
+      uint64_t a = (uint64_t)json_integer_value(json_array_get(r, 0));
+      pc[k++] = (piece_t){
+          a, a + (uint64_t)json_integer_value(json_array_get(r, 1)), i, j, 0};
+    }
+  }
+  json_array_foreach(segs, i, sg) {
+    uint64_t a = u(sg, "address");
+    pc[k++] = (piece_t){a, a + u(sg, "size"), i, 0, 1};
+  }
+  qsort(pc, np, sizeof *pc, cmp_piece);
+  size_t far = SIZE_MAX; /* the piece reaching furthest so far */
+  for (size_t p = 0; p < np; p++) {
+    if (far != SIZE_MAX && pc[p].a < pc[far].e) {
+      bad(why, whylen, "%s overlaps %s", piece_name(&pc[p], b1, sizeof b1),
+          piece_name(&pc[far], b2, sizeof b2));
+      goto done;
+    }
+    if (far == SIZE_MAX || pc[p].e > pc[far].e)
+      far = p;
+  }
+  rc = 0;
+done:
+  free(pc);
+  json_decref(root);
+  return rc;
+}
+
 int snapcheck_has_function(const char *text, size_t len, const char *function) {
   json_t *root = json_loadb(text, len, 0, NULL);
   int found = 0;

@@ -58,6 +58,13 @@ int snapcheck(const char *text, size_t len, snapcheck_t *out, char *why,
 int snapcheck_chunks(const char *text, size_t len, snapcheck_t *out, char *why,
                      size_t whylen);
 
+/* snapcheck, and what holds in every snapshot with `chunks`, busy pool or
+ * not (docs/snapshot-format.md, step 2: the copy in pieces): no byte is in
+ * two of the segments and free ranges, and every free range lies in a
+ * chunk listed. 0 if it holds, else -1 with the first problem in why. */
+int snapcheck_disjoint(const char *text, size_t len, snapcheck_t *out,
+                       char *why, size_t whylen);
+
 /* Does any frame of any stack name `function`? (1 yes, 0 no) */
 int snapcheck_has_function(const char *text, size_t len, const char *function);
 

@@ -17,9 +17,12 @@
  *     so it is the new check that catches them;
  *   - one_hold: a large block carved and another given back just before
  *     the snapshot copies its segments (the test hook): the chunks and the
- *     segments it reports still tile, because both are copied in one hold
- *     of seg_lock (with the chunks copied before that point, as they were,
- *     the new block overlaps a free range and the old one leaves a gap).
+ *     segments it reports still tile, because both are copied after that
+ *     point, in one hold of seg_lock for a pool this small (with the chunks
+ *     copied before that point, as they were, the new block overlaps a
+ *     free range and the old one leaves a gap);
+ *   - pieces: a pool whose copy takes several holds (issue 38), changed
+ *     between every two of them: nothing listed twice (snapcheck_disjoint).
  * usage: test_snapshot_chunks EXAMPLE_CHUNKS.json
  */
 #include "testutil.h"
@@ -29,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base.h" /* the test hook */
+#include "internal.h" /* the test hook, the snapshot's cursor */
 #include "snapshot/snapcheck.h"
 
 static const char *example_path;
@@ -512,6 +515,115 @@ static void one_hold(void **state) {
   pinpool_destroy(hold_pool);
 }
 
+/* pieces: a snapshot copies the segments and the arena in pieces of
+ * PP_SNAP_PIECE elements, one hold of seg_lock each (issue 38). Between
+ * every two pieces the hook frees the block whose segment the copy goes
+ * on from (its release must move the copy's cursor on: pool.c), frees a
+ * block whose segment was copied already, and carves a new block; once
+ * the free extents are being copied, it frees the block after the one
+ * copied first, which grows into another bin and is copied again (the
+ * same bytes come twice), and carves a block that needs a new chunk
+ * (made after the chunks were copied: its free rest is in none listed). The
+ * snapshot must still list no byte twice (snapcheck_disjoint), and the
+ * quiescent pool's next one tile its chunks. */
+#define PIECES_N 2400
+static pinpool_t *pc_pool;
+static void *pc_blk[PIECES_N];
+static int pc_calls, pc_moved, pc_grown;
+static uintptr_t pc_low_island;
+static void *pc_big;
+static void *pc_new[64];
+
+static void free_at(uintptr_t base) {
+  for (int i = 0; i < PIECES_N; i++)
+    if (pc_blk[i] != NULL && (uintptr_t)pc_blk[i] == base) {
+      PP_OK(pinpool_free(pc_pool, pc_blk[i]));
+      pc_blk[i] = NULL;
+      return;
+    }
+}
+
+/* On the snapshot's thread, no lock held, no other thread: the cursor
+ * read without seg_lock is this thread's own. */
+static void change_between_pieces(int point) {
+  if (point != PP_HOOK_SNAP_PIECE || pc_calls >= 64)
+    return;
+  pp_snap_cursor_t *c = pc_pool->snap_cursors;
+  PP_ASSERT(c != NULL && c->link == NULL, "one snapshot's cursor");
+  if (c->next != NULL) {
+    pp_snap_cursor_t before = *c;
+    free_at(pp_load_relaxed(&before.next->base));
+    pc_moved += c->next != before.next;
+  }
+  /* Once the segments are copied: the block after the lowest island,
+   * whose free extent (the first of its bin, by address) is copied
+   * already; it grows into a larger bin and is copied again. */
+  if (c->next == NULL && !pc_grown) {
+    for (int i = 0; i < PIECES_N; i++)
+      if (pc_blk[i] != NULL &&
+          (uintptr_t)pc_blk[i] == pc_low_island + 300 * KiB) {
+        free_at((uintptr_t)pc_blk[i]);
+        pc_grown = 1;
+        break;
+      }
+    /* And a chunk made after the chunks were copied: its free rest is
+     * copied, in no chunk listed. */
+    PP_OK(pinpool_alloc(pc_pool, 300 * MiB + 4 * KiB, &pc_big));
+  }
+  /* The newest blocks' segments are copied first (the list's head). */
+  for (int i = PIECES_N - 1; i >= 0; i -= 2)
+    if (pc_blk[i] != NULL) {
+      PP_OK(pinpool_free(pc_pool, pc_blk[i]));
+      pc_blk[i] = NULL;
+      break;
+    }
+  PP_OK(pinpool_alloc(pc_pool, 1 * MiB + 64 * KiB, &pc_new[pc_calls]));
+  pc_calls++;
+}
+
+static void pieces(void **state) {
+  (void)state;
+  PP_OK(pinpool_create("populate=0,mlock=0,tcache_bytes=0,max_cached=4GiB",
+                       &pc_pool));
+  for (int i = 0; i < PIECES_N; i++)
+    PP_OK(pinpool_alloc(pc_pool, 300 * KiB, &pc_blk[i]));
+  pc_low_island = UINTPTR_MAX;
+  for (int i = 1; i < PIECES_N; i += 4) { /* islands: free extents */
+    if ((uintptr_t)pc_blk[i] < pc_low_island)
+      pc_low_island = (uintptr_t)pc_blk[i];
+    PP_OK(pinpool_free(pc_pool, pc_blk[i]));
+    pc_blk[i] = NULL;
+  }
+  pc_calls = pc_moved = pc_grown = 0;
+  pc_big = NULL;
+  atomic_store(&pp_test_hook, change_between_pieces);
+  size_t len;
+  char *text = take(pc_pool, &len), why[512];
+  atomic_store(&pp_test_hook, NULL);
+  snapcheck_t c;
+  PP_ASSERT(snapcheck_disjoint(text, len, &c, why, sizeof why) == 0,
+            "blocks freed and carved between the pieces: %s", why);
+  printf("pieces: %d changes between pieces, the cursor moved on by %d "
+         "releases; %llu segments, %llu free ranges listed\n",
+         pc_calls, pc_moved, (ull)c.segments, (ull)c.free_ranges);
+  PP_ASSERT(pc_calls >= 3, "%d pieces: the copy was not in pieces",
+            pc_calls + 1);
+  PP_ASSERT(pc_moved >= 1, "no release moved the cursor: not tested");
+  PP_ASSERT(pc_grown, "no copied free extent grew: not tested");
+  pinpool_snapshot_free(text);
+  text = take(pc_pool, &len);
+  PP_ASSERT(snapcheck_chunks(text, len, &c, why, sizeof why) == 0,
+            "the quiescent pool after: %s", why);
+  pinpool_snapshot_free(text);
+  for (int i = 0; i < PIECES_N; i++)
+    if (pc_blk[i] != NULL)
+      PP_OK(pinpool_free(pc_pool, pc_blk[i]));
+  for (int i = 0; i < pc_calls; i++)
+    PP_OK(pinpool_free(pc_pool, pc_new[i]));
+  PP_OK(pinpool_free(pc_pool, pc_big));
+  pinpool_destroy(pc_pool);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: test_snapshot_chunks EXAMPLE_CHUNKS.json\n");
@@ -519,10 +631,9 @@ int main(int argc, char **argv) {
   }
   example_path = argv[1];
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(example),
-      cmocka_unit_test(corrupted),
-      cmocka_unit_test(quiescent_pools),
-      cmocka_unit_test(one_hold),
+      cmocka_unit_test(example),         cmocka_unit_test(corrupted),
+      cmocka_unit_test(quiescent_pools), cmocka_unit_test(one_hold),
+      cmocka_unit_test(pieces),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
