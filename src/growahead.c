@@ -175,7 +175,7 @@ void pp_grow_tick(pinpool_t *pool) {
   if (now - gr->last_ns < LOOK_NS)
     return;
   gr->last_ns = now;
-  look_t l[PP_NUMA_MAX];
+  look_t l[PP_NUMA_MAX] = {{0}}; /* nnodes of them are read */
   uint64_t used_all = 0;
   pp_mutex_lock(&pool->seg_lock);
   /* In the hold that reads the arena: a release is seen with its effect. */
