@@ -248,6 +248,11 @@ static int copy_segments(pp_snap_t *s) {
                         sizeof *chunks) ||
           !pp_snap_grow((void **)&fr, &cap_f, nf + PP_SNAP_PIECE, sizeof *fr))
         break;
+      /* The piece's room touched here, not first in the hold: fresh
+       * pages fault (W8's longest hold went from 15 to 27 us without). */
+      memset(segs + ns, 0, PP_SNAP_PIECE * sizeof *segs);
+      memset(chunks + nc, 0, PP_SNAP_PIECE * sizeof *chunks);
+      memset(fr + nf, 0, PP_SNAP_PIECE * sizeof *fr);
       t0 = pp_now_ns();
       pp_mutex_lock(&pool->seg_lock);
       locked = true;
