@@ -124,11 +124,14 @@ typedef struct {
   size_t nbytes, block_size;
   int device_type; /* kDLCPU or kDLCUDAHost */
   /* Owner side: the pid the block is lent to, 0 when not lent, -1 while a
-   * lend is being made. While lent, new exports and close() are refused
+   * lend is being made, LENT_CLOSING while close() runs (close_hook: a lend
+   * racing it is refused). While lent, new exports and close() are refused
    * (docs/sharing.md: the owner does nothing with the bytes of a lent
    * block, and a close would leave it allocated for good). */
   _Atomic int lent;
 } BufferObject;
+
+#define LENT_CLOSING (-2) /* BufferObject.lent during close (close_hook) */
 
 static PyTypeObject PoolType;
 static PyTypeObject BufferType;
@@ -1237,6 +1240,10 @@ static int buffer_closed(BufferObject *self) {
 static int take_export(BufferObject *self, unsigned flags,
                        const pinpool_export_t **out) {
   int lent = atomic_load_explicit(&self->lent, memory_order_acquire);
+  if (lent == LENT_CLOSING) { /* close_hook: closed a moment from now */
+    PyErr_SetString(PyExc_BufferError, "pinpool.Buffer is closed");
+    return -1;
+  }
   if (lent != 0) {
     PyErr_Format(PyExc_BufferError,
                  "pinpool.Buffer is lent to process %d: its bytes are the "
@@ -1507,6 +1514,22 @@ static PyObject *Buffer_dlpack_device(PyObject *obj, PyObject *unused) {
   return Py_BuildValue("(ii)", ((BufferObject *)obj)->device_type, 0);
 }
 
+/* Tests only (close_hook, tests/python/test_share_hostile.py): called by
+ * Buffer.close with the buffer in the window between its lend check and
+ * the close, so that a test replays a lend racing the close (free-threaded
+ * Python runs them at once) deterministically on any interpreter. NULL
+ * otherwise: one atomic load per close. Set and cleared by one thread
+ * while no close runs. */
+static _Atomic(PyObject *) close_hook;
+
+static PyObject *mod_set_close_hook(PyObject *m, PyObject *fn) {
+  (void)m; /* close_hook */
+  PyObject *old = atomic_exchange_explicit(
+      &close_hook, fn == Py_None ? NULL : Py_NewRef(fn), memory_order_acq_rel);
+  Py_XDECREF(old);
+  Py_RETURN_NONE;
+}
+
 static PyObject *Buffer_close(PyObject *obj, PyObject *unused) {
   (void)unused;
   BufferObject *self = (BufferObject *)obj;
@@ -1514,14 +1537,38 @@ static PyObject *Buffer_close(PyObject *obj, PyObject *unused) {
     (void)att_close(self->att);
     Py_RETURN_NONE;
   }
-  int lent = atomic_load_explicit(&self->lent, memory_order_acquire);
-  if (lent != 0)
+  /* The lend check and the close are one step for a concurrent lend:
+   * `lent` goes 0 -> LENT_CLOSING first, so a lend racing the close (free-
+   * threaded Python) fails its own compare-and-swap, and a lend already
+   * under way (-1) makes the close refuse. Otherwise one could close a
+   * block that a lend made just after the check (its free refused: the
+   * block allocated for good), or lend a block the close had just freed. */
+  int lent = 0;
+  if (!atomic_compare_exchange_strong_explicit(&self->lent, &lent, LENT_CLOSING,
+                                               memory_order_acq_rel,
+                                               memory_order_acquire)) {
+    if (lent < 0)
+      return PyErr_Format(PyExc_BufferError,
+                          "Buffer.close: the block is being lent or closed "
+                          "by another thread");
     return PyErr_Format(PyExc_BufferError,
                         "Buffer.close: the block is lent to process %d; "
                         "close it once it is returned or reclaimed "
                         "(Pool.lend_reclaim)",
                         lent);
+  }
+  PyObject *hook = atomic_load_explicit(&close_hook, memory_order_acquire);
+  if (hook != NULL) { /* close_hook */
+    PyObject *r = PyObject_CallOneArg(hook, obj);
+    if (r == NULL) {
+      atomic_store_explicit(&self->lent, 0, memory_order_release);
+      return NULL;
+    }
+    Py_DECREF(r);
+  }
   int rc = pinpool_buffer_close(self->buf);
+  /* Closed (or not, on error): a lend from now on sees buffer_closed. */
+  atomic_store_explicit(&self->lent, 0, memory_order_release);
   if (rc != 0)
     return raise_rc(rc, "Buffer.close");
   Py_RETURN_NONE;
@@ -1755,10 +1802,14 @@ static PyObject *Buffer__lend(PyObject *obj, PyObject *arg) {
   int expected = 0;
   if (!atomic_compare_exchange_strong_explicit(&self->lent, &expected, -1,
                                                memory_order_acq_rel,
-                                               memory_order_acquire))
+                                               memory_order_acquire)) {
+    if (expected == LENT_CLOSING) /* close_hook: the close wins */
+      return PyErr_Format(PyExc_ValueError,
+                          "Buffer.lend: the buffer is being closed");
     return PyErr_Format(PyExc_BufferError,
                         "Buffer.lend: the block is lent already (to %d)",
                         expected);
+  }
   if (buffer_closed(self)) {
     atomic_store_explicit(&self->lent, 0, memory_order_release);
     return PyErr_Format(PyExc_ValueError, "Buffer.lend: closed buffer");
@@ -2023,6 +2074,7 @@ static PyObject *mod_attach(PyObject *m, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"_attach", mod_attach, METH_VARARGS, NULL},
+    {"_set_close_hook", mod_set_close_hook, METH_O, NULL},
     {"default_pool", mod_default_pool, METH_NOARGS,
      "default_pool()\n--\n\n"
      "The process-wide Pool, created at the first call with the\n"

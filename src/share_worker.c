@@ -446,11 +446,16 @@ typedef struct io {
   int nfds;
   int err; /* received: reported once the message is complete */
 } io_t;
-#define MAX_IO 64
+/* The table grows as needed: one piece per open socket and direction at
+ * most, so it is bounded by RLIMIT_NOFILE; pieces of sockets closed since
+ * are dropped when it is full (the check below), before it grows. It never
+ * drops a live socket's piece to make room: that socket would read the
+ * rest of its message as the start of the next (issue 36, second round:
+ * the 65th stalled peer used to evict the oldest, an honest one). */
 static struct {
   pp_mutex_t lock;
-  io_t *io[MAX_IO];
-  size_t n;
+  io_t **io;
+  size_t n, cap;
 } ios = {.lock = {.m = PTHREAD_MUTEX_INITIALIZER}};
 
 static void ios_fork(int phase) {
@@ -506,13 +511,34 @@ static int io_keep(io_t *p) {
     io_free(p);
     return -1;
   }
-  io_t *drop = NULL;
   pp_mutex_lock(&ios.lock);
-  if (ios.n == MAX_IO) /* the oldest goes: that socket desynchronises */
-    drop = ios.io[0], ios.io[0] = ios.io[--ios.n];
+  if (ios.n == ios.cap) {
+    /* Full: drop the pieces of sockets closed since (fstat and close do
+     * not block), then grow. */
+    for (size_t i = 0; i < ios.n;) {
+      uint64_t dev, ino;
+      io_t *q = ios.io[i];
+      if (!sock_id(q->sock, &dev, &ino) || dev != q->sdev || ino != q->sino) {
+        ios.io[i] = ios.io[--ios.n];
+        io_free(q);
+      } else {
+        i++;
+      }
+    }
+  }
+  if (ios.n == ios.cap) {
+    size_t cap = ios.cap == 0 ? 64 : ios.cap * 2;
+    io_t **t = realloc(ios.io, cap * sizeof(io_t *));
+    if (t == NULL) { /* this socket's piece is lost, and said so */
+      pp_mutex_unlock(&ios.lock);
+      io_free(p);
+      return -1;
+    }
+    ios.io = t;
+    ios.cap = cap;
+  }
   ios.io[ios.n++] = p;
   pp_mutex_unlock(&ios.lock);
-  io_free(drop);
   return 0;
 }
 
@@ -584,7 +610,7 @@ int pinpool_share_send(int sock, const pinpool_share_handle_t *h, int fd) {
       if (io_keep(p) != 0)
         return pp_fail(PINPOOL_EBACKEND,
                        "pinpool_share_send: a part-sent message was lost "
-                       "(the socket cannot be identified)");
+                       "(the socket cannot be identified, or out of memory)");
       return rc;
     }
     bool same = memcmp(p->buf, h, sizeof p->buf) == 0;
@@ -635,7 +661,7 @@ int pinpool_share_send(int sock, const pinpool_share_handle_t *h, int fd) {
     if (io_keep(p) != 0)
       return pp_fail(PINPOOL_EBACKEND,
                      "pinpool_share_send: a part-sent message was lost (the "
-                     "socket cannot be identified)");
+                     "socket cannot be identified, or out of memory)");
     return rc;
   }
   io_free(p);
@@ -716,9 +742,10 @@ int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
 #endif
           io_free(p); /* nothing arrived: nothing to keep */
         else if (io_keep(p) != 0)
-          return pp_fail(PINPOOL_EBACKEND,
-                         "pinpool_share_recv: a part-received message was "
-                         "lost (the socket cannot be identified)");
+          return pp_fail(
+              PINPOOL_EBACKEND,
+              "pinpool_share_recv: a part-received message was "
+              "lost (the socket cannot be identified, or out of memory)");
         return rc;
       }
       bool within = p->done > 0;

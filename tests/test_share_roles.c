@@ -15,6 +15,11 @@
  *    control descriptors (genuine and forged) keep none.
  *  - forged_owner_bounded: a peer naming another owner can park at most
  *    MAX_CTL sealed descriptors here, whatever it sends.
+ *  - many_partial_messages: an honest peer's half-received message stays
+ *    kept while 200 other sockets (peers that stall mid-message, as many
+ *    as a process may have open) keep pieces too; before, the 65th evicted
+ *    the oldest, and that socket read the rest of its message as the
+ *    start of the next (PINPOOL_EBADHANDLE: desynchronised).
  */
 #include "testutil.h"
 
@@ -248,11 +253,88 @@ static void test_forged_owner_bounded(void **state) {
   pinpool_destroy(pool);
 }
 
+static void test_many_partial_messages(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create(CONF, &pool));
+  void *b;
+  PP_OK(pinpool_alloc(pool, 64 * KiB, &b));
+  pinpool_share_handle_t h;
+  int cfd;
+  PP_OK(pinpool_lend(pool, b, getpid(), &h, &cfd));
+  enum { HALF = 60, OTHERS = 200 };
+  int hv[2];
+  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0,
+                       hv) == 0,
+            "sp");
+  /* The honest peer: the first HALF bytes with the descriptor. */
+  int fds[1] = {cfd};
+  char cbuf[CMSG_SPACE(sizeof fds)];
+  memset(cbuf, 0, sizeof cbuf);
+  struct iovec iov = {(void *)&h, HALF};
+  struct msghdr m = {.msg_iov = &iov,
+                     .msg_iovlen = 1,
+                     .msg_control = cbuf,
+                     .msg_controllen = sizeof cbuf};
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof fds);
+  memcpy(CMSG_DATA(cm), fds, sizeof fds);
+  PP_ASSERT(sendmsg(hv[1], &m, 0) == HALF, "sendmsg");
+  pinpool_share_handle_t g;
+  int got = -1;
+  PP_CHECK_RC(pinpool_share_recv(hv[0], &g, &got), PINPOOL_EAGAIN);
+  /* Stalled peers, each a byte into a message. */
+  int sv[OTHERS][2];
+  for (int i = 0; i < OTHERS; i++) {
+    PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0,
+                         sv[i]) == 0,
+              "sp %d", i);
+    PP_ASSERT(write(sv[i][1], &h, 1) == 1, "write");
+    PP_CHECK_RC(pinpool_share_recv(sv[i][0], &g, &got), PINPOOL_EAGAIN);
+  }
+  /* The honest peer's rest: its message whole, as sent. */
+  PP_ASSERT(write(hv[1], (const char *)&h + HALF, sizeof h - HALF) ==
+                (ssize_t)(sizeof h - HALF),
+            "write");
+  PP_CHECK_RC(pinpool_share_recv(hv[0], &g, &got), 0);
+  PP_ASSERT(memcmp(&g, &h, sizeof h) == 0 && got >= 0,
+            "the honest peer's message came back changed");
+  (void)close(got);
+  for (int i = 0; i < OTHERS; i++) {
+    (void)close(sv[i][0]);
+    (void)close(sv[i][1]);
+  }
+  (void)close(hv[0]);
+  (void)close(hv[1]);
+  /* The closed sockets' pieces go when the table is next full (checked
+   * by another round): what is kept stays bounded by the open sockets. */
+  for (int i = 0; i < OTHERS; i++) {
+    PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0,
+                         sv[i]) == 0,
+              "sp %d", i);
+    PP_ASSERT(write(sv[i][1], &h, 1) == 1, "write");
+    PP_CHECK_RC(pinpool_share_recv(sv[i][0], &g, &got), PINPOOL_EAGAIN);
+  }
+  PP_ASSERT(pp_share_io_kept() <= OTHERS + 64, "%zu pieces kept",
+            pp_share_io_kept());
+  for (int i = 0; i < OTHERS; i++) {
+    (void)close(sv[i][0]);
+    (void)close(sv[i][1]);
+  }
+  PP_OK(pinpool_lend_return(pool, &h, getpid()));
+  (void)close(cfd);
+  PP_OK(pinpool_free(pool, b));
+  pinpool_destroy(pool);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_both_roles),
       cmocka_unit_test(test_own_returns_keep_nothing),
       cmocka_unit_test(test_forged_owner_bounded),
+      cmocka_unit_test(test_many_partial_messages),
   };
   return pp_run_selected("test_share_roles", tests,
                          sizeof tests / sizeof tests[0], argc, argv);

@@ -611,3 +611,41 @@ def test_python_refusals_are_counted_with_the_c_ones(spool):
     assert spool.lend_reclaim(live=True) == 1
     a.close()
     b.close()
+
+
+def test_close_racing_a_lend_leaves_neither_half_done(spool):
+    """Buffer.close and Buffer.lend on one Buffer from two threads (free-
+    threaded Python runs them at once): the lend is replayed inside close's
+    window between its lend check and the close (pinpool._core's close
+    hook). One of the two must refuse; before, both went ahead: the block
+    was closed while lent (its free refused, the block allocated for good),
+    or, had the free come first, a freed block was lent."""
+    from pinpool import _core
+
+    buf = spool.alloc(4096)
+    seen = []
+
+    def lend_in_the_window(b):
+        try:
+            b.lend(os.getpid())
+            seen.append("lent")
+        except (BufferError, ValueError) as e:
+            seen.append(type(e).__name__)
+
+    _core._set_close_hook(lend_in_the_window)
+    try:
+        try:
+            buf.close()
+            closed = True
+        except BufferError:
+            closed = False
+    finally:
+        _core._set_close_hook(None)
+    assert len(seen) == 1
+    assert closed != (seen[0] == "lent"), \
+        f"close {'went ahead' if closed else 'refused'} and the lend {seen[0]}"
+    if seen[0] == "lent":  # the lend won: it ends, then the close works
+        assert spool.lend_reclaim(live=True) == 1
+        buf.close()
+    assert buf.closed and buf.lent_to is None
+    assert _share.lent_generations(spool) == []
