@@ -549,6 +549,43 @@ def _given_the_pickle(inq, outq):
     outq.put(forged)
 
 
+def _forged_by_a_child_of_the_owner(b, claimed_pid):
+    """Returns of b's lend made by a child the owner forks after the lend:
+    it has the owner's table (handle and token) and the return socket's
+    address in its memory (the child's copy of the socket is closed at
+    fork, the address is not forgotten by a hostile child), and claims
+    the borrower's pid."""
+    addr = getattr(_share, "_address", b"")
+    r, wfd = os.pipe()
+    child = os.fork()
+    if child == 0:
+        code = 0
+        try:
+            os.close(r)
+            h = _share._current(b).handle
+            out = [pickle.dumps(_Forged((h, claimed_pid)))]
+            prove = getattr(_share, "_prove_return", None)
+            if prove is not None:
+                out.append(pickle.dumps(_Forged((h, claimed_pid,
+                                                 prove(addr, h)))))
+            os.write(wfd, pickle.dumps(out))
+        except BaseException:  # noqa: BLE001
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    data = b""
+    while True:
+        piece = os.read(r, 1 << 16)
+        if not piece:
+            break
+        data += piece
+    os.close(r)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the owner's child failed"
+    return pickle.loads(data)
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_pickled_return_from_a_process_forked_or_given_the_pickle_is_refused(
         spool, method):
@@ -567,6 +604,7 @@ def test_pickled_return_from_a_process_forked_or_given_the_pickle_is_refused(
         code, forged = outq.get(timeout=TIMEOUT)
         assert code == 0, "the grandchild failed to forge"
         forged += xout.get(timeout=TIMEOUT)
+        forged += _forged_by_a_child_of_the_owner(b, w.pid)
         refusals = spool.stats()["lend_refusals"]
         for i, data in enumerate(forged):
             with pytest.raises(PermissionError):
