@@ -273,9 +273,13 @@ static void seg_release_locked(pinpool_t *pool, pp_segment_t *d) {
   pp_segmap_remove(pool->map, d);
   /* A snapshot whose copy would go on from d goes on from its successor
    * (d's all_next is the descriptor free list's once it is recycled). */
+#ifndef PINPOOL_MUTANT_SNAP_CURSOR_STALE
+  /* Mutant (docs/verification.md): the cursor left on d; the snapshot's
+   * copy walks on into the free list (snapshot_chunks' pieces must fail). */
   for (pp_snap_cursor_t *c = pool->snap_cursors; c != NULL; c = c->link)
     if (c->next == d)
       c->next = d->all_next;
+#endif
   if (d->all_prev != NULL)
     d->all_prev->all_next = d->all_next;
   else
