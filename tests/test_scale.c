@@ -243,7 +243,9 @@ static void test_snapshot_hold(void **state) {
            "%zu chunks\n",
            (unsigned long long)b.copy_max, a.nfree, a.nchunks);
     uint64_t bound = piece_bound(a.nfree, a.nchunks);
-    PP_ASSERT(b.copy_max >= PP_SNAP_PIECE && b.copy_max <= bound,
+    /* Not at least a piece: a piece also ends after PP_SNAP_PIECE_NS,
+     * which a loaded machine or a sanitizer reaches sooner. */
+    PP_ASSERT(b.copy_max > 0 && b.copy_max <= bound,
               "the snapshot's hold visited %llu elements for %zu free "
               "extents and %zu chunks: more than a piece (%llu)",
               (unsigned long long)b.copy_max, a.nfree, a.nchunks,
