@@ -13,14 +13,16 @@
  *  - A segment may cross from a chunk into the next one of its run
  *    (docs/allocation-policy.md, "Runs"); memory_viz needs a block inside
  *    one segment, so chunks that a segment crosses are shown as one.
- *  - The library copies the chunks and the segments in one hold of its
- *    segment lock (src/snapshot.c), but snapshots written before
- *    2026-12-03 did it in two: a segment created between them may lie in
- *    no chunk listed. It is shown on its own (as in older snapshots);
- *    one that lies partly in a chunk would overlap it, and then every
- *    segment is shown on its own. Either way a note says so. (A segment
- *    released while the library read its blocks is left out of any
- *    snapshot: its space is drawn as free.)
+ *  - The library copies the chunks, the segments and the free ranges in
+ *    pieces that never list a byte twice, and every segment listed lies
+ *    in chunks listed (src/snapshot.c; docs/snapshot-format.md, step 2),
+ *    but snapshots written before 2026-12-03 copied the chunks and the
+ *    segments in two holds: a segment created between them may lie in no
+ *    chunk listed. It is shown on its own (as in older snapshots); one
+ *    that lies partly in a chunk would overlap it, and then every segment
+ *    is shown on its own. Either way a note says so. (A segment released
+ *    while the library copied is left out of any snapshot: its space is
+ *    drawn as free, as is space the pool changed during the copy.)
  * A snapshot without `chunks` (written before issue 21) shows each
  * pinpool segment as a memory_viz segment.
  */
