@@ -508,14 +508,14 @@ bool pp_arena_validate_locked(pinpool_t *pool, char *why, size_t len) {
  * on it. The allocating thread never waits for this: it takes seg_lock
  * only for the short hold that enters the chunk. */
 int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
-                        uint64_t room, uint64_t releases, size_t *size_out,
-                        unsigned *flags) {
+                        size_t least, uint64_t room, uint64_t releases,
+                        size_t *size_out, unsigned *flags) {
   pp_arena_node_t *a = &pool->arena.node[node];
-  size_t size = chunk_size(pool, node, need);
+  size_t size = chunk_size(pool, node, need > least ? need : least);
   if (size > room)
     size = (size_t)(room & ~(uint64_t)(CHUNK_ALIGN - 1));
-  if (size < CHUNK_MIN)
-    return 1; /* a cap leaves no room for a chunk */
+  if (size < CHUNK_MIN || size < least)
+    return 1; /* a cap leaves no room for a chunk, or for a useful one */
   void *hint = NULL;
   pp_mutex_lock(&pool->seg_lock);
   if (pool->prov.alloc_at != NULL && a->ext.nchunks > 0) {
@@ -542,6 +542,11 @@ int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
     pp_store_relaxed(&a->total, a->ext.total_bytes);
     pp_hist_event(pool, PP_H_SEGMENT_ALLOC, (uintptr_t)cmem, size, 0, 0, NULL);
     pool->grow.node[node].unused += size;
+    /* Counted in the hold that enters it: no reader of the arena sees the
+     * chunk before its count (test_growahead release_wins saw the headroom
+     * and not yet the chunk). */
+    pp_fetch_add_relaxed(&pool->grow.chunks, 1);
+    pp_fetch_add_relaxed(&pool->grow.bytes, size);
   }
   pp_mutex_unlock(&pool->seg_lock);
   if (lost) {

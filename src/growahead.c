@@ -138,7 +138,7 @@ static uint64_t window_ns(pinpool_t *pool) {
  * chunk), so that the carves made while the grower's chunk is being
  * made (registration: milliseconds) still find room whole. */
 static void target(pinpool_t *pool, unsigned n, const look_t *l, uint64_t now,
-                   uint64_t *bytes, uint64_t *largest) {
+                   uint64_t *bytes, uint64_t *largest, uint64_t *max_carve) {
   pp_grow_node_t *g = &pool->grow.node[n];
   uint64_t low = l->used, carve = l->carve;
   for (unsigned i = 0; i < PP_GROW_SAMPLES; i++) {
@@ -165,6 +165,7 @@ static void target(pinpool_t *pool, unsigned n, const look_t *l, uint64_t now,
   if (more > l->total / 8)
     more = l->total / 8;
   *largest = pp_sat_add(carve, more);
+  *max_carve = carve;
 }
 
 void pp_grow_tick(pinpool_t *pool) {
@@ -218,8 +219,8 @@ void pp_grow_tick(pinpool_t *pool) {
     gr->start_ns = now;
   }
   for (unsigned n = 0; n < pool->nnodes; n++) {
-    uint64_t bytes, largest;
-    target(pool, n, &l[n], now, &bytes, &largest);
+    uint64_t bytes, largest, carve;
+    target(pool, n, &l[n], now, &bytes, &largest, &carve);
     uint64_t need = bytes > l[n].free ? bytes - l[n].free : 0;
     if (l[n].largest < largest && need < largest)
       need = largest;
@@ -244,8 +245,12 @@ void pp_grow_tick(pinpool_t *pool) {
     pp_busy_enter();
 #endif
     pp_grow_lock(pool);
-    int rc = pp_arena_grow_ahead(pool, n, (size_t)need, room, releases, &size,
-                                 &flags);
+    /* A chunk that holds none of the window's largest carves would only
+     * cut the caps' room into pieces (the first test_growahead max_cached
+     * run: a 2 MiB chunk under max_cached=4MiB, of no use to 3 MiB
+     * blocks, and trimmed at the next inline growth). */
+    int rc = pp_arena_grow_ahead(pool, n, (size_t)need, (size_t)carve, room,
+                                 releases, &size, &flags);
     pp_grow_unlock(pool);
 #ifndef PINPOOL_MUTANT_GROW_NO_BUSY
     pp_busy_leave();
@@ -258,8 +263,6 @@ void pp_grow_tick(pinpool_t *pool) {
       gr->pause_used = used_all; /* wait for demand */
       return;
     }
-    pp_fetch_add_relaxed(&gr->chunks, 1);
-    pp_fetch_add_relaxed(&gr->bytes, size);
     if (flags & (PP_SEG_LOCK_FAILED | PP_SEG_FALLBACK)) {
       /* RLIMIT_MEMLOCK or the driver said no: a memory cap. Kept (as an
        * inline growth would keep it); nothing more until demand grows. */

@@ -788,12 +788,14 @@ void pp_grow_fork_child(struct pinpool *pool);
 /* arena.c, for the grower: a chunk of at least `need` bytes (the growth
  * policy's size, at most `room`) made with no lock held and put in node's
  * arena whole and free in one hold of seg_lock. 0 (*size, *flags set), 1
- * if `room` cannot hold a chunk, 2 if a release came after the grower's
+ * if `room` cannot hold a chunk of 2 MiB and `least` bytes (a chunk that
+ * holds none of the largest carves would only fragment the cap's room),
+ * 2 if a release came after the grower's
  * look (grow.releases moved from `releases`: the chunk went back), or an
  * error; nothing changed unless 0. */
 int pp_arena_grow_ahead(struct pinpool *pool, unsigned node, size_t need,
-                        uint64_t room, uint64_t releases, size_t *size,
-                        unsigned *flags);
+                        size_t least, uint64_t room, uint64_t releases,
+                        size_t *size, unsigned *flags);
 /* pool.c: the bytes the idle caps (max_cached, max_cached_pct) leave for
  * more idle memory before a trim (UINT64_MAX: no cap). */
 uint64_t pp_cache_room(struct pinpool *pool);

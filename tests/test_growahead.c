@@ -9,6 +9,8 @@
  *    is the grower's). Without it, they do (cache_misses > 1). On
  *    backend=host and on backend=cuda-register with the fake driver.
  *  - max_reserved: the grower fills what the cap leaves and stops there.
+ *  - max_cached: the grower grows only into what the idle cap leaves (no
+ *    trim gives back what it made).
  *  - release_wins: after pinpool_empty_cache the grower does not grow back
  *    what the release gave until the live set grows again.
  *  - bad_values: ECONFIG, nothing created.
@@ -186,6 +188,41 @@ static void max_reserved(void **state) {
   pinpool_destroy(pool);
 }
 
+/* max_cached: the grower grows only into what the cap leaves
+ * (pp_cache_room), so a trim never gives back what it made: the free space
+ * in chunks stays within the cap at every look, no chunk is trimmed, and
+ * the grower still grows (into the room there is). */
+static void max_cached(void **state) {
+  (void)state;
+  const uint64_t cap = 8 * MiB;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("backend=host,mlock=0,grow_ahead=auto,max_cached=8MiB",
+                       &pool));
+  void *p[6];
+  for (int i = 0; i < 6; i++) {
+    PP_OK(pinpool_alloc(pool, STEP, &p[i]));
+    uint64_t chunks = pp_stats_of(pool).grow_ahead_chunks;
+    for (int j = 0; j < 50; j++) { /* the grower's looks */
+      pinpool_stats_t st = pp_stats_of(pool);
+      PP_ASSERT(st.chunk_free_bytes <= cap,
+                "step %d: %llu bytes free in chunks, max_cached %llu", i,
+                (unsigned long long)st.chunk_free_bytes,
+                (unsigned long long)cap);
+      if (st.grow_ahead_chunks > chunks)
+        break;
+      pp_sleep_ms(1);
+    }
+  }
+  pinpool_stats_t st = pp_stats_of(pool);
+  PP_ASSERT(st.grow_ahead_chunks >= 1, "nothing grown ahead under the cap");
+  PP_ASSERT(st.trimmed_segments == 0, "%llu chunks trimmed",
+            (unsigned long long)st.trimmed_segments);
+  for (int i = 0; i < 6; i++)
+    PP_OK(pinpool_free(pool, p[i]));
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+}
+
 /* A release wins: after empty_cache the grower does not grow back what it
  * gave until the live set grows (else the two would loop), and then it
  * does. */
@@ -340,8 +377,8 @@ int main(int argc, char **argv) {
   const struct CMUnitTest all[] = {
       cmocka_unit_test(bad_values),   cmocka_unit_test(ramp_host),
       cmocka_unit_test(ramp_cuda),    cmocka_unit_test(ramp_auto),
-      cmocka_unit_test(max_reserved), cmocka_unit_test(release_wins),
-      cmocka_unit_test(fork_growing),
+      cmocka_unit_test(max_reserved), cmocka_unit_test(max_cached),
+      cmocka_unit_test(release_wins), cmocka_unit_test(fork_growing),
   };
   return pp_run_selected("test_growahead", all, sizeof all / sizeof all[0],
                          argc, argv);
