@@ -164,6 +164,11 @@ def is_pooled(tensor: torch.Tensor, pool: Optional[Pool] = None) -> bool:
     return buf is not None and (pool is None or buf.pool is pool)
 
 
+def _frombuffer_dtype(tensor: torch.Tensor) -> bool:
+    """tensor's dtype is one torch.frombuffer builds (not quantized)."""
+    return not tensor.is_quantized
+
+
 def pin(tensor: torch.Tensor, pool: Optional[Pool] = None) -> torch.Tensor:
     """A drop-in for tensor.pin_memory(): a copy of tensor on pool memory
     (default_pool() if pool is None), or tensor itself if it already is on
@@ -174,8 +179,9 @@ def pin(tensor: torch.Tensor, pool: Optional[Pool] = None) -> torch.Tensor:
     shape, dtype and values, and requires_grad as tensor's (a new leaf: the
     copy is not recorded by autograd). Needs no CUDA.
 
-    Raises TypeError (not a tensor), ValueError (not a dense CPU tensor:
-    sparse, or on a device), MemoryError (as Pool.alloc). Thread-safe.
+    Raises TypeError (not a tensor, or a quantized one: qint8 etc.),
+    ValueError (not a dense CPU tensor: sparse, or on a device),
+    MemoryError (as Pool.alloc). Thread-safe.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"pin: expected a torch.Tensor, not "
@@ -183,6 +189,11 @@ def pin(tensor: torch.Tensor, pool: Optional[Pool] = None) -> torch.Tensor:
     if tensor.device.type != "cpu" or tensor.layout != torch.strided:
         raise ValueError(f"pin: only dense CPU tensors can be pinned, not "
                          f"a {tensor.layout} tensor on {tensor.device}")
+    if not _frombuffer_dtype(tensor):
+        # torch.frombuffer cannot build these (a quantized tensor's
+        # storage has a scale and zero point): copying into one crashed.
+        raise TypeError(f"pin: tensors of dtype {tensor.dtype} cannot be "
+                        f"pinned into a pool (quantized)")
     p = _pool(pool)
     if is_pooled(tensor, p):
         return tensor
@@ -282,7 +293,10 @@ def _collate(batch: List[Any], pool: Pool) -> Any:
 
 def pin_memory_fn(data: Any, pool: Optional[Pool] = None) -> Any:
     """pin() applied to every tensor of a batch (tensors, mappings, named
-    tuples, tuples, lists; anything else is returned as is), as
+    tuples, tuples, lists and other sequences, of their own type as
+    torch's pin_memory keeps it; anything else is returned as is; a
+    quantized tensor, which pin() refuses, is returned as torch's loader
+    returns it: its pin_memory() where CUDA is there, else as is), as
     DataLoader(pin_memory=True) does with tensor.pin_memory(), but into
     pool memory and without CUDA. Use it on the batches of a DataLoader
     with workers:
@@ -293,6 +307,11 @@ def pin_memory_fn(data: Any, pool: Optional[Pool] = None) -> Any:
     """
     p = _pool(pool)
     if isinstance(data, torch.Tensor):
+        if not _frombuffer_dtype(data):
+            # A dtype pin() refuses (quantized): as torch's loader does,
+            # its own pin_memory() where CUDA is there, the tensor as is
+            # otherwise.
+            return data.pin_memory() if torch.cuda.is_available() else data
         return pin(data, p)
     if isinstance(data, (str, bytes)):
         return data
@@ -316,8 +335,15 @@ def pin_memory_fn(data: Any, pool: Optional[Pool] = None) -> Any:
         return type(data)(*(pin_memory_fn(v, p) for v in data))
     if isinstance(data, tuple):
         return tuple(pin_memory_fn(v, p) for v in data)
-    if isinstance(data, list):
-        return [pin_memory_fn(v, p) for v in data]
+    if isinstance(data, collections.abc.Sequence):
+        # Any other sequence (a list, its subclasses, UserList) as torch's
+        # pin_memory: its own type, a list if the type cannot be built
+        # from one.
+        pinned = [pin_memory_fn(v, p) for v in data]
+        try:
+            return type(data)(pinned)  # type: ignore[call-arg]
+        except TypeError:
+            return pinned
     return data
 
 
@@ -387,15 +413,15 @@ class _DataLoaderPatch:
     def undo(self) -> None:
         """Turn this patch off; the DataLoader is torch's again when no
         patch is left on. Idempotent."""
-        global _torch_iter
         with _patch_lock:
             if not self.active:
                 return
             self.active = False
             _patches.remove(self)
             if not _patches:
+                # _torch_iter is kept, not cleared: a thread that entered
+                # _patched_iter just before this still calls it (torch's).
                 setattr(torch.utils.data.DataLoader, "__iter__", _torch_iter)
-                _torch_iter = None
 
     def __enter__(self) -> "_DataLoaderPatch":
         return self
@@ -430,6 +456,8 @@ def patch_dataloader(pool: Optional[Pool] = None) -> _DataLoaderPatch:
     patch = _DataLoaderPatch(p)
     with _patch_lock:
         if not _patches:
+            # torch's own (DataLoader.__iter__ is only ever _patched_iter
+            # while a patch is on, and torch's again once none is).
             _torch_iter = torch.utils.data.DataLoader.__iter__
             setattr(torch.utils.data.DataLoader, "__iter__", _patched_iter)
         _patches.append(patch)

@@ -476,3 +476,119 @@ def test_patch_dataloader_iterators_on_threads(pool, monkeypatch):
             t.join()
     assert pooled and all(pooled), pooled
     gc.collect()
+
+
+def test_patch_dataloader_undo_while_a_thread_is_inside():
+    """Issue 41, second round: undo() of the last patch cleared the saved
+    torch __iter__ while another thread had already entered the patched
+    one, which then called None (TypeError). The thread that entered just
+    before the undo is replayed here: the patched __iter__, called after
+    the undo, must still give torch's iterator."""
+    from torch.utils.data import DataLoader
+    loader = DataLoader(_OrderedSamples(), batch_size=4, pin_memory=True)
+    pool_of_test = pinpool.Pool("backend=host")
+    patch = ppt.patch_dataloader(pool_of_test)
+    entered = DataLoader.__iter__  # the patched one, as a thread saw it
+    patch.undo()
+    assert DataLoader.__iter__ is not entered
+    batches = list(entered(loader))
+    assert len(batches) == 2
+    assert not any(ppt.is_pooled(b, pool_of_test) for b in batches)
+    # Patched again after the undo: pooled again.
+    with ppt.patch_dataloader(pool_of_test):
+        assert all(ppt.is_pooled(b, pool_of_test) for b in loader)
+    del batches
+    gc.collect()
+
+
+QUANTIZED = ["qint8", "quint8", "qint32"]
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_pin_refuses_quantized_tensors(pool, name):
+    """Issue 41, second round: pin() of a quantized CPU tensor crashed the
+    interpreter (torch.frombuffer cannot build one; the copy into the
+    uint8 view wrote through a bad storage). Refused with TypeError,
+    nothing allocated; pin_memory_fn and the patched DataLoader return it
+    as torch's loader does (as is without CUDA)."""
+    from torch.utils.data import DataLoader
+    dtype = getattr(torch, name)
+    q = torch.quantize_per_tensor(torch.ones(4), 0.5, 1, dtype)
+    with pytest.raises(TypeError, match="quantized"):
+        ppt.pin(q, pool)
+    assert live_blocks(pool) == 0
+    got = ppt.pin_memory_fn({"q": q, "t": torch.ones(2)}, pool)
+    assert got["q"].dtype == dtype and ppt.is_pooled(got["t"], pool)
+    if not torch.cuda.is_available():
+        assert got["q"] is q
+    want = next(iter(DataLoader([q, q], batch_size=None, pin_memory=True)))
+    with ppt.patch_dataloader(pool):
+        b = next(iter(DataLoader([q, q], batch_size=None, pin_memory=True)))
+    assert b.dtype == want.dtype and torch.equal(b.dequantize(),
+                                                 want.dequantize())
+    del got
+    gc.collect()
+
+
+class _MyList(list):
+    pass
+
+
+class _Seq(collections.abc.Sequence):
+    def __init__(self, items):
+        self.items = list(items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+    def __len__(self):
+        return len(self.items)
+
+
+class _NoInitSeq(_Seq):
+    """A sequence that cannot be built from a list: torch gives a list."""
+
+    def __init__(self, a, b):
+        super().__init__([a, b])
+
+
+class _Leaf:
+    """Stands for a tensor in torch's pin_memory without CUDA (a CPU build
+    cannot pin a tensor): an object with its own pin_memory hook."""
+
+    def pin_memory(self):
+        return self
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: _MyList([x, x]),
+    lambda x: collections.UserList([x, x]),
+    lambda x: _Seq([x, x]),
+    lambda x: _NoInitSeq(x, x),
+    lambda x: [x, _MyList([x])],
+])
+def test_pin_memory_fn_keeps_sequence_types_as_torch(pool, make):
+    """Issue 41, second round: a list subclass came back as a list, and a
+    UserList or another Sequence's tensors were not pinned at all; torch's
+    pin_memory keeps type(data) (a list where the type cannot be built
+    from one) and pins what is inside."""
+    from torch.utils.data._utils.pin_memory import pin_memory as torch_pin
+
+    def shape(x):
+        if isinstance(x, (torch.Tensor, _Leaf)):
+            return "T"
+        if isinstance(x, collections.abc.Sequence):
+            return (type(x).__name__, [shape(v) for v in x])
+        return type(x).__name__
+
+    def tensors(x):
+        if isinstance(x, torch.Tensor):
+            return [x]
+        return [t for v in x for t in tensors(v)]
+
+    got = ppt.pin_memory_fn(make(torch.ones(3)), pool)
+    assert tensors(got) and all(ppt.is_pooled(t, pool)
+                                for t in tensors(got))
+    assert shape(got) == shape(torch_pin(make(_Leaf())))
+    del got
+    gc.collect()
