@@ -163,10 +163,11 @@ typedef struct pinpool_events {
 
 /* Called (from the thread that found it) when an event reports an error:
  * `err` is the code, `msg` a description, `block` the block that stays
- * pending. Also called once per process, with PINPOOL_ELIMIT and block
- * NULL, when backend=auto leaves memory it meant to pin pageable (msg says
- * why and how to raise RLIMIT_MEMLOCK; possibly from inside
- * pinpool_create). Must not call back into the pool. */
+ * pending. Also called once per process (a fork child's first is its own),
+ * with PINPOOL_ELIMIT and block NULL, when backend=auto leaves memory it
+ * meant to pin pageable (msg says why and how to raise RLIMIT_MEMLOCK;
+ * possibly from inside pinpool_create or a grow_ahead thread). Must not
+ * call back into the pool. */
 typedef void (*pinpool_error_fn)(void *arg, int err, const char *msg,
                                  void *block);
 

@@ -33,6 +33,7 @@
 #include "pinpool.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -91,12 +92,14 @@ static PyObject *raise_rc(int rc, const char *what) {
 /* ---- Types ------------------------------------------------------------- */
 
 typedef struct {
-  PyObject ob_base; /* PyObject_HEAD */
-  pinpool_t *pool;  /* immutable; destroyed in dealloc */
-  int device_type;  /* DLPack device of its memory, immutable */
-  bool may_warn; /* backend=auto chose host: pin warnings possible; immutable */
-  _Atomic(uint64_t) pin_told; /* its pin_warnings when last given the warning */
-  PyObject *weaklist;         /* the shared table finds a pool by its nonce */
+  PyObject ob_base;   /* PyObject_HEAD */
+  pinpool_t *pool;    /* immutable; destroyed in dealloc */
+  int device_type;    /* DLPack device of its memory, immutable */
+  PyObject *weaklist; /* the shared table finds a pool by its nonce */
+  /* Its NotPinnedWarning, not yet delivered (give_pin_warning): pin_msg
+   * is written before the release store of pin_pending. */
+  _Atomic int pin_pending;
+  char pin_msg[1024];
 } PoolObject;
 
 /* A block of another process's shared pool, attached here (a Buffer
@@ -139,68 +142,70 @@ static PyTypeObject BufferType;
 /* ---- Pool ---------------------------------------------------------------- */
 
 /* backend=auto's warning that memory it meant to pin is pageable
- * (pinpool_stats_t.pin_warnings): the library calls on_error with
- * PINPOOL_ELIMIT once per process, possibly on a thread without the GIL
- * (inside pinpool_create, or an allocation that grows the pool). The
- * message waits here (PIN_PENDING, published by the release store) until
- * a thread back in Python (Pool() or an allocation) turns it into one
- * pinpool.NotPinnedWarning (PIN_DELIVERED).
+ * (pinpool_stats_t.pin_warnings). The library calls on_error with
+ * PINPOOL_ELIMIT once per process (again in a fork child), for the pool
+ * that found it, possibly on a thread without the GIL (inside
+ * pinpool_create, an allocation that grows the pool, or its grow_ahead
+ * thread). The message belongs to that pool: on_error (arg: the
+ * PoolObject, alive until pinpool_destroy has joined its threads) copies
+ * it into the pool and publishes it with a release store of pin_pending;
+ * only that pool's own Pool() or alloc() turns it into one
+ * pinpool.NotPinnedWarning. The check on the allocation path is that one
+ * acquire load.
  *
- * The once-per-process slot is used up only by a warning delivered (shown,
- * recorded, or ignored by a filter). One that a filter turned into an
- * exception (PIN_RAISED) made its Pool() or alloc() fail, and the library
- * will not call on_error again: the message is kept, and each later pool
- * with warnings of its own (its pin_warnings stat above what it was told)
- * gets it again, so that a process that made the warning an error never
- * gets pageable memory silently. */
-enum { PIN_NONE, PIN_PENDING, PIN_DELIVERED, PIN_RAISED };
+ * The process's one warning (pin_given) is used up only by a warning
+ * delivered (shown, recorded, or ignored by a filter). One that a filter
+ * turned into an exception made its Pool() or alloc() fail and stays
+ * pending: every later alloc() of that pool raises again (the pool holds
+ * pageable memory), so that a process that made the warning an error
+ * never gets pageable memory from it silently. The library does not call
+ * on_error twice in a process, so the message is also kept process-wide
+ * (pin_process_msg): a later backend=auto pool that is unlocked from the
+ * start (host-unlocked) takes it at Pool() while the warning is not yet
+ * delivered. Two threads delivering at once may both show it (both found
+ * it undelivered); neither hands out pageable memory silently. */
 static PyObject *NotPinnedWarning;
-static char pin_warning_msg[1024];
-static _Atomic int pin_warning_state;
+static char pin_process_msg[1024];
+enum { PMSG_NONE, PMSG_WRITING, PMSG_READY };
+static _Atomic int pin_process_state; /* PMSG_*: pin_process_msg's state */
+static _Atomic int pin_given;         /* the process's warning delivered */
 
 static void on_pool_error(void *arg, int err, const char *msg, void *block) {
-  (void)arg;
   (void)block;
-  if (err != PINPOOL_ELIMIT || msg == NULL)
+  PoolObject *self = arg;
+  if (err != PINPOOL_ELIMIT || msg == NULL || self == NULL)
     return;
-  (void)snprintf(pin_warning_msg, sizeof pin_warning_msg, "%s", msg);
-  atomic_store_explicit(&pin_warning_state, PIN_PENDING, memory_order_release);
+  /* At most one call per process (the library's slot): no writer races
+   * this pool's copy; pin_pending publishes it. */
+  (void)snprintf(self->pin_msg, sizeof self->pin_msg, "%s", msg);
+  atomic_store_explicit(&self->pin_pending, 1, memory_order_release);
+  int none = PMSG_NONE;
+  if (atomic_compare_exchange_strong(&pin_process_state, &none, PMSG_WRITING)) {
+    (void)snprintf(pin_process_msg, sizeof pin_process_msg, "%s", msg);
+    atomic_store_explicit(&pin_process_state, PMSG_READY, memory_order_release);
+  }
 }
 
-/* The pool's pin_warnings stat (0 if unreadable). */
-static uint64_t pool_pin_warnings(pinpool_t *pool) {
-  pinpool_stats_t st;
-  return pinpool_get_stats(pool, &st) == 0 ? st.pin_warnings : 0;
+/* A fork child is a new process: its one warning is not given yet (the
+ * library resets its on_error slot in the child too). */
+static void pin_after_fork_child(void) {
+  atomic_store_explicit(&pin_given, 0, memory_order_relaxed);
 }
 
 /* After Pool() or an allocation of self: 0, or -1 with the exception set
- * (the warning filtered into an error). The stats are read only after a
- * raised warning (PIN_RAISED), and then only for pools that can warn
- * (backend=auto's host pools): the usual cost is one atomic load. */
+ * (the warning filtered into an error). */
 static int give_pin_warning(PoolObject *self) {
-  int s = atomic_load_explicit(&pin_warning_state, memory_order_acquire);
-  if (s == PIN_RAISED) {
-    if (!self->may_warn)
-      return 0;
-    uint64_t n = pool_pin_warnings(self->pool);
-    if (n <= atomic_load_explicit(&self->pin_told, memory_order_relaxed))
-      return 0;
-    atomic_store_explicit(&self->pin_told, n, memory_order_relaxed);
-  } else if (s != PIN_PENDING) {
+  if (atomic_load_explicit(&self->pin_pending, memory_order_acquire) == 0)
+    return 0;
+  if (atomic_load_explicit(&pin_given, memory_order_acquire) != 0) {
+    atomic_store_explicit(&self->pin_pending, 0, memory_order_relaxed);
     return 0;
   }
-  /* One thread delivers; a concurrent one leaves it to that one. */
-  if (!atomic_compare_exchange_strong(&pin_warning_state, &s, PIN_DELIVERED))
-    return 0;
-  if (PyErr_WarnEx(NotPinnedWarning, pin_warning_msg, 1) == 0)
-    return 0;
-  /* Raised: this pool was told (its pin_warnings so far); later ones
-   * with warnings of their own are told again. */
-  if (self->may_warn)
-    atomic_store_explicit(&self->pin_told, pool_pin_warnings(self->pool),
-                          memory_order_relaxed);
-  atomic_store_explicit(&pin_warning_state, PIN_RAISED, memory_order_release);
-  return -1;
+  if (PyErr_WarnEx(NotPinnedWarning, self->pin_msg, 1) != 0)
+    return -1; /* raised: stays pending, the next call raises again */
+  atomic_store_explicit(&pin_given, 1, memory_order_release);
+  atomic_store_explicit(&self->pin_pending, 0, memory_order_relaxed);
+  return 0;
 }
 
 static PyObject *Pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
@@ -225,7 +230,7 @@ static PyObject *Pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   pinpool_t *pool = NULL;
   /* A configured reserve is allocated (and maybe pinned) here. */
   PyThreadState *ts = PyEval_SaveThread();
-  pinpool_hooks_t hooks = {NULL, NULL, on_pool_error, NULL};
+  pinpool_hooks_t hooks = {NULL, NULL, on_pool_error, self};
   int rc = pinpool_create_ex(text, &hooks, &pool);
   PyEval_RestoreThread(ts);
   if (rc != 0) {
@@ -233,11 +238,17 @@ static PyObject *Pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return raise_rc(rc, "pinpool.Pool");
   }
   self->pool = pool;
-  {
-    pinpool_stats_t st;
-    self->may_warn = pinpool_get_stats(pool, &st) == 0 &&
-                     (st.backend_auto == PINPOOL_AUTO_HOST_LOCKED ||
-                      st.backend_auto == PINPOOL_AUTO_HOST_UNLOCKED);
+  /* Unlocked from the start after the library's one call went to
+   * another pool whose warning was not delivered: this pool's own. */
+  pinpool_stats_t st;
+  if (atomic_load_explicit(&self->pin_pending, memory_order_acquire) == 0 &&
+      atomic_load_explicit(&pin_given, memory_order_acquire) == 0 &&
+      atomic_load_explicit(&pin_process_state, memory_order_acquire) ==
+          PMSG_READY &&
+      pinpool_get_stats(pool, &st) == 0 &&
+      st.backend_auto == PINPOOL_AUTO_HOST_UNLOCKED) {
+    (void)snprintf(self->pin_msg, sizeof self->pin_msg, "%s", pin_process_msg);
+    atomic_store_explicit(&self->pin_pending, 1, memory_order_release);
   }
   if (give_pin_warning(self) != 0) {
     Py_DECREF(self);
@@ -2089,6 +2100,12 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static int module_exec(PyObject *m) {
+  static _Atomic int atfork_done;
+  if (atomic_exchange(&atfork_done, 1) == 0 &&
+      pthread_atfork(NULL, NULL, pin_after_fork_child) != 0) {
+    PyErr_SetString(PyExc_OSError, "pinpool: pthread_atfork failed");
+    return -1;
+  }
   if (make_dict_keys() < 0 || PyType_Ready(&PoolType) < 0 ||
       PyType_Ready(&BufferType) < 0)
     return -1;

@@ -8,6 +8,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -529,12 +530,25 @@ int pp_config_parse(const char *text, bool user_backend, bool user_events,
  * does (counted in mlock_failures), and warned about too. */
 
 static _Atomic(int) pin_warned_process; /* the process's one on_error call */
+static pthread_once_t pin_atfork_once = PTHREAD_ONCE_INIT;
+
+/* A child of fork is a process of its own: its one call is still to come
+ * (the slot it inherited was its parent's). */
+static void pin_warn_fork_child(void) {
+  atomic_store_explicit(&pin_warned_process, 0, memory_order_relaxed);
+}
+
+static void pin_warn_atfork(void) {
+  (void)pthread_atfork(NULL, NULL, pin_warn_fork_child);
+}
 
 void pp_pin_warn(const pp_config_t *cfg, const char *fmt, ...) {
   if (cfg->pinwarn == NULL || cfg->backend_auto == PINPOOL_AUTO_NONE)
     return;
   pp_pinwarn_t *w = cfg->pinwarn;
   pp_fetch_add_relaxed(&w->warnings, 1);
+  /* Registered before the slot can be used: a fork after it resets it. */
+  (void)pthread_once(&pin_atfork_once, pin_warn_atfork);
   /* The process's one call goes to the first pool that can receive it: a
    * pool without on_error counts the warning (pin_warnings) but leaves the
    * slot to a later pool that has a callback. */

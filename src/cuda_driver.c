@@ -12,7 +12,9 @@
 #include "cuda_driver.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,26 +185,40 @@ static int pick_context(pp_cuda_t *c, const pp_config_t *cfg) {
   return 0;
 }
 
-/* The process in which pinpool's cuInit succeeded (0: none yet). A fork()
- * child inherits it and so knows that the driver was initialized before it
- * was forked: CUDA does not support fork, and a driver call in such a
- * child (cuInit included) fails or hangs. pinpool does not make one there:
- * a pool that needs CUDA fails, and backend=auto chooses host. An
- * initialization by other code of the parent (a framework's) is not seen
- * here (docs/configuration.md, "backend=auto"). */
+/* The process in which pinpool's cuInit succeeded (its pid, 0: none yet),
+ * and whether this process is a fork() child of one (cuda_forked, set by
+ * the atfork child handler, registered before the first cuInit). CUDA
+ * does not support fork, and a driver call in such a child (cuInit
+ * included) fails or hangs: pinpool does not make one there; a pool that
+ * needs CUDA fails, and backend=auto chooses host. The fork is what
+ * counts, not the pid: a child in a new PID namespace may have its
+ * parent's pid (both pid 1). An initialization by other code of the
+ * parent (a framework's) is not seen here (docs/configuration.md,
+ * "backend=auto"). */
 static _Atomic(int) cuda_init_pid;
+static _Atomic(bool) cuda_forked;
+static pthread_once_t cuda_atfork_once = PTHREAD_ONCE_INIT;
+
+static void cuda_fork_child(void) {
+  if (atomic_load_explicit(&cuda_init_pid, memory_order_relaxed) != 0)
+    atomic_store_explicit(&cuda_forked, true, memory_order_relaxed);
+}
+
+static void cuda_atfork(void) {
+  (void)pthread_atfork(NULL, NULL, cuda_fork_child);
+}
 
 int pp_cuda_open(const pp_config_t *cfg, pp_cuda_t **out) {
   int rc = pp_cuda_check_config(cfg);
   if (rc != 0)
     return rc;
-  int parent = atomic_load_explicit(&cuda_init_pid, memory_order_relaxed);
-  if (parent != 0 && parent != (int)getpid())
+  if (atomic_load_explicit(&cuda_forked, memory_order_relaxed))
     return pp_fail(PINPOOL_ENODRIVER,
                    "CUDA was initialized in process %d, which forked this "
                    "one: a forked child cannot use it (CUDA does not "
                    "support fork)",
-                   parent);
+                   atomic_load_explicit(&cuda_init_pid, memory_order_relaxed));
+  (void)pthread_once(&cuda_atfork_once, cuda_atfork);
   const char *path = getenv("PINPOOL_LIBCUDA");
   if (path == NULL || path[0] == '\0')
     path = "libcuda.so.1";

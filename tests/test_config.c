@@ -568,6 +568,26 @@ static int auto_low_limit_child(void) {
     return 17;
   pinpool_destroy(pool2);
   pinpool_destroy(pool);
+  /* A fork child is a process of its own: its first warning calls its
+   * pool's on_error (issue 41, second round: the child inherited the used
+   * slot and was never told). */
+  (void)fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0)
+    return 25;
+  if (pid == 0) {
+    warn_log_t cw = {0, 0, ""};
+    pinpool_t *cp = NULL;
+    int bad = child_create("", &cw, &cp) != 0 || cw.calls != 1 ||
+              cw.last_err != PINPOOL_ELIMIT;
+    if (cp != NULL)
+      pinpool_destroy(cp);
+    _exit(bad);
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0)
+    return 26;
   /* Named: obeyed, no warning. */
   const char *named[] = {"backend=host", "mlock=0"};
   for (int i = 0; i < 2; i++) {
