@@ -189,6 +189,12 @@ typedef struct summary {
   uint64_t used_segments; /* with a live block and free blocks */
   uint64_t free_in_used;  /* free block bytes in them */
   uint64_t idle_segments, idle_bytes; /* no live block */
+  /* Addresses of the segments with a live block (sorted by summarize): a
+   * chunk none of whose segments is busy is idle, and its free ranges are
+   * returned with its idle segments, whole. */
+  uint64_t *busy;
+  size_t nbusy, busy_cap;
+  int busy_oom;
   problems_t problems;
   /* history */
   uint64_t actions[SNAP_NACTIONS];
@@ -328,6 +334,18 @@ static void summarize_segment(const snap_t *s, size_t seg, summary_t *m,
     m->whole_free += free_bytes;
   else if (seg_run > m->part_largest)
     m->part_largest = seg_run;
+  if (live != 0 && m->nbusy == m->busy_cap) {
+    size_t cap = m->busy_cap == 0 ? 64 : 2 * m->busy_cap;
+    uint64_t *b = realloc(m->busy, cap * sizeof *b);
+    if (b == NULL)
+      m->busy_oom = 1;
+    else {
+      m->busy = b;
+      m->busy_cap = cap;
+    }
+  }
+  if (live != 0 && m->nbusy < m->busy_cap)
+    m->busy[m->nbusy++] = addr;
   if (live == 0) {
     m->idle_segments++;
     m->idle_bytes += size;
@@ -376,12 +394,35 @@ static void check_totals(summary_t *m) {
   }
 }
 
-static void summarize(const snap_t *s, summary_t *m) {
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* A segment with a live block starts in [address, address + size). */
+static int chunk_busy(const summary_t *m, uint64_t address, uint64_t size) {
+  size_t lo = 0, hi = m->nbusy;
+  while (lo < hi) { /* the first busy segment at or above address */
+    size_t mid = lo + (hi - lo) / 2;
+    if (m->busy[mid] < address)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < m->nbusy && m->busy[lo] - address < size;
+}
+
+/* 0, or -1 out of memory. */
+static int summarize(const snap_t *s, summary_t *m) {
   uint64_t prev_end = 0;
   memset(m, 0, sizeof *m);
   read_totals(s, &m->t);
   for (size_t seg = 0; seg < s->nsegments; seg++)
     summarize_segment(s, seg, m, &prev_end);
+  if (m->busy_oom)
+    return -1;
+  if (m->nbusy > 1)
+    qsort(m->busy, m->nbusy, sizeof *m->busy, cmp_u64);
   for (size_t i = 0; i < s->nchunks; i++) {
     snap_chunk_t c;
     uint64_t largest = 0, free_bytes = 0;
@@ -394,7 +435,10 @@ static void summarize(const snap_t *s, summary_t *m) {
         largest = n;
     }
     m->arena_free += free_bytes;
-    if (free_bytes == c.size)
+    /* Wholly free, or all its segments idle: empty_cache returns the
+     * chunk whole (issue 41, second round: an idle pool's chunks with
+     * idle segments read 9 % fragmented, their free ranges as parts). */
+    if (free_bytes == c.size || !chunk_busy(m, c.address, c.size))
       m->whole_free += free_bytes;
     else if (largest > m->part_largest)
       m->part_largest = largest;
@@ -421,6 +465,7 @@ static void summarize(const snap_t *s, summary_t *m) {
       m->seq_gaps += e.seq - m->last_seq - 1;
     m->last_seq = e.seq;
   }
+  return 0;
 }
 
 /* ---- text output ----------------------------------------------------------
@@ -796,7 +841,13 @@ int snap_summary_write(const snap_t *s, const char *name, FILE *out, size_t top,
     fprintf(stderr, "pinpool snapshot summary: %s: out of memory\n", name);
     return CLI_EXIT_FAIL;
   }
-  summarize(s, m);
+  if (summarize(s, m) != 0) {
+    free(m->busy);
+    free(m);
+    snap_sites_free(v, n);
+    fprintf(stderr, "pinpool snapshot summary: %s: out of memory\n", name);
+    return CLI_EXIT_FAIL;
+  }
   rc = m->problems.n == 0 ? CLI_EXIT_OK : CLI_EXIT_FAIL;
   if (json) {
     if (dump_json(summary_json(s, name, m, v, n, top), out) != 0) {
@@ -807,6 +858,7 @@ int snap_summary_write(const snap_t *s, const char *name, FILE *out, size_t top,
     write_summary_text(s, name, m, v, n, top, out);
   }
   snap_sites_free(v, n);
+  free(m->busy);
   free(m);
   return rc;
 }
