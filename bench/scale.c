@@ -38,6 +38,7 @@
  */
 #define _GNU_SOURCE
 #include "internal.h"
+#include "space_backend.h"
 
 #include <math.h>
 #include <pinpool.h>
@@ -65,24 +66,6 @@ static void die(const char *what) {
   exit(1);
 }
 
-static int space_alloc(void *ctx, size_t size, void **out) {
-  (void)ctx;
-  void *p = mmap(NULL, size, PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED)
-    return PINPOOL_ENOMEM;
-  *out = p;
-  return 0;
-}
-
-static void space_free(void *ctx, void *p, size_t size) {
-  (void)ctx;
-  (void)munmap(p, size);
-}
-
-static const pinpool_backend_t space = {"space", space_alloc, space_free, NULL,
-                                        0};
-
 typedef struct frag {
   pinpool_t *pool;
   void **live;
@@ -90,7 +73,7 @@ typedef struct frag {
 } frag_t;
 
 static void frag_make(frag_t *f, size_t n, const char *conf) {
-  if (pinpool_create_with_backend(conf, &space, &f->pool) != 0)
+  if (pinpool_create_with_backend(conf, &pp_space_backend, &f->pool) != 0)
     die("create");
   size_t total = 2 * n + 1;
   void **all = malloc(total * sizeof *all);

@@ -25,6 +25,7 @@
 
 #include "internal.h"
 #include "snapshot.h"
+#include "space_backend.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -34,26 +35,6 @@
 #include <sys/mman.h>
 
 #define BLOCK ((size_t)260 * 1024) /* above the slabs: a segment each */
-
-/* ---- A backend of address space only ------------------------------------ */
-
-static int space_alloc(void *ctx, size_t size, void **out) {
-  (void)ctx;
-  void *p = mmap(NULL, size, PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED)
-    return PINPOOL_ENOMEM;
-  *out = p;
-  return 0;
-}
-
-static void space_free(void *ctx, void *p, size_t size) {
-  (void)ctx;
-  (void)munmap(p, size);
-}
-
-static const pinpool_backend_t space = {"space", space_alloc, space_free, NULL,
-                                        0};
 
 /* ---- The meter ----------------------------------------------------------- */
 
@@ -97,7 +78,7 @@ typedef struct frag {
 } frag_t;
 
 static void frag_make(frag_t *f, size_t n, const char *conf) {
-  PP_OK(pinpool_create_with_backend(conf, &space, &f->pool));
+  PP_OK(pinpool_create_with_backend(conf, &pp_space_backend, &f->pool));
   size_t total = 2 * n + 1;
   void **all = malloc(total * sizeof *all);
   f->live = malloc((n + 1) * sizeof *f->live);
