@@ -375,7 +375,14 @@ static void write_stats(wbuf_t *w, const pinpool_stats_t *t) {
   wb_kv(w, "graph_held_blocks", t->graph_held_blocks, true);
   wb_kv(w, "graph_held_bytes", t->graph_held_bytes, true);
   wb_kv(w, "lent_blocks", t->lent_blocks, true);
-  wb_kv(w, "lent_bytes", t->lent_bytes, false);
+  wb_kv(w, "lent_bytes", t->lent_bytes, true);
+  wb_kv(w, "backend_auto", t->backend_auto, true);
+  wb_kv(w, "pin_warnings", t->pin_warnings, true);
+  wb_kv(w, "lend_refusals", t->lend_refusals, true);
+  wb_kv(w, "grow_ahead_chunks", t->grow_ahead_chunks, true);
+  wb_kv(w, "grow_ahead_bytes", t->grow_ahead_bytes, true);
+  wb_kv(w, "grow_ahead_hits", t->grow_ahead_hits, true);
+  wb_kv(w, "grow_ahead_waits_avoided", t->grow_ahead_waits_avoided, false);
   wb_lit(w, "},\n");
 }
 

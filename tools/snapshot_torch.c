@@ -31,12 +31,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -891,8 +894,34 @@ out:
 
 /* ---- The command --------------------------------------------------------- */
 
+/* How long an interpreter may take to answer (importing torch takes a
+ * second or two, more on a loaded machine); one that has not answered by
+ * then is killed and taken for one without torch. $PINPOOL_PYTHON_TIMEOUT
+ * (seconds, 0.1 to 600) sets another. */
+#define PROBE_TIMEOUT_MS 15000
+
+static long long probe_timeout_ms(void) {
+  const char *e = getenv("PINPOOL_PYTHON_TIMEOUT");
+  if (e == NULL || e[0] == '\0')
+    return PROBE_TIMEOUT_MS;
+  char *end;
+  double v = strtod(e, &end);
+  if (*end != '\0' || !(v >= 0.1 && v <= 600))
+    return PROBE_TIMEOUT_MS;
+  return (long long)(v * 1000);
+}
+
+static long long now_ms(void) {
+  struct timespec ts;
+  (void)clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 /* What `py -c 'import torch; print(torch.__version__)'` prints, into ver
- * (ver[0] == '\0' when py is missing, fails, or has no torch). */
+ * (ver[0] == '\0' when py is missing, fails, has no torch, or does not
+ * answer within PROBE_TIMEOUT_MS). Reading stops at the answer's line; the
+ * child is reaped, killed if it is still running at the deadline (the
+ * review of issue 41: an interpreter that hung made the command hang). */
 static void ask_torch_version(const char *py, char *ver, size_t len) {
   ver[0] = '\0';
   int fds[2];
@@ -907,18 +936,54 @@ static void ask_torch_version(const char *py, char *ver, size_t len) {
                   NULL};
   extern char **environ;
   pid_t pid;
-  int spawned = posix_spawnp(&pid, py, &fa, NULL, argv, environ) == 0;
+  /* Its own process group: a hung one is killed with what it started. */
+  posix_spawnattr_t at;
+  posix_spawnattr_init(&at);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&at, 0);
+  int spawned = posix_spawnp(&pid, py, &fa, &at, argv, environ) == 0;
+  posix_spawnattr_destroy(&at);
   posix_spawn_file_actions_destroy(&fa);
   (void)close(fds[1]);
+  long long deadline = now_ms() + probe_timeout_ms();
   size_t n = 0;
-  ssize_t r;
-  while (spawned && n + 1 < len && (r = read(fds[0], ver + n, len - 1 - n)) > 0)
+  int answered = 0;
+  while (spawned && !answered && n + 1 < len) {
+    long long left = deadline - now_ms();
+    struct pollfd pfd = {fds[0], POLLIN, 0};
+    int pr = left > 0 ? poll(&pfd, 1, (int)left) : 0;
+    if (pr < 0 && errno == EINTR)
+      continue;
+    if (pr <= 0)
+      break; /* timed out (or poll failed) */
+    ssize_t r = read(fds[0], ver + n, len - 1 - n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      break; /* EOF: the child closed its output */
+    answered = memchr(ver + n, '\n', (size_t)r) != NULL;
     n += (size_t)r;
+  }
   ver[n] = '\0';
   (void)close(fds[0]);
-  int status = 0;
-  if (!spawned || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
-      WEXITSTATUS(status) != 0 || ver[0] < '0' || ver[0] > '9')
+  int status = 0, reaped = 0;
+  while (spawned && !reaped) {
+    pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid || (w < 0 && errno != EINTR)) {
+      reaped = w == pid;
+      break;
+    }
+    if (now_ms() >= deadline) {
+      (void)kill(-pid, SIGKILL);
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+      break;
+    }
+    struct timespec tick = {0, 10 * 1000 * 1000};
+    (void)nanosleep(&tick, NULL);
+  }
+  if (!reaped || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || !answered ||
+      ver[0] < '0' || ver[0] > '9')
     ver[0] = '\0'; /* no torch there */
 }
 

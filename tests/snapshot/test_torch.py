@@ -1132,16 +1132,43 @@ def interpreter_tests(args, work):
         if pinpool_python:
             env["PINPOOL_PYTHON"] = pinpool_python
         r = run([args.pinpool, "snapshot", "torch", args.example, "-o", out],
-                env=env)
+                env=env, timeout=120)
         if not check(r.returncode == 0, f"interpreters: exit {r.returncode}:"
                      f" {r.stderr.decode()}"):
             return None, r.stderr.decode()
         with open(out, "rb") as f:
             return pickle.loads(f.read()), r.stderr.decode()
 
+    # An interpreter that never answers (the review of issue 41, second
+    # round: the command waited for it forever) is given
+    # $PINPOOL_PYTHON_TIMEOUT, killed with what it started, and passed over.
+    interpreter("python3", "1.8.1")
+    hang = os.path.join(fake, "hang")
+    pids = os.path.join(work, "hang.pids")
+    with open(hang, "w") as f:
+        f.write(f"#!/bin/sh\necho $$ > {pids}\nsleep 100000 &\n"
+                f"echo $! >> {pids}\nwait\n")
+    os.chmod(hang, 0o755)
+    os.environ["PINPOOL_PYTHON_TIMEOUT"] = "0.5"
+    try:
+        d, err = convert(fake, hang)
+    except subprocess.TimeoutExpired:
+        d, err = None, "timed out"
+    finally:
+        del os.environ["PINPOOL_PYTHON_TIMEOUT"]
+    check(type(d) is list and "as python3 -c" in err,
+          f"a hung PINPOOL_PYTHON is passed over: {err}")
+    with open(pids) as f:
+        for pid in map(int, f.read().split()):
+            try:
+                with open(f"/proc/{pid}/stat") as st:
+                    state = st.read().rsplit(")", 1)[1].split()[0]
+            except FileNotFoundError:
+                state = "gone"
+            check(state in ("gone", "Z"), f"the hung interpreter's process "
+                  f"{pid} was killed (state {state})")
     # The order: $PINPOOL_PYTHON before python3 on PATH; one without torch
     # is passed over.
-    interpreter("python3", "1.8.1")
     d, err = convert(fake, interpreter("with2", "2.1.0"))
     check(type(d) is dict, "PINPOOL_PYTHON's torch 2 beats python3's 1.x")
     d, err = convert(fake, interpreter("without", None))
