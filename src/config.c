@@ -8,12 +8,14 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <linux/capability.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 typedef enum {
@@ -581,10 +583,19 @@ static bool proc_status(const char *key, int base, unsigned long long *out) {
   return found;
 }
 
-/* mlock without limit: CAP_IPC_LOCK (bit 14) in the effective set. */
+/* mlock without limit: CAP_IPC_LOCK in the effective set, asked of the
+ * kernel (capget): /proc may not be mounted (a container, a chroot), and
+ * reading it there took root for a process without the capability. */
 static bool can_lock_unbounded(void) {
+  struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct d[_LINUX_CAPABILITY_U32S_3];
+  memset(d, 0, sizeof d);
+  if (syscall(SYS_capget, &h, d) == 0)
+    return (d[CAP_TO_INDEX(CAP_IPC_LOCK)].effective &
+            CAP_TO_MASK(CAP_IPC_LOCK)) != 0;
   unsigned long long caps = 0;
-  return proc_status("CapEff", 16, &caps) && (caps & (1ull << 14)) != 0;
+  return proc_status("CapEff", 16, &caps) &&
+         (caps & (1ull << CAP_IPC_LOCK)) != 0;
 }
 
 void pp_config_auto(pp_config_t *cfg, pp_cuda_t **cuda) {
