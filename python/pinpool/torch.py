@@ -339,11 +339,11 @@ def pin_memory_fn(data: Any, pool: Optional[Pool] = None) -> Any:
         # Any other sequence (a list, its subclasses, UserList) as torch's
         # pin_memory: its own type, a list if the type cannot be built
         # from one.
-        pinned = [pin_memory_fn(v, p) for v in data]
+        items = [pin_memory_fn(v, p) for v in data]
         try:
-            return type(data)(pinned)  # type: ignore[call-arg]
+            return type(data)(items)  # type: ignore[call-arg]
         except TypeError:
-            return pinned
+            return items
     return data
 
 
