@@ -96,10 +96,8 @@ typedef struct {
   pinpool_t *pool;    /* immutable; destroyed in dealloc */
   int device_type;    /* DLPack device of its memory, immutable */
   PyObject *weaklist; /* the shared table finds a pool by its nonce */
-  /* Its NotPinnedWarning, not yet delivered (give_pin_warning): pin_msg
-   * is written before the release store of pin_pending. */
-  _Atomic int pin_pending;
-  char pin_msg[1024];
+  uintptr_t serial;   /* unique in the process, immutable: on_error's arg */
+  _Atomic int pin_pending; /* a NotPinnedWarning of its own to give */
 } PoolObject;
 
 /* A block of another process's shared pool, attached here (a Buffer
@@ -146,44 +144,46 @@ static PyTypeObject BufferType;
  * PINPOOL_ELIMIT once per process (again in a fork child), for the pool
  * that found it, possibly on a thread without the GIL (inside
  * pinpool_create, an allocation that grows the pool, or its grow_ahead
- * thread). The message belongs to that pool: on_error (arg: the
- * PoolObject, alive until pinpool_destroy has joined its threads) copies
- * it into the pool and publishes it with a release store of pin_pending;
- * only that pool's own Pool() or alloc() turns it into one
- * pinpool.NotPinnedWarning. The check on the allocation path is that one
- * acquire load.
+ * thread, which may run after the PoolObject is gone: exports keep the C
+ * pool). The warning belongs to that pool: on_error's arg is the pool's
+ * serial number, never dereferenced; on_error keeps the message
+ * (pin_process_msg, written once) and names the pool in pin_owner (a
+ * release store); only that pool's own Pool() or alloc() turns it into a
+ * pinpool.NotPinnedWarning. The check on the allocation path is a load
+ * of the pool's pin_pending and of pin_owner: no lock, no stats.
  *
  * The process's one warning (pin_given) is used up only by a warning
  * delivered (shown, recorded, or ignored by a filter). One that a filter
  * turned into an exception made its Pool() or alloc() fail and stays
- * pending: every later alloc() of that pool raises again (the pool holds
- * pageable memory), so that a process that made the warning an error
- * never gets pageable memory from it silently. The library does not call
- * on_error twice in a process, so the message is also kept process-wide
- * (pin_process_msg): a later backend=auto pool that is unlocked from the
- * start (host-unlocked) takes it at Pool() while the warning is not yet
- * delivered. Two threads delivering at once may both show it (both found
- * it undelivered); neither hands out pageable memory silently. */
+ * pending (pin_pending): every later alloc() of that pool raises again
+ * (the pool holds pageable memory), so that a process that made the
+ * warning an error never gets pageable memory from it silently. The
+ * library does not call on_error twice in a process, so a later
+ * backend=auto pool that is unlocked from the start (host-unlocked) takes
+ * the kept message at Pool() while the warning is not yet delivered. Two
+ * threads delivering at once may both show it (both found it
+ * undelivered); neither hands out pageable memory silently. A fork
+ * child's own warning carries its parent's text if the parent had one
+ * (the message is written once). */
 static PyObject *NotPinnedWarning;
 static char pin_process_msg[1024];
 enum { PMSG_NONE, PMSG_WRITING, PMSG_READY };
 static _Atomic int pin_process_state; /* PMSG_*: pin_process_msg's state */
-static _Atomic int pin_given;         /* the process's warning delivered */
+static _Atomic uintptr_t pin_owner;   /* the serial of the pool told */
+static _Atomic uintptr_t pool_serials;
+static _Atomic int pin_given; /* the process's warning delivered */
 
 static void on_pool_error(void *arg, int err, const char *msg, void *block) {
   (void)block;
-  PoolObject *self = arg;
-  if (err != PINPOOL_ELIMIT || msg == NULL || self == NULL)
+  if (err != PINPOOL_ELIMIT || msg == NULL)
     return;
-  /* At most one call per process (the library's slot): no writer races
-   * this pool's copy; pin_pending publishes it. */
-  (void)snprintf(self->pin_msg, sizeof self->pin_msg, "%s", msg);
-  atomic_store_explicit(&self->pin_pending, 1, memory_order_release);
   int none = PMSG_NONE;
   if (atomic_compare_exchange_strong(&pin_process_state, &none, PMSG_WRITING)) {
     (void)snprintf(pin_process_msg, sizeof pin_process_msg, "%s", msg);
     atomic_store_explicit(&pin_process_state, PMSG_READY, memory_order_release);
   }
+  /* After the message: a reader that sees its pool named sees it READY. */
+  atomic_store_explicit(&pin_owner, (uintptr_t)arg, memory_order_release);
 }
 
 /* A fork child is a new process: its one warning is not given yet (the
@@ -195,16 +195,25 @@ static void pin_after_fork_child(void) {
 /* After Pool() or an allocation of self: 0, or -1 with the exception set
  * (the warning filtered into an error). */
 static int give_pin_warning(PoolObject *self) {
-  if (atomic_load_explicit(&self->pin_pending, memory_order_acquire) == 0)
+  if (atomic_load_explicit(&self->pin_pending, memory_order_relaxed) == 0 &&
+      atomic_load_explicit(&pin_owner, memory_order_acquire) != self->serial)
     return 0;
-  if (atomic_load_explicit(&pin_given, memory_order_acquire) != 0) {
+  uintptr_t me = self->serial;
+  if (atomic_load_explicit(&pin_given, memory_order_acquire) != 0 ||
+      atomic_load_explicit(&pin_process_state, memory_order_acquire) !=
+          PMSG_READY) {
     atomic_store_explicit(&self->pin_pending, 0, memory_order_relaxed);
+    (void)atomic_compare_exchange_strong(&pin_owner, &me, 0);
     return 0;
   }
-  if (PyErr_WarnEx(NotPinnedWarning, self->pin_msg, 1) != 0)
-    return -1; /* raised: stays pending, the next call raises again */
+  if (PyErr_WarnEx(NotPinnedWarning, pin_process_msg, 1) != 0) {
+    /* Raised: stays pending, the next call raises again. */
+    atomic_store_explicit(&self->pin_pending, 1, memory_order_relaxed);
+    return -1;
+  }
   atomic_store_explicit(&pin_given, 1, memory_order_release);
   atomic_store_explicit(&self->pin_pending, 0, memory_order_relaxed);
+  (void)atomic_compare_exchange_strong(&pin_owner, &me, 0);
   return 0;
 }
 
@@ -230,7 +239,8 @@ static PyObject *Pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   pinpool_t *pool = NULL;
   /* A configured reserve is allocated (and maybe pinned) here. */
   PyThreadState *ts = PyEval_SaveThread();
-  pinpool_hooks_t hooks = {NULL, NULL, on_pool_error, self};
+  self->serial = atomic_fetch_add(&pool_serials, 1) + 1;
+  pinpool_hooks_t hooks = {NULL, NULL, on_pool_error, (void *)self->serial};
   int rc = pinpool_create_ex(text, &hooks, &pool);
   PyEval_RestoreThread(ts);
   if (rc != 0) {
@@ -241,15 +251,13 @@ static PyObject *Pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   /* Unlocked from the start after the library's one call went to
    * another pool whose warning was not delivered: this pool's own. */
   pinpool_stats_t st;
-  if (atomic_load_explicit(&self->pin_pending, memory_order_acquire) == 0 &&
+  if (atomic_load_explicit(&pin_owner, memory_order_acquire) != self->serial &&
       atomic_load_explicit(&pin_given, memory_order_acquire) == 0 &&
       atomic_load_explicit(&pin_process_state, memory_order_acquire) ==
           PMSG_READY &&
       pinpool_get_stats(pool, &st) == 0 &&
-      st.backend_auto == PINPOOL_AUTO_HOST_UNLOCKED) {
-    (void)snprintf(self->pin_msg, sizeof self->pin_msg, "%s", pin_process_msg);
-    atomic_store_explicit(&self->pin_pending, 1, memory_order_release);
-  }
+      st.backend_auto == PINPOOL_AUTO_HOST_UNLOCKED)
+    atomic_store_explicit(&self->pin_pending, 1, memory_order_relaxed);
   if (give_pin_warning(self) != 0) {
     Py_DECREF(self);
     return NULL;
