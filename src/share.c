@@ -167,6 +167,12 @@ int pp_share_create(pp_share_t **out) {
   pp_mutex_init(&s->lock);
   s->nonce = random_nonce();
   s->owner_pid = (int)getpid();
+  int rc = pp_share_own_add(s->nonce);
+  if (rc != 0) {
+    pp_mutex_destroy(&s->lock);
+    free(s);
+    return rc;
+  }
   s->next_id = 1;
   s->next_gen = 1;
   s->next_peer = 1;
@@ -195,6 +201,7 @@ void pp_share_destroy(pp_share_t *s) {
   /* Normally every chunk went back through the provider (pp_arena_fini);
    * in a child of fork the provider was cut off, and the chunks' views and
    * descriptors inherited from the parent are dropped here. */
+  pp_share_own_del(s->nonce);
   for (size_t i = 0; i < s->nchunks; i++)
     chunk_unmap(s->chunks[i]);
   for (size_t i = 0; i < s->npeers; i++)

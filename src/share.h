@@ -81,6 +81,11 @@ static inline pp_ctl_slot_t *pp_ctl_slot(void *ctl, uint64_t i) {
  * handle (pinpool_share_recv), kept until the chunk is attached. The
  * descriptor is consumed. */
 void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd);
+/* The nonces of the shared pools this process created (share_worker.c's
+ * table, emptied in a child of fork): add at pp_share_create (0 or
+ * PINPOOL_ENOMEM), delete at pp_share_destroy. */
+int pp_share_own_add(uint64_t nonce);
+void pp_share_own_del(uint64_t nonce);
 /* Tests: at most this many bytes per sendmsg/recvmsg of a handle (0: no
  * cap), to force short reads and writes at every byte boundary; the
  * received control descriptors and the part-messages kept now. */

@@ -54,7 +54,60 @@ static struct {
   size_t natt, catt;
   ctl_pending_t ctl[MAX_CTL];
   size_t nctl;
+  /* The nonces of the shared pools this process created (pp_share_create;
+   * emptied in a child of fork, which owns none): "a handle of this
+   * process's own pool" without pid numbers. An owner and a worker in two
+   * pid namespaces may both be pid 1, and the handle's owner_pid (the
+   * owner's number, in its namespace) then equalled the worker's getpid():
+   * the worker closed every control descriptor it received and no attach
+   * could work (issue 36, third round). */
+  uint64_t *own;
+  size_t nown, cown;
 } wk = {.lock = {.m = PTHREAD_MUTEX_INITIALIZER}};
+
+int pp_share_own_add(uint64_t nonce) {
+  int rc = 0;
+  pp_mutex_lock(&wk.lock);
+  if (wk.nown == wk.cown) {
+    size_t n = wk.cown == 0 ? 4 : wk.cown * 2;
+    uint64_t *t = realloc(wk.own, n * sizeof *t);
+    if (t == NULL)
+      rc = pp_fail(PINPOOL_ENOMEM, "shared pool: out of memory");
+    else {
+      wk.own = t;
+      wk.cown = n;
+    }
+  }
+  if (rc == 0)
+    wk.own[wk.nown++] = nonce;
+  pp_mutex_unlock(&wk.lock);
+  return rc;
+}
+
+void pp_share_own_del(uint64_t nonce) {
+  pp_mutex_lock(&wk.lock);
+  for (size_t i = 0; i < wk.nown; i++)
+    if (wk.own[i] == nonce) {
+      wk.own[i] = wk.own[--wk.nown];
+      break;
+    }
+  pp_mutex_unlock(&wk.lock);
+}
+
+/* h names a pool this process created (wk.lock held). */
+static bool own_locked(const pinpool_share_handle_t *h) {
+  for (size_t i = 0; i < wk.nown; i++)
+    if (wk.own[i] == h->nonce)
+      return true;
+  return false;
+}
+
+static bool own(const pinpool_share_handle_t *h) {
+  pp_mutex_lock(&wk.lock);
+  bool r = own_locked(h);
+  pp_mutex_unlock(&wk.lock);
+  return r;
+}
 
 /* Both of this file's locks (never held together elsewhere): a child must
  * not inherit either held. ios is defined below. */
@@ -65,6 +118,8 @@ void pp_share_worker_fork(int phase) {
     ios_fork(phase);
   } else {
     ios_fork(phase);
+    if (phase == PP_FORK_CHILD)
+      wk.nown = 0; /* the parent's pools are not the child's */
     pp_mutex_unlock(&wk.lock);
   }
 }
@@ -235,9 +290,10 @@ void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd) {
    * park other files, or unsealed memory, here. At most MAX_CTL are kept,
    * in any process: a process that owns chunks and also works for another
    * pool keeps that pool's control areas as a worker does (the handle's
-   * owner_pid tells the two apart; a peer that forges it can park at most
-   * MAX_CTL sealed memfds, as it can in any worker). */
-  if (h->owner_pid == (int)getpid() || check_ctl(h, ctl_fd) != 0) {
+   * nonce, one of this process's pools or not, tells the two apart; a peer that
+   * forges it can park at most MAX_CTL sealed memfds, as it can in any worker).
+   */
+  if (own(h) || check_ctl(h, ctl_fd) != 0) {
     (void)close(ctl_fd);
     return;
   }
@@ -580,9 +636,8 @@ static int send_fds(const pinpool_share_handle_t *h, int fd, int fds[2]) {
                    "pinpool_share_send: %d is not an open descriptor", fd);
   fds[n++] = fd;
   struct stat st;
-  if (h->owner_pid == (int32_t)getpid() && h->owner_ctl_fd >= 0 &&
-      fstat(h->owner_ctl_fd, &st) == 0 && (uint64_t)st.st_dev == h->dev &&
-      (uint64_t)st.st_ino == h->ctl_ino)
+  if (own(h) && h->owner_ctl_fd >= 0 && fstat(h->owner_ctl_fd, &st) == 0 &&
+      (uint64_t)st.st_dev == h->dev && (uint64_t)st.st_ino == h->ctl_ino)
     fds[n++] = h->owner_ctl_fd;
   return n;
 }

@@ -431,6 +431,117 @@ static void test_pid_reuse(void **state) {
   PP_ASSERT(rc == 0, "pid namespace check %d failed", rc);
 }
 
+/* ---- an owner and a worker that are both pid 1 (issue 36, third round) ----
+ * Each init of its own pid namespace, the worker's a child of the owner's.
+ * Before, the worker took the handle's owner_pid (1, in the owner's
+ * namespace) for its own pid, thought the handle one of its own pools',
+ * closed the control descriptor pinpool_share_recv received, and its
+ * attach failed (EBADHANDLE: no control area). Runs in the owner, pid 1. */
+static int pid1_worker(int sock) {
+  if (getpid() != 1)
+    return 40;
+  pinpool_share_handle_t h;
+  int fd = -1;
+  void *p = NULL;
+  if (pinpool_share_recv(sock, &h, &fd) != 0 || fd < 0)
+    return 41;
+  if (h.owner_pid != 1)
+    return 42; /* the case under test: equal pid numbers */
+  if (pinpool_share_attach(&h, fd, &p) != 0) {
+    fprintf(stderr, "pid1 worker: %s\n", pinpool_last_error());
+    return 43;
+  }
+  memset(p, 0x5a, (size_t)h.length);
+  if (pinpool_share_detach(p) != 0)
+    return 44;
+  return 0;
+}
+
+static int pid1_owner(void) {
+  if (getpid() != 1)
+    return 30;
+  pinpool_t *pool = NULL;
+  void *ptr = NULL;
+  int sv[2];
+  if (pinpool_create("shared=1", &pool) != 0 ||
+      pinpool_alloc(pool, 1 << 16, &ptr) != 0 ||
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    return 31;
+  int pp[2];
+  if (pipe(pp) != 0)
+    return 32;
+  pid_t mid = fork();
+  if (mid < 0)
+    return 33;
+  if (mid == 0) {
+    if (unshare(CLONE_NEWPID) != 0)
+      _exit(77);
+    pid_t w = fork();
+    if (w < 0)
+      _exit(34);
+    if (w == 0) { /* as a spawned worker: nothing of the owner's inherited */
+      for (int f = 3; f < 1024; f++)
+        if (f != sv[1])
+          (void)close(f);
+      _exit(pid1_worker(sv[1]));
+    }
+    (void)!write(pp[1], &w, sizeof w);
+    int st = 0;
+    (void)waitpid(w, &st, 0);
+    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 99);
+  }
+  pid_t w = 0;
+  if (read(pp[0], &w, sizeof w) != (ssize_t)sizeof w)
+    return 35;
+  pinpool_share_handle_t h;
+  int fd = -1;
+  if (pinpool_lend(pool, ptr, w, &h, &fd) != 0 ||
+      pinpool_share_send(sv[0], &h, fd) != 0)
+    return 36;
+  int st = 0;
+  if (waitpid(mid, &st, 0) != mid || !WIFEXITED(st))
+    return 37;
+  if (WEXITSTATUS(st) != 0)
+    return WEXITSTATUS(st);
+  for (size_t i = 0; i < (size_t)h.length; i++)
+    if (((unsigned char *)ptr)[i] != 0x5a)
+      return 38;
+  size_t n = 0;
+  if (pinpool_lend_reclaim_exited(pool, 0, &n) != 0 || n != 1 ||
+      pinpool_free(pool, ptr) != 0)
+    return 39;
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static void test_pidns_owner_pid1(void **state) {
+  (void)state;
+  if (geteuid() != 0) {
+    print_message("pidns_owner_pid1: not root: skipped\n");
+    skip();
+  }
+  pid_t outer = fork();
+  PP_ASSERT(outer >= 0, "fork");
+  if (outer == 0) {
+    if (unshare(CLONE_NEWPID) != 0)
+      _exit(77);
+    pid_t init = fork();
+    if (init < 0)
+      _exit(78);
+    if (init == 0)
+      _exit(pid1_owner());
+    int st = 0;
+    (void)waitpid(init, &st, 0);
+    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 99);
+  }
+  int rc = pp_wait_child(outer, 30000);
+  if (rc == 77) {
+    print_message("pidns_owner_pid1: no pid namespace here: skipped\n");
+    skip();
+  }
+  PP_ASSERT(rc == 0, "owner and worker both pid 1: check %d failed", rc);
+}
+
 /* ---- the control area, from a worker --------------------------------------
  */
 static int ctl_attacks(int cfd, size_t len) {
@@ -1136,6 +1247,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hostile_returns),
       cmocka_unit_test(test_pid_reuse),
+      cmocka_unit_test(test_pidns_owner_pid1),
       cmocka_unit_test(test_ctl_readonly),
       cmocka_unit_test(test_reclaim_list),
       cmocka_unit_test(test_thread_pidfd),

@@ -645,8 +645,8 @@ class SharedLoader(Generic[T]):
                 _step("return")
                 # The answer must name task #seq's lend, and come from the
                 # worker it was lent to: checked before any lend ends.
-                buf = _share._take(handle, pid, expect=entry[1],
-                                   known_peer=True)
+                buf = _share._end_lend(handle, pid, entry[1],
+                                       known_peer=True)
             except Exception as e:
                 raise WorkerError(
                     f"SharedLoader worker {w} (pid {pid}) handed back a "

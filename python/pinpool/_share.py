@@ -35,6 +35,7 @@ table drops exactly those; nothing here reads memory a worker can write.
 """
 
 import collections
+import errno
 import os
 import socket
 import struct
@@ -120,9 +121,16 @@ _pools: "weakref.WeakValueDictionary[int, Pool]" = weakref.WeakValueDictionary()
 # What a connection proves is kept until its pickle comes, at most
 # _MAX_PROOFS (the oldest dropped first): a peer can send as many as it
 # likes, and none of them ends a lend but one from the borrower.
+# One drain accepts at most _DRAIN_ACCEPTS connections: any process may
+# connect, and an unbounded loop let a flood hold the owner (and _lock)
+# as long as it went on (11.7 s of a 12 s flood, issue 36 third round).
+# A proof still queued behind more connections than that is read by a
+# later drain: the return fails with BlockingIOError meanwhile (its lend
+# live, nothing counted) and the same pickle can be loaded again.
 _PROOF_BYTES = 16
 _MAX_PROOFS = 4096
 _MAX_WAITING = 64
+_DRAIN_ACCEPTS = 64
 _CRED = struct.Struct("=iII")  # struct ucred: pid, uid, gid
 _listener: Optional[socket.socket] = None
 _listener_pid = 0
@@ -209,10 +217,14 @@ def _read_proof(conn: socket.socket) -> bool:
     return True
 
 
-def _drain() -> None:
-    """Read every proof queued on the return socket (lock held)."""
+def _drain() -> Optional[BaseException]:
+    """Read the proofs queued on the return socket, at most _DRAIN_ACCEPTS
+    connections' worth (lock held). None when the queue was emptied; else
+    why not: BlockingIOError (connections left for a later drain) or the
+    OSError accept raised (EMFILE and the like: a resource of the owner's,
+    not the sender's doing, so never a refusal)."""
     if _listener is None or _listener_pid != os.getpid():
-        return
+        return None
     still: List[socket.socket] = []
     for c in _waiting:
         if _read_proof(c):
@@ -220,19 +232,22 @@ def _drain() -> None:
         else:
             still.append(c)
     _waiting[:] = still
-    while True:
+    for _ in range(_DRAIN_ACCEPTS):
         try:
             conn, _ = _listener.accept()
         except (BlockingIOError, InterruptedError):
-            break
-        except OSError:  # EMFILE and the like: the rest waits
-            break
+            return None
+        except OSError as e:  # EMFILE, ENFILE, ENOBUFS: the rest waits
+            return e
         if _read_proof(conn):
             conn.close()
             continue
         _waiting.append(conn)
         if len(_waiting) > _MAX_WAITING:
             _waiting.pop(0).close()
+    return BlockingIOError(
+        errno.EAGAIN, f"more than {_DRAIN_ACCEPTS} connections are queued on "
+        "the owner's return socket: load the return again later")
 
 
 def _prove_return(addr: bytes, handle: bytes) -> bytes:
@@ -347,14 +362,22 @@ def attach(handle: bytes, nbytes: int, fd: int, ctl_fd: int) -> Buffer:
     return buf
 
 
-def _take(handle: bytes, peer: int, *, expect: Optional[Buffer] = None,
-          known_peer: bool = False) -> Buffer:
+def _end_lend(handle: bytes, peer: int, expect: Buffer, *,
+              known_peer: bool = False) -> Buffer:
     """In the owner: end the lend of `handle`, handed back by process
-    `peer`, and give back its Buffer. expect: the Buffer the caller lent
-    for this answer; any other lend is refused before anything ends
-    (PermissionError). known_peer: `peer` is known from the channel (the
-    loader's socket), not claimed by the sender: the peer check is never
-    waived then."""
+    `peer`, and give back its Buffer. expect: the Buffer the caller found
+    lent for this return (the loader: the one it lent for this answer;
+    the pickled paths: the table's, looked up after the proof); any other
+    lend is refused before anything ends (PermissionError). known_peer:
+    `peer` is known from a channel (the loader's socket, SO_PEERCRED), not
+    claimed by a sender: the peer check is never waived then.
+
+    expect is required and is an object of the owner's, which no pickle
+    can name by value: a pickle names functions and passes values, and
+    before, one naming this function (then _take) with a handle and
+    another borrower's pid ended that lend without any proof (issue 36,
+    third round). The pickled returns end lends only through _returned
+    (a proof the kernel vouches for) and _take_self (a self-lend)."""
     h = _parse(handle)
     with _lock:
         lend_ = _lends.get((h.nonce, h.generation))
@@ -364,21 +387,33 @@ def _take(handle: bytes, peer: int, *, expect: Optional[Buffer] = None,
                 f"stale handle: a shared Buffer came back whose lend (generation "
                 f"{h.generation}) is not live in this process: returned or "
                 "reclaimed already")
-        if expect is not None and lend_.buf is not expect:
+        if not isinstance(expect, Buffer) or lend_.buf is not expect:
             _count_refusal(h.nonce)
             raise PermissionError(
                 f"process {peer} handed back a lend (generation "
                 f"{h.generation}) it was not given for this answer")
         # A lend to this process itself (pickled with no Buffer.lend: the
         # receiver was unknown) is bound to no other process: its token
-        # alone says the handle came back from whoever received it, on a
-        # channel whose sender is only claimed (a pickle). A channel that
-        # knows its peer never takes a self-lend back from another process.
+        # alone says the handle came back from whoever received it. A
+        # channel that knows its peer never takes a self-lend back from
+        # another process.
         if lend_.peer == os.getpid() and not known_peer:
             peer = lend_.peer
         lend_.buf._lend_return(handle, peer)  # type: ignore[attr-defined]
         del _lends[(h.nonce, h.generation)]
     return lend_.buf
+
+
+def _take_self(handle: bytes) -> Buffer:
+    """In the owner: take back a lend made to this process itself (a
+    Buffer pickled and unpickled in its owner); any other lend is refused
+    by pinpool_lend_return (its peer is not this process)."""
+    h = _parse(handle)
+    with _lock:
+        lend_ = _lends.get((h.nonce, h.generation))
+        return _end_lend(handle, os.getpid(),
+                         lend_.buf if lend_ is not None else None,  # type: ignore[arg-type]
+                         known_peer=True)
 
 
 def _rebuild(handle: bytes, nbytes: int, dupfd: Any,
@@ -395,7 +430,7 @@ def _rebuild(handle: bytes, nbytes: int, dupfd: Any,
         raise
     try:
         if h.owner_pid == os.getpid() and _owns(h):
-            return _take(handle, os.getpid())
+            return _take_self(handle)
         buf: Buffer = _attach(handle, fd, ctl, nbytes)
         if isinstance(addr, bytes) and addr:
             with _lock:
@@ -421,7 +456,11 @@ def _returned(handle: bytes, peer: int = 0, proof: bytes = b"") -> Buffer:
     has the token). proof: what the sender sent over the owner's return
     socket; the process the kernel says connected with it is the peer
     pinpool_lend_return checks. Without a proof the return is refused
-    (PermissionError), and counted in lend_refusals."""
+    (PermissionError), and counted in lend_refusals. Where the proof may
+    still be queued unread (more connections than one drain reads:
+    BlockingIOError; accept failing for a resource of the owner's, EMFILE:
+    that OSError) nothing is counted, the lend stays live, and the same
+    pickle can be loaded again later."""
     h = _parse(handle)
     if h.owner_pid != os.getpid():
         raise ValueError(
@@ -431,11 +470,16 @@ def _returned(handle: bytes, peer: int = 0, proof: bytes = b"") -> Buffer:
         raise BadHandleError("a returned shared Buffer with a bad sender")
     with _lock:
         if (h.nonce, h.generation) not in _lends:
-            return _take(handle, os.getpid())  # refused as stale, counted
-        _drain()
+            return _take_self(handle)  # refused as stale, counted
+        why = _drain()
         sender = None
         if isinstance(proof, bytes) and len(proof) == _PROOF_BYTES:
             sender = _proofs.pop((h.nonce, h.generation, proof), None)
+        if sender is None and why is not None:
+            # The proof may be among what this drain could not read: not
+            # the sender's fault, so nothing counted, the lend left live,
+            # and the same pickle can be loaded again.
+            raise why
         if sender is None:
             _count_refusal(h.nonce)
             raise PermissionError(
@@ -445,7 +489,7 @@ def _returned(handle: bytes, peer: int = 0, proof: bytes = b"") -> Buffer:
                 "or one from an older pinpool)")
         # The sender is known now: a self-lend (receiver unknown) is bound
         # to its token alone, as before; any other to its borrower.
-        return _take(handle, sender)
+        return _end_lend(handle, sender, _lends[(h.nonce, h.generation)].buf)
 
 
 def _reclaim(pool: Pool, peer: int, live: bool) -> List[Buffer]:

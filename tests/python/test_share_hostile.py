@@ -15,6 +15,7 @@ import json
 import multiprocessing as mp
 import os
 import pickle
+import socket
 import sysconfig
 
 import pytest
@@ -640,7 +641,7 @@ def test_python_refusals_are_counted_with_the_c_ones(spool):
     pickle.dumps(b)
     handle = _share._current(b).handle
     with pytest.raises(PermissionError):
-        _share._take(handle, os.getpid(), expect=a)  # another lend's answer
+        _share._end_lend(handle, os.getpid(), a)  # another lend's answer
     assert spool.stats()["lend_refusals"] == before + 2
     with pytest.raises(PermissionError):
         pickle.loads(pickle.dumps(_Forged((handle, os.getpid()))))
@@ -687,3 +688,188 @@ def test_close_racing_a_lend_leaves_neither_half_done(spool):
         buf.close()
     assert buf.closed and buf.lent_to is None
     assert _share.lent_generations(spool) == []
+
+
+# -- the return socket and the pickled return path (issue 36, third round) ----
+
+def _return_it(inq, outq):
+    """A borrower: attaches, fills, sends its return pickle (the proof is
+    queued on the owner's return socket before the pickle leaves), waits
+    for "go" before exiting."""
+    buf = pickle.loads(inq.get(timeout=TIMEOUT))
+    with memoryview(buf) as m:
+        m[:] = b"\x55" * len(m)
+    outq.put(pickle.dumps(buf))
+    assert inq.get(timeout=TIMEOUT) == "go"
+
+
+class _CountingListener:
+    """_share._listener with its accepts counted."""
+
+    def __init__(self, real):
+        self.real, self.accepts = real, 0
+
+    def accept(self):
+        self.accepts += 1
+        return self.real.accept()
+
+
+def _lent_to_a_borrower(spool, ctx):
+    inq, outq = ctx.Queue(), ctx.Queue()
+    w = ctx.Process(target=_return_it, args=(inq, outq))
+    w.start()
+    b = spool.alloc(4096)
+    b.lend(w.pid)
+    inq.put(pickle.dumps(b))
+    return w, inq, outq, b
+
+
+def test_a_flood_on_the_return_socket_holds_the_owner_for_bounded_work(spool):
+    """Connections queued on the owner's return socket ahead of an honest
+    proof (any process may connect): one unpickle accepts at most
+    _DRAIN_ACCEPTS of them, nothing counted as refused while the proof may
+    be unread (BlockingIOError), and the same pickle loaded again gets
+    through. Before, one drain accepted until the queue was empty: a
+    flood that kept connecting held the owner and _share._lock as long as
+    it went on."""
+    ctx = mp.get_context("fork")
+    w, inq, outq, b = _lent_to_a_borrower(spool, ctx)
+    junk = []
+    try:
+        addr = _share._address
+        bound = getattr(_share, "_DRAIN_ACCEPTS", 64)  # 64: before it
+        n = 5 * bound
+        for _ in range(n):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.connect(addr)
+            s.send(b"x" * 144)
+            junk.append(s)
+        back = outq.get(timeout=TIMEOUT)  # its proof queued after the junk
+        refusals = spool.stats()["lend_refusals"]
+        real = _share._listener
+        counting = _CountingListener(real)
+        _share._listener = counting
+        try:
+            tries = 0
+            while True:
+                counting.accepts = 0
+                tries += 1
+                try:
+                    got = pickle.loads(back)
+                    break
+                except BlockingIOError:
+                    assert b.lent_to == w.pid and \
+                        spool.stats()["lend_refusals"] == refusals
+                    tables_agree(spool)
+                finally:
+                    assert counting.accepts <= bound, \
+                        f"one unpickle accepted {counting.accepts}"
+                assert tries <= n, "the honest return never got through"
+        finally:
+            _share._listener = real
+        assert tries > 1 and got is b and b.lent_to is None
+        assert spool.stats()["lend_refusals"] == refusals
+        with memoryview(b) as m:
+            assert bytes(m) == b"\x55" * 4096
+        inq.put("go")
+    finally:
+        for s in junk:
+            s.close()
+        w.join(TIMEOUT)
+        if w.is_alive():
+            w.kill()
+    assert w.exitcode == 0
+    b.close()
+
+
+def _global_call(module, name, args):
+    """A pickle that calls module.name(*args) when loaded, made by hand (the
+    function need not exist here: pickle resolves it at load)."""
+    body = pickle.dumps(args, protocol=2)
+    assert body[:2] == b"\x80\x02" and body[-1:] == b"."
+    return (b"\x80\x02c" + module.encode() + b"\n" + name.encode() + b"\n"
+            + body[2:-1] + b"R.")
+
+
+def test_no_library_function_named_by_a_pickle_ends_another_s_lend(spool):
+    """A pickle names a function and passes values; the owner's
+    pickle.loads calls it. Before, a pickle naming pinpool._share._take with
+    a borrower's handle and pid ended that lend with no proof at all (a
+    process forked after the lend has the handle and token). Now every
+    function of pinpool._share and pinpool._loader, called so with the
+    handle, the borrower's pid and a made-up proof, leaves the lend live."""
+    ctx = mp.get_context("fork")
+    w, inq, outq, b = _lent_to_a_borrower(spool, ctx)
+    try:
+        back = outq.get(timeout=TIMEOUT)
+        handle = _share._current(b).handle
+        arg_sets = [(handle,), (handle, w.pid), (handle, w.pid, b"\0" * 16),
+                    (handle, w.pid, True)]
+        names = {("pinpool._share", "_take")}
+        for mod in (_share, _loader):
+            for name in dir(mod):
+                obj = getattr(mod, name)
+                if callable(obj) and not isinstance(obj, type) and \
+                        getattr(obj, "__module__", "") == mod.__name__:
+                    names.add((mod.__name__, name))
+        for module, name in sorted(names):
+            for args in arg_sets:
+                try:
+                    pickle.loads(_global_call(module, name, args))
+                except Exception:  # noqa: BLE001 refused, or not there
+                    pass
+                assert b.lent_to == w.pid and \
+                    spool.stats()["lent_blocks"] == 1, \
+                    f"a pickle calling {module}.{name}{len(args)} ended the lend"
+        tables_agree(spool)
+        assert pickle.loads(back) is b  # the borrower's own return
+        inq.put("go")
+    finally:
+        w.join(TIMEOUT)
+        if w.is_alive():
+            w.kill()
+    assert w.exitcode == 0
+    b.close()
+
+
+def test_an_honest_return_at_emfile_is_an_oserror_not_a_refusal(spool):
+    """The owner at RLIMIT_NOFILE cannot accept the proof's connection.
+    Before, the honest return was refused as forged and counted; now the
+    owner's EMFILE comes back as OSError, nothing is counted, the lend is
+    live, and the same pickle is accepted once descriptors are free."""
+    import errno
+    import resource
+
+    ctx = mp.get_context("fork")
+    w, inq, outq, b = _lent_to_a_borrower(spool, ctx)
+    fill = []
+    try:
+        back = outq.get(timeout=TIMEOUT)
+        refusals = spool.stats()["lend_refusals"]
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))
+        try:
+            try:
+                while True:
+                    fill.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError as e:
+                assert e.errno == errno.EMFILE
+            with pytest.raises(OSError) as ei:
+                pickle.loads(back)
+            assert ei.value.errno == errno.EMFILE
+            assert not isinstance(ei.value, PermissionError)
+        finally:
+            for f in fill:
+                os.close(f)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert spool.stats()["lend_refusals"] == refusals
+        assert b.lent_to == w.pid
+        tables_agree(spool)
+        assert pickle.loads(back) is b and b.lent_to is None
+        inq.put("go")
+    finally:
+        w.join(TIMEOUT)
+        if w.is_alive():
+            w.kill()
+    assert w.exitcode == 0
+    b.close()
