@@ -78,9 +78,10 @@ static inline pp_ctl_slot_t *pp_ctl_slot(void *ctl, uint64_t i) {
 }
 
 /* Worker side (share_worker.c): a control-area descriptor received with a
- * handle (pinpool_share_recv), kept until the chunk is attached. The
- * descriptor is consumed. */
-void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd);
+ * handle (pinpool_share_recv) on socket sock, kept until the chunk is
+ * attached. The descriptor is consumed. */
+void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd,
+                           int sock);
 /* The nonces of the shared pools this process created (share_worker.c's
  * table, emptied in a child of fork): add at pp_share_create (0 or
  * PINPOOL_ENOMEM), delete at pp_share_destroy. */

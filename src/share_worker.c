@@ -40,12 +40,16 @@ typedef struct attachment {
 } attachment_t;
 /* A control-area descriptor received with a handle, for a chunk not mapped
  * here yet (pinpool_share_recv): consumed by the chunk's first attach. At
- * most MAX_CTL are kept (the oldest is closed). */
+ * most MAX_CTL are kept, at most MAX_CTL_PER_SRC from one socket (src: its
+ * inode); when the table is full, the one to go is the oldest of the
+ * socket with the most kept, so one peer evicts only its own. */
 #define MAX_CTL 64
+#define MAX_CTL_PER_SRC 16
 typedef struct ctl_pending {
   uint64_t dev, ino; /* the chunk's */
   uint64_t ctl_ino;
   int fd;
+  uint64_t src; /* the receiving socket's st_ino */
 } ctl_pending_t;
 static struct {
   pp_mutex_t lock;
@@ -282,7 +286,8 @@ static int find_ctl(const pinpool_share_handle_t *h, int ctl_fd,
   return -1;
 }
 
-void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd) {
+void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd,
+                           int sock) {
   /* Kept only for a handle of another process's pool (a handle of this
    * process's own, e.g. a worker's return with its control area, never
    * needs it: the owner maps its chunks itself), and only a descriptor
@@ -297,26 +302,57 @@ void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd) {
     (void)close(ctl_fd);
     return;
   }
+  struct stat sst;
+  uint64_t src = fstat(sock, &sst) == 0 ? (uint64_t)sst.st_ino : 0;
   int drop = -1;
   pp_mutex_lock(&wk.lock);
   wchunk_t *c = wk.chunks;
   while (c != NULL && !(c->dev == h->dev && c->ino == h->ino))
     c = c->next;
+  /* The same file again (same chunk and control inode) replaces its
+   * entry; a different control area named for the same chunk is another
+   * entry: before, any peer's forged handle naming a genuine chunk
+   * replaced (closed) the genuine descriptor. */
   size_t i = 0;
-  while (i < wk.nctl && !(wk.ctl[i].dev == h->dev && wk.ctl[i].ino == h->ino))
+  while (i < wk.nctl && !(wk.ctl[i].dev == h->dev && wk.ctl[i].ino == h->ino &&
+                          wk.ctl[i].ctl_ino == h->ctl_ino))
     i++;
   if (c != NULL) {
     drop = ctl_fd; /* mapped already: its control area is mapped too */
   } else if (i < wk.nctl) {
     drop = wk.ctl[i].fd; /* the newer one replaces it */
-    wk.ctl[i] = (ctl_pending_t){h->dev, h->ino, h->ctl_ino, ctl_fd};
+    wk.ctl[i].fd = ctl_fd;
   } else {
-    if (wk.nctl == MAX_CTL) { /* the oldest goes */
-      drop = wk.ctl[0].fd;
-      memmove(&wk.ctl[0], &wk.ctl[1], (MAX_CTL - 1) * sizeof wk.ctl[0]);
+    /* Before, the oldest of the table went: a peer sending MAX_CTL
+     * forged handles (a process in both roles, issue 36 third round)
+     * evicted the genuine owner's descriptor and its attach failed. Now
+     * the sender's own oldest goes when it has MAX_CTL_PER_SRC kept, or,
+     * the table full, the oldest of the socket with the most. */
+    size_t mine = 0, victim = MAX_CTL, most = 0;
+    for (size_t k = 0; k < wk.nctl; k++)
+      if (wk.ctl[k].src == src && mine++ == 0)
+        victim = k;
+    if (mine < MAX_CTL_PER_SRC)
+      victim = MAX_CTL;
+    if (victim == MAX_CTL && wk.nctl == MAX_CTL) {
+      for (size_t k = 0; k < wk.nctl; k++) {
+        size_t n = 0;
+        for (size_t j = 0; j < wk.nctl; j++)
+          n += wk.ctl[j].src == wk.ctl[k].src;
+        if (n > most) {
+          most = n;
+          victim = k;
+        }
+      }
+    }
+    if (victim < MAX_CTL) {
+      drop = wk.ctl[victim].fd;
+      memmove(&wk.ctl[victim], &wk.ctl[victim + 1],
+              (wk.nctl - victim - 1) * sizeof wk.ctl[0]);
       wk.nctl--;
     }
-    wk.ctl[wk.nctl++] = (ctl_pending_t){h->dev, h->ino, h->ctl_ino, ctl_fd};
+    wk.ctl[wk.nctl++] =
+        (ctl_pending_t){h->dev, h->ino, h->ctl_ino, ctl_fd, src};
   }
   pp_mutex_unlock(&wk.lock);
   if (drop >= 0)
@@ -408,7 +444,9 @@ int pinpool_share_attach_ctl(const pinpool_share_handle_t *h, int fd,
   int drop = -1;
   if (pending >= 0) { /* mapped: the received descriptor is done */
     drop = wk.ctl[pending].fd;
-    wk.ctl[pending] = wk.ctl[--wk.nctl];
+    memmove(&wk.ctl[pending], &wk.ctl[pending + 1],
+            (wk.nctl - (size_t)pending - 1) * sizeof wk.ctl[0]);
+    wk.nctl--; /* in age order: the eviction takes the oldest */
   }
   if (fresh) {
     c->next = wk.chunks;
@@ -863,7 +901,7 @@ int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
   }
   int got = p->nfds > 0 ? p->fds[0] : -1;
   if (p->nfds > 1)
-    pp_share_ctl_received(&tmp, p->fds[1]);
+    pp_share_ctl_received(&tmp, p->fds[1], sock);
   p->nfds = 0;
   io_free(p);
   *h = tmp;

@@ -231,6 +231,7 @@ static void test_forged_owner_bounded(void **state) {
   for (int i = 0; i < 200; i++) {
     pinpool_share_handle_t f = h;
     f.owner_pid = getpid() + 1 + i; /* "another owner's" */
+    f.nonce = h.nonce ^ (uint64_t)(i + 1);
     uint64_t ino;
     int m = sealed_ctl(h.chunk_size, &ino);
     f.ino = 2000000 + (uint64_t)i;
@@ -243,13 +244,78 @@ static void test_forged_owner_bounded(void **state) {
     (void)close(got);
   }
   size_t kept = pp_share_worker_pending_ctl();
-  PP_ASSERT(kept <= 64 && open_fds() - fds0 == (int)kept,
-            "%zu kept, %d open more (at most 64)", kept, open_fds() - fds0);
+  PP_ASSERT(kept >= 1 && kept <= 16 && open_fds() - fds0 == (int)kept,
+            "%zu kept, %d open more (1 to 16: one socket's)", kept,
+            open_fds() - fds0);
   (void)close(sv[0]);
   (void)close(sv[1]);
   (void)close(cfd);
   PP_OK(pinpool_lend_return(pool, &h, getpid()));
   PP_OK(pinpool_free(pool, b));
+  pinpool_destroy(pool);
+}
+
+/* Both roles: a genuine owner's handle received (its control descriptor
+ * kept until the attach), then a hostile peer on another socket sends 200
+ * forged handles with sealed control areas that check out, one of them
+ * naming the genuine chunk with its own control area. Before, the table's
+ * oldest went at 64 and the same chunk's entry was replaced: the genuine
+ * descriptor was closed and the attach failed (issue 36, third round). */
+static void test_forged_peer_cannot_evict(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create(CONF, &pool));
+  void *mine;
+  PP_OK(pinpool_alloc(pool, 64 * KiB, &mine));
+  pinpool_share_handle_t mh;
+  int mfd;
+  PP_OK(pinpool_lend(pool, mine, getpid(), &mh, &mfd));
+  int sv[2], hv[2];
+  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
+  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, hv) == 0, "sp");
+  pid_t c = fork();
+  PP_ASSERT(c >= 0, "fork");
+  if (c == 0) {
+    (void)close(sv[0]);
+    _exit(second_owner(sv[1]));
+  }
+  (void)close(sv[1]);
+  pinpool_share_handle_t h;
+  int fd = -1;
+  size_t before = pp_share_worker_pending_ctl(); /* earlier tests' */
+  PP_OK(pinpool_share_recv(sv[0], &h, &fd));
+  PP_ASSERT(pp_share_worker_pending_ctl() == before + 1, "genuine not kept");
+  for (int i = 0; i < 200; i++) {
+    pinpool_share_handle_t f = h;
+    f.nonce = h.nonce ^ (uint64_t)(i + 1);
+    uint64_t ino;
+    int m = sealed_ctl(h.chunk_size, &ino);
+    if (i != 100) /* #100 names the genuine chunk, another control area */
+      f.ino = 3000000 + (uint64_t)i;
+    f.ctl_ino = ino;
+    send_pair(hv[1], &f, m, m);
+    (void)close(m);
+    pinpool_share_handle_t g;
+    int got = -1;
+    PP_OK(pinpool_share_recv(hv[0], &g, &got));
+    (void)close(got);
+  }
+  void *p = NULL;
+  PP_CHECK_RC(pinpool_share_attach(&h, fd, &p), 0);
+  PP_ASSERT(pp_share_worker_pending_ctl() <= before + 16,
+            "%zu kept (%zu + 16: the peer's bound)",
+            pp_share_worker_pending_ctl(), before);
+  (void)close(fd);
+  memset(p, 0xA5, 64 * KiB);
+  PP_OK(pinpool_share_detach(p));
+  PP_ASSERT(write(sv[0], "w", 1) == 1, "write");
+  PP_CHECK_RC(reap(c, 10000), 0);
+  (void)close(sv[0]);
+  (void)close(hv[0]);
+  (void)close(hv[1]);
+  PP_OK(pinpool_lend_return(pool, &mh, getpid()));
+  (void)close(mfd);
+  PP_OK(pinpool_free(pool, mine));
   pinpool_destroy(pool);
 }
 
@@ -335,6 +401,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_own_returns_keep_nothing),
       cmocka_unit_test(test_forged_owner_bounded),
       cmocka_unit_test(test_many_partial_messages),
+      cmocka_unit_test(test_forged_peer_cannot_evict),
   };
   return pp_run_selected("test_share_roles", tests,
                          sizeof tests / sizeof tests[0], argc, argv);
