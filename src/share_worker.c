@@ -579,10 +579,28 @@ static bool sock_id(int sock, uint64_t *dev, uint64_t *ino) {
 /* Take the kept piece of sock's direction tx out of the table (NULL if
  * none, or if the descriptor number now names another socket: then the
  * old piece is dropped). */
+/* Drop the pieces of sockets closed since they were kept (ios.lock held):
+ * before, one stayed, with the descriptors it had received, until its
+ * descriptor number named a socket again or the table filled. No piece
+ * kept: nothing done (the common case costs nothing). */
+static void ios_prune_locked(void) {
+  for (size_t i = 0; i < ios.n;) {
+    uint64_t dev, ino;
+    io_t *q = ios.io[i];
+    if (!sock_id(q->sock, &dev, &ino) || dev != q->sdev || ino != q->sino) {
+      ios.io[i] = ios.io[--ios.n];
+      io_free(q);
+    } else {
+      i++;
+    }
+  }
+}
+
 static io_t *io_take(int sock, bool tx) {
   io_t *p = NULL;
   pp_mutex_lock(&ios.lock);
   pp_hook(PP_HOOK_SHARE_IO);
+  ios_prune_locked();
   for (size_t i = 0; i < ios.n; i++)
     if (ios.io[i]->sock == sock && ios.io[i]->tx == tx) {
       p = ios.io[i];
@@ -609,16 +627,7 @@ static int io_keep(io_t *p) {
   if (ios.n == ios.cap) {
     /* Full: drop the pieces of sockets closed since (fstat and close do
      * not block), then grow. */
-    for (size_t i = 0; i < ios.n;) {
-      uint64_t dev, ino;
-      io_t *q = ios.io[i];
-      if (!sock_id(q->sock, &dev, &ino) || dev != q->sdev || ino != q->sino) {
-        ios.io[i] = ios.io[--ios.n];
-        io_free(q);
-      } else {
-        i++;
-      }
-    }
+    ios_prune_locked();
   }
   if (ios.n == ios.cap) {
     size_t cap = ios.cap == 0 ? 64 : ios.cap * 2;

@@ -319,6 +319,58 @@ static void test_forged_peer_cannot_evict(void **state) {
   pinpool_destroy(pool);
 }
 
+/* A piece of a message kept for a socket (with the descriptor that came
+ * with it), then the socket closed: the next call on any other socket
+ * drops the piece and closes the descriptor. Before, both stayed until the
+ * descriptor number named a socket again or the table filled (issue 36,
+ * third round). */
+static void test_closed_socket_piece_dropped(void **state) {
+  (void)state;
+  int a[2], b[2];
+  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0,
+                       a) == 0,
+            "sp");
+  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0,
+                       b) == 0,
+            "sp"); /* made first: never the closed one's numbers */
+  int m = memfd_create("piece", MFD_CLOEXEC);
+  PP_ASSERT(m >= 0, "memfd");
+  pinpool_share_handle_t h;
+  memset(&h, 0, sizeof h);
+  h.magic = PINPOOL_SHARE_MAGIC;
+  h.version = PINPOOL_SHARE_VERSION;
+  int fds[1] = {m};
+  char cbuf[CMSG_SPACE(sizeof fds)];
+  memset(cbuf, 0, sizeof cbuf);
+  struct iovec iov = {(void *)&h, 40};
+  struct msghdr msg = {.msg_iov = &iov,
+                       .msg_iovlen = 1,
+                       .msg_control = cbuf,
+                       .msg_controllen = sizeof cbuf};
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof fds);
+  memcpy(CMSG_DATA(cm), fds, sizeof fds);
+  PP_ASSERT(sendmsg(a[1], &msg, 0) == 40, "sendmsg");
+  (void)close(m);
+  int fds0 = open_fds();
+  size_t kept0 = pp_share_io_kept();
+  pinpool_share_handle_t g;
+  int got = -1;
+  PP_CHECK_RC(pinpool_share_recv(a[0], &g, &got), PINPOOL_EAGAIN);
+  PP_ASSERT(pp_share_io_kept() == kept0 + 1 && open_fds() == fds0 + 1,
+            "the piece and its descriptor kept");
+  (void)close(a[0]);
+  (void)close(a[1]);
+  PP_CHECK_RC(pinpool_share_recv(b[0], &g, &got), PINPOOL_EAGAIN);
+  PP_ASSERT(pp_share_io_kept() == kept0 && open_fds() == fds0 - 2,
+            "a closed socket's piece kept (%zu pieces, %d descriptors more)",
+            pp_share_io_kept() - kept0, open_fds() - (fds0 - 2));
+  (void)close(b[0]);
+  (void)close(b[1]);
+}
+
 static void test_many_partial_messages(void **state) {
   (void)state;
   pinpool_t *pool = NULL;
@@ -402,6 +454,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_forged_owner_bounded),
       cmocka_unit_test(test_many_partial_messages),
       cmocka_unit_test(test_forged_peer_cannot_evict),
+      cmocka_unit_test(test_closed_socket_piece_dropped),
   };
   return pp_run_selected("test_share_roles", tests,
                          sizeof tests / sizeof tests[0], argc, argv);
