@@ -211,6 +211,21 @@ static size_t chunk_size(pinpool_t *pool, unsigned node, size_t need) {
   return size;
 }
 
+/* Where to ask the backend for a new chunk of `size`: beside the arena if
+ * that space is free (mappings grow downwards: below its lowest chunk
+ * first), so that the new chunk joins a run; NULL for anywhere. */
+static void *below_lowest_locked(pinpool_t *pool, pp_arena_node_t *a,
+                                 size_t size) {
+  pp_assert_held(&pool->seg_lock);
+  if (pool->prov.alloc_at == NULL || a->ext.nchunks == 0)
+    return NULL;
+  uintptr_t base;
+  size_t csize;
+  unsigned cflags;
+  pp_ext_chunk_info(a->ext.chunks[0], &base, &csize, &cflags);
+  return base > size + ((uintptr_t)1 << 32) ? (void *)(base - size) : NULL;
+}
+
 /* Growth: the last look, then a new chunk, whose piece of `need` bytes
  * goes to the caller in the same hold of seg_lock that puts the chunk in
  * the arena. Until that hold the chunk is the backend's and this thread's
@@ -231,16 +246,8 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
   void *p = pp_ext_take(&a->ext, need, flags);
   if (p != NULL)
     pp_grow_carved_locked(pool, node, need); /* growahead.c: hits */
-  /* Beside the arena if that space is free (mappings grow downwards:
-   * below its lowest chunk first), so that the new chunk joins a run. */
-  if (p == NULL && pool->prov.alloc_at != NULL && a->ext.nchunks > 0) {
-    uintptr_t base;
-    size_t csize;
-    unsigned cflags;
-    pp_ext_chunk_info(a->ext.chunks[0], &base, &csize, &cflags);
-    if (base > size + ((uintptr_t)1 << 32))
-      hint = (void *)(base - size);
-  }
+  if (p == NULL)
+    hint = below_lowest_locked(pool, a, size);
   pp_mutex_unlock(&pool->seg_lock);
   if (p != NULL) {
     *mem = p;
@@ -516,16 +523,8 @@ int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
     size = (size_t)(room & ~(uint64_t)(CHUNK_ALIGN - 1));
   if (size < CHUNK_MIN || size < least)
     return 1; /* a cap leaves no room for a chunk, or for a useful one */
-  void *hint = NULL;
   pp_mutex_lock(&pool->seg_lock);
-  if (pool->prov.alloc_at != NULL && a->ext.nchunks > 0) {
-    uintptr_t base;
-    size_t csize;
-    unsigned cflags;
-    pp_ext_chunk_info(a->ext.chunks[0], &base, &csize, &cflags);
-    if (base > size + ((uintptr_t)1 << 32))
-      hint = (void *)(base - size);
-  }
+  void *hint = below_lowest_locked(pool, a, size);
   pp_mutex_unlock(&pool->seg_lock);
   void *cmem = NULL;
   unsigned cflags = 0;

@@ -39,40 +39,6 @@
 #define CONF "shared=1,mlock=0"
 #define KiB ((size_t)1024)
 
-static void nap_ms(unsigned ms) {
-  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
-
-/* Wait for pid (killed after timeout_ms): its exit status, -1 on timeout,
- * -2 if a signal killed it. */
-static int reap(pid_t pid, unsigned timeout_ms) {
-  int status = 0;
-  for (unsigned waited = 0;; waited++) {
-    pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid)
-      break;
-    if (r < 0)
-      return -3;
-    if (waited >= timeout_ms) {
-      (void)kill(pid, SIGKILL);
-      (void)waitpid(pid, &status, 0);
-      return -1;
-    }
-    nap_ms(1);
-  }
-  return WIFSIGNALED(status) ? -2 : WEXITSTATUS(status);
-}
-
-static int open_fds(void) {
-  int n = 0;
-  for (int fd = 0; fd < 4096; fd++)
-    if (fcntl(fd, F_GETFD) >= 0)
-      n++;
-  return n;
-}
-
 /* The second owner: lends a block of its own pool to its parent, sends
  * the handle, waits for the parent's byte, checks what the parent wrote,
  * takes the block back. Exit status: 0, or the step that failed. */
@@ -136,7 +102,7 @@ static void test_both_roles(void **state) {
   memset(p, 0xA5, 64 * KiB);
   PP_OK(pinpool_share_detach(p));
   PP_ASSERT(write(sv[0], "w", 1) == 1, "write");
-  PP_CHECK_RC(reap(c, 10000), 0);
+  PP_CHECK_RC(pp_wait_child(c, 10000), 0);
   (void)close(sv[0]);
   PP_OK(pinpool_lend_return(pool, &mh, getpid()));
   (void)close(mfd);
@@ -190,7 +156,7 @@ static void test_own_returns_keep_nothing(void **state) {
   PP_OK(pinpool_lend(pool, b, getpid(), &h, &cfd));
   int sv[2];
   PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
-  int fds0 = open_fds();
+  int fds0 = pp_count_fds();
   for (int i = 0; i < 100; i++) {
     pinpool_share_handle_t f = h; /* this process's own pool: owner_pid */
     uint64_t ino;
@@ -204,10 +170,10 @@ static void test_own_returns_keep_nothing(void **state) {
     PP_OK(pinpool_share_recv(sv[0], &g, &got));
     (void)close(got);
   }
-  PP_ASSERT(pp_share_worker_pending_ctl() == 0 && open_fds() == fds0,
+  PP_ASSERT(pp_share_worker_pending_ctl() == 0 && pp_count_fds() == fds0,
             "kept %zu control descriptors of its own pool's handles (%d "
             "open more)",
-            pp_share_worker_pending_ctl(), open_fds() - fds0);
+            pp_share_worker_pending_ctl(), pp_count_fds() - fds0);
   (void)close(sv[0]);
   (void)close(sv[1]);
   (void)close(cfd);
@@ -227,7 +193,7 @@ static void test_forged_owner_bounded(void **state) {
   PP_OK(pinpool_lend(pool, b, getpid(), &h, &cfd));
   int sv[2];
   PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
-  int fds0 = open_fds();
+  int fds0 = pp_count_fds();
   for (int i = 0; i < 200; i++) {
     pinpool_share_handle_t f = h;
     f.owner_pid = getpid() + 1 + i; /* "another owner's" */
@@ -244,9 +210,9 @@ static void test_forged_owner_bounded(void **state) {
     (void)close(got);
   }
   size_t kept = pp_share_worker_pending_ctl();
-  PP_ASSERT(kept >= 1 && kept <= 16 && open_fds() - fds0 == (int)kept,
+  PP_ASSERT(kept >= 1 && kept <= 16 && pp_count_fds() - fds0 == (int)kept,
             "%zu kept, %d open more (1 to 16: one socket's)", kept,
-            open_fds() - fds0);
+            pp_count_fds() - fds0);
   (void)close(sv[0]);
   (void)close(sv[1]);
   (void)close(cfd);
@@ -309,7 +275,7 @@ static void test_forged_peer_cannot_evict(void **state) {
   memset(p, 0xA5, 64 * KiB);
   PP_OK(pinpool_share_detach(p));
   PP_ASSERT(write(sv[0], "w", 1) == 1, "write");
-  PP_CHECK_RC(reap(c, 10000), 0);
+  PP_CHECK_RC(pp_wait_child(c, 10000), 0);
   (void)close(sv[0]);
   (void)close(hv[0]);
   (void)close(hv[1]);
@@ -354,19 +320,19 @@ static void test_closed_socket_piece_dropped(void **state) {
   memcpy(CMSG_DATA(cm), fds, sizeof fds);
   PP_ASSERT(sendmsg(a[1], &msg, 0) == 40, "sendmsg");
   (void)close(m);
-  int fds0 = open_fds();
+  int fds0 = pp_count_fds();
   size_t kept0 = pp_share_io_kept();
   pinpool_share_handle_t g;
   int got = -1;
   PP_CHECK_RC(pinpool_share_recv(a[0], &g, &got), PINPOOL_EAGAIN);
-  PP_ASSERT(pp_share_io_kept() == kept0 + 1 && open_fds() == fds0 + 1,
+  PP_ASSERT(pp_share_io_kept() == kept0 + 1 && pp_count_fds() == fds0 + 1,
             "the piece and its descriptor kept");
   (void)close(a[0]);
   (void)close(a[1]);
   PP_CHECK_RC(pinpool_share_recv(b[0], &g, &got), PINPOOL_EAGAIN);
-  PP_ASSERT(pp_share_io_kept() == kept0 && open_fds() == fds0 - 2,
+  PP_ASSERT(pp_share_io_kept() == kept0 && pp_count_fds() == fds0 - 2,
             "a closed socket's piece kept (%zu pieces, %d descriptors more)",
-            pp_share_io_kept() - kept0, open_fds() - (fds0 - 2));
+            pp_share_io_kept() - kept0, pp_count_fds() - (fds0 - 2));
   (void)close(b[0]);
   (void)close(b[1]);
 }
