@@ -404,6 +404,30 @@ static int check_arena_stats(json_t *root, const chunk_info_t *ch, size_t nc,
   return 0;
 }
 
+/* The snapshot's pieces (every chunk's free ranges, then every segment)
+ * into pc, sorted by address; with ch, each chunk's bounds too. pc holds
+ * the free ranges and segments snapcheck counted. */
+static void gather_pieces(json_t *root, chunk_info_t *ch, piece_t *pc,
+                          size_t np) {
+  json_t *c, *r, *sg;
+  size_t i, j, k = 0;
+  json_array_foreach(json_object_get(root, "chunks"), i, c) {
+    if (ch != NULL)
+      ch[i] = (chunk_info_t){u(c, "address"), u(c, "address") + u(c, "size"),
+                             u(c, "node"), json_object_get(c, "flags")};
+    json_array_foreach(json_object_get(c, "free"), j, r) {
+      uint64_t a = (uint64_t)json_integer_value(json_array_get(r, 0));
+      pc[k++] = (piece_t){
+          a, a + (uint64_t)json_integer_value(json_array_get(r, 1)), i, j, 0};
+    }
+  }
+  json_array_foreach(json_object_get(root, "segments"), i, sg) {
+    uint64_t a = u(sg, "address");
+    pc[k++] = (piece_t){a, a + u(sg, "size"), i, 0, 1};
+  }
+  qsort(pc, np, sizeof *pc, cmp_piece);
+}
+
 int snapcheck_chunks(const char *text, size_t len, snapcheck_t *out, char *why,
                      size_t whylen) {
   if (snapcheck(text, len, out, why, whylen) != 0)
@@ -411,10 +435,9 @@ int snapcheck_chunks(const char *text, size_t len, snapcheck_t *out, char *why,
   if (!out->has_chunks)
     return bad(why, whylen, "no chunks (a snapshot written before issue 21)");
   json_t *root = json_loadb(text, len, 0, NULL);
-  json_t *chunks = json_object_get(root, "chunks");
-  json_t *segs = json_object_get(root, "segments"), *c, *r, *sg;
-  size_t nc = json_array_size(chunks), nsegs = json_array_size(segs);
-  size_t np = nsegs + (size_t)out->free_ranges, k = 0, i, j;
+  size_t nc = json_array_size(json_object_get(root, "chunks"));
+  size_t nsegs = json_array_size(json_object_get(root, "segments"));
+  size_t np = nsegs + (size_t)out->free_ranges;
   chunk_info_t *ch = calloc(nc + 1, sizeof *ch);
   piece_t *pc = calloc(np + 1, sizeof *pc);
   int rc = -1;
@@ -422,20 +445,7 @@ int snapcheck_chunks(const char *text, size_t len, snapcheck_t *out, char *why,
     bad(why, whylen, "out of memory");
     goto done;
   }
-  json_array_foreach(chunks, i, c) {
-    ch[i] = (chunk_info_t){u(c, "address"), u(c, "address") + u(c, "size"),
-                           u(c, "node"), json_object_get(c, "flags")};
-    json_array_foreach(json_object_get(c, "free"), j, r) {
-      uint64_t a = (uint64_t)json_integer_value(json_array_get(r, 0));
-      pc[k++] = (piece_t){
-          a, a + (uint64_t)json_integer_value(json_array_get(r, 1)), i, j, 0};
-    }
-  }
-  json_array_foreach(segs, i, sg) {
-    uint64_t a = u(sg, "address");
-    pc[k++] = (piece_t){a, a + u(sg, "size"), i, 0, 1};
-  }
-  qsort(pc, np, sizeof *pc, cmp_piece);
+  gather_pieces(root, ch, pc, np);
   if (check_tiling(ch, nc, pc, np, out, why, whylen) == 0 &&
       check_arena_stats(root, ch, nc, pc, np, nsegs, out, why, whylen) == 0)
     rc = 0;
@@ -453,10 +463,8 @@ int snapcheck_disjoint(const char *text, size_t len, snapcheck_t *out,
   if (!out->has_chunks)
     return bad(why, whylen, "no chunks (a snapshot written before issue 21)");
   json_t *root = json_loadb(text, len, 0, NULL);
-  json_t *chunks = json_object_get(root, "chunks");
-  json_t *segs = json_object_get(root, "segments"), *c, *r, *sg;
-  size_t nsegs = json_array_size(segs);
-  size_t np = nsegs + (size_t)out->free_ranges, k = 0, i, j;
+  size_t nsegs = json_array_size(json_object_get(root, "segments"));
+  size_t np = nsegs + (size_t)out->free_ranges;
   piece_t *pc = calloc(np + 1, sizeof *pc);
   int rc = -1;
   char b1[96], b2[96];
@@ -464,19 +472,7 @@ int snapcheck_disjoint(const char *text, size_t len, snapcheck_t *out,
     bad(why, whylen, "out of memory");
     goto done;
   }
-  /* snapcheck checked that each free range lies in its chunk. */
-  json_array_foreach(chunks, i, c) {
-    json_array_foreach(json_object_get(c, "free"), j, r) {
-      uint64_t a = (uint64_t)json_integer_value(json_array_get(r, 0));
-      pc[k++] = (piece_t){
-          a, a + (uint64_t)json_integer_value(json_array_get(r, 1)), i, j, 0};
-    }
-  }
-  json_array_foreach(segs, i, sg) {
-    uint64_t a = u(sg, "address");
-    pc[k++] = (piece_t){a, a + u(sg, "size"), i, 0, 1};
-  }
-  qsort(pc, np, sizeof *pc, cmp_piece);
+  gather_pieces(root, NULL, pc, np);
   size_t far = SIZE_MAX; /* the piece reaching furthest so far */
   for (size_t p = 0; p < np; p++) {
     if (far != SIZE_MAX && pc[p].a < pc[far].e) {
