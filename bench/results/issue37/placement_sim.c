@@ -25,6 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "w2seq.h"
 typedef struct {
   size_t a, n;
 } ext;
@@ -33,18 +35,9 @@ typedef struct {
   int nf;
   size_t top;
 } region;
-static uint64_t st;
-static double unit(void) {
-  st ^= st << 13;
-  st ^= st >> 7;
-  st ^= st << 17;
-  return (double)(st >> 11) / 9007199254740992.0;
-}
-static size_t logu(size_t lo, size_t hi) {
-  double l = log((double)lo), h = log((double)hi);
-  size_t s = (size_t)exp(l + (h - l) * unit());
-  s = s < lo ? lo : s > hi ? hi : s;
-  return (s + 4095) & ~4095ul;
+/* A page multiple: the sim's granule. */
+static size_t logu_page(size_t lo, size_t hi) {
+  return (logu(lo, hi) + 4095) & ~4095ul;
 }
 static int pol, gm;
 static void give(region *r, size_t a, size_t n) {
@@ -139,7 +132,7 @@ int main(int argc, char **argv) {
     long fill = -1, ns = 0;
     size_t topfill = 0;
     for (long i = 0;; i++) {
-      size_t s = logu(lo, hi);
+      size_t s = logu_page(lo, hi);
       if (fill < 0 && b + s > cap && nl > 0) {
         fill = i;
         topfill = R[0].top + R[1].top;

@@ -17,18 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-static uint64_t st;
-static double unit(void) {
-  st ^= st << 13;
-  st ^= st >> 7;
-  st ^= st << 17;
-  return (double)(st >> 11) / 9007199254740992.0;
-}
-static size_t logu(size_t lo, size_t hi) {
-  double l = log((double)lo), h = log((double)hi);
-  size_t s = (size_t)exp(l + (h - l) * unit());
-  return s < lo ? lo : s > hi ? hi : s;
-}
+
+#include "w2seq.h"
 int main(int argc, char **argv) {
   size_t cap = (size_t)atof(argv[1]) * 1048576,
          lo = (size_t)atof(argv[2]) * 1024,
