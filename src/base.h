@@ -107,6 +107,13 @@ void pp_atomic_max_relaxed(pp_counter_t *p, uint64_t v);
  * "caller holds lock X" precondition can be asserted (as SQLite does). */
 typedef struct pp_mutex {
   pthread_mutex_t m;
+  /* The lock's meter (issue 38; docs/verification.md, "Issue 38, the
+   * locks' meter"): elements visited in the current hold (pp_lock_visit)
+   * and the most in one hold since the last pp_lock_meter reset. Written
+   * only under the lock. In every build, so that the counting tests run in
+   * every variant; a path that visits nothing pays one load and a
+   * predicted branch at unlock. */
+  uint64_t visits, visits_max;
 #if PINPOOL_DEBUG >= 1
   _Atomic(unsigned long) owner;
 #endif
@@ -124,7 +131,29 @@ static inline void pp_mutex_unlock(pp_mutex_t *m) {
 #if PINPOOL_DEBUG >= 1
   pp_store_relaxed(&m->owner, 0);
 #endif
+  if (__builtin_expect(m->visits != 0, 0))
+    m->visits = 0; /* the hold ends: its count went to visits_max */
   (void)pthread_mutex_unlock(&m->m);
+}
+/* The meter: a hold of m visited n more elements (entries, streams,
+ * threads, bins, lends, table slots: whatever the path walks, one per
+ * element, so that a walk proportional to the pool shows as a count
+ * proportional to it). Caller holds m. A loop counts into a local and
+ * calls this once after it. tests/test_scale_locks.c reads the maxima. */
+static inline void pp_lock_visit(pp_mutex_t *m, uint64_t n) {
+  m->visits += n;
+  if (m->visits > m->visits_max)
+    m->visits_max = m->visits;
+}
+/* The most elements one hold of m visited since the last reset (taken
+ * under m; reset: start again from 0). For tests and benchmarks. */
+static inline uint64_t pp_lock_meter(pp_mutex_t *m, bool reset) {
+  (void)pthread_mutex_lock(&m->m);
+  uint64_t v = m->visits_max;
+  if (reset)
+    m->visits_max = 0;
+  (void)pthread_mutex_unlock(&m->m);
+  return v;
 }
 #if PINPOOL_DEBUG >= 1
 bool pp_mutex_held(pp_mutex_t *m);
@@ -179,6 +208,8 @@ enum {
                             part-messages locked (share_worker.c) */
   PP_HOOK_GROW_AHEAD,    /* grower: the backend made a chunk ahead of
                             demand, not yet in the arena (no lock) */
+  PP_HOOK_GROW_JOIN,     /* arena take: a miss joined a growth in flight
+                            and is about to wait for it (no lock) */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;
