@@ -226,6 +226,77 @@ static void *below_lowest_locked(pinpool_t *pool, pp_arena_node_t *a,
   return base > size + ((uintptr_t)1 << 32) ? (void *)(base - size) : NULL;
 }
 
+/* ---- Growths in flight (internal.h, pp_growth_t) -------------------------
+ * Two threads that miss at once on one node grew two chunks where one
+ * would hold both pieces (W2 with two threads held ~0.1x more than with
+ * one: issue 37). A miss that finds a growth in flight on its node with
+ * room for its piece waits for it; the growth's entering hold carves the
+ * piece for it. It never waits for a growth that cannot hold its piece
+ * (room is what the chunk has not promised), nor twice: a waiter woken
+ * unserved (the backend refused, a release won the grower's chunk, the
+ * metadata could not be had) grows on its own. The growing thread waits
+ * for nothing the waiter holds (no lock; both are in busy sections, so a
+ * fork waits for both, and none is in flight in a child). */
+
+/* A growth in flight on `node` with room for `need` bytes, or NULL. */
+static pp_growth_t *inflight_find_locked(pinpool_t *pool, unsigned node,
+                                         size_t need) {
+  pp_assert_held(&pool->seg_lock);
+  for (pp_growth_t *g = pool->grow.inflight; g != NULL; g = g->next)
+    if (g->node == node && g->room >= need)
+      return g;
+  return NULL;
+}
+
+static void inflight_del_locked(pinpool_t *pool, pp_growth_t *g) {
+  pp_assert_held(&pool->seg_lock);
+  pp_growth_t **pp = &pool->grow.inflight;
+  while (*pp != g)
+    pp = &(*pp)->next;
+  *pp = g->next;
+}
+
+/* The growth's chunk is in the arena (or `entered` false: it never came):
+ * carve each waiter's piece, out of the list. Returns the waiters, to be
+ * woken after the hold (inflight_wake). */
+static pp_growth_wait_t *inflight_end_locked(pinpool_t *pool, pp_growth_t *g,
+                                             bool entered) {
+  inflight_del_locked(pool, g);
+  for (pp_growth_wait_t *w = g->waiters; w != NULL; w = w->next) {
+    void *p = NULL;
+    if (entered) {
+      p = pp_ext_take(&pool->arena.node[g->node].ext, w->need, &w->flags);
+      if (p != NULL)
+        pp_grow_carved_locked(pool, g->node, w->need); /* growahead.c */
+    }
+    w->mem = p;
+    w->served = p != NULL;
+  }
+  return g->waiters;
+}
+
+/* No lock held. A waiter's record is gone once it is posted. */
+static void inflight_wake(pp_growth_wait_t *w) {
+  while (w != NULL) {
+    pp_growth_wait_t *next = w->next;
+    (void)sem_post(&w->done);
+    w = next;
+  }
+}
+
+/* Wait for the growth joined; true if it served the piece. */
+static bool inflight_wait(pp_growth_wait_t *w, void **mem, unsigned *flags) {
+  pp_hook(PP_HOOK_GROW_JOIN);
+  while (sem_wait(&w->done) != 0)
+    ; /* EINTR */
+  (void)sem_destroy(&w->done);
+  if (!w->served)
+    return false;
+  *mem = w->mem;
+  *flags = w->flags;
+  return true;
+}
+
 /* Growth: the last look, then a new chunk, whose piece of `need` bytes
  * goes to the caller in the same hold of seg_lock that puts the chunk in
  * the arena. Until that hold the chunk is the backend's and this thread's
@@ -237,28 +308,65 @@ static void *below_lowest_locked(pinpool_t *pool, pp_arena_node_t *a,
  * release ran before that) so the arena never grows past one. No lock
  * held; takes seg_lock. */
 static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
-                     unsigned *flags, bool *grew) {
+                     unsigned *flags, bool *grew, bool may_join) {
   pp_arena_node_t *a = &pool->arena.node[node];
   size_t size = chunk_size(pool, node, need);
   void *hint = NULL;
+  pp_growth_t self = {node, size - need, NULL, NULL};
+  pp_growth_wait_t w = {need, NULL, 0, false, {{0}}, NULL};
+  pp_growth_t *join = NULL;
   pp_mutex_lock(&pool->seg_lock);
   gather_locked(pool);
   void *p = pp_ext_take(&a->ext, need, flags);
   if (p != NULL)
     pp_grow_carved_locked(pool, node, need); /* growahead.c: hits */
-  if (p == NULL)
+#ifndef PINPOOL_MUTANT_GROW_NO_JOIN
+  if (p == NULL && may_join &&
+      (join = inflight_find_locked(pool, node, need)) != NULL &&
+      sem_init(&w.done, 0, 0) == 0) {
+    join->room -= need;
+    w.next = join->waiters;
+    join->waiters = &w;
+  } else {
+    join = NULL;
+  }
+#else
+  /* Mutant (docs/verification.md): every miss grows its own chunk;
+   * test_growahead's join_inflight and join_grower must fail. */
+  (void)may_join;
+  (void)inflight_find_locked;
+#endif
+  if (p == NULL && join == NULL) {
     hint = below_lowest_locked(pool, a, size);
+    self.next = pool->grow.inflight;
+    pool->grow.inflight = &self;
+  }
   pp_mutex_unlock(&pool->seg_lock);
   if (p != NULL) {
     *mem = p;
     return 0;
   }
+  if (join != NULL) {
+    if (inflight_wait(&w, mem, flags))
+      return 0; /* another thread's growth carved it: this one grew nothing */
+    return grow_take(pool, node, need, mem, flags, grew, false);
+  }
+  /* A child of fork whose parent grew ahead: the grower's thread comes
+   * back at the child's first growth (stream.c). */
+  if (pool->grow.node != NULL && !pool->forked_cuda)
+    pp_bg_restart(pool);
   void *cmem = NULL;
   unsigned cflags = 0;
   int rc = backend_alloc(pool, node, hint, size, &cmem, &cflags);
-  if (rc != 0)
+  if (rc != 0) {
+    pp_mutex_lock(&pool->seg_lock);
+    pp_growth_wait_t *ws = inflight_end_locked(pool, &self, false);
+    pp_mutex_unlock(&pool->seg_lock);
+    inflight_wake(ws);
     return rc;
+  }
   pp_hook(PP_HOOK_ARENA_GROW);
+  pp_growth_wait_t *ws = NULL;
   pp_mutex_lock(&pool->seg_lock);
   rc = pp_ext_add_chunk(&a->ext, cmem, size, cflags);
   if (rc == 0) {
@@ -283,7 +391,11 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
     pp_assert(p != NULL);
 #endif
   }
+  /* The waiters' pieces after this thread's, in the same hold: no release
+   * comes between the chunk's entry and their carves either. */
+  ws = inflight_end_locked(pool, &self, rc == 0);
   pp_mutex_unlock(&pool->seg_lock);
+  inflight_wake(ws);
   if (rc != 0) {
     backend_free(pool, cmem, size, cflags);
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the arena's metadata");
@@ -291,7 +403,7 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
   *grew = true;
 #ifdef PINPOOL_MUTANT_GROW_RETAKE
   pp_hook(PP_HOOK_ARENA_LAP);
-  return grow_take(pool, node, need, mem, flags, grew);
+  return grow_take(pool, node, need, mem, flags, grew, false);
 #else
   *mem = p;
   return 0;
@@ -396,7 +508,7 @@ int pp_arena_take(pinpool_t *pool, unsigned node, size_t size, void **mem,
   (void)pp_tcache_give_own(pool);
   (void)pp_release_idle(pool);
   pp_hook(PP_HOOK_ARENA_LAP);
-  return grow_take(pool, node, size, mem, flags, grew);
+  return grow_take(pool, node, size, mem, flags, grew, true);
 }
 
 bool pp_arena_take_now(pinpool_t *pool, unsigned node, size_t size, void **mem,
@@ -523,19 +635,31 @@ int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
     size = (size_t)(room & ~(uint64_t)(CHUNK_ALIGN - 1));
   if (size < CHUNK_MIN || size < least)
     return 1; /* a cap leaves no room for a chunk, or for a useful one */
+  /* In flight from this hold on: a miss meanwhile waits for this chunk
+   * rather than grow one of its own (grow_take). */
+  pp_growth_t self = {node, size, NULL, NULL};
   pp_mutex_lock(&pool->seg_lock);
   void *hint = below_lowest_locked(pool, a, size);
+  self.next = pool->grow.inflight;
+  pool->grow.inflight = &self;
   pp_mutex_unlock(&pool->seg_lock);
   void *cmem = NULL;
   unsigned cflags = 0;
   int rc = backend_alloc(pool, node, hint, size, &cmem, &cflags);
-  if (rc != 0)
+  if (rc != 0) {
+    pp_mutex_lock(&pool->seg_lock);
+    pp_growth_wait_t *ws = inflight_end_locked(pool, &self, false);
+    pp_mutex_unlock(&pool->seg_lock);
+    inflight_wake(ws);
     return rc;
+  }
   pp_hook(PP_HOOK_GROW_AHEAD);
   pp_mutex_lock(&pool->seg_lock);
   /* A release since the grower looked wins (growahead.c): the chunk goes
-   * back unused rather than undo what the release gave. */
-  bool lost = pool->grow.releases != releases;
+   * back unused rather than undo what the release gave; unless a miss
+   * waits for it, which would otherwise grow a chunk of its own (the
+   * chunk enters as that growth would have). */
+  bool lost = pool->grow.releases != releases && self.waiters == NULL;
   rc = lost ? 0 : pp_ext_add_chunk(&a->ext, cmem, size, cflags);
   if (rc == 0 && !lost) {
     pp_store_relaxed(&a->total, a->ext.total_bytes);
@@ -547,7 +671,9 @@ int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
     pp_fetch_add_relaxed(&pool->grow.chunks, 1);
     pp_fetch_add_relaxed(&pool->grow.bytes, size);
   }
+  pp_growth_wait_t *ws = inflight_end_locked(pool, &self, rc == 0 && !lost);
   pp_mutex_unlock(&pool->seg_lock);
+  inflight_wake(ws);
   if (lost) {
     backend_free(pool, cmem, size, cflags);
     return 2;

@@ -81,8 +81,11 @@ void pp_grow_unlock(pinpool_t *pool) {
     (void)pthread_mutex_unlock(&pool->grow.mu);
 }
 
-/* The child has no grower; a validate of the parent may have held mu. */
+/* The child's grower starts at its first growth (arena.c, grow_take); a
+ * validate of the parent may have held mu. No growth was in flight (each
+ * is in a busy section). */
 void pp_grow_fork_child(pinpool_t *pool) {
+  pool->grow.inflight = NULL;
   if (pool->grow.node != NULL)
     (void)pthread_mutex_init(&pool->grow.mu, NULL);
 }

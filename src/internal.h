@@ -15,6 +15,8 @@
 
 #include "base.h"
 
+#include <semaphore.h> /* pp_growth_wait_t */
+
 /* ---- Configuration (config.c) ------------------------------------------- */
 enum { PP_MLOCK_OFF = 0, PP_MLOCK_TRY = 1, PP_MLOCK_REQUIRE = 2 };
 enum { PP_PIN_ERROR = 0, PP_PIN_PAGEABLE = 1 };
@@ -464,6 +466,14 @@ typedef struct pp_history {
   uint64_t clk0, ns0;  /* a (clock, ns) pair taken at create; immutable */
 } pp_history_t;
 
+/* A bit per bin (its index in pool->bins) in `low`, and a bit per word of
+ * `low` in `top`, which may be set for a word that is 0 (cleared by the
+ * walk that finds it so: pool.c, "Bin summaries"). */
+typedef struct pp_binmap {
+  _Atomic(uint64_t) *low, *top;
+  size_t ntop; /* words of top */
+} pp_binmap_t;
+
 /* ---- The pool ----------------------------------------------------------- */
 /* Cache-line aligned so that neighbouring bins never share a line. */
 #define PP_HOT_SLOTS 4 /* large blocks kept whole per bin (pool.c) */
@@ -520,6 +530,29 @@ typedef struct pp_rstats {
   uint64_t peak_requests, peak_req, peak_blocks, peak_blk, peak_cached;
   unsigned ncaches, max_ncaches;
 } pp_rstats_t;
+
+/* A growth in flight (arena.c, grow_take and pp_arena_grow_ahead): a
+ * chunk being made with no lock held, for `node`. A miss on that node
+ * whose piece fits in `room` (the chunk's bytes not yet promised) waits
+ * for it instead of growing a chunk of its own: it joins `waiters`, and
+ * the hold that enters the chunk carves every waiter's piece (served) or,
+ * if the chunk never comes, wakes it unserved (it then grows itself,
+ * without waiting again). Records live on the growing and waiting
+ * threads' stacks; the list is under seg_lock. */
+typedef struct pp_growth_wait {
+  size_t need;
+  void *mem;      /* served: the piece */
+  unsigned flags; /* served: its chunk's flags */
+  bool served;
+  sem_t done; /* posted once, after the hold that decides */
+  struct pp_growth_wait *next;
+} pp_growth_wait_t;
+typedef struct pp_growth {
+  unsigned node;
+  size_t room;
+  pp_growth_wait_t *waiters;
+  struct pp_growth *next;
+} pp_growth_t;
 
 /* The background grower (growahead.c; docs/allocation-policy.md, "Growth
  * ahead of demand"). */
@@ -765,6 +798,10 @@ void pp_trim_to_cap(struct pinpool *pool);
 /* Give every idle segment and hot-slot block back to the arena (no memory
  * leaves the pool: pp_arena_release does that). Call with no lock held. */
 unsigned pp_release_idle(struct pinpool *pool);
+/* The bins' summaries (pool.c): made at create (0 or PINPOOL_ENOMEM),
+ * freed at destroy (NULL fields: nothing to free). */
+int pp_binmaps_init(struct pinpool *pool);
+void pp_binmaps_fini(struct pinpool *pool);
 void pp_segment_release_all(struct pinpool *pool); /* destroy only */
 
 /* lifecycle.c: keep the pool alive past pinpool_destroy (buffers, exports). */

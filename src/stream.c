@@ -1015,3 +1015,8 @@ static void bg_restart(pinpool_t *pool) {
   }
   pthread_mutex_unlock(&pool->bg_mutex);
 }
+
+void pp_bg_restart(pinpool_t *pool) {
+  if (pp_unlikely(pp_load_relaxed(&pool->bg_restart)))
+    bg_restart(pool);
+}

@@ -372,13 +372,233 @@ static void fork_growing(void **state) {
   pinpool_destroy(pool);
 }
 
+/* A child of fork of a pool without events: no stream-ordered free ever
+ * restarts the background thread there, so the child's first growth does
+ * (it grew inline for its life before: grow_ahead silently off). */
+static int child_grows(pinpool_t *pool, uint64_t parent_chunks) {
+  void *q[12];
+  int n = 0, rc = 0;
+  for (; n < 12; n++) { /* past the parent's headroom: an inline growth */
+    if (pinpool_alloc(pool, STEP, &q[n]) != 0)
+      return 10;
+    if (pp_stats_of(pool).cache_misses > 1)
+      break;
+  }
+  pinpool_stats_t st = pp_stats_of(pool);
+  if (st.cache_misses < 2)
+    rc = 11;
+  for (int i = 0; rc == 0 && i < 10000; i++) {
+    st = pp_stats_of(pool);
+    if (st.grow_ahead_chunks > parent_chunks && st.chunk_free_bytes >= AHEAD)
+      break;
+    pp_sleep_ms(1);
+  }
+  if (rc == 0 && st.grow_ahead_chunks <= parent_chunks) {
+    fprintf(stderr,
+            "child: nothing grown ahead (%llu chunks, as the "
+            "parent's)\n",
+            (unsigned long long)st.grow_ahead_chunks);
+    rc = 12;
+  }
+  for (int i = 0; i < n + (n < 12); i++)
+    if (pinpool_free(pool, q[i]) != 0)
+      rc = 13;
+  if (pinpool_validate(pool) != 0)
+    rc = 14;
+  pinpool_destroy(pool);
+  return rc;
+}
+
+static void fork_child_grows(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("backend=host,mlock=0,populate=0,grow_ahead=16MiB",
+                       &pool));
+  void *p = NULL;
+  PP_OK(pinpool_alloc(pool, STEP, &p));
+  PP_ASSERT(headroom(pool, AHEAD, STEP), "parent: no headroom");
+  uint64_t chunks = pp_stats_of(pool).grow_ahead_chunks;
+  pid_t pid = fork();
+  PP_ASSERT(pid >= 0, "fork: %s", strerror(errno));
+  if (pid == 0)
+    _exit(child_grows(pool, chunks));
+  int rc = pp_wait_child(pid, 30000);
+  PP_ASSERT(rc == 0, "child: %d", rc);
+  PP_OK(pinpool_free(pool, p));
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+}
+
+/* ---- A miss waits for a growth in flight (issue 37) ----------------------
+ * Two threads that miss at once on a full arena grew two chunks where one
+ * holds both pieces. The hook holds the first growth of a round in flight
+ * (no lock held, chunk made, not yet in the arena) until the other thread
+ * has decided: it joined (PP_HOOK_GROW_JOIN), grew a chunk of its own
+ * (PP_HOOK_ARENA_GROW: the defect), or its allocation returned. The wait
+ * is bounded (a decision that never comes lets the growth go on): the
+ * assertions count, never time. */
+static atomic_int jn_holding;   /* a growth of this round is held */
+static atomic_int jn_decided;   /* the other side decided */
+static atomic_int jn_grown;     /* growths on allocating threads */
+static atomic_int jn_joins;     /* misses that joined a growth */
+static atomic_int jn_point;     /* the point whose first hit is held */
+static _Thread_local int jn_me; /* this thread holds the round's growth */
+
+static void join_hook(int point) {
+  if (point == PP_HOOK_GROW_JOIN) {
+    atomic_fetch_add(&jn_joins, 1);
+    atomic_store(&jn_decided, 1);
+    return;
+  }
+  if (point != PP_HOOK_ARENA_GROW && point != PP_HOOK_GROW_AHEAD)
+    return;
+  if (point == PP_HOOK_ARENA_GROW)
+    atomic_fetch_add(&jn_grown, 1);
+  if (point != atomic_load(&jn_point))
+    return;
+  int zero = 0;
+  if (!atomic_compare_exchange_strong(&jn_holding, &zero, 1)) {
+    atomic_store(&jn_decided, 1); /* a second growth: the other side's */
+    return;
+  }
+  jn_me = 1;
+  for (int i = 0; i < 5000 && atomic_load(&jn_decided) == 0; i++)
+    pp_sleep_ms(1);
+}
+
+typedef struct jn_arg {
+  pinpool_t *pool;
+  pthread_barrier_t *bar;
+  int rounds;
+  void **p;
+} jn_arg_t;
+
+static void *jn_thread(void *arg) {
+  jn_arg_t *a = arg;
+  for (int r = 0; r < a->rounds; r++) {
+    (void)pthread_barrier_wait(a->bar);
+    jn_me = 0;
+    if (pinpool_alloc(a->pool, MiB, &a->p[r]) != 0)
+      a->p[r] = NULL;
+    if (!jn_me)
+      atomic_store(&jn_decided, 1); /* this side's allocation returned */
+    (void)pthread_barrier_wait(a->bar);
+    /* Main resets the round between the two waits' successors. */
+    (void)pthread_barrier_wait(a->bar);
+  }
+  return NULL;
+}
+
+/* `nthreads` threads that each allocate 1 MiB per round (at once, the
+ * hook holding each round's first growth), 2 * rounds blocks in all: the
+ * reserved peak, and in *doubled the rounds in which two chunks were
+ * grown. The arena's chunks are whole MiB pairs (2 MiB at least, rounded
+ * to 2 MiB), so a round either fits whole or finds the arena full: then
+ * both threads miss, and one chunk holds both pieces. */
+static uint64_t join_ramp(int nthreads, int rounds, int *doubled) {
+  pinpool_t *pool = NULL;
+  PP_OK(
+      pinpool_create("backend=host,mlock=0,populate=0,tcache_bytes=0", &pool));
+  void *p[2][64];
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, (unsigned)nthreads + 1);
+  jn_arg_t args[2];
+  pthread_t t[2];
+  atomic_store(&jn_point, PP_HOOK_ARENA_GROW);
+  *doubled = 0;
+  for (int i = 0; i < nthreads; i++) {
+    args[i] = (jn_arg_t){pool, &bar, rounds * 2 / nthreads, p[i]};
+    PP_ASSERT(pthread_create(&t[i], NULL, jn_thread, &args[i]) == 0,
+              "pthread_create");
+  }
+  atomic_store(&pp_test_hook, join_hook);
+  for (int r = 0; r < rounds * 2 / nthreads; r++) {
+    atomic_store(&jn_holding, 0);
+    atomic_store(&jn_decided, nthreads == 1); /* alone: nothing to wait for */
+    atomic_store(&jn_grown, 0);
+    (void)pthread_barrier_wait(&bar);
+    (void)pthread_barrier_wait(&bar); /* the round's allocations returned */
+    if (atomic_load(&jn_grown) > 1)
+      ++*doubled; /* both threads grew a chunk in this round */
+    (void)pthread_barrier_wait(&bar);
+  }
+  for (int i = 0; i < nthreads; i++)
+    pthread_join(t[i], NULL);
+  atomic_store(&pp_test_hook, NULL);
+  pthread_barrier_destroy(&bar);
+  pinpool_stats_t st = pp_stats_of(pool);
+  for (int i = 0; i < nthreads; i++)
+    for (int r = 0; r < rounds * 2 / nthreads; r++) {
+      PP_ASSERT(p[i][r] != NULL, "thread %d round %d: allocation failed", i, r);
+      PP_OK(pinpool_free(pool, p[i][r]));
+    }
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+  return st.reserved_bytes.peak;
+}
+
+static void join_inflight(void **state) {
+  (void)state;
+  atomic_store(&jn_joins, 0);
+  int d1 = 0, d2 = 0;
+  uint64_t one = join_ramp(1, 24, &d1);
+  uint64_t two = join_ramp(2, 24, &d2);
+  /* One thread: the arena grows at a full round, by one chunk. Two: the
+   * same, the second miss waiting for the first's chunk. */
+  PP_ASSERT(d2 == 0 && atomic_load(&jn_joins) >= 1,
+            "48 blocks of 1 MiB: in %d of 24 rounds two chunks grown by two "
+            "threads at once (%d misses joined a growth)",
+            d2, atomic_load(&jn_joins));
+  PP_ASSERT(two == one, "reserved peak %llu with two threads, %llu with one",
+            (unsigned long long)two, (unsigned long long)one);
+}
+
+/* The grower's chunk in flight: an allocation that misses meanwhile takes
+ * its piece from it instead of growing inline. */
+static void join_grower(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("backend=host,mlock=0,populate=0,grow_ahead=16MiB",
+                       &pool));
+  atomic_store(&jn_holding, 0);
+  atomic_store(&jn_decided, 0);
+  atomic_store(&jn_joins, 0);
+  atomic_store(&jn_point, PP_HOOK_GROW_AHEAD);
+  atomic_store(&pp_test_hook, join_hook);
+  void *p[3];
+  PP_OK(pinpool_alloc(pool, STEP, &p[0])); /* the first growth: inline */
+  for (int i = 0; i < 10000 && atomic_load(&jn_holding) == 0; i++)
+    pp_sleep_ms(1);
+  PP_ASSERT(atomic_load(&jn_holding) == 1, "the grower never grew");
+  /* The arena (one 4 MiB chunk) has no room for two more. */
+  PP_OK(pinpool_alloc(pool, STEP, &p[1]));
+  atomic_store(&jn_decided, 1);
+  PP_OK(pinpool_alloc(pool, STEP, &p[2]));
+  atomic_store(&pp_test_hook, NULL);
+  pinpool_stats_t st = pp_stats_of(pool);
+  PP_ASSERT(st.cache_misses == 1 && atomic_load(&jn_joins) == 1,
+            "%llu allocations grew the arena while the grower's chunk was "
+            "in flight (%d joined it)",
+            (unsigned long long)st.cache_misses, atomic_load(&jn_joins));
+  PP_ASSERT(st.backend_alloc.count == 1 + st.grow_ahead_chunks,
+            "backend allocations %llu, grown ahead %llu",
+            (unsigned long long)st.backend_alloc.count,
+            (unsigned long long)st.grow_ahead_chunks);
+  for (int i = 0; i < 3; i++)
+    PP_OK(pinpool_free(pool, p[i]));
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
-      cmocka_unit_test(bad_values),   cmocka_unit_test(ramp_host),
-      cmocka_unit_test(ramp_cuda),    cmocka_unit_test(ramp_auto),
-      cmocka_unit_test(max_reserved), cmocka_unit_test(max_cached),
-      cmocka_unit_test(release_wins), cmocka_unit_test(fork_growing),
+      cmocka_unit_test(bad_values),       cmocka_unit_test(ramp_host),
+      cmocka_unit_test(ramp_cuda),        cmocka_unit_test(ramp_auto),
+      cmocka_unit_test(max_reserved),     cmocka_unit_test(max_cached),
+      cmocka_unit_test(release_wins),     cmocka_unit_test(fork_growing),
+      cmocka_unit_test(join_inflight),    cmocka_unit_test(join_grower),
+      cmocka_unit_test(fork_child_grows),
   };
   return pp_run_selected("test_growahead", all, sizeof all / sizeof all[0],
                          argc, argv);
