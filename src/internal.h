@@ -591,6 +591,10 @@ typedef struct pp_grow {
    * grower's chunk is counted before the arena has it. Taken before any
    * pool lock; made anew in a child of fork (no grower there). */
   pthread_mutex_t mu;
+  /* Under seg_lock: the growths in flight, every node's (pp_growth_t; for
+   * every pool, grow_ahead or not). None at a fork: each is made inside a
+   * busy section. */
+  pp_growth_t *inflight;
 } pp_grow_t;
 
 struct pinpool {
@@ -822,6 +826,10 @@ void pp_grow_carved_locked(struct pinpool *pool, unsigned node, size_t size);
 void pp_grow_lock(struct pinpool *pool); /* no-op when grow_ahead is off */
 void pp_grow_unlock(struct pinpool *pool);
 void pp_grow_fork_child(struct pinpool *pool);
+/* stream.c: a child of fork whose parent ran the background thread starts
+ * its own (no-op otherwise). No lock held. arena.c calls it at a growth:
+ * a pool without events has no stream-ordered free to do it. */
+void pp_bg_restart(struct pinpool *pool);
 /* arena.c, for the grower: a chunk of at least `need` bytes (the growth
  * policy's size, at most `room`) made with no lock held and put in node's
  * arena whole and free in one hold of seg_lock. 0 (*size, *flags set), 1
