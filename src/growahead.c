@@ -35,12 +35,17 @@
  * release came goes back unused (pp_arena_grow_ahead). The grower gives
  * nothing else back and never touches a block in use.
  *
+ * A miss while the grower's chunk is in flight waits for it if its piece
+ * fits (arena.c, "Growths in flight"): the chunk's entering hold carves
+ * it. Such a chunk is kept even if a release came meanwhile: the waiter
+ * would otherwise grow one of its own.
+ *
  * Fork: a chunk is made inside a busy section, so a fork waits until it
  * is in the arena (or not made): the child never counts a chunk its arena
  * lacks. The thread does not survive into the child (stream.c,
  * pp_streams_fork); a child whose pool uses CUDA never grows ahead
- * (forked_cuda), others get the thread back when the background reclaim
- * restarts (the first stream-ordered free) and grow inline until then.
+ * (forked_cuda), others get the thread back at their first inline growth
+ * (arena.c, grow_take) or first stream-ordered free.
  */
 #include "internal.h"
 
@@ -261,6 +266,8 @@ void pp_grow_tick(pinpool_t *pool) {
     /* Mutant (docs/verification.md): no busy section; test_growahead's
      * fork_growing must fail. */
 #endif
+    if (rc == 3)
+      return;      /* an allocation's growth in flight: look again after it */
     if (rc != 0) { /* at a cap, a release came, or the backend refused */
       gr->paused = true;
       gr->pause_used = used_all; /* wait for demand */

@@ -836,8 +836,10 @@ void pp_bg_restart(struct pinpool *pool);
  * if `room` cannot hold a chunk of 2 MiB and `least` bytes (a chunk that
  * holds none of the largest carves would only fragment the cap's room),
  * 2 if a release came after the grower's
- * look (grow.releases moved from `releases`: the chunk went back), or an
- * error; nothing changed unless 0. */
+ * look (grow.releases moved from `releases`: the chunk went back), 3 if a
+ * growth is in flight on the node (the grower looks again once it is in:
+ * the room it read did not count that chunk), or an error; nothing
+ * changed unless 0. */
 int pp_arena_grow_ahead(struct pinpool *pool, unsigned node, size_t need,
                         size_t least, uint64_t room, uint64_t releases,
                         size_t *size, unsigned *flags);
