@@ -106,6 +106,7 @@ static int backend_alloc(pinpool_t *pool, unsigned node, void *hint,
                          size_t size, void **mem, unsigned *flags) {
   bool local = pool->cfg.numa == PP_NUMA_LOCAL;
   int place = pool->place[node];
+  pp_assert(size % PP_PAGE == 0 && size > 0); /* the extents' granule */
   if (!reserve_bytes(pool, size))
     return pp_fail(
         PINPOOL_ENOMEM,
@@ -192,6 +193,12 @@ static void gather_locked(pinpool_t *pool) {
  * bytes (the file comment's policy). */
 static size_t chunk_size(pinpool_t *pool, unsigned node, size_t need) {
   pp_arena_node_t *a = &pool->arena.node[node];
+  /* Every size returned is a page multiple, whatever `need` is: the
+   * grower's need is a headroom or what max_reserved leaves, any byte
+   * count (issue 37, third review, item 1: max_reserved=100000000 made a
+   * chunk of a non-page size, and the extents' granule check aborted the
+   * grower's thread). Inline growth asks for page multiples already. */
+  need = round_up(need, PP_PAGE);
   size_t size = (size_t)(pp_load_relaxed(&a->total) / 8);
   size = size < CHUNK_MIN ? CHUNK_MIN : size > CHUNK_MAX ? CHUNK_MAX : size;
   size = round_up(size, CHUNK_ALIGN);
@@ -629,6 +636,11 @@ int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
                         size_t least, uint64_t room, uint64_t releases,
                         size_t *size_out, unsigned *flags) {
   pp_arena_node_t *a = &pool->arena.node[node];
+  /* One chunk per look, no larger than the policy's largest unless the
+   * window's largest carve is: a headroom of many GiB is made a chunk per
+   * look, not asked of the backend whole at every look. */
+  if (need > CHUNK_MAX)
+    need = CHUNK_MAX;
   size_t size = chunk_size(pool, node, need > least ? need : least);
   if (size > room)
     size = (size_t)(room & ~(uint64_t)(CHUNK_ALIGN - 1));

@@ -147,6 +147,15 @@ static void config_defaults(pp_config_t *c) {
   c->numa_node = -1;
 }
 
+/* The machine's physical memory in bytes (UINT64_MAX if unknown): the
+ * bound of grow_ahead. */
+static uint64_t phys_bytes(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || psz <= 0)
+    return UINT64_MAX;
+  return pp_sat_mul((uint64_t)pages, (uint64_t)psz);
+}
+
 /* Sizes: digits, then optional B, K/KiB, M/MiB, G/GiB, T/TiB (1024-based)
  * or KB/MB/GB/TB (1000-based). Overflow is an error. */
 static int parse_size(const char *v, uint64_t *out) {
@@ -466,6 +475,15 @@ int pp_config_parse(const char *text, bool user_backend, bool user_events,
         (unsigned long long)c.grow_ahead,
         over_reserved ? "max_reserved" : "max_cached",
         (unsigned long long)(over_reserved ? c.max_reserved : c.max_cached));
+  /* Nor one larger than the machine's memory: no backend can pin more,
+   * and the grower would ask for it again at every growth of demand
+   * (issue 37, third review, item 1: grow_ahead=2^64-1 was accepted). */
+  uint64_t phys = phys_bytes();
+  if (c.grow_ahead > phys)
+    return pp_fail(PINPOOL_ECONFIG,
+                   "config: key 'grow_ahead' (%llu) exceeds this machine's "
+                   "physical memory (%llu bytes)",
+                   (unsigned long long)c.grow_ahead, (unsigned long long)phys);
   if (c.numa == PP_NUMA_LOCAL && c.numa_node >= 0)
     return pp_fail(PINPOOL_ECONFIG,
                    "config: keys 'numa=local' and 'numa_node' exclude each "
