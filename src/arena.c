@@ -183,9 +183,15 @@ static void backend_free(pinpool_t *pool, void *mem, size_t size,
 
 /* Every block given back to the arena without its lock since the last
  * look: the deferred stack and the hot slots (pool.c). Caller holds
- * seg_lock. */
+ * seg_lock, which this drops and takes again between pieces of the stack
+ * (at most PP_DEFER_PIECE blocks a hold, issue 38): the hold it returns in
+ * is one that found the stack empty, so the caller's decision to grow
+ * still comes after every block deferred before it (issue 37, D4). */
 static void gather_locked(pinpool_t *pool) {
-  (void)pp_defer_drain_locked(pool);
+  while ((void)pp_defer_drain_locked(pool), pp_defer_pending(pool)) {
+    pp_mutex_unlock(&pool->seg_lock);
+    pp_mutex_lock(&pool->seg_lock);
+  }
   (void)pp_hot_drain_locked(pool);
 }
 

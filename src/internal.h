@@ -789,9 +789,12 @@ bool pp_hot_take(struct pinpool *pool, unsigned cls, size_t bs, unsigned shard,
 unsigned pp_hot_drain(struct pinpool *pool);        /* blocks drained */
 unsigned pp_hot_drain_locked(struct pinpool *pool); /* seg_lock held */
 /* Releases the deferred gives (pool.c) to the arena: blocks drained. The
- * _locked one: caller holds seg_lock. */
+ * _locked one: caller holds seg_lock; at most a piece (PP_DEFER_PIECE) in
+ * the hold, pp_defer_pending says whether some are left. pp_defer_drain:
+ * all of them, a piece a hold. */
 unsigned pp_defer_drain(struct pinpool *pool);
 unsigned pp_defer_drain_locked(struct pinpool *pool);
+bool pp_defer_pending(struct pinpool *pool);
 /* Give `n` cached blocks of class `cls` back to their segments' bins. */
 void pp_central_give(struct pinpool *pool, unsigned cls, pp_tentry_t *in,
                      uint32_t n);

@@ -154,18 +154,21 @@ static void seg_release_locked(pinpool_t *pool, pp_segment_t *d);
 /* ---- Deferred gives --------------------------------------------------------
  * A large block given back (a thread cache's flush, a displaced hot slot)
  * is pushed on pool->deferred with one compare-and-swap and no lock; the
- * next thread that holds seg_lock to carve a segment releases the whole
- * stack to the arena first, where the blocks coalesce before the carve
- * looks for room. So the arena is as coalesced at every carve as if each
- * give had taken the lock, and a thread that only frees (a consumer of
+ * next thread that holds seg_lock to carve a segment releases the stack
+ * to the arena first, a piece of at most PP_DEFER_PIECE blocks a hold,
+ * where the blocks coalesce before the carve looks for room. So the arena
+ * is about as coalesced at every carve as if each give had taken the lock
+ * (a carve after a burst of frees may look before the rest of the burst
+ * is in), and a thread that only frees (a consumer of
  * another thread's blocks: W3, W5) never takes seg_lock, nor touches the
  * arena's extents, boundary table and segment map, which stay in the
  * carving thread's cache. A deferred block is central idle memory, like a
  * hot slot's; whatever needs every idle byte in the arena (an arena about
- * to grow, pp_release_idle) drains the stack first. Pools with a cap,
- * which trim on every free, give at once. The stack is only pushed onto
- * and emptied whole by an exchange, so no pop can meet a recycled top
- * (no ABA). */
+ * to grow, pp_release_idle) drains the whole stack first, in pieces: the
+ * hold that decides to grow is one that found it empty (arena.c,
+ * gather_locked). Pools with a cap, which trim on every free, give at
+ * once. Blocks leave the stack only under seg_lock (pp_defer_drain_locked),
+ * so no pop can meet a recycled top (no ABA). */
 #ifdef PINPOOL_MUTANT_DEFER_RELAXED
 /* Race mutant (docs/verification.md): the stack pushed and emptied with
  * relaxed ordering; a block's memory then passes from the freeing thread
@@ -173,13 +176,13 @@ static void seg_release_locked(pinpool_t *pool, pp_segment_t *d);
 #define defer_cas(p, e, v)                                                     \
   atomic_compare_exchange_strong_explicit((p), (e), (v), memory_order_relaxed, \
                                           memory_order_relaxed)
-#define defer_xchg(p, v)                                                       \
-  atomic_exchange_explicit((p), (v), memory_order_relaxed)
+#define defer_load(p) atomic_load_explicit((p), memory_order_relaxed)
 #else
 /* Release (push): the freeing thread's last use of the block and its
- * defer_next link before the drain; acquire (exchange) pairs with it. */
+ * defer_next link before the drain; acquire (the drain's load of the top,
+ * and its CAS) pairs with it. */
 #define defer_cas(p, e, v) pp_cas_acq_rel((p), (e), (v))
-#define defer_xchg(p, v) pp_xchg_acq_rel((p), (v))
+#define defer_load(p) pp_load_acquire(p)
 #endif
 
 static void defer_push(pinpool_t *pool, pp_segment_t *first,
@@ -190,25 +193,62 @@ static void defer_push(pinpool_t *pool, pp_segment_t *first,
   while (!defer_cas(&pool->deferred, &top, first));
 }
 
+/* A drain releases at most PP_DEFER_PIECE blocks in one hold of seg_lock
+ * (issue 38: one carve released the whole stack, 2,000 segments in
+ * 677 us, while every other carve waited). The blocks come off the top:
+ * only seg_lock's holder takes any, so the chain below the top is stable
+ * (pushers change only the top) and the top read cannot be a recycled one
+ * (ABA): a block leaves the stack only under the lock held here. */
+#define PP_DEFER_PIECE 32
+
 unsigned pp_defer_drain_locked(pinpool_t *pool) {
   pp_assert_held(&pool->seg_lock);
   if (pp_load_relaxed(&pool->deferred) == NULL)
     return 0; /* the common case: no write to the line */
-  unsigned n = 0;
-  for (pp_segment_t *s = defer_xchg(&pool->deferred, NULL), *next; s != NULL;
-       s = next, n++) {
-    next = pp_load_relaxed(&s->defer_next);
+#ifdef PINPOOL_MUTANT_DEFER_ONE_HOLD
+  /* Mutant (docs/verification.md): the whole stack in one hold, as before
+   * the pieces; test_scale's defer_hold must fail. */
+  const unsigned piece = UINT32_MAX;
+#else
+  const unsigned piece = PP_DEFER_PIECE;
+#endif
+  /* Acquire (and the CAS's on failure): the pushes' links. */
+  pp_segment_t *top = defer_load(&pool->deferred), *last, *rest;
+  unsigned n;
+  do {
+    last = top;
+    for (n = 1; n < piece; n++) {
+      pp_segment_t *next = pp_load_relaxed(&last->defer_next);
+      if (next == NULL)
+        break;
+      last = next;
+    }
+    rest = pp_load_relaxed(&last->defer_next);
+  } while (!defer_cas(&pool->deferred, &top, rest));
+  pp_lock_visit(&pool->seg_lock, n);
+  pp_segment_t *s = top;
+  for (unsigned k = 0; k < n; k++) {
+    pp_segment_t *next = pp_load_relaxed(&s->defer_next);
     seg_release_locked(pool, s);
+    s = next;
   }
   return n;
 }
 
+bool pp_defer_pending(pinpool_t *pool) {
+  return pp_load_relaxed(&pool->deferred) != NULL;
+}
+
+/* Every block deferred before the call, a piece a hold. A thread that
+ * keeps pushing only makes it take more holds: each piece it drains was
+ * freed by some allocation, so the laps end. */
 unsigned pp_defer_drain(pinpool_t *pool) {
-  if (pp_load_relaxed(&pool->deferred) == NULL)
-    return 0;
-  pp_mutex_lock(&pool->seg_lock);
-  unsigned n = pp_defer_drain_locked(pool);
-  pp_mutex_unlock(&pool->seg_lock);
+  unsigned n = 0;
+  while (pp_load_relaxed(&pool->deferred) != NULL) {
+    pp_mutex_lock(&pool->seg_lock);
+    n += pp_defer_drain_locked(pool);
+    pp_mutex_unlock(&pool->seg_lock);
+  }
   return n;
 }
 
