@@ -699,15 +699,50 @@ int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
   pp_growth_wait_t *ws = inflight_end_locked(pool, &self, rc == 0 && !lost);
   pp_mutex_unlock(&pool->seg_lock);
   inflight_wake(ws);
-  if (lost) {
+  if (lost || rc != 0)
     backend_free(pool, cmem, size, cflags);
+  settle_end(pool);
+  if (lost)
     return 2;
-  }
-  if (rc != 0) {
-    backend_free(pool, cmem, size, cflags);
+  if (rc != 0)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the arena's metadata");
-  }
   *size_out = size;
   *flags = cflags;
   return 0;
+}
+
+/* The grower's give-back (growahead.c, "auto gives back"): the chunk is
+ * taken out in one hold (put back in it if it is too large or held the
+ * extent the target needs), then given to the backend with no lock held,
+ * as pp_arena_release does. Never with a growth in flight on the node:
+ * that growth found no room, and the chunk given back might have been the
+ * room the next miss needs. */
+size_t pp_arena_shed(pinpool_t *pool, unsigned node, uint64_t most,
+                     uint64_t largest) {
+  pp_arena_node_t *a = &pool->arena.node[node];
+  void *base = NULL;
+  size_t size = 0;
+  unsigned flags = 0;
+  pp_mutex_lock(&pool->seg_lock);
+  bool ok = inflight_find_locked(pool, node, 0) == NULL &&
+            pp_ext_remove_free_chunk(&a->ext, PP_SEG_FROM_RESERVE, &base, &size,
+                                     &flags);
+  if (ok && (size > most || pp_ext_largest(&a->ext) < largest) &&
+      pp_ext_add_chunk(&a->ext, base, size, flags) == 0)
+    ok = false; /* back as it was (its age aside): nothing given */
+  /* (Put back failed, out of memory for the metadata: the chunk is
+   * whole and free, and goes back to the backend after all.) */
+  if (ok) {
+    pp_store_relaxed(&a->total, a->ext.total_bytes);
+    pp_grow_node_t *g = &pool->grow.node[node];
+    g->unused -= g->unused < size ? g->unused : size;
+  }
+  pp_mutex_unlock(&pool->seg_lock);
+  if (!ok)
+    return 0;
+  pp_hook(PP_HOOK_GROW_SHED);
+  pp_hist_event(pool, PP_H_SEGMENT_FREE, (uintptr_t)base, size, 0, 0, NULL);
+  backend_free(pool, base, size, flags);
+  pp_fetch_add_relaxed(&pool->gs.trimmed, 1);
+  return size;
 }

@@ -199,6 +199,9 @@ enum {
                             the piece, segment not yet published */
   PP_HOOK_OOM_RETRY,     /* allocation: max_reserved reached, idle memory
                             released, the retry's take not yet made */
+  PP_HOOK_GROW_SHED,     /* grower: a whole free chunk out of the arena,
+                            beyond auto's target, not yet given back (no
+                            lock) */
   PP_HOOK_ARENA_RELEASE, /* release: a whole free chunk out of the arena,
                             not yet given to the backend */
   PP_HOOK_IDLE_DETACHED, /* release, trim: idle segments detached from

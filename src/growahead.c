@@ -32,8 +32,13 @@
  * pauses the grower until the demand passes what it was at that moment:
  * memory a release gave back is grown again only for new demand, so a
  * trim and the grower never loop. A chunk the grower was making when the
- * release came goes back unused (pp_arena_grow_ahead). The grower gives
- * nothing else back and never touches a block in use.
+ * release came goes back unused (pp_arena_grow_ahead). The grower never
+ * touches a block in use.
+ *
+ * auto gives back: once the demand has not grown over a whole window, the
+ * free bytes beyond the largest extent the target keeps, up to what the
+ * grower grew and no carve used, go back a whole chunk per look
+ * (pp_arena_shed), in a busy section and under mu as a growth is.
  *
  * A miss while the grower's chunk is in flight waits for it if its piece
  * fits (arena.c, "Growths in flight"): the chunk's entering hold carves
@@ -118,7 +123,7 @@ void pp_grow_carved_locked(pinpool_t *pool, unsigned node, size_t size) {
 }
 
 typedef struct look {
-  uint64_t used, free, largest, carve, total;
+  uint64_t used, free, largest, carve, total, unused;
 } look_t;
 
 static uint64_t cap_room(pinpool_t *pool) {
@@ -140,7 +145,7 @@ static uint64_t window_ns(pinpool_t *pool) {
  * auto: the demand's growth over the window's samples, scaled up to a
  * whole window while the grower has followed the demand for less (a ramp
  * that has just begun: its first 30 ms of growth stand for 250), but not
- * past the arena's size. The
+ * past the demand itself (bytes in use from the node's chunks). The
  * largest extent: the window's largest carve, and room for up to three
  * more of it (at most an eighth of the arena: the growth policy's next
  * chunk), so that the carves made while the grower's chunk is being
@@ -162,8 +167,11 @@ static void target(pinpool_t *pool, unsigned n, const look_t *l, uint64_t now,
     uint64_t grew = l->used - low;
     *bytes =
         span >= w ? grew : (uint64_t)((double)grew * (double)w / (double)span);
-    /* The scaling never asks for more than the arena holds already. */
-    uint64_t most = grew > l->total ? grew : l->total;
+    /* The scaling never asks for more than the demand itself. Not the
+     * arena's size, which the grower's own chunks raise: a jump of 64 MiB
+     * in a millisecond (scaled by 8) grew 480 MiB ahead, each chunk
+     * lifting the bound for the next (test_growahead auto_gives_back). */
+    uint64_t most = grew > l->used ? grew : l->used;
     if (*bytes > most)
       *bytes = most;
   } else {
@@ -192,8 +200,9 @@ void pp_grow_tick(pinpool_t *pool) {
   for (unsigned n = 0; n < pool->nnodes; n++) {
     pp_arena_info_t ai;
     pp_arena_node_info_locked(pool, n, &ai, NULL);
-    l[n] = (look_t){ai.total - ai.free_bytes, ai.free_bytes, ai.largest,
-                    gr->node[n].max_carve, ai.total};
+    l[n] =
+        (look_t){ai.total - ai.free_bytes, ai.free_bytes, ai.largest,
+                 gr->node[n].max_carve,    ai.total,      gr->node[n].unused};
     used_all += l[n].used;
   }
   bool sample = now - gr->sample_ns >= window_ns(pool) / PP_GROW_SAMPLES;
@@ -229,6 +238,30 @@ void pp_grow_tick(pinpool_t *pool) {
   for (unsigned n = 0; n < pool->nnodes; n++) {
     uint64_t bytes, largest, carve;
     target(pool, n, &l[n], now, &bytes, &largest, &carve);
+    /* auto gives back: the demand has not grown over a whole window (no
+     * sample of it is below the demand now), so its target is only the
+     * largest extent; free bytes beyond that, up to what the grower grew
+     * and no carve used, go back a whole chunk per look (pp_arena_shed:
+     * never one a growth in flight may need, never the extent the target
+     * keeps, so the next look does not grow it again). A release pauses
+     * the grower before this: the two never fight. */
+    if (pool->cfg.grow_ahead_auto && bytes == 0 && l[n].free > largest) {
+      uint64_t most = l[n].free - largest;
+      if (most > l[n].unused)
+        most = l[n].unused;
+      /* In a busy section and under mu, as the grower's growth: a fork,
+       * or a validate, between the hold that takes the chunk out and the
+       * backend call would count a chunk the arena lacks. */
+      if (most != 0 && (pp_tls.thr != NULL || pp_thread_get() != NULL)) {
+        pp_busy_enter();
+        pp_grow_lock(pool);
+        size_t shed = pp_arena_shed(pool, n, most, largest);
+        pp_grow_unlock(pool);
+        pp_busy_leave();
+        if (shed != 0)
+          return; /* one chunk per look */
+      }
+    }
     uint64_t need = bytes > l[n].free ? bytes - l[n].free : 0;
     if (l[n].largest < largest && need < largest)
       need = largest;

@@ -846,6 +846,14 @@ void pp_bg_restart(struct pinpool *pool);
 int pp_arena_grow_ahead(struct pinpool *pool, unsigned node, size_t need,
                         size_t least, uint64_t room, uint64_t releases,
                         size_t *size, unsigned *flags);
+/* arena.c, for the grower (grow_ahead=auto, demand flat for a window):
+ * give node's oldest whole free chunk back to the backend if it is at most
+ * `most` bytes, no growth is in flight on the node, and the largest free
+ * extent left is at least `largest`. Its size, or 0 (nothing changed).
+ * Counted in trimmed_segments, not in grow.releases: the grower's own
+ * give-back does not pause it. */
+size_t pp_arena_shed(struct pinpool *pool, unsigned node, uint64_t most,
+                     uint64_t largest);
 /* pool.c: the bytes the idle caps (max_cached, max_cached_pct) leave for
  * more idle memory before a trim (UINT64_MAX: no cap). */
 uint64_t pp_cache_room(struct pinpool *pool);
