@@ -805,6 +805,20 @@ PINPOOL_API int pinpool_lend_return(pinpool_t *pool,
                                     const pinpool_share_handle_t *handle,
                                     int peer);
 
+/* Owner: pinpool_lend_return from the process `pidfd` names (not
+ * consumed): SO_PEERPIDFD of the socket the handle came on, taken when it
+ * is read. Accepted with the lend's token if that process is the one the
+ * lend was recorded against, alive, a zombie or reaped (Linux 6.9+: a
+ * pidfd's pidfs inode names one process): a process that took a dead
+ * borrower's pid is refused even once it has exited too, which
+ * pinpool_lend_return, given a number, cannot tell. Without pidfs, as
+ * pinpool_lend_return with the pid the pidfd names. Errors: as
+ * pinpool_lend_return; PINPOOL_EINVAL (pidfd is not a process's pidfd; or,
+ * without pidfs, its process has been reaped). */
+PINPOOL_API int pinpool_lend_return_pidfd(pinpool_t *pool,
+                                          const pinpool_share_handle_t *handle,
+                                          int pidfd);
+
 /* Owner: count in pinpool_stats_t.lend_refusals a return the caller
  * refused by a check of its own, one the library cannot make (the sender
  * of a return that came over a channel not proven to be the borrower; an
@@ -860,6 +874,13 @@ PINPOOL_API int pinpool_lend_reclaim_list(pinpool_t *pool, int peer,
                                           unsigned flags,
                                           pinpool_lend_info_t *ended,
                                           size_t cap, size_t *count);
+
+/* Whether `handle` names a lend of a shared pool this process created
+ * and has not destroyed: 1 yes, 0 no (another process's pool; and in a
+ * child of fork, the parent's pools are not the child's), PINPOOL_EINVAL
+ * (NULL). By the pool's nonce, never a pid: an owner and a worker in two
+ * pid namespaces may have one pid number. Thread-safe. */
+PINPOOL_API int pinpool_share_owns(const pinpool_share_handle_t *handle);
 
 /* Worker: map the block of `handle` and store its address in *out. fd is
  * the chunk's descriptor as received (not consumed: close it when you

@@ -786,6 +786,7 @@ PY_METHOD(Pool_memory_stats, "memory_stats")
 PY_METHOD(Pool_memory_summary, "memory_summary")
 SHARE_METHOD(Pool_lend_reclaim, "lend_reclaim")
 SHARE_METHOD(Pool_lend_reclaim_exited, "lend_reclaim_exited")
+SHARE_METHOD(Pool_lend_collect, "lend_collect")
 SHARE_METHOD(Buffer_lend, "lend")
 SHARE_METHOD(Buffer_reduce, "reduce_buffer")
 
@@ -1037,6 +1038,17 @@ static PyMethodDef Pool_methods[] = {
               "pidfd check, immune to pid reuse; a zombie counts as exited).\n"
               "Does not wait. Returns the number of lends ended.\n\n"
               "Raises ValueError (a pool without shared=1). Thread-safe."),
+    KW_METHOD("lend_collect", Pool_lend_collect,
+              "lend_collect($self)\n--\n\n"
+              "Read the returns queued on this process's return socket and\n"
+              "give back this pool's Buffers whose lends they ended but whose\n"
+              "pickles were never loaded here: a return whose loading raised\n"
+              "BlockingIOError or OSError (multiprocessing's Queue.get drops\n"
+              "the bytes) ends at the next drain, and this is where its\n"
+              "Buffer comes back (docs/python.md, \"Shared pools\").\n\n"
+              "Raises BlockingIOError or OSError as a returned pickle's\n"
+              "loading does (what was read is kept: call again later),\n"
+              "ValueError (a pool without shared=1). Thread-safe."),
     {"_lend_reclaim", Pool__lend_reclaim, METH_VARARGS, NULL},
     {"_lend_refused", Pool__lend_refused, METH_NOARGS, NULL},
     {"__enter__", Pool_enter, METH_NOARGS,
@@ -1865,6 +1877,28 @@ static PyObject *Buffer__lend_return(PyObject *obj, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* _lend_return_pidfd(handle, pidfd): pinpool_lend_return_pidfd from the
+ * process pidfd names (SO_PEERPIDFD of the return's connection); the
+ * block is ours again. */
+static PyObject *Buffer__lend_return_pidfd(PyObject *obj, PyObject *args) {
+  BufferObject *self = (BufferObject *)obj;
+  PyObject *hobj;
+  int pidfd;
+  if (!PyArg_ParseTuple(args, "Oi:_lend_return_pidfd", &hobj, &pidfd))
+    return NULL;
+  pinpool_share_handle_t h;
+  if (parse_handle(hobj, &h) != 0)
+    return NULL;
+  if (self->att != NULL || self->ptr == NULL)
+    return PyErr_Format(PyExc_TypeError, "not an owner's buffer");
+  int rc =
+      pinpool_lend_return_pidfd(((PoolObject *)self->pool)->pool, &h, pidfd);
+  if (rc != 0)
+    return raise_rc(rc, "returned Buffer");
+  atomic_store_explicit(&self->lent, 0, memory_order_release);
+  Py_RETURN_NONE;
+}
+
 /* _lend_clear(): the lend was ended by a reclaim of the pool. */
 static PyObject *Buffer__lend_clear(PyObject *obj, PyObject *unused) {
   (void)unused;
@@ -1920,6 +1954,7 @@ static PyMethodDef Buffer_methods[] = {
               "Thread-safe: of concurrent lends of one buffer, one wins."),
     {"_lend", Buffer__lend, METH_O, NULL},
     {"_lend_return", Buffer__lend_return, METH_VARARGS, NULL},
+    {"_lend_return_pidfd", Buffer__lend_return_pidfd, METH_VARARGS, NULL},
     {"_lend_clear", Buffer__lend_clear, METH_NOARGS, NULL},
     {"_attached_handle", Buffer__attached_handle, METH_NOARGS, NULL},
     KW_METHOD("__reduce__", Buffer_reduce, NULL),
@@ -2091,8 +2126,22 @@ static PyObject *mod_attach(PyObject *m, PyObject *args) {
   return (PyObject *)self;
 }
 
+/* _share_owns(handle) -> bool: pinpool_share_owns (the handle names a
+ * pool this process created; never by pid: issue 36, third round). */
+static PyObject *mod_share_owns(PyObject *m, PyObject *hobj) {
+  (void)m;
+  pinpool_share_handle_t h;
+  if (parse_handle(hobj, &h) != 0)
+    return NULL;
+  int rc = pinpool_share_owns(&h);
+  if (rc < 0)
+    return raise_rc(rc, "_share_owns");
+  return PyBool_FromLong(rc);
+}
+
 static PyMethodDef module_methods[] = {
     {"_attach", mod_attach, METH_VARARGS, NULL},
+    {"_share_owns", mod_share_owns, METH_O, NULL},
     {"_set_close_hook", mod_set_close_hook, METH_O, NULL},
     {"default_pool", mod_default_pool, METH_NOARGS,
      "default_pool()\n--\n\n"

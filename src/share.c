@@ -859,16 +859,110 @@ int pinpool_lend_pidfd(pinpool_t *pool, void *ptr, int pidfd,
 }
 
 /* A refused return: counted, nothing else changes. */
-static int refuse(pp_share_t *s, int code, const char *fmt,
+static int refuse(pp_share_t *s, int code, const char *fmt, const char *fn,
                   unsigned long long gen) {
   pp_fetch_add_relaxed(&s->refusals, 1);
-  return pp_fail(code, fmt, gen);
+  return pp_fail(code, fmt, fn, gen);
 }
 
 int pinpool_lend_refused(pinpool_t *pool) {
   int rc = need_shared(pool, "pinpool_lend_refused");
   if (rc == 0)
     pp_fetch_add_relaxed(&pool->share->refusals, 1);
+  return rc;
+}
+
+/* Whether the process a pidfd names (st: its fstat, pidfs) is p's (lock
+ * held). pidfs (Linux 6.9) gives a process one inode for as long as a
+ * pidfd of it is open, and p's pidfd keeps it open: any pidfd of p's
+ * process, alive, a zombie or reaped (SO_PEERPIDFD of a peer reaped since
+ * it connected: Linux 6.16), has that inode; no other process's has. */
+static bool pidfd_names_peer(const peer_t *p, const struct stat *st) {
+  struct stat b;
+  return fstat(p->pidfd, &b) == 0 && b.st_dev == st->st_dev &&
+         b.st_ino == st->st_ino;
+}
+
+/* pinpool_lend_return (pid > 0, pidst NULL) and pinpool_lend_return_pidfd
+ * (pidst: the fstat of the returner's pidfd, a pidfs one; pid: its pid,
+ * for messages). */
+static int lend_return(pinpool_t *pool, const char *fn,
+                       const pinpool_share_handle_t *h, int peer,
+                       const struct stat *pidst) {
+  pp_share_t *s = pool->share;
+  unsigned long long g = (unsigned long long)h->generation;
+  int rc = 0;
+  if (h->magic != PINPOOL_SHARE_MAGIC || h->version != PINPOOL_SHARE_VERSION ||
+      h->nonce != s->nonce)
+    return refuse(s, PINPOOL_EBADHANDLE,
+                  "%s: not a handle of this pool "
+                  "(generation %llu)",
+                  fn, g);
+  pp_mutex_lock(&s->lock);
+  lend_t *l = NULL;
+  for (size_t i = 0; i < s->nlends && l == NULL; i++)
+    if (s->lends[i].gen == h->generation)
+      l = &s->lends[i];
+  if (l == NULL) {
+    rc = refuse(s, PINPOOL_ESTALE,
+                "%s: no lend of generation %llu (returned "
+                "or reclaimed already)",
+                fn, g);
+  } else if (l->ck->id != h->chunk_id ||
+             (uintptr_t)l->ptr - l->ck->base != h->offset ||
+             l->len != h->length || l->slot != h->slot) {
+    rc = refuse(s, PINPOOL_EBADHANDLE,
+                "%s: the handle of generation %llu does "
+                "not describe that lend (forged?)",
+                fn, g);
+  }
+#ifndef PINPOOL_MUTANT_SHARE_NO_TOKEN
+  else if (!token_eq(l->token, h->token)) {
+    rc = refuse(s, PINPOOL_EPERM,
+                "%s: the handle of generation %llu does "
+                "not carry its lend's token (forged)",
+                fn, g);
+  } else {
+    peer_t *p = peer_by_id(s, l->peer_id);
+    if (pidst != NULL) {
+      /* The returner's process itself, alive or not: no pid involved. */
+      if (p == NULL || !pidfd_names_peer(p, pidst))
+        rc = refuse(s, PINPOOL_EPERM,
+                    "%s: the lend of generation %llu was made to another "
+                    "process",
+                    fn, g);
+      else
+        lend_end(s, l);
+    }
+    /* By pid. The borrower alive: its pid names it alone. Exited (a worker
+     * that sent its last return and left): accepted while the pid names no
+     * other process, or the returner is not known by a pidfd; a process
+     * that took the pid and exited too is not told apart (D4 of issue 36:
+     * pinpool_lend_return_pidfd is). */
+    else if (p == NULL || p->pid != peer)
+      rc = refuse(s, PINPOOL_EPERM,
+                  "%s: the lend of generation %llu was "
+                  "made to another process",
+                  fn, g);
+    else if (pidfd_exited(p->pidfd) && !exited_peer_is(p, peer))
+      rc = refuse(s, PINPOOL_EPERM,
+                  "%s: the borrower of generation %llu has "
+                  "exited and its pid names another process now (end its "
+                  "lends with pinpool_lend_reclaim_exited)",
+                  fn, g);
+    else
+      lend_end(s, l);
+  }
+#else
+  /* Mutant (docs/verification.md): neither token nor peer compared. */
+  else {
+    (void)token_eq;
+    (void)exited_peer_is;
+    (void)pidfd_names_peer;
+    lend_end(s, l);
+  }
+#endif
+  pp_mutex_unlock(&s->lock);
   return rc;
 }
 
@@ -883,67 +977,35 @@ int pinpool_lend_return(pinpool_t *pool, const pinpool_share_handle_t *h,
     return pp_fail(PINPOOL_EINVAL,
                    "pinpool_lend_return: peer %d is not a process id (> 0)",
                    peer);
-  pp_share_t *s = pool->share;
-  unsigned long long g = (unsigned long long)h->generation;
-  if (h->magic != PINPOOL_SHARE_MAGIC || h->version != PINPOOL_SHARE_VERSION ||
-      h->nonce != s->nonce)
-    return refuse(s, PINPOOL_EBADHANDLE,
-                  "pinpool_lend_return: not a handle of this pool "
-                  "(generation %llu)",
-                  g);
-  pp_mutex_lock(&s->lock);
-  lend_t *l = NULL;
-  for (size_t i = 0; i < s->nlends && l == NULL; i++)
-    if (s->lends[i].gen == h->generation)
-      l = &s->lends[i];
-  if (l == NULL) {
-    rc = refuse(s, PINPOOL_ESTALE,
-                "pinpool_lend_return: no lend of generation %llu (returned "
-                "or reclaimed already)",
-                g);
-  } else if (l->ck->id != h->chunk_id ||
-             (uintptr_t)l->ptr - l->ck->base != h->offset ||
-             l->len != h->length || l->slot != h->slot) {
-    rc = refuse(s, PINPOOL_EBADHANDLE,
-                "pinpool_lend_return: the handle of generation %llu does "
-                "not describe that lend (forged?)",
-                g);
-  }
-#ifndef PINPOOL_MUTANT_SHARE_NO_TOKEN
-  else if (!token_eq(l->token, h->token)) {
-    rc = refuse(s, PINPOOL_EPERM,
-                "pinpool_lend_return: the handle of generation %llu does "
-                "not carry its lend's token (forged)",
-                g);
-  } else {
-    /* The borrower alive: its pid names it alone. Exited (a worker that
-     * sent its last return and left): accepted while the pid names no
-     * other process. */
-    peer_t *p = peer_by_id(s, l->peer_id);
-    if (p == NULL || p->pid != peer)
-      rc = refuse(s, PINPOOL_EPERM,
-                  "pinpool_lend_return: the lend of generation %llu was "
-                  "made to another process",
-                  g);
-    else if (pidfd_exited(p->pidfd) && !exited_peer_is(p, peer))
-      rc = refuse(s, PINPOOL_EPERM,
-                  "pinpool_lend_return: the borrower of generation %llu has "
-                  "exited and its pid names another process now (end its "
-                  "lends with pinpool_lend_reclaim_exited)",
-                  g);
-    else
-      lend_end(s, l);
-  }
-#else
-  /* Mutant (docs/verification.md): neither token nor peer compared. */
-  else {
-    (void)token_eq;
-    (void)exited_peer_is;
-    lend_end(s, l);
-  }
-#endif
-  pp_mutex_unlock(&s->lock);
-  return rc;
+  return lend_return(pool, "pinpool_lend_return", h, peer, NULL);
+}
+
+int pinpool_lend_return_pidfd(pinpool_t *pool, const pinpool_share_handle_t *h,
+                              int pidfd) {
+  static const char fn[] = "pinpool_lend_return_pidfd";
+  int rc = need_shared(pool, fn);
+  if (rc != 0)
+    return rc;
+  if (h == NULL)
+    return pp_fail(PINPOOL_EINVAL, "%s: handle is NULL", fn);
+  int pid = pidfd < 0 ? -2 : pidfd_pid(pidfd);
+  if (pid == -2 || pid == -3)
+    return pp_fail(PINPOOL_EINVAL, "%s: descriptor %d is not a process's pidfd",
+                   fn, pidfd);
+  struct statfs fs;
+  struct stat st;
+  if (fstatfs(pidfd, &fs) == 0 && fs.f_type == PIDFS_MAGIC &&
+      fstat(pidfd, &st) == 0)
+    return lend_return(pool, fn, h, pid, &st);
+  /* No pidfs (Linux < 6.9): two pidfds cannot be compared; the pid rule
+   * of pinpool_lend_return, for a returner not reaped yet. */
+  if (pid <= 0)
+    return pp_fail(PINPOOL_EINVAL,
+                   "%s: the process of pidfd %d has been reaped or is outside "
+                   "this pid namespace, and this kernel cannot compare "
+                   "pidfds (no pidfs, Linux < 6.9)",
+                   fn, pidfd);
+  return lend_return(pool, fn, h, pid, NULL);
 }
 
 /* Whether lend l is selected by (peer, live) (lock held): its peer record

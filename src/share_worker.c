@@ -113,6 +113,12 @@ static bool own(const pinpool_share_handle_t *h) {
   return r;
 }
 
+int pinpool_share_owns(const pinpool_share_handle_t *h) {
+  if (h == NULL)
+    return pp_fail(PINPOOL_EINVAL, "pinpool_share_owns: handle is NULL");
+  return own(h) ? 1 : 0;
+}
+
 /* Both of this file's locks (never held together elsewhere): a child must
  * not inherit either held. ios is defined below. */
 static void ios_fork(int phase);

@@ -16,6 +16,12 @@
  *    by pidfd, return, reclaim by pid, reclaim_exited and reclaim_list each
  *    treat them as two processes; lending to the exited (and to a zombie)
  *    fails with PINPOOL_EEXITED.
+ *  - return_pidfd (root; skipped otherwise, or without SO_PEERPIDFD of a
+ *    reaped peer and pidfs): pinpool_lend_return_pidfd takes back a lend
+ *    from a borrower that returned, exited and was reaped before the owner
+ *    read; and refuses a process that took a dead borrower's pid, returned
+ *    its handle and exited too before the owner read (D4 of issue 36's
+ *    second review: a pid number cannot tell the two).
  *  - ctl_readonly: from a worker, the control area cannot be made writable
  *    by mprotect, pwrite, fallocate, ftruncate, a fresh mmap, or a
  *    read-write reopen through /proc; nor the library's own mapping of it.
@@ -51,14 +57,44 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/sysinfo.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #define CONF "shared=1,mlock=0,populate=1"
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77 /* Linux 6.5 */
+#endif
+#ifndef PIDFS_MAGIC
+#define PIDFS_MAGIC 0x50494446 /* Linux 6.9 */
+#endif
+
+/* Run fn as pid 1 of a new pid namespace, in a child: fn's exit code, 77
+ * if no pid namespace can be made here. */
+static int in_pidns(int (*fn)(void)) {
+  pid_t outer = fork();
+  if (outer < 0)
+    return 98;
+  if (outer == 0) {
+    if (unshare(CLONE_NEWPID) != 0)
+      _exit(77);
+    pid_t init = fork(); /* pid 1 of the new namespace */
+    if (init < 0)
+      _exit(78);
+    if (init == 0)
+      _exit(getpid() != 1 ? 79 : fn());
+    int st = 0;
+    (void)waitpid(init, &st, 0);
+    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 99);
+  }
+  return pp_wait_child(outer, 30000);
+}
 
 /* ---- hostile returns ------------------------------------------------------
  */
@@ -284,6 +320,8 @@ static pid_t sleeper(int *wake) {
 }
 
 static int pidns_main(void) {
+  if (access("/proc/sys/kernel/ns_last_pid", W_OK) != 0)
+    return 77;
   pinpool_t *pool = NULL;
   if (pinpool_create(CONF, &pool) != 0)
     return 40;
@@ -402,33 +440,166 @@ static void test_pid_reuse(void **state) {
                   "CAP_SYS_ADMIN): skipped\n");
     skip();
   }
-  pid_t outer = fork();
-  PP_ASSERT(outer >= 0, "fork");
-  if (outer == 0) {
-    if (unshare(CLONE_NEWPID) != 0) {
-      fprintf(stderr, "unshare(CLONE_NEWPID): %s\n", strerror(errno));
-      _exit(77);
-    }
-    pid_t init = fork(); /* pid 1 of the new namespace */
-    if (init < 0)
-      _exit(78);
-    if (init == 0) {
-      if (getpid() != 1)
-        _exit(79);
-      if (access("/proc/sys/kernel/ns_last_pid", W_OK) != 0)
-        _exit(77);
-      _exit(pidns_main());
-    }
-    int st = 0;
-    (void)waitpid(init, &st, 0);
-    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 99);
-  }
-  int rc = pp_wait_child(outer, 30000);
+  int rc = in_pidns(pidns_main);
   if (rc == 77) {
     print_message("pid_reuse: no pid namespace here: skipped\n");
     skip();
   }
   PP_ASSERT(rc == 0, "pid namespace check %d failed", rc);
+}
+
+/* ---- a return known by the returner's pidfd (issue 36, D4) --------------
+ * pid 1 of a new pid namespace. */
+/* A child that waits for a byte on go (-1: no wait), connects to the
+ * listener at a, sends a byte and exits. */
+static pid_t connect_and_exit(const struct sockaddr_un *a, socklen_t alen,
+                              int go) {
+  pid_t p = fork();
+  if (p == 0) {
+    char c;
+    if (go >= 0 && read(go, &c, 1) != 1)
+      _exit(1);
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (s < 0 || connect(s, (const struct sockaddr *)a, alen) != 0 ||
+        send(s, "r", 1, 0) != 1)
+      _exit(2);
+    _exit(0);
+  }
+  return p;
+}
+
+/* The SO_PEERPIDFD of the next connection on ls (its sender reaped by
+ * now); -1 and errno on failure. */
+static int next_peer_pidfd(int ls) {
+  int c = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
+  if (c < 0)
+    return -1;
+  int pfd = -1;
+  socklen_t l = sizeof pfd;
+  int rc = getsockopt(c, SOL_SOCKET, SO_PEERPIDFD, &pfd, &l);
+  int e = errno;
+  (void)close(c);
+  errno = e;
+  return rc == 0 ? pfd : -1;
+}
+
+static int return_pidfd_main(void) {
+  if (access("/proc/sys/kernel/ns_last_pid", W_OK) != 0)
+    return 77;
+  pinpool_t *pool = NULL;
+  void *x = NULL, *y = NULL;
+  if (pinpool_create(CONF, &pool) != 0 ||
+      pinpool_alloc(pool, 64 * KiB, &x) != 0 ||
+      pinpool_alloc(pool, 64 * KiB, &y) != 0)
+    return 40;
+  /* An autobound abstract address: unique, whatever else runs. */
+  int ls = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  socklen_t alen = sizeof(sa_family_t);
+  if (ls < 0 || bind(ls, (struct sockaddr *)&a, alen) != 0 ||
+      listen(ls, 8) != 0)
+    return 41;
+  alen = sizeof a;
+  if (getsockname(ls, (struct sockaddr *)&a, &alen) != 0)
+    return 42;
+  /* The honest borrower: lent to, returns, exits and is reaped; then the
+   * owner reads. */
+  int go[2];
+  if (pipe2(go, O_CLOEXEC) != 0)
+    return 43;
+  pid_t A = connect_and_exit(&a, alen, go[0]);
+  pinpool_share_handle_t hx, hy;
+  int fd;
+  if (A < 0 || pinpool_lend(pool, x, A, &hx, &fd) != 0)
+    return 44;
+  int st = 0;
+  if (write(go[1], "g", 1) != 1 || waitpid(A, &st, 0) != A || !WIFEXITED(st) ||
+      WEXITSTATUS(st) != 0)
+    return 45;
+  int pfd = next_peer_pidfd(ls);
+  if (pfd < 0) {
+    /* Before Linux 6.5 no SO_PEERPIDFD; before 6.16 none of a reaped
+     * peer. */
+    fprintf(stderr, "return_pidfd: SO_PEERPIDFD of a reaped peer: %s\n",
+            strerror(errno));
+    return 77;
+  }
+  struct statfs fs;
+  if (fstatfs(pfd, &fs) != 0 || fs.f_type != PIDFS_MAGIC)
+    return 77; /* no pidfs: the pid's rule (docs/sharing.md) */
+  pinpool_stats_t s0, s1;
+  if (pinpool_get_stats(pool, &s0) != 0)
+    return 46;
+  /* Bad input: a clear error, nothing changed, nothing counted. */
+  int pp[2];
+  if (pipe2(pp, O_CLOEXEC) != 0 ||
+      pinpool_lend_return_pidfd(pool, &hx, -1) != PINPOOL_EINVAL ||
+      pinpool_lend_return_pidfd(pool, &hx, pp[0]) != PINPOOL_EINVAL ||
+      pinpool_lend_return_pidfd(pool, NULL, pfd) != PINPOOL_EINVAL ||
+      pinpool_lend_return_pidfd(NULL, &hx, pfd) != PINPOOL_EINVAL)
+    return 47;
+  (void)close(pp[0]);
+  (void)close(pp[1]);
+  if (pinpool_get_stats(pool, &s1) != 0 || s1.lent_blocks != 1 ||
+      s1.lend_refusals != s0.lend_refusals)
+    return 48;
+  if (pinpool_lend_return_pidfd(pool, &hx, pfd) != 0) {
+    fprintf(stderr, "return_pidfd: %s\n", pinpool_last_error());
+    return 49;
+  }
+  /* Once more: stale, counted. */
+  if (pinpool_lend_return_pidfd(pool, &hx, pfd) != PINPOOL_ESTALE)
+    return 50;
+  (void)close(pfd);
+  /* D4: B is lent to and exits without returning, reaped; G takes B's pid,
+   * sends B's handle, exits and is reaped; then the owner reads. */
+  int wb;
+  pid_t B = sleeper(&wb);
+  if (B < 0 || pinpool_lend(pool, y, B, &hy, &fd) != 0)
+    return 51;
+  (void)close(wb);
+  if (waitpid(B, NULL, 0) != B || set_last_pid(B) != 0)
+    return 52;
+  pid_t G = connect_and_exit(&a, alen, -1);
+  if (G != B) {
+    fprintf(stderr, "return_pidfd: wanted pid %d, got %d\n", (int)B, (int)G);
+    return 53;
+  }
+  if (waitpid(G, &st, 0) != G || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    return 54;
+  pfd = next_peer_pidfd(ls);
+  if (pfd < 0 || pinpool_get_stats(pool, &s0) != 0)
+    return 55;
+  if (pinpool_lend_return_pidfd(pool, &hy, pfd) != PINPOOL_EPERM)
+    return 56;
+  if (pinpool_get_stats(pool, &s1) != 0 || s1.lent_blocks != 1 ||
+      s1.lend_refusals != s0.lend_refusals + 1)
+    return 57;
+  (void)close(pfd);
+  size_t n = 0;
+  if (pinpool_lend_reclaim_exited(pool, 0, &n) != 0 || n != 1)
+    return 58;
+  if (pinpool_free(pool, x) != 0 || pinpool_free(pool, y) != 0 ||
+      pinpool_validate(pool) != 0)
+    return 59;
+  (void)close(ls);
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static void test_return_pidfd(void **state) {
+  (void)state;
+  if (geteuid() != 0) {
+    print_message("return_pidfd: not root: skipped\n");
+    skip();
+  }
+  int rc = in_pidns(return_pidfd_main);
+  if (rc == 77) {
+    print_message("return_pidfd: no pid namespace, SO_PEERPIDFD of a reaped "
+                  "peer or pidfs here: skipped\n");
+    skip();
+  }
+  PP_ASSERT(rc == 0, "return by pidfd: check %d failed", rc);
 }
 
 /* ---- an owner and a worker that are both pid 1 (issue 36, third round) ----
@@ -520,21 +691,7 @@ static void test_pidns_owner_pid1(void **state) {
     print_message("pidns_owner_pid1: not root: skipped\n");
     skip();
   }
-  pid_t outer = fork();
-  PP_ASSERT(outer >= 0, "fork");
-  if (outer == 0) {
-    if (unshare(CLONE_NEWPID) != 0)
-      _exit(77);
-    pid_t init = fork();
-    if (init < 0)
-      _exit(78);
-    if (init == 0)
-      _exit(pid1_owner());
-    int st = 0;
-    (void)waitpid(init, &st, 0);
-    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 99);
-  }
-  int rc = pp_wait_child(outer, 30000);
+  int rc = in_pidns(pid1_owner);
   if (rc == 77) {
     print_message("pidns_owner_pid1: no pid namespace here: skipped\n");
     skip();
@@ -1248,6 +1405,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_hostile_returns),
       cmocka_unit_test(test_pid_reuse),
       cmocka_unit_test(test_pidns_owner_pid1),
+      cmocka_unit_test(test_return_pidfd),
       cmocka_unit_test(test_ctl_readonly),
       cmocka_unit_test(test_reclaim_list),
       cmocka_unit_test(test_thread_pidfd),

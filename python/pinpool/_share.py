@@ -45,7 +45,7 @@ from multiprocessing import reduction
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from pinpool._core import (BadHandleError, Buffer, Pool, StaleHandleError,
-                           _attach)
+                           _attach, _share_owns)
 
 # pinpool_share_handle_t (include/pinpool.h): every field naturally
 # aligned, so the native layout has no padding: 128 bytes.
@@ -112,15 +112,25 @@ _pools: "weakref.WeakValueDictionary[int, Pool]" = weakref.WeakValueDictionary()
 # -- the return channel (owner side) -----------------------------------------
 # An AF_UNIX SOCK_SEQPACKET socket in the abstract namespace, made at the
 # first pickle of a lend and named in it. A returning worker connects and
-# sends (handle, proof); the kernel records the connecting process
-# (SO_PEERCRED, the pid in this process's pid namespace), which no sender
-# can choose. Connections are read without blocking when a returned Buffer
-# is unpickled (the worker sends its proof before its pickle leaves it, so
-# the proof is queued by then); a connection without its message yet is
-# kept for the next time, at most _MAX_WAITING (the oldest closed first).
-# What a connection proves is kept until its pickle comes, at most
-# _MAX_PROOFS (the oldest dropped first): a peer can send as many as it
-# likes, and none of them ends a lend but one from the borrower.
+# sends (handle, proof); the kernel records the connecting process, which
+# no sender can choose: SO_PEERPIDFD (Linux 6.5), a pidfd of that process
+# even once it has exited and been reaped (6.16; its pidfs inode, 6.9,
+# names that process alone), else SO_PEERCRED's pid. Connections are read
+# without blocking when a returned Buffer is unpickled (the worker sends
+# its proof before its pickle leaves it, so the proof is queued by then) or
+# at Pool.lend_collect(); a connection without its message yet is kept for
+# the next time, at most _MAX_WAITING (the oldest closed first).
+# A proof ends its lend when it is read, if the connecting process is the
+# borrower (pinpool_lend_return_pidfd: by process, not pid number; a
+# process that took a dead borrower's pid is refused even after it has
+# exited too, which a pid cannot tell: D4 of issue 36's second review),
+# and the outcome waits in _done for the pickle that names the proof, at
+# most _MAX_PROOFS (the oldest dropped first): a peer can send as many as
+# it likes, and none of them ends a lend but one from the borrower. The
+# worker detached before it sent the proof, so the block may be reused at
+# once; and a return whose pickle is lost (Queue.get unpickles inside and
+# drops the bytes when loading raised) still ends at a later drain, its
+# Buffer given back by Pool.lend_collect().
 # One drain accepts at most _DRAIN_ACCEPTS connections: any process may
 # connect, and an unbounded loop let a flood hold the owner (and _lock)
 # as long as it went on (11.7 s of a 12 s flood, issue 36 third round).
@@ -132,11 +142,15 @@ _MAX_PROOFS = 4096
 _MAX_WAITING = 64
 _DRAIN_ACCEPTS = 64
 _CRED = struct.Struct("=iII")  # struct ucred: pid, uid, gid
+_SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5
+_have_peerpidfd = True  # False once the kernel said it has none
 _listener: Optional[socket.socket] = None
 _listener_pid = 0
 _address = b""
 _waiting: List[socket.socket] = []
-_proofs: "collections.OrderedDict[Tuple[int, int, bytes], int]" = \
+# (pool nonce, generation, proof) -> what the drain made of that proof:
+# the owner's Buffer (the lend ended) or the refusal (counted then).
+_done: "collections.OrderedDict[Tuple[int, int, bytes], Any]" = \
     collections.OrderedDict()
 # A worker's side: (pool nonce, generation) of an attached lend -> its
 # owner's return address (from the lend's pickle).
@@ -182,56 +196,131 @@ def _forget_listener_in_child() -> None:
         except OSError:
             pass
     _waiting.clear()
-    _proofs.clear()
+    _done.clear()  # the parent's returns: not the child's to hand out
     _listener, _listener_pid, _address = None, 0, b""
 
 
 os.register_at_fork(after_in_child=_forget_listener_in_child)
 
 
-def _read_proof(conn: socket.socket) -> bool:
-    """Read conn's (handle, proof) into _proofs under the pid that
-    connected; False if its message has not come yet (keep conn)."""
+def _peer_pidfd(conn: socket.socket) -> Optional[int]:
+    """A pidfd of the process that connected conn (SO_PEERPIDFD), None
+    where the kernel gives none (before Linux 6.5; its process reaped,
+    before 6.16): its pid decides then. Raises OSError for a resource of
+    the owner's (EMFILE), which the sender did not cause."""
+    global _have_peerpidfd
+    if not _have_peerpidfd:
+        return None
     try:
-        msg = conn.recv(_HANDLE.size + _PROOF_BYTES + 1, socket.MSG_DONTWAIT)
-    except (BlockingIOError, InterruptedError):
-        return False
-    except OSError:
-        return True
-    if len(msg) != _HANDLE.size + _PROOF_BYTES:
-        return True  # not a proof: nothing kept
+        fd: int = conn.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD)
+        return fd
+    except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+            raise
+        if e.errno == errno.ENOPROTOOPT:
+            _have_peerpidfd = False
+        return None
+
+
+def _settle(conn: socket.socket, msg: bytes, pidfd: Optional[int]) -> None:
+    """End the lend the proof msg read from conn names if its sender
+    (pidfd: conn's SO_PEERPIDFD, else conn's SO_PEERCRED pid) is the
+    borrower, and keep the outcome for the pickle (lock held). It takes
+    the connection itself, never a pid: a pickle that names this function
+    passes values, and cannot pass a connected socket (issue 36, D2)."""
+    if not isinstance(conn, socket.socket):
+        raise TypeError("_settle: not a connection")
     try:
         cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                _CRED.size)
         pid = _CRED.unpack(cred)[0]
-        h = _parse(msg[:_HANDLE.size])
-    except (OSError, BadHandleError, struct.error):
+    except (OSError, struct.error):
+        return
+    handle, proof = msg[:_HANDLE.size], msg[_HANDLE.size:]
+    try:
+        h = _parse(handle)
+    except BadHandleError:
+        return
+    lend_ = _lends.get((h.nonce, h.generation))
+    if lend_ is None:
+        return  # junk, or a lend ended: its pickle, if any, is refused then
+    buf = lend_.buf
+    try:
+        if lend_.peer == os.getpid():
+            # A self-lend (pickled without Buffer.lend: the receiver was
+            # unknown) is bound to its token alone.
+            buf._lend_return(handle, lend_.peer)  # type: ignore[attr-defined]
+        elif pidfd is not None:
+            try:
+                buf._lend_return_pidfd(  # type: ignore[attr-defined]
+                    handle, pidfd)
+            except (StaleHandleError, BadHandleError):
+                raise
+            except ValueError:  # no pidfs and reaped: the pid's rule
+                if pid <= 0:
+                    return
+                buf._lend_return(handle, pid)  # type: ignore[attr-defined]
+        elif pid > 0:
+            buf._lend_return(handle, pid)  # type: ignore[attr-defined]
+        else:
+            return  # a process outside this pid namespace, no pidfd
+    except (PermissionError, StaleHandleError, BadHandleError) as e:
+        outcome: Any = e  # refused, and counted, by the C library
+    else:
+        del _lends[(h.nonce, h.generation)]
+        outcome = buf
+    key = (h.nonce, h.generation, proof)
+    _done[key] = outcome
+    _done.move_to_end(key)
+    while len(_done) > _MAX_PROOFS:
+        _done.popitem(last=False)
+
+
+def _read_proof(conn: socket.socket) -> bool:
+    """Read conn's (handle, proof) and settle it; False if its message has
+    not come yet (keep conn). Raises OSError (EMFILE: no descriptor for
+    the sender's pidfd) before reading, so the message waits for later."""
+    pidfd = _peer_pidfd(conn)
+    try:
+        try:
+            msg = conn.recv(_HANDLE.size + _PROOF_BYTES + 1,
+                            socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+        if len(msg) != _HANDLE.size + _PROOF_BYTES:
+            return True  # not a proof: nothing kept
+        _settle(conn, msg, pidfd)
         return True
-    if pid <= 0:  # a process outside this pid namespace
-        return True
-    key = (h.nonce, h.generation, msg[_HANDLE.size:])
-    _proofs[key] = pid
-    _proofs.move_to_end(key)
-    while len(_proofs) > _MAX_PROOFS:
-        _proofs.popitem(last=False)
-    return True
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 def _drain() -> Optional[BaseException]:
     """Read the proofs queued on the return socket, at most _DRAIN_ACCEPTS
     connections' worth (lock held). None when the queue was emptied; else
     why not: BlockingIOError (connections left for a later drain) or the
-    OSError accept raised (EMFILE and the like: a resource of the owner's,
-    not the sender's doing, so never a refusal)."""
+    OSError accept or a sender's pidfd raised (EMFILE and the like: a
+    resource of the owner's, not the sender's doing, so never a refusal;
+    that connection waits, its message unread)."""
     if _listener is None or _listener_pid != os.getpid():
         return None
     still: List[socket.socket] = []
+    failed: Optional[OSError] = None
     for c in _waiting:
-        if _read_proof(c):
+        try:
+            done = failed is None and _read_proof(c)
+        except OSError as e:  # EMFILE for its pidfd: it waits
+            failed, done = e, False
+        if done:
             c.close()
         else:
             still.append(c)
     _waiting[:] = still
+    if failed is not None:
+        return failed
     for _ in range(_DRAIN_ACCEPTS):
         try:
             conn, _ = _listener.accept()
@@ -239,12 +328,18 @@ def _drain() -> Optional[BaseException]:
             return None
         except OSError as e:  # EMFILE, ENFILE, ENOBUFS: the rest waits
             return e
-        if _read_proof(conn):
+        try:
+            done = _read_proof(conn)
+        except OSError as e:
+            failed, done = e, False
+        if done:
             conn.close()
             continue
         _waiting.append(conn)
         if len(_waiting) > _MAX_WAITING:
             _waiting.pop(0).close()
+        if failed is not None:
+            return failed
     return BlockingIOError(
         errno.EAGAIN, f"more than {_DRAIN_ACCEPTS} connections are queued on "
         "the owner's return socket: load the return again later")
@@ -429,7 +524,7 @@ def _rebuild(handle: bytes, nbytes: int, dupfd: Any,
         os.close(fd)
         raise
     try:
-        if h.owner_pid == os.getpid() and _owns(h):
+        if _share_owns(handle):
             return _take_self(handle)
         buf: Buffer = _attach(handle, fd, ctl, nbytes)
         if isinstance(addr, bytes) and addr:
@@ -443,53 +538,71 @@ def _rebuild(handle: bytes, nbytes: int, dupfd: Any,
         os.close(ctl)
 
 
-def _owns(h: _Handle) -> bool:
-    """h is a lend of a pool of this process's (live or ended)."""
-    with _lock:
-        return h.nonce in _pools or any(k[0] == h.nonce for k in _lends)
-
-
 def _returned(handle: bytes, peer: int = 0, proof: bytes = b"") -> Buffer:
     """Unpickle a Buffer a worker sent back: the owner's, lend ended. peer:
     the pid the sender says it has, a claim, used in messages only (a
     pickle does not say who wrote it, and a process forked after the lend
     has the token). proof: what the sender sent over the owner's return
-    socket; the process the kernel says connected with it is the peer
-    pinpool_lend_return checks. Without a proof the return is refused
+    socket; the drain that reads it ends the lend if the process the
+    kernel says connected with it is the borrower, and this gives back
+    what it made of it. Without a proof the return is refused
     (PermissionError), and counted in lend_refusals. Where the proof may
     still be queued unread (more connections than one drain reads:
-    BlockingIOError; accept failing for a resource of the owner's, EMFILE:
-    that OSError) nothing is counted, the lend stays live, and the same
-    pickle can be loaded again later."""
+    BlockingIOError; accept or the sender's pidfd failing for a resource
+    of the owner's, EMFILE: that OSError) nothing is counted, the lend
+    stays live, and the same pickle can be loaded again later; if it is
+    lost, the lend ends at a later drain all the same and
+    Pool.lend_collect() gives its Buffer back."""
     h = _parse(handle)
-    if h.owner_pid != os.getpid():
+    # Whose pool, by its nonce in the C library's table of the pools this
+    # process created: a forked worker in another pid namespace can have
+    # the owner's pid number (issue 36, third round).
+    if not _share_owns(handle):
         raise ValueError(
             f"a returned shared Buffer can only be unpickled by its owner "
-            f"(pid {h.owner_pid}), not in pid {os.getpid()}")
+            f"(pid {h.owner_pid} in its pid namespace), not in this process "
+            f"(pid {os.getpid()})")
     if not isinstance(peer, int) or isinstance(peer, bool):
         raise BadHandleError("a returned shared Buffer with a bad sender")
     with _lock:
+        why = _drain()
+        outcome = None
+        if isinstance(proof, bytes) and len(proof) == _PROOF_BYTES:
+            outcome = _done.pop((h.nonce, h.generation, proof), None)
+        if isinstance(outcome, Buffer):
+            return outcome
+        if outcome is not None:  # refused when its proof was read: counted
+            raise type(outcome)(*outcome.args)
         if (h.nonce, h.generation) not in _lends:
             return _take_self(handle)  # refused as stale, counted
-        why = _drain()
-        sender = None
-        if isinstance(proof, bytes) and len(proof) == _PROOF_BYTES:
-            sender = _proofs.pop((h.nonce, h.generation, proof), None)
-        if sender is None and why is not None:
+        if why is not None:
             # The proof may be among what this drain could not read: not
             # the sender's fault, so nothing counted, the lend left live,
             # and the same pickle can be loaded again.
             raise why
-        if sender is None:
-            _count_refusal(h.nonce)
-            raise PermissionError(
-                f"a shared Buffer (generation {h.generation}) came back "
-                f"(claiming pid {peer}) without a proof of its sender on the "
-                "owner's return socket: refused (a copied or forged pickle, "
-                "or one from an older pinpool)")
-        # The sender is known now: a self-lend (receiver unknown) is bound
-        # to its token alone, as before; any other to its borrower.
-        return _end_lend(handle, sender, _lends[(h.nonce, h.generation)].buf)
+        _count_refusal(h.nonce)
+        raise PermissionError(
+            f"a shared Buffer (generation {h.generation}) came back "
+            f"(claiming pid {peer}) without a proof of its sender on the "
+            "owner's return socket: refused (a copied or forged pickle, "
+            "or one from an older pinpool)")
+
+
+def lend_collect(pool: Pool) -> List[Buffer]:
+    """Pool.lend_collect (its docstring is the reference)."""
+    if not isinstance(pool, Pool):
+        raise TypeError(f"pool must be a pinpool.Pool, not "
+                        f"{type(pool).__name__}")
+    if "shared=1" not in pool.config.split(","):
+        raise ValueError("Pool.lend_collect: the pool is not shared (create "
+                         "it with shared=1)")
+    with _lock:
+        why = _drain()
+        if why is not None:
+            raise why  # what was read stays in _done for the next call
+        keys = [k for k, v in _done.items()
+                if isinstance(v, Buffer) and v.pool is pool]
+        return [_done.pop(k) for k in keys]
 
 
 def _reclaim(pool: Pool, peer: int, live: bool) -> List[Buffer]:

@@ -61,3 +61,39 @@ def cuda_pool():
 
 def live_blocks(pool):
     return pool.stats()["blocks"]["current"]
+
+
+def pinpool_env(**extra):
+    """os.environ for a child interpreter that imports this pinpool from
+    any working directory; extra: variables to set (None: unset)."""
+    import pinpool as _pp
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(_pp.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [here] + [os.path.abspath(p) for p in
+                  env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    for k, v in extra.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+def run_in_new_pid_namespace(code, env=None, timeout=60):
+    """Run `code` in a child interpreter that is pid 1 of a new pid
+    namespace with its own /proc (unshare -pf --mount-proc; root): the
+    CompletedProcess (text). Skips where unshare(1) or pid namespaces are
+    not to be had."""
+    import subprocess
+    import sys
+    try:
+        r = subprocess.run(["unshare", "-pf", "--mount-proc", sys.executable,
+                            "-c", code], env=env or pinpool_env(),
+                           capture_output=True, text=True, timeout=timeout,
+                           cwd="/")
+    except FileNotFoundError:
+        pytest.skip("no unshare(1)")
+    if r.returncode != 0 and "unshare:" in r.stderr:
+        pytest.skip("PID namespaces unavailable: " + r.stderr.strip()[:200])
+    return r

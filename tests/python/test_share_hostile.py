@@ -93,7 +93,10 @@ def test_return_from_another_worker_is_refused(spool, method):
         pickle.loads(out1.get(timeout=TIMEOUT))
     after = spool.stats()
     assert after["lend_refusals"] == before["lend_refusals"] + 1
-    assert after["lent_blocks"] == before["lent_blocks"] == 2
+    # a's lend ends as soon as its proof is read (by this drain, if w1 has
+    # sent it by now): b's stays w2's.
+    assert before["lent_blocks"] == 2
+    assert after["lent_blocks"] == 2 - (a.lent_to is None)
     assert b.lent_to == w2.pid
     tables_agree(spool)
     assert pickle.loads(out1.get(timeout=TIMEOUT)) is a  # its own: fine
@@ -611,11 +614,15 @@ def test_pickled_return_from_a_process_forked_or_given_the_pickle_is_refused(
             with pytest.raises(PermissionError):
                 pickle.loads(data)
             st = spool.stats()
-            assert st["lend_refusals"] == refusals + i + 1, \
+            # A proof is refused (and counted) when a drain reads it, a
+            # pickle without one when it is loaded: every forgery counted
+            # by the time its pickle is refused, none twice (below).
+            assert st["lend_refusals"] >= refusals + i + 1, \
                 f"return #{i} refused but not counted"
             assert st["lent_blocks"] == 1 and b.lent_to == w.pid, \
                 f"return #{i} ended the borrower's lend"
             tables_agree(spool)
+        assert spool.stats()["lend_refusals"] == refusals + len(forged)
         inq.put("go")
         assert pickle.loads(outq.get(timeout=TIMEOUT)) is b  # the borrower
         with memoryview(b) as m:
@@ -799,9 +806,16 @@ def test_no_library_function_named_by_a_pickle_ends_another_s_lend(spool):
     function of pinpool._share and pinpool._loader, called so with the
     handle, the borrower's pid and a made-up proof, leaves the lend live."""
     ctx = mp.get_context("fork")
-    w, inq, outq, b = _lent_to_a_borrower(spool, ctx)
+    # A borrower that holds the block until told: its own proof, read by
+    # any drain, would end the lend (rightly) under the calls below.
+    inq, outq = ctx.Queue(), ctx.Queue()
+    w = ctx.Process(target=_hold, args=(inq, outq))
+    w.start()
+    b = spool.alloc(4096)
+    b.lend(w.pid)
+    inq.put(pickle.dumps(b))
     try:
-        back = outq.get(timeout=TIMEOUT)
+        assert outq.get(timeout=TIMEOUT) == "filled"
         handle = _share._current(b).handle
         arg_sets = [(handle,), (handle, w.pid), (handle, w.pid, b"\0" * 16),
                     (handle, w.pid, True)]
@@ -822,8 +836,8 @@ def test_no_library_function_named_by_a_pickle_ends_another_s_lend(spool):
                     spool.stats()["lent_blocks"] == 1, \
                     f"a pickle calling {module}.{name}{len(args)} ended the lend"
         tables_agree(spool)
-        assert pickle.loads(back) is b  # the borrower's own return
         inq.put("go")
+        assert pickle.loads(outq.get(timeout=TIMEOUT)) is b  # its own return
     finally:
         w.join(TIMEOUT)
         if w.is_alive():
@@ -873,3 +887,224 @@ def test_an_honest_return_at_emfile_is_an_oserror_not_a_refusal(spool):
             w.kill()
     assert w.exitcode == 0
     b.close()
+
+
+# -- a return known by its sender's pidfd, not its pid (issue 36, D4) --------
+_PIDNS_COMMON = r"""
+import json, os, pickle, socket, sys
+import pinpool
+from pinpool import _share
+
+def reaped_pidfd_ok():
+    # SO_PEERPIDFD of a peer reaped before it is read (Linux 6.16), and
+    # pidfs (6.9): else the pid decides, as before (docs/sharing.md).
+    a = b"\0pinpool-test-%d" % os.getpid()
+    ls = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ls.bind(a)
+    ls.listen(1)
+    c = os.fork()
+    if c == 0:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect(a)
+        os._exit(0)
+    os.waitpid(c, 0)
+    conn, _ = ls.accept()
+    try:
+        fd = conn.getsockopt(socket.SOL_SOCKET, 77)
+    except OSError:
+        return False
+    ok = os.fstatvfs(fd).f_type == 0x50494446 if hasattr(
+        os.fstatvfs(fd), "f_type") else True
+    os.close(fd)
+    return ok
+
+def set_last_pid(pid):
+    fd = os.open("/proc/sys/kernel/ns_last_pid", os.O_WRONLY)
+    os.write(fd, str(pid - 1).encode())
+    os.close(fd)
+
+def read_all(fd):
+    data = b""
+    while True:
+        d = os.read(fd, 1 << 16)
+        if not d:
+            return data
+        data += d
+
+if not reaped_pidfd_ok():
+    print(json.dumps("skip"))
+    sys.exit(0)
+pool = pinpool.Pool("shared=1,mlock=0")
+"""
+
+
+def _run_pidns(body):
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from conftest import run_in_new_pid_namespace
+    r = run_in_new_pid_namespace(_PIDNS_COMMON + body)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if out == "skip":
+        pytest.skip("no SO_PEERPIDFD of a reaped peer, or no pidfs (Linux "
+                    "< 6.16): the pid decides")
+    return out
+
+
+def test_a_pid_reusers_return_is_refused_after_it_has_exited_too():
+    """D4 (the second review's reproducer): borrower A forks C while
+    attached, and exits without returning, reaped; C forks G with A's pid
+    (ns_last_pid); G pickles the Buffer back (its proof sent from pid A)
+    and exits, reaped, before the owner reads. Before, the owner took
+    SO_PEERCRED's pid, A's number, and pinpool_lend_return accepted it
+    (no process had the pid any more). Now the proof's sender is known by
+    its pidfd: not A's process, refused, counted, the lend A's until
+    reclaim_exited."""
+    out = _run_pidns(r"""
+buf = pool.alloc(1 << 16)
+r, w = os.pipe(); br, bw = os.pipe(); go_r, go_w = os.pipe()
+a = os.fork()
+if a == 0:
+    os.close(w)
+    b = pickle.loads(read_all(r))
+    a = os.getpid()
+    if os.fork() == 0:  # C: A's child, with the attached Buffer
+        os.read(go_r, 1)
+        set_last_pid(a)
+        g = os.fork()
+        if g == 0:
+            if os.getpid() != a:
+                os._exit(3)
+            os.write(bw, pickle.dumps(b))
+            os._exit(0)
+        os.waitpid(g, 0)
+        os._exit(0)
+    os._exit(0)  # A exits without returning
+os.close(r)
+buf.lend(a)
+os.write(w, pickle.dumps(buf))
+os.close(w)
+os.waitpid(a, 0)  # A reaped
+os.write(go_w, b"x")
+os.close(bw)
+back = read_all(br)
+before = pool.stats()["lend_refusals"]
+try:
+    pickle.loads(back)
+    got = "accepted"
+except PermissionError as e:
+    got = "refused"
+print(json.dumps([got, pool.stats()["lend_refusals"] - before,
+                  buf.lent_to == a, pool.lend_reclaim_exited(),
+                  buf.lent_to]))
+buf.close()
+""")
+    assert out == ["refused", 1, True, 1, None], out
+
+
+def test_an_honest_return_read_after_its_sender_was_reaped_and_its_pid_reused():
+    """The honest p.join(); q.get() pattern: a borrower returns, exits
+    and is reaped before the owner reads, and another process has its pid
+    by then. Before, pinpool_lend_return saw a live process with the
+    borrower's pid and refused the honest return (counted); now the proof's
+    sender is the borrower by its pidfd: accepted. Without the reuse
+    too."""
+    out = _run_pidns(r"""
+res = []
+for reuse in (False, True):
+    buf = pool.alloc(1 << 16)
+    r, w = os.pipe(); br, bw = os.pipe()
+    a = os.fork()
+    if a == 0:
+        os.close(w)
+        b = pickle.loads(read_all(r))
+        with memoryview(b) as m:
+            m[:] = b"\x66" * len(m)
+        os.write(bw, pickle.dumps(b))
+        os._exit(0)
+    os.close(r)
+    buf.lend(a)
+    os.write(w, pickle.dumps(buf))
+    os.close(w)
+    os.close(bw)
+    back = read_all(br)
+    os.waitpid(a, 0)  # returned, exited, reaped
+    k = None
+    if reuse:
+        set_last_pid(a)
+        k_r, k_w = os.pipe()
+        k = os.fork()
+        if k == 0:
+            os.read(k_r, 1)
+            os._exit(0)
+    before = pool.stats()["lend_refusals"]
+    try:
+        got = pickle.loads(back) is buf
+    except Exception as e:
+        got = repr(e)
+    filled = None  # still lent: not the owner's to read
+    if buf.lent_to is None:
+        with memoryview(buf) as m:
+            filled = bytes(m) == b"\x66" * len(m)
+    res.append([reuse, k == a if reuse else True, got,
+                pool.stats()["lend_refusals"] - before, buf.lent_to, filled])
+    if k:
+        os.write(k_w, b"x")
+        os.waitpid(k, 0)
+    pool.lend_reclaim_exited()
+    buf.close()
+print(json.dumps(res))
+""")
+    assert out == [[False, True, True, 0, None, True],
+                   [True, True, True, 0, None, True]], out
+
+
+def test_a_forked_worker_with_the_owner_s_pid_number_attaches():
+    """The pickle path told the owner by owner_pid == os.getpid(): an
+    owner that is pid 1 of its namespace and a worker it forks into a new
+    one (pid 1 there too) were the same process to it, and the worker's
+    unpickle tried to take the lend back (in a child of fork) instead of
+    attaching. Now by the C table of the pools this process created
+    (pinpool_share_owns), which a fork child does not inherit."""
+    out = _run_pidns(r"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+assert os.getpid() == 1
+buf = pool.alloc(1 << 16)
+# The resource sharer's thread first: no thread can start once this
+# process's children go to another pid namespace.
+warm = pool.alloc(64)
+pickle.dumps(warm)
+if libc.unshare(0x20000000) != 0:  # CLONE_NEWPID: for the next child
+    print(json.dumps("skip")); sys.exit(0)
+r, w = os.pipe(); br, bw = os.pipe()
+c = os.fork()
+if c == 0:
+    os.close(w)
+    try:
+        b = pickle.loads(read_all(r))
+        with memoryview(b) as m:
+            m[:] = b"\x77" * len(m)
+        out = pickle.dumps([os.getpid(), pickle.dumps(b)])
+    except Exception as e:
+        out = pickle.dumps([os.getpid(), repr(e)])
+    os.write(bw, out)
+    os._exit(0)
+os.close(r)
+buf.lend(c)
+os.write(w, pickle.dumps(buf))
+os.close(w)
+os.close(bw)
+wpid, back = pickle.loads(read_all(br))
+os.waitpid(c, 0)
+got = pickle.loads(back) is buf if isinstance(back, bytes) else back
+filled = None  # still lent: not the owner's to read
+if buf.lent_to is None:
+    with memoryview(buf) as m:
+        filled = bytes(m) == b"\x77" * len(m)
+print(json.dumps([wpid, got, filled, buf.lent_to]))
+pool.lend_reclaim(live=True)
+buf.close()
+warm.close()
+""")
+    assert out == [1, True, True, None], out
