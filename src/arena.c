@@ -699,13 +699,14 @@ int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
   pp_growth_wait_t *ws = inflight_end_locked(pool, &self, rc == 0 && !lost);
   pp_mutex_unlock(&pool->seg_lock);
   inflight_wake(ws);
-  if (lost || rc != 0)
+  if (lost) {
     backend_free(pool, cmem, size, cflags);
-  settle_end(pool);
-  if (lost)
     return 2;
-  if (rc != 0)
+  }
+  if (rc != 0) {
+    backend_free(pool, cmem, size, cflags);
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the arena's metadata");
+  }
   *size_out = size;
   *flags = cflags;
   return 0;
