@@ -1108,3 +1108,102 @@ buf.close()
 warm.close()
 """)
     assert out == [1, True, True, None], out
+
+
+# -- a return whose pickle is lost in Queue.get (issue 36, third round) ------
+def _return_by_queue(inq, outq, sent):
+    """A borrower whose Buffer comes and goes by Queue (which pickles and
+    unpickles inside put and get)."""
+    buf = inq.get(timeout=TIMEOUT)
+    with memoryview(buf) as m:
+        m[:] = b"\x5a" * len(m)
+    outq.put(buf)
+    outq.close()
+    outq.join_thread()  # pickled (proof sent) and written
+    sent.put("sent")
+    assert inq.get(timeout=TIMEOUT) == "go"
+
+
+@pytest.mark.parametrize("why", ["flood", "emfile"])
+def test_a_return_lost_in_queue_get_is_collected_later(spool, why):
+    """multiprocessing's Queue.get unpickles inside: when the owner cannot
+    read the proof yet (BlockingIOError behind a flood of connections;
+    OSError at EMFILE), get raises and the pickle's bytes are gone. Before,
+    the lend then stayed live until a reclaim (no way to load it again);
+    now the proof, still queued, ends the lend at a later drain, and
+    Pool.lend_collect() gives the Buffer back. Nothing counted."""
+    import errno
+    import resource
+
+    ctx = mp.get_context("fork")
+    inq, outq, sent = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    w = ctx.Process(target=_return_by_queue, args=(inq, outq, sent))
+    w.start()
+    b = spool.alloc(4096)
+    b.lend(w.pid)
+    junk, fill = [], []
+    try:
+        with _share._lock:
+            addr = _share._return_address()
+        if why == "flood":
+            for _ in range(3 * _share._DRAIN_ACCEPTS):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                s.connect(addr)
+                junk.append(s)
+        inq.put(b)
+        assert sent.get(timeout=TIMEOUT) == "sent"
+        refusals = spool.stats()["lend_refusals"]
+        if why == "flood":
+            with pytest.raises(BlockingIOError):
+                outq.get(timeout=TIMEOUT)
+        else:
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))
+            try:
+                try:
+                    while True:
+                        fill.append(os.open(os.devnull, os.O_RDONLY))
+                except OSError as e:
+                    assert e.errno == errno.EMFILE
+                with pytest.raises(OSError) as ei:
+                    outq.get(timeout=TIMEOUT)
+                assert ei.value.errno == errno.EMFILE
+            finally:
+                for f in fill:
+                    os.close(f)
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        # The bytes are gone; the lend is live, nothing counted.
+        assert b.lent_to == w.pid
+        assert spool.stats()["lend_refusals"] == refusals
+        tables_agree(spool)
+        got = None
+        for _ in range(len(junk) // _share._DRAIN_ACCEPTS + 2):
+            try:
+                got = spool.lend_collect()
+                break
+            except BlockingIOError:
+                assert b.lent_to == w.pid
+        assert got == [b] and got[0] is b
+        assert b.lent_to is None
+        assert spool.stats()["lend_refusals"] == refusals
+        assert spool.lend_collect() == []
+        tables_agree(spool)
+        with memoryview(b) as m:
+            assert bytes(m) == b"\x5a" * 4096
+        inq.put("go")
+    finally:
+        for s in junk:
+            s.close()
+        w.join(TIMEOUT)
+        if w.is_alive():
+            w.kill()
+    assert w.exitcode == 0
+    b.close()
+
+
+def test_lend_collect_bad_input(spool):
+    with pytest.raises(TypeError):
+        _share.lend_collect("not a pool")
+    with pytest.raises(ValueError, match="not shared"):
+        pinpool.Pool("backend=malloc").lend_collect()
+    assert spool.lend_collect() == []
