@@ -213,6 +213,8 @@ enum {
                             demand, not yet in the arena (no lock) */
   PP_HOOK_GROW_JOIN,     /* arena take: a miss joined a growth in flight
                             and is about to wait for it (no lock) */
+  PP_HOOK_SNAP_TABLE,    /* snapshot: between two holds of its copy of the
+                            lends or the stack table (no lock) */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

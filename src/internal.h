@@ -213,7 +213,12 @@ typedef struct pp_lend_view {
   int peer;
   uint64_t since_ns, since_unix_ns;
 } pp_lend_view_t;
-int pp_share_lends_copy(pp_share_t *s, pp_lend_view_t **out, size_t *n);
+/* The lends, copied in pieces (share.c); the longest hold, if longer than
+ * *hold_ns, is stored there. */
+int pp_share_lends_copy(pp_share_t *s, pp_lend_view_t **out, size_t *n,
+                        uint64_t *hold_ns);
+/* The share lock's meter (base.h, pp_lock_meter): tests. */
+uint64_t pp_share_meter(pp_share_t *s, bool reset);
 /* Fork handlers (fork.c): the pool's share lock; the worker table's. */
 void pp_share_fork(pp_share_t *s, int phase);
 void pp_share_worker_fork(int phase);

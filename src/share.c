@@ -100,6 +100,15 @@ struct pp_share {
   size_t nchunks, cchunks;
   lend_t *lends;
   size_t nlends, clends;
+  /* The lends' index (lend_find): ltab[j] is a lend's place in lends[] + 1,
+   * 0 empty; lcap = 2 * clends. */
+  size_t *ltab, lcap;
+  /* A snapshot copying lends[] over several holds (pp_share_lends_copy,
+   * which copy_lock makes one at a time): lends[0, copy_next) are copied;
+   * lend_end keeps every lend not yet copied at copy_next or above. */
+  pp_mutex_t copy_lock;
+  size_t copy_next;
+  bool copying;
   peer_t *peers;
   size_t npeers, cpeers;
   uint8_t rnd[256]; /* getrandom's bytes, 16 per token */
@@ -165,10 +174,12 @@ int pp_share_create(pp_share_t **out) {
   if (s == NULL)
     return pp_fail(PINPOOL_ENOMEM, "shared pool: out of memory");
   pp_mutex_init(&s->lock);
+  pp_mutex_init(&s->copy_lock);
   s->nonce = random_nonce();
   s->owner_pid = (int)getpid();
   int rc = pp_share_own_add(s->nonce);
   if (rc != 0) {
+    pp_mutex_destroy(&s->copy_lock);
     pp_mutex_destroy(&s->lock);
     free(s);
     return rc;
@@ -208,8 +219,10 @@ void pp_share_destroy(pp_share_t *s) {
     (void)close(s->peers[i].pidfd);
   free(s->chunks);
   free(s->lends);
+  free(s->ltab);
   free(s->peers);
   memset(s->rnd, 0, sizeof s->rnd);
+  pp_mutex_destroy(&s->copy_lock);
   pp_mutex_destroy(&s->lock);
   free(s);
 }
@@ -219,6 +232,12 @@ void pp_share_fork(pp_share_t *s, int phase) {
     pp_mutex_lock(&s->lock);
   else
     pp_mutex_unlock(&s->lock);
+  /* A snapshot copying lends in the parent has no thread in the child:
+   * its copy_lock is made anew, its cursor forgotten. */
+  if (phase == PP_FORK_CHILD) {
+    pp_mutex_init(&s->copy_lock);
+    s->copying = false;
+  }
 }
 
 /* ---- Chunks (called by the host backend, no pool lock held) ------------ */
@@ -678,12 +697,85 @@ static int peer_of_pidfd(pp_share_t *s, const char *fn, int pidfd,
 
 /* ---- Lends --------------------------------------------------------------- */
 
+/* The lends' index: block address -> its place in lends[] (issue 38: every
+ * free of a shared pool asks whether its block is lent, and lend_find
+ * walked every lend: 3.9 us a free at 3,000 lends). Open addressing,
+ * linear probing, at most half full; deletion shifts the run back (no
+ * tombstones). Lock held; the probes count on the lock's meter. */
+static size_t lhash(const void *ptr, size_t cap) {
+  /* Fibonacci hashing: the product's top bits mix every bit of the
+   * address (blocks are aligned: the low bits alone would cluster). */
+  uint64_t x = (uint64_t)(uintptr_t)ptr * 0x9e3779b97f4a7c15u;
+  return (size_t)(x >> (64 - __builtin_ctzll((unsigned long long)cap)));
+}
+
+/* The index slot of ptr's lend, or the empty slot where it would go. */
+static size_t lslot(pp_share_t *s, const void *ptr) {
+  size_t mask = s->lcap - 1, j = lhash(ptr, s->lcap);
+  uint64_t probes = 1;
+  while (s->ltab[j] != 0 && s->lends[s->ltab[j] - 1].ptr != ptr) {
+    j = (j + 1) & mask;
+    probes++;
+  }
+  pp_lock_visit(&s->lock, probes);
+  return j;
+}
+
+/* Empty slot j, moving back the entries after it that may live there. */
+static void lslot_clear(pp_share_t *s, size_t j) {
+  size_t mask = s->lcap - 1;
+  uint64_t probes = 0;
+  for (size_t k = (j + 1) & mask; s->ltab[k] != 0; k = (k + 1) & mask) {
+    probes++;
+    size_t home = lhash(s->lends[s->ltab[k] - 1].ptr, s->lcap);
+    if (((k - home) & mask) >= ((k - j) & mask)) {
+      s->ltab[j] = s->ltab[k];
+      j = k;
+    }
+  }
+  s->ltab[j] = 0;
+  pp_lock_visit(&s->lock, probes);
+}
+
+/* Room for one lend more: lends[] and the index doubled, the index built
+ * again (once per doubling). Nothing changes if memory runs out. */
+static bool lends_grow(pp_share_t *s) {
+  size_t n = s->clends == 0 ? 16 : s->clends * 2;
+  size_t *tab = calloc(2 * n, sizeof *tab);
+  lend_t *t = tab == NULL ? NULL : realloc(s->lends, n * sizeof *t);
+  if (t == NULL) {
+    free(tab);
+    return false;
+  }
+  free(s->ltab);
+  s->lends = t, s->clends = n;
+  s->ltab = tab, s->lcap = 2 * n;
+  for (size_t i = 0; i < s->nlends; i++)
+    s->ltab[lslot(s, s->lends[i].ptr)] = i + 1;
+  return true;
+}
+
 static lend_t *lend_find(pp_share_t *s, const void *ptr) {
   pp_assert_held(&s->lock);
+  if (s->lcap == 0)
+    return NULL;
+#ifdef PINPOOL_MUTANT_LEND_WALK
+  /* Mutant (docs/verification.md): every lend walked, as before. */
+  pp_lock_visit(&s->lock, s->nlends);
   for (size_t i = 0; i < s->nlends; i++)
     if (s->lends[i].ptr == ptr)
       return &s->lends[i];
   return NULL;
+#else
+  size_t j = lslot(s, ptr);
+  return s->ltab[j] == 0 ? NULL : &s->lends[s->ltab[j] - 1];
+#endif
+}
+
+/* Move lends[from] to lends[to] (an empty place), its index entry along. */
+static void lend_move(pp_share_t *s, size_t from, size_t to) {
+  s->lends[to] = s->lends[from];
+  s->ltab[lslot(s, s->lends[to].ptr)] = to + 1; /* finds from's entry */
 }
 
 /* End lend l (lock held): the slot's generation goes to 0 first, so a
@@ -699,7 +791,24 @@ static void lend_end(pp_share_t *s, lend_t *l) {
     p->nlends--; /* kept without lends until it exits (peers_prune) */
   pp_fetch_sub_relaxed(&s->lent_bytes, l->len);
   memset(l->token, 0, sizeof l->token);
-  *l = s->lends[--s->nlends];
+  size_t i = (size_t)(l - s->lends), last = --s->nlends;
+  lslot_clear(s, lslot(s, l->ptr));
+  /* The last lend fills the hole. A snapshot copying in pieces has copied
+   * lends[0, c): the last one, not copied yet, must not land below c, so
+   * lends[c - 1] (copied) fills the hole and the last one takes its place,
+   * c - 1, where the copy goes on (pp_share_lends_copy). */
+  size_t c = s->copying ? s->copy_next : 0;
+  if (i < c && last >= c) {
+    if (i != c - 1)
+      lend_move(s, c - 1, i);
+    if (last != c - 1)
+      lend_move(s, last, c - 1);
+    s->copy_next = c - 1;
+  } else if (i != last) {
+    lend_move(s, last, i);
+  }
+  if (s->copy_next > s->nlends)
+    s->copy_next = s->nlends;
   pp_store_release(&s->nlent, s->nlends);
 }
 
@@ -717,30 +826,88 @@ void pp_share_counts(pp_share_t *s, uint64_t *blocks, uint64_t *bytes) {
   *bytes = pp_load_relaxed(&s->lent_bytes);
 }
 
+uint64_t pp_share_meter(pp_share_t *s, bool reset) {
+  return pp_lock_meter(&s->lock, reset);
+}
+
 uint64_t pp_share_refusals(pp_share_t *s) {
   return pp_load_relaxed(&s->refusals);
 }
 
-int pp_share_lends_copy(pp_share_t *s, pp_lend_view_t **out, size_t *n) {
+/* Lends copied in one hold of the lock, at most (the snapshot's pieces,
+ * issue 38: the copy of every lend in one hold stalled every free). */
+#define LEND_PIECE 256
+
+int pp_share_lends_copy(pp_share_t *s, pp_lend_view_t **out, size_t *n,
+                        uint64_t *hold_ns) {
+  /* One copy at a time: lend_end keeps one cursor in order. Lends are
+   * copied from lends[0] up, LEND_PIECE a hold; between holds lend_end
+   * keeps every lend not copied yet at copy_next or above, so a lend that
+   * lives through the copy is listed once, and one lent or ended meanwhile
+   * may or may not be (docs/snapshot-format.md). Only lends made before
+   * the copy began are listed (their generation), so that a stream of new
+   * lends cannot keep it going. */
+  pp_mutex_lock(&s->copy_lock);
+  pp_lend_view_t *v = NULL;
+  size_t k = 0, cap = 0;
   pp_mutex_lock(&s->lock);
-  size_t k = s->nlends;
-  pp_lend_view_t *v = k == 0 ? NULL : malloc(k * sizeof *v);
-  if (k != 0 && v == NULL) {
+  uint64_t gen_end = s->next_gen;
+  s->copy_next = 0;
+  s->copying = true;
+  for (;;) {
+    size_t room = s->nlends - s->copy_next;
+    if (room > LEND_PIECE)
+      room = LEND_PIECE;
+    if (room == 0)
+      break;
+    if (k + room > cap) {
+      /* Memory outside the lock; the cursor is kept meanwhile. */
+      pp_mutex_unlock(&s->lock);
+      size_t want = cap == 0 ? LEND_PIECE : 2 * cap;
+      pp_lend_view_t *g = realloc(v, want * sizeof *v);
+      pp_mutex_lock(&s->lock);
+      if (g == NULL) {
+        s->copying = false;
+        pp_mutex_unlock(&s->lock);
+        pp_mutex_unlock(&s->copy_lock);
+        free(v);
+        return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory");
+      }
+      v = g, cap = want;
+      continue; /* the lends may have changed: measure again */
+    }
+    uint64_t t0 = pp_now_ns();
+    for (size_t i = s->copy_next; i < s->copy_next + room; i++) {
+      const lend_t *l = &s->lends[i];
+      if (l->gen >= gen_end)
+        continue;
+      v[k++] = (pp_lend_view_t){(uintptr_t)l->ptr,
+                                l->len,
+                                l->ck->id,
+                                (uintptr_t)l->ptr - l->ck->base,
+                                l->gen,
+                                l->peer_pid,
+                                l->since_ns,
+                                l->since_unix_ns};
+    }
+    s->copy_next += room;
+    pp_lock_visit(&s->lock, room);
+#ifndef PINPOOL_MUTANT_LEND_WALK
+    /* The next piece in another hold: a free waits for one piece at most. */
+    uint64_t dt = pp_now_ns() - t0;
+    if (hold_ns != NULL && dt > *hold_ns)
+      *hold_ns = dt;
     pp_mutex_unlock(&s->lock);
-    return pp_fail(PINPOOL_ENOMEM, "snapshot: out of memory");
+    pp_hook(PP_HOOK_SNAP_TABLE);
+    pp_mutex_lock(&s->lock);
+#else
+    (void)t0;
+    (void)hold_ns;
+#endif
   }
-  for (size_t i = 0; i < k; i++) {
-    const lend_t *l = &s->lends[i];
-    v[i] = (pp_lend_view_t){(uintptr_t)l->ptr,
-                            l->len,
-                            l->ck->id,
-                            (uintptr_t)l->ptr - l->ck->base,
-                            l->gen,
-                            l->peer_pid,
-                            l->since_ns,
-                            l->since_unix_ns};
-  }
+  s->copying = false;
   pp_mutex_unlock(&s->lock);
+  pp_mutex_unlock(&s->copy_lock);
   *out = v;
   *n = k;
   return 0;
@@ -792,14 +959,8 @@ static int lend(pinpool_t *pool, const char *fn, void *ptr, int peer,
   else if (c->nfree == 0)
     rc = pp_fail(PINPOOL_EBUSY, "%s: chunk %llu has %u blocks lent, its most",
                  fn, (unsigned long long)c->id, c->nslots);
-  else if (s->nlends == s->clends) {
-    size_t n = s->clends == 0 ? 16 : s->clends * 2;
-    lend_t *t = realloc(s->lends, n * sizeof *t);
-    if (t == NULL)
-      rc = pp_fail(PINPOOL_ENOMEM, "%s: out of memory", fn);
-    else
-      s->lends = t, s->clends = n;
-  }
+  else if (s->nlends == s->clends && !lends_grow(s))
+    rc = pp_fail(PINPOOL_ENOMEM, "%s: out of memory", fn);
   if (rc == 0)
     rc = token_new(s, token);
   /* Last: a record made here is the only thing to undo, and only if it has
@@ -823,6 +984,7 @@ static int lend(pinpool_t *pool, const char *fn, void *ptr, int peer,
   lend_t *l = &s->lends[s->nlends++];
   *l = (lend_t){ptr,   bs,  c,   si,          p->pid,
                 p->id, gen, {0}, pp_now_ns(), realtime_ns()};
+  s->ltab[lslot(s, ptr)] = s->nlends; /* its place + 1 */
   memcpy(l->token, token, sizeof token);
   pp_fetch_add_relaxed(&s->lent_bytes, bs);
   pp_store_release(&s->nlent, s->nlends);

@@ -544,9 +544,8 @@ int pp_snap_gather(pp_snap_t *s) {
   if (rc != 0)
     return rc;
   if (pool->share != NULL) {
-    t0 = pp_now_ns();
-    rc = pp_share_lends_copy(pool->share, &s->lends, &s->nlends);
-    hold_done(s, t0);
+    rc = pp_share_lends_copy(pool->share, &s->lends, &s->nlends,
+                             &s->max_hold_ns);
     if (rc != 0)
       return rc;
   }

@@ -1,0 +1,245 @@
+/*
+ * Costs that stay flat as the pool grows, counted on the locks (issue 38,
+ * docs/verification.md, "Issue 38, the locks' meter"): every pp_mutex_t
+ * counts the elements one hold visits (src/base.h, pp_lock_visit), and
+ * each test here builds a pool with N and 10 N of something (lends,
+ * stacks, streams on one block) and asserts that the most elements one
+ * hold of the lock concerned visited grows at most logarithmically. The
+ * arena's own meter (tests/test_scale.c) counts only extent operations,
+ * which is why the walks these tests catch went unseen.
+ *
+ * Each test fails with its mutant (tests/CMakeLists.txt), which restores
+ * the old walk: LEND_WALK (a free looks for its block among every lend, a
+ * snapshot copies every lend in one hold), STACKS_ONE_HOLD (a snapshot
+ * copies the whole stack table in one hold), SSET_SCAN (record_stream
+ * looks for the stream among every stream of the block).
+ */
+#include "testutil.h"
+
+#include "internal.h"
+#include "stream.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* What a hold may visit with n elements when it is logarithmic in n, or
+ * one snapshot piece (piece: the most a piece copies). */
+static uint64_t log_bound(size_t n, uint64_t piece) {
+  uint64_t b = (uint64_t)(6 * log2((double)n + 2)) + 32;
+  return b > piece ? b : piece;
+}
+
+/* w[1] (at n[1] = 10 n[0]) within the bound and not above 2 w[0] + 32. */
+static void check_growth(const char *what, const size_t n[2],
+                         const uint64_t w[2], uint64_t piece) {
+  printf("%s: most elements in one hold: %llu at %zu, %llu at %zu\n", what,
+         (unsigned long long)w[0], n[0], (unsigned long long)w[1], n[1]);
+  for (int i = 0; i < 2; i++)
+    PP_ASSERT(w[i] <= log_bound(n[i], piece),
+              "%s: a hold visited %llu elements at %zu: more than "
+              "logarithmic (%llu)",
+              what, (unsigned long long)w[i], n[i],
+              (unsigned long long)log_bound(n[i], piece));
+  PP_ASSERT(w[1] <= 2 * w[0] + 32,
+            "%s: %llu elements in a hold at %zu, %llu at %zu: more than "
+            "logarithmic",
+            what, (unsigned long long)w[1], n[1], (unsigned long long)w[0],
+            n[0]);
+}
+
+/* Occurrences of needle in text. */
+static size_t count_of(const char *text, const char *needle) {
+  size_t n = 0;
+  for (const char *p = strstr(text, needle); p != NULL;
+       p = strstr(p + 1, needle))
+    n++;
+  return n;
+}
+
+/* ---- (5) Lends ----------------------------------------------------------
+ * A shared pool's every free asks whether its block is lent, under the
+ * share lock: that walked every lend (3.9 us a free at 3,000 lends), and a
+ * snapshot copied every lend in one hold. Now an index by block, and the
+ * copy in pieces of 256 (src/share.c). */
+static void test_lends(void **state) {
+  (void)state;
+  pid_t child = fork();
+  PP_ASSERT(child >= 0, "fork");
+  if (child == 0) { /* the borrower: alive, never attaches */
+    /* Gone with the test, even one that fails (ctest waits for the
+     * output pipe it shares). */
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+    alarm(120);
+    pause();
+    _exit(0);
+  }
+  const size_t n[2] = {300, 3000};
+  uint64_t w[2], wsnap[2];
+  for (int r = 0; r < 2; r++) {
+    pinpool_t *pool;
+    PP_OK(pinpool_create(
+        "shared=1,backend=host,mlock=0,populate=0,tcache_bytes=0", &pool));
+    void **blk = calloc(n[r] * 4, sizeof *blk);
+    PP_ASSERT(blk != NULL, "out of memory");
+    pinpool_share_handle_t hs[50];
+    void *hb[50];
+    size_t lent = 0, k = 0;
+    while (lent < n[r] && k < n[r] * 4) {
+      pinpool_share_handle_t h;
+      int fd;
+      PP_OK(pinpool_alloc(pool, 4 * KiB, &blk[k]));
+      /* EBUSY: the chunk has its most lends (128); the next chunk then. */
+      int rc = pinpool_lend(pool, blk[k++], child, &h, &fd);
+      PP_ASSERT(rc == 0 || rc == PINPOOL_EBUSY, "lend: %d", rc);
+      if (rc == 0 && lent < 50) {
+        hs[lent] = h;
+        hb[lent] = blk[k - 1];
+      }
+      lent += rc == 0;
+    }
+    PP_ASSERT(lent == n[r], "%zu lends of %zu", lent, n[r]);
+    (void)pp_share_meter(pool->share, true);
+    /* Frees of blocks not lent, and lends made and returned. */
+    for (int i = 0; i < 200; i++) {
+      void *p;
+      PP_OK(pinpool_alloc(pool, 4 * KiB, &p));
+      PP_OK(pinpool_free(pool, p));
+    }
+    for (int i = 0; i < 50; i++) { /* returned, lent again */
+      int fd;
+      PP_OK(pinpool_lend_return(pool, &hs[i], child));
+      PP_OK(pinpool_lend(pool, hb[i], child, &hs[i], &fd));
+    }
+    w[r] = pp_share_meter(pool->share, true);
+    char *text;
+    size_t len;
+    PP_OK(pinpool_snapshot_write_mem(pool, &text, &len,
+                                     PINPOOL_SNAPSHOT_NO_HISTORY));
+    wsnap[r] = pp_share_meter(pool->share, false);
+    /* The copy is whole: every lend listed once. */
+    size_t listed = count_of(text, "\"peer_pid\"");
+    PP_ASSERT(listed == n[r], "the snapshot lists %zu lends of %zu", listed,
+              n[r]);
+    pinpool_snapshot_free(text);
+    pinpool_destroy(pool);
+    free(blk);
+  }
+  kill(child, SIGKILL);
+  (void)waitpid(child, NULL, 0);
+  check_growth("lends: frees, lends and returns", n, w, 0);
+  check_growth("lends: a snapshot's copy", n, wsnap, 256);
+}
+
+/* The lends' copy in pieces keeps its promise (docs/snapshot-format.md):
+ * between pieces (PP_HOOK_SNAP_TABLE) lends already copied and lends not
+ * yet copied are returned and new ones made; a lend that lives through
+ * the copy is listed once, no lend twice. A return fills its place in
+ * lends[] with the last lend: without the cursor's care (src/share.c,
+ * lend_end) a lend not yet copied lands among the copied ones and is
+ * never listed. */
+#define PL_N 1000
+static struct {
+  pinpool_t *pool;
+  pid_t child;
+  pinpool_share_handle_t h[PL_N + 64];
+  void *blk[PL_N + 64];
+  bool ended[PL_N + 64];
+  size_t n; /* lends made */
+  int calls;
+} pl;
+
+static void pieces_hook(int point) {
+  if (point != PP_HOOK_SNAP_TABLE || pl.calls++ >= 3)
+    return;
+  /* Returned: 8 of the first lends (copied already after the first
+   * piece), 8 of the last ones (not yet); made: 8 new ones. */
+  for (int j = 0; j < 8; j++) {
+    size_t a = (size_t)pl.calls * 8 + (size_t)j, b = PL_N - 1 - a;
+    PP_OK(pinpool_lend_return(pl.pool, &pl.h[a], pl.child));
+    PP_OK(pinpool_lend_return(pl.pool, &pl.h[b], pl.child));
+    pl.ended[a] = pl.ended[b] = true;
+  }
+  for (int j = 0; j < 8 && pl.n < PL_N + 64; j++) {
+    int fd;
+    PP_OK(pinpool_alloc(pl.pool, 4 * KiB, &pl.blk[pl.n]));
+    int rc = pinpool_lend(pl.pool, pl.blk[pl.n], pl.child, &pl.h[pl.n], &fd);
+    PP_ASSERT(rc == 0 || rc == PINPOOL_EBUSY, "lend: %d", rc);
+    if (rc == 0)
+      pl.n++;
+  }
+}
+
+static void test_lends_pieces(void **state) {
+  (void)state;
+  memset(&pl, 0, sizeof pl);
+  pl.child = fork();
+  PP_ASSERT(pl.child >= 0, "fork");
+  if (pl.child == 0) {
+    /* Gone with the test, even one that fails (ctest waits for the
+     * output pipe it shares). */
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+    alarm(120);
+    pause();
+    _exit(0);
+  }
+  PP_OK(pinpool_create(
+      "shared=1,backend=host,mlock=0,populate=0,tcache_bytes=0", &pl.pool));
+  while (pl.n < PL_N) {
+    int fd;
+    PP_OK(pinpool_alloc(pl.pool, 4 * KiB, &pl.blk[pl.n]));
+    int rc = pinpool_lend(pl.pool, pl.blk[pl.n], pl.child, &pl.h[pl.n], &fd);
+    PP_ASSERT(rc == 0 || rc == PINPOOL_EBUSY, "lend: %d", rc);
+    if (rc == 0)
+      pl.n++;
+  }
+  size_t before = pl.n;
+  atomic_store(&pp_test_hook, pieces_hook);
+  char *text;
+  size_t len;
+  PP_OK(pinpool_snapshot_write_mem(pl.pool, &text, &len,
+                                   PINPOOL_SNAPSHOT_NO_HISTORY));
+  atomic_store(&pp_test_hook, NULL);
+  PP_ASSERT(pl.calls >= 3, "the copy took %d pieces", pl.calls);
+  /* Times each lend is listed, by generation. */
+  unsigned seen[PL_N + 64] = {0};
+  const char *p = strstr(text, "\"lends\":[");
+  PP_ASSERT(p != NULL, "no lends in the snapshot");
+  const char *end = strchr(p, ']');
+  for (p = strstr(p, "\"generation\":"); p != NULL && p < end;
+       p = strstr(p + 1, "\"generation\":")) {
+    uint64_t g = strtoull(p + strlen("\"generation\":"), NULL, 10);
+    size_t i = 0;
+    while (i < pl.n && pl.h[i].generation != g)
+      i++;
+    PP_ASSERT(i < pl.n, "generation %llu listed, never lent",
+              (unsigned long long)g);
+    seen[i]++;
+  }
+  for (size_t i = 0; i < pl.n; i++) {
+    PP_ASSERT(seen[i] <= 1, "lend %zu listed %u times", i, seen[i]);
+    PP_ASSERT(seen[i] == 1 || pl.ended[i] || i >= before,
+              "lend %zu (generation %llu) lived through the copy and is not "
+              "listed",
+              i, (unsigned long long)pl.h[i].generation);
+  }
+  pinpool_snapshot_free(text);
+  pinpool_destroy(pl.pool);
+  kill(pl.child, SIGKILL);
+  (void)waitpid(pl.child, NULL, 0);
+}
+
+int main(int argc, char **argv) {
+  pp_clean_env();
+  const struct CMUnitTest all[] = {
+      cmocka_unit_test(test_lends),
+      cmocka_unit_test(test_lends_pieces),
+  };
+  return pp_run_selected("test_scale_locks", all, sizeof all / sizeof all[0],
+                         argc, argv);
+}
