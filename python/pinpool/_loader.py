@@ -112,6 +112,76 @@ class WorkerError(RuntimeError):
     (its lent blocks were reclaimed), or broke its channel's protocol."""
 
 
+# -- waiting without a limit nowhere ----------------------------------------
+# The owner never waits for a worker with Process.join(): join() ends in
+# waitpid(pid, 0), and a worker that let its own child ptrace it
+# (PR_SET_PTRACER) and exited is a zombie that only its tracer can reap:
+# waitpid blocks as long as the tracer lives, with or without join's
+# timeout (which only bounds the wait for the sentinel; issue 36, third
+# review, item 1). Whether a worker has exited is read from its pidfd
+# instead (readable once every thread has exited: a zombie, traced or not,
+# whose memory is gone, so nothing it was lent can still be written), and
+# it is reaped with WNOHANG only; one that cannot be reaped yet is left to
+# _reap_later.
+_unreaped: List[Any] = []
+
+
+def _reap_later(p: Any) -> None:
+    """p has exited but is not reaped (a traced zombie): forget it in
+    multiprocessing's table of children (whose exit handler joins each one
+    without a limit) and reap it with WNOHANG at a later loader's start
+    or close."""
+    _unreaped.append(p)
+    try:
+        multiprocessing.process._children.discard(p)  # type: ignore
+    except AttributeError:
+        pass
+
+
+def _reap_unreaped() -> None:
+    for p in list(_unreaped):
+        try:
+            p.join(0)
+            if p.exitcode is None:
+                continue
+        except (OSError, ValueError, AssertionError):
+            pass
+        _unreaped.remove(p)
+
+
+def _wait_readable(fds: List[int], timeout: Optional[float]) -> List[int]:
+    """The descriptors of fds that are readable (or hung up) within timeout
+    seconds (None: no limit; 0: now). poll, not select: any descriptor
+    number (select fails from 1024 on: issue 36, third review, item 7)."""
+    pl = select.poll()
+    for f in fds:
+        pl.register(f, select.POLLIN)
+    ms = -1 if timeout is None else max(0, int(timeout * 1000 + 0.999))
+    try:
+        ev = pl.poll(ms)
+    except InterruptedError:
+        return []
+    return [f for f, e in ev if e & (select.POLLIN | select.POLLHUP
+                                     | select.POLLERR)]
+
+
+def _open_pidfd(p: Any, forkserver: bool) -> int:
+    """A pidfd of the worker p just started, or -1 if it has already gone
+    (its pid may then name another process). A fork or spawn worker is the
+    owner's child, reaped by nobody before this; a forkserver's worker is
+    reaped by the forkserver, which writes its status to the sentinel only
+    after: a sentinel still unreadable after the open says the pid was
+    p's when it was opened."""
+    try:
+        fd = os.pidfd_open(p.pid)
+    except ProcessLookupError:
+        return -1
+    if forkserver and _wait_readable([p.sentinel], 0):
+        os.close(fd)
+        return -1
+    return fd
+
+
 # -- the channel ------------------------------------------------------------
 
 def _recv_fds(sock: socket.socket, n: int, maxfds: int,
@@ -428,6 +498,12 @@ class SharedLoader(Generic[T]):
         self._transform = transform
         self._timeout = timeout
         self._procs: List[Any] = []
+        # Each worker's pidfd (-1: it was gone before its pidfd opened):
+        # whether it has exited, its kill and its lends, by process and
+        # never by pid number (a forkserver reaps a worker at once, and its
+        # pid can name a stranger before the loader notices).
+        self._pidfds: List[int] = []
+        self._owner = 0  # the pid that started the workers
         self._socks: List[socket.socket] = []
         self._inbox: List[_Inbox] = []
         self._started = False
@@ -442,7 +518,10 @@ class SharedLoader(Generic[T]):
     # -- life cycle ------------------------------------------------------
     def _start(self) -> None:
         self._started = True
+        self._owner = os.getpid()
+        _reap_unreaped()
         fork = self._ctx.get_start_method() == "fork"
+        forkserver = self._ctx.get_start_method() == "forkserver"
         for w in range(self._nw):
             ours, theirs = socket.socketpair(socket.AF_UNIX,
                                              socket.SOCK_STREAM)
@@ -461,6 +540,10 @@ class SharedLoader(Generic[T]):
             self._socks.append(ours)
             self._inbox.append(_Inbox(ours))
             self._procs.append(p)
+            self._pidfds.append(-1)
+            # Before the next start (whose multiprocessing clean-up reaps
+            # the children that exited): the pid is still this worker's.
+            self._pidfds[-1] = _open_pidfd(p, forkserver)
 
     @property
     def worker_pids(self) -> List[int]:
@@ -476,6 +559,9 @@ class SharedLoader(Generic[T]):
         self._closed = True
         if not self._started:
             return
+        if os.getpid() != self._owner:
+            self._close_copies()
+            return
         for s in self._socks:
             try:
                 s.setblocking(True)
@@ -487,14 +573,12 @@ class SharedLoader(Generic[T]):
                 s.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        for p in self._procs:
-            p.join(timeout=2.0)
-        for p in self._procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-        # Every worker has exited: no live process can write what was lent
-        # to it (reclaim ends only lends to exited processes).
+        grace = time.monotonic() + 2.0
+        for w in range(len(self._procs)):
+            self._finish(w, max(0.0, grace - time.monotonic()))
+        # Every worker has exited (or outlived SIGKILL and the timeout: its
+        # lends stay): no live process can write what was lent to it
+        # (reclaim ends only lends to exited processes).
         _step("reclaim")
         for p in self._procs:
             _share.lend_reclaim(self._pool, p.pid, free=True)
@@ -505,6 +589,51 @@ class SharedLoader(Generic[T]):
         self._held.clear()
         for s in self._socks:
             s.close()
+        for f in self._pidfds:
+            if f >= 0:
+                os.close(f)
+        self._pidfds = [-1] * len(self._pidfds)
+
+    def _close_copies(self) -> None:
+        """close() in another process than the loader's (a child the owner
+        forked, ending normally, unwinds the loop): only this process's
+        copies are closed. No stop message, no shutdown(): the sockets are
+        shared with the owner, whose workers would stop (issue 36, third
+        review, item 6); nothing reclaimed or freed: the lends and blocks
+        are the owner's."""
+        self._inflight.clear()
+        self._quarantine.clear()
+        self._held.clear()
+        for s in self._socks:
+            s.close()
+        for f in self._pidfds:
+            if f >= 0:
+                os.close(f)
+        self._pidfds = [-1] * len(self._pidfds)
+        self._procs = []
+
+    def _exited(self, w: int, timeout: Optional[float] = 0) -> bool:
+        """Worker w has exited (its pidfd readable within timeout seconds;
+        None: no limit)."""
+        fd = self._pidfds[w]
+        return fd < 0 or bool(_wait_readable([fd], timeout))
+
+    def _finish(self, w: int, grace: float) -> bool:
+        """Give worker w grace seconds to exit, then SIGKILL it (by pidfd)
+        and wait for its exit at most the loader's timeout; reap it without
+        blocking. True once it has exited."""
+        if not self._exited(w, grace):
+            try:
+                signal.pidfd_send_signal(self._pidfds[w], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if not self._exited(w, self._timeout):
+                return False  # in the kernel past SIGKILL: left running
+        p = self._procs[w]
+        p.join(0)
+        if p.exitcode is None:
+            _reap_later(p)  # exited, but reaped only by its tracer
+        return True
 
     def __enter__(self) -> "SharedLoader[T]":
         return self
@@ -549,21 +678,28 @@ class SharedLoader(Generic[T]):
         writing its answer is not waiting on the owner blocked on writing
         its next task. At most 0.05 s a call: a dead worker shows up."""
         wait = 0.05 if wait is None else min(wait, 0.05)
+        pl = select.poll()  # not select(): any descriptor number
+        for s in self._socks:
+            pl.register(s, select.POLLIN | (select.POLLOUT if s is sock
+                                             else 0))
         try:
-            r, _, _ = select.select(self._socks, [sock], [], wait)
+            ev = pl.poll(max(0, int(wait * 1000)))
         except InterruptedError:
             return
-        for s in r:
-            self._inbox[self._socks.index(s)].pump()
+        for fd, e in ev:
+            if e & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                for i, s in enumerate(self._socks):
+                    if s.fileno() == fd:
+                        self._inbox[i].pump()
         w = self._socks.index(sock)
-        if self._procs[w].exitcode is not None or self._inbox[w].eof:
+        if self._exited(w) or self._inbox[w].eof:
             raise WorkerError(f"SharedLoader worker {w} (pid "
                               f"{self._procs[w].pid}) is gone: its task "
                               "could not be sent")
 
     def _dead_worker(self) -> Optional[Tuple[int, Any]]:
         for w, p in enumerate(self._procs):
-            if p.exitcode is not None:
+            if self._exited(w):
                 return w, p
         return None
 
@@ -693,26 +829,28 @@ class SharedLoader(Generic[T]):
                 if wait <= 0:
                     raise TimeoutError(
                         f"SharedLoader: no batch in {self._timeout} s")
-            try:
-                ready, _, _ = select.select(self._socks, [], [], wait)
-            except InterruptedError:
-                ready = []
-            for s in ready:
-                self._inbox[self._socks.index(s)].pump()
+            ready = _wait_readable([s.fileno() for s in self._socks], wait)
+            for i, s in enumerate(self._socks):
+                if s.fileno() in ready:
+                    self._inbox[i].pump()
 
     def _worker_gone(self, w: int) -> None:
         p = self._procs[w]
-        p.join(timeout=2.0)  # EOF comes while it exits
-        if p.is_alive():  # it closed its channel and lives on
-            p.kill()
-            p.join()
+        # EOF comes while it exits; one that closed its channel and lives
+        # on is killed.
+        if not self._finish(w, 2.0):
+            raise WorkerError(
+                f"SharedLoader worker {w} (pid {p.pid}) closed its channel "
+                "and outlived SIGKILL past the timeout: its lent blocks stay "
+                "lent")
         _step("reclaim")
         n = _share.lend_reclaim(self._pool, p.pid, free=True)
         for seq in [q for q, (v, _) in self._inflight.items() if v == w]:
             del self._inflight[seq]
         code = p.exitcode
-        how = (f"was killed by signal {-code}" if code < 0
-               else f"exited with status {code}")
+        how = ("exited (not reaped: another process traces it)"
+               if code is None else f"was killed by signal {-code}"
+               if code < 0 else f"exited with status {code}")
         raise WorkerError(
             f"SharedLoader worker {w} (pid {p.pid}) {how}; its "
             f"{n} lent block(s) were reclaimed")
