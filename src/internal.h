@@ -934,9 +934,9 @@ static inline void pp_hist_forget(pp_segment_t *seg, uint32_t idx) {
 uint64_t pp_hist_to_ns(const struct pinpool *pool, uint64_t clk,
                        uint64_t clk_now, uint64_t ns_now);
 uint64_t pp_hist_clock(const struct pinpool *pool);
-/* The stack table, copied whole under its lock for a snapshot (stack ids
- * are 1-based: stack id's frames are frames[off[id - 1], off[id])). The
- * hold, if longer than *hold_ns, is stored there. */
+/* The stack table, copied in pieces under its lock for a snapshot (stack
+ * ids are 1-based: stack id's frames are frames[off[id - 1], off[id])).
+ * The longest hold, if longer than *hold_ns, is stored there. */
 typedef struct pp_stacks_copy {
   uintptr_t *frames; /* all frames, stack after stack */
   uint64_t *off;     /* stack i (0-based) is frames[off[i], off[i+1]) */
@@ -944,6 +944,8 @@ typedef struct pp_stacks_copy {
 } pp_stacks_copy_t;
 int pp_stacks_copy(struct pinpool *pool, pp_stacks_copy_t *out,
                    uint64_t *hold_ns);
+/* The stack table lock's meter (tests). */
+uint64_t pp_stacks_meter(struct pinpool *pool, bool reset);
 void pp_stacks_copy_free(pp_stacks_copy_t *c);
 /* Linux thread id of the caller, cached. */
 uint32_t pp_thread_id(void);
