@@ -340,6 +340,19 @@ int pp_share_chunk_new(pp_share_t *s, size_t size, bool huge, void **base,
                      "machine's memory (%llu bytes of RAM and swap)",
                      size, total);
   }
+  /* Nor does a memory cgroup's limit fail the population: its OOM killer
+   * ends a process (share_cgroup.c has the measurement). Refused before
+   * any memfd exists. */
+  uint64_t room;
+  if (pp_share_cgroup_room("/proc/self/mountinfo", "/proc/self/cgroup",
+                           &room) == 0 &&
+      (uint64_t)size > room)
+    return pp_fail(PINPOOL_ENOMEM,
+                   "shared pool: a chunk of %zu bytes is more than this "
+                   "process's memory cgroup has room for (%llu bytes below "
+                   "its limit, or an ancestor's): populating it would call "
+                   "the cgroup's OOM killer",
+                   size, (unsigned long long)room);
   pp_schunk_t *c = calloc(1, sizeof *c);
   uint64_t nslots = pp_ctl_slots(size);
   uint32_t *slots = malloc(nslots * sizeof *slots);

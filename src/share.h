@@ -87,6 +87,16 @@ void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd,
  * PINPOOL_ENOMEM), delete at pp_share_destroy. */
 int pp_share_own_add(uint64_t nonce);
 void pp_share_own_del(uint64_t nonce);
+/* The least room for a shared chunk that the memory cgroup of this process
+ * and its ancestors leave (share_cgroup.c), read from the mountinfo and
+ * cgroup files named (/proc/self's; tests give others): 0 and *room, or 1
+ * where no memory cgroup limit can be read. */
+int pp_share_cgroup_room(const char *mountinfo, const char *cgroup,
+                         uint64_t *room);
+/* Tests: the innermost memory cgroup directory of this process into dir:
+ * 2 (cgroup v2), 1 (v1), 0 (none, or its memory files cannot be read). */
+int pp_share_cgroup_dir(const char *mountinfo, const char *cgroup, char *dir,
+                        size_t len);
 /* Tests: at most this many bytes per sendmsg/recvmsg of a handle (0: no
  * cap), to force short reads and writes at every byte boundary; the
  * received control descriptors and the part-messages kept now. */

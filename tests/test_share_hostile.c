@@ -22,6 +22,10 @@
  *    read; and refuses a process that took a dead borrower's pid, returned
  *    its handle and exited too before the owner read (D4 of issue 36's
  *    second review: a pid number cannot tell the two).
+ *  - cgroup_room_files, cgroup_limit (root; skipped where no child memory
+ *    cgroup can be made and limited): a shared chunk past the room the
+ *    process's memory cgroups leave is PINPOOL_ENOMEM before any memfd
+ *    exists; before, populating it was ended by the cgroup's OOM killer.
  *  - ctl_readonly: from a worker, the control area cannot be made writable
  *    by mprotect, pwrite, fallocate, ftruncate, a fresh mmap, or a
  *    read-write reopen through /proc; nor the library's own mapping of it.
@@ -45,6 +49,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -1339,6 +1344,217 @@ static void test_shared_alloc_beyond_memory(void **state) {
 #endif
 }
 
+/* ---- a memory cgroup's limit (issue 36, third round) ---------------------
+ * A chunk the cgroup cannot hold was populated into its OOM killer. */
+static void put_file(const char *dir, const char *name, const char *text) {
+  char path[PATH_MAX];
+  (void)snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  PP_ASSERT(f != NULL, "open %s", path);
+  (void)fputs(text, f);
+  (void)fclose(f);
+}
+
+static void mkdir_at(char *out, size_t n, const char *base, const char *sub) {
+  (void)snprintf(out, n, "%s/%s", base, sub);
+  PP_ASSERT(mkdir(out, 0700) == 0, "mkdir %s: %s", out, strerror(errno));
+}
+
+/* The room from made-up /proc files and cgroup trees: the least of every
+ * level's limit less its unreclaimable charge, v2 and v1 together; a
+ * level without a limit counts for nothing; nothing readable: 1. */
+static void test_cgroup_room_files(void **state) {
+  (void)state;
+  char tmp[] = "/tmp/pp-cgroup-XXXXXX", m2[PATH_MAX], m1[PATH_MAX], a[PATH_MAX],
+       b[PATH_MAX], x[PATH_MAX], mi[PATH_MAX + 16], cg[PATH_MAX + 16],
+       text[4 * PATH_MAX];
+  PP_ASSERT(mkdtemp(tmp) != NULL, "mkdtemp");
+  mkdir_at(m2, sizeof m2, tmp, "v2");
+  mkdir_at(a, sizeof a, m2, "a");
+  mkdir_at(b, sizeof b, a, "b");
+  mkdir_at(m1, sizeof m1, tmp, "v1");
+  mkdir_at(x, sizeof x, m1, "x");
+  /* v2: a holds 100 MiB, 90 charged, of which 40 is file cache that is
+   * not shmem: 50 MiB of room; b, below it, has no limit. */
+  put_file(a, "memory.max", "104857600\n");
+  put_file(a, "memory.current", "94371840\n");
+  put_file(a, "memory.stat",
+           "anon 41943040\nfile 52428800\nshmem "
+           "10485760\nfile_mapped 0\n");
+  put_file(b, "memory.max", "max\n");
+  put_file(b, "memory.current", "1048576\n");
+  (void)snprintf(mi, sizeof mi, "%s/mountinfo", tmp);
+  (void)snprintf(cg, sizeof cg, "%s/cgroup", tmp);
+  (void)snprintf(text, sizeof text,
+                 "22 1 0:21 / /proc rw - proc proc rw\n"
+                 "30 22 0:27 / %s rw,relatime shared:9 - cgroup2 cgroup2 "
+                 "rw,nsdelegate\n",
+                 m2);
+  put_file(tmp, "mountinfo", text);
+  put_file(tmp, "cgroup", "0::/a/b\n");
+  uint64_t room = 0;
+  PP_CHECK_RC(pp_share_cgroup_room(mi, cg, &room), 0);
+  PP_ASSERT(room == 50 * MiB, "v2 room %llu", (unsigned long long)room);
+  char dir[PATH_MAX];
+  int v = pp_share_cgroup_dir(mi, cg, dir, sizeof dir);
+  PP_ASSERT(v == 2 && strcmp(dir, b) == 0, "cgroup dir: %d %s", v, dir);
+  /* v1 too (hybrid): x holds 30 MiB, 25 charged, its cache all shmem:
+   * 5 MiB, the least. */
+  put_file(x, "memory.limit_in_bytes", "31457280\n");
+  put_file(x, "memory.usage_in_bytes", "26214400\n");
+  put_file(x, "memory.stat",
+           "cache 5242880\nrss 0\ntotal_cache "
+           "5242880\ntotal_shmem 5242880\n");
+  put_file(m1, "memory.limit_in_bytes", "9223372036854771712\n");
+  put_file(m1, "memory.usage_in_bytes", "999999999999\n");
+  (void)snprintf(text, sizeof text,
+                 "30 22 0:27 / %s rw - cgroup2 cgroup2 rw\n"
+                 "31 22 0:28 / %s rw - cgroup cgroup rw,memory\n",
+                 m2, m1);
+  put_file(tmp, "mountinfo", text);
+  put_file(tmp, "cgroup", "5:memory:/x\n1:cpu:/y\n0::/a/b\n");
+  PP_CHECK_RC(pp_share_cgroup_room(mi, cg, &room), 0);
+  PP_ASSERT(room == 5 * MiB, "v1+v2 room %llu", (unsigned long long)room);
+  /* Over the limit: no room (never a wrap). */
+  put_file(x, "memory.usage_in_bytes", "41943040\n");
+  PP_CHECK_RC(pp_share_cgroup_room(mi, cg, &room), 0);
+  PP_ASSERT(room == 0, "over the limit: room %llu", (unsigned long long)room);
+  /* A container's mount of its own subtree (root /a): b is at m2/b. */
+  (void)snprintf(text, sizeof text,
+                 "30 22 0:27 /a %s rw - cgroup2 cgroup2 rw\n", m2);
+  put_file(tmp, "mountinfo", text);
+  put_file(tmp, "cgroup", "0::/a\n");
+  put_file(m2, "memory.max", "20971520\n");
+  put_file(m2, "memory.current", "10485760\n");
+  PP_CHECK_RC(pp_share_cgroup_room(mi, cg, &room), 0);
+  PP_ASSERT(room == 10 * MiB, "subtree mount: room %llu",
+            (unsigned long long)room);
+  /* No limit anywhere, or no files: nothing to compare with. */
+  put_file(tmp, "cgroup", "0::/a/b\n");
+  (void)snprintf(text, sizeof text, "30 22 0:27 / %s rw - cgroup2 cgroup2 rw\n",
+                 b);
+  put_file(tmp, "mountinfo", text);
+  put_file(tmp, "cgroup", "0::/\n");
+  PP_CHECK_RC(pp_share_cgroup_room(mi, cg, &room), 1);
+  char none[PATH_MAX + 16];
+  (void)snprintf(none, sizeof none, "%s/none", tmp);
+  PP_CHECK_RC(pp_share_cgroup_room(none, cg, &room), 1);
+  PP_CHECK_RC(pp_share_cgroup_room(mi, none, &room), 1);
+  char cmd[PATH_MAX + 16];
+  (void)snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+  PP_CHECK_RC(system(cmd), 0);
+}
+
+/* Memfds this process has open. */
+static int memfds_open(void) {
+  DIR *d = opendir("/proc/self/fd");
+  if (d == NULL)
+    return -1;
+  int n = 0;
+  struct dirent *e;
+  char path[PATH_MAX], link[PATH_MAX];
+  while ((e = readdir(d)) != NULL) {
+    (void)snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    ssize_t k = readlink(path, link, sizeof link - 1);
+    if (k > 0) {
+      link[k] = '\0';
+      n += strncmp(link, "/memfd:", 7) == 0;
+    }
+  }
+  (void)closedir(d);
+  return n;
+}
+
+/* In the limited cgroup: a chunk past its room is PINPOOL_ENOMEM before
+ * any memfd exists (before: the population was ended by SIGKILL); one
+ * that fits is made. */
+static int cgroup_child(int go) {
+  char c;
+  if (read(go, &c, 1) != 1)
+    return 30;
+  pinpool_t *pool = NULL;
+  if (pinpool_create("shared=1,mlock=0,populate=1", &pool) != 0)
+    return 31;
+  int before = memfds_open();
+  void *p = NULL;
+  int rc = pinpool_alloc(pool, 128 * MiB, &p);
+  if (rc != PINPOOL_ENOMEM || p != NULL ||
+      strstr(pinpool_last_error(), "cgroup") == NULL) {
+    fprintf(stderr, "cgroup: rc %d, %s\n", rc, pinpool_last_error());
+    return 32;
+  }
+  if (memfds_open() != before || pp_stats_of(pool).reserved_bytes.current != 0)
+    return 33;
+  if (pinpool_alloc(pool, 4 * MiB, &p) != 0) {
+    fprintf(stderr, "cgroup: 4 MiB: %s\n", pinpool_last_error());
+    return 34;
+  }
+  if (pinpool_free(pool, p) != 0)
+    return 35;
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static void test_cgroup_limit(void **state) {
+  (void)state;
+#ifdef PP_SANITIZED
+  skip(); /* the sanitizers' shadow is charged to the cgroup too */
+#else
+  char dir[PATH_MAX], sub[PATH_MAX + 64];
+  int v = pp_share_cgroup_dir("/proc/self/mountinfo", "/proc/self/cgroup", dir,
+                              sizeof dir);
+  if (geteuid() != 0 || v == 0) {
+    print_message("cgroup_limit: not root, or no memory cgroup: skipped\n");
+    skip();
+  }
+  (void)snprintf(sub, sizeof sub, "%s/pp-test-%d", dir, (int)getpid());
+  if (mkdir(sub, 0700) != 0) {
+    print_message("cgroup_limit: mkdir %s: %s: skipped\n", sub,
+                  strerror(errno));
+    skip();
+  }
+  char lim[32];
+  (void)snprintf(lim, sizeof lim, "%d", 64 << 20);
+  char path[PATH_MAX + 96];
+  (void)snprintf(path, sizeof path, "%s/%s", sub,
+                 v == 2 ? "memory.max" : "memory.limit_in_bytes");
+  FILE *f = fopen(path, "w");
+  bool limited = f != NULL && fputs(lim, f) >= 0;
+  if (f != NULL)
+    limited = fclose(f) == 0 && limited;
+  int go[2];
+  PP_ASSERT(pipe2(go, O_CLOEXEC) == 0, "pipe");
+  pid_t c = limited ? fork() : -1;
+  if (c == 0)
+    _exit(cgroup_child(go[0]));
+  bool moved = false;
+  if (c > 0) {
+    (void)snprintf(path, sizeof path, "%s/cgroup.procs", sub);
+    f = fopen(path, "w");
+    moved = f != NULL && fprintf(f, "%d\n", (int)c) > 0;
+    if (f != NULL)
+      moved = fclose(f) == 0 && moved;
+    if (!moved)
+      (void)kill(c, SIGKILL);
+    (void)!write(go[1], "g", 1);
+  }
+  int rc = c > 0 ? pp_wait_child(c, 30000) : -1;
+  (void)close(go[0]);
+  (void)close(go[1]);
+  (void)rmdir(sub);
+  if (!limited || !moved) {
+    print_message("cgroup_limit: cannot limit a child cgroup here (%s): "
+                  "skipped\n",
+                  !limited ? "limit" : "move");
+    skip();
+  }
+  PP_ASSERT(rc == 0,
+            "in a 64 MiB cgroup: check %d failed (a kill: the OOM "
+            "killer)",
+            rc);
+#endif
+}
+
 static sem_t io_in;
 static _Atomic(int) io_armed;
 
@@ -1406,6 +1622,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_pid_reuse),
       cmocka_unit_test(test_pidns_owner_pid1),
       cmocka_unit_test(test_return_pidfd),
+      cmocka_unit_test(test_cgroup_room_files),
+      cmocka_unit_test(test_cgroup_limit),
       cmocka_unit_test(test_ctl_readonly),
       cmocka_unit_test(test_reclaim_list),
       cmocka_unit_test(test_thread_pidfd),
