@@ -279,8 +279,10 @@ static pp_growth_wait_t *inflight_end_locked(pinpool_t *pool, pp_growth_t *g,
     void *p = NULL;
     if (entered) {
       p = pp_ext_take(&pool->arena.node[g->node].ext, w->need, &w->flags);
-      if (p != NULL)
+      if (p != NULL && g->ahead)
         pp_grow_carved_locked(pool, g->node, w->need); /* growahead.c */
+      else if (p != NULL)
+        pp_grow_noted_locked(pool, g->node, w->need);
     }
     w->mem = p;
     w->served = p != NULL;
@@ -325,7 +327,7 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
   pp_arena_node_t *a = &pool->arena.node[node];
   size_t size = chunk_size(pool, node, need);
   void *hint = NULL;
-  pp_growth_t self = {node, size - need, NULL, NULL};
+  pp_growth_t self = {node, size - need, NULL, NULL, false};
   pp_growth_wait_t w = {need, NULL, 0, false, {{0}}, NULL};
   pp_growth_t *join = NULL;
   pp_mutex_lock(&pool->seg_lock);
@@ -401,6 +403,7 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
 #else
     p = pp_ext_take(&a->ext, need, flags);
     pp_assert(p != NULL);
+    pp_grow_noted_locked(pool, node, need); /* the grower sees its size */
 #endif
   }
   /* The waiters' pieces after this thread's, in the same hold: no release
@@ -654,7 +657,7 @@ int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
     return 1; /* a cap leaves no room for a chunk, or for a useful one */
   /* In flight from this hold on: a miss meanwhile waits for this chunk
    * rather than grow one of its own (grow_take). */
-  pp_growth_t self = {node, size, NULL, NULL};
+  pp_growth_t self = {node, size, NULL, NULL, true};
   pp_mutex_lock(&pool->seg_lock);
   /* An allocation's growth in flight: its chunk's free tail is not in the
    * room the grower read, and the two chunks together could pass a cap

@@ -557,6 +557,7 @@ typedef struct pp_growth {
   size_t room;
   pp_growth_wait_t *waiters;
   struct pp_growth *next;
+  bool ahead; /* the grower's: a waiter's carve uses grown-ahead bytes */
 } pp_growth_t;
 
 /* The background grower (growahead.c; docs/allocation-policy.md, "Growth
@@ -831,6 +832,9 @@ int pp_grow_init(struct pinpool *pool);
 void pp_grow_fini(struct pinpool *pool);
 void pp_grow_tick(struct pinpool *pool);
 void pp_grow_carved_locked(struct pinpool *pool, unsigned node, size_t size);
+/* A carve from a chunk an allocation grew (seg_lock held): the window's
+ * largest carve only (no grown-ahead byte was used). */
+void pp_grow_noted_locked(struct pinpool *pool, unsigned node, size_t size);
 void pp_grow_lock(struct pinpool *pool); /* no-op when grow_ahead is off */
 void pp_grow_unlock(struct pinpool *pool);
 void pp_grow_fork_child(struct pinpool *pool);

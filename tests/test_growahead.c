@@ -434,6 +434,192 @@ static void fork_child_grows(void **state) {
   pinpool_destroy(pool);
 }
 
+/* ---- The grower's lock drop (issue 37's class test) ----------------------
+ * The grower makes its chunk with no lock held and enters it in one hold of
+ * seg_lock (pp_arena_grow_ahead). PP_HOOK_GROW_AHEAD stops it in between,
+ * on its own thread; another thread then runs, in that window, a release
+ * (pinpool_empty_cache), a trim (frees past max_cached) or an allocation
+ * whose out-of-memory retry releases (max_reserved). Each gives a whole
+ * free chunk back in the window, so the release wins: the grower's chunk
+ * goes back unused, not entered (test_arena runs the same acts in the
+ * allocating thread's windows). Then the pool is consistent, the backend
+ * got back all it gave, once, and the grower counted nothing it lost. */
+enum { GW_RELEASE, GW_TRIM, GW_OOM, GW_NACTS };
+static const char *const gw_names[GW_NACTS] = {"release", "trim", "oom retry"};
+typedef struct gw {
+  int act, fired, rc;
+  atomic_int ready; /* the main thread's setup is done */
+  pinpool_t *pool;
+  void *blk[2]; /* GW_TRIM: freed in the window */
+} gw_t;
+static gw_t g_gw;
+
+static void *gw_run(void *arg) {
+  gw_t *w = arg;
+  if (w->act == GW_RELEASE) {
+    w->rc = pinpool_empty_cache(w->pool);
+  } else if (w->act == GW_TRIM) {
+    for (int i = 0; i < 2 && w->rc == 0; i++)
+      w->rc = pinpool_free(w->pool, w->blk[i]);
+  } else { /* larger than the grower's chunk: never waits for it */
+    void *p = NULL;
+    w->rc = pinpool_alloc(w->pool, 40 * MiB, &p);
+    if (w->rc == 0)
+      w->rc = pinpool_free(w->pool, p);
+  }
+  return NULL;
+}
+
+/* The grower's first chunk, in its window: wait (bounded) for the main
+ * thread's setup, then run the act on another thread. */
+static void gw_hook(int point) {
+  if (point != PP_HOOK_GROW_AHEAD || g_gw.fired != 0)
+    return;
+  g_gw.fired = 1;
+  for (int i = 0; i < 10000 && atomic_load(&g_gw.ready) == 0; i++)
+    pp_sleep_ms(1);
+  pthread_t t;
+  if (pthread_create(&t, NULL, gw_run, &g_gw) == 0)
+    (void)pthread_join(t, NULL);
+  else
+    g_gw.rc = -9999;
+}
+
+/* The first demand wakes the grower, whose first chunk the hook holds
+ * while the main thread sets up what the act gives back: release and oom
+ * retry, a 10 MiB block freed (its chunk whole and free once the act
+ * gathers it); trim, two 12 MiB blocks (a chunk each) kept, which the act
+ * frees: 24 MiB cached over max_cached=22MiB. oom retry: 40 MiB with 26
+ * claimed, past max_reserved=60MiB until the retry releases the 10 MiB
+ * chunk. */
+static void grower_window(int act) {
+  counting_backend_t cb;
+  cb_init(&cb);
+  pinpool_backend_t be = cb_table(&cb, 1);
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create_with_backend(
+      act == GW_TRIM  ? "tcache_bytes=0,grow_ahead=16MiB,max_cached=22MiB"
+      : act == GW_OOM ? "tcache_bytes=0,grow_ahead=16MiB,max_reserved=60MiB"
+                      : "tcache_bytes=0,grow_ahead=16MiB",
+      &be, &pool));
+  g_gw = (gw_t){.act = act, .pool = pool};
+  atomic_store(&pp_test_hook, gw_hook);
+  void *a = NULL;
+  if (act == GW_TRIM) {
+    PP_OK(pinpool_alloc(pool, 12 * MiB, &g_gw.blk[0]));
+    PP_OK(pinpool_alloc(pool, 12 * MiB, &g_gw.blk[1]));
+  } else {
+    PP_OK(pinpool_alloc(pool, 10 * MiB, &a));
+    PP_OK(pinpool_free(pool, a));
+  }
+  pinpool_stats_t sw = pp_stats_of(pool);
+  atomic_store(&g_gw.ready, 1);
+  for (int i = 0; i < 10000 && g_gw.fired == 0; i++)
+    pp_sleep_ms(1);
+  PP_ASSERT(g_gw.fired == 1, "%s: the grower never grew", gw_names[act]);
+  PP_OK(pinpool_validate(pool)); /* waits for the grower's hold */
+  atomic_store(&pp_test_hook, NULL);
+  PP_ASSERT(g_gw.rc == 0, "%s in the grower's window: %s", gw_names[act],
+            pp_code_name(g_gw.rc));
+  pinpool_stats_t st = pp_stats_of(pool);
+  /* A whole free chunk went in the window: the grower's chunk went back
+   * (counted neither as grown ahead nor as reserved). */
+  PP_ASSERT(st.trimmed_segments > sw.trimmed_segments &&
+                st.grow_ahead_chunks == 0,
+            "%s in the grower's window: %llu chunks released, %llu grown "
+            "ahead",
+            gw_names[act],
+            (unsigned long long)(st.trimmed_segments - sw.trimmed_segments),
+            (unsigned long long)st.grow_ahead_chunks);
+  PP_CHECK_CONSISTENT(pool);
+  PP_OK(pinpool_empty_cache(pool));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+  PP_CHECK_CB_BALANCED(&cb);
+  cb_fini(&cb);
+}
+
+static void grower_windows(void **state) {
+  (void)state;
+  for (int act = 0; act < GW_NACTS; act++)
+    grower_window(act);
+}
+
+/* Failure injection at the grower's backend call (fault=alloc:2: the
+ * first call is the inline growth): nothing changes (reserved and cached
+ * bytes, chunks, the grower's counts), the pool stays consistent, the
+ * grower pauses (no call after it until the demand grows), and then
+ * grows again. */
+static void grower_fault(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  atomic_store(&pp_test_hook, NULL);
+  PP_OK(pinpool_create("backend=host,mlock=0,populate=0,grow_ahead=16MiB,"
+                       "fault=alloc:2",
+                       &pool));
+  void *p[2];
+  PP_OK(pinpool_alloc(pool, STEP, &p[0]));
+  pinpool_stats_t st = pp_stats_of(pool);
+  for (int i = 0; i < 10000 && st.backend_alloc.count < 2; i++) {
+    pp_sleep_ms(1);
+    st = pp_stats_of(pool);
+  }
+  PP_ASSERT(st.backend_alloc.count == 2, "the grower never called: %llu",
+            (unsigned long long)st.backend_alloc.count);
+  pp_sleep_ms(20); /* its looks: it pauses */
+  PP_OK(pinpool_validate(pool));
+  pinpool_stats_t st2 = pp_stats_of(pool);
+  PP_ASSERT(st2.backend_alloc.count == 2 && st2.grow_ahead_chunks == 0 &&
+                st2.grow_ahead_bytes == 0 &&
+                st2.reserved_bytes.current == 4 * MiB &&
+                st2.reserved_bytes.peak == 4 * MiB &&
+                st2.chunk_free_bytes == 1 * MiB && st2.cache_misses == 1 &&
+                st2.oom_count == 0 && st2.trimmed_segments == 0,
+            "after the grower's refused call: %llu backend calls, %llu grown "
+            "ahead, reserved %llu (peak %llu), %llu free",
+            (unsigned long long)st2.backend_alloc.count,
+            (unsigned long long)st2.grow_ahead_chunks,
+            (unsigned long long)st2.reserved_bytes.current,
+            (unsigned long long)st2.reserved_bytes.peak,
+            (unsigned long long)st2.chunk_free_bytes);
+  PP_CHECK_CONSISTENT(pool);
+  /* New demand: the grower tries again, and the fault is spent. */
+  PP_OK(pinpool_alloc(pool, STEP, &p[1]));
+  PP_ASSERT(headroom(pool, AHEAD, STEP), "the grower did not resume");
+  for (int i = 0; i < 2; i++)
+    PP_OK(pinpool_free(pool, p[i]));
+  PP_CHECK_CONSISTENT(pool);
+  pinpool_destroy(pool);
+}
+
+/* A large block that grew the arena inline is a carve the grower sees: it
+ * makes an extent of its size, and the next such block finds room. Before,
+ * only carves that found room were seen (the window's largest carve stayed
+ * 3 MiB): every 24 MiB block grew inline. */
+static void inline_carve_seen(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  atomic_store(&pp_test_hook, NULL);
+  PP_OK(pinpool_create("backend=host,mlock=0,populate=0,grow_ahead=16MiB",
+                       &pool));
+  void *p[3];
+  PP_OK(pinpool_alloc(pool, STEP, &p[0]));
+  PP_ASSERT(headroom(pool, AHEAD, STEP), "no headroom");
+  PP_OK(pinpool_alloc(pool, 24 * MiB, &p[1])); /* past it: inline */
+  bool room = headroom(pool, AHEAD, 24 * MiB);
+  PP_OK(pinpool_alloc(pool, 24 * MiB, &p[2]));
+  pinpool_stats_t st = pp_stats_of(pool);
+  PP_ASSERT(room && st.cache_misses == 2,
+            "no room made for a second 24 MiB block (%llu allocations grew "
+            "inline, largest free extent %llu)",
+            (unsigned long long)st.cache_misses,
+            (unsigned long long)st.largest_free_extent);
+  for (int i = 0; i < 3; i++)
+    PP_OK(pinpool_free(pool, p[i]));
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+}
+
 /* ---- auto gives back (issue 37) ------------------------------------------
  * After one big jump, auto's headroom (the window's growth) stayed for the
  * pool's life. Once the demand has stayed flat for a window, the grower
@@ -688,12 +874,14 @@ static void join_grower(void **state) {
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
-      cmocka_unit_test(bad_values),       cmocka_unit_test(ramp_host),
-      cmocka_unit_test(ramp_cuda),        cmocka_unit_test(ramp_auto),
-      cmocka_unit_test(max_reserved),     cmocka_unit_test(max_cached),
-      cmocka_unit_test(release_wins),     cmocka_unit_test(fork_growing),
-      cmocka_unit_test(join_inflight),    cmocka_unit_test(join_grower),
-      cmocka_unit_test(fork_child_grows), cmocka_unit_test(auto_gives_back),
+      cmocka_unit_test(bad_values),        cmocka_unit_test(ramp_host),
+      cmocka_unit_test(ramp_cuda),         cmocka_unit_test(ramp_auto),
+      cmocka_unit_test(max_reserved),      cmocka_unit_test(max_cached),
+      cmocka_unit_test(release_wins),      cmocka_unit_test(fork_growing),
+      cmocka_unit_test(join_inflight),     cmocka_unit_test(join_grower),
+      cmocka_unit_test(fork_child_grows),  cmocka_unit_test(auto_gives_back),
+      cmocka_unit_test(grower_windows),    cmocka_unit_test(grower_fault),
+      cmocka_unit_test(inline_carve_seen),
   };
   return pp_run_selected("test_growahead", all, sizeof all / sizeof all[0],
                          argc, argv);
