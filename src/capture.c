@@ -162,14 +162,14 @@ bool pp_capture_classify(pinpool_t *pool, const pp_sset_t *set, uint8_t *use,
 #endif
   for (uint32_t i = 0; i < n; i++) {
     use[i] = PP_USE_RECORD;
-    if (set->s[i].captured) {
+    if (pp_sset_at(set, i)->captured) {
       any = true;
       continue;
     }
 #ifndef PINPOOL_MUTANT_NO_CAPTURE_CHECK
     /* The mutant (above) leaves this check out too. */
     if (pool->ev.capture != NULL) {
-      int r = pool->ev.capture(pool->ev.ctx, set->s[i].s, &ids[i]);
+      int r = pool->ev.capture(pool->ev.ctx, pp_sset_at(set, i)->s, &ids[i]);
       use[i] = r < 0    ? PP_USE_FAILED
                : r == 1 ? PP_USE_CAPTURING
                         : PP_USE_RECORD;
@@ -196,8 +196,8 @@ uint32_t pp_capture_park(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set,
   pp_mutex_lock(&pool->streams_lock);
   for (uint32_t i = 0; i < n; i++) {
     pp_capture_t *c = NULL;
-    if (set->s[i].captured) {
-      c = *capture_find_locked(pool, set->s[i].capture);
+    if (pp_sset_at(set, i)->captured) {
+      c = *capture_find_locked(pool, pp_sset_at(set, i)->capture);
     } else if (use[i] == PP_USE_CAPTURING) {
       c = capture_get_locked(pool, ids[i]);
       if (c != NULL && !capture_room_locked(c, 1))
@@ -207,7 +207,7 @@ uint32_t pp_capture_park(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set,
         use[i] = PP_USE_FAILED;
         continue;
       }
-      capture_add_stream_locked(c, set->s[i].s);
+      capture_add_stream_locked(c, pp_sset_at(set, i)->s);
     }
     if (c == NULL || (c->parked != NULL && c->parked->p == p))
       continue; /* released already, or holds this block already */

@@ -213,6 +213,9 @@ typedef struct pp_lend_view {
   int peer;
   uint64_t since_ns, since_unix_ns;
 } pp_lend_view_t;
+/* A block's stream set (stream.h) freed, its chunks with it. */
+struct pp_sset;
+void pp_sset_free(struct pp_sset *set);
 /* The lends, copied in pieces (share.c); the longest hold, if longer than
  * *hold_ns, is stored there. */
 int pp_share_lends_copy(pp_share_t *s, pp_lend_view_t **out, size_t *n,

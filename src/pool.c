@@ -947,7 +947,7 @@ static void free_desc(pp_segment_t *s) {
   _Atomic(struct pp_sset *) *arr = pp_load_relaxed(&s->ssets);
   if (arr != NULL) {
     for (uint32_t i = 0; i < s->capacity; i++)
-      free(pp_load_relaxed(&arr[i]));
+      pp_sset_free(pp_load_relaxed(&arr[i]));
     free(arr);
   }
   free(s);

@@ -99,6 +99,85 @@ static int lookup(pinpool_t *pool, void *ptr, pp_segment_t **seg_out,
   return 0;
 }
 
+void pp_sset_free(pp_sset_t *set) {
+  if (set != NULL && set->more != NULL) {
+    for (uint32_t k = 0; k < set->more->nchunks; k++) {
+      free(set->more->chunk[k]);
+      free(set->more->index[k]);
+    }
+    free(set->more);
+  }
+  free(set);
+}
+
+/* The index slot of a use: Fibonacci hashing of the stream, or of the
+ * capture's id (a tie to a capture is a use of its own). */
+static uint32_t suse_hash(pinpool_stream_t s, uint64_t capture, bool captured,
+                          unsigned bits) {
+  uint64_t key = captured ? ~capture : (uint64_t)s;
+  return (uint32_t)((key * 0x9e3779b97f4a7c15u) >> (64 - bits));
+}
+
+static bool suse_is(const pp_suse_t *u, pinpool_stream_t s, uint64_t capture,
+                    bool captured) {
+  return u->captured == captured &&
+         (captured ? u->capture == capture : u->s == s);
+}
+
+/* Whether set has the use (stripe lock lk held). The first PP_SSET_CAP0
+ * are compared; each chunk's index is probed. The visits count on lk's
+ * meter. */
+static bool sset_has(pp_mutex_t *lk, const pp_sset_t *set, pinpool_stream_t s,
+                     uint64_t capture, bool captured) {
+  if (set == NULL)
+    return false;
+  uint64_t visits = 0;
+  bool found = false;
+#ifdef PINPOOL_MUTANT_SSET_SCAN
+  /* Mutant (docs/verification.md): every use compared, as before. */
+  for (uint32_t i = 0; i < set->n && !found; i++, visits++)
+    found = suse_is(pp_sset_at(set, i), s, capture, captured);
+#else
+  for (uint32_t i = 0; i < set->n && i < PP_SSET_CAP0 && !found; i++, visits++)
+    found = suse_is(&set->s[i], s, capture, captured);
+  for (uint32_t k = 0; !found && set->more != NULL && k < set->more->nchunks;
+       k++) {
+    unsigned bits = (unsigned)__builtin_ctz(PP_SSET_CAP0) + k + 1;
+    uint32_t mask = (1u << bits) - 1;
+    const uint32_t *ix = set->more->index[k];
+    for (uint32_t j = suse_hash(s, capture, captured, bits); ix[j] != 0;
+         j = (j + 1) & mask) {
+      visits++;
+      if (suse_is(&set->more->chunk[k][ix[j] - 1], s, capture, captured)) {
+        found = true;
+        break;
+      }
+    }
+  }
+#endif
+  pp_lock_visit(lk, visits);
+  return found;
+}
+
+/* Append a use to set, which has room (set->n < set->cap). */
+static void sset_add(pp_sset_t *set, pp_suse_t u) {
+  uint32_t i = set->n++;
+  if (i < PP_SSET_CAP0) {
+    set->s[i] = u;
+    return;
+  }
+  uint32_t r = i - PP_SSET_CAP0;
+  unsigned k = 31u - (unsigned)__builtin_clz(r / PP_SSET_CAP0 + 1);
+  uint32_t j = r - PP_SSET_CAP0 * ((1u << k) - 1);
+  set->more->chunk[k][j] = u;
+  unsigned bits = (unsigned)__builtin_ctz(PP_SSET_CAP0) + k + 1;
+  uint32_t mask = (1u << bits) - 1, *ix = set->more->index[k];
+  uint32_t h = suse_hash(u.s, u.capture, u.captured, bits);
+  while (ix[h] != 0)
+    h = (h + 1) & mask;
+  ix[h] = j + 1;
+}
+
 static _Atomic(pp_sset_t *) *sset_slot(pp_segment_t *seg, uint32_t idx) {
   _Atomic(pp_sset_t *) *arr = pp_load_acquire(&seg->ssets);
   if (arr == NULL) {
@@ -154,28 +233,44 @@ int pinpool_record_stream(pinpool_t *pool, void *ptr, pinpool_stream_t stream) {
    * made the free wait for nothing and report the block as stream-used). */
   uint64_t w = pp_load_acquire(&seg->word[idx]);
   pp_sset_t *set = pp_load_relaxed(slot);
-  bool found = false;
-  for (uint32_t i = 0; set != NULL && i < set->n; i++)
-    found |= set->s[i].captured == captured &&
-             (captured ? set->s[i].capture == cap_id : set->s[i].s == stream);
-  pp_sset_t *grown = NULL;
+  bool found = sset_has(lk, set, stream, cap_id, captured);
+  /* Room for one use more: the set itself (the first use), or the next
+   * chunk and its index (and the chunks' table, the first time); nothing
+   * already there is copied. */
+  pp_sset_t *fresh = NULL;
+  pp_sset_more_t *more = NULL;
+  pp_suse_t *chunk = NULL;
+  uint32_t *index = NULL;
+  uint32_t k = 0;
   if (!found && (set == NULL || set->n == set->cap)) {
-    uint32_t cap = set == NULL ? PP_SSET_CAP0 : set->cap * 2;
-    grown = pp_fault_hit(&pool->cfg, PP_FAULT_SSET)
-                ? NULL
-                : malloc(sizeof *set + cap * sizeof set->s[0]);
-    if (grown == NULL) {
+    bool ok = !pp_fault_hit(&pool->cfg, PP_FAULT_SSET);
+    if (ok && set == NULL) {
+      ok = (fresh = malloc(sizeof *fresh)) != NULL;
+    } else if (ok) {
+      k = set->more == NULL ? 0 : set->more->nchunks;
+      ok = k < PP_SSET_CHUNKS &&
+           (set->more != NULL || (more = calloc(1, sizeof *more)) != NULL) &&
+           (chunk = malloc(((size_t)PP_SSET_CAP0 << k) * sizeof *chunk)) !=
+               NULL &&
+           (index = calloc((size_t)2 * PP_SSET_CAP0 << k, sizeof *index)) !=
+               NULL;
+    }
+    if (!ok) {
       pp_mutex_unlock(lk);
+      free(more);
+      free(chunk);
+      free(index);
       pp_capture_unpin(pool, pin, stream, false);
       return pp_fail(PINPOOL_ENOMEM, "pinpool_record_stream: out of memory");
     }
-    grown->n = 0;
-    grown->cap = cap;
   }
   do {
     if (PP_WORD_STATE(w) != PP_ALLOCATED) {
       pp_mutex_unlock(lk);
-      free(grown);
+      free(fresh);
+      free(more);
+      free(chunk);
+      free(index);
       pp_capture_unpin(pool, pin, stream, false);
       if (PP_WORD_STATE(w) == PP_NEVER)
         return pp_fail(PINPOOL_ENOTOWNED,
@@ -185,17 +280,21 @@ int pinpool_record_stream(pinpool_t *pool, void *ptr, pinpool_stream_t stream) {
     }
   } while (!(w & PP_WORD_STREAMS) &&
            !pp_cas_acq_rel(&seg->word[idx], &w, w | PP_WORD_STREAMS));
-  if (grown != NULL) {
-    if (set != NULL) {
-      memcpy(grown->s, set->s, set->n * sizeof set->s[0]);
-      grown->n = set->n;
-    }
-    free(set);
-    set = grown;
+  if (fresh != NULL) {
+    *fresh = (pp_sset_t){.n = 0, .cap = PP_SSET_CAP0, .more = NULL};
+    set = fresh;
     pp_store_relaxed(slot, set);
   }
+  if (chunk != NULL) {
+    if (more != NULL)
+      set->more = more;
+    set->more->chunk[k] = chunk;
+    set->more->index[k] = index;
+    set->more->nchunks = k + 1;
+    set->cap += PP_SSET_CAP0 << k;
+  }
   if (!found)
-    set->s[set->n++] = (pp_suse_t){stream, cap_id, captured};
+    sset_add(set, (pp_suse_t){stream, cap_id, captured});
   pp_mutex_unlock(lk);
   pp_capture_unpin(pool, pin, stream, true);
   return 0;
@@ -355,7 +454,7 @@ static void block_done(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
     pp_store_relaxed(slot, NULL);
   }
   pp_mutex_unlock(lk);
-  free(set);
+  pp_sset_free(set);
   pp_hist_forget(seg, idx);
   if (pp_unlikely(pp_hist_level(pool) >= PINPOOL_HISTORY_ALLOC))
     pp_hist_event(pool, PP_H_FREE_COMPLETED,
@@ -373,10 +472,11 @@ size_t pp_stream_list(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
     pp_mutex_lock(lk);
     pp_sset_t *set = pp_load_relaxed(&arr[idx]);
     for (uint32_t i = 0; set != NULL && i < set->n; i++) {
-      if (!set->s[i].captured && n++ < max)
-        out[n - 1] = (uint64_t)set->s[i].s;
-      else if (set->s[i].captured && nc++ < maxcaps)
-        caps[nc - 1] = set->s[i].capture;
+      const pp_suse_t *u = pp_sset_at(set, i);
+      if (!u->captured && n++ < max)
+        out[n - 1] = (uint64_t)u->s;
+      else if (u->captured && nc++ < maxcaps)
+        caps[nc - 1] = u->capture;
     }
     pp_mutex_unlock(lk);
   }
@@ -479,9 +579,9 @@ static void wait_here(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
   void *block = (void *)(pp_load_relaxed(&seg->base) + idx * bs);
   for (uint32_t i = 0; i < n; i++) {
     uint64_t id = 0;
-    if (set->s[i].captured ||
+    if (pp_sset_at(set, i)->captured ||
         (pool->ev.capture != NULL &&
-         pool->ev.capture(pool->ev.ctx, set->s[i].s, &id) != 0)) {
+         pool->ev.capture(pool->ev.ctx, pp_sset_at(set, i)->s, &id) != 0)) {
       (void)pp_fail(PINPOOL_ENOMEM, "pinpool_free: out of memory to wait "
                                     "for a block used in a graph capture");
       report_error_at(pool, PINPOOL_ENOMEM, block);
@@ -491,7 +591,7 @@ static void wait_here(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
   }
   for (uint32_t i = 0; i < n; i++) {
     void *ev = NULL;
-    if (pool->ev.record(pool->ev.ctx, set->s[i].s, &ev) == 0) {
+    if (pool->ev.record(pool->ev.ctx, pp_sset_at(set, i)->s, &ev) == 0) {
       (void)pool->ev.synchronize(pool->ev.ctx, ev);
       pool->ev.release(pool->ev.ctx, ev);
     }
@@ -562,21 +662,21 @@ static void start_events(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set,
                          const uint8_t *use) {
   uint32_t n = set == NULL ? 0 : set->n, nstreams = 0;
   for (uint32_t i = 0; i < n; i++)
-    nstreams += !set->s[i].captured;
+    nstreams += !pp_sset_at(set, i)->captured;
   /* +1 for this function: the block cannot complete before every event
    * is queued, however fast the streams are. p is this thread's alone
    * here (a parked block is off every capture's list). */
   atomic_store_explicit(&p->remaining, nstreams + 1, memory_order_relaxed);
   uint32_t dropped = 0; /* events that could not be recorded */
   for (uint32_t i = 0; i < n; i++) {
-    if (set->s[i].captured)
+    if (pp_sset_at(set, i)->captured)
       continue; /* a capture already released: its graph is gone */
     if (use[i] != PP_USE_RECORD) {
       report_error(pool, PINPOOL_EDEVICE, p);
       dropped++;
       continue;
     }
-    pinpool_stream_t stream = set->s[i].s;
+    pinpool_stream_t stream = pp_sset_at(set, i)->s;
     void *ev = NULL;
     int rc = pp_fault_hit(&pool->cfg, PP_FAULT_RECORD)
                  ? pp_fail(PINPOOL_EDEVICE, "injected failure of an event "

@@ -20,12 +20,34 @@ typedef struct pp_suse {
 
 /* A block's uses, under its stripe lock. Made with room for PP_SSET_CAP0
  * by the block's first record_stream; one of that size stays in its slot,
- * emptied, when the block is cached again (block_done). */
-enum { PP_SSET_CAP0 = 4 };
+ * emptied, when the block is cached again (block_done). Uses past the
+ * first PP_SSET_CAP0 go to chunks (more): chunk k holds PP_SSET_CAP0 << k,
+ * with an index of its own (open addressing, twice its size, never
+ * rehashed), so that record_stream finds a stream already recorded in
+ * O(log S) probes and a growth copies nothing (issue 38: it scanned every
+ * use of the block, O(S) a call under the stripe lock; a doubled array
+ * copied all of them). pp_sset_at reads use i. */
+enum { PP_SSET_CAP0 = 4, PP_SSET_CHUNKS = 28 };
+typedef struct pp_sset_more {
+  uint32_t nchunks;
+  pp_suse_t *chunk[PP_SSET_CHUNKS];
+  uint32_t *index[PP_SSET_CHUNKS]; /* a use's place in its chunk + 1 */
+} pp_sset_more_t;
 typedef struct pp_sset {
   uint32_t n, cap;
-  pp_suse_t s[];
+  pp_sset_more_t *more; /* NULL: cap is PP_SSET_CAP0 */
+  pp_suse_t s[PP_SSET_CAP0];
 } pp_sset_t;
+
+/* Use i of set (i < set->n): the first PP_SSET_CAP0 in s, use
+ * PP_SSET_CAP0 * (2^k - 1) + j of the rest at chunk k, place j. */
+static inline const pp_suse_t *pp_sset_at(const pp_sset_t *set, uint32_t i) {
+  if (i < PP_SSET_CAP0)
+    return &set->s[i];
+  uint32_t r = i - PP_SSET_CAP0;
+  unsigned k = 31u - (unsigned)__builtin_clz(r / PP_SSET_CAP0 + 1);
+  return &set->more->chunk[k][r - PP_SSET_CAP0 * ((1u << k) - 1)];
+}
 
 /* One event of a freed block, on its stream's queue (stream.c; next and
  * event_result under streams_lock). */
