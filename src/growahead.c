@@ -245,6 +245,11 @@ void pp_grow_tick(pinpool_t *pool) {
     gr->start_ns = now;
   }
   for (unsigned n = 0; n < pool->nnodes; n++) {
+    /* A node with no demand yet holds nothing ahead (numa=local: a fixed
+     * headroom went to every node once any had demand; test_growahead
+     * numa_local_node). */
+    if (l[n].used == 0 && l[n].unused == 0)
+      continue;
     uint64_t bytes, largest, carve;
     target(pool, n, &l[n], now, &bytes, &largest, &carve);
     /* auto gives back: the demand has not grown over a whole window (no

@@ -65,7 +65,9 @@ static uint64_t ramp(const char *conf, bool ahead) {
   if (ahead) {
     /* Every backend allocation but the inline ones is the grower's, and
      * the headroom was used: hits, and waits it avoided. */
-    PP_ASSERT(st.backend_alloc.count == st.cache_misses + st.grow_ahead_chunks,
+    uint64_t reserve = strstr(conf, "reserve=") != NULL; /* its chunk */
+    PP_ASSERT(st.backend_alloc.count ==
+                  st.cache_misses + st.grow_ahead_chunks + reserve,
               "backend allocations %llu, misses %llu, grown ahead %llu",
               (unsigned long long)st.backend_alloc.count,
               (unsigned long long)st.cache_misses,
@@ -74,10 +76,11 @@ static uint64_t ramp(const char *conf, bool ahead) {
               "grown ahead: %llu chunks, %llu bytes",
               (unsigned long long)st.grow_ahead_chunks,
               (unsigned long long)st.grow_ahead_bytes);
-    PP_ASSERT(
-        st.grow_ahead_hits >= NSTEPS - 1 && st.grow_ahead_waits_avoided >= 1,
-        "hits %llu, waits avoided %llu", (unsigned long long)st.grow_ahead_hits,
-        (unsigned long long)st.grow_ahead_waits_avoided);
+    PP_ASSERT(st.grow_ahead_hits >= NSTEPS - 1 &&
+                  (reserve || st.grow_ahead_waits_avoided >= 1),
+              "hits %llu, waits avoided %llu",
+              (unsigned long long)st.grow_ahead_hits,
+              (unsigned long long)st.grow_ahead_waits_avoided);
   } else {
     PP_ASSERT(st.grow_ahead_chunks == 0 && st.grow_ahead_hits == 0,
               "grown ahead with grow_ahead off");
@@ -620,6 +623,152 @@ static void inline_carve_seen(void **state) {
   pinpool_destroy(pool);
 }
 
+/* ---- Documented behaviour without a test before (issue 37, item 4) ------
+ * max_cached_pct: the grower grows only into what the cap leaves (pct of
+ * the bytes in use), so no trim gives back what it made. */
+static void max_cached_pct(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  atomic_store(&pp_test_hook, NULL);
+  PP_OK(pinpool_create("backend=host,mlock=0,populate=0,grow_ahead=16MiB,"
+                       "max_cached_pct=100",
+                       &pool));
+  void *p[8];
+  for (int i = 0; i < 8; i++) {
+    PP_OK(pinpool_alloc(pool, STEP, &p[i]));
+    uint64_t chunks = pp_stats_of(pool).grow_ahead_chunks;
+    for (int j = 0; j < 50; j++) { /* the grower's looks */
+      pinpool_stats_t st = pp_stats_of(pool);
+      uint64_t cap = st.block_bytes.current;
+      /* An inline growth's tail may pass the cap (its trim follows);
+       * the grower's chunk never does. */
+      PP_ASSERT(st.chunk_free_bytes <= cap + 2 * MiB,
+                "step %d: %llu bytes free in chunks, 100%% of %llu in use", i,
+                (unsigned long long)st.chunk_free_bytes,
+                (unsigned long long)st.block_bytes.current);
+      if (st.grow_ahead_chunks > chunks)
+        break;
+      pp_sleep_ms(1);
+    }
+  }
+  pinpool_stats_t st = pp_stats_of(pool);
+  PP_ASSERT(st.grow_ahead_chunks >= 1,
+            "nothing grown ahead under the cap (%llu in use, %llu free, "
+            "%llu cached, %llu misses)",
+            (unsigned long long)st.block_bytes.current,
+            (unsigned long long)st.chunk_free_bytes,
+            (unsigned long long)st.cached_bytes.current,
+            (unsigned long long)st.cache_misses);
+  PP_ASSERT(st.trimmed_segments == 0, "%llu chunks trimmed",
+            (unsigned long long)st.trimmed_segments);
+  for (int i = 0; i < 8; i++)
+    PP_OK(pinpool_free(pool, p[i]));
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+}
+
+/* A chunk the driver refused to pin (fault=register on the fake driver's
+ * second registration, the grower's; pin_failure=pageable) is kept as an
+ * inline growth keeps it: counted as grown ahead and as fallback bytes,
+ * and the grower makes no other call while the demand is flat. The next
+ * chunk, once the demand grows, is pinned (a refusal is not remembered). */
+static void pageable_kept(void **state) {
+  (void)state;
+  if (getenv("PINPOOL_LIBCUDA") == NULL)
+    skip();
+  atomic_store(&pp_test_hook, NULL);
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("backend=cuda-register,device=0,pin_failure=pageable,"
+                       "grow_ahead=16MiB,fault=register:2",
+                       &pool));
+  void *p[8];
+  int n = 0;
+  PP_OK(pinpool_alloc(pool, STEP, &p[n++]));
+  PP_ASSERT(headroom(pool, AHEAD, STEP), "no headroom");
+  pp_sleep_ms(20); /* the grower's looks: nothing more */
+  PP_OK(pinpool_validate(pool));
+  pinpool_stats_t st = pp_stats_of(pool);
+  PP_ASSERT(st.grow_ahead_chunks == 1 && st.backend_alloc.count == 2 &&
+                st.fallback_bytes == st.grow_ahead_bytes,
+            "%llu grown ahead (%llu bytes), %llu backend calls, %llu "
+            "fallback bytes",
+            (unsigned long long)st.grow_ahead_chunks,
+            (unsigned long long)st.grow_ahead_bytes,
+            (unsigned long long)st.backend_alloc.count,
+            (unsigned long long)st.fallback_bytes);
+  /* The demand grows past the headroom: the grower's next chunk. */
+  while (n < 8 && pp_stats_of(pool).grow_ahead_chunks == 1)
+    PP_OK(pinpool_alloc(pool, STEP, &p[n++]));
+  PP_ASSERT(headroom(pool, AHEAD, STEP), "no headroom again");
+  st = pp_stats_of(pool);
+  PP_ASSERT(st.grow_ahead_chunks >= 2 &&
+                st.fallback_bytes < st.grow_ahead_bytes,
+            "the grower's next chunk: %llu grown ahead, %llu of %llu bytes "
+            "pageable",
+            (unsigned long long)st.grow_ahead_chunks,
+            (unsigned long long)st.fallback_bytes,
+            (unsigned long long)st.grow_ahead_bytes);
+  for (int i = 0; i < n; i++)
+    PP_OK(pinpool_free(pool, p[i]));
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+}
+
+/* numa=local (fake nodes): the grower grows the node whose demand grew,
+ * and no other. */
+static _Thread_local int nl_node = -1;
+static int nl_hook(void) { return nl_node; }
+
+static void numa_local_node(void **state) {
+  (void)state;
+  atomic_store(&pp_test_hook, NULL);
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create("backend=host,mlock=0,populate=0,numa=local,"
+                       "numa_fake_nodes=2,grow_ahead=16MiB",
+                       &pool));
+  atomic_store(&pp_test_numa_node, nl_hook);
+  nl_node = 1;
+  void *p[4];
+  bool ok = true;
+  pinpool_node_stats_t n0 = {0}, n1 = {0};
+  for (int i = 0; i < 4 && ok; i++) {
+    PP_OK(pinpool_alloc(pool, STEP, &p[i]));
+    ok = false;
+    for (int j = 0; j < 10000 && !ok; j++) {
+      PP_OK(pinpool_get_node_stats(pool, 1, &n1));
+      ok = n1.chunk_free_bytes >= AHEAD;
+      if (!ok)
+        pp_sleep_ms(1);
+    }
+  }
+  PP_OK(pinpool_get_node_stats(pool, 0, &n0));
+  pinpool_stats_t st = pp_stats_of(pool);
+  nl_node = -1;
+  atomic_store(&pp_test_numa_node, NULL);
+  PP_ASSERT(ok && n0.arena_chunks == 0 && st.cache_misses == 1,
+            "node 1's demand: node 1 %llu bytes free, node 0 %llu chunks, "
+            "%llu allocations grew inline",
+            (unsigned long long)n1.chunk_free_bytes,
+            (unsigned long long)n0.arena_chunks,
+            (unsigned long long)st.cache_misses);
+  for (int i = 0; i < 4; i++)
+    PP_OK(pinpool_free(pool, p[i]));
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+}
+
+/* The first allocations at t = 0 grow inline: nothing grows ahead of a
+ * demand not yet seen (docs/allocation-policy.md). reserve= makes the
+ * first chunk at create; with it, no allocation of the ramp grows inline. */
+static void reserve_first(void **state) {
+  (void)state;
+  atomic_store(&pp_test_hook, NULL);
+  uint64_t misses =
+      ramp("backend=host,mlock=0,reserve=16MiB,grow_ahead=16MiB", true);
+  PP_ASSERT(misses == 0, "with reserve=: %llu allocations grew inline",
+            (unsigned long long)misses);
+}
+
 /* ---- auto gives back (issue 37) ------------------------------------------
  * After one big jump, auto's headroom (the window's growth) stayed for the
  * pool's life. Once the demand has stayed flat for a window, the grower
@@ -881,7 +1030,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(join_inflight),     cmocka_unit_test(join_grower),
       cmocka_unit_test(fork_child_grows),  cmocka_unit_test(auto_gives_back),
       cmocka_unit_test(grower_windows),    cmocka_unit_test(grower_fault),
-      cmocka_unit_test(inline_carve_seen),
+      cmocka_unit_test(inline_carve_seen), cmocka_unit_test(max_cached_pct),
+      cmocka_unit_test(pageable_kept),     cmocka_unit_test(numa_local_node),
+      cmocka_unit_test(reserve_first),
   };
   return pp_run_selected("test_growahead", all, sizeof all / sizeof all[0],
                          argc, argv);
