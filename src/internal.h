@@ -622,11 +622,19 @@ struct pinpool {
    * otherwise, where this is cfg.shards). */
   pp_bin_t *bins;
   /* Per class: some bin's hot slot may hold a block (pool.c, "Hot
-   * slots"): set by a put after its exchange, cleared by a drain before
-   * it empties the slots (all of them, marked or not). A hint, so that a
+   * slots"): set by a put after its exchange and hot_map's bit, cleared
+   * by a drain before it empties a bin of the class (the drain trusts
+   * hot_map, never this mark: docs/verification.md). A hint, so that a
    * take of a class whose slots are all empty (most large sizes of a mix:
    * W5) reads one byte instead of a cache line per shard. */
   _Atomic(uint8_t) hot_used[PP_NCLASSES];
+  /* Which bins hold something (pool.c, "Bin summaries"): idle_map, the
+   * bins whose idle list is non-empty (exact under each bin's lock);
+   * hot_map, bins whose hot slots may hold a block (set by a put, cleared
+   * by the drain that empties them). A release of idle memory and a drain
+   * of the hot slots visit those bins, not all PP_NCLASSES * nvshards
+   * (issue 38, review item 7). */
+  pp_binmap_t idle_map, hot_map;
   unsigned nnodes;   /* 1, or the nodes of numa=local; immutable */
   unsigned nvshards; /* cfg.shards * nnodes; immutable */
   /* numa=local with nnodes > 1: PP_EPOCH_NUMA, or'ed into every thread
@@ -657,9 +665,6 @@ struct pinpool {
   pp_mutex_t trim_lock; /* serializes detaching idle segments for release */
   pp_mutex_t idle_lock; /* LRU of idle segments */
   pp_segment_t *lru_head, *lru_tail;
-  /* The largest large class that ever had a block: where draining the
-   * hot slots stops. Only grows. */
-  pp_counter_t top_cls;
   pp_counter_t cls_segs[PP_NCLASSES]; /* live segments per class */
 
   pp_arena_t arena;

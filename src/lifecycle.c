@@ -24,6 +24,7 @@ static void pool_free_struct(pinpool_t *pool, bool streams_ready) {
       pp_mutex_destroy(&pool->bins[i].lock);
     free(pool->bins);
   }
+  pp_binmaps_fini(pool);
   if (pool->arena_ready)
     pp_arena_fini(pool);
   pp_numa_fini(pool);
@@ -121,6 +122,7 @@ static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
       memset(pool->bins, 0, nbins * sizeof(pp_bin_t));
       for (size_t i = 0; i < nbins; i++)
         pp_mutex_init(&pool->bins[i].lock);
+      rc = pp_binmaps_init(pool);
     }
   }
   if (rc != 0) {

@@ -137,8 +137,6 @@ static int seg_publish_locked(pinpool_t *pool, pp_segment_t *d, void *mem,
   if (pool->all != NULL)
     pool->all->all_prev = d;
   pool->all = d;
-  if (bs > PP_SLAB_MAX_BLOCK)
-    pp_atomic_max_relaxed(&pool->top_cls, cls);
   locked_add(&pool->cls_segs[cls], 1);
   if (flags & PP_SEG_FALLBACK)
     locked_add(&pool->gs.fallback_blocks, nblocks);
@@ -361,6 +359,116 @@ static unsigned release_batch(pinpool_t *pool, pp_segment_t *batch) {
   return n;
 }
 
+/* ---- Bin summaries ----------------------------------------------------------
+ * A walk of every bin (PP_NCLASSES * nvshards: 26,176 with shards=64,
+ * 209,408 with 8 nodes besides) read a cache line per bin: 2.2 ms for an
+ * empty_cache of an empty pool, 7.7 ms for an allocation that grew the
+ * arena (issue 38, review item 7). A release of idle memory and a drain
+ * of the hot slots now visit only the bins their map (pp_binmap_t) shows:
+ * the top words, the words of low they mark, the bins those mark.
+ *
+ * Every access to a map is sequentially consistent, and so are the hot
+ * slots' put and the drain's look at a slot: a setter writes its bin's
+ * state (the slot, the idle list), then reads the map; a walker clears the
+ * map, then reads the bins' state. Of two such threads at least one sees
+ * the other's write (the store-buffering shape, which acquire and release
+ * alone allow): either the setter sees its bit clear and sets it again, or
+ * the walker sees the block. On x86 a sequentially consistent load is a
+ * plain load and the read-modify-writes are locked either way, so this
+ * costs the put nothing there. A top bit is cleared only by a walk that
+ * found its word 0, which then reads the word again (the same shape with
+ * a setter that found the top bit set). */
+
+#define MAP_SC memory_order_seq_cst
+
+int pp_binmaps_init(pinpool_t *pool) {
+  size_t nbins = (size_t)PP_NCLASSES * pool->nvshards;
+  size_t nlow = (nbins + 63) / 64, ntop = (nlow + 63) / 64;
+  pp_binmap_t *maps[2] = {&pool->idle_map, &pool->hot_map};
+  for (int i = 0; i < 2; i++) {
+    maps[i]->low = calloc(nlow, sizeof *maps[i]->low);
+    maps[i]->top = calloc(ntop, sizeof *maps[i]->top);
+    maps[i]->ntop = ntop;
+    if (maps[i]->low == NULL || maps[i]->top == NULL)
+      return pp_fail(PINPOOL_ENOMEM, "pinpool_create: out of memory");
+  }
+  return 0;
+}
+
+void pp_binmaps_fini(pinpool_t *pool) {
+  pp_binmap_t *maps[2] = {&pool->idle_map, &pool->hot_map};
+  for (int i = 0; i < 2; i++) {
+    free(maps[i]->low);
+    free(maps[i]->top);
+    maps[i]->low = maps[i]->top = NULL;
+  }
+}
+
+static size_t bin_index(pinpool_t *pool, const pp_bin_t *bin) {
+  return (size_t)(bin - pool->bins);
+}
+
+/* Bin i holds something: its bit, and its word's, set (read first: a line
+ * is written only on a change). */
+static void map_set(pp_binmap_t *m, size_t i) {
+  size_t w = i / 64;
+  uint64_t bit = (uint64_t)1 << (i % 64), wbit = (uint64_t)1 << (w % 64);
+  if (!(atomic_load_explicit(&m->low[w], MAP_SC) & bit))
+    (void)atomic_fetch_or_explicit(&m->low[w], bit, MAP_SC);
+  if (!(atomic_load_explicit(&m->top[w / 64], MAP_SC) & wbit))
+    (void)atomic_fetch_or_explicit(&m->top[w / 64], wbit, MAP_SC);
+}
+
+/* Bin i holds nothing (idle_map, under its lock): its bit only; the top
+ * bit goes when a walk finds the word 0. */
+static void map_clear(pp_binmap_t *m, size_t i) {
+  (void)atomic_fetch_and_explicit(&m->low[i / 64], ~((uint64_t)1 << (i % 64)),
+                                  MAP_SC);
+}
+
+/* Word w of low is 0, as the walk read it: its top bit goes, unless a
+ * setter came in between. */
+static void map_top_clear(pp_binmap_t *m, size_t w) {
+  uint64_t wbit = (uint64_t)1 << (w % 64);
+  (void)atomic_fetch_and_explicit(&m->top[w / 64], ~wbit, MAP_SC);
+  if (atomic_load_explicit(&m->low[w], MAP_SC) != 0)
+    (void)atomic_fetch_or_explicit(&m->top[w / 64], wbit, MAP_SC);
+}
+
+/* A walk of the map: the marked bins' indices into out (room for 64, a
+ * word of low), one word at a time. take: the word is emptied as it is
+ * read (the hot slots' drain, which then empties those bins); otherwise
+ * only read (idle_map, which each bin's lock keeps exact). *visits: the
+ * words read. */
+typedef struct map_walk {
+  size_t t, w;  /* the next top word; the word of low being walked */
+  uint64_t top; /* the rest of top word t-1 */
+} map_walk_t;
+
+static unsigned map_next(pp_binmap_t *m, map_walk_t *k, bool take,
+                         size_t out[64], uint64_t *visits) {
+  for (;;) {
+    while (k->top == 0) {
+      if (k->t >= m->ntop)
+        return 0;
+      (*visits)++;
+      k->top = atomic_load_explicit(&m->top[k->t++], MAP_SC);
+    }
+    size_t w = (k->t - 1) * 64 + (size_t)__builtin_ctzll(k->top);
+    k->top &= k->top - 1;
+    (*visits)++;
+    uint64_t low = take ? atomic_exchange_explicit(&m->low[w], 0, MAP_SC)
+                        : atomic_load_explicit(&m->low[w], MAP_SC);
+    if (take || low == 0)
+      map_top_clear(m, w);
+    unsigned n = 0;
+    for (; low != 0; low &= low - 1)
+      out[n++] = w * 64 + (size_t)__builtin_ctzll(low);
+    if (n > 0)
+      return n;
+  }
+}
+
 /* ---- Bin lists ------------------------------------------------------------
  */
 
@@ -398,11 +506,21 @@ static void lru_remove_locked(pinpool_t *pool, pp_segment_t *s) {
   s->in_lru = false;
 }
 
-/* Publish which lists of bin are non-empty (pp_bin_t.avail). Bin lock held. */
-static void bin_publish(pp_bin_t *bin) {
+/* Publish which lists of bin are non-empty (pp_bin_t.avail, and its bit
+ * of idle_map when its idle list became empty or non-empty). Bin lock
+ * held. */
+static void bin_publish(pinpool_t *pool, pp_bin_t *bin) {
   pp_assert_held(&bin->lock);
-  pp_store_relaxed(&bin->avail, (bin->partial != NULL ? PP_BIN_PARTIAL : 0u) |
-                                    (bin->idle != NULL ? PP_BIN_IDLE : 0u));
+  unsigned old = pp_load_relaxed(&bin->avail);
+  unsigned now = (bin->partial != NULL ? PP_BIN_PARTIAL : 0u) |
+                 (bin->idle != NULL ? PP_BIN_IDLE : 0u);
+  pp_store_relaxed(&bin->avail, now);
+  if ((old ^ now) & PP_BIN_IDLE) {
+    if (now & PP_BIN_IDLE)
+      map_set(&pool->idle_map, bin_index(pool, bin));
+    else
+      map_clear(&pool->idle_map, bin_index(pool, bin));
+  }
 }
 
 /* Move s to the list matching its free count. Caller holds its bin lock. */
@@ -446,7 +564,7 @@ static void seg_relist(pinpool_t *pool, pp_bin_t *bin, pp_segment_t *s) {
       pp_mutex_unlock(&pool->idle_lock);
     }
   }
-  bin_publish(bin);
+  bin_publish(pool, bin);
 }
 
 /* Pop one free block of s. Caller holds the bin lock; s->free_count > 0. */
@@ -667,14 +785,24 @@ void pp_central_give(pinpool_t *pool, unsigned cls, pp_tentry_t *in,
 #define hot_cas(p, e, v)                                                       \
   atomic_compare_exchange_strong_explicit((p), (e), (v), memory_order_relaxed, \
                                           memory_order_relaxed)
+#define hot_put_xchg hot_xchg
+#define hot_put_cas hot_cas
+#define hot_peek(p) atomic_load_explicit((p), memory_order_relaxed)
 #else
 #define hot_xchg(p, v) pp_xchg_acq_rel((p), (v))
 #define hot_cas(p, e, v) pp_cas_acq_rel((p), (e), (v))
+/* A put's exchanges and the drain's look at a slot: sequentially
+ * consistent, for the bins' summary ("Bin summaries"; the same
+ * instructions on x86). */
+#define hot_put_xchg(p, v) atomic_exchange_explicit((p), (v), MAP_SC)
+#define hot_put_cas(p, e, v)                                                   \
+  atomic_compare_exchange_strong_explicit((p), (e), (v), MAP_SC, MAP_SC)
+#define hot_peek(p) atomic_load_explicit((p), MAP_SC)
 #endif
 
 /* Empty a slot: the segment it held, or NULL. */
 static pp_segment_t *hot_grab(_Atomic(pp_segment_t *) *slot) {
-  if (pp_load_relaxed(slot) == NULL)
+  if (hot_peek(slot) == NULL)
     return NULL; /* the common case, without a write to the line */
   return hot_xchg(slot, NULL);
 }
@@ -716,13 +844,15 @@ bool pp_hot_put(pinpool_t *pool, unsigned cls, const pp_tentry_t *e,
   for (unsigned k = 0; k < PP_HOT_SLOTS; k++) {
     pp_segment_t *none = NULL;
     if (pp_load_relaxed(&bin->hot[k]) == NULL &&
-        hot_cas(&bin->hot[k], &none, s)) {
+        hot_put_cas(&bin->hot[k], &none, s)) {
+      map_set(&pool->hot_map, bin_index(pool, bin));
       hot_mark(pool, cls);
       return true;
     }
   }
   unsigned k = (unsigned)(((uintptr_t)s >> 6) % PP_HOT_SLOTS);
-  pp_segment_t *old = hot_xchg(&bin->hot[k], s);
+  pp_segment_t *old = hot_put_xchg(&bin->hot[k], s);
+  map_set(&pool->hot_map, bin_index(pool, bin));
   hot_mark(pool, cls);
   if (old != NULL)              /* idle either way: no count changes */
     defer_push(pool, old, old); /* "Deferred gives" */
@@ -765,33 +895,55 @@ bool pp_hot_take(pinpool_t *pool, unsigned cls, size_t bs, unsigned shard,
   return false;
 }
 
-/* locked: the caller holds seg_lock (an arena about to grow looks at the
- * slots in the hold that decides: arena.c, grow_take). */
-static unsigned hot_drain(pinpool_t *pool, bool locked) {
-  unsigned lo = pp_class_index(PP_SLAB_MAX_BLOCK) + 1;
-  unsigned top = (unsigned)pp_load_relaxed(&pool->top_cls);
+/* Bin i's slots emptied into the arena. */
+static unsigned hot_drain_bin(pinpool_t *pool, size_t i, bool locked) {
   unsigned n = 0;
-  for (unsigned c = lo; c <= top; c++) {
-    /* Every slot is looked at, marked or not: a put racing with an
-     * earlier drain may have left its block under a cleared mark (its
-     * load of the mark saw the old 1, or the drain's clear came after its
-     * set), where takes do not see it; this drain gives it back. */
-    if (pp_load_relaxed(&pool->hot_used[c]) != 0)
-      pp_store_relaxed(&pool->hot_used[c], 0);
-    for (unsigned i = 0; i < pool->nvshards; i++)
-      for (unsigned k = 0; k < PP_HOT_SLOTS; k++) {
-        pp_segment_t *s = hot_grab(&pp_bin(pool, c, i)->hot[k]);
-        if (s != NULL) {
-          if (locked) {
-            seg_release_locked(pool, s);
-          } else {
-            pp_hook(PP_HOOK_IDLE_DETACHED); /* in no slot, not in the arena */
-            seg_release(pool, s);
-          }
-          n++;
-        }
+  /* Its class's mark first, as a put sets it last (hot_mark): a block put
+   * after this is marked again. */
+  unsigned c = (unsigned)(i / pool->nvshards);
+  if (pp_load_relaxed(&pool->hot_used[c]) != 0)
+    pp_store_relaxed(&pool->hot_used[c], 0);
+  for (unsigned k = 0; k < PP_HOT_SLOTS; k++) {
+    pp_segment_t *s = hot_grab(&pool->bins[i].hot[k]);
+    if (s != NULL) {
+      if (locked) {
+        seg_release_locked(pool, s);
+      } else {
+        pp_hook(PP_HOOK_IDLE_DETACHED); /* in no slot, not in the arena */
+        seg_release(pool, s);
       }
+      n++;
+    }
   }
+  return n;
+}
+
+/* locked: the caller holds seg_lock (an arena about to grow looks at the
+ * slots in the hold that decides: arena.c, grow_take), whose meter counts
+ * the map's words and the bins visited. The bins of hot_map only ("Bin
+ * summaries"): a block put in a race with an earlier drain is still under
+ * a set bit, so this drain finds it (the old walk looked at every slot of
+ * every large class up to the largest ever used, in every shard, for that
+ * reason). */
+static unsigned hot_drain(pinpool_t *pool, bool locked) {
+  unsigned n = 0;
+  uint64_t visits = 0;
+#ifdef PINPOOL_MUTANT_BINS_FULL_WALK
+  /* Mutant (docs/verification.md): every slot of every large class in
+   * every shard, as before the map; test_scale's bins_walk must fail. */
+  unsigned lo = pp_class_index(PP_SLAB_MAX_BLOCK) + 1;
+  for (size_t i = (size_t)lo * pool->nvshards;
+       i < (size_t)PP_NCLASSES * pool->nvshards; i++, visits++)
+    n += hot_drain_bin(pool, i, locked);
+#else
+  map_walk_t k = {0, 0, 0};
+  size_t bins[64];
+  for (unsigned m; (m = map_next(&pool->hot_map, &k, true, bins, &visits));)
+    for (unsigned j = 0; j < m; j++, visits++)
+      n += hot_drain_bin(pool, bins[j], locked);
+#endif
+  if (locked)
+    pp_lock_visit(&pool->seg_lock, visits);
   return n;
 }
 
@@ -814,7 +966,7 @@ static bool detach_idle(pinpool_t *pool, pp_segment_t *s) {
   if (s->list == PP_LIST_IDLE) {
     list_remove(&bin->idle, s);
     s->list = PP_LIST_NONE;
-    bin_publish(bin);
+    bin_publish(pool, bin);
     /* s may have been reused and gone idle again after we took it off the
      * LRU, which put it back on: take it off again, or the LRU would keep
      * a released descriptor. */
@@ -835,11 +987,12 @@ static uint64_t central_cached(pinpool_t *pool) {
 
 /* Detach up to the oldest idle segments from the LRU. `budget`: bytes to
  * free (UINT64_MAX: all). Returns a batch linked through ->next. */
+static void trim_yield(pinpool_t *pool, uint64_t *visits);
 static pp_segment_t *detach_oldest(pinpool_t *pool, uint64_t budget) {
   pp_segment_t *batch = NULL;
-  uint64_t got = 0;
+  uint64_t got = 0, visits = 0;
   pp_mutex_lock(&pool->trim_lock);
-  while (got < budget) {
+  for (; got < budget; visits++, trim_yield(pool, &visits)) {
     pp_mutex_lock(&pool->idle_lock);
     pp_segment_t *s = pool->lru_head;
     if (s != NULL)
@@ -855,6 +1008,7 @@ static pp_segment_t *detach_oldest(pinpool_t *pool, uint64_t budget) {
       got += pp_load_relaxed(&s->size);
     }
   }
+  pp_lock_visit(&pool->trim_lock, visits);
   pp_mutex_unlock(&pool->trim_lock);
   return batch;
 }
@@ -913,31 +1067,74 @@ void pp_trim_to_cap(pinpool_t *pool) {
   }
 }
 
+/* trim_lock's holds: at most PP_TRIM_PIECE elements (bins, segments,
+ * the maps' words) each, then the lock is dropped and taken again, so
+ * that a trim on a free (detach_oldest) never waits for a release of every
+ * idle segment of the pool (issue 38, review). What a hold detached is the
+ * releaser's alone (in no list): nothing needs the lock across holds. */
+#define PP_TRIM_PIECE 64
+
+static void trim_yield(pinpool_t *pool, uint64_t *visits) {
+  if (*visits < PP_TRIM_PIECE)
+    return;
+  pp_lock_visit(&pool->trim_lock, *visits);
+  *visits = 0;
+  pp_mutex_unlock(&pool->trim_lock);
+  pp_mutex_lock(&pool->trim_lock);
+}
+
+/* Bin i's idle segments onto *batch: false if some are left (a piece
+ * ended: the caller yields and comes back). trim_lock held. */
+static bool take_bin_idle(pinpool_t *pool, size_t i, pp_segment_t **batch,
+                          uint64_t *visits) {
+  pp_bin_t *bin = &pool->bins[i];
+  (*visits)++;
+  if (!(pp_load_relaxed(&bin->avail) & PP_BIN_IDLE))
+    return true;
+  pp_mutex_lock(&bin->lock);
+  pp_segment_t *s = bin->idle, *next;
+  for (; s != NULL && *visits < PP_TRIM_PIECE; s = next, (*visits)++) {
+    next = s->next;
+    list_remove(&bin->idle, s);
+    s->list = PP_LIST_NONE;
+    pp_mutex_lock(&pool->idle_lock);
+    lru_remove_locked(pool, s);
+    pp_mutex_unlock(&pool->idle_lock);
+    s->next = *batch;
+    *batch = s;
+  }
+  bin_publish(pool, bin);
+  pp_mutex_unlock(&bin->lock);
+  return s == NULL;
+}
+
 unsigned pp_release_idle(pinpool_t *pool) {
   unsigned drained = pp_hot_drain(pool) + pp_defer_drain(pool);
   pp_segment_t *batch = detach_oldest(pool, UINT64_MAX);
   /* What the LRU does not hold: every idle segment when there is no cap
-   * (no LRU), and those carved from the reserve. Walk the bins. */
+   * (no LRU), and those carved from the reserve. The bins that idle_map
+   * shows ("Bin summaries"), a piece a hold of trim_lock. */
   pp_mutex_lock(&pool->trim_lock);
+  uint64_t visits = 0;
+#ifdef PINPOOL_MUTANT_BINS_FULL_WALK
+  /* Mutant (docs/verification.md): every bin looked at, as before the
+   * map; test_scale's bins_walk must fail. */
   size_t nbins = (size_t)PP_NCLASSES * pool->nvshards;
-  for (size_t i = 0; i < nbins; i++) {
-    pp_bin_t *bin = &pool->bins[i];
-    if (!(pp_load_relaxed(&bin->avail) & PP_BIN_IDLE))
-      continue;
-    pp_mutex_lock(&bin->lock);
-    for (pp_segment_t *s = bin->idle, *next; s != NULL; s = next) {
-      next = s->next;
-      list_remove(&bin->idle, s);
-      s->list = PP_LIST_NONE;
-      pp_mutex_lock(&pool->idle_lock);
-      lru_remove_locked(pool, s);
-      pp_mutex_unlock(&pool->idle_lock);
-      s->next = batch;
-      batch = s;
+  for (size_t i = 0; i < nbins; i++)
+    while (!take_bin_idle(pool, i, &batch, &visits))
+      trim_yield(pool, &visits);
+  (void)map_next;
+#else
+  map_walk_t k = {0, 0, 0};
+  size_t bins[64];
+  for (unsigned m; (m = map_next(&pool->idle_map, &k, false, bins, &visits));)
+    for (unsigned j = 0; j < m; j++) {
+      while (!take_bin_idle(pool, bins[j], &batch, &visits))
+        trim_yield(pool, &visits);
+      trim_yield(pool, &visits);
     }
-    bin_publish(bin);
-    pp_mutex_unlock(&bin->lock);
-  }
+#endif
+  pp_lock_visit(&pool->trim_lock, visits);
   pp_mutex_unlock(&pool->trim_lock);
   return drained + release_batch(pool, batch);
 }

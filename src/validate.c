@@ -128,6 +128,15 @@ static void check_segment(pinpool_t *pool, pp_segment_t *s, vstate_t *v) {
           (unsigned long)base, s->node);
 }
 
+/* Bin i's bit in map m, and its word's in the top level (a bit may be set
+ * there for a word that is 0, never clear for one that is not). */
+static bool map_has(pp_binmap_t *m, size_t i) {
+  size_t w = i / 64;
+  bool low = (pp_load_relaxed(&m->low[w]) >> (i % 64)) & 1;
+  bool top = (pp_load_relaxed(&m->top[w / 64]) >> (w % 64)) & 1;
+  return low && top;
+}
+
 static void check_bins(pinpool_t *pool, vstate_t *v) {
   size_t nbins = (size_t)PP_NCLASSES * pool->nvshards;
   for (size_t i = 0; i < nbins && !v->bad; i++) {
@@ -150,6 +159,11 @@ static void check_bins(pinpool_t *pool, vstate_t *v) {
     if (pp_load_relaxed(&bin->avail) != want)
       VFAIL(v, "bin %zu: avail %u, lists say %u", i,
             pp_load_relaxed(&bin->avail), want);
+    /* The bins' summary (pool.c, "Bin summaries"): exact for idle lists. */
+    if (map_has(&pool->idle_map, i) != (bin->idle != NULL))
+      VFAIL(v, "bin %zu: idle_map says %d, its idle list %s", i,
+            (int)map_has(&pool->idle_map, i),
+            bin->idle != NULL ? "holds some" : "is empty");
     pp_mutex_unlock(&bin->lock);
   }
 }
@@ -193,6 +207,8 @@ static void check_tcaches(pinpool_t *pool, vstate_t *v) {
     if (s == NULL)
       continue;
     pp_bin_t *bin = pp_bin(pool, s->cls, s->shard);
+    if (!map_has(&pool->hot_map, i))
+      VFAIL(v, "hot slot %zu: a block, and no bit in hot_map", i);
     pp_mutex_lock(&bin->lock);
     if (bin != &pool->bins[i] || pp_load_relaxed(&s->nblocks) != 1 ||
         s->list != PP_LIST_NONE || s->free_count != 0 ||

@@ -332,6 +332,58 @@ static void test_defer_hold(void **state) {
   check_hold_growth("the deferred stack's drain", w, n);
 }
 
+/* Review item 7: every empty_cache and every arena miss walked every bin
+ * (PP_NCLASSES x shards x nodes: 2.2 ms for an empty_cache of an empty
+ * pool at shards=64 and 8 nodes) for idle segments, and a growth's
+ * deciding hold of seg_lock read every hot slot of every large class in
+ * every shard. At shards=4 and 40 (ten times the bins), with a few idle
+ * slabs and a block in a hot slot: one hold of trim_lock (empty_cache's
+ * walk) and of seg_lock (a growing allocation's) visits the bins that
+ * hold something, and the map's words, not every bin. Mutant
+ * BINS_FULL_WALK walks them all. */
+static void test_bins_walk(void **state) {
+  (void)state;
+  static const size_t small[3] = {512, 8192, 65536};
+  uint64_t trim[2], seg[2];
+  size_t bins[2];
+  for (int i = 0; i < 2; i++) {
+    unsigned shards = i == 0 ? 4 : 40;
+    bins[i] = (size_t)PP_NCLASSES * shards;
+    char conf[64];
+    snprintf(conf, sizeof conf, "tcache_bytes=0,shards=%u", shards);
+    pinpool_t *pool;
+    PP_OK(pinpool_create_with_backend(conf, &pp_space_backend, &pool));
+    void *p[3], *big;
+    for (int k = 0; k < 3; k++)
+      PP_OK(pinpool_alloc(pool, small[k], &p[k]));
+    PP_OK(pinpool_alloc(pool, (size_t)512 << 20, &big));
+    for (int k = 0; k < 3; k++)
+      PP_OK(pinpool_free(pool, p[k])); /* idle slabs in three bins */
+    PP_OK(pinpool_free(pool, big));    /* a hot slot */
+    (void)pp_lock_meter(&pool->trim_lock, true);
+    PP_OK(pinpool_empty_cache(pool));
+    trim[i] = pp_lock_meter(&pool->trim_lock, true);
+    pinpool_stats_t st;
+    PP_STATS(pool, &st);
+    PP_ASSERT(st.segments.current == 0 && st.arena_chunks == 0,
+              "empty_cache left %llu segments, %llu chunks",
+              (unsigned long long)st.segments.current,
+              (unsigned long long)st.arena_chunks);
+    /* A growing allocation, with a block in a hot slot again. */
+    PP_OK(pinpool_alloc(pool, (size_t)512 << 20, &big));
+    PP_OK(pinpool_free(pool, big));
+    (void)seg_hold_max(pool, true);
+    PP_OK(pinpool_alloc(pool, 300 << 10, &p[0]));
+    seg[i] = seg_hold_max(pool, false);
+    PP_OK(pinpool_free(pool, p[0]));
+    PP_CHECK_CONSISTENT(pool);
+    pinpool_destroy(pool);
+  }
+  check_hold_growth("empty_cache's walk of the bins (trim_lock)", trim, bins);
+  check_hold_growth("a growing allocation's look at the hot slots (seg_lock)",
+                    seg, bins);
+}
+
 /* ---- The lock-hold test -------------------------------------------------- */
 
 typedef struct looper {
@@ -401,7 +453,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest all[] = {
       cmocka_unit_test(test_free_capped),   cmocka_unit_test(test_empty_cache),
       cmocka_unit_test(test_snapshot_hold), cmocka_unit_test(test_lock_hold),
-      cmocka_unit_test(test_defer_hold),
+      cmocka_unit_test(test_defer_hold),    cmocka_unit_test(test_bins_walk),
   };
   return pp_run_selected("test_scale", all, sizeof all / sizeof all[0], argc,
                          argv);
