@@ -450,7 +450,8 @@ static void fork_child_grows(void **state) {
 enum { GW_RELEASE, GW_TRIM, GW_OOM, GW_NACTS };
 static const char *const gw_names[GW_NACTS] = {"release", "trim", "oom retry"};
 typedef struct gw {
-  int act, fired, rc;
+  int act, rc;
+  atomic_int fired;
   atomic_int ready; /* the main thread's setup is done */
   pinpool_t *pool;
   void *blk[2]; /* GW_TRIM: freed in the window */
@@ -476,9 +477,9 @@ static void *gw_run(void *arg) {
 /* The grower's first chunk, in its window: wait (bounded) for the main
  * thread's setup, then run the act on another thread. */
 static void gw_hook(int point) {
-  if (point != PP_HOOK_GROW_AHEAD || g_gw.fired != 0)
+  if (point != PP_HOOK_GROW_AHEAD || atomic_load(&g_gw.fired) != 0)
     return;
-  g_gw.fired = 1;
+  atomic_store(&g_gw.fired, 1);
   for (int i = 0; i < 10000 && atomic_load(&g_gw.ready) == 0; i++)
     pp_sleep_ms(1);
   pthread_t t;
@@ -517,9 +518,10 @@ static void grower_window(int act) {
   }
   pinpool_stats_t sw = pp_stats_of(pool);
   atomic_store(&g_gw.ready, 1);
-  for (int i = 0; i < 10000 && g_gw.fired == 0; i++)
+  for (int i = 0; i < 10000 && atomic_load(&g_gw.fired) == 0; i++)
     pp_sleep_ms(1);
-  PP_ASSERT(g_gw.fired == 1, "%s: the grower never grew", gw_names[act]);
+  PP_ASSERT(atomic_load(&g_gw.fired) == 1, "%s: the grower never grew",
+            gw_names[act]);
   PP_OK(pinpool_validate(pool)); /* waits for the grower's hold */
   atomic_store(&pp_test_hook, NULL);
   PP_ASSERT(g_gw.rc == 0, "%s in the grower's window: %s", gw_names[act],
