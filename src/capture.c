@@ -45,11 +45,17 @@ struct pp_capture {
 
 /* ---- Captures (under streams_lock) --------------------------------------- */
 
+/* Linear in the captures not yet released, on streams_lock's meter
+ * (issue 38: confirmed, not yet bounded; docs/verification.md). */
 static pp_capture_t **capture_find_locked(pinpool_t *pool, uint64_t id) {
   pp_assert_held(&pool->streams_lock);
   pp_capture_t **pc = &pool->captures;
-  while (*pc != NULL && (*pc)->id != id)
+  uint64_t visits = 1;
+  while (*pc != NULL && (*pc)->id != id) {
     pc = &(*pc)->next;
+    visits++;
+  }
+  pp_lock_visit(&pool->streams_lock, visits);
   return pc;
 }
 
@@ -66,7 +72,9 @@ static bool capture_room_locked(pp_capture_t *c, uint32_t more) {
   return true;
 }
 
-static void capture_add_stream_locked(pp_capture_t *c, pinpool_stream_t s) {
+static void capture_add_stream_locked(pinpool_t *pool, pp_capture_t *c,
+                                      pinpool_stream_t s) {
+  pp_lock_visit(&pool->streams_lock, c->nstreams); /* linear, as above */
   for (uint32_t i = 0; i < c->nstreams; i++)
     if (c->streams[i] == s)
       return;
@@ -121,7 +129,7 @@ void pp_capture_unpin(pinpool_t *pool, pp_capture_t *c, pinpool_stream_t stream,
   pp_mutex_lock(&pool->streams_lock);
   if (tied) {
     c->tied = true;
-    capture_add_stream_locked(c, stream); /* room kept by capture_pin */
+    capture_add_stream_locked(pool, c, stream); /* room: capture_pin */
   }
   c->users--;
   if (!c->tied && c->users == 0 && c->parked == NULL && c->nstreams == 0) {
@@ -207,7 +215,7 @@ uint32_t pp_capture_park(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set,
         use[i] = PP_USE_FAILED;
         continue;
       }
-      capture_add_stream_locked(c, pp_sset_at(set, i)->s);
+      capture_add_stream_locked(pool, c, pp_sset_at(set, i)->s);
     }
     if (c == NULL || (c->parked != NULL && c->parked->p == p))
       continue; /* released already, or holds this block already */

@@ -57,10 +57,15 @@ void pp_stats_sum(pinpool_t *pool, pp_sums_t *out) {
   pp_assert_held(&pool->reg_lock);
   memset(out, 0, sizeof *out);
   sum_counters(out, &pool->rs.dead);
+  uint64_t visits = 0;
   for (pp_tcache_t *tc = pool->caches; tc != NULL; tc = tc->pool_next) {
     sum_counters(out, &tc->c);
     out->tc_bytes += pp_load_relaxed(&tc->bytes);
+    visits++;
   }
+  /* Every thread with a cache, in one hold (issue 38, review item 4:
+   * confirmed, not yet bounded; docs/verification.md). */
+  pp_lock_visit(&pool->reg_lock, visits);
   out->pend_bytes += pp_load_relaxed(&pool->pending_bytes);
   out->pend_blocks += pp_load_relaxed(&pool->pending_blocks);
   out->rc_count += pp_load_relaxed(&pool->rc_count);

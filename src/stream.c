@@ -471,6 +471,9 @@ size_t pp_stream_list(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
     pp_mutex_t *lk = stripe(pool, seg, idx);
     pp_mutex_lock(lk);
     pp_sset_t *set = pp_load_relaxed(&arr[idx]);
+    /* Every use of the block in one hold (a snapshot's list; issue 38:
+     * not yet bounded). */
+    pp_lock_visit(lk, set != NULL ? set->n : 0);
     for (uint32_t i = 0; set != NULL && i < set->n; i++) {
       const pp_suse_t *u = pp_sset_at(set, i);
       if (!u->captured && n++ < max)
