@@ -1134,6 +1134,8 @@ static int lend_return(pinpool_t *pool, const char *fn,
     (void)token_eq;
     (void)exited_peer_is;
     (void)pidfd_names_peer;
+    (void)peer;
+    (void)pidst;
     lend_end(s, l);
   }
 #endif
