@@ -1072,7 +1072,13 @@ void pp_trim_to_cap(pinpool_t *pool) {
  * that a trim on a free (detach_oldest) never waits for a release of every
  * idle segment of the pool (issue 38, review). What a hold detached is the
  * releaser's alone (in no list): nothing needs the lock across holds. */
+#ifdef PINPOOL_MUTANT_BINS_FULL_WALK
+/* Mutant (docs/verification.md): the walk in one hold, as before;
+ * test_scale's idle_pieces must fail. */
+#define PP_TRIM_PIECE UINT64_MAX
+#else
 #define PP_TRIM_PIECE 64
+#endif
 
 static void trim_yield(pinpool_t *pool, uint64_t *visits) {
   if (*visits < PP_TRIM_PIECE)

@@ -384,6 +384,46 @@ static void test_bins_walk(void **state) {
                     seg, bins);
 }
 
+/* The release of idle memory took every idle segment of the pool off its
+ * bin in one hold of trim_lock, which a trim on a free (max_cached) waits
+ * for: N idle slabs in one bin (1,000 and 10,000 segments of 2 MiB), then
+ * empty_cache. Each hold takes at most a piece, and all go. Mutant
+ * BINS_FULL_WALK holds the lock for the whole walk. */
+static void test_idle_pieces(void **state) {
+  (void)state;
+  const size_t bs = (size_t)256 << 10; /* the largest slab class: 8 a slab */
+  uint64_t w[2];
+  size_t n[2];
+  for (int i = 0; i < 2; i++) {
+    n[i] = scale_n[i];
+    size_t nblocks = 8 * n[i];
+    pinpool_t *pool;
+    PP_OK(pinpool_create_with_backend("tcache_bytes=0,shards=1",
+                                      &pp_space_backend, &pool));
+    void **all = malloc(nblocks * sizeof *all);
+    PP_ASSERT(all != NULL, "out of memory");
+    for (size_t k = 0; k < nblocks; k++)
+      PP_OK(pinpool_alloc(pool, bs, &all[k]));
+    for (size_t k = 0; k < nblocks; k++)
+      PP_OK(pinpool_free(pool, all[k]));
+    free(all);
+    pinpool_stats_t st;
+    PP_STATS(pool, &st);
+    PP_ASSERT(st.segments.current + 2 >= n[i], "%llu idle segments for %zu",
+              (unsigned long long)st.segments.current, n[i]);
+    (void)pp_lock_meter(&pool->trim_lock, true);
+    PP_OK(pinpool_empty_cache(pool));
+    w[i] = pp_lock_meter(&pool->trim_lock, false);
+    PP_STATS(pool, &st);
+    PP_ASSERT(st.segments.current == 0 && st.arena_chunks == 0,
+              "empty_cache left %llu segments, %llu chunks",
+              (unsigned long long)st.segments.current,
+              (unsigned long long)st.arena_chunks);
+    pinpool_destroy(pool);
+  }
+  check_hold_growth("empty_cache's release of idle slabs (trim_lock)", w, n);
+}
+
 /* ---- The lock-hold test -------------------------------------------------- */
 
 typedef struct looper {
@@ -454,6 +494,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_free_capped),   cmocka_unit_test(test_empty_cache),
       cmocka_unit_test(test_snapshot_hold), cmocka_unit_test(test_lock_hold),
       cmocka_unit_test(test_defer_hold),    cmocka_unit_test(test_bins_walk),
+      cmocka_unit_test(test_idle_pieces),
   };
   return pp_run_selected("test_scale", all, sizeof all / sizeof all[0], argc,
                          argv);
