@@ -102,25 +102,34 @@ static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
    * from the others. */
   pp_process_miss(pool);
   pp_tcache_flush_over(tc);
-  /* numa_spill: a spill that succeeds leaves no trace of the own node's
-   * refusal (the thread's last error is put back). */
+  /* The retry and numa_spill: a call that succeeds through them leaves no
+   * trace of the refusal it recovered from (the thread's last error is put
+   * back: issue 37, third review, item 10). */
   bool spill = pool->cfg.numa_spill && pool->nnodes > 1;
   char before[256];
-  if (spill)
-    pp_error_save(before, sizeof before);
+  pp_error_save(before, sizeof before);
+  pp_arena_miss_clear();
   int n =
       pp_central_take(pool, cls, bs, pp_tc_vshard(tc, pool), out, want, missed);
   if (n == PINPOOL_ENOMEM) {
     /* max_reserved reached (or the backend is out): give back what is
-     * idle, ours included (every whole free chunk), and retry exactly
-     * once. */
-    pp_fetch_add_relaxed(&pool->gs.retries, 1);
+     * idle, ours included, and retry exactly once; whole free chunks only
+     * as many as the failed growth lacks under the cap, none if even all
+     * of them could not make it fit, after the chunks whose claim is in
+     * flight have settled (arena.c, "The out-of-memory retry"). */
     pp_tcache_flush_all(tc);
     (void)pp_release_idle(pool);
-    pp_fetch_add_relaxed(&pool->gs.trimmed, pp_arena_release(pool, UINT64_MAX));
-    pp_hook(PP_HOOK_OOM_RETRY);
-    n = pp_central_take(pool, cls, bs, pp_tc_vshard(tc, pool), out, want,
-                        missed);
+    uint64_t budget = 0;
+    if (pp_arena_retry_plan(pool, &budget)) {
+      pp_fetch_add_relaxed(&pool->gs.retries, 1);
+      if (budget != 0)
+        pp_fetch_add_relaxed(&pool->gs.trimmed, pp_arena_release(pool, budget));
+      pp_hook(PP_HOOK_OOM_RETRY);
+      n = pp_central_take(pool, cls, bs, pp_tc_vshard(tc, pool), out, want,
+                          missed);
+    }
+    if (n > 0)
+      pp_error_restore(before);
   }
   if (n == PINPOOL_ENOMEM && spill) {
     /* numa_spill=1 and this thread's node is out of memory: one block of

@@ -69,6 +69,94 @@ static void reserved_counted(pinpool_t *pool, size_t n) {
   pp_atomic_max_relaxed(&pool->gs.reserved_peak, cur);
 }
 
+/* ---- The out-of-memory retry (alloc.c, take_with_retry) -----------------
+ * An allocation that found max_reserved reached releases whole free chunks
+ * and tries once more. Two things decide what it releases (issue 37, third
+ * review, items 2, 3, 6):
+ *  - Claims in flight. The grower's chunk holds its claim from before the
+ *    backend call to the hold that enters it; a released chunk holds its
+ *    claim from the hold that takes it out to the backend call that gives
+ *    it back. Neither is in the arena, so the retry could release neither,
+ *    and an allocation that fits without grow-ahead, or once the release
+ *    is done, failed. The retry waits for them (pool->arena.settling):
+ *    each ends after a backend call, with no lock held by its thread that
+ *    the waiter could hold (the waiter holds none), and a thread never
+ *    waits for its own (tls_settling: a callback from the grower's backend
+ *    call that allocates).
+ *  - Whether a release can help. The thread's last failed growth (need
+ *    bytes on node, refused by the cap or by the backend: tls_miss). If
+ *    the cap refused it and even every whole free chunk released would
+ *    leave too little under the cap, the retry fails having released
+ *    nothing (a function that fails changes nothing: 8 MiB cached were
+ *    emptied before failing); else it releases only the bytes the cap
+ *    lacks. A refusal of the backend itself releases every whole free
+ *    chunk, as before: the system may need the memory back. */
+static _Thread_local struct {
+  size_t need;
+  unsigned node;
+  bool cap, set;
+} tls_miss;
+static _Thread_local bool tls_capped;       /* backend_alloc's last refusal */
+static _Thread_local uint64_t tls_settling; /* this thread's, in flight */
+
+/* Caller holds seg_lock: the retry's hold that finds no room sees either
+ * the chunk or its count. */
+static void settle_begin(pinpool_t *pool) {
+  pp_fetch_add_relaxed(&pool->arena.settling, 1);
+  tls_settling++;
+}
+
+static void settle_end(pinpool_t *pool) {
+  tls_settling--;
+  (void)pthread_mutex_lock(&pool->arena.settle_mu);
+  pp_fetch_sub_relaxed(&pool->arena.settling, 1);
+  (void)pthread_cond_broadcast(&pool->arena.settle_cv);
+  (void)pthread_mutex_unlock(&pool->arena.settle_mu);
+}
+
+/* No lock held. */
+static void settle_wait(pinpool_t *pool) {
+  if (pp_load_relaxed(&pool->arena.settling) <= tls_settling)
+    return;
+  pp_hook(PP_HOOK_RETRY_SETTLE);
+  (void)pthread_mutex_lock(&pool->arena.settle_mu);
+  while (pp_load_relaxed(&pool->arena.settling) > tls_settling)
+    (void)pthread_cond_wait(&pool->arena.settle_cv, &pool->arena.settle_mu);
+  (void)pthread_mutex_unlock(&pool->arena.settle_mu);
+}
+
+void pp_arena_miss_clear(void) { tls_miss.set = false; }
+
+bool pp_arena_retry_plan(pinpool_t *pool, uint64_t *budget) {
+  uint64_t cap = pool->cfg.max_reserved;
+  bool capped = tls_miss.set && tls_miss.cap && cap != 0;
+  size_t need = tls_miss.need;
+  unsigned node = tls_miss.node;
+  tls_miss.set = false;
+  *budget = UINT64_MAX;
+  if (!capped)
+    return true; /* the backend refused, or no growth failed: everything */
+  settle_wait(pool);
+  uint64_t whole = 0;
+  pp_mutex_lock(&pool->seg_lock);
+  bool room_now = pp_ext_largest(&pool->arena.node[node].ext) >= need;
+  for (unsigned n = 0; n < pool->nnodes; n++) {
+    size_t b = 0;
+    (void)pp_ext_free_chunks(&pool->arena.node[n].ext, PP_SEG_FROM_RESERVE, &b);
+    whole += b;
+  }
+  pp_mutex_unlock(&pool->seg_lock);
+  uint64_t claimed = pp_load_relaxed(&pool->gs.reserved_claimed);
+  uint64_t left = cap > claimed ? cap - claimed : 0;
+  *budget = 0;
+  if (room_now || left >= need)
+    return true; /* what was in flight made room, or leaves it */
+  if (pp_sat_add(left, whole) < need)
+    return false;
+  *budget = need - left;
+  return true;
+}
+
 /* pin_failure=pageable: the CUDA backend could not pin `size` bytes (its
  * error is the thread's last error). Map them pageable instead, populated
  * and placed as the host backend would (never locked: the driver refused,
@@ -107,7 +195,8 @@ static int backend_alloc(pinpool_t *pool, unsigned node, void *hint,
   bool local = pool->cfg.numa == PP_NUMA_LOCAL;
   int place = pool->place[node];
   pp_assert(size % PP_PAGE == 0 && size > 0); /* the extents' granule */
-  if (!reserve_bytes(pool, size))
+  tls_capped = !reserve_bytes(pool, size);
+  if (tls_capped)
     return pp_fail(
         PINPOOL_ENOMEM,
         "max_reserved (%llu bytes) reached: %llu reserved, %zu "
@@ -373,6 +462,10 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
   unsigned cflags = 0;
   int rc = backend_alloc(pool, node, hint, size, &cmem, &cflags);
   if (rc != 0) {
+    tls_miss.need = need; /* the retry's plan (pp_arena_retry_plan) */
+    tls_miss.node = node;
+    tls_miss.cap = tls_capped;
+    tls_miss.set = true;
     pp_mutex_lock(&pool->seg_lock);
     pp_growth_wait_t *ws = inflight_end_locked(pool, &self, false);
     pp_mutex_unlock(&pool->seg_lock);
@@ -430,6 +523,8 @@ int pp_arena_init(pinpool_t *pool) {
   pool->arena.node = calloc(pool->nnodes, sizeof *pool->arena.node);
   if (pool->arena.node == NULL)
     return pp_fail(PINPOOL_ENOMEM, "pinpool_create: out of memory");
+  (void)pthread_mutex_init(&pool->arena.settle_mu, NULL);
+  (void)pthread_cond_init(&pool->arena.settle_cv, NULL);
   for (unsigned n = 0; n < pool->nnodes; n++) {
     pp_arena_node_t *a = &pool->arena.node[n];
     pp_ext_init(&a->ext, PP_PAGE, pool->prov.alloc_at != NULL);
@@ -495,6 +590,8 @@ void pp_arena_fini(pinpool_t *pool) {
     }
     pp_ext_fini(&a->ext);
   }
+  (void)pthread_cond_destroy(&pool->arena.settle_cv);
+  (void)pthread_mutex_destroy(&pool->arena.settle_mu);
   free(pool->arena.node);
   pool->arena.node = NULL;
 }
@@ -567,6 +664,7 @@ unsigned pp_arena_release(pinpool_t *pool, uint64_t budget) {
     if (ok) {
       pp_store_relaxed(&a->total, a->ext.total_bytes);
       pool->grow.releases++; /* growahead.c: a release pauses the grower */
+      settle_begin(pool);    /* its claim until backend_free */
     }
     pp_mutex_unlock(&pool->seg_lock);
     if (!ok) {
@@ -579,6 +677,7 @@ unsigned pp_arena_release(pinpool_t *pool, uint64_t budget) {
      * whose SEGMENT_ALLOC must come after this in the history. */
     pp_hist_event(pool, PP_H_SEGMENT_FREE, (uintptr_t)base, size, 0, 0, NULL);
     backend_free(pool, base, size, flags);
+    settle_end(pool);
     got += size;
     n++;
   }
@@ -670,6 +769,7 @@ int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
   void *hint = below_lowest_locked(pool, a, size);
   self.next = pool->grow.inflight;
   pool->grow.inflight = &self;
+  settle_begin(pool); /* its claim, until the chunk is in the arena */
   pp_mutex_unlock(&pool->seg_lock);
   void *cmem = NULL;
   unsigned cflags = 0;
@@ -679,6 +779,7 @@ int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
     pp_growth_wait_t *ws = inflight_end_locked(pool, &self, false);
     pp_mutex_unlock(&pool->seg_lock);
     inflight_wake(ws);
+    settle_end(pool);
     return rc;
   }
   pp_hook(PP_HOOK_GROW_AHEAD);
@@ -702,14 +803,13 @@ int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
   pp_growth_wait_t *ws = inflight_end_locked(pool, &self, rc == 0 && !lost);
   pp_mutex_unlock(&pool->seg_lock);
   inflight_wake(ws);
-  if (lost) {
+  if (lost || rc != 0)
     backend_free(pool, cmem, size, cflags);
+  settle_end(pool);
+  if (lost)
     return 2;
-  }
-  if (rc != 0) {
-    backend_free(pool, cmem, size, cflags);
+  if (rc != 0)
     return pp_fail(PINPOOL_ENOMEM, "out of memory for the arena's metadata");
-  }
   *size_out = size;
   *flags = cflags;
   return 0;
@@ -740,6 +840,7 @@ size_t pp_arena_shed(pinpool_t *pool, unsigned node, uint64_t most,
     pp_store_relaxed(&a->total, a->ext.total_bytes);
     pp_grow_node_t *g = &pool->grow.node[node];
     g->unused -= g->unused < size ? g->unused : size;
+    settle_begin(pool); /* its claim until backend_free, as a release's */
   }
   pp_mutex_unlock(&pool->seg_lock);
   if (!ok)
@@ -747,6 +848,7 @@ size_t pp_arena_shed(pinpool_t *pool, unsigned node, uint64_t most,
   pp_hook(PP_HOOK_GROW_SHED);
   pp_hist_event(pool, PP_H_SEGMENT_FREE, (uintptr_t)base, size, 0, 0, NULL);
   backend_free(pool, base, size, flags);
+  settle_end(pool);
   pp_fetch_add_relaxed(&pool->gs.trimmed, 1);
   return size;
 }

@@ -158,6 +158,15 @@ typedef struct pp_arena_node {
  * that node before their first touch. */
 typedef struct pp_arena {
   pp_arena_node_t *node; /* [pool->nnodes] */
+  /* Chunks whose max_reserved claim is not yet matched by the arena
+   * (arena.c, "The out-of-memory retry"): the grower's chunk between its
+   * claim and the hold that enters it, a released chunk between the hold
+   * that takes it out and the backend call that drops its claim. Each in
+   * a busy section, so none at a fork. An allocation's retry waits for
+   * them (settle_cv, under settle_mu) before it decides what to release. */
+  pp_counter_t settling;
+  pthread_mutex_t settle_mu;
+  pthread_cond_t settle_cv;
 } pp_arena_t;
 struct pinpool;
 /* At create: the reserve chunk, if configured. */
@@ -180,6 +189,15 @@ void pp_arena_give_locked(struct pinpool *pool, unsigned node, void *mem,
  * first, until `budget` bytes went back; returns the chunks released. No
  * lock held. */
 unsigned pp_arena_release(struct pinpool *pool, uint64_t budget);
+/* The out-of-memory retry (alloc.c): what to release before the second
+ * try, from this thread's last failed growth. False: nothing released
+ * could make that growth fit under max_reserved (the retry fails with
+ * nothing released). True with *budget: the bytes of whole free chunks to
+ * release (0: none, the cap leaves room now; UINT64_MAX: every one, the
+ * backend refused). Waits (no lock held) for the chunks whose claim is in
+ * flight. pp_arena_miss_clear forgets the thread's last failed growth. */
+bool pp_arena_retry_plan(struct pinpool *pool, uint64_t *budget);
+void pp_arena_miss_clear(void);
 typedef struct pp_arena_info {
   uint64_t chunks, total, free_bytes, free_extents, largest;
 } pp_arena_info_t;

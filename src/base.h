@@ -199,6 +199,9 @@ enum {
                             the piece, segment not yet published */
   PP_HOOK_OOM_RETRY,     /* allocation: max_reserved reached, idle memory
                             released, the retry's take not yet made */
+  PP_HOOK_RETRY_SETTLE,  /* allocation: max_reserved reached, about to
+                            wait for the chunks whose claim is in flight
+                            (arena.c, "The out-of-memory retry"; no lock) */
   PP_HOOK_GROW_SHED,     /* grower: a whole free chunk out of the arena,
                             beyond auto's target, not yet given back (no
                             lock) */

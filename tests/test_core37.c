@@ -9,12 +9,23 @@
  *  - grow_ahead_bounds: grow_ahead above the machine's memory is
  *    PINPOOL_ECONFIG; a headroom above the largest chunk is made a chunk
  *    per look, never asked of the backend whole (item 1).
+ *  - retry_grower_claim, retry_release_claim: the out-of-memory retry
+ *    waits for a claim in flight (the grower's chunk held by the hook
+ *    before it enters the arena; a released chunk held before its claim
+ *    is dropped) and succeeds as it would alone (items 2, 3).
+ *  - retry_changes_nothing, retry_releases_what_it_needs: a request no
+ *    release could make fit fails with every chunk still cached; one that
+ *    a release can make fit releases only what the cap lacks (item 6).
+ *  - last_error_kept: an allocation that succeeds through the retry
+ *    leaves pinpool_last_error() as it was (item 10).
  */
 #include "testutil.h"
 
 #include "internal.h" /* pp_test_hook, PP_HOOK_* */
 #include "space_backend.h"
 
+#include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,11 +169,227 @@ static void grow_ahead_bounds(void **state) {
   pinpool_destroy(pool);
 }
 
+/* ---- Items 2, 3: the retry and the claims in flight ----------------------
+ * The hook holds a thread in a window where a chunk's max_reserved claim is
+ * not matched by the arena (the grower's chunk made and not yet entered;
+ * a released chunk out of the arena and not yet given back); the
+ * allocating thread's retry lets it go on when it starts to wait for it
+ * (PP_HOOK_RETRY_SETTLE). Before the fix the retry did not wait: it found
+ * nothing to release and failed, and the hook let the held thread go
+ * after the allocation returned. */
+static atomic_int hold_point; /* the hook point to hold at, once */
+static atomic_int held, settled_seen;
+static sem_t hold_go;
+
+static void hold_hook(int point) {
+  if (point == PP_HOOK_RETRY_SETTLE) {
+    atomic_store(&settled_seen, 1);
+    if (atomic_load(&held) == 1)
+      (void)sem_post(&hold_go);
+    return;
+  }
+  int want = atomic_load(&hold_point);
+  if (want == 0 || point != want ||
+      !atomic_compare_exchange_strong(&hold_point, &want, 0))
+    return;
+  atomic_store(&held, 1);
+  while (sem_wait(&hold_go) != 0)
+    ;
+  atomic_store(&held, 2);
+}
+
+static void hold_arm(int point) {
+  (void)sem_init(&hold_go, 0, 0);
+  atomic_store(&held, 0);
+  atomic_store(&settled_seen, 0);
+  atomic_store(&hold_point, point);
+  atomic_store(&pp_test_hook, hold_hook);
+}
+
+static void hold_wait(void) {
+  for (int i = 0; i < 10000 && atomic_load(&held) == 0; i++)
+    pp_sleep_ms(1);
+  PP_ASSERT(atomic_load(&held) == 1, "nothing held in the window");
+}
+
+/* Lets the held thread go if the allocation did not (before the fix). */
+static void hold_end(void) {
+  if (atomic_load(&held) == 1 && atomic_load(&settled_seen) == 0)
+    (void)sem_post(&hold_go);
+  for (int i = 0; i < 10000 && atomic_load(&held) == 1; i++)
+    pp_sleep_ms(1);
+  atomic_store(&pp_test_hook, NULL);
+  atomic_store(&hold_point, 0);
+  (void)sem_destroy(&hold_go);
+}
+
+static void retry_grower_claim(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create_with_backend("max_reserved=32MiB,grow_ahead=16MiB",
+                                    &rb_backend, &pool));
+  hold_arm(PP_HOOK_GROW_AHEAD);
+  void *a = NULL, *b = NULL;
+  PP_OK(pinpool_alloc(pool, 8 * MiB, &a)); /* inline: the grower starts */
+  hold_wait(); /* its 16 MiB chunk claimed, not in the arena */
+  /* 8 + 20 MiB fit under 32 MiB without grow-ahead; 20 MiB does not fit
+   * in the grower's chunk, so it waits in the retry, not as a join. */
+  int rc = pinpool_alloc(pool, 20 * MiB, &b);
+  hold_end();
+  PP_ASSERT(rc == 0 && atomic_load(&settled_seen) == 1,
+            "20 MiB with 8 MiB live under a 32 MiB cap, the grower's chunk "
+            "in flight: rc %d (%s), retry waited: %d",
+            rc, pinpool_last_error(), atomic_load(&settled_seen));
+  pinpool_stats_t st = pp_stats_of(pool);
+  PP_ASSERT(st.reserved_bytes.current <= 32 * MiB, "reserved %llu",
+            (unsigned long long)st.reserved_bytes.current);
+  PP_OK(pinpool_free(pool, b));
+  PP_OK(pinpool_free(pool, a));
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+}
+
+static pinpool_t *rel_pool;
+static void *releaser(void *arg) {
+  (void)arg;
+  PP_OK(pinpool_empty_cache(rel_pool));
+  return NULL;
+}
+
+static void retry_release_claim(void **state) {
+  (void)state;
+  PP_OK(pinpool_create_with_backend("max_reserved=32MiB,tcache_bytes=0",
+                                    &rb_backend, &rel_pool));
+  void *x = NULL, *y = NULL;
+  PP_OK(pinpool_alloc(rel_pool, 16 * MiB, &x));
+  PP_OK(pinpool_free(rel_pool, x)); /* a 16 MiB chunk, free */
+  hold_arm(PP_HOOK_ARENA_RELEASE);
+  pthread_t t;
+  PP_ASSERT(pthread_create(&t, NULL, releaser, NULL) == 0, "thread");
+  hold_wait(); /* the chunk out of the arena, its claim not yet dropped */
+  int rc = pinpool_alloc(rel_pool, 24 * MiB, &y);
+  hold_end();
+  pthread_join(t, NULL);
+  PP_ASSERT(rc == 0 && atomic_load(&settled_seen) == 1,
+            "24 MiB under a 32 MiB cap during another thread's release: rc "
+            "%d (%s), retry waited: %d",
+            rc, pinpool_last_error(), atomic_load(&settled_seen));
+  PP_OK(pinpool_free(rel_pool, y));
+  PP_OK(pinpool_validate(rel_pool));
+  pinpool_destroy(rel_pool);
+  rel_pool = NULL;
+}
+
+/* ---- Item 6: what the retry releases ------------------------------------
+ * D6's general case: a request that the cap refuses even with every whole
+ * free chunk given back fails with nothing released; one that a release
+ * can make fit releases only what the cap lacks. The address-space
+ * backend has no alloc_at: chunks never join a run, so each free chunk is
+ * room for its own size only. */
+static void retry_changes_nothing(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create_with_backend("max_reserved=64MiB", &rb_backend, &pool));
+  void *a = NULL, *b = NULL, *c = NULL;
+  PP_OK(pinpool_alloc(pool, 40 * MiB, &a)); /* a 40 MiB chunk, in use */
+  PP_OK(pinpool_alloc(pool, 8 * MiB, &b));  /* an 8 MiB chunk */
+  PP_OK(pinpool_free(pool, b));
+  pinpool_stats_t st0 = pp_stats_of(pool);
+  /* 40 MiB held by a live block: at most 24 MiB can ever be added. */
+  PP_CHECK_RC(pinpool_alloc(pool, 30 * MiB, &c), PINPOOL_ENOMEM);
+  PP_ASSERT(strstr(pinpool_last_error(), "max_reserved") != NULL, "error: %s",
+            pinpool_last_error());
+  pinpool_stats_t st1 = pp_stats_of(pool);
+  PP_ASSERT(st1.cached_bytes.current == st0.cached_bytes.current &&
+                st1.arena_chunks == st0.arena_chunks &&
+                st1.trimmed_segments == st0.trimmed_segments &&
+                st1.backend_free.count == st0.backend_free.count,
+            "a failed allocation released memory: cached %llu -> %llu, "
+            "chunks %llu -> %llu",
+            (unsigned long long)st0.cached_bytes.current,
+            (unsigned long long)st1.cached_bytes.current,
+            (unsigned long long)st0.arena_chunks,
+            (unsigned long long)st1.arena_chunks);
+  PP_ASSERT(st1.oom_count == st0.oom_count + 1 && st1.retries == st0.retries,
+            "oom %llu -> %llu, retries %llu -> %llu",
+            (unsigned long long)st0.oom_count,
+            (unsigned long long)st1.oom_count, (unsigned long long)st0.retries,
+            (unsigned long long)st1.retries);
+  /* The cached chunk is still there: the next 8 MiB is a hit. */
+  PP_OK(pinpool_alloc(pool, 8 * MiB, &b));
+  pinpool_stats_t st2 = pp_stats_of(pool);
+  PP_ASSERT(st2.backend_alloc.count == st1.backend_alloc.count,
+            "the 8 MiB block needed a new chunk");
+  PP_OK(pinpool_free(pool, b));
+  PP_OK(pinpool_free(pool, a));
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+}
+
+static void retry_releases_what_it_needs(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  PP_OK(pinpool_create_with_backend("max_reserved=64MiB", &rb_backend, &pool));
+  void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+  PP_OK(pinpool_alloc(pool, 24 * MiB, &a)); /* in use */
+  PP_OK(pinpool_alloc(pool, 16 * MiB, &b));
+  PP_OK(pinpool_alloc(pool, 16 * MiB, &c));
+  PP_OK(pinpool_free(pool, b));
+  PP_OK(pinpool_free(pool, c)); /* two free 16 MiB chunks: 56 of 64 MiB */
+  pinpool_stats_t st0 = pp_stats_of(pool);
+  PP_ASSERT(st0.arena_chunks == 3, "%llu chunks",
+            (unsigned long long)st0.arena_chunks);
+  /* 24 MiB: 8 left under the cap, one 16 MiB chunk released is enough. */
+  PP_OK(pinpool_alloc(pool, 24 * MiB, &d));
+  pinpool_stats_t st1 = pp_stats_of(pool);
+  PP_ASSERT(st1.trimmed_segments == st0.trimmed_segments + 1 &&
+                st1.arena_chunks == 3 && st1.retries == st0.retries + 1,
+            "released %llu chunks for 8 MiB lacking (%llu chunks left)",
+            (unsigned long long)(st1.trimmed_segments - st0.trimmed_segments),
+            (unsigned long long)st1.arena_chunks);
+  PP_OK(pinpool_free(pool, d));
+  PP_OK(pinpool_free(pool, a));
+  PP_OK(pinpool_validate(pool));
+  pinpool_destroy(pool);
+}
+
+/* ---- Item 10: the last error of a call that succeeded ------------------- */
+static void last_error_kept(void **state) {
+  (void)state;
+  /* The cap refuses the growth (a free chunk to give back), and the
+   * backend refuses once (fault=alloc:2: every chunk given back). */
+  const char *confs[] = {"max_reserved=16MiB", "fault=alloc:2"};
+  for (int k = 0; k < 2; k++) {
+    pinpool_t *pool = NULL;
+    PP_OK(pinpool_create_with_backend(confs[k], &rb_backend, &pool));
+    void *a = NULL, *b = NULL;
+    PP_OK(pinpool_alloc(pool, 8 * MiB, &a));
+    PP_OK(pinpool_free(pool, a));
+    PP_CHECK_RC(pinpool_free(pool, NULL), PINPOOL_EINVAL);
+    char before[256];
+    (void)snprintf(before, sizeof before, "%s", pinpool_last_error());
+    pinpool_stats_t st0 = pp_stats_of(pool);
+    PP_OK(pinpool_alloc(pool, 12 * MiB, &b));
+    pinpool_stats_t st1 = pp_stats_of(pool);
+    PP_ASSERT(st1.retries == st0.retries + 1, "%s: no retry", confs[k]);
+    PP_ASSERT(strcmp(pinpool_last_error(), before) == 0,
+              "%s: an allocation that succeeded left \"%s\" (was \"%s\")",
+              confs[k], pinpool_last_error(), before);
+    PP_OK(pinpool_free(pool, b));
+    pinpool_destroy(pool);
+  }
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
       cmocka_unit_test(chunk_pages),
       cmocka_unit_test(grow_ahead_bounds),
+      cmocka_unit_test(retry_grower_claim),
+      cmocka_unit_test(retry_release_claim),
+      cmocka_unit_test(retry_changes_nothing),
+      cmocka_unit_test(retry_releases_what_it_needs),
+      cmocka_unit_test(last_error_kept),
   };
   return pp_run_selected("test_core37", all, sizeof all / sizeof all[0], argc,
                          argv);
