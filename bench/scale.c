@@ -31,6 +31,9 @@
  *                 that fits; alloc A, alloc B, free A, free B
  *   largest       the extents alone: the largest free extent with N
  *                 extents in the top bin (what get_stats reports)
+ *   record-repeat pinpool_record_stream of a stream the block has already,
+ *                 with N streams recorded on the block (events=simulated;
+ *                 issue 38, the locks' meter: it scanned all N)
  *
  * The extents' functions are the library's internal ones (the static
  * library exports them), with the same signatures before and after the
@@ -295,6 +298,30 @@ static double op_largest(size_t n) {
 /* ---- Driver ---------------------------------------------------------------
  */
 
+static double op_record_repeat(size_t n) {
+  pinpool_t *pool;
+  if (pinpool_create("backend=host,mlock=0,populate=0,events=simulated,"
+                     "sim_delay_us=0",
+                     &pool) != 0)
+    die("record-repeat: create");
+  void *b;
+  if (pinpool_alloc(pool, 4096, &b) != 0)
+    die("record-repeat: alloc");
+  for (size_t i = 1; i <= n; i++)
+    if (pinpool_record_stream(pool, b, (pinpool_stream_t)i) != 0)
+      die("record-repeat: record");
+  enum { R = 1000 };
+  uint64_t t0 = now_ns();
+  for (size_t i = 0; i < R; i++)
+    if (pinpool_record_stream(pool, b, (pinpool_stream_t)(1 + i % n)) != 0)
+      die("record-repeat: again");
+  double dt = (double)(now_ns() - t0) / R;
+  if (pinpool_free(pool, b) != 0 || pinpool_synchronize(pool) != 0)
+    die("record-repeat: free");
+  pinpool_destroy(pool);
+  return dt;
+}
+
 static int cmp_d(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -327,6 +354,7 @@ int main(int argc, char **argv) {
       {"stall-p99", "us", NULL, 1e-3},
       {"fit-cycle", "us", op_fit_cycle, 1e-3},
       {"largest", "us", op_largest, 1e-3},
+      {"record-repeat", "us", op_record_repeat, 1e-3},
   };
   enum { NOPS = sizeof ops / sizeof ops[0] };
   /* PP_SCALE_OPS="stall snapshot": only the operations named (and those
