@@ -262,6 +262,15 @@ static void thread_exit(void *arg) {
    * that did not survive (its pinpool_destroy tears the pool down). */
   for (pp_tcache_t *tc = flush; tc != NULL; tc = tc->thr_next) {
     tcache_detach(tc);
+    /* The flush made its bytes idle in the pool: the caps apply to them
+     * now, as pinpool_thread_flush trims (issue 37, third review, item 8:
+     * 12 MiB stayed cached under max_cached=4MiB until another thread's
+     * next free). Not in a CUDA or shared pool's child of fork, which
+     * gives nothing back. */
+    if (!tc->pool->forked_cuda) {
+      (void)pp_defer_drain(tc->pool);
+      pp_trim_to_cap(tc->pool);
+    }
     if (pp_pool_unref_unless_last(tc->pool))
       tc->pool = NULL;
   }
@@ -278,7 +287,6 @@ static void thread_exit(void *arg) {
   pp_mutex_lock(&pp_global_lock);
   thread_unlink_locked(thr);
   pp_mutex_unlock(&pp_global_lock);
-  /* max_cached is enforced at the next slow path of a live thread. */
   free(thr);
 }
 

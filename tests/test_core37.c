@@ -18,6 +18,8 @@
  *    a release can make fit releases only what the cap lacks (item 6).
  *  - last_error_kept: an allocation that succeeds through the retry
  *    leaves pinpool_last_error() as it was (item 10).
+ *  - exit_trims: a thread's exit flushes its cache and trims to max_cached
+ *    (item 8).
  */
 #include "testutil.h"
 
@@ -380,6 +382,38 @@ static void last_error_kept(void **state) {
   }
 }
 
+/* ---- Item 8: a thread's exit trims --------------------------------------
+ * The exiting thread's cache goes back to the pool, idle: the caps apply
+ * to it at once, as after pinpool_thread_flush (whole chunks: at most one
+ * chunk over). Before, 12 MiB stayed cached under max_cached=4MiB until
+ * another thread's next free. */
+static pinpool_t *exit_pool;
+static void *exit_worker(void *arg) {
+  (void)arg;
+  void *b[16];
+  for (int i = 0; i < 16; i++)
+    PP_OK(pinpool_alloc(exit_pool, MiB, &b[i]));
+  for (int i = 0; i < 16; i++)
+    PP_OK(pinpool_free(exit_pool, b[i]));
+  return NULL;
+}
+
+static void exit_trims(void **state) {
+  (void)state;
+  PP_OK(
+      pinpool_create_with_backend("max_cached=4MiB", &rb_backend, &exit_pool));
+  pthread_t t;
+  PP_ASSERT(pthread_create(&t, NULL, exit_worker, NULL) == 0, "thread");
+  pthread_join(t, NULL);
+  pinpool_stats_t st = pp_stats_of(exit_pool);
+  PP_ASSERT(st.cached_bytes.current <= 6 * MiB,
+            "%llu bytes cached under max_cached=4MiB after the thread's exit",
+            (unsigned long long)st.cached_bytes.current);
+  PP_OK(pinpool_validate(exit_pool));
+  pinpool_destroy(exit_pool);
+  exit_pool = NULL;
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
@@ -390,6 +424,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(retry_changes_nothing),
       cmocka_unit_test(retry_releases_what_it_needs),
       cmocka_unit_test(last_error_kept),
+      cmocka_unit_test(exit_trims),
   };
   return pp_run_selected("test_core37", all, sizeof all / sizeof all[0], argc,
                          argv);
