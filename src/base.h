@@ -202,6 +202,9 @@ enum {
   PP_HOOK_RETRY_SETTLE,  /* allocation: max_reserved reached, about to
                             wait for the chunks whose claim is in flight
                             (arena.c, "The out-of-memory retry"; no lock) */
+  PP_HOOK_POLL_WAIT,     /* full event poll: about to wait for another
+                            thread's query of a queue's head (stream.c,
+                            process; no lock) */
   PP_HOOK_GROW_SHED,     /* grower: a whole free chunk out of the arena,
                             beyond auto's target, not yet given back (no
                             lock) */

@@ -46,7 +46,12 @@
 typedef struct pp_squeue {
   pinpool_stream_t stream;
   pp_qitem_t *head, *tail;
-  bool polling;                  /* a thread is querying head, unlocked */
+  /* A thread is polling head, unlocked: 1 querying it, 2 synchronizing
+   * it (waiting for it to complete). */
+  unsigned char polling;
+  /* Full polls waiting for this queue's poller (process): the queue is
+   * not dropped while one waits, even empty; the last one drops it. */
+  unsigned wanted;
   struct pp_squeue *hnext;       /* hash chain */
   struct pp_squeue *prev, *next; /* the active list (queues with items) */
 } pp_squeue_t;
@@ -853,11 +858,50 @@ static void process(pinpool_t *pool, unsigned budget, bool wait, size_t nq) {
   while (q != NULL && budget > 0) {
     pp_qitem_t *it = q->head;
     polls++;
+    if (full && it == NULL && q->wanted == 0 && !q->polling) {
+      /* Emptied by a poller while a full poll waited for it. */
+      pp_squeue_t *next = q->next;
+      queue_drop_locked(pool, q);
+      q = next;
+      continue;
+    }
+    if (full && it != NULL && q->polling == 1) {
+      /* Another thread queries its head: a miss (which stops at its
+       * budget, PP_MISS_BUDGET) or another full poll. Wait for that query
+       * and drain the queue here: a full poll reclaims every completed
+       * event, now (issue 37, third review, item 7: 300 completed events
+       * stayed pending after process_events, 236 after both calls, when
+       * a miss held the queue). Not for a head being synchronized
+       * (polling 2): it has not completed, nor has anything behind it,
+       * and its poller drains the queue when it does. */
+      q->wanted++;
+      atomic_fetch_add(&pool->sync_waiters, 1); /* seq_cst: progress() */
+      pthread_mutex_lock(&pool->sync_mu);
+      uint64_t gen = pool->sync_gen;
+      pthread_mutex_unlock(&pool->sync_mu);
+      pp_mutex_unlock(&pool->streams_lock);
+      finish(pool, done);
+      if (done_busy)
+        pp_busy_leave();
+      done = NULL;
+      done_busy = false;
+      pp_hook(PP_HOOK_POLL_WAIT);
+      /* The poller clears polling under streams_lock, which this thread
+       * held when it read gen, and then calls progress(). */
+      pthread_mutex_lock(&pool->sync_mu);
+      while (pool->sync_gen == gen)
+        pthread_cond_wait(&pool->sync_cv, &pool->sync_mu);
+      pthread_mutex_unlock(&pool->sync_mu);
+      atomic_fetch_sub(&pool->sync_waiters, 1);
+      pp_mutex_lock(&pool->streams_lock);
+      q->wanted--;
+      continue; /* the same queue: polled again, or dropped if empty */
+    }
     if (it == NULL || q->polling) {
       q = full ? q->next : miss_next(pool, &left);
       continue;
     }
-    q->polling = true; /* q is not freed while set, by anyone */
+    q->polling = wait ? 2 : 1; /* q is not freed while set, by anyone */
     pp_mutex_unlock(&pool->streams_lock);
     finish(pool, done);
     if (done_busy)
@@ -880,8 +924,9 @@ static void process(pinpool_t *pool, unsigned budget, bool wait, size_t nq) {
     if (busy)
       pp_busy_enter();
     pp_mutex_lock(&pool->streams_lock);
-    q->polling = false;
-    /* A synchronize that found this head busy may now wait on it itself. */
+    q->polling = 0;
+    /* A synchronize that found this head busy may now wait on it itself;
+     * a full poll waiting for the queue may drain it. */
     progress(pool);
     if (r == 0) {
       /* Not done: nothing behind the head on this stream is either. */
@@ -898,7 +943,8 @@ static void process(pinpool_t *pool, unsigned budget, bool wait, size_t nq) {
       continue; /* the same queue: its next head may have completed too */
     q->tail = NULL;
     pp_squeue_t *next = q->next;
-    queue_drop_locked(pool, q); /* moves the cursor past q */
+    if (q->wanted == 0)           /* else the last full poll waiting drops it */
+      queue_drop_locked(pool, q); /* moves the cursor past q */
     q = full ? next : miss_next(pool, &left);
   }
   pp_mutex_unlock(&pool->streams_lock);
@@ -1097,8 +1143,10 @@ void pp_streams_fork(pinpool_t *pool, int phase) {
       pp_store_relaxed(&pool->bg_restart, true);
     }
     /* Their pollers are gone; no poll is in flight. */
-    for (pp_squeue_t *q = pool->squeues; q != NULL; q = q->next)
-      q->polling = false;
+    for (pp_squeue_t *q = pool->squeues; q != NULL; q = q->next) {
+      q->polling = 0;
+      q->wanted = 0;
+    }
   }
   pthread_mutex_unlock(&pool->sync_mu);
   pthread_mutex_unlock(&pool->bg_mutex);

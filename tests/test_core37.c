@@ -20,6 +20,8 @@
  *    leaves pinpool_last_error() as it was (item 10).
  *  - exit_trims: a thread's exit flushes its cache and trims to max_cached
  *    (item 8).
+ *  - process_waits_for_poller: pinpool_process_events while a miss's
+ *    bounded poll holds a queue waits for it and drains the queue (item 7).
  */
 #include "testutil.h"
 
@@ -414,6 +416,125 @@ static void exit_trims(void **state) {
   exit_pool = NULL;
 }
 
+/* ---- Item 7: a full poll and a queue another thread polls ----------------
+ * 300 blocks freed on one stream, every event completed. A miss (its poll
+ * bounded: PP_MISS_BUDGET events) is held in its first query of the
+ * queue's head; process_events runs meanwhile on another thread, and the
+ * miss is let go once process_events waits for it (PP_HOOK_POLL_WAIT), or
+ * returned (before the fix it skipped the queue). After both, nothing
+ * completed is pending; before: 236 (the miss took its 64, process_events
+ * none). */
+#define PW_BLOCKS 300
+typedef struct pw_event {
+  int done;
+} pw_event_t;
+static pthread_t pw_miss_thread;
+static atomic_int pw_gate, pw_in_query, pw_waiting, pw_returned;
+static sem_t pw_go;
+static pinpool_t *pw_pool;
+
+static int pw_record(void *ctx, pinpool_stream_t s, void **ev) {
+  (void)ctx;
+  (void)s;
+  pw_event_t *e = calloc(1, sizeof *e);
+  if (e == NULL)
+    return PINPOOL_ENOMEM;
+  e->done = 1;
+  *ev = e;
+  return 0;
+}
+
+static int pw_query(void *ctx, void *ev) {
+  (void)ctx;
+  if (pthread_equal(pthread_self(), pw_miss_thread) &&
+      atomic_exchange(&pw_gate, 0) != 0) {
+    atomic_store(&pw_in_query, 1);
+    while (sem_wait(&pw_go) != 0)
+      ;
+  }
+  return ((pw_event_t *)ev)->done;
+}
+
+static int pw_sync(void *ctx, void *ev) {
+  (void)ctx;
+  (void)ev;
+  return 0;
+}
+
+static void pw_release(void *ctx, void *ev) {
+  (void)ctx;
+  free(ev);
+}
+
+static void pw_hook(int point) {
+  if (point == PP_HOOK_POLL_WAIT)
+    atomic_store(&pw_waiting, 1);
+}
+
+static void *pw_miss(void *arg) {
+  (void)arg;
+  void *b = NULL;
+  PP_OK(pinpool_alloc(pw_pool, 3 * MiB, &b)); /* a miss: a bounded poll */
+  PP_OK(pinpool_free(pw_pool, b));
+  return NULL;
+}
+
+static void *pw_process(void *arg) {
+  (void)arg;
+  PP_OK(pinpool_process_events(pw_pool));
+  atomic_store(&pw_returned, 1);
+  return NULL;
+}
+
+static void process_waits_for_poller(void **state) {
+  (void)state;
+  pinpool_events_t ev = {"user",  pw_record,  pw_query,
+                         pw_sync, pw_release, NULL};
+  pinpool_hooks_t hooks = {NULL, &ev, NULL, NULL};
+  PP_OK(pinpool_create_ex("backend=host,mlock=0", &hooks, &pw_pool));
+  static void *b[PW_BLOCKS];
+  for (int i = 0; i < PW_BLOCKS; i++) {
+    PP_OK(pinpool_alloc(pw_pool, 4096, &b[i]));
+    PP_OK(pinpool_record_stream(pw_pool, b[i], 7));
+  }
+  for (int i = 0; i < PW_BLOCKS; i++)
+    PP_OK(pinpool_free(pw_pool, b[i]));
+  pinpool_stats_t st0 = pp_stats_of(pw_pool);
+  PP_ASSERT(st0.pending_blocks == PW_BLOCKS, "%llu pending",
+            (unsigned long long)st0.pending_blocks);
+  (void)sem_init(&pw_go, 0, 0);
+  atomic_store(&pw_in_query, 0);
+  atomic_store(&pw_waiting, 0);
+  atomic_store(&pw_returned, 0);
+  atomic_store(&pp_test_hook, pw_hook);
+  atomic_store(&pw_gate, 1);
+  pthread_t tp;
+  PP_ASSERT(pthread_create(&pw_miss_thread, NULL, pw_miss, NULL) == 0, "t");
+  for (int i = 0; i < 10000 && atomic_load(&pw_in_query) == 0; i++)
+    pp_sleep_ms(1);
+  PP_ASSERT(atomic_load(&pw_in_query) == 1, "the miss never polled");
+  PP_ASSERT(pthread_create(&tp, NULL, pw_process, NULL) == 0, "t");
+  for (int i = 0; i < 10000 && atomic_load(&pw_waiting) == 0 &&
+                  atomic_load(&pw_returned) == 0;
+       i++)
+    pp_sleep_ms(1);
+  bool waited = atomic_load(&pw_waiting) == 1;
+  (void)sem_post(&pw_go);
+  pthread_join(tp, NULL);
+  pthread_join(pw_miss_thread, NULL);
+  atomic_store(&pp_test_hook, NULL);
+  (void)sem_destroy(&pw_go);
+  pinpool_stats_t st1 = pp_stats_of(pw_pool);
+  PP_ASSERT(waited && st1.pending_blocks == 0,
+            "process_events with a miss polling the queue: %s, %llu of %d "
+            "completed blocks still pending after both",
+            waited ? "waited" : "did not wait",
+            (unsigned long long)st1.pending_blocks, PW_BLOCKS);
+  PP_OK(pinpool_validate(pw_pool));
+  pinpool_destroy(pw_pool);
+  pw_pool = NULL;
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
@@ -425,6 +546,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(retry_releases_what_it_needs),
       cmocka_unit_test(last_error_kept),
       cmocka_unit_test(exit_trims),
+      cmocka_unit_test(process_waits_for_poller),
   };
   return pp_run_selected("test_core37", all, sizeof all / sizeof all[0], argc,
                          argv);
