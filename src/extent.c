@@ -54,8 +54,9 @@
  * The lists change only where a chunk can become whole or stop being so,
  * each time over the chunks of the range that changed (none unless it is
  * at least the smallest chunk): a give (the chunks of the range given),
- * a take (the chunks of the range carved), a merge with a right
- * neighbour that held whole chunks (their node goes), a chunk added or
+ * a take (the chunks of the range carved), a give that merges two
+ * neighbours (the node of the one that spans fewer chunks goes, and its
+ * whole chunks are repointed: O(log chunks) amortized), a chunk added or
  * cut out.
  *
  * The meter (x->work, arena.h) counts the elements each call visits, so
@@ -599,6 +600,14 @@ static pp_xnode_t *right_of(const pp_extents_t *x, uintptr_t a) {
   return n != NULL && !run_starts_at(x, a) ? n : NULL;
 }
 
+/* The chunks [a, e) (a free extent's range, in one run) overlaps: two
+ * searches, not a walk. */
+static size_t chunks_spanned(const pp_extents_t *x, uintptr_t a, uintptr_t e) {
+  if (e - a < x->min_chunk)
+    return 1; /* no chunk lies wholly inside */
+  return chunk_index(x, e - x->granule) - chunk_index(x, a) + 1;
+}
+
 /* Merge [b, b + size) (free, in no extent, in a run with these flags) with
  * its free neighbours into one extent (a spare node for it when it has no
  * left neighbour). */
@@ -609,17 +618,39 @@ static pp_xnode_t *merge_free(pp_extents_t *x, uintptr_t b, size_t size,
   /* Only the keys that change are touched (the table is most of a give's
    * time): the ends that meet at b and e go, the outer ends stay. */
   if (left != NULL && right != NULL) {
-    bin_remove(x, right);
+    /* One node goes (the only merge that changes the node of an extent
+     * that may hold whole chunks): the one whose extent spans fewer
+     * chunks, whose whole chunks are repointed to the other. Always the
+     * right one was O(chunks) a give once a long run of whole chunks lay
+     * right of a carve (issue 38, review item 3: many chunks near
+     * max_reserved, each just its request); the smaller side makes it
+     * O(log chunks) amortized (a chunk is repointed only into an extent
+     * at least twice the chunks it left). */
+#ifdef PINPOOL_MUTANT_EXT_REPOINT_RIGHT
+    /* Mutant (docs/verification.md): the right node always goes;
+     * test_scale's chunks_cycle must fail. */
+    bool keep_right = false;
+    (void)chunks_spanned;
+#else
+    bool keep_right = chunks_spanned(x, left->base, b) <
+                      chunks_spanned(x, e, right->base + right->size);
+#endif
+    pp_xnode_t *keep = keep_right ? right : left;
+    pp_xnode_t *gone = keep_right ? left : right;
+    uintptr_t base = left->base;
+    size_t total = left->size + size + right->size;
+    bin_remove(x, gone);
     tab_del(x, end_key(b));
     tab_del(x, e);
-    tab_set(x, end_key(right->base + right->size), left);
-    /* right's node goes: its whole chunks are left's now (the only merge
-     * that changes the node of an extent that may hold some). */
-    whole_repoint(x, right->base, right->base + right->size, left);
-    bin_resize(x, left, left->base, left->size + size + right->size);
-    spare_put(x, right);
+    if (keep_right)
+      tab_set(x, left->base, right);
+    else
+      tab_set(x, end_key(right->base + right->size), left);
+    whole_repoint(x, gone->base, gone->base + gone->size, keep);
+    bin_resize(x, keep, base, total);
+    spare_put(x, gone);
     x->nfree--;
-    return left;
+    return keep;
   }
   if (left != NULL) {
     tab_del(x, end_key(b));

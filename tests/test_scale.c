@@ -424,6 +424,52 @@ static void test_idle_pieces(void **state) {
   check_hold_growth("empty_cache's release of idle slabs (trim_lock)", w, n);
 }
 
+/* Review item 3, the free path: with max_reserved near its cap every
+ * chunk is just its request, so K blocks make K chunks side by side (the
+ * host backend places them in one run), all whole once freed. Then an
+ * alloc/free cycle beside them (alloc A and B from the run's low end,
+ * free A, free B): B's give merges A's extent with the one holding the
+ * K - 2 whole chunks, and repointed all of them to A's node, O(K) a
+ * cycle (257 elements at 250 chunks). The arena's meter (one call, one
+ * hold) at K = 25 and 250. Mutant EXT_REPOINT_RIGHT (the right node
+ * always goes) must fail. */
+static void test_chunks_cycle(void **state) {
+  (void)state;
+  uint64_t w[2];
+  size_t n[2] = {25, 250};
+  for (int i = 0; i < 2; i++) {
+    pinpool_t *pool;
+    PP_OK(pinpool_create("backend=host,populate=0,mlock=0,tcache_bytes=0,"
+                         "max_reserved=1GiB,max_cached=1GiB",
+                         &pool));
+    void *big, **v = malloc(n[i] * sizeof *v);
+    PP_ASSERT(v != NULL, "out of memory");
+    PP_OK(pinpool_alloc(pool, (size_t)950 << 20, &big));
+    for (size_t k = 0; k < n[i]; k++)
+      PP_OK(pinpool_alloc(pool, BLOCK, &v[k]));
+    pinpool_stats_t st;
+    PP_STATS(pool, &st);
+    PP_ASSERT(st.arena_chunks >= n[i], "%llu chunks for %zu blocks",
+              (unsigned long long)st.arena_chunks, n[i]);
+    for (size_t k = 0; k < n[i]; k++)
+      PP_OK(pinpool_free(pool, v[k]));
+    (void)meter(pool, true);
+    for (int r = 0; r < 100; r++) {
+      void *a, *b;
+      PP_OK(pinpool_alloc(pool, BLOCK, &a));
+      PP_OK(pinpool_alloc(pool, BLOCK, &b));
+      PP_OK(pinpool_free(pool, a));
+      PP_OK(pinpool_free(pool, b));
+    }
+    w[i] = meter(pool, false).work_max;
+    PP_CHECK_CONSISTENT(pool);
+    PP_OK(pinpool_free(pool, big));
+    free(v);
+    pinpool_destroy(pool);
+  }
+  check_hold_growth("an alloc/free cycle beside N whole chunks", w, n);
+}
+
 /* ---- The lock-hold test -------------------------------------------------- */
 
 typedef struct looper {
@@ -494,7 +540,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_free_capped),   cmocka_unit_test(test_empty_cache),
       cmocka_unit_test(test_snapshot_hold), cmocka_unit_test(test_lock_hold),
       cmocka_unit_test(test_defer_hold),    cmocka_unit_test(test_bins_walk),
-      cmocka_unit_test(test_idle_pieces),
+      cmocka_unit_test(test_idle_pieces),   cmocka_unit_test(test_chunks_cycle),
   };
   return pp_run_selected("test_scale", all, sizeof all / sizeof all[0], argc,
                          argv);
