@@ -22,6 +22,9 @@
  *    (item 8).
  *  - process_waits_for_poller: pinpool_process_events while a miss's
  *    bounded poll holds a queue waits for it and drains the queue (item 7).
+ *  - backend_count_formula: docs/stats.md's backend_alloc.count -
+ *    grow_ahead_chunks = cache_misses + failed calls + grower chunks given
+ *    back unused (item 9).
  */
 #include "testutil.h"
 
@@ -535,6 +538,66 @@ static void process_waits_for_poller(void **state) {
   pw_pool = NULL;
 }
 
+/* ---- Item 9: what backend_alloc.count counts ----------------------------
+ * docs/stats.md said backend_alloc.count - grow_ahead_chunks equals
+ * cache_misses; a grower's chunk that a release made it give back unused,
+ * and a failed backend call, are counted in backend_alloc and in neither
+ * (reviewer's r3). The formula as documented now, in the three cases. */
+static bool backend_calls_at_least(const pinpool_stats_t *st, uint64_t n) {
+  return st->backend_alloc.count >= n;
+}
+
+static bool backend_frees_at_least(const pinpool_stats_t *st, uint64_t n) {
+  return st->backend_free.count >= n;
+}
+
+static void check_formula(pinpool_t *pool, uint64_t failed, uint64_t lost,
+                          const char *what) {
+  pinpool_stats_t st = pp_stats_of(pool);
+  PP_ASSERT(st.backend_alloc.count - st.grow_ahead_chunks ==
+                st.cache_misses + failed + lost,
+            "%s: backend_alloc.count %llu - grow_ahead_chunks %llu != "
+            "cache_misses %llu + failed %llu + given back unused %llu",
+            what, (unsigned long long)st.backend_alloc.count,
+            (unsigned long long)st.grow_ahead_chunks,
+            (unsigned long long)st.cache_misses, (unsigned long long)failed,
+            (unsigned long long)lost);
+}
+
+static void backend_count_formula(void **state) {
+  (void)state;
+  pinpool_t *pool = NULL;
+  void *a = NULL;
+  /* Neither: the grower's chunk enters. */
+  PP_OK(pinpool_create_with_backend("grow_ahead=16MiB", &rb_backend, &pool));
+  PP_OK(pinpool_alloc(pool, 8 * MiB, &a));
+  PP_ASSERT(wait_stats(pool, headroom_at_least, 16 * MiB), "no headroom");
+  check_formula(pool, 0, 0, "grown ahead");
+  PP_OK(pinpool_free(pool, a));
+  pinpool_destroy(pool);
+  /* The grower's call fails (the second backend call). */
+  PP_OK(pinpool_create_with_backend("grow_ahead=16MiB,fault=alloc:2",
+                                    &rb_backend, &pool));
+  PP_OK(pinpool_alloc(pool, 8 * MiB, &a));
+  PP_ASSERT(wait_stats(pool, backend_calls_at_least, 2), "no second call");
+  check_formula(pool, 1, 0, "the grower's call failed");
+  PP_OK(pinpool_free(pool, a));
+  pinpool_destroy(pool);
+  /* A release while the grower's chunk is in flight: it goes back. */
+  PP_OK(pinpool_create_with_backend("grow_ahead=16MiB,tcache_bytes=0",
+                                    &rb_backend, &pool));
+  hold_arm(PP_HOOK_GROW_AHEAD);
+  PP_OK(pinpool_alloc(pool, 8 * MiB, &a));
+  hold_wait();
+  PP_OK(pinpool_free(pool, a));
+  PP_OK(pinpool_empty_cache(pool)); /* the 8 MiB chunk: a release */
+  hold_end(); /* lets the grower go: its chunk goes back unused */
+  PP_ASSERT(wait_stats(pool, backend_frees_at_least, 2),
+            "the grower's chunk was kept");
+  check_formula(pool, 0, 1, "a release while the grower's chunk was made");
+  pinpool_destroy(pool);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
@@ -547,6 +610,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(last_error_kept),
       cmocka_unit_test(exit_trims),
       cmocka_unit_test(process_waits_for_poller),
+      cmocka_unit_test(backend_count_formula),
   };
   return pp_run_selected("test_core37", all, sizeof all / sizeof all[0], argc,
                          argv);
