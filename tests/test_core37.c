@@ -385,6 +385,44 @@ static void last_error_kept(void **state) {
     PP_OK(pinpool_free(pool, b));
     pinpool_destroy(pool);
   }
+  /* The class: every path an allocation can succeed through (the retry,
+   * a chunk that could not be locked, a refusal of populate or of the
+   * backend at each call in turn, under a cap) leaves the last error as
+   * it was. */
+  static const char *const sites[] = {"alloc", "populate", "mlock"};
+  for (int k = 0; k < 3; k++)
+    for (int n = 1; n <= 4; n++) {
+      char conf[128];
+      (void)snprintf(conf, sizeof conf,
+                     "backend=host,mlock=1,populate=0,max_reserved=20MiB,"
+                     "tcache_bytes=0,fault=%s:%d:2",
+                     sites[k], n);
+      pinpool_t *pool = NULL;
+      PP_OK(pinpool_create(conf, &pool));
+      void *p[8] = {0};
+      for (int i = 0; i < 8; i++) {
+        PP_CHECK_RC(pinpool_free(pool, NULL), PINPOOL_EINVAL);
+        char before[256];
+        (void)snprintf(before, sizeof before, "%s", pinpool_last_error());
+        size_t sz = (size_t)(2 + i % 3) * MiB;
+        if (pinpool_alloc(pool, sz, &p[i]) != 0) {
+          p[i] = NULL;
+        } else {
+          PP_ASSERT(strcmp(pinpool_last_error(), before) == 0,
+                    "%s, allocation %d succeeded and left \"%s\"", conf, i,
+                    pinpool_last_error());
+        }
+        if (i % 2 == 1 && p[i - 1] != NULL) { /* room for the retry */
+          PP_OK(pinpool_free(pool, p[i - 1]));
+          p[i - 1] = NULL;
+        }
+      }
+      for (int i = 0; i < 8; i++)
+        if (p[i] != NULL)
+          PP_OK(pinpool_free(pool, p[i]));
+      PP_OK(pinpool_validate(pool));
+      pinpool_destroy(pool);
+    }
 }
 
 /* ---- Item 8: a thread's exit trims --------------------------------------
