@@ -101,6 +101,24 @@ static int in_pidns(int (*fn)(void)) {
   return pp_wait_child(outer, 30000);
 }
 
+/* A test of fn in a new pid namespace (in_pidns): skipped where not root
+ * (a pid namespace needs CAP_SYS_ADMIN) or where fn says 77 (what it needs
+ * is not here); else fn's exit code must be 0 (the check that failed). */
+static void pidns_test(const char *name, int (*fn)(void)) {
+  if (geteuid() != 0) {
+    print_message("%s: not root: skipped\n", name);
+    skip();
+  }
+  int rc = in_pidns(fn);
+  if (rc == 77) {
+    print_message("%s: not available here (pid namespace, ns_last_pid, "
+                  "...): skipped\n",
+                  name);
+    skip();
+  }
+  PP_ASSERT(rc == 0, "%s: pid namespace check %d failed", name, rc);
+}
+
 /* ---- hostile returns ------------------------------------------------------
  */
 #define NW 3
@@ -440,17 +458,7 @@ static int pidns_main(void) {
 
 static void test_pid_reuse(void **state) {
   (void)state;
-  if (geteuid() != 0) {
-    print_message("pid_reuse: not root (a pid namespace needs "
-                  "CAP_SYS_ADMIN): skipped\n");
-    skip();
-  }
-  int rc = in_pidns(pidns_main);
-  if (rc == 77) {
-    print_message("pid_reuse: no pid namespace here: skipped\n");
-    skip();
-  }
-  PP_ASSERT(rc == 0, "pid namespace check %d failed", rc);
+  pidns_test("pid_reuse", pidns_main);
 }
 
 /* ---- a return known by the returner's pidfd (issue 36, D4) --------------
@@ -594,17 +602,8 @@ static int return_pidfd_main(void) {
 
 static void test_return_pidfd(void **state) {
   (void)state;
-  if (geteuid() != 0) {
-    print_message("return_pidfd: not root: skipped\n");
-    skip();
-  }
-  int rc = in_pidns(return_pidfd_main);
-  if (rc == 77) {
-    print_message("return_pidfd: no pid namespace, SO_PEERPIDFD of a reaped "
-                  "peer or pidfs here: skipped\n");
-    skip();
-  }
-  PP_ASSERT(rc == 0, "return by pidfd: check %d failed", rc);
+  /* (77 also: no SO_PEERPIDFD of a reaped peer, or no pidfs.) */
+  pidns_test("return_pidfd", return_pidfd_main);
 }
 
 /* ---- an owner and a worker that are both pid 1 (issue 36, third round) ----
@@ -692,16 +691,7 @@ static int pid1_owner(void) {
 
 static void test_pidns_owner_pid1(void **state) {
   (void)state;
-  if (geteuid() != 0) {
-    print_message("pidns_owner_pid1: not root: skipped\n");
-    skip();
-  }
-  int rc = in_pidns(pid1_owner);
-  if (rc == 77) {
-    print_message("pidns_owner_pid1: no pid namespace here: skipped\n");
-    skip();
-  }
-  PP_ASSERT(rc == 0, "owner and worker both pid 1: check %d failed", rc);
+  pidns_test("pidns_owner_pid1 (owner and worker both pid 1)", pid1_owner);
 }
 
 /* ---- the control area, from a worker --------------------------------------
@@ -991,23 +981,9 @@ static pinpool_share_handle_t fake_handle(uint64_t gen) {
 /* Send bytes [from, to) of h raw, with descriptors fds[0..nfds) on them. */
 static void raw_send(int sock, const pinpool_share_handle_t *h, size_t from,
                      size_t to, const int *fds, int nfds) {
-  union {
-    char buf[CMSG_SPACE(4 * sizeof(int))];
-    struct cmsghdr a;
-  } u;
-  memset(&u, 0, sizeof u);
-  struct iovec iov = {(char *)h + from, to - from};
-  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (nfds > 0) {
-    m.msg_control = u.buf;
-    m.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
-    memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
-  }
-  PP_ASSERT(sendmsg(sock, &m, 0) == (ssize_t)(to - from), "raw send");
+  PP_ASSERT(pp_send_fds(sock, (const char *)h + from, to - from, fds, nfds) ==
+                (ssize_t)(to - from),
+            "raw send");
 }
 
 static void expect_handle(int sock, uint64_t gen, bool with_fd, ino_t ino) {
@@ -1244,12 +1220,10 @@ static int worker_keeps(int sock) {
 static void test_ctl_fds_not_kept(void **state) {
   (void)state;
   pinpool_t *pool = NULL;
-  PP_OK(pinpool_create(CONF, &pool));
   void *b;
-  PP_OK(pinpool_alloc(pool, 64 * KiB, &b));
   pinpool_share_handle_t h;
   int cfd;
-  PP_OK(pinpool_lend(pool, b, getpid(), &h, &cfd));
+  pp_lend_to_self(CONF, 64 * KiB, &pool, &b, &h, &cfd);
   int sv[2];
   PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
   int fds0 = pp_count_fds();

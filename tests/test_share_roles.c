@@ -70,27 +70,28 @@ static int second_owner(int sock) {
   return 0;
 }
 
+/* This process as the second owner's worker: its block p filled with 0xA5,
+ * detached, the owner told (sock), and its checks waited for. */
+static void give_back_filled(void *p, int sock, pid_t c) {
+  memset(p, 0xA5, 64 * KiB);
+  PP_OK(pinpool_share_detach(p));
+  PP_ASSERT(write(sock, "w", 1) == 1, "write");
+  PP_CHECK_RC(pp_wait_child(c, 10000), 0);
+  (void)close(sock);
+}
+
 static void test_both_roles(void **state) {
   (void)state;
   pinpool_t *pool = NULL;
-  PP_OK(pinpool_create(CONF, &pool));
-  void *mine;
-  PP_OK(pinpool_alloc(pool, 64 * KiB, &mine)); /* this process owns a chunk */
+  void *mine; /* this process owns a chunk */
   pinpool_share_handle_t mh;
   int mfd;
-  PP_OK(pinpool_lend(pool, mine, getpid(), &mh, &mfd));
-  int sv[2];
-  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
-  pid_t c = fork();
-  PP_ASSERT(c >= 0, "fork");
-  if (c == 0) {
-    (void)close(sv[0]);
-    _exit(second_owner(sv[1]));
-  }
-  (void)close(sv[1]);
+  pp_lend_to_self(CONF, 64 * KiB, &pool, &mine, &mh, &mfd);
+  int sock;
+  pid_t c = pp_fork_peer(second_owner, &sock);
   pinpool_share_handle_t h;
   int fd = -1;
-  PP_OK(pinpool_share_recv(sv[0], &h, &fd));
+  PP_OK(pinpool_share_recv(sock, &h, &fd));
   PP_ASSERT(pp_share_worker_pending_ctl() == 1,
             "the second owner's control descriptor was not kept (%zu kept)",
             pp_share_worker_pending_ctl());
@@ -99,11 +100,7 @@ static void test_both_roles(void **state) {
   PP_CHECK_RC(pinpool_share_attach(&h, fd, &p), 0);
   (void)close(fd);
   PP_ASSERT(pp_share_worker_pending_ctl() == 0, "kept after the attach");
-  memset(p, 0xA5, 64 * KiB);
-  PP_OK(pinpool_share_detach(p));
-  PP_ASSERT(write(sv[0], "w", 1) == 1, "write");
-  PP_CHECK_RC(pp_wait_child(c, 10000), 0);
-  (void)close(sv[0]);
+  give_back_filled(p, sock, c);
   PP_OK(pinpool_lend_return(pool, &mh, getpid()));
   (void)close(mfd);
   PP_OK(pinpool_free(pool, mine));
@@ -115,19 +112,8 @@ static void test_both_roles(void **state) {
  * as pinpool_share_send frames it. */
 static void send_pair(int sock, const pinpool_share_handle_t *h, int a, int b) {
   int fds[2] = {a, b};
-  char cbuf[CMSG_SPACE(sizeof fds)];
-  memset(cbuf, 0, sizeof cbuf);
-  struct iovec iov = {(void *)h, sizeof *h};
-  struct msghdr m = {.msg_iov = &iov,
-                     .msg_iovlen = 1,
-                     .msg_control = cbuf,
-                     .msg_controllen = sizeof cbuf};
-  struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof fds);
-  memcpy(CMSG_DATA(cm), fds, sizeof fds);
-  PP_ASSERT(sendmsg(sock, &m, 0) == (ssize_t)sizeof *h, "sendmsg");
+  PP_ASSERT(pp_send_fds(sock, h, sizeof *h, fds, 2) == (ssize_t)sizeof *h,
+            "sendmsg");
 }
 
 /* A memfd sealed as a control area of chunk_size is (any process can make
@@ -145,31 +131,46 @@ static int sealed_ctl(uint64_t chunk_size, uint64_t *ino) {
   return m;
 }
 
+/* A peer's forged handle f, sent on tx with a fresh sealed control area
+ * (its inode in f) after descriptor a (-1: the control area twice), with
+ * chunk inode ino, and received on rx: whatever came is closed. */
+static void send_forged(int tx, int rx, pinpool_share_handle_t f, int a,
+                        uint64_t ino) {
+  uint64_t ctl;
+  int m = sealed_ctl(f.chunk_size, &ctl);
+  f.ino = ino;
+  f.ctl_ino = ctl;
+  send_pair(tx, &f, a >= 0 ? a : m, m);
+  (void)close(m);
+  pinpool_share_handle_t g;
+  int got = -1;
+  PP_OK(pinpool_share_recv(rx, &g, &got));
+  (void)close(got);
+}
+
+/* pp_lend_to_self undone: the lend returned, the block freed, the pool
+ * destroyed. */
+static void end_self_lend(pinpool_t *pool, void *b,
+                          const pinpool_share_handle_t *h) {
+  PP_OK(pinpool_lend_return(pool, h, getpid()));
+  PP_OK(pinpool_free(pool, b));
+  pinpool_destroy(pool);
+}
+
 static void test_own_returns_keep_nothing(void **state) {
   (void)state;
   pinpool_t *pool = NULL;
-  PP_OK(pinpool_create(CONF, &pool));
   void *b;
-  PP_OK(pinpool_alloc(pool, 64 * KiB, &b));
   pinpool_share_handle_t h;
   int cfd;
-  PP_OK(pinpool_lend(pool, b, getpid(), &h, &cfd));
+  pp_lend_to_self(CONF, 64 * KiB, &pool, &b, &h, &cfd);
   int sv[2];
   PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
   int fds0 = pp_count_fds();
-  for (int i = 0; i < 100; i++) {
-    pinpool_share_handle_t f = h; /* this process's own pool: owner_pid */
-    uint64_t ino;
-    int m = sealed_ctl(h.chunk_size, &ino);
-    f.ino = 1000000 + (uint64_t)i; /* any chunk the peer names */
-    f.ctl_ino = ino;               /* with a control area that checks out */
-    send_pair(sv[1], &f, cfd, m);
-    (void)close(m);
-    pinpool_share_handle_t g;
-    int got = -1;
-    PP_OK(pinpool_share_recv(sv[0], &g, &got));
-    (void)close(got);
-  }
+  for (int i = 0; i < 100; i++) /* this process's own pool, any chunk the
+                                 * peer names, a control area that checks
+                                 * out */
+    send_forged(sv[1], sv[0], h, cfd, 1000000 + (uint64_t)i);
   PP_ASSERT(pp_share_worker_pending_ctl() == 0 && pp_count_fds() == fds0,
             "kept %zu control descriptors of its own pool's handles (%d "
             "open more)",
@@ -177,20 +178,16 @@ static void test_own_returns_keep_nothing(void **state) {
   (void)close(sv[0]);
   (void)close(sv[1]);
   (void)close(cfd);
-  PP_OK(pinpool_lend_return(pool, &h, getpid()));
-  PP_OK(pinpool_free(pool, b));
-  pinpool_destroy(pool);
+  end_self_lend(pool, b, &h);
 }
 
 static void test_forged_owner_bounded(void **state) {
   (void)state;
   pinpool_t *pool = NULL;
-  PP_OK(pinpool_create(CONF, &pool));
   void *b;
-  PP_OK(pinpool_alloc(pool, 64 * KiB, &b));
   pinpool_share_handle_t h;
   int cfd;
-  PP_OK(pinpool_lend(pool, b, getpid(), &h, &cfd));
+  pp_lend_to_self(CONF, 64 * KiB, &pool, &b, &h, &cfd);
   int sv[2];
   PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
   int fds0 = pp_count_fds();
@@ -198,16 +195,7 @@ static void test_forged_owner_bounded(void **state) {
     pinpool_share_handle_t f = h;
     f.owner_pid = getpid() + 1 + i; /* "another owner's" */
     f.nonce = h.nonce ^ (uint64_t)(i + 1);
-    uint64_t ino;
-    int m = sealed_ctl(h.chunk_size, &ino);
-    f.ino = 2000000 + (uint64_t)i;
-    f.ctl_ino = ino;
-    send_pair(sv[1], &f, cfd, m);
-    (void)close(m);
-    pinpool_share_handle_t g;
-    int got = -1;
-    PP_OK(pinpool_share_recv(sv[0], &g, &got));
-    (void)close(got);
+    send_forged(sv[1], sv[0], f, cfd, 2000000 + (uint64_t)i);
   }
   size_t kept = pp_share_worker_pending_ctl();
   PP_ASSERT(kept >= 1 && kept <= 16 && pp_count_fds() - fds0 == (int)kept,
@@ -216,9 +204,7 @@ static void test_forged_owner_bounded(void **state) {
   (void)close(sv[0]);
   (void)close(sv[1]);
   (void)close(cfd);
-  PP_OK(pinpool_lend_return(pool, &h, getpid()));
-  PP_OK(pinpool_free(pool, b));
-  pinpool_destroy(pool);
+  end_self_lend(pool, b, &h);
 }
 
 /* Both roles: a genuine owner's handle received (its control descriptor
@@ -230,41 +216,23 @@ static void test_forged_owner_bounded(void **state) {
 static void test_forged_peer_cannot_evict(void **state) {
   (void)state;
   pinpool_t *pool = NULL;
-  PP_OK(pinpool_create(CONF, &pool));
   void *mine;
-  PP_OK(pinpool_alloc(pool, 64 * KiB, &mine));
   pinpool_share_handle_t mh;
   int mfd;
-  PP_OK(pinpool_lend(pool, mine, getpid(), &mh, &mfd));
-  int sv[2], hv[2];
-  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
+  pp_lend_to_self(CONF, 64 * KiB, &pool, &mine, &mh, &mfd);
+  int sock, hv[2];
+  pid_t c = pp_fork_peer(second_owner, &sock);
   PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, hv) == 0, "sp");
-  pid_t c = fork();
-  PP_ASSERT(c >= 0, "fork");
-  if (c == 0) {
-    (void)close(sv[0]);
-    _exit(second_owner(sv[1]));
-  }
-  (void)close(sv[1]);
   pinpool_share_handle_t h;
   int fd = -1;
   size_t before = pp_share_worker_pending_ctl(); /* earlier tests' */
-  PP_OK(pinpool_share_recv(sv[0], &h, &fd));
+  PP_OK(pinpool_share_recv(sock, &h, &fd));
   PP_ASSERT(pp_share_worker_pending_ctl() == before + 1, "genuine not kept");
   for (int i = 0; i < 200; i++) {
     pinpool_share_handle_t f = h;
     f.nonce = h.nonce ^ (uint64_t)(i + 1);
-    uint64_t ino;
-    int m = sealed_ctl(h.chunk_size, &ino);
-    if (i != 100) /* #100 names the genuine chunk, another control area */
-      f.ino = 3000000 + (uint64_t)i;
-    f.ctl_ino = ino;
-    send_pair(hv[1], &f, m, m);
-    (void)close(m);
-    pinpool_share_handle_t g;
-    int got = -1;
-    PP_OK(pinpool_share_recv(hv[0], &g, &got));
-    (void)close(got);
+    /* #100 names the genuine chunk, with another control area */
+    send_forged(hv[1], hv[0], f, -1, i != 100 ? 3000000 + (uint64_t)i : h.ino);
   }
   void *p = NULL;
   PP_CHECK_RC(pinpool_share_attach(&h, fd, &p), 0);
@@ -272,11 +240,7 @@ static void test_forged_peer_cannot_evict(void **state) {
             "%zu kept (%zu + 16: the peer's bound)",
             pp_share_worker_pending_ctl(), before);
   (void)close(fd);
-  memset(p, 0xA5, 64 * KiB);
-  PP_OK(pinpool_share_detach(p));
-  PP_ASSERT(write(sv[0], "w", 1) == 1, "write");
-  PP_CHECK_RC(pp_wait_child(c, 10000), 0);
-  (void)close(sv[0]);
+  give_back_filled(p, sock, c);
   (void)close(hv[0]);
   (void)close(hv[1]);
   PP_OK(pinpool_lend_return(pool, &mh, getpid()));
@@ -305,20 +269,7 @@ static void test_closed_socket_piece_dropped(void **state) {
   memset(&h, 0, sizeof h);
   h.magic = PINPOOL_SHARE_MAGIC;
   h.version = PINPOOL_SHARE_VERSION;
-  int fds[1] = {m};
-  char cbuf[CMSG_SPACE(sizeof fds)];
-  memset(cbuf, 0, sizeof cbuf);
-  struct iovec iov = {(void *)&h, 40};
-  struct msghdr msg = {.msg_iov = &iov,
-                       .msg_iovlen = 1,
-                       .msg_control = cbuf,
-                       .msg_controllen = sizeof cbuf};
-  struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof fds);
-  memcpy(CMSG_DATA(cm), fds, sizeof fds);
-  PP_ASSERT(sendmsg(a[1], &msg, 0) == 40, "sendmsg");
+  PP_ASSERT(pp_send_fds(a[1], &h, 40, &m, 1) == 40, "sendmsg");
   (void)close(m);
   int fds0 = pp_count_fds();
   size_t kept0 = pp_share_io_kept();
@@ -340,32 +291,17 @@ static void test_closed_socket_piece_dropped(void **state) {
 static void test_many_partial_messages(void **state) {
   (void)state;
   pinpool_t *pool = NULL;
-  PP_OK(pinpool_create(CONF, &pool));
   void *b;
-  PP_OK(pinpool_alloc(pool, 64 * KiB, &b));
   pinpool_share_handle_t h;
   int cfd;
-  PP_OK(pinpool_lend(pool, b, getpid(), &h, &cfd));
+  pp_lend_to_self(CONF, 64 * KiB, &pool, &b, &h, &cfd);
   enum { HALF = 60, OTHERS = 200 };
   int hv[2];
   PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0,
                        hv) == 0,
             "sp");
   /* The honest peer: the first HALF bytes with the descriptor. */
-  int fds[1] = {cfd};
-  char cbuf[CMSG_SPACE(sizeof fds)];
-  memset(cbuf, 0, sizeof cbuf);
-  struct iovec iov = {(void *)&h, HALF};
-  struct msghdr m = {.msg_iov = &iov,
-                     .msg_iovlen = 1,
-                     .msg_control = cbuf,
-                     .msg_controllen = sizeof cbuf};
-  struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof fds);
-  memcpy(CMSG_DATA(cm), fds, sizeof fds);
-  PP_ASSERT(sendmsg(hv[1], &m, 0) == HALF, "sendmsg");
+  PP_ASSERT(pp_send_fds(hv[1], &h, HALF, &cfd, 1) == HALF, "sendmsg");
   pinpool_share_handle_t g;
   int got = -1;
   PP_CHECK_RC(pinpool_share_recv(hv[0], &g, &got), PINPOOL_EAGAIN);
@@ -407,10 +343,8 @@ static void test_many_partial_messages(void **state) {
     (void)close(sv[i][0]);
     (void)close(sv[i][1]);
   }
-  PP_OK(pinpool_lend_return(pool, &h, getpid()));
   (void)close(cfd);
-  PP_OK(pinpool_free(pool, b));
-  pinpool_destroy(pool);
+  end_self_lend(pool, b, &h);
 }
 
 int main(int argc, char **argv) {

@@ -6,6 +6,7 @@
 #include <inttypes.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -586,4 +587,49 @@ int pp_write_full(int fd, const void *buf, size_t n) {
     n -= (size_t)r;
   }
   return 0;
+}
+
+pid_t pp_fork_peer(int (*fn)(int sock), int *sock) {
+  int sv[2];
+  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0,
+            "socketpair: %s", strerror(errno));
+  pid_t c = fork();
+  PP_ASSERT(c >= 0, "fork: %s", strerror(errno));
+  if (c == 0) {
+    (void)close(sv[0]);
+    _exit(fn(sv[1]));
+  }
+  (void)close(sv[1]);
+  *sock = sv[0];
+  return c;
+}
+
+ssize_t pp_send_fds(int sock, const void *buf, size_t n, const int *fds,
+                    int nfds) {
+  union {
+    char buf[CMSG_SPACE(4 * sizeof(int))];
+    struct cmsghdr align;
+  } u;
+  if (nfds < 0 || nfds > 4)
+    return -1;
+  memset(&u, 0, sizeof u);
+  struct iovec iov = {(void *)buf, n};
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (nfds > 0) {
+    m.msg_control = u.buf;
+    m.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+    memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
+  }
+  return sendmsg(sock, &m, 0);
+}
+
+void pp_lend_to_self(const char *conf, size_t n, pinpool_t **pool, void **b,
+                     pinpool_share_handle_t *h, int *fd) {
+  PP_OK(pinpool_create(conf, pool));
+  PP_OK(pinpool_alloc(*pool, n, b));
+  PP_OK(pinpool_lend(*pool, *b, getpid(), h, fd));
 }

@@ -225,5 +225,17 @@ int pp_filled(const void *p, size_t n, unsigned seed);
 /* Read / write exactly n bytes, resuming after EINTR: 0, or -1. */
 int pp_read_full(int fd, void *buf, size_t n);
 int pp_write_full(int fd, const void *buf, size_t n);
+/* A peer: a child on a socket pair (AF_UNIX stream, close-on-exec) that
+ * runs fn on its end and exits with fn's result; this process gets the
+ * other end in *sock. The child's pid; the test fails if none is made. */
+pid_t pp_fork_peer(int (*fn)(int sock), int *sock);
+/* One sendmsg of n bytes at buf with fds[0..nfds) (0 to 4) as SCM_RIGHTS:
+ * the bytes sent, or -1. */
+ssize_t pp_send_fds(int sock, const void *buf, size_t n, const int *fds,
+                    int nfds);
+/* A pool of conf with a block of n bytes lent to this process itself:
+ * *pool, *b, the handle and the chunk's descriptor (the pool's). */
+void pp_lend_to_self(const char *conf, size_t n, pinpool_t **pool, void **b,
+                     pinpool_share_handle_t *h, int *fd);
 
 #endif /* PP_TESTUTIL_H */

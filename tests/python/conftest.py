@@ -97,3 +97,35 @@ def run_in_new_pid_namespace(code, env=None, timeout=60):
     if r.returncode != 0 and "unshare:" in r.stderr:
         pytest.skip("PID namespaces unavailable: " + r.stderr.strip()[:200])
     return r
+
+
+def run_in_fork(fn):
+    """fn() in a child of os.fork(), its result pickled back over a pipe:
+    (the child's exit code, the result; None if fn raised, exit code 1).
+    The child never returns into the test (os._exit)."""
+    import pickle
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        code = 0
+        try:
+            os.close(r)
+            data = pickle.dumps(fn())
+            while data:
+                data = data[os.write(w, data):]
+        except BaseException:  # noqa: BLE001 the code says it
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    data = b""
+    while True:
+        piece = os.read(r, 1 << 16)
+        if not piece:
+            break
+        data += piece
+    os.close(r)
+    _, status = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return code, (pickle.loads(data) if code == 0 and data else None)
+

@@ -18,7 +18,7 @@ import textwrap
 import pytest
 
 import pinpool
-from conftest import torch
+from conftest import pinpool_env, torch
 
 NO_CUDA = "/nonexistent/libcuda.so.1"
 
@@ -62,15 +62,8 @@ CHILD = textwrap.dedent("""
 
 
 def child_env(lib):
-    env = dict(os.environ)
-    env["PINPOOL_LIBCUDA"] = lib
-    env.pop("PINPOOL_CONF", None)
     # This pinpool, from any working directory (the children run in /).
-    here = os.path.dirname(os.path.dirname(os.path.abspath(pinpool.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(
-        [here] + [os.path.abspath(p) for p in
-                  env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
+    return pinpool_env(PINPOOL_LIBCUDA=lib, PINPOOL_CONF=None)
 
 
 def run_child(config="", lib=NO_CUDA, memlock=None, drop_root=False,
@@ -152,26 +145,16 @@ def test_explicit_host_keeps_todays_behaviour():
 
 def test_warning_can_be_filtered_into_an_error():
     code = textwrap.dedent("""
-        import warnings, pinpool
+        import json, warnings, pinpool
         warnings.simplefilter("error", pinpool.NotPinnedWarning)
         try:
             pinpool.Pool()
         except pinpool.NotPinnedWarning as e:
-            print("raised", issubclass(pinpool.NotPinnedWarning, RuntimeWarning))
+            print(json.dumps(["raised",
+                              issubclass(pinpool.NotPinnedWarning,
+                                         RuntimeWarning)]))
     """)
-    env = child_env(NO_CUDA)
-
-    def pre():
-        resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
-        if os.geteuid() == 0:
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-
-    r = subprocess.run([sys.executable, "-c", code], env=env, preexec_fn=pre,
-                       capture_output=True, text=True, timeout=60, cwd="/")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "raised True"
+    assert _nonroot_child(code, 0) == ["raised", True]
 
 
 def test_warning_raised_as_an_error_is_given_again():
@@ -204,19 +187,7 @@ def test_warning_raised_as_an_error_is_given_again():
         out.append([p.stats()["pin_warnings"], q.stats()["pin_warnings"]])
         print(json.dumps(out))
     """)
-    env = child_env(NO_CUDA)
-
-    def pre():
-        resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
-        if os.geteuid() == 0:
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-
-    r = subprocess.run([sys.executable, "-c", code], env=env, preexec_fn=pre,
-                       capture_output=True, text=True, timeout=60, cwd="/")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = _nonroot_child(code, 0)
     assert out == ["raised", "raised", "quiet", ["NotPinnedWarning"],
                    [1, 1]], out
 
@@ -252,24 +223,14 @@ def test_warning_raised_by_an_allocation_is_raised_by_each_allocation():
         out.append(b.stats()["pin_warnings"])
         print(json.dumps(out))
     """)
-    env = child_env(NO_CUDA)
-
-    def pre():
-        resource.setrlimit(resource.RLIMIT_MEMLOCK, (1 << 20, 1 << 20))
-        if os.geteuid() == 0:
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-
-    r = subprocess.run([sys.executable, "-c", code], env=env, preexec_fn=pre,
-                       capture_output=True, text=True, timeout=60, cwd="/")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = _nonroot_child(code, 1 << 20)
     assert out == [["host-locked", "host-locked"], "raised", "raised",
                    "raised", 1], out
 
 
 def _nonroot_child(code, memlock, lib=NO_CUDA):
+    """The JSON the code's last line prints, run as nobody (root's
+    CAP_IPC_LOCK would pin all the same) with RLIMIT_MEMLOCK memlock."""
     env = child_env(lib)
 
     def pre():

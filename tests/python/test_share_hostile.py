@@ -21,6 +21,7 @@ import sysconfig
 import pytest
 
 import pinpool
+from conftest import run_in_fork, run_in_new_pid_namespace
 from pinpool import _loader, _share
 
 pytestmark = pytest.mark.skipif(
@@ -518,28 +519,8 @@ def _borrower_with_a_grandchild(inq, outq):
     with memoryview(buf) as m:
         m[:] = b"\x33" * len(m)
     me = os.getpid()
-    r, w = os.pipe()
-    child = os.fork()
-    if child == 0:  # forked after the lend: it has the Buffer and its token
-        code = 0
-        try:
-            os.close(r)
-            forged = _forge_returns(buf, me)
-            os.write(w, pickle.dumps(forged))
-        except BaseException:  # noqa: BLE001
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(w)
-    data = b""
-    while True:
-        piece = os.read(r, 1 << 16)
-        if not piece:
-            break
-        data += piece
-    os.close(r)
-    _, status = os.waitpid(child, 0)
-    outq.put((os.waitstatus_to_exitcode(status), pickle.loads(data)))
+    # A child forked after the lend: it has the Buffer and its token.
+    outq.put(run_in_fork(lambda: _forge_returns(buf, me)))
     assert inq.get(timeout=TIMEOUT) == "go"
     with memoryview(buf) as m:
         m[:] = b"\x44" * len(m)
@@ -560,34 +541,19 @@ def _forged_by_a_child_of_the_owner(b, claimed_pid):
     fork, the address is not forgotten by a hostile child), and claims
     the borrower's pid."""
     addr = getattr(_share, "_address", b"")
-    r, wfd = os.pipe()
-    child = os.fork()
-    if child == 0:
-        code = 0
-        try:
-            os.close(r)
-            h = _share._current(b).handle
-            out = [pickle.dumps(_Forged((h, claimed_pid)))]
-            prove = getattr(_share, "_prove_return", None)
-            if prove is not None:
-                out.append(pickle.dumps(_Forged((h, claimed_pid,
-                                                 prove(addr, h)))))
-            os.write(wfd, pickle.dumps(out))
-        except BaseException:  # noqa: BLE001
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(wfd)
-    data = b""
-    while True:
-        piece = os.read(r, 1 << 16)
-        if not piece:
-            break
-        data += piece
-    os.close(r)
-    _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the owner's child failed"
-    return pickle.loads(data)
+
+    def forge():
+        h = _share._current(b).handle
+        out = [pickle.dumps(_Forged((h, claimed_pid)))]
+        prove = getattr(_share, "_prove_return", None)
+        if prove is not None:
+            out.append(pickle.dumps(_Forged((h, claimed_pid,
+                                             prove(addr, h)))))
+        return out
+
+    code, out = run_in_fork(forge)
+    assert code == 0, "the owner's child failed"
+    return out
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
@@ -721,6 +687,16 @@ class _CountingListener:
         return self.real.accept()
 
 
+def _end_worker(w, socks=()):
+    """A test's worker process ended: socks closed, w joined (killed if it
+    outlives TIMEOUT)."""
+    for s in socks:
+        s.close()
+    w.join(TIMEOUT)
+    if w.is_alive():
+        w.kill()
+
+
 def _lent_to_a_borrower(spool, ctx):
     inq, outq = ctx.Queue(), ctx.Queue()
     w = ctx.Process(target=_return_it, args=(inq, outq))
@@ -780,11 +756,7 @@ def test_a_flood_on_the_return_socket_holds_the_owner_for_bounded_work(spool):
             assert bytes(m) == b"\x55" * 4096
         inq.put("go")
     finally:
-        for s in junk:
-            s.close()
-        w.join(TIMEOUT)
-        if w.is_alive():
-            w.kill()
+        _end_worker(w, junk)
     assert w.exitcode == 0
     b.close()
 
@@ -839,9 +811,7 @@ def test_no_library_function_named_by_a_pickle_ends_another_s_lend(spool):
         inq.put("go")
         assert pickle.loads(outq.get(timeout=TIMEOUT)) is b  # its own return
     finally:
-        w.join(TIMEOUT)
-        if w.is_alive():
-            w.kill()
+        _end_worker(w)
     assert w.exitcode == 0
     b.close()
 
@@ -882,9 +852,7 @@ def test_an_honest_return_at_emfile_is_an_oserror_not_a_refusal(spool):
         assert pickle.loads(back) is b and b.lent_to is None
         inq.put("go")
     finally:
-        w.join(TIMEOUT)
-        if w.is_alive():
-            w.kill()
+        _end_worker(w)
     assert w.exitcode == 0
     b.close()
 
@@ -939,9 +907,6 @@ pool = pinpool.Pool("shared=1,mlock=0")
 
 
 def _run_pidns(body):
-    import sys
-    sys.path.insert(0, os.path.dirname(__file__))
-    from conftest import run_in_new_pid_namespace
     r = run_in_new_pid_namespace(_PIDNS_COMMON + body)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -1192,11 +1157,7 @@ def test_a_return_lost_in_queue_get_is_collected_later(spool, why):
             assert bytes(m) == b"\x5a" * 4096
         inq.put("go")
     finally:
-        for s in junk:
-            s.close()
-        w.join(TIMEOUT)
-        if w.is_alive():
-            w.kill()
+        _end_worker(w, junk)
     assert w.exitcode == 0
     b.close()
 
