@@ -265,9 +265,10 @@ static void thread_exit(void *arg) {
     /* The flush made its bytes idle in the pool: the caps apply to them
      * now, as pinpool_thread_flush trims (issue 37, third review, item 8:
      * 12 MiB stayed cached under max_cached=4MiB until another thread's
-     * next free). Not in a CUDA or shared pool's child of fork, which
-     * gives nothing back. */
-    if (!tc->pool->forked_cuda) {
+     * next free). Only in a pool with a cap (a pool without one keeps the
+     * deferred gives for the next carve: pool.c), and not in a CUDA or
+     * shared pool's child of fork, which gives nothing back. */
+    if (pp_trims(tc->pool) && !tc->pool->forked_cuda) {
       (void)pp_defer_drain(tc->pool);
       pp_trim_to_cap(tc->pool);
     }
