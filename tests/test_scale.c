@@ -470,6 +470,41 @@ static void test_chunks_cycle(void **state) {
   check_hold_growth("an alloc/free cycle beside N whole chunks", w, n);
 }
 
+/* The review's suspicion: the boundary table's rehash when it doubles
+ * (src/extent.c, tab_reserve) visits every old slot in one hold. Counted
+ * by the arena's meter: building the fragmentation at N and 10 N, the work
+ * per operation stays flat (each doubling moves at most twice the keys
+ * added since the last: amortized O(1) an extent), while the longest call,
+ * a doubling, is O(N): printed, kept (docs/allocation-policy.md, "What is
+ * still proportional to the pool under a lock"). */
+static void test_table_doubling(void **state) {
+  (void)state;
+  uint64_t per_op[2];
+  size_t n[2];
+  for (int i = 0; i < 2; i++) {
+    n[i] = scale_n[i];
+    frag_t f;
+    frag_make(&f, n[i], "tcache_bytes=0");
+    meter_t m = meter(f.pool, false);
+    size_t ops = 3 * n[i] + 1; /* 2N + 1 allocations, N frees */
+    per_op[i] = m.work / ops;
+    pp_mutex_lock(&f.pool->seg_lock);
+    size_t tcap = f.pool->arena.node[0].ext.tcap;
+    pp_mutex_unlock(&f.pool->seg_lock);
+    printf("the boundary table: %llu elements per operation at %zu free "
+           "extents, %llu in all; its last doubling visited %zu slots in "
+           "one call\n",
+           (unsigned long long)per_op[i], n[i], (unsigned long long)m.work,
+           tcap / 2);
+    frag_free(&f);
+  }
+  PP_ASSERT(per_op[1] <= 2 * per_op[0] + 16,
+            "work per operation %llu at %zu extents, %llu at %zu: the "
+            "rehash is not amortized",
+            (unsigned long long)per_op[1], n[1], (unsigned long long)per_op[0],
+            n[0]);
+}
+
 /* ---- The lock-hold test -------------------------------------------------- */
 
 typedef struct looper {
@@ -537,10 +572,15 @@ static void test_lock_hold(void **state) {
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
-      cmocka_unit_test(test_free_capped),   cmocka_unit_test(test_empty_cache),
-      cmocka_unit_test(test_snapshot_hold), cmocka_unit_test(test_lock_hold),
-      cmocka_unit_test(test_defer_hold),    cmocka_unit_test(test_bins_walk),
-      cmocka_unit_test(test_idle_pieces),   cmocka_unit_test(test_chunks_cycle),
+      cmocka_unit_test(test_free_capped),
+      cmocka_unit_test(test_empty_cache),
+      cmocka_unit_test(test_snapshot_hold),
+      cmocka_unit_test(test_lock_hold),
+      cmocka_unit_test(test_defer_hold),
+      cmocka_unit_test(test_bins_walk),
+      cmocka_unit_test(test_idle_pieces),
+      cmocka_unit_test(test_chunks_cycle),
+      cmocka_unit_test(test_table_doubling),
   };
   return pp_run_selected("test_scale", all, sizeof all / sizeof all[0], argc,
                          argv);
