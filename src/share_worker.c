@@ -292,6 +292,18 @@ static int find_ctl(const pinpool_share_handle_t *h, int ctl_fd,
   return -1;
 }
 
+/* Close a descriptor a peer sent that is not kept. A peer chooses what it
+ * sends: the close of the last reference to a TCP socket with SO_LINGER
+ * set and unsent data waits out the linger (seconds, as long as the peer
+ * likes; O_NONBLOCK on our socket does not help), so a socket gets
+ * SO_LINGER {1, 0} first (an abortive close, at once; a no-op error on
+ * anything that is not a socket). Issue 36, third review, item 2. */
+void pp_share_close_received(int fd) {
+  struct linger l = {1, 0};
+  (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  (void)close(fd);
+}
+
 void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd,
                            int sock) {
   /* Kept only for a handle of another process's pool (a handle of this
@@ -305,7 +317,7 @@ void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd,
    * forges it can park at most MAX_CTL sealed memfds, as it can in any worker).
    */
   if (own(h) || check_ctl(h, ctl_fd) != 0) {
-    (void)close(ctl_fd);
+    pp_share_close_received(ctl_fd);
     return;
   }
   struct stat sst;
@@ -544,7 +556,8 @@ typedef struct io {
   unsigned char buf[sizeof(pinpool_share_handle_t)];
   int fds[2]; /* received: the chunk's, the control area's */
   int nfds;
-  int err; /* received: reported once the message is complete */
+  int err;         /* received: reported once the message is complete */
+  struct io *dead; /* pruned, to be freed once ios.lock is dropped */
 } io_t;
 /* The table grows as needed: one piece per open socket and direction at
  * most, so it is bounded by RLIMIT_NOFILE; pieces of sockets closed since
@@ -565,12 +578,23 @@ static void ios_fork(int phase) {
     pp_mutex_unlock(&ios.lock);
 }
 
+/* Never under ios.lock: the descriptors are a peer's (their close may
+ * block, pp_share_close_received), and every socket's call waits for the
+ * lock. */
 static void io_free(io_t *p) {
   if (p == NULL)
     return;
   for (int i = 0; i < p->nfds; i++)
-    (void)close(p->fds[i]);
+    pp_share_close_received(p->fds[i]);
   free(p);
+}
+
+static void io_free_list(io_t *p) {
+  while (p != NULL) {
+    io_t *next = p->dead;
+    io_free(p);
+    p = next;
+  }
 }
 
 static bool sock_id(int sock, uint64_t *dev, uint64_t *ino) {
@@ -588,14 +612,16 @@ static bool sock_id(int sock, uint64_t *dev, uint64_t *ino) {
 /* Drop the pieces of sockets closed since they were kept (ios.lock held):
  * before, one stayed, with the descriptors it had received, until its
  * descriptor number named a socket again or the table filled. No piece
- * kept: nothing done (the common case costs nothing). */
-static void ios_prune_locked(void) {
+ * kept: nothing done (the common case costs nothing). The pieces dropped
+ * are chained on *dead, for io_free_list once the lock is dropped. */
+static void ios_prune_locked(io_t **dead) {
   for (size_t i = 0; i < ios.n;) {
     uint64_t dev, ino;
     io_t *q = ios.io[i];
     if (!sock_id(q->sock, &dev, &ino) || dev != q->sdev || ino != q->sino) {
       ios.io[i] = ios.io[--ios.n];
-      io_free(q);
+      q->dead = *dead;
+      *dead = q;
     } else {
       i++;
     }
@@ -603,10 +629,10 @@ static void ios_prune_locked(void) {
 }
 
 static io_t *io_take(int sock, bool tx) {
-  io_t *p = NULL;
+  io_t *p = NULL, *dead = NULL;
   pp_mutex_lock(&ios.lock);
   pp_hook(PP_HOOK_SHARE_IO);
-  ios_prune_locked();
+  ios_prune_locked(&dead);
   for (size_t i = 0; i < ios.n; i++)
     if (ios.io[i]->sock == sock && ios.io[i]->tx == tx) {
       p = ios.io[i];
@@ -614,6 +640,7 @@ static io_t *io_take(int sock, bool tx) {
       break;
     }
   pp_mutex_unlock(&ios.lock);
+  io_free_list(dead);
   uint64_t dev, ino;
   if (p != NULL &&
       (!sock_id(sock, &dev, &ino) || dev != p->sdev || ino != p->sino)) {
@@ -629,17 +656,19 @@ static int io_keep(io_t *p) {
     io_free(p);
     return -1;
   }
+  io_t *dead = NULL;
   pp_mutex_lock(&ios.lock);
   if (ios.n == ios.cap) {
-    /* Full: drop the pieces of sockets closed since (fstat and close do
-     * not block), then grow. */
-    ios_prune_locked();
+    /* Full: drop the pieces of sockets closed since (freed, and their
+     * descriptors closed, after the lock), then grow. */
+    ios_prune_locked(&dead);
   }
   if (ios.n == ios.cap) {
     size_t cap = ios.cap == 0 ? 64 : ios.cap * 2;
     io_t **t = realloc(ios.io, cap * sizeof(io_t *));
     if (t == NULL) { /* this socket's piece is lost, and said so */
       pp_mutex_unlock(&ios.lock);
+      io_free_list(dead);
       io_free(p);
       return -1;
     }
@@ -648,6 +677,7 @@ static int io_keep(io_t *p) {
   }
   ios.io[ios.n++] = p;
   pp_mutex_unlock(&ios.lock);
+  io_free_list(dead);
   return 0;
 }
 
@@ -790,14 +820,14 @@ static void take_fds(io_t *p, struct msghdr *msg) {
       if (p->nfds < 2 && p->err == 0) {
         p->fds[p->nfds++] = f;
       } else {
-        (void)close(f);
+        pp_share_close_received(f);
         p->err = PINPOOL_EBADHANDLE;
       }
     }
   }
   if (p->err == PINPOOL_EBADHANDLE) /* several: none is trusted */
     for (; p->nfds > 0; p->nfds--)
-      (void)close(p->fds[p->nfds - 1]);
+      pp_share_close_received(p->fds[p->nfds - 1]);
 }
 
 int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
@@ -868,7 +898,7 @@ int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
     if ((msg.msg_flags & MSG_CTRUNC) && p->err == 0) {
       p->err = PINPOOL_ELIMIT; /* reported when the message is complete */
       for (; p->nfds > 0; p->nfds--)
-        (void)close(p->fds[p->nfds - 1]);
+        pp_share_close_received(p->fds[p->nfds - 1]);
     }
     if (msg.msg_flags & MSG_TRUNC) /* a datagram longer than a handle */
       p->err = p->err != 0 ? p->err : PINPOOL_EBADHANDLE;

@@ -42,7 +42,7 @@ from typing import (Any, Callable, Dict, Generic, Iterable, Iterator, List,
                     Optional, Tuple, TypeVar, Union)
 
 from pinpool._core import Buffer, Pool
-from pinpool import _share
+from pinpool import _fds, _share
 
 T = TypeVar("T")
 
@@ -190,13 +190,10 @@ def _recv_fds(sock: socket.socket, n: int, maxfds: int,
     drops its flags before Python 3.12)."""
     data, anc, mflags, _ = sock.recvmsg(n, socket.CMSG_SPACE(maxfds * 4),
                                         flags | socket.MSG_CMSG_CLOEXEC)
-    fds: List[int] = []
-    for level, kind, raw in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds += struct.unpack(f"{len(raw) // 4}i", raw[:len(raw) // 4 * 4])
+    fds = _fds.fds_of(anc)
     if mflags & socket.MSG_CTRUNC:
         for f in fds:
-            os.close(f)
+            _fds.close_received(f)
         raise OSError(errno.EMFILE, "a descriptor was dropped (MSG_CTRUNC: "
                       "RLIMIT_NOFILE, or too many sent)")
     return data, fds
@@ -285,15 +282,20 @@ class _Inbox:
     def pump(self) -> None:
         """Read what is there, at most _PUMP_READS reads and never past one
         whole message (so that the caller's deadline holds against a worker
-        that never stops sending); descriptors are never expected from a
-        worker and are closed. WorkerError for a header that announces more
-        than an answer can hold."""
+        that never stops sending). WorkerError for a header that announces
+        more than an answer can hold, or for descriptors: a worker sends
+        none. The owner's end refuses them (SO_PASSRIGHTS 0, _start) where
+        the kernel can; else they are received (room for as many as a
+        message carries, so that the kernel drops none in a close of its
+        own) and closed without waiting on the worker
+        (_fds.close_received: a socket it sent with SO_LINGER and unsent
+        data held the owner in close() past any timeout)."""
         for _ in range(_PUMP_READS):
             if self.eof or self._whole():
                 return
             try:
                 _step("recv")
-                data, fds = _recv_fds(self.sock, 1 << 16, 4,
+                data, fds = _recv_fds(self.sock, 1 << 16, _fds._MAX_FDS,
                                       socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return
@@ -301,7 +303,11 @@ class _Inbox:
                 self.eof = True
                 return
             for f in fds:
-                os.close(f)
+                _fds.close_received(f)
+            if fds:
+                raise WorkerError(
+                    f"a worker sent {len(fds)} descriptor(s): the owner "
+                    "expects none (the channel is broken)")
             if not data:
                 self.eof = True
                 return
@@ -537,6 +543,7 @@ class SharedLoader(Generic[T]):
             finally:
                 theirs.close()
             ours.setblocking(False)  # the owner never blocks on a worker
+            _fds.refuse_rights(ours)  # a worker sends the owner none
             self._socks.append(ours)
             self._inbox.append(_Inbox(ours))
             self._procs.append(p)

@@ -44,6 +44,7 @@ import weakref
 from multiprocessing import reduction
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
+from pinpool import _fds
 from pinpool._core import (BadHandleError, Buffer, Pool, StaleHandleError,
                            _attach, _share_owns)
 
@@ -171,6 +172,10 @@ def _return_address() -> bytes:
                 + os.urandom(8).hex().encode())
         try:
             s.bind(addr)
+            # Any local process can connect: it can send no descriptor
+            # (accepted sockets inherit this), whose close could wait out
+            # a linger of the sender's choosing (pinpool._fds).
+            _fds.refuse_rights(s)
             s.listen(socket.SOMAXCONN)
             s.setblocking(False)
         except BaseException:
@@ -283,8 +288,8 @@ def _read_proof(conn: socket.socket) -> bool:
     pidfd = _peer_pidfd(conn)
     try:
         try:
-            msg = conn.recv(_HANDLE.size + _PROOF_BYTES + 1,
-                            socket.MSG_DONTWAIT)
+            msg = _fds.recv_dropping_rights(
+                conn, _HANDLE.size + _PROOF_BYTES + 1, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:

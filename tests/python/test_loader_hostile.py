@@ -10,13 +10,16 @@ import gc
 import os
 import resource
 import signal
+import socket
+import struct
+import sys
 import sysconfig
 import threading
 
 import pytest
 
 import pinpool
-from pinpool import _loader, _share
+from pinpool import _fds, _loader, _share
 
 pytestmark = pytest.mark.skipif(
     "--with-thread-sanitizer" in (sysconfig.get_config_var("CONFIG_ARGS") or ""),
@@ -114,6 +117,171 @@ def test_worker_traced_by_its_child_does_not_hang_the_owner(spool, tmp_path,
         with contextlib.suppress(OSError):
             os.kill(int(tracer), signal.SIGKILL)
     assert _share.lent_count(spool) == 0
+
+
+# -- 2. descriptors a peer sends, closed without waiting on it --------------
+
+LINGER = 600
+
+
+def lingering_socket():
+    """A TCP socket whose last close waits LINGER s (unsent data to a peer
+    that never reads), and what must stay open meanwhile."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    c = socket.socket()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    c.connect(srv.getsockname())
+    a, _ = srv.accept()
+    c.setblocking(False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            c.send(b"x" * 65536)
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                 struct.pack("ii", 1, LINGER))
+    return c, (srv, a)
+
+
+@contextlib.contextmanager
+def signal_watchdog():
+    """SIGALRM after WATCHDOG s (a linger wait ends at a signal; the handler
+    raises nothing); yields a list that is non-empty if it fired."""
+    fired = []
+    old = signal.signal(signal.SIGALRM, lambda *_: fired.append(True))
+    signal.setitimer(signal.ITIMER_REAL, WATCHDOG, 1.0)
+    try:
+        yield fired
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+_kept = []
+
+
+def fill_sends_a_lingering_socket(task, buf):
+    """Task 1 sends, on this worker's own channel, a lingering TCP socket
+    (its last reference then the owner's); refused (EPERM) where the
+    owner's end has SO_PASSRIGHTS 0."""
+    if task == 1:
+        chan = sys._getframe(1).f_locals["sock"]  # _worker_main's channel
+        c, keep = lingering_socket()
+        _kept.append(keep)
+        try:
+            socket.send_fds(chan, [b"\0"], [c.fileno()])
+        except PermissionError:  # ours is the last reference: no linger
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                         struct.pack("ii", 1, 0))
+        c.close()
+    with memoryview(buf) as m:
+        m[:1] = b"a"
+
+
+@pytest.mark.parametrize("passrights", [True, False])
+def test_loader_closes_a_workers_descriptor_without_waiting(
+        spool, monkeypatch, passrights):
+    if not passrights:  # the fallback of kernels before 6.16
+        monkeypatch.setattr(_fds, "SO_PASSRIGHTS", None)
+    got = 0
+    with signal_watchdog() as fired:
+        try:
+            for b in pinpool.SharedLoader(spool, fill_sends_a_lingering_socket,
+                                          4, 4096, num_workers=1,
+                                          start_method="fork",
+                                          timeout=WATCHDOG):
+                got += 1
+                b.close()
+        except pinpool.WorkerError as e:
+            assert "descriptor" in str(e)
+    assert not fired, "the owner's close of the worker's socket lingered"
+    if passrights and not _fds.refuse_rights(socket.socket(socket.AF_UNIX)):
+        pytest.skip("no SO_PASSRIGHTS here (Linux 6.16): the fallback ran")
+    if passrights:
+        assert got == 4  # the worker's send was refused: nothing reached us
+
+
+def _send_lingering_to(addr, report, hold):
+    """In a child: connect to addr, send a lingering socket with junk,
+    report 'sent' or 'refused', stay until hold closes."""
+    code = 0
+    try:
+        c, keep = lingering_socket()
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect(addr)
+        try:
+            socket.send_fds(s, [b"junk"], [c.fileno()])
+            os.write(report, b"sent")
+        except PermissionError:
+            os.write(report, b"refused")
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                         struct.pack("ii", 1, 0))  # ours is the last
+        c.close()
+        s.close()
+        os.read(hold, 1)  # until the parent is done
+    except BaseException:
+        code = 1
+    os._exit(code)
+
+
+def _from_child(addr):
+    r, w = os.pipe()
+    hr, hw = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.close(hw)  # else the child's read of hr never ends
+        _send_lingering_to(addr, w, hr)
+    os.close(w)
+    os.close(hr)
+    what = os.read(r, 16).decode()
+    os.close(r)
+    return pid, hw, what
+
+
+def _done_with(pid, hw):
+    os.close(hw)
+    _, st = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(st) == 0
+
+
+def test_return_socket_refuses_descriptors():
+    with _share._lock:
+        addr = _share._return_address()
+    pid, hw, what = _from_child(addr)
+    try:
+        if what == "sent" and not _fds.refuse_rights(
+                socket.socket(socket.AF_UNIX)):
+            pytest.skip("no SO_PASSRIGHTS here (Linux 6.16)")
+        assert what == "refused"
+        with signal_watchdog() as fired:
+            with _share._lock:
+                _share._drain()
+        assert not fired
+    finally:
+        _done_with(pid, hw)
+
+
+def test_return_socket_fallback_closes_descriptors_without_waiting():
+    # A listener without SO_PASSRIGHTS (kernels before 6.16): the proof's
+    # reader receives the descriptors itself and closes them at once.
+    lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    addr = b"\0pinpool-test-fx36-" + os.urandom(8).hex().encode()
+    lst.bind(addr)
+    lst.listen(4)
+    pid, hw, what = _from_child(addr)
+    try:
+        assert what == "sent"
+        conn, _ = lst.accept()
+        with signal_watchdog() as fired:
+            with _share._lock:
+                assert _share._read_proof(conn)  # not a proof: dropped
+        assert not fired, "the drain's recv waited out the sender's linger"
+        conn.close()
+    finally:
+        _done_with(pid, hw)
+        lst.close()
 
 
 # -- 6. a child the owner forks, ending normally --------------------------------

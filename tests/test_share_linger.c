@@ -1,0 +1,214 @@
+/* Descriptors a peer sends that the library does not keep are closed
+ * without waiting on the peer (issue 36, third review, item 2;
+ * docs/verification.md, "Issue 36, the third review").
+ *
+ * The descriptor is a TCP socket with SO_LINGER {1, 600 s} and unsent data
+ * to a peer that never reads: its last close waits out the linger unless
+ * the socket is closed abortively. pinpool_share_recv closes what it does
+ * not keep in four places: descriptors beyond the two a message carries
+ * (take_fds), a message that is not a handle (io_free), a second
+ * descriptor that is no control area (pp_share_ctl_received), and a
+ * part-message of a socket closed since (pruned from the kept pieces,
+ * before under the table's lock). Each case runs on an O_NONBLOCK socket
+ * with a watchdog that, after WATCHDOG_S seconds, interrupts the close with
+ * a signal (a linger wait ends at a signal); the test asserts the
+ * watchdog never had to. No time is asserted: before the fix each case
+ * waited for the watchdog. */
+#include "testutil.h"
+
+#include "share.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define WATCHDOG_S 20
+#define LINGER_S 600
+
+static pthread_t main_thread;
+static sem_t stop_dog;
+static _Atomic int fired;
+
+static void on_usr1(int sig) { (void)sig; }
+
+static void *dog(void *arg) {
+  (void)arg;
+  struct timespec t;
+  (void)clock_gettime(CLOCK_REALTIME, &t);
+  t.tv_sec += WATCHDOG_S;
+  while (sem_timedwait(&stop_dog, &t) != 0) {
+    if (errno == EINTR)
+      continue;
+    /* Still in the case: interrupt the close, once a second until it
+     * returns. */
+    atomic_store(&fired, 1);
+    (void)pthread_kill(main_thread, SIGUSR1);
+    (void)clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += 1;
+  }
+  return NULL;
+}
+
+/* A connected TCP socket whose close lingers: unsent data to *keep (the
+ * accepted end, never read), SO_LINGER {1, LINGER_S}. -1 if TCP on
+ * loopback cannot be had here. */
+static int lingering(int *keep, int *srv) {
+  int small = 4096;
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t al = sizeof a;
+  *srv = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (*srv < 0)
+    return -1;
+  (void)setsockopt(*srv, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  if (bind(*srv, (struct sockaddr *)&a, sizeof a) != 0 ||
+      listen(*srv, 1) != 0 ||
+      getsockname(*srv, (struct sockaddr *)&a, &al) != 0)
+    return -1;
+  int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (c < 0)
+    return -1;
+  (void)setsockopt(c, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+  if (connect(c, (struct sockaddr *)&a, sizeof a) != 0)
+    return -1;
+  *keep = accept(*srv, NULL, NULL);
+  if (*keep < 0)
+    return -1;
+  PP_ASSERT(fcntl(c, F_SETFL, O_NONBLOCK) == 0, "O_NONBLOCK");
+  static char junk[65536];
+  while (send(c, junk, sizeof junk, MSG_NOSIGNAL) > 0)
+    ;
+  struct linger l = {1, LINGER_S};
+  PP_ASSERT(setsockopt(c, SOL_SOCKET, SO_LINGER, &l, sizeof l) == 0,
+            "SO_LINGER");
+  return c;
+}
+
+/* Send len bytes of h with the descriptors fds (n of them) on the first. */
+static void send_with(int sock, const void *h, size_t len, const int *fds,
+                      int n) {
+  union {
+    char b[CMSG_SPACE(4 * sizeof(int))];
+    struct cmsghdr al;
+  } u;
+  memset(&u, 0, sizeof u);
+  struct iovec iov = {(void *)h, len};
+  struct msghdr m = {.msg_iov = &iov,
+                     .msg_iovlen = 1,
+                     .msg_control = u.b,
+                     .msg_controllen = CMSG_SPACE((size_t)n * sizeof(int))};
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN((size_t)n * sizeof(int));
+  memcpy(CMSG_DATA(cm), fds, (size_t)n * sizeof(int));
+  PP_ASSERT(sendmsg(sock, &m, MSG_NOSIGNAL) == (ssize_t)len, "sendmsg: %s",
+            strerror(errno));
+}
+
+enum { EXTRA_FDS, NOT_A_HANDLE, NOT_A_CTL, PRUNED, NCASES };
+static const char *const names[NCASES] = {
+    "descriptors beyond two", "a message that is not a handle",
+    "a second descriptor that is no control area",
+    "a part-message of a socket closed since"};
+
+static void one_case(int which) {
+  int keep = -1, srv = -1;
+  int l = lingering(&keep, &srv);
+  if (l < 0) {
+    print_message("no TCP on loopback here: case skipped\n");
+    return;
+  }
+  int m = memfd_create("peer", MFD_CLOEXEC);
+  PP_ASSERT(m >= 0 && ftruncate(m, 1 << 20) == 0, "memfd");
+  pinpool_share_handle_t h;
+  memset(&h, 0, sizeof h);
+  h.magic = PINPOOL_SHARE_MAGIC;
+  h.version = PINPOOL_SHARE_VERSION;
+  h.nonce = 12345; /* no pool of this process's */
+  h.ino = 777;
+  int sv[2];
+  PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
+  PP_ASSERT(fcntl(sv[0], F_SETFL, O_NONBLOCK) == 0, "O_NONBLOCK");
+  int fds[3] = {m, l, l};
+  if (which == EXTRA_FDS) {
+    fds[1] = m;
+    send_with(sv[1], &h, sizeof h, fds, 3);
+  } else if (which == NOT_A_HANDLE) {
+    h.magic = 0;
+    send_with(sv[1], &h, sizeof h, fds, 2);
+  } else if (which == NOT_A_CTL) {
+    send_with(sv[1], &h, sizeof h, fds, 2);
+  } else {
+    send_with(sv[1], &h, 1, fds, 2); /* one byte: the rest never comes */
+  }
+  (void)close(l); /* the message's references are the last */
+  (void)close(m);
+  pinpool_share_handle_t g;
+  int got = -1;
+  atomic_store(&fired, 0);
+  PP_ASSERT(sem_init(&stop_dog, 0, 0) == 0, "sem_init");
+  pthread_t t;
+  PP_ASSERT(pthread_create(&t, NULL, dog, NULL) == 0, "pthread_create");
+  int rc = pinpool_share_recv(sv[0], &g, &got);
+  if (which == PRUNED) {
+    PP_CHECK_RC(rc, PINPOOL_EAGAIN); /* the piece and its descriptors kept */
+    PP_ASSERT(pp_share_io_kept() == 1, "kept %zu", pp_share_io_kept());
+    (void)close(sv[0]);
+    (void)close(sv[1]);
+    PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0,
+              "sp");
+    PP_ASSERT(fcntl(sv[0], F_SETFL, O_NONBLOCK) == 0, "O_NONBLOCK");
+    /* Another socket's call drops the closed socket's piece. */
+    rc = pinpool_share_recv(sv[0], &g, &got);
+    PP_CHECK_RC(rc, PINPOOL_EAGAIN);
+    PP_ASSERT(pp_share_io_kept() == 0, "kept %zu", pp_share_io_kept());
+  } else if (which == NOT_A_CTL) {
+    PP_OK(rc); /* the first descriptor is the caller's */
+    PP_ASSERT(got >= 0, "got %d", got);
+    (void)close(got);
+  } else {
+    PP_CHECK_RC(rc, PINPOOL_EBADHANDLE);
+  }
+  (void)sem_post(&stop_dog);
+  (void)pthread_join(t, NULL);
+  (void)sem_destroy(&stop_dog);
+  PP_ASSERT(!atomic_load(&fired),
+            "%s: closing the peer's lingering socket waited for the "
+            "watchdog (%d s)",
+            names[which], WATCHDOG_S);
+  (void)close(sv[0]);
+  (void)close(sv[1]);
+  (void)close(keep);
+  (void)close(srv);
+}
+
+static void test_received_descriptors_close_at_once(void **state) {
+  (void)state;
+  main_thread = pthread_self();
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_usr1; /* no SA_RESTART: the close returns */
+  PP_ASSERT(sigaction(SIGUSR1, &sa, NULL) == 0, "sigaction");
+  for (int i = 0; i < NCASES; i++)
+    one_case(i);
+}
+
+int main(int argc, char **argv) {
+  pp_clean_env();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_received_descriptors_close_at_once),
+  };
+  return pp_run_selected("test_share_linger", tests,
+                         sizeof tests / sizeof tests[0], argc, argv);
+}
