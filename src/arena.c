@@ -127,6 +127,13 @@ static void settle_wait(pinpool_t *pool) {
 
 void pp_arena_miss_clear(void) { tls_miss.set = false; }
 
+void pp_arena_fork_child(pinpool_t *pool) {
+  pp_store_relaxed(&pool->arena.settling, 0);
+  tls_settling = 0;
+  (void)pthread_mutex_init(&pool->arena.settle_mu, NULL);
+  (void)pthread_cond_init(&pool->arena.settle_cv, NULL);
+}
+
 bool pp_arena_retry_plan(pinpool_t *pool, uint64_t *budget) {
   uint64_t cap = pool->cfg.max_reserved;
   bool capped = tls_miss.set && tls_miss.cap && cap != 0;

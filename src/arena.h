@@ -198,6 +198,10 @@ unsigned pp_arena_release(struct pinpool *pool, uint64_t budget);
  * flight. pp_arena_miss_clear forgets the thread's last failed growth. */
 bool pp_arena_retry_plan(struct pinpool *pool, uint64_t *budget);
 void pp_arena_miss_clear(void);
+/* A child of fork: no claim is in flight (each is in a busy section, and
+ * the threads that held one are gone); the wait's lock and condition are
+ * made anew. */
+void pp_arena_fork_child(struct pinpool *pool);
 typedef struct pp_arena_info {
   uint64_t chunks, total, free_bytes, free_extents, largest;
 } pp_arena_info_t;

@@ -1137,7 +1137,8 @@ void pp_streams_fork(pinpool_t *pool, int phase) {
     (void)pthread_cond_init(&pool->sync_cv, NULL);
     /* The forking thread is in no synchronize; nobody else survived. */
     atomic_store(&pool->sync_waiters, 0);
-    pp_grow_fork_child(pool); /* growahead.c */
+    pp_grow_fork_child(pool);  /* growahead.c */
+    pp_arena_fork_child(pool); /* arena.c */
     if (pool->bg_running) {
       pool->bg_running = false; /* not this process's thread */
       pp_store_relaxed(&pool->bg_restart, true);
