@@ -301,6 +301,8 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     taken = (uint64_t)(n - 1) * bs + ebs;
   }
   pp_owner_add(&tc->c.slow_allocs, 1);
+  if (pool->cfg.tcache_bytes == 0)
+    pp_stats_publish(pool, tc); /* paired or not: the totals (stats.c) */
   if (missed) {
     pp_fetch_add_relaxed(&pool->gs.misses, 1);
     pp_trim_to_cap(pool); /* a new segment adds idle bytes */
@@ -561,8 +563,10 @@ free_push_slow(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
   }
   if (pp_trims(pool))
     pp_trim_to_cap(pool);
-  if (pool->cfg.tcache_bytes == 0)
+  if (pool->cfg.tcache_bytes == 0) {
+    pp_stats_publish(pool, tc);
     pp_stats_sample_peaks(pool);
+  }
   return 0;
 }
 

@@ -530,6 +530,11 @@ typedef struct pp_gstats {
    * from another node's memory because its own node was out of memory. */
   pp_counter_t numa_spill_blocks, numa_spill_bytes;
   pp_counter_t ba_count, ba_total, ba_max, bf_count, bf_total, bf_max;
+  /* tcache_bytes=0: every thread's counters, added by each thread at the
+   * end of each of its operations (stats.c, pp_stats_publish), so that a
+   * peak sample reads these instead of every thread's (issue 38). */
+  pp_tcounters_t tot;
+  pp_counter_t tot_bytes;
 } pp_gstats_t;
 
 /* Peaks and the counters of threads that have exited; under reg_lock. */
@@ -904,6 +909,8 @@ typedef struct pp_sums {
 void pp_stats_sum(struct pinpool *pool, pp_sums_t *out); /* reg_lock held */
 void pp_stats_fold_dead(struct pinpool *pool, pp_tcache_t *tc);
 void pp_stats_sample_peaks(struct pinpool *pool);
+/* tcache_bytes=0: tc's counters into gs.tot (owner, no lock). */
+void pp_stats_publish(struct pinpool *pool, pp_tcache_t *tc);
 void pp_backend_timed(pp_counter_t *count, pp_counter_t *total,
                       pp_counter_t *max, uint64_t t0);
 

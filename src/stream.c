@@ -628,6 +628,8 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
   pp_owner_add(&tc->c.req_free, req);
   pp_owner_add(&tc->c.blk_free, bs);
   pend_count(pool, &tc->c, +1, bs);
+  if (pool->cfg.tcache_bytes == 0)
+    pp_stats_publish(pool, tc); /* the totals (stats.c) */
   atomic_fetch_add(&pool->pending_live, 1);
   pp_hook(PP_HOOK_FREE_COUNTED);
 

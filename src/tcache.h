@@ -94,6 +94,11 @@ typedef struct pp_tcache {
   uint16_t used[PP_NCLASSES];
   unsigned nused;
   pp_tbin_t bins[PP_NCLASSES];
+  /* tcache_bytes=0: c and bytes as this thread last added them to the
+   * pool's totals (stats.c, pp_stats_publish). Owner only; last, off the
+   * hit path's lines. */
+  pp_tcounters_t pub;
+  uint64_t pub_bytes;
 } pp_tcache_t;
 
 pp_tcache_t *pp_tcache_get_slow(struct pinpool *pool);

@@ -20,6 +20,7 @@
 #include "stream.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -349,13 +350,77 @@ static void test_record(void **state) {
   check_growth("record_stream", n, w, 0);
 }
 
+/* ---- (4) Peaks without thread caches -------------------------------------
+ * With tcache_bytes=0 every free and every central allocation samples the
+ * peaks, and a sample summed every thread's counters under reg_lock (67 us
+ * a pair at 1,000 threads). Now each thread adds its own to the pool's
+ * totals at the end of the operation and a sample reads those (src/stats.c).
+ * T threads with a cache of the pool wait while this one allocates and
+ * frees; the peaks stay exact (3 blocks at most, from none). */
+static pthread_barrier_t thr_bar;
+static pinpool_t *thr_pool;
+static void *thr_main(void *arg) {
+  (void)arg;
+  void *p;
+  PP_OK(pinpool_alloc(thr_pool, 4 * KiB, &p)); /* its cache */
+  PP_OK(pinpool_free(thr_pool, p));
+  pthread_barrier_wait(&thr_bar); /* made */
+  pthread_barrier_wait(&thr_bar); /* measured */
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  (void)state;
+  const size_t n[2] = {20, 200};
+  uint64_t w[2];
+  for (int r = 0; r < 2; r++) {
+    PP_OK(pinpool_create("backend=host,mlock=0,populate=0,tcache_bytes=0",
+                         &thr_pool));
+    pthread_t *t = calloc(n[r], sizeof *t);
+    PP_ASSERT(t != NULL, "out of memory");
+    PP_ASSERT(pthread_barrier_init(&thr_bar, NULL, (unsigned)n[r] + 1) == 0,
+              "barrier");
+    for (size_t i = 0; i < n[r]; i++)
+      PP_ASSERT(pthread_create(&t[i], NULL, thr_main, NULL) == 0, "thread");
+    pthread_barrier_wait(&thr_bar);
+    PP_OK(pinpool_reset_peak_stats(thr_pool)); /* nothing allocated now */
+    pinpool_stats_t a, z;
+    PP_OK(pinpool_get_stats(thr_pool, &a));
+    (void)pp_lock_meter(&thr_pool->reg_lock, true);
+    for (int i = 0; i < 100; i++) {
+      void *p[3];
+      for (int j = 0; j < 3; j++)
+        PP_OK(pinpool_alloc(thr_pool, (size_t)(4 + j) * KiB, &p[j]));
+      for (int j = 0; j < 3; j++)
+        PP_OK(pinpool_free(thr_pool, p[j]));
+    }
+    w[r] = pp_lock_meter(&thr_pool->reg_lock, false);
+    PP_OK(pinpool_get_stats(thr_pool, &z));
+    pthread_barrier_wait(&thr_bar);
+    for (size_t i = 0; i < n[r]; i++)
+      PP_ASSERT(pthread_join(t[i], NULL) == 0, "join");
+    (void)pthread_barrier_destroy(&thr_bar);
+    free(t);
+    /* Exact peaks (docs/stats.md, tcache_bytes=0): none, then 3. */
+    PP_ASSERT(a.requests.peak == 0 && z.requests.peak == 3,
+              "requests peak %llu then %llu, not 0 then 3",
+              (unsigned long long)a.requests.peak,
+              (unsigned long long)z.requests.peak);
+    PP_ASSERT(
+        z.requests.allocated - a.requests.allocated == 300,
+        "%llu allocations counted, not 300",
+        (unsigned long long)(z.requests.allocated - a.requests.allocated));
+    pinpool_destroy(thr_pool);
+  }
+  check_growth("threads: a free's and an allocation's peak sample", n, w, 0);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
-      cmocka_unit_test(test_lends),
-      cmocka_unit_test(test_lends_pieces),
-      cmocka_unit_test(test_stacks),
-      cmocka_unit_test(test_record),
+      cmocka_unit_test(test_lends),   cmocka_unit_test(test_lends_pieces),
+      cmocka_unit_test(test_stacks),  cmocka_unit_test(test_record),
+      cmocka_unit_test(test_threads),
   };
   return pp_run_selected("test_scale_locks", all, sizeof all / sizeof all[0],
                          argc, argv);
