@@ -1857,22 +1857,123 @@ static PyObject *Buffer__lend(PyObject *obj, PyObject *arg) {
   return Py_BuildValue("(y#i)", (const char *)&h, (Py_ssize_t)sizeof h, fd);
 }
 
-/* _lend_return(handle, peer): pinpool_lend_return from process peer; the
- * block is ours again. */
+/* The key of a lend in pinpool._share's table: (pool nonce, generation). */
+static PyObject *lend_key(const pinpool_share_handle_t *h) {
+  return Py_BuildValue("(KK)", (unsigned long long)h->nonce,
+                       (unsigned long long)h->generation);
+}
+
+/* _lend_into(pid, pidfd, table, record) -> key: Buffer.lend's C call
+ * (pinpool_lend to pid, or pinpool_lend_pidfd where pidfd >= 0: the
+ * process pid names) and pinpool._share's table entry for it,
+ * table[(nonce, generation)] = record(buf, pid, handle, fd, ctl_fd), as
+ * one step: no Python code runs between them (the record is built by
+ * tuple's own tp_new, not by the namedtuple's Python __new__), so that
+ * no asynchronous exception (KeyboardInterrupt, a raising SIGALRM
+ * handler) can leave a lend in C that the table lacks (issue 36, third
+ * review, item 4). If the entry cannot be made (MemoryError), the lend is
+ * returned again: the call changes nothing. Returns the key, which the
+ * table holds (no allocation after the entry is made). */
+static PyObject *Buffer__lend_into(PyObject *obj, PyObject *args) {
+  BufferObject *self = (BufferObject *)obj;
+  int peer, pidfd;
+  PyObject *table, *rtype;
+  if (!PyArg_ParseTuple(args, "iiO!O!:_lend_into", &peer, &pidfd, &PyDict_Type,
+                        &table, &PyType_Type, &rtype))
+    return NULL;
+  if (!PyType_IsSubtype((PyTypeObject *)rtype, &PyTuple_Type))
+    return PyErr_Format(PyExc_TypeError, "_lend_into: record is not a tuple");
+  if (self->att != NULL)
+    return PyErr_Format(PyExc_TypeError,
+                        "Buffer.lend: an attached buffer is another "
+                        "process's block; only its owner lends it");
+  if (peer <= 0)
+    return PyErr_Format(PyExc_ValueError,
+                        "Buffer.lend: pid must be > 0, not %d", peer);
+  int expected = 0;
+  if (!atomic_compare_exchange_strong_explicit(&self->lent, &expected, -1,
+                                               memory_order_acq_rel,
+                                               memory_order_acquire)) {
+    if (expected == LENT_CLOSING) /* close_hook: the close wins */
+      return PyErr_Format(PyExc_ValueError,
+                          "Buffer.lend: the buffer is being closed");
+    return PyErr_Format(PyExc_BufferError,
+                        "Buffer.lend: the block is lent already (to %d)",
+                        expected);
+  }
+  if (buffer_closed(self)) {
+    atomic_store_explicit(&self->lent, 0, memory_order_release);
+    return PyErr_Format(PyExc_ValueError, "Buffer.lend: closed buffer");
+  }
+  pinpool_t *pool = ((PoolObject *)self->pool)->pool;
+  pinpool_share_handle_t h;
+  int fd = -1;
+  int rc = pidfd >= 0 ? pinpool_lend_pidfd(pool, self->ptr, pidfd, &h, &fd)
+                      : pinpool_lend(pool, self->ptr, peer, &h, &fd);
+  if (rc != 0) {
+    atomic_store_explicit(&self->lent, 0, memory_order_release);
+    return raise_rc(rc, "Buffer.lend");
+  }
+  PyObject *key = lend_key(&h);
+  PyObject *fields =
+      key == NULL ? NULL
+                  : Py_BuildValue("(Oiy#ii)", obj, peer, (const char *)&h,
+                                  (Py_ssize_t)sizeof h, fd, h.owner_ctl_fd);
+  PyObject *targs = fields == NULL ? NULL : PyTuple_Pack(1, fields);
+  PyObject *rec = targs == NULL
+                      ? NULL
+                      : PyTuple_Type.tp_new((PyTypeObject *)rtype, targs, NULL);
+  Py_XDECREF(targs);
+  if (rec == NULL || PyDict_SetItem(table, key, rec) != 0) {
+    /* Undone: the lend's own token and peer, so the return is accepted. */
+    int back = pidfd >= 0 ? pinpool_lend_return_pidfd(pool, &h, pidfd)
+                          : pinpool_lend_return(pool, &h, peer);
+    (void)back;
+    atomic_store_explicit(&self->lent, 0, memory_order_release);
+    Py_XDECREF(key);
+    Py_XDECREF(fields);
+    Py_XDECREF(rec);
+    return NULL;
+  }
+  atomic_store_explicit(&self->lent, peer, memory_order_release);
+  Py_DECREF(fields);
+  Py_DECREF(rec);
+  return key; /* the table's own key object */
+}
+
+/* After a return pinpool accepted: the table's entry goes with it, in C
+ * (no Python code between the two: item 4 above). key was made before
+ * the return, so nothing here can fail; an entry already gone is fine. */
+static void lend_untable(PyObject *table, PyObject *key) {
+  if (table != NULL && PyDict_DelItem(table, key) != 0)
+    PyErr_Clear();
+}
+
+/* _lend_return(handle, peer[, table]): pinpool_lend_return from process
+ * peer; the block is ours again, and table (pinpool._share's) loses the
+ * lend's entry in the same step. */
 static PyObject *Buffer__lend_return(PyObject *obj, PyObject *args) {
   BufferObject *self = (BufferObject *)obj;
-  PyObject *hobj;
+  PyObject *hobj, *table = NULL;
   int peer;
-  if (!PyArg_ParseTuple(args, "Oi:_lend_return", &hobj, &peer))
+  if (!PyArg_ParseTuple(args, "Oi|O!:_lend_return", &hobj, &peer, &PyDict_Type,
+                        &table))
     return NULL;
   pinpool_share_handle_t h;
   if (parse_handle(hobj, &h) != 0)
     return NULL;
   if (self->att != NULL || self->ptr == NULL)
     return PyErr_Format(PyExc_TypeError, "not an owner's buffer");
+  PyObject *key = lend_key(&h);
+  if (key == NULL)
+    return NULL;
   int rc = pinpool_lend_return(((PoolObject *)self->pool)->pool, &h, peer);
-  if (rc != 0)
+  if (rc != 0) {
+    Py_DECREF(key);
     return raise_rc(rc, "returned Buffer");
+  }
+  lend_untable(table, key);
+  Py_DECREF(key);
   atomic_store_explicit(&self->lent, 0, memory_order_release);
   Py_RETURN_NONE;
 }
@@ -1882,19 +1983,27 @@ static PyObject *Buffer__lend_return(PyObject *obj, PyObject *args) {
  * block is ours again. */
 static PyObject *Buffer__lend_return_pidfd(PyObject *obj, PyObject *args) {
   BufferObject *self = (BufferObject *)obj;
-  PyObject *hobj;
+  PyObject *hobj, *table = NULL;
   int pidfd;
-  if (!PyArg_ParseTuple(args, "Oi:_lend_return_pidfd", &hobj, &pidfd))
+  if (!PyArg_ParseTuple(args, "Oi|O!:_lend_return_pidfd", &hobj, &pidfd,
+                        &PyDict_Type, &table))
     return NULL;
   pinpool_share_handle_t h;
   if (parse_handle(hobj, &h) != 0)
     return NULL;
   if (self->att != NULL || self->ptr == NULL)
     return PyErr_Format(PyExc_TypeError, "not an owner's buffer");
+  PyObject *key = lend_key(&h);
+  if (key == NULL)
+    return NULL;
   int rc =
       pinpool_lend_return_pidfd(((PoolObject *)self->pool)->pool, &h, pidfd);
-  if (rc != 0)
+  if (rc != 0) {
+    Py_DECREF(key);
     return raise_rc(rc, "returned Buffer");
+  }
+  lend_untable(table, key);
+  Py_DECREF(key);
   atomic_store_explicit(&self->lent, 0, memory_order_release);
   Py_RETURN_NONE;
 }
@@ -1953,6 +2062,7 @@ static PyMethodDef Buffer_methods[] = {
               "attached buffer: only the owner lends).\n\n"
               "Thread-safe: of concurrent lends of one buffer, one wins."),
     {"_lend", Buffer__lend, METH_O, NULL},
+    {"_lend_into", Buffer__lend_into, METH_VARARGS, NULL},
     {"_lend_return", Buffer__lend_return, METH_VARARGS, NULL},
     {"_lend_return_pidfd", Buffer__lend_return_pidfd, METH_VARARGS, NULL},
     {"_lend_clear", Buffer__lend_clear, METH_NOARGS, NULL},

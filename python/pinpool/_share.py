@@ -254,25 +254,26 @@ def _settle(conn: socket.socket, msg: bytes, pidfd: Optional[int]) -> None:
         if lend_.peer == os.getpid():
             # A self-lend (pickled without Buffer.lend: the receiver was
             # unknown) is bound to its token alone.
-            buf._lend_return(handle, lend_.peer)  # type: ignore[attr-defined]
+            buf._lend_return(  # type: ignore[attr-defined]
+                handle, lend_.peer, _lends)
         elif pidfd is not None:
             try:
                 buf._lend_return_pidfd(  # type: ignore[attr-defined]
-                    handle, pidfd)
+                    handle, pidfd, _lends)
             except (StaleHandleError, BadHandleError):
                 raise
             except ValueError:  # no pidfs and reaped: the pid's rule
                 if pid <= 0:
                     return
-                buf._lend_return(handle, pid)  # type: ignore[attr-defined]
+                buf._lend_return(  # type: ignore[attr-defined]
+                    handle, pid, _lends)
         elif pid > 0:
-            buf._lend_return(handle, pid)  # type: ignore[attr-defined]
+            buf._lend_return(handle, pid, _lends)  # type: ignore[attr-defined]
         else:
             return  # a process outside this pid namespace, no pidfd
     except (PermissionError, StaleHandleError, BadHandleError) as e:
         outcome: Any = e  # refused, and counted, by the C library
-    else:
-        del _lends[(h.nonce, h.generation)]
+    else:  # the C call dropped the table's entry with the lend (lend())
         outcome = buf
     key = (h.nonce, h.generation, proof)
     _done[key] = outcome
@@ -373,16 +374,21 @@ def _count_refusal(nonce: int) -> None:
         pool._lend_refused()  # type: ignore[attr-defined]
 
 
-def lend(buf: Buffer, pid: int) -> None:
-    """Buffer.lend (its docstring is the reference)."""
+def lend(buf: Buffer, pid: int, pidfd: int = -1) -> None:
+    """Buffer.lend (its docstring is the reference). pidfd >= 0: lend to
+    the process that pidfd names (pinpool_lend_pidfd; pid is its pid, for
+    the table), never to whoever has the pid number now."""
     if not isinstance(pid, int) or isinstance(pid, bool):
         raise TypeError(f"pid must be an int, not {type(pid).__name__}")
     with _lock:
-        handle, fd = buf._lend(pid)  # type: ignore[attr-defined]
-        h = _parse(handle)
-        _pools[h.nonce] = buf.pool  # type: ignore[assignment]
-        _lends[(h.nonce, h.generation)] = _Lend(buf, pid, handle, fd,
-                                                h.owner_ctl_fd)
+        # The C lend and the table's entry in one C call, with no Python
+        # code between them: an asynchronous exception (KeyboardInterrupt,
+        # a raising SIGALRM handler) cannot come between and leave a lend
+        # the table lacks (issue 36, third review, item 4). The returns
+        # (_lend_return and _lend_return_pidfd, given the table) likewise.
+        key = buf._lend_into(  # type: ignore[attr-defined]
+            pid, pidfd, _lends, _Lend)
+        _pools[key[0]] = buf.pool  # type: ignore[assignment]
 
 
 def _current(buf: Buffer) -> Optional[_Lend]:
@@ -499,8 +505,8 @@ def _end_lend(handle: bytes, peer: int, expect: Buffer, *,
         # another process.
         if lend_.peer == os.getpid() and not known_peer:
             peer = lend_.peer
-        lend_.buf._lend_return(handle, peer)  # type: ignore[attr-defined]
-        del _lends[(h.nonce, h.generation)]
+        lend_.buf._lend_return(  # type: ignore[attr-defined]
+            handle, peer, _lends)  # and its table entry, in one step
     return lend_.buf
 
 
