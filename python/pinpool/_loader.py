@@ -660,7 +660,19 @@ class SharedLoader(Generic[T]):
         buf = self._pool.alloc(self._batch_bytes)
         try:
             _step("lend")
-            buf.lend(self._procs[w].pid)
+            # Lent to the process the worker's pidfd names, never to a pid
+            # number: a forkserver reaps a dead worker at once, and its pid
+            # can name a stranger before the loader notices (issue 36,
+            # third review, item 5). A worker that has exited (its pidfd
+            # says so, or pinpool_lend_pidfd does) is a WorkerError, as
+            # any dead worker (item 9), after its lends are reclaimed.
+            if self._exited(w):
+                raise ProcessLookupError("the worker has exited")
+            _share.lend(buf, self._procs[w].pid, self._pidfds[w])
+        except ProcessLookupError:
+            buf.close()  # not lent: nobody else has it
+            self._worker_gone(w)  # raises WorkerError
+            raise
         except BaseException:
             buf.close()  # not lent: nobody else has it
             raise

@@ -7,11 +7,16 @@ asserts that the watchdog was not needed."""
 import contextlib
 import ctypes
 import gc
+import json
+import multiprocessing as mp
 import os
+import pickle
 import resource
+import select
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import sysconfig
 import threading
@@ -282,6 +287,170 @@ def test_return_socket_fallback_closes_descriptors_without_waiting():
     finally:
         _done_with(pid, hw)
         lst.close()
+
+
+# -- 5. lends by pidfd: a forkserver worker's pid taken by a stranger --------
+
+PIDREUSE = r'''
+import json, os, subprocess, sys, threading, time
+import pinpool
+
+def fill(task, buf):
+    with memoryview(buf) as m:
+        m[:1] = b"x"
+    if task == 0:  # die once the answer is on its way
+        threading.Timer(0.05, lambda: os._exit(3)).start()
+
+if __name__ == "__main__":
+    pool = pinpool.Pool("shared=1,mlock=0")
+    ld = pinpool.SharedLoader(pool, fill, 10, 4096, num_workers=1,
+                              max_lent_per_worker=1,
+                              start_method="forkserver", timeout=20)
+    stranger = None
+    err = ""
+    try:
+        for b in ld:
+            wpid = ld.worker_pids[0]
+            if stranger is None:
+                while os.path.exists(f"/proc/{wpid}"):  # reaped by the forkserver
+                    time.sleep(0.01)
+                with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                    f.write(str(wpid - 1))
+                stranger = subprocess.Popen(["sleep", "600"])
+            b.close()
+    except Exception as e:
+        err = type(e).__name__
+    ld.close()
+    snap = json.loads(pool.snapshot(history=False, symbols=False))
+    out = {"reused": stranger is not None and stranger.pid == wpid,
+           "lends": len(snap["lends"]), "table": pinpool._share.lent_count(pool),
+           "err": err}
+    stranger.kill()
+    stranger.wait()
+    print(json.dumps(out))
+'''
+
+
+def test_forkserver_worker_pid_reused_gets_no_lend(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root (a pid namespace, ns_last_pid)")
+    script = tmp_path / "pidreuse.py"
+    script.write_text(PIDREUSE)
+    r = subprocess.run(["unshare", "-p", "-f", "--mount-proc", sys.executable,
+                        str(script)], capture_output=True, text=True,
+                       timeout=120)
+    if r.returncode != 0 and "unshare" in r.stderr:
+        pytest.skip(f"no pid namespace here: {r.stderr.strip()[:200]}")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if not out["reused"]:
+        pytest.skip("the stranger did not get the worker's pid")
+    # Nothing lent to the stranger: close() left no lend behind.
+    assert out["lends"] == 0 and out["table"] == 0, out
+    assert out["err"] == "WorkerError", out
+
+
+# -- 9. a worker dead before the top-up's lend: WorkerError ------------------
+
+def fill_dies_after_answering(task, buf):
+    with memoryview(buf) as m:
+        m[:1] = b"x"
+    if task == 0:
+        threading.Timer(0.05, lambda: os._exit(3)).start()
+
+
+def test_worker_dead_before_its_next_lend_is_a_worker_error(spool):
+    got = 0
+    with pytest.raises(pinpool.WorkerError, match="exited with status 3"):
+        with pinpool.SharedLoader(spool, fill_dies_after_answering, 10, 4096,
+                                  num_workers=1, max_lent_per_worker=1,
+                                  start_method="fork", timeout=WATCHDOG) as ld:
+            for b in ld:
+                got += 1
+                b.close()
+                # The worker exits (a zombie, not reaped) before the next
+                # task is lent to it.
+                fd = os.pidfd_open(ld.worker_pids[0])
+                try:
+                    pl = select.poll()
+                    pl.register(fd, select.POLLIN)
+                    assert pl.poll(WATCHDOG * 1000)
+                finally:
+                    os.close(fd)
+    assert got == 1
+
+
+# -- 8. the pickled return path: a proof re-sent by a copier -----------------
+
+def _borrower(q, back):
+    buf = q.get()
+    with memoryview(buf) as m:
+        m[:5] = b"hello"
+    back.put(pickle.dumps(buf))  # the honest return, as bytes
+
+
+def test_a_proof_resent_by_a_copier_does_not_refuse_the_honest_return(spool):
+    buf = spool.alloc(4096)
+    ctx = mp.get_context("fork")
+    q, back = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_borrower, args=(q, back))
+    p.start()
+    try:
+        buf.lend(p.pid)
+        q.put(buf)
+        raw = back.get(timeout=WATCHDOG)
+        # A process that saw the bytes (here a fork) sends the borrower's
+        # (handle, proof) again, on a connection of its own.
+        hs = raw.index((0x68737070).to_bytes(4, "little"))
+        handle = raw[hs:hs + 128]
+        ps = raw.rindex(b"\x10", 0, len(raw) - 16)  # SHORT_BINBYTES, 16
+        proof = raw[ps + 1:ps + 17]
+        refusals = spool.stats()["lend_refusals"]
+        addr = _share._address  # (a fork child forgets the owner's)
+        cp = os.fork()
+        if cp == 0:
+            code = 0
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                s.connect(addr)
+                s.sendall(handle + proof)
+                s.close()
+            except BaseException:
+                code = 1
+            os._exit(code)
+        _, st = os.waitpid(cp, 0)
+        assert os.waitstatus_to_exitcode(st) == 0
+        got = pickle.loads(raw)  # the honest return: the borrower's proof
+        assert got is buf and buf.lent_to is None
+        with memoryview(got) as m:
+            assert bytes(m[:5]) == b"hello"
+        # The copy ends nothing and is no refusal of the honest return.
+        assert spool.stats()["lend_refusals"] in (refusals, refusals + 1)
+    finally:
+        p.join(WATCHDOG)
+    buf.close()
+
+
+def fill_sends_five_descriptors(task, buf):
+    chan = sys._getframe(1).f_locals["sock"]  # _worker_main's channel
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(5)]
+    try:
+        socket.send_fds(chan, [b"\0" * 8], fds)
+    finally:
+        for f in fds:
+            os.close(f)
+
+
+@pytest.mark.parametrize("passrights", [True, False])
+def test_worker_sending_descriptors_is_a_worker_error(spool, monkeypatch,
+                                                      passrights):
+    if not passrights:
+        monkeypatch.setattr(_fds, "SO_PASSRIGHTS", None)
+    with pytest.raises(pinpool.WorkerError):
+        for b in pinpool.SharedLoader(spool, fill_sends_five_descriptors, 2,
+                                      4096, num_workers=1,
+                                      start_method="fork", timeout=WATCHDOG):
+            b.close()
 
 
 # -- 6. a child the owner forks, ending normally --------------------------------
