@@ -63,6 +63,20 @@ static size_t count_of(const char *text, const char *needle) {
   return n;
 }
 
+/* A child process to lend to: alive, never attaches; gone with the test,
+ * even one that fails (ctest waits for the output pipe it shares). */
+static pid_t borrower(void) {
+  pid_t child = fork();
+  PP_ASSERT(child >= 0, "fork");
+  if (child == 0) {
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+    alarm(120);
+    pause();
+    _exit(0);
+  }
+  return child;
+}
+
 /* ---- (5) Lends ----------------------------------------------------------
  * A shared pool's every free asks whether its block is lent, under the
  * share lock: that walked every lend (3.9 us a free at 3,000 lends), and a
@@ -70,16 +84,7 @@ static size_t count_of(const char *text, const char *needle) {
  * copy in pieces of 256 (src/share.c). */
 static void test_lends(void **state) {
   (void)state;
-  pid_t child = fork();
-  PP_ASSERT(child >= 0, "fork");
-  if (child == 0) { /* the borrower: alive, never attaches */
-    /* Gone with the test, even one that fails (ctest waits for the
-     * output pipe it shares). */
-    (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
-    alarm(120);
-    pause();
-    _exit(0);
-  }
+  pid_t child = borrower();
   const size_t n[2] = {300, 3000};
   uint64_t w[2], wsnap[2];
   for (int r = 0; r < 2; r++) {
@@ -179,16 +184,7 @@ static void pieces_hook(int point) {
 static void test_lends_pieces(void **state) {
   (void)state;
   memset(&pl, 0, sizeof pl);
-  pl.child = fork();
-  PP_ASSERT(pl.child >= 0, "fork");
-  if (pl.child == 0) {
-    /* Gone with the test, even one that fails (ctest waits for the
-     * output pipe it shares). */
-    (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
-    alarm(120);
-    pause();
-    _exit(0);
-  }
+  pl.child = borrower();
   PP_OK(pinpool_create(
       "shared=1,backend=host,mlock=0,populate=0,tcache_bytes=0", &pl.pool));
   while (pl.n < PL_N) {
