@@ -220,6 +220,7 @@ class SharedLoader(Generic[_T]):
         transform: Optional[Callable[[Buffer], _T]] = None,
         start_method: Optional[str] = None,
         timeout: Optional[float] = None,
+        dumpable: bool = True,
     ) -> None: ...
     @property
     def worker_pids(self) -> List[int]: ...

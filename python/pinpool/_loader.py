@@ -26,6 +26,7 @@ by the loader: close() stops and joins (or kills) the workers first, then
 ends what was lent to them.
 """
 
+import ctypes
 import errno
 import io
 import itertools
@@ -163,6 +164,46 @@ def _wait_readable(fds: List[int], timeout: Optional[float]) -> List[int]:
         return []
     return [f for f, e in ev if e & (select.POLLIN | select.POLLHUP
                                      | select.POLLERR)]
+
+
+# -- a non-dumpable owner (dumpable=False) -----------------------------------
+# A worker of the owner's uid can open /proc/<owner>/fd/N, and so every
+# chunk of the owner, lent to it or not: /proc/<pid>/fd needs only
+# PTRACE_MODE_READ, which Yama's ptrace_scope does not restrict. Only a
+# non-dumpable owner (PR_SET_DUMPABLE 0), another uid, or a worker
+# without the descriptors (spawn, forkserver) protects the chunks it was
+# not sent (issue 36, third review, item 3). Counted: the owner is made
+# non-dumpable while any loader asking for it runs, and its earlier
+# setting is restored after the last.
+_PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
+_nondumpable = 0
+_dumpable_before = 1
+
+
+def _prctl(op: int, arg: int = 0) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    r = int(libc.prctl(op, ctypes.c_ulong(arg), ctypes.c_ulong(0),
+                       ctypes.c_ulong(0), ctypes.c_ulong(0)))
+    if r < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"prctl({op}): {os.strerror(e)}")
+    return r
+
+
+def _hold_nondumpable() -> None:
+    global _nondumpable, _dumpable_before
+    if _nondumpable == 0:
+        before = _prctl(_PR_GET_DUMPABLE)
+        _prctl(_PR_SET_DUMPABLE, 0)
+        _dumpable_before = before
+    _nondumpable += 1
+
+
+def _release_nondumpable() -> None:
+    global _nondumpable
+    _nondumpable -= 1
+    if _nondumpable == 0 and _dumpable_before == 1:
+        _prctl(_PR_SET_DUMPABLE, 1)
 
 
 def _open_pidfd(p: Any, forkserver: bool) -> int:
@@ -431,7 +472,7 @@ def _check_footprint(pool: Pool, batch_bytes: int, lends: int) -> None:
 class SharedLoader(Generic[T]):
     """SharedLoader(pool, fill_fn, tasks, batch_bytes, *, num_workers=2,
     max_lent_per_worker=2, ordered=True, transform=None,
-    start_method=None, timeout=None)
+    start_method=None, timeout=None, dumpable=True)
 
     An iterable over batches that num_workers processes fill in place: for
     each task (tasks: an int n for range(n), or an iterable of picklable
@@ -461,7 +502,11 @@ class SharedLoader(Generic[T]):
     max_reserved or physical memory raises ValueError at construction. close() (or leaving a `with` block, or the end of the
     iteration) stops the workers, joins them and reclaims every block still
     lent. fill_fn must be picklable with the 'spawn' start method (a
-    module-level function). One iteration per loader.
+    module-level function). One iteration per loader. dumpable=False
+    makes this process non-dumpable (PR_SET_DUMPABLE 0) while the loader
+    runs, so that a worker of the same uid cannot open the chunks it was
+    not sent through /proc/<owner>/fd (no core dumps meanwhile, and
+    /proc/<owner>/ files are root's; docs/python.md).
     """
 
     def __init__(self, pool: Pool, fill_fn: Callable[[Any, Buffer], Any],
@@ -470,7 +515,8 @@ class SharedLoader(Generic[T]):
                  ordered: bool = True,
                  transform: Optional[Callable[[Buffer], T]] = None,
                  start_method: Optional[str] = None,
-                 timeout: Optional[float] = None) -> None:
+                 timeout: Optional[float] = None,
+                 dumpable: bool = True) -> None:
         if not isinstance(pool, Pool):
             raise TypeError(f"pool must be a pinpool.Pool, not "
                             f"{type(pool).__name__}")
@@ -503,6 +549,11 @@ class SharedLoader(Generic[T]):
         self._ordered = bool(ordered)
         self._transform = transform
         self._timeout = timeout
+        if not isinstance(dumpable, bool):
+            raise TypeError(f"dumpable must be a bool, not "
+                            f"{type(dumpable).__name__}")
+        self._dumpable = dumpable
+        self._held_nondumpable = False
         self._procs: List[Any] = []
         # Each worker's pidfd (-1: it was gone before its pidfd opened):
         # whether it has exited, its kill and its lends, by process and
@@ -526,6 +577,9 @@ class SharedLoader(Generic[T]):
         self._started = True
         self._owner = os.getpid()
         _reap_unreaped()
+        if not self._dumpable:  # before any worker starts
+            _hold_nondumpable()
+            self._held_nondumpable = True
         fork = self._ctx.get_start_method() == "fork"
         forkserver = self._ctx.get_start_method() == "forkserver"
         for w in range(self._nw):
@@ -600,6 +654,9 @@ class SharedLoader(Generic[T]):
             if f >= 0:
                 os.close(f)
         self._pidfds = [-1] * len(self._pidfds)
+        if self._held_nondumpable:
+            self._held_nondumpable = False
+            _release_nondumpable()
 
     def _close_copies(self) -> None:
         """close() in another process than the loader's (a child the owner

@@ -13,12 +13,14 @@ import os
 import pickle
 import resource
 import select
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 
 import pytest
@@ -451,6 +453,85 @@ def test_worker_sending_descriptors_is_a_worker_error(spool, monkeypatch,
                                       4096, num_workers=1,
                                       start_method="fork", timeout=WATCHDOG):
             b.close()
+
+
+# -- 3. a non-dumpable owner: no chunk through /proc/<owner>/fd ---------------
+
+PROCFD = r'''
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import pinpool
+
+
+def fill(task, buf):
+    """Open, read-write, every chunk of the owner (our parent) through
+    /proc/<owner>/fd: the count opened goes back in the batch."""
+    owner = os.getppid()
+    opened = denied = 0
+    try:
+        names = os.listdir(f"/proc/{owner}/fd")
+    except PermissionError:
+        names = []
+        denied += 1
+    for n in names:
+        try:
+            if "pinpool" not in os.readlink(f"/proc/{owner}/fd/{n}"):
+                continue
+            os.close(os.open(f"/proc/{owner}/fd/{n}", os.O_RDWR))
+            opened += 1
+        except PermissionError:
+            denied += 1
+        except OSError:
+            pass
+    with memoryview(buf) as m:
+        m[:16] = opened.to_bytes(8, "little") + denied.to_bytes(8, "little")
+
+
+if __name__ == "__main__":
+    pool = pinpool.Pool("shared=1,mlock=0")
+    never_lent = pool.alloc(48 << 20)
+    out = {}
+    for dumpable in (True, False):
+        for b in pinpool.SharedLoader(pool, fill, 1, 4096, num_workers=1,
+                                      start_method="spawn", timeout=60,
+                                      dumpable=dumpable):
+            with memoryview(b) as m:
+                out[str(dumpable)] = (int.from_bytes(m[:8], "little"),
+                                      int.from_bytes(m[8:16], "little"))
+            b.close()
+    import ctypes
+    out["dumpable_after"] = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)
+    never_lent.close()
+    print(json.dumps(out))
+'''
+
+
+def test_non_dumpable_owner_keeps_its_chunks_from_a_same_uid_worker():
+    if os.geteuid() != 0:
+        pytest.skip("needs root (to run owner and worker as nobody)")
+    d = tempfile.mkdtemp(dir="/tmp")
+    try:
+        os.chmod(d, 0o755)
+        script = os.path.join(d, "procfd.py")
+        with open(script, "w") as f:
+            f.write(PROCFD)
+        os.chmod(script, 0o644)
+        path = os.path.dirname(os.path.dirname(pinpool.__file__))
+        r = subprocess.run(["runuser", "-u", "nobody", "--", sys.executable,
+                            script, path], capture_output=True, text=True,
+                           timeout=120, cwd=d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    if r.returncode != 0 and "runuser" in r.stderr:
+        pytest.skip(f"runuser: {r.stderr.strip()[:200]}")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    # Dumpable (the default): the worker opens the owner's chunks, the
+    # never-lent one included; that is what the switch is for.
+    assert out["True"][0] >= 1, out
+    # Non-dumpable: not one.
+    assert out["False"][0] == 0 and out["False"][1] >= 1, out
+    assert out["dumpable_after"] == 1, out  # restored by close()
 
 
 # -- 6. a child the owner forks, ending normally --------------------------------
