@@ -167,6 +167,7 @@ static bool sset_has(pp_mutex_t *lk, const pp_sset_t *set, pinpool_stream_t s,
 /* Append a use to set, which has room (set->n < set->cap). */
 static void sset_add(pp_sset_t *set, pp_suse_t u) {
   uint32_t i = set->n++;
+  set->ncaps += u.captured;
   if (i < PP_SSET_CAP0) {
     set->s[i] = u;
     return;
@@ -286,7 +287,7 @@ int pinpool_record_stream(pinpool_t *pool, void *ptr, pinpool_stream_t stream) {
   } while (!(w & PP_WORD_STREAMS) &&
            !pp_cas_acq_rel(&seg->word[idx], &w, w | PP_WORD_STREAMS));
   if (fresh != NULL) {
-    *fresh = (pp_sset_t){.n = 0, .cap = PP_SSET_CAP0, .more = NULL};
+    *fresh = (pp_sset_t){.n = 0, .cap = PP_SSET_CAP0, .ncaps = 0, .more = NULL};
     set = fresh;
     pp_store_relaxed(slot, set);
   }
@@ -453,7 +454,7 @@ static void block_done(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
   pp_mutex_lock(lk);
   pp_sset_t *set = slot != NULL ? pp_load_relaxed(slot) : NULL;
   if (set != NULL && set->cap <= PP_SSET_CAP0) {
-    set->n = 0;
+    set->n = set->ncaps = 0;
     set = NULL;
   } else if (slot != NULL) {
     pp_store_relaxed(slot, NULL);
@@ -476,16 +477,25 @@ size_t pp_stream_list(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
     pp_mutex_t *lk = stripe(pool, seg, idx);
     pp_mutex_lock(lk);
     pp_sset_t *set = pp_load_relaxed(&arr[idx]);
-    /* Every use of the block in one hold (a snapshot's list; issue 38:
-     * not yet bounded). */
-    pp_lock_visit(lk, set != NULL ? set->n : 0);
-    for (uint32_t i = 0; set != NULL && i < set->n; i++) {
+    /* The first max streams and maxcaps captures, and the counts from the
+     * set's: the walk stops once both lists are full or hold all there is
+     * (issue 38: a snapshot visited every use of a block in one hold). */
+    uint32_t total = set != NULL ? set->n : 0;
+    uint32_t tcaps = set != NULL ? set->ncaps : 0;
+    size_t ls = 0, lc = 0;
+    uint32_t i = 0;
+    for (; i < total &&
+           ((ls < max && ls < total - tcaps) || (lc < maxcaps && lc < tcaps));
+         i++) {
       const pp_suse_t *u = pp_sset_at(set, i);
-      if (!u->captured && n++ < max)
-        out[n - 1] = (uint64_t)u->s;
-      else if (u->captured && nc++ < maxcaps)
-        caps[nc - 1] = u->capture;
+      if (!u->captured && ls < max)
+        out[ls++] = (uint64_t)u->s;
+      else if (u->captured && lc < maxcaps)
+        caps[lc++] = u->capture;
     }
+    pp_lock_visit(lk, i);
+    n = total - tcaps;
+    nc = tcaps;
     pp_mutex_unlock(lk);
   }
   *ncaps = nc;

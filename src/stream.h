@@ -35,6 +35,7 @@ typedef struct pp_sset_more {
 } pp_sset_more_t;
 typedef struct pp_sset {
   uint32_t n, cap;
+  uint32_t ncaps;       /* of the n, ties to a capture */
   pp_sset_more_t *more; /* NULL: cap is PP_SSET_CAP0 */
   pp_suse_t s[PP_SSET_CAP0];
 } pp_sset_t;
