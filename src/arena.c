@@ -98,6 +98,12 @@ static _Thread_local struct {
 } tls_miss;
 static _Thread_local bool tls_capped;       /* backend_alloc's last refusal */
 static _Thread_local uint64_t tls_settling; /* this thread's, in flight */
+/* This thread is inside a growth's backend call (grow_take,
+ * pp_arena_grow_ahead): a miss it makes from there (a backend callback
+ * that allocates from the pool) never joins a growth in flight, which
+ * could be its own thread's: it would wait for itself (issue 37, third
+ * review, re-entry). */
+static _Thread_local unsigned tls_growing;
 
 /* Caller holds seg_lock: the retry's hold that finds no room sees either
  * the chunk or its count. */
@@ -432,7 +438,7 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
   if (p != NULL)
     pp_grow_carved_locked(pool, node, need); /* growahead.c: hits */
 #ifndef PINPOOL_MUTANT_GROW_NO_JOIN
-  if (p == NULL && may_join &&
+  if (p == NULL && may_join && tls_growing == 0 &&
       (join = inflight_find_locked(pool, node, need)) != NULL &&
       sem_init(&w.done, 0, 0) == 0) {
     join->room -= need;
@@ -467,7 +473,9 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
     pp_bg_restart(pool);
   void *cmem = NULL;
   unsigned cflags = 0;
+  tls_growing++;
   int rc = backend_alloc(pool, node, hint, size, &cmem, &cflags);
+  tls_growing--;
   if (rc != 0) {
     tls_miss.need = need; /* the retry's plan (pp_arena_retry_plan) */
     tls_miss.node = node;
@@ -780,7 +788,9 @@ int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
   pp_mutex_unlock(&pool->seg_lock);
   void *cmem = NULL;
   unsigned cflags = 0;
+  tls_growing++;
   int rc = backend_alloc(pool, node, hint, size, &cmem, &cflags);
+  tls_growing--;
   if (rc != 0) {
     pp_mutex_lock(&pool->seg_lock);
     pp_growth_wait_t *ws = inflight_end_locked(pool, &self, false);

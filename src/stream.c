@@ -49,6 +49,10 @@ typedef struct pp_squeue {
   /* A thread is polling head, unlocked: 1 querying it, 2 synchronizing
    * it (waiting for it to complete). */
   unsigned char polling;
+  /* The poller was inside a busy section (fork.c) when it set polling:
+   * its own busy section after the query is nested and never waits at the
+   * fork gate, so a full poll inside a busy section may wait for it. */
+  unsigned char poller_busy;
   /* Full polls waiting for this queue's poller (process): the queue is
    * not dropped while one waits, even empty; the last one drops it. */
   unsigned wanted;
@@ -69,6 +73,13 @@ typedef struct pp_qtab {
 /* Queue heads this thread examined, in any poll (a test hook: a miss looks
  * at a bounded number of queues, however many hold events). */
 _Thread_local uint64_t pp_queue_polls PP_TLS_MODEL;
+
+/* This thread is inside a provider's query or synchronize (process): a
+ * full poll it makes from there (the provider calls process_events)
+ * waits for no other poller. It could be waiting for itself (its own
+ * queue is marked polled), or for a thread whose own query waits for
+ * this one's. */
+static _Thread_local unsigned tls_in_poll PP_TLS_MODEL;
 
 static size_t qhash(pinpool_stream_t s, size_t nb) {
   uint64_t x = (uint64_t)s * 0x9e3779b97f4a7c15u;
@@ -877,7 +888,8 @@ static void process(pinpool_t *pool, unsigned budget, bool wait, size_t nq) {
       q = next;
       continue;
     }
-    if (full && it != NULL && q->polling == 1) {
+    if (full && it != NULL && q->polling == 1 && tls_in_poll == 0 &&
+        (q->poller_busy || pp_load_relaxed(&pp_tls.busy) == 0)) {
       /* Another thread queries its head: a miss (which stops at its
        * budget, PP_MISS_BUDGET) or another full poll. Wait for that query
        * and drain the queue here: a full poll reclaims every completed
@@ -885,7 +897,16 @@ static void process(pinpool_t *pool, unsigned budget, bool wait, size_t nq) {
        * stayed pending after process_events, 236 after both calls, when
        * a miss held the queue). Not for a head being synchronized
        * (polling 2): it has not completed, nor has anything behind it,
-       * and its poller drains the queue when it does. */
+       * and its poller drains the queue when it does.
+       *
+       * Not from inside a busy section for a poller outside one
+       * (issue 37, third review, fork deadlock): that poller enters a
+       * section after its query, before it clears polling, and so waits
+       * at the fork gate while a fork waits for this section. Such a
+       * poller is a full poll itself (process_events, the background
+       * thread), which drains the queue; a miss is always inside an
+       * allocation's section, so empty_cache still waits for a miss. Nor
+       * from inside a provider's call (tls_in_poll). docs/streams.md. */
       q->wanted++;
       atomic_fetch_add(&pool->sync_waiters, 1); /* seq_cst: progress() */
       pthread_mutex_lock(&pool->sync_mu);
@@ -914,16 +935,19 @@ static void process(pinpool_t *pool, unsigned budget, bool wait, size_t nq) {
       continue;
     }
     q->polling = wait ? 2 : 1; /* q is not freed while set, by anyone */
+    q->poller_busy = pp_load_relaxed(&pp_tls.busy) != 0;
     pp_mutex_unlock(&pool->streams_lock);
     finish(pool, done);
     if (done_busy)
       pp_busy_leave();
     done = NULL;
     done_busy = false;
+    tls_in_poll++;
     int r = wait ? pool->ev.synchronize(pool->ev.ctx, it->event)
             : pp_fault_hit(&pool->cfg, PP_FAULT_QUERY)
                 ? pp_fail(PINPOOL_EDEVICE, "injected failure of an event query")
                 : pool->ev.query(pool->ev.ctx, it->event);
+    tls_in_poll--;
     if (wait && r == 0)
       r = 1;
     /* From taking a resolved item off its queue to caching its block (in
