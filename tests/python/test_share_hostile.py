@@ -798,15 +798,24 @@ def test_no_library_function_named_by_a_pickle_ends_another_s_lend(spool):
                 if callable(obj) and not isinstance(obj, type) and \
                         getattr(obj, "__module__", "") == mod.__name__:
                     names.add((mod.__name__, name))
-        for module, name in sorted(names):
-            for args in arg_sets:
-                try:
-                    pickle.loads(_global_call(module, name, args))
-                except Exception:  # noqa: BLE001 refused, or not there
-                    pass
-                assert b.lent_to == w.pid and \
-                    spool.stats()["lent_blocks"] == 1, \
-                    f"a pickle calling {module}.{name}{len(args)} ended the lend"
+        # The calls may leave junk in the modules' tables (the loader's
+        # children to reap: a handle is no process), which would break
+        # the loaders of later tests: restored after.
+        unreaped = list(getattr(_loader, "_unreaped", []))
+        try:
+            for module, name in sorted(names):
+                for args in arg_sets:
+                    try:
+                        pickle.loads(_global_call(module, name, args))
+                    except Exception:  # noqa: BLE001 refused, or not there
+                        pass
+                    assert b.lent_to == w.pid and \
+                        spool.stats()["lent_blocks"] == 1, \
+                        f"a pickle calling {module}.{name}{len(args)} " \
+                        "ended the lend"
+        finally:
+            if hasattr(_loader, "_unreaped"):
+                _loader._unreaped[:] = unreaped
         tables_agree(spool)
         inq.put("go")
         assert pickle.loads(outq.get(timeout=TIMEOUT)) is b  # its own return
