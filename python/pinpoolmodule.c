@@ -808,19 +808,6 @@ static int parse_handle(PyObject *arg, pinpool_share_handle_t *h) {
   return 0;
 }
 
-/* A pid as a C int: 0, or -1 with OverflowError/TypeError. */
-static int parse_pid(PyObject *arg, int *out) {
-  long v = PyLong_AsLong(arg);
-  if (v == -1 && PyErr_Occurred())
-    return -1;
-  if (v < INT_MIN || v > INT_MAX) {
-    PyErr_Format(PyExc_ValueError, "pid %ld is out of range", v);
-    return -1;
-  }
-  *out = (int)v;
-  return 0;
-}
-
 /* _lend_refused(): a return refused by the Python side (pinpool/_share.py:
  * its sender unproven, or an answer naming another lend) counted in
  * lend_refusals with the library's own refusals. */
@@ -1816,47 +1803,6 @@ static PyObject *Buffer_get_attr(PyObject *obj, void *closure) {
   }
 }
 
-/* _lend(peer) -> (handle, fd): pinpool_lend of the block. fd is the
- * pool's own descriptor of the chunk (never closed here). */
-static PyObject *Buffer__lend(PyObject *obj, PyObject *arg) {
-  BufferObject *self = (BufferObject *)obj;
-  int peer;
-  if (parse_pid(arg, &peer) != 0)
-    return NULL;
-  if (self->att != NULL)
-    return PyErr_Format(PyExc_TypeError,
-                        "Buffer.lend: an attached buffer is another "
-                        "process's block; only its owner lends it");
-  if (peer <= 0)
-    return PyErr_Format(PyExc_ValueError,
-                        "Buffer.lend: pid must be > 0, not %d", peer);
-  int expected = 0;
-  if (!atomic_compare_exchange_strong_explicit(&self->lent, &expected, -1,
-                                               memory_order_acq_rel,
-                                               memory_order_acquire)) {
-    if (expected == LENT_CLOSING) /* close_hook: the close wins */
-      return PyErr_Format(PyExc_ValueError,
-                          "Buffer.lend: the buffer is being closed");
-    return PyErr_Format(PyExc_BufferError,
-                        "Buffer.lend: the block is lent already (to %d)",
-                        expected);
-  }
-  if (buffer_closed(self)) {
-    atomic_store_explicit(&self->lent, 0, memory_order_release);
-    return PyErr_Format(PyExc_ValueError, "Buffer.lend: closed buffer");
-  }
-  pinpool_share_handle_t h;
-  int fd = -1;
-  int rc =
-      pinpool_lend(((PoolObject *)self->pool)->pool, self->ptr, peer, &h, &fd);
-  if (rc != 0) {
-    atomic_store_explicit(&self->lent, 0, memory_order_release);
-    return raise_rc(rc, "Buffer.lend");
-  }
-  atomic_store_explicit(&self->lent, peer, memory_order_release);
-  return Py_BuildValue("(y#i)", (const char *)&h, (Py_ssize_t)sizeof h, fd);
-}
-
 /* The key of a lend in pinpool._share's table: (pool nonce, generation). */
 static PyObject *lend_key(const pinpool_share_handle_t *h) {
   return Py_BuildValue("(KK)", (unsigned long long)h->nonce,
@@ -1872,8 +1818,9 @@ static PyObject *lend_key(const pinpool_share_handle_t *h) {
  * no asynchronous exception (KeyboardInterrupt, a raising SIGALRM
  * handler) can leave a lend in C that the table lacks (issue 36, third
  * review, item 4). If the entry cannot be made (MemoryError), the lend is
- * returned again: the call changes nothing. Returns the key, which the
- * table holds (no allocation after the entry is made). */
+ * returned again: the call changes nothing. It is the only lending call
+ * (the former _lend, whose caller filled the table after it, is gone). Returns
+ * the key, which the table holds (no allocation after the entry is made). */
 static PyObject *Buffer__lend_into(PyObject *obj, PyObject *args) {
   BufferObject *self = (BufferObject *)obj;
   int peer, pidfd;
@@ -2061,7 +2008,6 @@ static PyMethodDef Buffer_methods[] = {
               "has exited), BufferError (lent already), TypeError (an\n"
               "attached buffer: only the owner lends).\n\n"
               "Thread-safe: of concurrent lends of one buffer, one wins."),
-    {"_lend", Buffer__lend, METH_O, NULL},
     {"_lend_into", Buffer__lend_into, METH_VARARGS, NULL},
     {"_lend_return", Buffer__lend_return, METH_VARARGS, NULL},
     {"_lend_return_pidfd", Buffer__lend_return_pidfd, METH_VARARGS, NULL},

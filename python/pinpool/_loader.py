@@ -140,12 +140,14 @@ def _reap_later(p: Any) -> None:
 
 
 def _reap_unreaped() -> None:
+    """Best effort: an entry that cannot be polled (another process's
+    child, after a fork) is dropped."""
     for p in list(_unreaped):
         try:
             p.join(0)
             if p.exitcode is None:
                 continue
-        except (OSError, ValueError, AssertionError):
+        except Exception:
             pass
         _unreaped.remove(p)
 

@@ -380,6 +380,8 @@ def lend(buf: Buffer, pid: int, pidfd: int = -1) -> None:
     the table), never to whoever has the pid number now."""
     if not isinstance(pid, int) or isinstance(pid, bool):
         raise TypeError(f"pid must be an int, not {type(pid).__name__}")
+    if not -(1 << 31) <= pid < (1 << 31):
+        raise ValueError(f"pid {pid} is out of range")
     with _lock:
         # The C lend and the table's entry in one C call, with no Python
         # code between them: an asynchronous exception (KeyboardInterrupt,
