@@ -337,7 +337,7 @@ static void *below_lowest_locked(pinpool_t *pool, pp_arena_node_t *a,
   uintptr_t base;
   size_t csize;
   unsigned cflags;
-  pp_ext_chunk_info(a->ext.chunks[0], &base, &csize, &cflags);
+  pp_ext_chunk_info(pp_ext_first(&a->ext), &base, &csize, &cflags);
   return base > size + ((uintptr_t)1 << 32) ? (void *)(base - size) : NULL;
 }
 
@@ -596,11 +596,12 @@ void pp_arena_fini(pinpool_t *pool) {
     pp_arena_node_t *a = &pool->arena.node[n];
     /* Teardown: every segment was released (pp_segment_release_all gave
      * nothing back to the arena: the chunks go whole). */
-    for (size_t i = 0; i < a->ext.nchunks; i++) {
+    for (const pp_xchunk_t *c = pp_ext_first(&a->ext); c != NULL;
+         c = pp_ext_next(c)) {
       uintptr_t base;
       size_t size;
       unsigned flags;
-      pp_ext_chunk_info(a->ext.chunks[i], &base, &size, &flags);
+      pp_ext_chunk_info(c, &base, &size, &flags);
       backend_free(pool, (void *)base, size, flags);
     }
     pp_ext_fini(&a->ext);

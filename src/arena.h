@@ -39,24 +39,24 @@ typedef struct pp_extents {
   /* Flags of chunks carved only when no other has room, and released
    * first (PP_SEG_FALLBACK; 0 in the tests that do not set it). */
   unsigned avoid;
-  pp_xchunk_t **chunks; /* sorted by address */
-  /* Each chunk's range, parallel to chunks: the lookups that every take
-   * and give make search this contiguous array, not the descriptors. */
-  pp_range_t *ranges;
+  /* The chunks by address (extent.c, "The chunk tree"): an AVL tree with
+   * subtree counts (lookups and ranks in O(log chunks)) threaded by a
+   * list from the lowest (walks in address order). Adding or releasing a
+   * chunk is O(log chunks) in one hold (issue 38: a sorted array shifted
+   * and its run starts rebuilt, O(chunks)). */
+  pp_xchunk_t *ctree, *cfirst;
   size_t nchunks;
-  uintptr_t *runs; /* where each run of chunks starts, ascending */
-  size_t nruns;
   uint64_t next_seq;
   bool span;         /* adjacent chunks with the same flags form one run */
-  size_t last;       /* the chunk index found last (extent.c, chunk_index) */
+  pp_xchunk_t *last; /* the chunk found last (extent.c, chunk_at) */
   pp_xnode_t *spare; /* >= outstanding nodes, so that a give never fails */
   size_t nspare, outstanding;
   /* The boundary table (extent.c): >= 4 slots per extent that may exist
    * (free, or handed out and given back alone), a power of two. */
   pp_xslot_t *tab;
   size_t tcap, tcount;
-  unsigned tshift;                       /* 64 - log2(tcap) */
-  size_t min_chunk;                      /* the smallest chunk's size */
+  unsigned tshift;  /* 64 - log2(tcap) */
+  size_t min_chunk; /* at most the smallest chunk's size (extent.c) */
   size_t free_bytes, total_bytes, nfree; /* nfree: free extents */
   /* The meter (tests/test_scale.c counts with it, not with a clock):
    * elements visited (tree nodes, extents, chunks, entries copied or
@@ -78,6 +78,10 @@ void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags);
  * fails. */
 void pp_ext_give(pp_extents_t *x, void *ptr, size_t size);
 pp_xchunk_t *pp_ext_chunk_of(const pp_extents_t *x, const void *p);
+/* The chunks in address order: the lowest, then each one's next (NULL
+ * after the highest). */
+pp_xchunk_t *pp_ext_first(const pp_extents_t *x);
+pp_xchunk_t *pp_ext_next(const pp_xchunk_t *c);
 void pp_ext_chunk_info(const pp_xchunk_t *c, uintptr_t *base, size_t *size,
                        unsigned *flags);
 /* Take the chunk that has been all free the longest and has none of

@@ -98,6 +98,11 @@ struct pp_xchunk {
   bool whole;
   struct pp_xnode *ext;
   struct pp_xchunk *wprev, *wnext;
+  /* The chunk tree ("The chunk tree"): children, height, the chunks in
+   * this subtree; and the address list. */
+  struct pp_xchunk *cleft, *cright, *prev, *next;
+  size_t count;
+  unsigned cheight;
 };
 
 /* The meter: the elements a call visited, its most kept (arena.h). */
@@ -116,41 +121,156 @@ static unsigned bin_of_node(const pp_extents_t *x, const pp_xnode_t *n) {
   return bin_of(n->size) + ((n->flags & x->avoid) ? PP_EXT_HALF : 0u);
 }
 
-/* Index of the chunk containing a, or x->nchunks. The chunk found last is
- * tried first: a take or give looks up a few granules of one extent, most
- * in one chunk (W5: the binary search was 5 % of the time). x->last is
- * only a hint, checked against the table, so a stale one after a chunk
- * left costs a search, nothing else. */
-static size_t chunk_index(const pp_extents_t *x, uintptr_t a) {
-  const pp_range_t *r = x->ranges;
-  size_t h = x->last;
-  if (h < x->nchunks && a - r[h].base < r[h].size)
-    return h;
-  size_t lo = 0, hi = x->nchunks; /* the last chunk based at or below a */
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (r[mid].base <= a)
-      lo = mid + 1;
-    else
-      hi = mid;
+/* ---- The chunk tree ------------------------------------------------------
+ * The chunks by address: an AVL tree (the bins' kind, recursive: depth
+ * under 1.44 log2 chunks) whose nodes count their subtree, so that the
+ * chunks between two addresses are a difference of ranks, and a list in
+ * address order (prev/next) for the walks over a range. Adding or
+ * releasing a chunk rebalances one path: O(log chunks), metered. Runs are
+ * not stored: a run starts at a chunk whose list neighbour below does not
+ * join it (joined), an O(1) question once the chunk is found. */
+
+static size_t ccount(const pp_xchunk_t *t) { return t != NULL ? t->count : 0; }
+static unsigned cheight(const pp_xchunk_t *t) {
+  return t != NULL ? t->cheight : 0;
+}
+
+static void cfix(pp_xchunk_t *t) {
+  unsigned l = cheight(t->cleft), r = cheight(t->cright);
+  t->cheight = 1 + (l > r ? l : r);
+  t->count = 1 + ccount(t->cleft) + ccount(t->cright);
+}
+
+static pp_xchunk_t *crot_right(pp_xchunk_t *t) {
+  pp_xchunk_t *l = t->cleft;
+  t->cleft = l->cright;
+  l->cright = t;
+  cfix(t);
+  cfix(l);
+  return l;
+}
+
+static pp_xchunk_t *crot_left(pp_xchunk_t *t) {
+  pp_xchunk_t *r = t->cright;
+  t->cright = r->cleft;
+  r->cleft = t;
+  cfix(t);
+  cfix(r);
+  return r;
+}
+
+static pp_xchunk_t *cbalance(pp_extents_t *x, pp_xchunk_t *t) {
+  METER(x);
+  cfix(t);
+  if (cheight(t->cleft) > cheight(t->cright) + 1) {
+    if (cheight(t->cleft->cleft) < cheight(t->cleft->cright))
+      t->cleft = crot_left(t->cleft);
+    return crot_right(t);
   }
-  if (lo == 0 || a - r[lo - 1].base >= r[lo - 1].size)
-    return x->nchunks;
-  ((pp_extents_t *)x)->last = lo - 1; /* a hint: see above */
-  return lo - 1;
+  if (cheight(t->cright) > cheight(t->cleft) + 1) {
+    if (cheight(t->cright->cright) < cheight(t->cright->cleft))
+      t->cright = crot_right(t->cright);
+    return crot_left(t);
+  }
+  return t;
+}
+
+static pp_xchunk_t *cinsert(pp_extents_t *x, pp_xchunk_t *t, pp_xchunk_t *c) {
+  if (t == NULL) {
+    c->cleft = c->cright = NULL;
+    cfix(c);
+    return c;
+  }
+  if (c->base < t->base)
+    t->cleft = cinsert(x, t->cleft, c);
+  else
+    t->cright = cinsert(x, t->cright, c);
+  return cbalance(x, t);
+}
+
+static pp_xchunk_t *cremove_min(pp_extents_t *x, pp_xchunk_t *t,
+                                pp_xchunk_t **min) {
+  if (t->cleft == NULL) {
+    *min = t;
+    return t->cright;
+  }
+  t->cleft = cremove_min(x, t->cleft, min);
+  return cbalance(x, t);
+}
+
+static pp_xchunk_t *cremove(pp_extents_t *x, pp_xchunk_t *t,
+                            const pp_xchunk_t *c) {
+  pp_assert(t != NULL);
+  if (c->base < t->base) {
+    t->cleft = cremove(x, t->cleft, c);
+  } else if (c->base > t->base) {
+    t->cright = cremove(x, t->cright, c);
+  } else {
+    if (t->cleft == NULL || t->cright == NULL)
+      return t->cleft != NULL ? t->cleft : t->cright;
+    pp_xchunk_t *m;
+    pp_xchunk_t *r = cremove_min(x, t->cright, &m);
+    m->cleft = t->cleft;
+    m->cright = r;
+    t = m;
+  }
+  return cbalance(x, t);
+}
+
+/* The chunk containing a, or NULL. The chunk found last is tried first: a
+ * take or give looks up a few granules of one extent, most in one chunk
+ * (W5: the search was 5 % of the time). x->last is only a hint, cleared
+ * when its chunk goes. A lookup is not metered (it never was: its cost is
+ * the depth, O(log chunks)). */
+static pp_xchunk_t *chunk_at(const pp_extents_t *x, uintptr_t a) {
+  pp_xchunk_t *h = x->last;
+  if (h != NULL && a - h->base < h->size)
+    return h;
+  pp_xchunk_t *best = NULL; /* the last chunk based at or below a */
+  for (pp_xchunk_t *t = x->ctree; t != NULL;)
+    if (t->base <= a) {
+      best = t;
+      t = t->cright;
+    } else {
+      t = t->cleft;
+    }
+  if (best == NULL || a - best->base >= best->size)
+    return NULL;
+  ((pp_extents_t *)x)->last = best; /* a hint: see above */
+  return best;
+}
+
+/* The chunks of the tree below c (c in it). */
+static size_t chunk_rank(const pp_extents_t *x, const pp_xchunk_t *c) {
+  size_t r = 0;
+  for (const pp_xchunk_t *t = x->ctree; t != NULL;) {
+    METER(x);
+    if (c->base < t->base) {
+      t = t->cleft;
+    } else if (c->base > t->base) {
+      r += ccount(t->cleft) + 1;
+      t = t->cright;
+    } else {
+      return r + ccount(t->cleft);
+    }
+  }
+  pp_assert(!"chunk not in the tree");
+  return r;
 }
 
 pp_xchunk_t *pp_ext_chunk_of(const pp_extents_t *x, const void *p) {
-  size_t i = chunk_index(x, (uintptr_t)p);
-  return i < x->nchunks ? x->chunks[i] : NULL;
+  return chunk_at(x, (uintptr_t)p);
 }
 
-/* Chunks i and i + 1 are one run: a free extent may cross between them. */
-static bool joined(const pp_extents_t *x, size_t i) {
-  if (!x->span || i + 1 >= x->nchunks)
-    return false;
-  const pp_xchunk_t *a = x->chunks[i], *b = x->chunks[i + 1];
-  return a->base + a->size == b->base && a->flags == b->flags;
+pp_xchunk_t *pp_ext_first(const pp_extents_t *x) { return x->cfirst; }
+pp_xchunk_t *pp_ext_next(const pp_xchunk_t *c) { return c->next; }
+
+/* Chunk a and the next one b are one run: a free extent may cross between
+ * them. */
+static bool joined(const pp_extents_t *x, const pp_xchunk_t *a,
+                   const pp_xchunk_t *b) {
+  return x->span && a != NULL && b != NULL && a->base + a->size == b->base &&
+         a->flags == b->flags;
 }
 
 /* ---- The bins' trees ("Bins"): AVL, by (size, base), recursive (the
@@ -384,11 +504,10 @@ static void whole_repoint(pp_extents_t *x, uintptr_t a, uintptr_t e,
                           pp_xnode_t *n) {
   if (e - a < x->min_chunk)
     return; /* no chunk lies wholly inside */
-  for (size_t i = chunk_index(x, a); i < x->nchunks && x->ranges[i].base < e;
-       i++) {
+  for (pp_xchunk_t *c = chunk_at(x, a); c != NULL && c->base < e; c = c->next) {
     METER(x);
-    if (x->chunks[i]->whole)
-      x->chunks[i]->ext = n;
+    if (c->whole)
+      c->ext = n;
   }
 }
 
@@ -561,38 +680,21 @@ void pp_ext_fini(pp_extents_t *x) {
     next = n->right;
     free(n);
   }
-  for (size_t i = 0; i < x->nchunks; i++)
-    free(x->chunks[i]);
-  free(x->chunks);
-  free(x->ranges);
-  free(x->runs);
+  for (pp_xchunk_t *c = x->cfirst, *next; c != NULL; c = next) {
+    next = c->next;
+    free(c);
+  }
   free(x->tab);
   memset(x, 0, sizeof *x);
 }
 
 /* Address a (a granule boundary) is where a run starts: extents may not
- * merge across it. Asked only when a free neighbour was found there: a
- * binary search of the run starts (one for the host backend's arena, whose
- * chunks are placed side by side). */
+ * merge across it. Asked only when a free neighbour was found there: the
+ * chunk at a starts there and does not join the one below (O(log
+ * chunks), no table of run starts to rebuild). */
 static bool run_starts_at(const pp_extents_t *x, uintptr_t a) {
-  size_t lo = 0, hi = x->nruns;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (x->runs[mid] < a)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo < x->nruns && x->runs[lo] == a;
-}
-
-/* After the chunks changed: their run starts (x->runs has room for
- * nchunks). */
-static void runs_rebuild(pp_extents_t *x) {
-  x->nruns = 0;
-  for (size_t i = 0; i < x->nchunks; i++)
-    if (i == 0 || !joined(x, i - 1))
-      x->runs[x->nruns++] = x->ranges[i].base;
+  const pp_xchunk_t *c = chunk_at(x, a);
+  return c == NULL || (c->base == a && !joined(x, c->prev, c));
 }
 
 /* The free extent that ends at a (left) or starts at a (right), in the same
@@ -608,11 +710,12 @@ static pp_xnode_t *right_of(const pp_extents_t *x, uintptr_t a) {
 }
 
 /* The chunks [a, e) (a free extent's range, in one run) overlaps: two
- * searches, not a walk. */
+ * ranks, not a walk. */
 static size_t chunks_spanned(const pp_extents_t *x, uintptr_t a, uintptr_t e) {
   if (e - a < x->min_chunk)
     return 1; /* no chunk lies wholly inside */
-  return chunk_index(x, e - x->granule) - chunk_index(x, a) + 1;
+  return chunk_rank(x, chunk_at(x, e - x->granule)) -
+         chunk_rank(x, chunk_at(x, a)) + 1;
 }
 
 /* Merge [b, b + size) (free, in no extent, in a run with these flags) with
@@ -672,7 +775,7 @@ static pp_xnode_t *merge_free(pp_extents_t *x, uintptr_t b, size_t size,
     return right;
   }
   if (flags == FLAGS_OF_CHUNK) /* a give: its chunk's, looked up once */
-    flags = x->chunks[chunk_index(x, b)]->flags;
+    flags = chunk_at(x, b)->flags;
   pp_xnode_t *n = spare_get(x);
   *n = (pp_xnode_t){b, size, NULL, NULL, 0, 0, flags};
   link_free(x, n);
@@ -685,36 +788,32 @@ int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size, unsigned flags) {
             (uintptr_t)base % x->granule == 0);
   pp_xchunk_t *c = malloc(sizeof *c);
   pp_xnode_t *n = malloc(sizeof *n);
-  pp_xchunk_t **cs =
-      realloc(x->chunks, (x->nchunks + 1) * sizeof(pp_xchunk_t *));
-  if (cs != NULL)
-    x->chunks = cs;
-  pp_range_t *rs = realloc(x->ranges, (x->nchunks + 1) * sizeof(pp_range_t));
-  if (rs != NULL)
-    x->ranges = rs;
-  uintptr_t *ru = realloc(x->runs, (x->nchunks + 1) * sizeof(uintptr_t));
-  if (ru != NULL)
-    x->runs = ru;
-  if (c == NULL || n == NULL || cs == NULL || rs == NULL || ru == NULL ||
-      !room_for_one_more(x)) {
+  if (c == NULL || n == NULL || !room_for_one_more(x)) {
     free(c);
     free(n);
     return PINPOOL_ENOMEM;
   }
-  *c = (pp_xchunk_t){(uintptr_t)base, size, flags, 0, false, NULL, NULL, NULL};
-  /* Sorted by address, for chunk_index's binary search. */
-  size_t i = x->nchunks++;
-  for (; i > 0 && x->chunks[i - 1]->base > c->base; i--) {
-    x->chunks[i] = x->chunks[i - 1];
-    x->ranges[i] = x->ranges[i - 1];
-  }
-  x->chunks[i] = c;
-  x->ranges[i] = (pp_range_t){c->base, size};
-  runs_rebuild(x);
-  /* The chunk table's upkeep, above: the entries shifted and the run
-   * starts rebuilt, O(chunks) (issue 38, review item 3: not counted
-   * before; pp_ext_remove_free_chunk counts its own the same way). */
-  x->work += (x->nchunks - 1 - i) + x->nchunks;
+  *c = (pp_xchunk_t){.base = (uintptr_t)base, .size = size, .flags = flags};
+  x->ctree = cinsert(x, x->ctree, c);
+  /* Its place in the address list: next to the chunk below it, found
+   * in the tree it just entered (O(log chunks)). */
+  pp_xchunk_t *below = NULL;
+  for (pp_xchunk_t *t = x->ctree; t != NULL;)
+    if (t->base < c->base) {
+      below = t;
+      t = t->cright;
+    } else {
+      t = t->cleft;
+    }
+  c->prev = below;
+  c->next = below != NULL ? below->next : x->cfirst;
+  if (c->next != NULL)
+    c->next->prev = c;
+  if (below != NULL)
+    below->next = c;
+  else
+    x->cfirst = c;
+  x->nchunks++;
   if (x->min_chunk == 0 || size < x->min_chunk)
     x->min_chunk = size;
   /* A new free range: it merges with a free end of a neighbour it joins. */
@@ -796,11 +895,11 @@ void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags) {
   unsigned nflags = n->flags;
   /* The whole chunks of the range carved are whole no more (none unless
    * the extent is at least the smallest chunk). */
-  for (size_t i = n->size < x->min_chunk ? x->nchunks : chunk_index(x, out);
-       i < x->nchunks && x->ranges[i].base < out + size; i++) {
+  for (pp_xchunk_t *c = n->size < x->min_chunk ? NULL : chunk_at(x, out);
+       c != NULL && c->base < out + size; c = c->next) {
     METER(x);
-    if (x->chunks[i]->whole)
-      whole_del(x, x->chunks[i]);
+    if (c->whole)
+      whole_del(x, c);
   }
   if (n->size > size) { /* the low end goes: only the start key moves */
     tab_del(x, out);
@@ -820,8 +919,8 @@ void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags) {
 
 void pp_ext_give(pp_extents_t *x, void *ptr, size_t size) {
   uintptr_t b = (uintptr_t)ptr;
-  pp_assert(size % x->granule == 0 && chunk_index(x, b) < x->nchunks &&
-            chunk_index(x, b + size - x->granule) < x->nchunks);
+  pp_assert(size % x->granule == 0 && chunk_at(x, b) != NULL &&
+            chunk_at(x, b + size - x->granule) != NULL);
   pp_assert(x->outstanding > 0 && x->nspare >= x->outstanding);
   uint64_t w0 = x->work;
   x->outstanding--;
@@ -830,9 +929,8 @@ void pp_ext_give(pp_extents_t *x, void *ptr, size_t size) {
   /* The chunks the range touched that are all free from now (none unless
    * the extent is at least as large as the smallest chunk): whole, the
    * newest. */
-  for (size_t i = n->size < x->min_chunk ? x->nchunks : chunk_index(x, b);
-       i < x->nchunks && x->ranges[i].base < b + size; i++) {
-    pp_xchunk_t *c = x->chunks[i];
+  for (pp_xchunk_t *c = n->size < x->min_chunk ? NULL : chunk_at(x, b);
+       c != NULL && c->base < b + size; c = c->next) {
     METER(x);
     if (n->base <= c->base && c->base + c->size <= n->base + n->size)
       whole_add(x, c, n);
@@ -860,9 +958,8 @@ typedef struct oldest {
 } oldest_t;
 static void pick_oldest(const pp_extents_t *x, pp_xnode_t *n, void *arg) {
   oldest_t *o = arg;
-  for (size_t i = chunk_index(x, n->base);
-       i < x->nchunks && x->ranges[i].base < n->base + n->size; i++) {
-    pp_xchunk_t *c = x->chunks[i];
+  for (pp_xchunk_t *c = chunk_at(x, n->base);
+       c != NULL && c->base < n->base + n->size; c = c->next) {
     METER(x);
     if ((c->flags & o->skip) || c->base < n->base ||
         c->base + c->size > n->base + n->size)
@@ -903,10 +1000,9 @@ bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags, void **base,
     meter_end(x, w0);
     return false;
   }
-  size_t ci = chunk_index(x, c->base);
   pp_xnode_t *n = c->ext;
-  pp_assert(ci < x->nchunks && x->chunks[ci] == c && n != NULL &&
-            n->base <= c->base && c->base + c->size <= n->base + n->size);
+  pp_assert(chunk_at(x, c->base) == c && n != NULL && n->base <= c->base &&
+            c->base + c->size <= n->base + n->size);
   uintptr_t nb = n->base, ne = n->base + n->size;
   uintptr_t cb = c->base, ce = c->base + c->size;
   /* Cut the chunk out of its extent: what is left on either side stays
@@ -923,37 +1019,57 @@ bool pp_ext_remove_free_chunk(pp_extents_t *x, unsigned skip_flags, void **base,
       spare_put(x, spare);
     }
   }
+  /* n keeps the side that spans more chunks; the whole chunks of the
+   * other are repointed to a new node. The left side always kept was
+   * O(chunks) a release once a long run of whole chunks lay right of the
+   * cut (issue 38); the smaller side makes a chunk repointed only into an
+   * extent at most half the chunks of the one it left. */
+  uintptr_t kb = nb, ke = cb, ob = ce, oe = ne; /* kept, other */
+#ifdef PINPOOL_MUTANT_EXT_CUT_LEFT
+  /* Mutant (docs/verification.md): the left side always kept; test_scale
+   * release_many must fail. */
+  if (!(nb < cb)) {
+#else
+  if (!(nb < cb) ||
+      (split && chunk_rank(x, chunk_at(x, ne - x->granule)) - chunk_rank(x, c) >
+                    chunk_rank(x, c) - chunk_rank(x, chunk_at(x, nb)))) {
+#endif
+    kb = ce;
+    ke = ne;
+    ob = nb;
+    oe = nb < cb ? cb : nb;
+  }
   whole_del(x, c);
   unlink_free(x, n);
-  pp_xnode_t *right = NULL;
-  if (nb < cb) {
-    n->size = (size_t)(cb - nb);
+  if (kb < ke) {
+    *n = (pp_xnode_t){kb, (size_t)(ke - kb), NULL, NULL, 0, 0, nflags};
     link_free(x, n);
-    if (split)
-      right = spare_get(x);
-  } else if (ce < ne) {
-    right = n;
   } else {
     spare_put(x, n);
   }
   x->free_bytes -= c->size;
   x->total_bytes -= c->size;
-  memmove(&x->chunks[ci], &x->chunks[ci + 1],
-          (x->nchunks - ci - 1) * sizeof(pp_xchunk_t *));
-  memmove(&x->ranges[ci], &x->ranges[ci + 1],
-          (x->nchunks - ci - 1) * sizeof(pp_range_t));
+  /* Out of the tree and the list: O(log chunks). */
+  x->ctree = cremove(x, x->ctree, c);
+  if (c->prev != NULL)
+    c->prev->next = c->next;
+  else
+    x->cfirst = c->next;
+  if (c->next != NULL)
+    c->next->prev = c->prev;
+  if (x->last == c)
+    x->last = NULL;
   x->nchunks--;
-  runs_rebuild(x);
-  x->min_chunk = 0;
-  for (size_t i = 0; i < x->nchunks; i++)
-    if (x->min_chunk == 0 || x->ranges[i].size < x->min_chunk)
-      x->min_chunk = x->ranges[i].size;
-  x->work += x->nchunks; /* the chunk table's upkeep, above */
-  if (right != NULL) {
-    *right = (pp_xnode_t){ce, (size_t)(ne - ce), NULL, NULL, 0, 0, nflags};
-    link_free(x, right);
-    if (split) /* the whole chunks right of the cut are in a new node */
-      whole_repoint(x, ce, ne, right);
+  /* min_chunk stays a lower bound (a larger one would need a walk): a
+   * range below it holds no chunk wholly, and one above it at most two
+   * partly (the walks that test it stay O(chunks spanned)). */
+  if (x->nchunks == 0)
+    x->min_chunk = 0;
+  if (ob < oe) {
+    pp_xnode_t *o = spare_get(x);
+    *o = (pp_xnode_t){ob, (size_t)(oe - ob), NULL, NULL, 0, 0, nflags};
+    link_free(x, o);
+    whole_repoint(x, ob, oe, o);
   }
   spare_trim(x);
   *base = (void *)c->base;
@@ -999,10 +1115,10 @@ bool pp_ext_copy(const pp_extents_t *x, pp_chunk_view_t *chunks,
   *nfree = x->nfree;
   if (x->nchunks > cap_chunks || x->nfree > cap_free)
     return false;
-  for (size_t i = 0; i < x->nchunks; i++) {
+  size_t i = 0;
+  for (const pp_xchunk_t *k = x->cfirst; k != NULL; k = k->next, i++) {
     METER(x);
-    chunks[i] = (pp_chunk_view_t){x->chunks[i]->base, x->chunks[i]->size,
-                                  x->chunks[i]->flags, 0};
+    chunks[i] = (pp_chunk_view_t){k->base, k->size, k->flags, 0};
   }
   copy_out_t o = {free_out, 0};
   each_node(x, copy_node, &o);
@@ -1068,22 +1184,22 @@ uint64_t pp_ext_copy_some(const pp_extents_t *x, pp_ext_cursor_t *c,
   uint64_t w0 = x->work;
   size_t got = 0;
   if (!c->chunks_done) {
-    size_t lo = 0, hi = x->nchunks; /* the first chunk at or above from */
-    while (lo < hi) {
-      size_t mid = lo + (hi - lo) / 2;
+    const pp_xchunk_t *k = NULL; /* the first chunk at or above from */
+    for (const pp_xchunk_t *t = x->ctree; t != NULL;) {
       METER(x);
-      if (x->ranges[mid].base < c->chunk_from)
-        lo = mid + 1;
-      else
-        hi = mid;
+      if (t->base < c->chunk_from) {
+        t = t->cright;
+      } else {
+        k = t;
+        t = t->cleft;
+      }
     }
-    for (; lo < x->nchunks && got < budget; lo++, got++) {
+    for (; k != NULL && got < budget; k = k->next, got++) {
       METER(x);
-      const pp_xchunk_t *k = x->chunks[lo];
       chunks[(*nc)++] = (pp_chunk_view_t){k->base, k->size, k->flags, 0};
       c->chunk_from = k->base + k->size;
     }
-    c->chunks_done = lo == x->nchunks;
+    c->chunks_done = k == NULL;
   }
   while (c->chunks_done && !c->done && got < budget) {
     if (c->bin >= 2 * PP_EXT_HALF) {
@@ -1149,16 +1265,15 @@ size_t pp_ext_largest(const pp_extents_t *x) {
 static bool in_one_run(const pp_extents_t *x, uintptr_t a, uintptr_t e);
 bool pp_ext_run_holds(const pp_extents_t *x, uintptr_t base, size_t size,
                       unsigned flags) {
-  size_t i = chunk_index(x, base);
-  return i < x->nchunks && x->chunks[i]->flags == flags &&
-         in_one_run(x, base, base + size);
+  const pp_xchunk_t *c = chunk_at(x, base);
+  return c != NULL && c->flags == flags && in_one_run(x, base, base + size);
 }
 static bool in_one_run(const pp_extents_t *x, uintptr_t a, uintptr_t e) {
-  size_t i = chunk_index(x, a), j = chunk_index(x, e - x->granule);
-  if (i == x->nchunks || j == x->nchunks)
+  const pp_xchunk_t *c = chunk_at(x, a), *last = chunk_at(x, e - x->granule);
+  if (c == NULL || last == NULL)
     return false;
-  for (size_t k = i; k < j; k++)
-    if (!joined(x, k))
+  for (; c != last; c = c->next)
+    if (!joined(x, c, c->next))
       return false;
   return true;
 }
@@ -1185,17 +1300,16 @@ static bool check_node(const pp_extents_t *x, const pp_xnode_t *n, unsigned b,
                  n->size);
   if (tab_find(x, n->base) != n || tab_find(x, end_key(n->base + n->size)) != n)
     return vfail(v, "extents: boundary table of %#lx+%zu", n->base, n->size);
-  size_t ci = chunk_index(x, n->base);
-  if (n->flags != x->chunks[ci]->flags)
+  const pp_xchunk_t *first = chunk_at(x, n->base);
+  if (n->flags != first->flags)
     return vfail(v, "extents: %#lx+%zu has other flags than its run", n->base,
                  n->size);
   /* Fully coalesced: no free neighbour on either side in its run. */
   if (left_of(x, n->base) != NULL || right_of(x, n->base + n->size) != NULL)
     return vfail(v, "extents: %#lx+%zu has a free neighbour", n->base, n->size);
   /* Every chunk wholly inside is whole, with this node. */
-  for (size_t i = ci; i < x->nchunks && x->ranges[i].base < n->base + n->size;
-       i++) {
-    const pp_xchunk_t *c = x->chunks[i];
+  for (const pp_xchunk_t *c = first; c != NULL && c->base < n->base + n->size;
+       c = c->next) {
     if (c->base < n->base || c->base + c->size > n->base + n->size)
       continue;
     if (!c->whole || c->ext != n)
@@ -1235,14 +1349,44 @@ static unsigned check_tree(const pp_extents_t *x, const pp_xnode_t *t,
   return h;
 }
 
+/* The chunk tree t: ordered strictly between lo and hi (0: none), counts
+ * and heights right, balanced; its height, or 0 on a failure (*bad). */
+static unsigned check_ctree(const pp_xchunk_t *t, uintptr_t lo, uintptr_t hi,
+                            bool *bad) {
+  if (t == NULL || *bad)
+    return 0;
+  unsigned l = check_ctree(t->cleft, lo, t->base, bad);
+  unsigned r = check_ctree(t->cright, t->base, hi, bad);
+  unsigned h = 1 + (l > r ? l : r);
+  if ((lo != 0 && t->base <= lo) || (hi != 0 && t->base >= hi) ||
+      t->cheight != h || l > r + 1 || r > l + 1 ||
+      t->count != 1 + ccount(t->cleft) + ccount(t->cright))
+    *bad = true;
+  return *bad ? 0 : h;
+}
+
 bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len) {
-  for (size_t i = 0; i + 1 < x->nchunks; i++)
-    if (x->chunks[i]->base + x->chunks[i]->size > x->chunks[i + 1]->base) {
+  bool tbad = false;
+  (void)check_ctree(x->ctree, 0, 0, &tbad);
+  if (tbad) {
+    (void)snprintf(why, len, "extents: the chunk tree is broken");
+    return false;
+  }
+  size_t nlist = 0;
+  for (const pp_xchunk_t *c = x->cfirst; c != NULL; c = c->next, nlist++)
+    if ((c->next != NULL &&
+         (c->base + c->size > c->next->base || c->next->prev != c)) ||
+        (c->prev == NULL) != (c == x->cfirst) || chunk_at(x, c->base) != c) {
       (void)snprintf(why, len, "extents: chunks %#lx and %#lx overlap",
-                     (unsigned long)x->chunks[i]->base,
-                     (unsigned long)x->chunks[i + 1]->base);
+                     (unsigned long)c->base,
+                     (unsigned long)(c->next != NULL ? c->next->base : 0));
       return false;
     }
+  if (nlist != x->nchunks || ccount(x->ctree) != x->nchunks) {
+    (void)snprintf(why, len, "extents: %zu chunks listed, %zu in the tree, %zu",
+                   nlist, ccount(x->ctree), x->nchunks);
+    return false;
+  }
   vctx_t v = {why, len, 0, 0, 0, false};
   for (unsigned b = 0; b < 2 * PP_EXT_HALF; b++) {
     bool bit = (x->nonempty[b / 64] >> (b % 64)) & 1;
@@ -1264,8 +1408,8 @@ bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len) {
   }
   /* The whole lists: exactly the chunks found above, oldest first. */
   size_t flagged = 0, listed = 0;
-  for (size_t i = 0; i < x->nchunks; i++)
-    flagged += x->chunks[i]->whole;
+  for (const pp_xchunk_t *c = x->cfirst; c != NULL; c = c->next)
+    flagged += c->whole;
   for (unsigned l = 0; l < 2; l++) {
     const pp_xchunk_t *prev = NULL;
     for (const pp_xchunk_t *c = x->whole_head[l]; c != NULL; c = c->wnext) {

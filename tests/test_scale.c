@@ -470,6 +470,80 @@ static void test_chunks_cycle(void **state) {
   check_hold_growth("an alloc/free cycle beside N whole chunks", w, n);
 }
 
+static int by_address(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t) * (void *const *)a,
+            y = (uintptr_t) * (void *const *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Review item 3, the chunk table (fl38b's remaining walks): adding or
+ * releasing a chunk shifted the sorted chunk array and rebuilt the run
+ * starts, O(chunks) a hold, and a chunk cut out of the middle of an
+ * extent repointed every whole chunk right of the cut to a new node.
+ * K blocks make K chunks of one run (as chunks_cycle); the most one call
+ * visited while empty_cache released them, freed so that each release
+ * cuts a chunk with one whole chunk left of it and the rest of the run
+ * right of it (the odd ones by address first, then the even ones: the
+ * oldest goes first); then while K chunks grew again. At K = 100 and
+ * 1,000. Mutant
+ * EXT_CUT_LEFT (the cut keeps the left side's node) must fail. */
+static void test_release_many(void **state) {
+  (void)state;
+  uint64_t grow[2], rel[2];
+  size_t n[2] = {100, 1000};
+  for (int i = 0; i < 2; i++) {
+    /* The cap leaves room for the K blocks and is nearer than an eighth
+     * of the arena (chunk_size's growth): each chunk is its request. */
+    pinpool_t *pool;
+    size_t bigsz = (size_t)2560 << 20;
+    char conf[200];
+    (void)snprintf(conf, sizeof conf,
+                   "backend=host,populate=0,mlock=0,tcache_bytes=0,"
+                   "max_reserved=%zuKiB,max_cached=4GiB",
+                   (bigsz + n[i] * BLOCK) / 1024 + 1024);
+    PP_OK(pinpool_create(conf, &pool));
+    void *big, **v = malloc(n[i] * sizeof *v);
+    PP_ASSERT(v != NULL, "out of memory");
+    PP_OK(pinpool_alloc(pool, bigsz, &big));
+    for (size_t k = 0; k < n[i]; k++)
+      PP_OK(pinpool_alloc(pool, BLOCK, &v[k]));
+    pinpool_stats_t st;
+    PP_STATS(pool, &st);
+    PP_ASSERT(st.arena_chunks >= n[i], "%llu chunks for %zu blocks",
+              (unsigned long long)st.arena_chunks, n[i]);
+    qsort(v, n[i], sizeof *v, by_address);
+    for (size_t k = 1; k < n[i]; k += 2)
+      PP_OK(pinpool_free(pool, v[k]));
+    for (size_t k = 0; k < n[i]; k += 2)
+      PP_OK(pinpool_free(pool, v[k]));
+    PP_CHECK_CONSISTENT(pool);
+    (void)meter(pool, true);
+    PP_OK(pinpool_empty_cache(pool));
+    rel[i] = meter(pool, false).work_max;
+    PP_STATS(pool, &st);
+    PP_ASSERT(st.arena_chunks <= 2, "%llu chunks left after empty_cache",
+              (unsigned long long)st.arena_chunks);
+    PP_CHECK_CONSISTENT(pool);
+    /* Again, the boundary table now large enough (its doubling, one
+     * O(N) hold, is table_doubling's): the holds that add the chunks. */
+    (void)meter(pool, true);
+    for (size_t k = 0; k < n[i]; k++)
+      PP_OK(pinpool_alloc(pool, BLOCK, &v[k]));
+    grow[i] = meter(pool, false).work_max;
+    PP_STATS(pool, &st);
+    PP_ASSERT(st.arena_chunks >= n[i], "%llu chunks for %zu blocks",
+              (unsigned long long)st.arena_chunks, n[i]);
+    for (size_t k = 0; k < n[i]; k++)
+      PP_OK(pinpool_free(pool, v[k]));
+    PP_CHECK_CONSISTENT(pool);
+    PP_OK(pinpool_free(pool, big));
+    free(v);
+    pinpool_destroy(pool);
+  }
+  check_hold_growth("empty_cache's release of N chunks of one run", rel, n);
+  check_hold_growth("a chunk added, growing to N chunks", grow, n);
+}
+
 /* The review's suspicion: the boundary table's rehash when it doubles
  * (src/extent.c, tab_reserve) visits every old slot in one hold. Counted
  * by the arena's meter: building the fragmentation at N and 10 N, the work
@@ -580,6 +654,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_bins_walk),
       cmocka_unit_test(test_idle_pieces),
       cmocka_unit_test(test_chunks_cycle),
+      cmocka_unit_test(test_release_many),
       cmocka_unit_test(test_table_doubling),
   };
   return pp_run_selected("test_scale", all, sizeof all / sizeof all[0], argc,
