@@ -462,6 +462,11 @@ typedef struct gw {
   atomic_int done, waiting;
   pthread_t late;
   bool late_set;
+  /* The hook has returned: late and late_set are written, and the act is
+   * done or waits for the grower, which goes on. The main thread reads
+   * them, joins the act and validates only after this (before, it could
+   * validate while the act ran, and fail on counters in motion). */
+  atomic_int hook_done;
 } gw_t;
 static gw_t g_gw;
 
@@ -497,6 +502,7 @@ static void gw_hook(int point) {
   pthread_t t;
   if (pthread_create(&t, NULL, gw_run, &g_gw) != 0) {
     g_gw.rc = -9999;
+    atomic_store(&g_gw.hook_done, 1);
     return;
   }
   for (int i = 0; i < 10000 && atomic_load(&g_gw.done) == 0 &&
@@ -509,6 +515,7 @@ static void gw_hook(int point) {
     g_gw.late = t;
     g_gw.late_set = true;
   }
+  atomic_store(&g_gw.hook_done, 1);
 }
 
 /* The first demand wakes the grower, whose first chunk the hook holds
@@ -544,9 +551,13 @@ static void grower_window(int act) {
     pp_sleep_ms(1);
   PP_ASSERT(atomic_load(&g_gw.fired) == 1, "%s: the grower never grew",
             gw_names[act]);
-  PP_OK(pinpool_validate(pool)); /* waits for the grower's hold */
+  for (int i = 0; i < 30000 && atomic_load(&g_gw.hook_done) == 0; i++)
+    pp_sleep_ms(1);
+  PP_ASSERT(atomic_load(&g_gw.hook_done) == 1, "%s: the hook never returned",
+            gw_names[act]);
   if (g_gw.late_set)
     (void)pthread_join(g_gw.late, NULL);
+  PP_OK(pinpool_validate(pool)); /* waits for the grower's hold */
   atomic_store(&pp_test_hook, NULL);
   PP_ASSERT(g_gw.rc == 0, "%s in the grower's window: %s", gw_names[act],
             pp_code_name(g_gw.rc));
