@@ -221,6 +221,8 @@ enum {
                             and is about to wait for it (no lock) */
   PP_HOOK_SNAP_TABLE,    /* snapshot: between two holds of its copy of the
                             lends or the stack table (no lock) */
+  PP_HOOK_VALIDATE_HOLD, /* validate: about to wait for the background
+                            thread's pass to end (stream.c, no lock) */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

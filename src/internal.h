@@ -732,7 +732,11 @@ struct pinpool {
   struct pinpool *reg_prev, *reg_next; /* fork.c's registry */
   pthread_mutex_t bg_mutex;
   pthread_cond_t bg_cond;
-  bool bg_stop;   /* under bg_mutex */
+  bool bg_stop; /* under bg_mutex */
+  /* Under bg_mutex: validators holding the background thread off
+   * (pp_bg_hold), and whether it is in a pass (reclaim, grower). */
+  unsigned bg_held;
+  bool bg_in_pass;
   pp_grow_t grow; /* grow_ahead= (growahead.c) */
 };
 
@@ -855,6 +859,9 @@ void pp_grow_fork_child(struct pinpool *pool);
  * its own (no-op otherwise). No lock held. arena.c calls it at a growth:
  * a pool without events has no stream-ordered free to do it. */
 void pp_bg_restart(struct pinpool *pool);
+/* pinpool_validate: hold the library's background thread off (on: wait
+ * for its pass in progress to end; off: let it go on). No lock held. */
+void pp_bg_hold(struct pinpool *pool, bool on);
 /* arena.c, for the grower: a chunk of at least `need` bytes (the growth
  * policy's size, at most `room`) made with no lock held and put in node's
  * arena whole and free in one hold of seg_lock. 0 (*size, *flags set), 1

@@ -1061,11 +1061,23 @@ static void *bg_main(void *arg) {
   unsigned us = bg_reclaims(pool) ? pool->cfg.poll_us : 1000u;
   pthread_mutex_lock(&pool->bg_mutex);
   while (!pool->bg_stop) {
+    if (pool->bg_held != 0) {
+      /* pinpool_validate runs: a reclaim moves blocks between lists and
+       * counters without one lock held throughout (issue 37, third
+       * review: validate failed in fork children and parents with
+       * background=1, a thread the user cannot stop). */
+      (void)pthread_cond_wait(&pool->bg_cond, &pool->bg_mutex);
+      continue;
+    }
+    pool->bg_in_pass = true;
     pthread_mutex_unlock(&pool->bg_mutex);
     if (bg_reclaims(pool))
       pp_process(pool, UINT32_MAX, false);
     pp_grow_tick(pool);
     pthread_mutex_lock(&pool->bg_mutex);
+    pool->bg_in_pass = false;
+    if (pool->bg_held != 0)
+      (void)pthread_cond_broadcast(&pool->bg_cond);
     if (pool->bg_stop)
       break;
     struct timespec ts;
@@ -1115,7 +1127,7 @@ void pp_streams_fini(pinpool_t *pool) {
   if (pool->bg_running) {
     pthread_mutex_lock(&pool->bg_mutex);
     pool->bg_stop = true;
-    pthread_cond_signal(&pool->bg_cond);
+    pthread_cond_broadcast(&pool->bg_cond); /* validators wait on it too */
     pthread_mutex_unlock(&pool->bg_mutex);
     (void)pthread_join(pool->bg_thread, NULL);
     pool->bg_running = false;
@@ -1171,6 +1183,9 @@ void pp_streams_fork(pinpool_t *pool, int phase) {
      * would wait for them forever). */
     (void)pthread_cond_init(&pool->bg_cond, NULL);
     (void)pthread_cond_init(&pool->sync_cv, NULL);
+    /* Neither the background thread nor a validator survived. */
+    pool->bg_held = 0;
+    pool->bg_in_pass = false;
     /* The forking thread is in no synchronize; nobody else survived. */
     atomic_store(&pool->sync_waiters, 0);
     pp_grow_fork_child(pool);  /* growahead.c */
@@ -1190,6 +1205,27 @@ void pp_streams_fork(pinpool_t *pool, int phase) {
   pp_mutex_unlock(&pool->streams_lock);
   for (int i = 64; i-- > 0;)
     pp_mutex_unlock(&pool->sset_locks[i]);
+}
+
+/* pinpool_validate holds the background thread off (on) and lets it go
+ * (off): it waits for a pass in progress to end, and no pass starts while
+ * held (issue 37, third review). Counted, so validators may overlap. */
+void pp_bg_hold(pinpool_t *pool, bool on) {
+  pthread_mutex_lock(&pool->bg_mutex);
+  if (on) {
+    pool->bg_held++;
+    /* A validate from the background thread's own pass (a callback it
+     * runs) must not wait for that pass. */
+    bool own =
+        pool->bg_running && pthread_equal(pool->bg_thread, pthread_self());
+    if (pool->bg_in_pass && !own)
+      pp_hook(PP_HOOK_VALIDATE_HOLD);
+    while (pool->bg_in_pass && !own)
+      (void)pthread_cond_wait(&pool->bg_cond, &pool->bg_mutex);
+  } else if (--pool->bg_held == 0) {
+    (void)pthread_cond_broadcast(&pool->bg_cond);
+  }
+  pthread_mutex_unlock(&pool->bg_mutex);
 }
 
 /* A child of fork whose parent ran the background thread: start this

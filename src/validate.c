@@ -253,6 +253,11 @@ int pinpool_validate(pinpool_t *pool) {
   vstate_t *v = calloc(1, sizeof *v);
   if (v == NULL)
     return pp_fail(PINPOOL_ENOMEM, "pinpool_validate: out of memory");
+  /* The library's own thread (background=1, grow_ahead) is held off for
+   * the whole check: the user cannot stop it, and its reclaim is not one
+   * hold of any lock validate takes. Before pp_grow_lock, which a pass
+   * may take. */
+  pp_bg_hold(pool, true);
   /* grow_ahead: the grower counts its chunk before the hold that enters
    * it; validate waits for it (growahead.c, pp_grow_lock). */
   pp_grow_lock(pool);
@@ -353,6 +358,7 @@ int pinpool_validate(pinpool_t *pool) {
           (unsigned long long)reserved, (unsigned long long)blk,
           (unsigned long long)cached, (unsigned long long)pend);
   pp_grow_unlock(pool);
+  pp_bg_hold(pool, false);
   int rc = 0;
   if (v->bad)
     rc = pp_fail(PINPOOL_ECORRUPT, "pinpool_validate: %s", v->why);

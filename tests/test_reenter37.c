@@ -13,6 +13,9 @@
  *    pool: the nested miss joined its own thread's growth in flight.
  *  - query_reenter: a provider's query that calls process_events: the
  *    nested full poll waited for the query its own thread was making.
+ *  - validate_holds_background: pinpool_validate ran while the library's
+ *    own background thread reclaimed a block (no user thread in the
+ *    pool): "cached: structures hold X, counters say Y".
  */
 #include "testutil.h"
 
@@ -230,12 +233,81 @@ static void query_reenter(void **state) {
   in_child(query_reenter_run, "a query that calls process_events");
 }
 
+/* ---- validate_holds_background -----------------------------------------
+ * The background thread is held in a reclaim (PP_HOOK_EVENT_DONE: the
+ * block's last event done, the block not yet cached) until validate
+ * waits for it (PP_HOOK_VALIDATE_HOLD) or has returned. Validate must
+ * return only after that pass: the block is cached, nothing pending,
+ * when it returns (before the fix it ran beside the pass, which is how
+ * r7's children and parent saw "cached: structures hold X, counters say
+ * Y"; the window that showed it is inside the bin and hot-slot pushes). */
+static _Atomic int vh_ready, vh_in_window, vh_waiting, vh_done;
+static pthread_t vh_main;
+static int vh_query(void *ctx, void *ev) {
+  (void)ctx;
+  (void)ev;
+  return atomic_load(&vh_ready);
+}
+static void vh_hook(int point) {
+  if (point == PP_HOOK_VALIDATE_HOLD)
+    atomic_store(&vh_waiting, 1);
+  if (point != PP_HOOK_EVENT_DONE || pthread_equal(pthread_self(), vh_main))
+    return;
+  atomic_store(&vh_in_window, 1);
+  while (!atomic_load(&vh_waiting) && !atomic_load(&vh_done))
+    pp_sleep_ms(1);
+}
+static int validate_holds_background_run(void) {
+  static pinpool_events_t evs;
+  evs = (pinpool_events_t){"reenter37", ev_record,  vh_query,
+                           ev_sync,     ev_release, NULL};
+  pinpool_hooks_t h = {0};
+  h.events = &evs;
+  if (pinpool_create_ex("backend=malloc,background=1", &h, &g_pool) != 0)
+    return 10;
+  void *b;
+  if (pinpool_alloc(g_pool, 4096, &b) != 0 ||
+      pinpool_record_stream(g_pool, b, 7) != 0 || pinpool_free(g_pool, b))
+    return 11;
+  vh_main = pthread_self();
+  atomic_store(&pp_test_hook, vh_hook);
+  atomic_store(&vh_ready, 1);
+  while (!atomic_load(&vh_in_window))
+    pp_sleep_ms(1);
+  int rc = pinpool_validate(g_pool);
+  int left = pending_any(); /* before the hook may let the pass go */
+  atomic_store(&vh_done, 1);
+  if (rc != 0) {
+    fprintf(stderr, "validate during the background reclaim: %s\n",
+            pinpool_last_error());
+    return 12;
+  }
+  if (left != 0) {
+    fprintf(stderr, "validate returned during the background thread's "
+                    "reclaim (a block still pending)\n");
+    return 14;
+  }
+  atomic_store(&pp_test_hook, NULL);
+  while (pending_any() != 0)
+    pp_sleep_ms(1);
+  if (pinpool_validate(g_pool) != 0)
+    return 13;
+  pinpool_destroy(g_pool);
+  return 0;
+}
+static void validate_holds_background(void **state) {
+  (void)state;
+  in_child(validate_holds_background_run,
+           "validate while the background thread reclaims");
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
       cmocka_unit_test(fork_pollwait),
       cmocka_unit_test(backend_reenter),
       cmocka_unit_test(query_reenter),
+      cmocka_unit_test(validate_holds_background),
   };
   return pp_run_selected("reenter37", all, sizeof all / sizeof all[0], argc,
                          argv);
