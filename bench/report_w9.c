@@ -7,7 +7,7 @@
  * workloads and their peers.
  */
 #include "report_w9.h"
-#include "report.h"
+#include "report_support.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -71,7 +71,7 @@ static w9case_t *find_case(int workers, int batch_mib, const char *fill) {
   return c;
 }
 
-bool w9_parse(char **fld, int n) {
+bool pr_w9_parse(char **fld, int n) {
   if (n >= 2 && strcmp(fld[0], "F") == 0 && strncmp(fld[1], "W9 ", 3) == 0) {
     g_nfailed++;
     return false;
@@ -104,7 +104,7 @@ bool w9_parse(char **fld, int n) {
 static double median(double *v, int n) {
   if (n == 0)
     return NAN;
-  qsort(v, (size_t)n, sizeof v[0], cmp_double);
+  qsort(v, (size_t)n, sizeof v[0], pr_cmp_double);
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
 }
 
@@ -120,7 +120,7 @@ static int cmp_case(const void *pa, const void *pb) {
   return a->workers - b->workers;
 }
 
-void w9_aggregate(void) {
+void pr_w9_aggregate(void) {
   qsort(g_case, (size_t)g_ncase, sizeof g_case[0], cmp_case);
   for (int i = 0; i < g_ncase; i++) {
     w9case_t *c = &g_case[i];
@@ -145,15 +145,15 @@ void w9_aggregate(void) {
   }
 }
 
-bool w9_have(void) {
+bool pr_w9_have(void) {
   for (int i = 0; i < g_ncase; i++)
     if (g_case[i].p[LEND].nruns || g_case[i].p[COPY].nruns)
       return true;
   return false;
 }
 
-const char *w9_unavailable(void) {
-  if (w9_have())
+const char *pr_w9_unavailable(void) {
+  if (pr_w9_have())
     return NULL;
   return g_nfailed ? "every W9 run failed (listed under failures)"
                    : "not run (bench/run.sh --workloads without W9)";
@@ -167,9 +167,9 @@ static bool both(const w9case_t *c) {
 
 /* Zero host copies: lend's copied bytes are 0 in every run of every case. */
 static void goal_zero_copy(void) {
-  goal_t *g =
-      goal_new("W9: zero host copies between the worker's fill and the pinned "
-               "buffer (lend path, every case)");
+  goal_t *g = pr_goal_new(
+      "W9: zero host copies between the worker's fill and the pinned "
+      "buffer (lend path, every case)");
   int ok = 0, n = 0;
   double copy_lo = INFINITY, copy_hi = -INFINITY;
   for (int i = 0; i < g_ncase; i++) {
@@ -184,25 +184,25 @@ static void goal_zero_copy(void) {
       copy_hi = fmax(copy_hi, mib);
     }
   }
-  goal_count_status(g, ok, n);
+  pr_goal_count_status(g, ok, n);
   if (n == 0) {
-    goal_add(g, "W9 not run");
+    pr_goal_add(g, "W9 not run");
     return;
   }
-  goal_add(g, "lend: 0 bytes copied per batch in %d of %d cases (every run)",
-           ok, n);
+  pr_goal_add(g, "lend: 0 bytes copied per batch in %d of %d cases (every run)",
+              ok, n);
   if (isfinite(copy_lo) && copy_lo == copy_hi)
-    goal_add(g, "; today's path copies the whole batch: %.0f MiB per batch",
-             copy_lo);
+    pr_goal_add(g, "; today's path copies the whole batch: %.0f MiB per batch",
+                copy_lo);
   else if (isfinite(copy_lo))
-    goal_add(g,
-             "; today's path copies the whole batch: %.0f–%.0f MiB per batch",
-             copy_lo, copy_hi);
+    pr_goal_add(
+        g, "; today's path copies the whole batch: %.0f–%.0f MiB per batch",
+        copy_lo, copy_hi);
 }
 
 /* >= 1.5x today's batches/s at 64 MiB with 2 workers, each fill. */
 static void goal_speed(void) {
-  goal_t *g = goal_new(
+  goal_t *g = pr_goal_new(
       "W9: lend >= 1.5x the batches/s of today's path at 64 MiB with 2 "
       "workers");
   int ok = 0, n = 0;
@@ -212,16 +212,16 @@ static void goal_speed(void) {
       continue;
     n++;
     ok += c->speed_ratio >= 1.5;
-    goal_add(g, "%s%s fill: %.2fx (lend %.1f vs copy %.1f batches/s)%s",
-             g->detail[0] ? "; " : "", c->fill, c->speed_ratio,
-             c->p[LEND].med[M_PER_S], c->p[COPY].med[M_PER_S],
-             c->speed_ratio >= 1.5 ? "" : " — missed");
+    pr_goal_add(g, "%s%s fill: %.2fx (lend %.1f vs copy %.1f batches/s)%s",
+                g->detail[0] ? "; " : "", c->fill, c->speed_ratio,
+                c->p[LEND].med[M_PER_S], c->p[COPY].med[M_PER_S],
+                c->speed_ratio >= 1.5 ? "" : " — missed");
   }
-  goal_count_status(g, ok, n);
+  pr_goal_count_status(g, ok, n);
   if (n == 0)
-    goal_add(g, "no 64 MiB, 2-worker case with both paths in this run%s",
-             w9_have() ? " (a quick run's batches are smaller)"
-                       : " (W9 not run)");
+    pr_goal_add(g, "no 64 MiB, 2-worker case with both paths in this run%s",
+                pr_w9_have() ? " (a quick run's batches are smaller)"
+                             : " (W9 not run)");
 }
 
 /* Main-process CPU per batch <= 1/4 of today's: the literal measure sets
@@ -229,7 +229,8 @@ static void goal_speed(void) {
  * paths run on the CPU, where a device would copy by DMA) is reported
  * beside it, since it is what lending itself costs the main process. */
 static void goal_cpu(void) {
-  goal_t *g = goal_new("W9: main-process CPU per batch <= 1/4 of today's path");
+  goal_t *g =
+      pr_goal_new("W9: main-process CPU per batch <= 1/4 of today's path");
   int ok = 0, n = 0, ok_x = 0;
   double lo = INFINITY, hi = -INFINITY, lo_x = INFINITY, hi_x = -INFINITY;
   double lend_lo = INFINITY, lend_hi = -INFINITY;
@@ -250,12 +251,12 @@ static void goal_cpu(void) {
     copy_lo = fmin(copy_lo, c->p[COPY].med[M_EXCL]);
     copy_hi = fmax(copy_hi, c->p[COPY].med[M_EXCL]);
   }
-  goal_count_status(g, ok, n);
+  pr_goal_count_status(g, ok, n);
   if (n == 0) {
-    goal_add(g, "W9 not run");
+    pr_goal_add(g, "W9 not run");
     return;
   }
-  goal_add(
+  pr_goal_add(
       g,
       "literal measure (getrusage of the main process, which includes the "
       "checksum standing in for the device copy in both paths): lend ÷ copy "
@@ -267,7 +268,7 @@ static void goal_cpu(void) {
       lo, hi, ok, n, lo_x, hi_x, ok_x, n, lend_lo, lend_hi, copy_lo, copy_hi);
 }
 
-void w9_goals(void) {
+void pr_w9_goals(void) {
   goal_zero_copy();
   goal_speed();
   goal_cpu();
@@ -283,12 +284,12 @@ static void json_side(FILE *f, const side_t *s) {
   fprintf(f, "{\"reps\": %d", s->nruns);
   for (int m = 0; m < NMET; m++) {
     fprintf(f, ", \"%s\": ", MET_KEY[m]);
-    json_num(f, s->med[m]);
+    pr_json_num(f, s->med[m]);
   }
   fputs("}", f);
 }
 
-void w9_write_json(FILE *f) {
+void pr_w9_write_json(FILE *f) {
   fputs("\"w9\": [", f);
   for (int i = 0; i < g_ncase; i++) {
     const w9case_t *c = &g_case[i];
@@ -300,11 +301,11 @@ void w9_write_json(FILE *f) {
     fputs(",\n     \"copy\": ", f);
     json_side(f, &c->p[COPY]);
     fputs(",\n     \"speed_ratio\": ", f);
-    json_num(f, c->speed_ratio);
+    pr_json_num(f, c->speed_ratio);
     fputs(", \"cpu_ratio\": ", f);
-    json_num(f, c->cpu_ratio);
+    pr_json_num(f, c->cpu_ratio);
     fputs(", \"cpu_ratio_excl_consume\": ", f);
-    json_num(f, c->excl_ratio);
+    pr_json_num(f, c->excl_ratio);
     fputs("}", f);
   }
   fputs(g_ncase ? "\n  ]" : "]", f);
@@ -320,7 +321,7 @@ static void cell(FILE *f, double v, const char *fmt) {
   fputs(" | ", f);
 }
 
-void w9_write_md(FILE *f) {
+void pr_w9_write_md(FILE *f) {
   fprintf(f, "## W9 lending batches to worker processes (issue 22)\n\n"
              "`bench/w9.c`. Worker processes fill batches (`mem`: at memory "
              "speed; `cpu`: per-batch CPU work), 2 in flight per worker; the "
@@ -335,7 +336,7 @@ void w9_write_md(FILE *f) {
              "checksum's share of it; excl. = CPU minus consumer. Ratios: lend "
              "÷ copy (speed > 1 and CPU < 1 favour lend). Held / locked: the "
              "main process's shared and pinned MiB.\n\n");
-  const char *why = w9_unavailable();
+  const char *why = pr_w9_unavailable();
   if (why != NULL) {
     fprintf(f, "W9: %s.\n\n", why);
     return;

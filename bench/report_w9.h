@@ -14,25 +14,26 @@
 
 /* A raw line split at tabs: a W9 record is taken (true); an F line of a W9
  * run is counted, not taken (the caller lists every failure). */
-bool w9_parse(char **fld, int n);
+bool pr_w9_parse(char **fld, int n);
 
 /* Medians and ratios; call once, after parsing. */
-void w9_aggregate(void);
+void pr_w9_aggregate(void);
 
 /* Whether any W9 record was read. */
-bool w9_have(void);
+bool pr_w9_have(void);
 
 /* Why W9 has no results (NULL when it has some): not run, or every run
  * failed. */
-const char *w9_unavailable(void);
+const char *pr_w9_unavailable(void);
 
-/* The three goals, appended to the report's goal list (report.h). */
-void w9_goals(void);
+/* The issue's three goals, appended to the report's goal list
+ * (report_support.h). */
+void pr_w9_goals(void);
 
 /* `"w9": [...]` (one object per case), without a separator around it. */
-void w9_write_json(FILE *f);
+void pr_w9_write_json(FILE *f);
 
 /* The markdown section (heading, method, table, notes). */
-void w9_write_md(FILE *f);
+void pr_w9_write_md(FILE *f);
 
 #endif
