@@ -223,6 +223,8 @@ enum {
                             lends or the stack table (no lock) */
   PP_HOOK_VALIDATE_HOLD, /* validate: about to wait for the background
                             thread's pass to end (stream.c, no lock) */
+  PP_HOOK_RECLAIM_PIECE, /* lend reclaim: between two holds of its walk
+                            of the lends (share.c, no lock) */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

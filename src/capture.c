@@ -17,7 +17,10 @@
  *    capture; a block whose last holding capture went is settled again:
  *    its streams are asked again and, none capturing, one event is recorded
  *    on each (later than at the free: it covers the same work and more).
- * The captures are a list under streams_lock; a block's `holds` (captures
+ * The captures are a list under streams_lock, indexed by id, each with its
+ * streams indexed too (issue 38: both lookups walked, under streams_lock,
+ * on every record_stream on a capturing stream and every free of a block
+ * tied to a capture); a block's `holds` (captures
  * not yet released) is set under it, so a release and a free that race
  * either both see the link or neither does. streams_lock is the only lock
  * this file takes, never with another held nor across a provider call
@@ -37,67 +40,179 @@ struct pp_capture {
   uint64_t id;
   pinpool_stream_t *streams; /* the streams it was seen on */
   uint32_t nstreams, cap;    /* cap >= nstreams + users */
-  uint32_t users;            /* record_stream calls tying a block now */
-  bool tied;                 /* a record_stream tied a block to it */
-  pp_plink_t *parked;        /* the blocks it holds */
-  struct pp_capture *next;
+  /* streams' index: sidx[j] is a stream's place in streams[] + 1, 0 empty;
+   * 2 * cap slots (a power of two), so at most half full. */
+  uint32_t *sidx;
+  uint32_t users;     /* record_stream calls tying a block now */
+  bool tied;          /* a record_stream tied a block to it */
+  pp_plink_t *parked; /* the blocks it holds */
+  struct pp_capture *next, *prev;
 };
 
 /* ---- Captures (under streams_lock) --------------------------------------- */
 
-/* Linear in the captures not yet released, on streams_lock's meter
- * (issue 38: confirmed, not yet bounded; docs/verification.md). */
-static pp_capture_t **capture_find_locked(pinpool_t *pool, uint64_t id) {
+/* Fibonacci hashing into a table of cap slots (a power of two). */
+static size_t chash(uint64_t key, size_t cap) {
+  return (size_t)((key * 0x9e3779b97f4a7c15u) >>
+                  (64 - __builtin_ctzll((unsigned long long)cap)));
+}
+
+/* The slot of capture id in pool->ctab, or the empty slot where it would
+ * go; ctab_cap > 0. Probes on streams_lock's meter. */
+static size_t ctab_slot(pinpool_t *pool, uint64_t id) {
+  size_t mask = pool->ctab_cap - 1, j = chash(id, pool->ctab_cap);
+  uint64_t probes = 1;
+  while (pool->ctab[j] != NULL && pool->ctab[j]->id != id) {
+    j = (j + 1) & mask;
+    probes++;
+  }
+  pp_lock_visit(&pool->streams_lock, probes);
+  return j;
+}
+
+static pp_capture_t *capture_find_locked(pinpool_t *pool, uint64_t id) {
   pp_assert_held(&pool->streams_lock);
-  pp_capture_t **pc = &pool->captures;
+#ifdef PINPOOL_MUTANT_CAPTURE_WALK
+  /* Mutant (docs/verification.md): the list walked, as before. */
   uint64_t visits = 1;
-  while (*pc != NULL && (*pc)->id != id) {
-    pc = &(*pc)->next;
+  pp_capture_t *c = pool->captures;
+  while (c != NULL && c->id != id) {
+    c = c->next;
     visits++;
   }
   pp_lock_visit(&pool->streams_lock, visits);
-  return pc;
+  return c;
+#else
+  if (pool->ctab_cap == 0)
+    return NULL;
+  return pool->ctab[ctab_slot(pool, id)];
+#endif
 }
 
-/* Room for one more stream in c's list. */
-static bool capture_room_locked(pp_capture_t *c, uint32_t more) {
+/* Take c out of the list and the index (backward shift: no tombstones). */
+static void capture_unlink_locked(pinpool_t *pool, pp_capture_t *c) {
+  if (c->prev != NULL)
+    c->prev->next = c->next;
+  else
+    pool->captures = c->next;
+  if (c->next != NULL)
+    c->next->prev = c->prev;
+  c->next = c->prev = NULL;
+  size_t mask = pool->ctab_cap - 1, j = ctab_slot(pool, c->id);
+  uint64_t probes = 0;
+  for (size_t k = (j + 1) & mask; pool->ctab[k] != NULL; k = (k + 1) & mask) {
+    probes++;
+    size_t home = chash(pool->ctab[k]->id, pool->ctab_cap);
+    if (((k - home) & mask) >= ((k - j) & mask)) {
+      pool->ctab[j] = pool->ctab[k];
+      j = k;
+    }
+  }
+  pool->ctab[j] = NULL;
+  pool->ncaptures--;
+  pp_lock_visit(&pool->streams_lock, probes);
+}
+
+/* Room in the index for one capture more: doubled and built again (once
+ * per doubling). Nothing changes if memory runs out. */
+static bool ctab_room_locked(pinpool_t *pool) {
+  if (2 * (pool->ncaptures + 1) <= pool->ctab_cap)
+    return true;
+  size_t cap = pool->ctab_cap == 0 ? 16 : 2 * pool->ctab_cap;
+  pp_capture_t **t = calloc(cap, sizeof(pp_capture_t *));
+  if (t == NULL)
+    return false;
+  free(pool->ctab);
+  pool->ctab = t;
+  pool->ctab_cap = cap;
+  for (pp_capture_t *c = pool->captures; c != NULL; c = c->next)
+    t[ctab_slot(pool, c->id)] = c;
+  return true;
+}
+
+/* The slot of stream s in c's index, or the empty one where it would go. */
+static size_t sidx_slot(pinpool_t *pool, const pp_capture_t *c,
+                        pinpool_stream_t s) {
+  size_t mask = 2 * (size_t)c->cap - 1, j = chash(s, 2 * (size_t)c->cap);
+  uint64_t probes = 1;
+  while (c->sidx[j] != 0 && c->streams[c->sidx[j] - 1] != s) {
+    j = (j + 1) & mask;
+    probes++;
+  }
+  pp_lock_visit(&pool->streams_lock, probes);
+  return j;
+}
+
+static bool capture_has_stream_locked(pinpool_t *pool, const pp_capture_t *c,
+                                      pinpool_stream_t s) {
+#ifdef PINPOOL_MUTANT_CAPTURE_WALK
+  pp_lock_visit(&pool->streams_lock, c->nstreams);
+  for (uint32_t i = 0; i < c->nstreams; i++)
+    if (c->streams[i] == s)
+      return true;
+  return false;
+#else
+  return c->cap != 0 && c->sidx[sidx_slot(pool, c, s)] != 0;
+#endif
+}
+
+/* Room for `more` streams in c's list (and index): the list doubled, the
+ * index built again. */
+static bool capture_room_locked(pinpool_t *pool, pp_capture_t *c,
+                                uint32_t more) {
   if (c->cap >= c->nstreams + c->users + more)
     return true;
-  uint32_t cap = (c->nstreams + c->users + more) * 2;
-  pinpool_stream_t *v = realloc(c->streams, cap * sizeof *v);
-  if (v == NULL)
+  uint32_t need = c->nstreams + c->users + more, cap = 4;
+  while (cap < need)
+    cap *= 2;
+  uint32_t *ix = calloc(2 * (size_t)cap, sizeof *ix);
+  pinpool_stream_t *v =
+      ix == NULL ? NULL : realloc(c->streams, cap * sizeof *v);
+  if (v == NULL) {
+    free(ix);
     return false;
+  }
+  free(c->sidx);
   c->streams = v;
+  c->sidx = ix;
   c->cap = cap;
+  for (uint32_t i = 0; i < c->nstreams; i++)
+    c->sidx[sidx_slot(pool, c, c->streams[i])] = i + 1;
   return true;
 }
 
 static void capture_add_stream_locked(pinpool_t *pool, pp_capture_t *c,
                                       pinpool_stream_t s) {
-  pp_lock_visit(&pool->streams_lock, c->nstreams); /* linear, as above */
-  for (uint32_t i = 0; i < c->nstreams; i++)
-    if (c->streams[i] == s)
-      return;
+  if (capture_has_stream_locked(pool, c, s))
+    return;
   pp_assert(c->nstreams < c->cap);
   c->streams[c->nstreams++] = s;
+  c->sidx[sidx_slot(pool, c, s)] = c->nstreams;
 }
 
 /* The capture `id`, entered if new; NULL when out of memory. */
 static pp_capture_t *capture_get_locked(pinpool_t *pool, uint64_t id) {
-  pp_capture_t **pc = capture_find_locked(pool, id);
-  if (*pc != NULL)
-    return *pc;
-  pp_capture_t *c = calloc(1, sizeof *c);
-  if (c == NULL)
+  pp_capture_t *c = capture_find_locked(pool, id);
+  if (c != NULL)
+    return c;
+  c = calloc(1, sizeof *c);
+  if (c == NULL || !ctab_room_locked(pool)) {
+    free(c);
     return NULL;
+  }
   c->id = id;
   c->next = pool->captures;
+  if (c->next != NULL)
+    c->next->prev = c;
   pool->captures = c;
+  pool->ctab[ctab_slot(pool, id)] = c;
+  pool->ncaptures++;
   return c;
 }
 
 static void capture_free(pp_capture_t *c) {
   free(c->streams);
+  free(c->sidx);
   free(c);
 }
 
@@ -106,9 +221,9 @@ static void capture_free(pp_capture_t *c) {
 static pp_capture_t *capture_pin(pinpool_t *pool, uint64_t id) {
   pp_mutex_lock(&pool->streams_lock);
   pp_capture_t *c = capture_get_locked(pool, id);
-  if (c != NULL && !capture_room_locked(c, 1)) {
+  if (c != NULL && !capture_room_locked(pool, c, 1)) {
     if (!c->tied && c->users == 0 && c->parked == NULL && c->nstreams == 0) {
-      *capture_find_locked(pool, id) = c->next;
+      capture_unlink_locked(pool, c);
       capture_free(c);
     }
     c = NULL;
@@ -133,7 +248,7 @@ void pp_capture_unpin(pinpool_t *pool, pp_capture_t *c, pinpool_stream_t stream,
   }
   c->users--;
   if (!c->tied && c->users == 0 && c->parked == NULL && c->nstreams == 0) {
-    *capture_find_locked(pool, c->id) = c->next;
+    capture_unlink_locked(pool, c);
     capture_free(c);
   }
   pp_mutex_unlock(&pool->streams_lock);
@@ -205,10 +320,10 @@ uint32_t pp_capture_park(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set,
   for (uint32_t i = 0; i < n; i++) {
     pp_capture_t *c = NULL;
     if (pp_sset_at(set, i)->captured) {
-      c = *capture_find_locked(pool, pp_sset_at(set, i)->capture);
+      c = capture_find_locked(pool, pp_sset_at(set, i)->capture);
     } else if (use[i] == PP_USE_CAPTURING) {
       c = capture_get_locked(pool, ids[i]);
-      if (c != NULL && !capture_room_locked(c, 1))
+      if (c != NULL && !capture_room_locked(pool, c, 1))
         c = NULL; /* an empty capture entered here stays: harmless */
       if (c == NULL) {
         oom = true;
@@ -268,13 +383,10 @@ int pinpool_graph_release(pinpool_t *pool, uint64_t capture_id) {
     return pp_fail(PINPOOL_EFORKED, "pinpool_graph_release: a CUDA pool in "
                                     "a child of fork");
   pp_mutex_lock(&pool->streams_lock);
-  pp_capture_t **pc = capture_find_locked(pool, capture_id);
-  pp_capture_t *c = *pc;
+  pp_capture_t *c = capture_find_locked(pool, capture_id);
   bool busy = c != NULL && c->users > 0;
-  if (c != NULL && !busy) {
-    *pc = c->next;
-    c->next = NULL;
-  }
+  if (c != NULL && !busy)
+    capture_unlink_locked(pool, c); /* its next is NULL now: a list of one */
   pp_mutex_unlock(&pool->streams_lock);
   if (c == NULL)
     return pp_fail(PINPOOL_EINVAL,
@@ -300,30 +412,26 @@ int pinpool_stream_graphs_release(pinpool_t *pool, pinpool_stream_t stream) {
                                     "pool in a child of fork");
   pp_capture_t *list = NULL;
   bool busy = false;
+  /* Every capture asked whether it was seen on the stream (one probe
+   * each): linear in the captures not yet released, under streams_lock
+   * (docs/streams.md, "Costs"). None taken if one is busy: a failing call
+   * changes nothing. */
   pp_mutex_lock(&pool->streams_lock);
-  for (pp_capture_t **pc = &pool->captures; *pc != NULL;) {
-    pp_capture_t *c = *pc;
-    bool on = false;
-    for (uint32_t i = 0; i < c->nstreams && !on; i++)
-      on = c->streams[i] == stream;
-    if (on && c->users > 0)
-      busy = true;
-    if (!on || busy) {
-      pc = &c->next;
+  uint64_t visits = 0;
+  for (pp_capture_t *c = pool->captures; c != NULL && !busy; c = c->next) {
+    visits++;
+    busy = c->users > 0 && capture_has_stream_locked(pool, c, stream);
+  }
+  for (pp_capture_t *c = pool->captures, *next; c != NULL && !busy; c = next) {
+    next = c->next;
+    visits++;
+    if (!capture_has_stream_locked(pool, c, stream))
       continue;
-    }
-    *pc = c->next;
+    capture_unlink_locked(pool, c);
     c->next = list;
     list = c;
   }
-  if (busy) { /* take none: a failing call changes nothing */
-    while (list != NULL) {
-      pp_capture_t *c = list;
-      list = c->next;
-      c->next = pool->captures;
-      pool->captures = c;
-    }
-  }
+  pp_lock_visit(&pool->streams_lock, visits);
   pp_mutex_unlock(&pool->streams_lock);
   if (busy)
     return pp_fail(PINPOOL_EBUSY,
@@ -374,4 +482,7 @@ void pp_captures_fini(pinpool_t *pool) {
     capture_free(c);
   }
   pool->captures = NULL;
+  free(pool->ctab);
+  pool->ctab = NULL;
+  pool->ctab_cap = pool->ncaptures = 0;
 }

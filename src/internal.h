@@ -706,6 +706,10 @@ struct pinpool {
    * under streams_lock; the pending blocks parked on them (counted in
    * pending_* too). */
   struct pp_capture *captures;
+  /* The captures by id (open addressing, at most half full; issue 38: a
+   * lookup walked the list): ctab_cap slots, a power of two or 0. */
+  struct pp_capture **ctab;
+  size_t ctab_cap, ncaptures;
   pp_counter_t graph_blocks, graph_bytes;
   /* Pending blocks whose events are not all resolved, or that are still
    * moving out of PENDING; seq_cst (stream.c, "Waiting"). */

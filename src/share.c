@@ -103,9 +103,10 @@ struct pp_share {
   size_t nchunks, cchunks;
   lend_t *lends;
   size_t nlends, clends;
-  /* The lends' index (lend_find): ltab[j] is a lend's place in lends[] + 1,
-   * 0 empty; lcap = 2 * clends. */
-  size_t *ltab, lcap;
+  /* The lends' indexes: ltab by block (lend_find), gtab by generation
+   * (lend_return); entry j is a lend's place in lends[] + 1, 0 empty;
+   * lcap = 2 * clends each. */
+  size_t *ltab, *gtab, lcap;
   /* A snapshot copying lends[] over several holds (pp_share_lends_copy,
    * which copy_lock makes one at a time): lends[0, copy_next) are copied;
    * lend_end keeps every lend not yet copied at copy_next or above. */
@@ -223,6 +224,7 @@ void pp_share_destroy(pp_share_t *s) {
   free(s->chunks);
   free(s->lends);
   free(s->ltab);
+  free(s->gtab);
   free(s->peers);
   memset(s->rnd, 0, sizeof s->rnd);
   pp_mutex_destroy(&s->copy_lock);
@@ -720,23 +722,39 @@ static int peer_of_pidfd(pp_share_t *s, const char *fn, int pidfd,
 
 /* ---- Lends --------------------------------------------------------------- */
 
-/* The lends' index: block address -> its place in lends[] (issue 38: every
+/* The lends' indexes: block address -> its place in lends[] (issue 38: every
  * free of a shared pool asks whether its block is lent, and lend_find
- * walked every lend: 3.9 us a free at 3,000 lends). Open addressing,
- * linear probing, at most half full; deletion shifts the run back (no
- * tombstones). Lock held; the probes count on the lock's meter. */
-static size_t lhash(const void *ptr, size_t cap) {
-  /* Fibonacci hashing: the product's top bits mix every bit of the
-   * address (blocks are aligned: the low bits alone would cluster). */
-  uint64_t x = (uint64_t)(uintptr_t)ptr * 0x9e3779b97f4a7c15u;
+ * walked every lend: 3.9 us a free at 3,000 lends), and generation -> its
+ * place (a return names its lend by generation, and lend_return walked
+ * every lend too). Open addressing, linear probing, at most half full;
+ * deletion shifts the run back (no tombstones). Lock held; the probes
+ * count on the lock's meter. */
+enum { BY_PTR, BY_GEN };
+
+static uint64_t lkey(const pp_share_t *s, size_t place, int kind) {
+  const lend_t *l = &s->lends[place];
+  return kind == BY_PTR ? (uint64_t)(uintptr_t)l->ptr : l->gen;
+}
+
+static size_t *ltab_of(pp_share_t *s, int kind) {
+  return kind == BY_PTR ? s->ltab : s->gtab;
+}
+
+static size_t lhash(uint64_t key, size_t cap) {
+  /* Fibonacci hashing: the product's top bits mix every bit of the key
+   * (blocks are aligned: the low bits alone would cluster; generations
+   * are consecutive). */
+  uint64_t x = key * 0x9e3779b97f4a7c15u;
   return (size_t)(x >> (64 - __builtin_ctzll((unsigned long long)cap)));
 }
 
-/* The index slot of ptr's lend, or the empty slot where it would go. */
-static size_t lslot(pp_share_t *s, const void *ptr) {
-  size_t mask = s->lcap - 1, j = lhash(ptr, s->lcap);
+/* The slot of the lend with key in index kind, or the empty slot where it
+ * would go. */
+static size_t lslot(pp_share_t *s, int kind, uint64_t key) {
+  size_t *tab = ltab_of(s, kind);
+  size_t mask = s->lcap - 1, j = lhash(key, s->lcap);
   uint64_t probes = 1;
-  while (s->ltab[j] != 0 && s->lends[s->ltab[j] - 1].ptr != ptr) {
+  while (tab[j] != 0 && lkey(s, tab[j] - 1, kind) != key) {
     j = (j + 1) & mask;
     probes++;
   }
@@ -744,37 +762,48 @@ static size_t lslot(pp_share_t *s, const void *ptr) {
   return j;
 }
 
-/* Empty slot j, moving back the entries after it that may live there. */
-static void lslot_clear(pp_share_t *s, size_t j) {
+static size_t lslot_ptr(pp_share_t *s, const void *ptr) {
+  return lslot(s, BY_PTR, (uint64_t)(uintptr_t)ptr);
+}
+
+/* Empty slot j of index kind, moving back the entries after it that may
+ * live there. */
+static void lslot_clear(pp_share_t *s, int kind, size_t j) {
+  size_t *tab = ltab_of(s, kind);
   size_t mask = s->lcap - 1;
   uint64_t probes = 0;
-  for (size_t k = (j + 1) & mask; s->ltab[k] != 0; k = (k + 1) & mask) {
+  for (size_t k = (j + 1) & mask; tab[k] != 0; k = (k + 1) & mask) {
     probes++;
-    size_t home = lhash(s->lends[s->ltab[k] - 1].ptr, s->lcap);
+    size_t home = lhash(lkey(s, tab[k] - 1, kind), s->lcap);
     if (((k - home) & mask) >= ((k - j) & mask)) {
-      s->ltab[j] = s->ltab[k];
+      tab[j] = tab[k];
       j = k;
     }
   }
-  s->ltab[j] = 0;
+  tab[j] = 0;
   pp_lock_visit(&s->lock, probes);
 }
 
-/* Room for one lend more: lends[] and the index doubled, the index built
- * again (once per doubling). Nothing changes if memory runs out. */
+/* Room for one lend more: lends[] and the indexes doubled, the indexes
+ * built again (once per doubling). Nothing changes if memory runs out. */
 static bool lends_grow(pp_share_t *s) {
   size_t n = s->clends == 0 ? 16 : s->clends * 2;
   size_t *tab = calloc(2 * n, sizeof *tab);
-  lend_t *t = tab == NULL ? NULL : realloc(s->lends, n * sizeof *t);
+  size_t *gtab = tab == NULL ? NULL : calloc(2 * n, sizeof *gtab);
+  lend_t *t = gtab == NULL ? NULL : realloc(s->lends, n * sizeof *t);
   if (t == NULL) {
     free(tab);
+    free(gtab);
     return false;
   }
   free(s->ltab);
+  free(s->gtab);
   s->lends = t, s->clends = n;
-  s->ltab = tab, s->lcap = 2 * n;
-  for (size_t i = 0; i < s->nlends; i++)
-    s->ltab[lslot(s, s->lends[i].ptr)] = i + 1;
+  s->ltab = tab, s->gtab = gtab, s->lcap = 2 * n;
+  for (size_t i = 0; i < s->nlends; i++) {
+    s->ltab[lslot(s, BY_PTR, lkey(s, i, BY_PTR))] = i + 1;
+    s->gtab[lslot(s, BY_GEN, lkey(s, i, BY_GEN))] = i + 1;
+  }
   return true;
 }
 
@@ -790,15 +819,36 @@ static lend_t *lend_find(pp_share_t *s, const void *ptr) {
       return &s->lends[i];
   return NULL;
 #else
-  size_t j = lslot(s, ptr);
+  size_t j = lslot_ptr(s, ptr);
   return s->ltab[j] == 0 ? NULL : &s->lends[s->ltab[j] - 1];
 #endif
 }
 
-/* Move lends[from] to lends[to] (an empty place), its index entry along. */
+/* The lend of generation gen, or NULL (lock held). */
+static lend_t *lend_of_gen(pp_share_t *s, uint64_t gen) {
+  pp_assert_held(&s->lock);
+  if (s->lcap == 0 || gen == 0)
+    return NULL;
+#ifdef PINPOOL_MUTANT_LEND_GEN_WALK
+  /* Mutant (docs/verification.md): the lends walked by generation, as
+   * before (now on the meter). */
+  size_t i = 0;
+  while (i < s->nlends && s->lends[i].gen != gen)
+    i++;
+  pp_lock_visit(&s->lock, i + 1);
+  return i < s->nlends ? &s->lends[i] : NULL;
+#else
+  size_t j = lslot(s, BY_GEN, gen);
+  return s->gtab[j] == 0 ? NULL : &s->lends[s->gtab[j] - 1];
+#endif
+}
+
+/* Move lends[from] to lends[to] (an empty place), its index entries along:
+ * a lookup by its keys finds from's entries, which still hold from + 1. */
 static void lend_move(pp_share_t *s, size_t from, size_t to) {
   s->lends[to] = s->lends[from];
-  s->ltab[lslot(s, s->lends[to].ptr)] = to + 1; /* finds from's entry */
+  s->ltab[lslot(s, BY_PTR, lkey(s, to, BY_PTR))] = to + 1;
+  s->gtab[lslot(s, BY_GEN, lkey(s, to, BY_GEN))] = to + 1;
 }
 
 /* End lend l (lock held): the slot's generation goes to 0 first, so a
@@ -815,7 +865,8 @@ static void lend_end(pp_share_t *s, lend_t *l) {
   pp_fetch_sub_relaxed(&s->lent_bytes, l->len);
   memset(l->token, 0, sizeof l->token);
   size_t i = (size_t)(l - s->lends), last = --s->nlends;
-  lslot_clear(s, lslot(s, l->ptr));
+  lslot_clear(s, BY_PTR, lslot_ptr(s, l->ptr));
+  lslot_clear(s, BY_GEN, lslot(s, BY_GEN, l->gen));
   /* The last lend fills the hole. A snapshot copying in pieces has copied
    * lends[0, c): the last one, not copied yet, must not land below c, so
    * lends[c - 1] (copied) fills the hole and the last one takes its place,
@@ -1007,7 +1058,8 @@ static int lend(pinpool_t *pool, const char *fn, void *ptr, int peer,
   lend_t *l = &s->lends[s->nlends++];
   *l = (lend_t){ptr,   bs,  c,   si,          p->pid,
                 p->id, gen, {0}, pp_now_ns(), realtime_ns()};
-  s->ltab[lslot(s, ptr)] = s->nlends; /* its place + 1 */
+  s->ltab[lslot_ptr(s, ptr)] = s->nlends; /* its place + 1 */
+  s->gtab[lslot(s, BY_GEN, gen)] = s->nlends;
   memcpy(l->token, token, sizeof token);
   pp_fetch_add_relaxed(&s->lent_bytes, bs);
   pp_store_release(&s->nlent, s->nlends);
@@ -1083,10 +1135,7 @@ static int lend_return(pinpool_t *pool, const char *fn,
                   "(generation %llu)",
                   fn, g);
   pp_mutex_lock(&s->lock);
-  lend_t *l = NULL;
-  for (size_t i = 0; i < s->nlends && l == NULL; i++)
-    if (s->lends[i].gen == h->generation)
-      l = &s->lends[i];
+  lend_t *l = lend_of_gen(s, h->generation);
   if (l == NULL) {
     rc = refuse(s, PINPOOL_ESTALE,
                 "%s: no lend of generation %llu (returned "
@@ -1226,35 +1275,54 @@ static bool selected(pp_share_t *s, const lend_t *l, int peer, bool live) {
   return p == NULL || pidfd_exited(p->pidfd);
 }
 
-/* End up to cap selected lends in one hold of the lock, listing them in
- * ended (may be NULL: then cap is unbounded and ptrs is filled for FREE);
- * then free them if asked. */
+/* Lends a reclaim examines in one hold of the lock, at most (issue 38:
+ * a reclaim examined every lend in one hold, while every free of the
+ * pool waited to ask whether its block is lent). */
+#define RECLAIM_PIECE 256
+
+/* End the selected lends, up to cap of them when listing them in ended
+ * (may be NULL: then there is no cap, and batches of 64 are freed if
+ * asked, outside the lock); then free them if asked.
+ *
+ * The walk goes down lends[] from the top, RECLAIM_PIECE lends a hold:
+ * lends[c, nlends) are examined. Every move in lends[] goes down (lend_end
+ * fills a hole with the last lend, or with the snapshot cursor's lend
+ * below it), so between two holds a lend not yet examined stays below c,
+ * and one examined may come down to be examined again, never missed: every
+ * selected lend that lives through the reclaim is ended; one lent or
+ * ended meanwhile may or may not be. No shared cursor: reclaims may run
+ * at once. */
 static int reclaim(pinpool_t *pool, int peer, unsigned flags,
                    pinpool_lend_info_t *ended, size_t cap, size_t *count) {
   pp_share_t *s = pool->share;
   bool live = (flags & PINPOOL_RECLAIM_LIVE) != 0;
-  size_t n = 0;
+  size_t n = 0, c = SIZE_MAX;
   int rc = 0;
   for (;;) {
-    /* Batches of up to 64 when the caller wants no list: a free is made
-     * outside the lock. */
     pinpool_lend_info_t local[64];
     pinpool_lend_info_t *out = ended != NULL ? ended + n : local;
     size_t room = ended != NULL ? cap - n : 64;
-    size_t k = 0;
+    size_t k = 0, seen = 0;
     pp_mutex_lock(&s->lock);
-    /* Exit status is read once per peer per pass: a peer seen exited stays
-     * exited. */
-    for (size_t i = 0; i < s->nlends && k < room;) {
-      lend_t *l = &s->lends[i];
-      if (!selected(s, l, peer, live)) {
-        i++;
+    if (c > s->nlends)
+      c = s->nlends; /* returns meanwhile: the top came down */
+#ifdef PINPOOL_MUTANT_RECLAIM_ONE_HOLD
+    /* Mutant (docs/verification.md): every lend examined in one hold. */
+    while (c > 0 && k < room) {
+#else
+    while (c > 0 && k < room && seen < RECLAIM_PIECE) {
+#endif
+      lend_t *l = &s->lends[--c];
+      seen++;
+      if (!selected(s, l, peer, live))
         continue;
-      }
       out[k++] = (pinpool_lend_info_t){l->ptr, l->len, l->gen, l->peer_pid, 0};
-      lend_end(s, l); /* moves the last lend to i */
+      lend_end(s, l); /* the last lend, examined already, comes to c */
     }
-    peers_prune(s);
+    pp_lock_visit(&s->lock, seen);
+    bool done = c == 0 || (ended != NULL && k == room);
+    if (done)
+      peers_prune(s);
     pp_mutex_unlock(&s->lock);
     n += k;
     if (flags & PINPOOL_RECLAIM_FREE)
@@ -1263,8 +1331,9 @@ static int reclaim(pinpool_t *pool, int peer, unsigned flags,
         if (r != 0 && rc == 0)
           rc = r; /* the owner freed it meanwhile: its own race */
       }
-    if (k < room || ended != NULL)
+    if (done)
       break;
+    pp_hook(PP_HOOK_RECLAIM_PIECE);
   }
   if (count != NULL)
     *count = n;

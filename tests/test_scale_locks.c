@@ -231,6 +231,136 @@ static void test_lends_pieces(void **state) {
   (void)waitpid(pl.child, NULL, 0);
 }
 
+/* ---- Returns and reclaims --------------------------------------------
+ * A return named its lend by generation and walked the lends to find it;
+ * a reclaim examined every lend in one hold of the share lock, while every
+ * free of the pool waited on it. Now an index by generation, and the
+ * reclaim's walk in holds of 256 lends (src/share.c). N lends to one
+ * process: the last 50 returned (the walk found them last), then a reclaim
+ * of another process's lends (none: all N examined) and of the exited. */
+static void test_returns(void **state) {
+  (void)state;
+  pid_t a = borrower(), b = borrower();
+  const size_t n[2] = {300, 3000};
+  uint64_t w[2], wrc[2];
+  for (int r = 0; r < 2; r++) {
+    pinpool_t *pool;
+    PP_OK(pinpool_create(
+        "shared=1,backend=host,mlock=0,populate=0,tcache_bytes=0", &pool));
+    pinpool_share_handle_t *h = calloc(n[r], sizeof *h);
+    PP_ASSERT(h != NULL, "out of memory");
+    size_t lent = 0;
+    while (lent < n[r]) {
+      void *p;
+      int fd;
+      PP_OK(pinpool_alloc(pool, 4 * KiB, &p));
+      int rc = pinpool_lend(pool, p, a, &h[lent], &fd);
+      PP_ASSERT(rc == 0 || rc == PINPOOL_EBUSY, "lend: %d", rc);
+      lent += rc == 0;
+    }
+    (void)pp_share_meter(pool->share, true);
+    for (size_t i = n[r]; i-- > n[r] - 50;)
+      PP_OK(pinpool_lend_return(pool, &h[i], a));
+    /* Returned already: refused, nothing changed. */
+    PP_ASSERT(pinpool_lend_return(pool, &h[n[r] - 1], a) == PINPOOL_ESTALE,
+              "a second return was not refused as stale");
+    w[r] = pp_share_meter(pool->share, true);
+    size_t cnt = 99;
+    PP_OK(pinpool_lend_reclaim(pool, b, PINPOOL_RECLAIM_LIVE, &cnt));
+    PP_ASSERT(cnt == 0, "reclaimed %zu lends of a process with none", cnt);
+    PP_OK(pinpool_lend_reclaim_exited(pool, 0, &cnt));
+    PP_ASSERT(cnt == 0, "reclaimed %zu lends of a live process", cnt);
+    wrc[r] = pp_share_meter(pool->share, true);
+    PP_OK(pinpool_lend_reclaim(
+        pool, a, PINPOOL_RECLAIM_LIVE | PINPOOL_RECLAIM_FREE, &cnt));
+    PP_ASSERT(cnt == n[r] - 50, "reclaimed %zu lends of %zu", cnt, n[r] - 50);
+    pinpool_stats_t st;
+    PP_OK(pinpool_get_stats(pool, &st));
+    PP_ASSERT(st.lent_blocks == 0, "%llu blocks still lent",
+              (unsigned long long)st.lent_blocks);
+    free(h);
+    pinpool_destroy(pool);
+  }
+  kill(a, SIGKILL);
+  kill(b, SIGKILL);
+  (void)waitpid(a, NULL, 0);
+  (void)waitpid(b, NULL, 0);
+  check_growth("lends: returns by generation", n, w, 0);
+  check_growth("lends: a reclaim's walk", n, wrc, 256);
+}
+
+/* The reclaim's walk in pieces ends every lend that lives through it:
+ * between pieces (PP_HOOK_RECLAIM_PIECE) lends below the walk and above it
+ * are returned and new ones made, which moves lends[] about (a return
+ * fills its place with the last lend). */
+#define RP_N 1000
+static struct {
+  pinpool_t *pool;
+  pid_t child;
+  pinpool_share_handle_t h[RP_N];
+  bool returned[RP_N];
+  size_t made; /* lends made between pieces */
+  int calls;
+} rp;
+
+static void reclaim_hook(int point) {
+  if (point != PP_HOOK_RECLAIM_PIECE || rp.calls++ >= 3)
+    return;
+  for (int j = 0; j < 8; j++) {
+    size_t lo = (size_t)rp.calls * 8 + (size_t)j, hi = RP_N - 1 - lo;
+    PP_OK(pinpool_lend_return(rp.pool, &rp.h[lo], rp.child));
+    rp.returned[lo] = true;
+    /* The top: ended by the walk already (ESTALE), or returned here. */
+    int rc = pinpool_lend_return(rp.pool, &rp.h[hi], rp.child);
+    PP_ASSERT(rc == 0 || rc == PINPOOL_ESTALE, "return: %d", rc);
+    rp.returned[hi] = rc == 0;
+  }
+  for (int j = 0; j < 8; j++) {
+    void *p;
+    int fd;
+    pinpool_share_handle_t h;
+    PP_OK(pinpool_alloc(rp.pool, 4 * KiB, &p));
+    int rc = pinpool_lend(rp.pool, p, rp.child, &h, &fd);
+    PP_ASSERT(rc == 0 || rc == PINPOOL_EBUSY, "lend: %d", rc);
+    rp.made += rc == 0;
+  }
+}
+
+static void test_reclaim_pieces(void **state) {
+  (void)state;
+  memset(&rp, 0, sizeof rp);
+  rp.child = borrower();
+  PP_OK(pinpool_create(
+      "shared=1,backend=host,mlock=0,populate=0,tcache_bytes=0", &rp.pool));
+  for (size_t i = 0; i < RP_N;) {
+    void *p;
+    int fd;
+    PP_OK(pinpool_alloc(rp.pool, 4 * KiB, &p));
+    int rc = pinpool_lend(rp.pool, p, rp.child, &rp.h[i], &fd);
+    PP_ASSERT(rc == 0 || rc == PINPOOL_EBUSY, "lend: %d", rc);
+    i += rc == 0;
+  }
+  atomic_store(&pp_test_hook, reclaim_hook);
+  size_t cnt;
+  PP_OK(pinpool_lend_reclaim(rp.pool, rp.child, PINPOOL_RECLAIM_LIVE, &cnt));
+  atomic_store(&pp_test_hook, NULL);
+  PP_ASSERT(rp.calls >= 3, "the walk took %d pieces", rp.calls + 1);
+  /* Every lend that lived through the reclaim was ended by it. */
+  for (size_t i = 0; i < RP_N; i++)
+    if (!rp.returned[i])
+      PP_ASSERT(pinpool_lend_return(rp.pool, &rp.h[i], rp.child) ==
+                    PINPOOL_ESTALE,
+                "lend %zu lived through the reclaim and was not ended", i);
+  pinpool_stats_t st;
+  PP_OK(pinpool_get_stats(rp.pool, &st));
+  PP_ASSERT(st.lent_blocks <= rp.made,
+            "%llu lends left, %zu made during the reclaim",
+            (unsigned long long)st.lent_blocks, rp.made);
+  pinpool_destroy(rp.pool);
+  kill(rp.child, SIGKILL);
+  (void)waitpid(rp.child, NULL, 0);
+}
+
 /* ---- (1) The stack table -------------------------------------------------
  * With history on, every allocation interns its stack under the stack
  * table's lock; a snapshot copied the whole table in one hold of it (2^16
@@ -353,6 +483,80 @@ static void test_record(void **state) {
   check_growth("record_stream", n, w, 0);
 }
 
+/* ---- Captures ------------------------------------------------------------
+ * record_stream on a capturing stream and the free of a block tied to a
+ * capture looked the capture up in a list of every capture not yet
+ * released, and the stream up in a list of every stream the capture was
+ * seen on, under streams_lock (src/capture.c). Now an index by id and one
+ * by stream per capture. The provider's capture query is faked here (the
+ * simulated provider has none): stream s < 2^20 captures alone, as capture
+ * s; streams from 2^20 up are all in capture 2^20. */
+#define CAP_SHARED ((pinpool_stream_t)1 << 20)
+static bool cap_on;
+static int fake_capture(void *ctx, pinpool_stream_t stream, uint64_t *id) {
+  (void)ctx;
+  if (!cap_on)
+    return 0;
+  *id = stream < CAP_SHARED ? (uint64_t)stream : (uint64_t)CAP_SHARED;
+  return 1;
+}
+
+static void test_captures(void **state) {
+  (void)state;
+  const size_t n[2] = {500, 5000};
+  uint64_t w[2];
+  for (int r = 0; r < 2; r++) {
+    pinpool_t *pool;
+    PP_OK(pinpool_create("backend=host,mlock=0,populate=0,events=simulated,"
+                         "sim_delay_us=0,tcache_bytes=0",
+                         &pool));
+    pool->ev.capture = fake_capture;
+    cap_on = true;
+    void **blk = calloc(n[r] + 2, sizeof *blk);
+    PP_ASSERT(blk != NULL, "out of memory");
+    /* n captures, one block tied to each; then n streams of one capture. */
+    for (size_t i = 0; i < n[r]; i++) {
+      PP_OK(pinpool_alloc(pool, 4 * KiB, &blk[i]));
+      PP_OK(pinpool_record_stream(pool, blk[i], (pinpool_stream_t)(i + 1)));
+    }
+    PP_OK(pinpool_alloc(pool, 4 * KiB, &blk[n[r]]));
+    for (size_t i = 0; i < n[r]; i++)
+      PP_OK(pinpool_record_stream(pool, blk[n[r]], CAP_SHARED + i));
+    (void)pp_lock_meter(&pool->streams_lock, true);
+    /* The first capture made is the list's last; the shared capture's
+     * streams seen again; a free parks its block on two captures. */
+    PP_OK(pinpool_alloc(pool, 4 * KiB, &blk[n[r] + 1]));
+    PP_OK(pinpool_record_stream(pool, blk[n[r] + 1], 1));
+    PP_OK(pinpool_record_stream(pool, blk[n[r] + 1], CAP_SHARED + 1));
+    PP_OK(pinpool_free(pool, blk[n[r] + 1]));
+    PP_OK(pinpool_record_stream(pool, blk[0], CAP_SHARED));
+    PP_OK(pinpool_free(pool, blk[0]));
+    w[r] = pp_lock_meter(&pool->streams_lock, false);
+    /* Everything parked, then released: nothing held, every block back. */
+    for (size_t i = 1; i <= n[r]; i++)
+      PP_OK(pinpool_free(pool, blk[i]));
+    pinpool_stats_t st;
+    PP_OK(pinpool_get_stats(pool, &st));
+    PP_ASSERT(st.graph_held_blocks == n[r] + 2, "%llu blocks parked, not %zu",
+              (unsigned long long)st.graph_held_blocks, n[r] + 2);
+    cap_on = false;
+    PP_OK(pinpool_stream_graphs_release(pool, CAP_SHARED + 7));
+    for (size_t i = 1; i <= n[r]; i++)
+      PP_OK(pinpool_graph_release(pool, (uint64_t)i));
+    PP_ASSERT(pinpool_graph_release(pool, 1) == PINPOOL_EINVAL,
+              "a capture released twice");
+    PP_OK(pinpool_synchronize(pool));
+    PP_OK(pinpool_get_stats(pool, &st));
+    PP_ASSERT(st.graph_held_blocks == 0 && st.requests.current == 0,
+              "%llu blocks parked, %llu allocated after every release",
+              (unsigned long long)st.graph_held_blocks,
+              (unsigned long long)st.requests.current);
+    free(blk);
+    pinpool_destroy(pool);
+  }
+  check_growth("captures: record_stream and free", n, w, 0);
+}
+
 /* ---- (4) Peaks without thread caches -------------------------------------
  * With tcache_bytes=0 every free and every central allocation samples the
  * peaks, and a sample summed every thread's counters under reg_lock (67 us
@@ -421,9 +625,10 @@ static void test_threads(void **state) {
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
-      cmocka_unit_test(test_lends),   cmocka_unit_test(test_lends_pieces),
-      cmocka_unit_test(test_stacks),  cmocka_unit_test(test_record),
-      cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_lends),    cmocka_unit_test(test_lends_pieces),
+      cmocka_unit_test(test_returns),  cmocka_unit_test(test_reclaim_pieces),
+      cmocka_unit_test(test_captures), cmocka_unit_test(test_stacks),
+      cmocka_unit_test(test_record),   cmocka_unit_test(test_threads),
   };
   return pp_run_selected("test_scale_locks", all, sizeof all / sizeof all[0],
                          argc, argv);
