@@ -13,7 +13,7 @@
 #include <sys/mman.h>
 
 #include "cudapeer.h"
-#include "harness.h"
+#include "impl.h"
 #include "syscount.h"
 
 /* ---- Implementations ----------------------------------------------------- */
