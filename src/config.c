@@ -82,7 +82,7 @@ static const key_desc_t keys[] = {
 
 static const char *fault_sites[PP_FAULT_SITES] = {
     "none",  "alloc",    "populate", "mlock", "record",
-    "query", "register", "sset",     "queue"};
+    "query", "register", "sset",     "queue", "move"};
 
 bool pp_fault_hit(const pp_config_t *cfg, int site) {
   if (pp_likely(cfg->fault_site != site || cfg->fault == NULL))

@@ -104,6 +104,7 @@ enum {
   PP_FAULT_REGISTER, /* backend=cuda-register: cuMemHostRegister */
   PP_FAULT_SSET,     /* record_stream: memory for a block's stream set */
   PP_FAULT_QUEUE,    /* a free: memory for a stream's event queue */
+  PP_FAULT_MOVE,     /* a system call of a page move (pagemove.c) */
   PP_FAULT_SITES
 };
 typedef struct pp_fault {
@@ -182,6 +183,24 @@ int pp_host_map(const pp_config_t *cfg, void *hint, size_t size,
                 unsigned nthreads, int *lock_err, void **out, unsigned *flags);
 /* Undo pp_host_map (a shared pool's chunk: its memfd closed too). */
 void pp_host_unmap(const pp_config_t *cfg, void *p, size_t size);
+/* pagemove.c: the pages of a host chunk's free range moved to another
+ * address (docs/allocation-policy.md, "Page-moving growth"; the host
+ * backend's private anonymous memory only). pp_space_reserve: `size`
+ * bytes of address without pages (PROT_NONE), 0 or PINPOOL_ENOMEM;
+ * pp_space_release unmaps such a range. pp_pages_move: the pages of
+ * [from, from + len) to [to, to + len), which must be the caller's
+ * reservation (PROT_NONE, no pages); `locked`: the pages are locked, and
+ * stay so at `to`. 0: moved, `from` is a hole (reserved, PROT_NONE, no
+ * pages). An error: nothing moved, the pages at `from` as they were.
+ * *notes either way: PP_MOVE_HOLE_OPEN (moved, but the hole is readable:
+ * still reserved, empty), PP_MOVE_LOCK_LOST (the pages, wherever the
+ * answer says, could not be locked again: count it as a refused mlock).
+ * No lock held; the caller owns both ranges for the call. */
+enum { PP_MOVE_HOLE_OPEN = 1u << 0, PP_MOVE_LOCK_LOST = 1u << 1 };
+int pp_space_reserve(const pp_config_t *cfg, size_t size, void **out);
+void pp_space_release(void *p, size_t size);
+int pp_pages_move(const pp_config_t *cfg, void *to, void *from, size_t len,
+                  bool locked, unsigned *notes);
 /* 0 if NUMA node `node` exists (node 0 always does), else ECONFIG. */
 int pp_numa_check(int node);
 int pp_backend_malloc_open(const pp_config_t *cfg, pp_provider_t *out);
