@@ -74,6 +74,13 @@ int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size, unsigned flags);
 /* A free range of `size` bytes (a granule multiple), or NULL; *flags (if
  * not NULL): its chunk's. */
 void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags);
+/* The low end of the largest free extent without avoided flags, at most
+ * `most` bytes (a granule multiple): *size is what was taken (the extent's
+ * size if smaller), or NULL (none, or no memory for the metadata: nothing
+ * changed). O(log n). Page-moving growth's donors (docs/allocation-
+ * policy.md, "Page-moving growth"): the largest first. */
+void *pp_ext_take_largest(pp_extents_t *x, size_t most, size_t *size,
+                          unsigned *flags);
 /* Give back a range taken before; merges with free neighbours. Never
  * fails. */
 void pp_ext_give(pp_extents_t *x, void *ptr, size_t size);

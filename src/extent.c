@@ -873,15 +873,9 @@ static pp_xnode_t *fit(pp_extents_t *x, size_t size) {
   return n != NULL || x->avoid == 0 ? n : fit_in(x, size, PP_EXT_HALF);
 }
 
-void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags) {
-  if (size == 0 || size % x->granule != 0)
-    return NULL;
-  uint64_t w0 = x->work;
-  pp_xnode_t *n = fit(x, size);
-  if (n == NULL) {
-    meter_end(x, w0);
-    return NULL;
-  }
+/* Carve the low `size` bytes of free extent n (meter started at w0). */
+static void *take_node(pp_extents_t *x, pp_xnode_t *n, size_t size,
+                       unsigned *flags, uint64_t w0) {
   /* The node and the table room this extent's give may need. */
   if (!room_for_one_more(x))
     return NULL;
@@ -915,6 +909,42 @@ void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags) {
     *flags = nflags;
   meter_end(x, w0);
   return (void *)out;
+}
+
+void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags) {
+  if (size == 0 || size % x->granule != 0)
+    return NULL;
+  uint64_t w0 = x->work;
+  pp_xnode_t *n = fit(x, size);
+  if (n == NULL) {
+    meter_end(x, w0);
+    return NULL;
+  }
+  return take_node(x, n, size, flags, w0);
+}
+
+void *pp_ext_take_largest(pp_extents_t *x, size_t most, size_t *size,
+                          unsigned *flags) {
+  if (most == 0 || most % x->granule != 0)
+    return NULL;
+  uint64_t w0 = x->work;
+  /* The top non-empty bin of the first half, its tree's last node: the
+   * extents with avoided flags (pageable fallback memory) are not taken,
+   * as they are not moved into pinned memory. */
+  for (unsigned w = PP_EXT_BIN_WORDS; w-- > 0;) {
+    uint64_t m = x->nonempty[w];
+    if (m == 0)
+      continue;
+    pp_xnode_t *n =
+        tree_max(x, x->bins[w * 64 + 63u - (unsigned)__builtin_clzll(m)]);
+    size_t got = n->size < most ? n->size : most;
+    void *p = take_node(x, n, got, flags, w0);
+    if (p != NULL)
+      *size = got;
+    return p;
+  }
+  meter_end(x, w0);
+  return NULL;
 }
 
 void pp_ext_give(pp_extents_t *x, void *ptr, size_t size) {

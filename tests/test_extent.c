@@ -97,14 +97,32 @@ static void extent_model(bool span) {
       pp_range_t *fv;
       size_t ncv, nfv;
       PP_OK(pp_ext_view(&x, &cv, &ncv, &fv, &nfv));
-      void *p = pp_ext_take(&x, n, NULL);
-      if (p != NULL)
+      /* One take in ten is page-moving growth's donor take: the low end
+       * of the largest extent, at most n bytes. */
+      bool donor = pp_rand(&rng) % 10 == 0;
+      size_t got = 0;
+      void *p = donor ? pp_ext_take_largest(&x, n, &got, NULL)
+                      : pp_ext_take(&x, n, NULL);
+      if (p != NULL && !donor)
         check_fit(fv, nfv, n, (uintptr_t)p, step);
+      bool from_largest = false;
+      for (size_t i = 0; donor && p != NULL && i < nfv; i++)
+        from_largest |= fv[i].base == (uintptr_t)p && fv[i].size == largest;
       free(cv);
       free(fv);
-      PP_ASSERT((p != NULL) == (largest >= n),
-                "step %d: take of %zu -> %p with a largest extent of %zu", step,
-                n, p, largest);
+      if (donor) {
+        PP_ASSERT((p != NULL) == (largest > 0) &&
+                      (p == NULL ||
+                       (from_largest && got == (n < largest ? n : largest))),
+                  "step %d: donor take of at most %zu -> %p, %zu bytes, with "
+                  "a largest extent of %zu (its low end: %d)",
+                  step, n, p, got, largest, (int)from_largest);
+        n = got;
+      } else {
+        PP_ASSERT((p != NULL) == (largest >= n),
+                  "step %d: take of %zu -> %p with a largest extent of %zu",
+                  step, n, p, largest);
+      }
       if (p != NULL) {
         uintptr_t a = (uintptr_t)p;
         PP_ASSERT(in_run(&x, a, n, span) && a % G == 0,
@@ -188,6 +206,43 @@ static void test_extent_model(void **state) {
 static void test_extent_model_runs(void **state) {
   (void)state;
   extent_model(true);
+}
+
+/* The donor take (page-moving growth): the largest extent's low end, cut
+ * to what is asked; never an extent of avoided flags (pageable fallback
+ * memory is not moved into pinned memory), however large; NULL and
+ * nothing changed when only such extents are free. */
+static void test_extent_take_largest(void **state) {
+  (void)state;
+  pp_extents_t x;
+  pp_ext_init(&x, G, false);
+  x.avoid = 1;
+  uintptr_t b = (uintptr_t)1 << 40;
+  PP_OK(pp_ext_add_chunk(&x, (void *)b, 4 * G, 0));
+  PP_OK(pp_ext_add_chunk(&x, (void *)(b + 8 * G), 6 * G, 0));
+  PP_OK(pp_ext_add_chunk(&x, (void *)(b + 32 * G), 64 * G, 1)); /* avoided */
+  size_t got = 0;
+  unsigned f = 9;
+  char *p = pp_ext_take_largest(&x, 4 * G, &got, &f);
+  PP_ASSERT(p == (char *)b + 8 * G && got == 4 * G && f == 0,
+            "the 6-granule extent's low 4: %p, %zu", (void *)p, got);
+  char *q = pp_ext_take_largest(&x, 64 * G, &got, NULL);
+  PP_ASSERT(q == (char *)b && got == 4 * G, "then the 4-granule one whole");
+  char *r = pp_ext_take_largest(&x, 64 * G, &got, NULL);
+  PP_ASSERT(r == (char *)b + 12 * G && got == 2 * G, "then the rest");
+  check(&x, "taken", 0);
+  size_t free0 = x.free_bytes, nfree0 = x.nfree;
+  PP_ASSERT(pp_ext_take_largest(&x, 4 * G, &got, NULL) == NULL &&
+                x.free_bytes == free0 && x.nfree == nfree0,
+            "only avoided extents left: none taken");
+  PP_ASSERT(pp_ext_take_largest(&x, G / 2, &got, NULL) == NULL,
+            "not a granule multiple");
+  pp_ext_give(&x, p, 4 * G);
+  pp_ext_give(&x, q, 4 * G);
+  pp_ext_give(&x, r, 2 * G);
+  check(&x, "given back", 0);
+  PP_ASSERT(x.nfree == 3 && x.free_bytes == 74 * G, "all free again");
+  pp_ext_fini(&x);
 }
 
 /* Runs (span): a block may cross the boundary of adjacent chunks with the
@@ -504,6 +559,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_extent_table),
       cmocka_unit_test(test_extent_model),
       cmocka_unit_test(test_extent_model_runs),
+      cmocka_unit_test(test_extent_take_largest),
       cmocka_unit_test(test_extent_runs),
       cmocka_unit_test(test_extent_merges),
       cmocka_unit_test(test_extent_fit_deep),
