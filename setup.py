@@ -64,8 +64,10 @@ core = Extension(
 )
 
 TOOL_SOURCES = ["pinpool.c", "cli.c", "demo.c", "snapshot.c",
-                "snapshot_load.c", "snapshot_summary.c", "snapshot_html.c",
-                "snapshot_torch.c", "snapshot_torch_layout.c", "pickle.c"]
+                "snapshot_load.c", "snapshot_summarize.c", "snapshot_summary.c",
+                "snapshot_diff.c", "snapshot_html.c",
+                "snapshot_torch.c", "snapshot_torch_pickle.c",
+                "snapshot_torch_trace.c", "snapshot_torch_layout.c", "pickle.c"]
 
 
 def pkg_config(*args):

@@ -102,7 +102,7 @@ uint64_t snap_handle(const json_t *v);
  * "(no stack)" for -1. Writes into buf and returns it. */
 const char *snap_site(const snap_t *s, int64_t stack, char *buf, size_t len);
 
-/* ---- Computations of summary and diff (snapshot_summary.c) -------------- */
+/* ---- Computations of summary and diff (snapshot_summarize.c) ------------ */
 
 /* Live blocks (allocated + pending_free) of one allocation site (snap_site
  * of the block's stack; stacks with the same site are merged). */
@@ -127,7 +127,7 @@ int snap_diff_write(const snap_t *a, const char *name_a, const snap_t *b,
 
 /* ---- Subcommands of `pinpool snapshot` (one file each) ------------------ */
 int snap_summary_run(int argc, char **argv); /* snapshot_summary.c */
-int snap_diff_run(int argc, char **argv);    /* snapshot_summary.c */
+int snap_diff_run(int argc, char **argv);    /* snapshot_diff.c */
 int snap_html_run(int argc, char **argv);    /* snapshot_html.c */
 int snap_torch_run(int argc, char **argv);   /* snapshot_torch.c */
 /* snapshot.c: FILE -o OUT for the converters; -1: go on, else exit code. */

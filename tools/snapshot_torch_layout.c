@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "snapshot_torch.h"
+#include "snapshot_torch_layout.h"
 
 /* The viewer lays a segment's blocks end to end from its address, so the
  * segments must not overlap and each one's blocks must be in address order

@@ -1,7 +1,7 @@
 /*
  * libFuzzer target of the snapshot reader (tools/snapshot_load.c) and of
  * the computations of `pinpool snapshot summary` and `diff`
- * (tools/snapshot_summary.c).
+ * (tools/snapshot_summarize.c, snapshot_summary.c, snapshot_diff.c).
  *
  * The input is the file. A load that fails must leave a message naming the
  * input and nothing allocated (LeakSanitizer); a load that succeeds must

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Tests of `pinpool snapshot torch` (tools/snapshot_torch.c).
+"""Tests of `pinpool snapshot torch` (tools/snapshot_torch*.c).
 
 The pickle is loaded with Python's pickle module (not torch) and compared
 with what docs/snapshot-format.md ("PyTorch memory_viz") says it must hold,

@@ -1,12 +1,14 @@
 /*
- * `pinpool snapshot torch`, in two parts: snapshot_torch_layout.c decides
- * which segments the pickle lists and which blocks make up each one (the
- * memory layout memory_viz draws); snapshot_torch.c encodes them, with
- * the trace, as PyTorch's pickle (docs/snapshot-format.md, "PyTorch
- * memory_viz").
+ * `pinpool snapshot torch`, in layers, each calling only those below it:
+ * snapshot_torch.c (the command), snapshot_torch_pickle.c (the segments,
+ * blocks and trace as PyTorch's pickle), snapshot_torch_trace.c (the
+ * history as memory_viz's events, and their replay), and
+ * snapshot_torch_layout.c, this header's: which segments the pickle lists
+ * and which blocks make up each one (the memory layout memory_viz draws;
+ * docs/snapshot-format.md, "PyTorch memory_viz").
  */
-#ifndef PINPOOL_TOOLS_SNAPSHOT_TORCH_H
-#define PINPOOL_TOOLS_SNAPSHOT_TORCH_H
+#ifndef PINPOOL_TOOLS_SNAPSHOT_TORCH_LAYOUT_H
+#define PINPOOL_TOOLS_SNAPSHOT_TORCH_LAYOUT_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -58,4 +60,4 @@ int tv_in_joined(const tv_layout_t *l, uint64_t address, uint64_t size);
 void tv_blocks(const snap_t *s, const tv_seg_t *g,
                void (*fn)(void *ctx, const tv_block_t *b), void *ctx);
 
-#endif /* PINPOOL_TOOLS_SNAPSHOT_TORCH_H */
+#endif /* PINPOOL_TOOLS_SNAPSHOT_TORCH_LAYOUT_H */
