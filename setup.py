@@ -63,7 +63,8 @@ core = Extension(
     libraries=["pinpool_lib", "pthread", "dl", "m"],
 )
 
-TOOL_SOURCES = ["pinpool.c", "cli.c", "demo.c", "snapshot.c",
+TOOL_SOURCES = ["pinpool.c", "cli.c", "demo.c", "demo_pipeline.c",
+                "demo_report.c", "snapshot.c",
                 "snapshot_load.c", "snapshot_summarize.c", "snapshot_summary.c",
                 "snapshot_diff.c", "snapshot_html.c",
                 "snapshot_torch.c", "snapshot_torch_pickle.c",
