@@ -199,9 +199,52 @@ static void cut_off_cuda(pinpool_t *pool) {
   pool->cuda = NULL; /* the driver's handle is the parent's */
 }
 
+/* In the child only the forking thread lives. Every record of work in
+ * progress that lives on another thread's stack, or names another thread,
+ * is that thread's, and nothing in the child will ever finish or
+ * unregister it: each is reset here, with the pool's locks still held
+ * (issue 38, fourth review: a snapshot's cursor, left on the dead
+ * snapshot thread's stack, was written through by every segment release
+ * in the child once a new thread reused that stack; SIGSEGV).
+ * test_fork's copy_pieces forks in each copy-in-pieces window below and
+ * checks the child.
+ *  Copies in pieces, the pool's lock dropped between pieces:
+ *  - the segments' copy (snapshot.c, copy_segments): its pp_snap_cursor_t
+ *    on the snapshot thread's stack, on pool->snap_cursors, which every
+ *    segment release moves on (pool.c): reset here;
+ *  - the arena's chunks and free extents (extent.c, pp_ext_copy_some): a
+ *    cursor of addresses and sizes on the snapshot's heap, which nothing
+ *    in the pool points at: nothing to reset (its memory is lost);
+ *  - the lends' copy (share.c, pp_share_lends_copy): s->copying and
+ *    copy_next, under copy_lock held across the pieces: reset, the lock
+ *    made anew, by pp_share_fork;
+ *  - the stack table's copy (history.c, pp_stacks_copy) and the history
+ *    ring's (snapshot.c, copy_history): indices in the copier's frame,
+ *    the table only appends: nothing registered;
+ *  - a lend reclaim's walk (share.c, reclaim): a local index, "no shared
+ *    cursor": nothing registered;
+ *  - the trims and releases in pieces of trim_lock (pool.c, trim_yield)
+ *    and the deferred stack's drain (pp_defer_drain): what a piece
+ *    detached is in the releaser's local batch, in no list: nothing
+ *    registered (those segments stay out of every list in the child).
+ *  Other records that name a thread, reset by the handlers they name:
+ *  - the background thread, a validator's hold and a pass in progress
+ *    (bg_running, bg_held, bg_in_pass), synchronize's waiters, the event
+ *    queues' pollers (squeue polling, wanted): pp_streams_fork;
+ *  - a growth in flight (grow.inflight) and the grower's mutex:
+ *    pp_grow_fork_child; the out-of-memory retry's settling count and its
+ *    thread's mark: pp_arena_fork_child;
+ *  - the thread caches of threads that did not survive, busy sections and
+ *    the cached thread id: pp_tcache_fork_child;
+ *  - the simulated streams' thread: events_sim.c's atfork. */
 static void fork_child(void) {
   pp_share_worker_fork(PP_FORK_CHILD);
   for (pinpool_t *p = pools; p != NULL; p = p->reg_next) {
+#ifndef PINPOOL_MUTANT_FORK_SNAP_CURSORS
+    /* Mutant (docs/verification.md): the cursors kept; test_fork's
+     * copy_pieces must fail. seg_lock is held (fork_prepare). */
+    p->snap_cursors = NULL;
+#endif
     pool_unlock_all(p, PP_FORK_CHILD);
     /* A shared pool's chunks are MAP_SHARED: a block the child handed out
      * would be memory the parent uses. The child may attach lent blocks

@@ -25,6 +25,15 @@
  *  - cuda: a pool on the fake driver (backend and events) refuses every
  *    call in the child with PINPOOL_EFORKED, and is destroyed without a
  *    driver call.
+ *  - copy_pieces: deterministic. A thread is between two pieces of a copy
+ *    in pieces (each test hook of those windows: the segments, the
+ *    arena's extents, the history ring, the stack table, the lends, a
+ *    lend reclaim's walk) at the moment of the fork. The child has no
+ *    such thread: it finds no record of that copy left in the pool,
+ *    starts threads (which reuse the dead threads' stacks, where such a
+ *    record lived), frees, empties the cache, snapshots and validates
+ *    (issue 38, fourth review: a snapshot's cursor, kept, crashed the
+ *    child's first segment release; mutant FORK_SNAP_CURSORS).
  */
 #include "testutil.h"
 
@@ -35,6 +44,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -477,6 +487,242 @@ static void test_cuda(void **state) {
   pinpool_destroy(pool);
 }
 
+/* ---- copy_pieces ------------------------------------------------------ */
+
+enum { PC_SEGS, PC_EXTENTS, PC_HISTORY, PC_STACKS, PC_LENDS, PC_RECLAIM };
+#define PC_MAX 1400
+static struct {
+  pinpool_t *pool;
+  int kind, point;
+  unsigned nth;
+  _Atomic(unsigned) calls;
+  sem_t at, go;
+  void *blk[PC_MAX];
+  size_t nblk;
+  bool shared;
+} pc;
+
+static void piece_hook(int point) {
+  if (point != pc.point || atomic_fetch_add(&pc.calls, 1) + 1 != pc.nth)
+    return;
+  (void)sem_post(&pc.at);
+  while (sem_wait(&pc.go) != 0) {
+  }
+}
+
+static void *piece_op(void *arg) {
+  (void)arg;
+  intptr_t rc;
+  if (pc.kind == PC_RECLAIM) {
+    size_t n = 0;
+    rc = pinpool_lend_reclaim_exited(pc.pool, 0, &n);
+  } else {
+    char *text = NULL;
+    size_t len = 0;
+    rc = pinpool_snapshot_write_mem(pc.pool, &text, &len,
+                                    PINPOOL_SNAPSHOT_NO_SYMBOLS);
+    if (rc == 0)
+      pinpool_snapshot_free(text);
+  }
+  return (void *)rc;
+}
+
+/* Distinct stacks for the stack table (history with stacks): one per
+ * value of `bits`' low d bits. */
+static void __attribute__((noinline)) pc_go(unsigned bits, int d);
+static void __attribute__((noinline)) pc_leaf(void) {
+  void *b;
+  PP_OK(pinpool_alloc(pc.pool, 4 * KiB, &b));
+  PP_OK(pinpool_free(pc.pool, b));
+  __asm__ volatile("");
+}
+static void __attribute__((noinline)) pc_a(unsigned bits, int d) {
+  pc_go(bits, d);
+  __asm__ volatile("");
+}
+static void __attribute__((noinline)) pc_b(unsigned bits, int d) {
+  pc_go(bits, d);
+  __asm__ volatile("");
+}
+static void __attribute__((noinline)) pc_go(unsigned bits, int d) {
+  if (d == 0)
+    pc_leaf();
+  else if (bits & 1)
+    pc_a(bits >> 1, d - 1);
+  else
+    pc_b(bits >> 1, d - 1);
+  __asm__ volatile("");
+}
+
+/* In the child: a new thread's stack is most likely one of the dead
+ * threads' (glibc keeps them for reuse), so a record left there is
+ * overwritten; it also allocates and frees. */
+static void *scribble(void *arg) {
+  volatile unsigned char buf[256 * 1024];
+  memset((unsigned char *)buf, 0x5a, sizeof buf);
+  intptr_t bad = 0;
+  if (!pc.shared) {
+    void *p;
+    bad = pinpool_alloc(arg, 64 * KiB, &p) != 0 || pinpool_free(arg, p) != 0;
+  }
+  return (void *)(bad | (buf[7] != 0x5a));
+}
+
+static int child_pieces(void *arg) {
+  pinpool_t *pool = arg;
+  atomic_store(&pp_test_hook, NULL);
+  /* The class: nothing of a thread that is not in the child is left. */
+  if (pool->snap_cursors != NULL)
+    return 40;
+  pthread_t t[8];
+  for (int i = 0; i < 8; i++)
+    if (pthread_create(&t[i], NULL, scribble, pool) != 0)
+      return 41;
+  intptr_t bad = 0;
+  for (int i = 0; i < 8; i++) {
+    void *r = NULL;
+    (void)pthread_join(t[i], &r);
+    bad |= (intptr_t)r;
+  }
+  if (bad)
+    return 42;
+  /* A shared pool is cut off in the child; its lends stay the parent's. */
+  for (size_t i = 0; i < pc.nblk && !pc.shared; i++)
+    if (pc.blk[i] != NULL && pinpool_free(pool, pc.blk[i]) != 0)
+      return 43;
+  int rc = pinpool_empty_cache(pool);
+  if (rc != 0 && !(pc.shared && rc == PINPOOL_EFORKED))
+    return 44; /* releases segments: moves the snapshots' cursors on */
+  char *text = NULL;
+  size_t len = 0;
+  if (pinpool_snapshot_write_mem(pool, &text, &len,
+                                 PINPOOL_SNAPSHOT_NO_SYMBOLS) != 0)
+    return 45;
+  pinpool_snapshot_free(text);
+  if (pinpool_validate(pool) != 0)
+    return 46;
+  return 0;
+}
+
+static pid_t pc_borrower(void) {
+  pid_t child = fork();
+  PP_ASSERT(child >= 0, "fork: %s", strerror(errno));
+  if (child == 0) {
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+    alarm(120);
+    pause();
+    _exit(0);
+  }
+  return child;
+}
+
+static void piece_case(const char *name, int kind, int point, unsigned nth) {
+  memset(&pc, 0, sizeof pc);
+  pc.kind = kind;
+  pc.point = point;
+  pc.nth = nth;
+  pc.shared = kind == PC_LENDS || kind == PC_RECLAIM;
+  PP_OK(pinpool_create(pc.shared ? "shared=1,backend=host,mlock=0,"
+                                   "populate=0,tcache_bytes=0"
+                                 : "backend=host,mlock=0,populate=0",
+                       &pc.pool));
+  pid_t peer = -1;
+  switch (kind) {
+  case PC_SEGS: /* more segments than a piece */
+    for (; pc.nblk < 600; pc.nblk++)
+      PP_OK(pinpool_alloc(pc.pool, 1 * MiB, &pc.blk[pc.nblk]));
+    break;
+  case PC_EXTENTS: /* then more free extents than a piece, past the
+                      segments' copy (the second piece) */
+    for (; pc.nblk < PC_MAX; pc.nblk++)
+      PP_OK(pinpool_alloc(pc.pool, 1 * MiB, &pc.blk[pc.nblk]));
+    for (size_t i = 1; i < pc.nblk; i += 2) {
+      PP_OK(pinpool_free(pc.pool, pc.blk[i]));
+      pc.blk[i] = NULL;
+    }
+    PP_OK(pinpool_empty_cache(pc.pool));
+    break;
+  case PC_HISTORY:
+  case PC_STACKS: {
+    pinpool_history_options_t o = {PINPOOL_HISTORY_ALL, 4096,
+                                   kind == PC_STACKS ? 32 : 0, 0};
+    PP_OK(pinpool_record_history(pc.pool, &o));
+    for (unsigned i = 0; i < (kind == PC_STACKS ? 1024u : 64u); i++)
+      pc_go(i, 10);
+    for (; pc.nblk < 16; pc.nblk++)
+      PP_OK(pinpool_alloc(pc.pool, 1 * MiB, &pc.blk[pc.nblk]));
+    break;
+  }
+  case PC_LENDS:
+  case PC_RECLAIM:
+    peer = pc_borrower();
+    /* More lends than a piece (a chunk's lend slots may run out first:
+     * those blocks stay unlent). */
+    for (size_t lent = 0; lent < 600 && pc.nblk < PC_MAX; pc.nblk++) {
+      pinpool_share_handle_t h;
+      int fd;
+      PP_OK(pinpool_alloc(pc.pool, 4 * KiB, &pc.blk[pc.nblk]));
+      int rc = pinpool_lend(pc.pool, pc.blk[pc.nblk], peer, &h, &fd);
+      PP_ASSERT(rc == 0 || rc == PINPOOL_EBUSY, "lend: %d (%s)", rc,
+                pinpool_last_error());
+      lent += rc == 0;
+    }
+    if (kind == PC_RECLAIM) { /* the borrower exits: its lends reclaimable */
+      (void)kill(peer, SIGKILL);
+      (void)waitpid(peer, NULL, 0);
+      peer = -1;
+    }
+    break;
+  }
+  PP_ASSERT(sem_init(&pc.at, 0, 0) == 0 && sem_init(&pc.go, 0, 0) == 0,
+            "sem_init");
+  atomic_store(&pp_test_hook, piece_hook);
+  pthread_t t;
+  PP_ASSERT(pthread_create(&t, NULL, piece_op, NULL) == 0, "thread");
+  while (sem_wait(&pc.at) != 0) {
+  }
+  int rc = run_child(child_pieces, pc.pool, 20000);
+  (void)sem_post(&pc.go);
+  void *r = NULL;
+  PP_ASSERT(pthread_join(t, &r) == 0, "join");
+  atomic_store(&pp_test_hook, NULL);
+  PP_ASSERT(r == NULL, "%s: the copy failed: %d", name, (int)(intptr_t)r);
+  PP_ASSERT(rc != 40,
+            "%s: the child inherited a snapshot's cursor on the "
+            "stack of a thread it does not have",
+            name);
+  check_child(rc, name);
+  if (pc.shared)
+    PP_OK(pinpool_lend_reclaim(pc.pool, -1, PINPOOL_RECLAIM_LIVE, NULL));
+  for (size_t i = 0; i < pc.nblk; i++)
+    if (pc.blk[i] != NULL)
+      PP_OK(pinpool_free(pc.pool, pc.blk[i]));
+  PP_OK(pinpool_validate(pc.pool));
+  pinpool_destroy(pc.pool);
+  if (peer > 0) {
+    (void)kill(peer, SIGKILL);
+    (void)waitpid(peer, NULL, 0);
+  }
+  (void)sem_destroy(&pc.at);
+  (void)sem_destroy(&pc.go);
+}
+
+static void test_copy_pieces(void **state) {
+  (void)state;
+  piece_case("fork between pieces of the segments' copy", PC_SEGS,
+             PP_HOOK_SNAP_PIECE, 1);
+  piece_case("fork between pieces of the extents' copy", PC_EXTENTS,
+             PP_HOOK_SNAP_PIECE, 2);
+  piece_case("fork while the history ring is copied", PC_HISTORY,
+             PP_HOOK_SNAP_HISTORY, 1);
+  piece_case("fork between pieces of the stack table's copy", PC_STACKS,
+             PP_HOOK_SNAP_TABLE, 1);
+  piece_case("fork between pieces of the lends' copy", PC_LENDS,
+             PP_HOOK_SNAP_TABLE, 1);
+  piece_case("fork between pieces of a lend reclaim", PC_RECLAIM,
+             PP_HOOK_RECLAIM_PIECE, 1);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
@@ -484,6 +730,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_busy_section),
       cmocka_unit_test(test_streams),
       cmocka_unit_test(test_cuda),
+      cmocka_unit_test(test_copy_pieces),
       cmocka_unit_test(test_stress),
   };
   return pp_run_selected("test_fork", all, sizeof all / sizeof all[0], argc,
