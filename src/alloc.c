@@ -84,6 +84,22 @@ account_alloc(pp_tcache_t *tc, size_t req, size_t bs) {
   pp_owner_add(&tc->c.blk_alloc, bs);
 }
 
+/* A slow allocation's own counts (slow_allocs, and the pool's misses if
+ * it missed), made before account_alloc counts it in n_alloc, with a
+ * release fence between: a stats sum that sees an allocation in n_alloc
+ * (and then fences) also sees these, so cache_hits (n_alloc - misses) and
+ * tcache_hits (n_alloc - slow_allocs) are never more than the truth; the
+ * other order counted an allocation between its two counts as a hit, a
+ * miss a moment later, and cache_hits went backwards (issue 38, fourth
+ * review). stats.c keeps them from going backwards. Only once the
+ * allocation can no longer fail: a failed one counts nowhere. */
+static inline void count_slow(pinpool_t *pool, pp_tcache_t *tc, bool missed) {
+  pp_owner_add(&tc->c.slow_allocs, 1);
+  if (missed)
+    pp_fetch_add_relaxed(&pool->gs.misses, 1);
+  atomic_thread_fence(memory_order_release);
+}
+
 static inline __attribute__((always_inline)) void
 account_free(pp_tcache_t *tc, size_t req, size_t bs) {
   pp_owner_add(&tc->c.n_free, 1);
@@ -233,7 +249,7 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
    * (tcache_hits, n_alloc - slow_allocs, went down on a failure: found by
    * test_faults's check that a failure changes nothing, issue 37). */
   if (large && b->n > 0 && tbin_match(tc, cls, bs)) {
-    pp_owner_add(&tc->c.slow_allocs, 1);
+    count_slow(pool, tc, false);
     return alloc_hit(pool, tc, b, size, out, ra, true);
   }
   bool stack = b->items != NULL || tbin_init(pool, tc, b, pp_class_size(cls));
@@ -273,6 +289,7 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     if (pp_hist_level(pool) != PINPOOL_HISTORY_NONE)
       pp_hist_alloc(pool, e.seg, e.idx, ebs, size, ra);
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
+    count_slow(pool, tc, missed);
     account_alloc(tc, size, ebs);
     *out = e.ptr;
     taken = paired ? 0 : ebs;
@@ -296,17 +313,15 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     pp_hist_alloc(pool, e.seg, e.idx, ebs, size, ra);
     pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
     pp_store_relaxed(&tc->bytes, pp_load_relaxed(&tc->bytes) - bs);
+    count_slow(pool, tc, missed);
     account_alloc(tc, size, ebs);
     *out = e.ptr;
     taken = (uint64_t)(n - 1) * bs + ebs;
   }
-  pp_owner_add(&tc->c.slow_allocs, 1);
   if (pool->cfg.tcache_bytes == 0)
     pp_stats_publish(pool, tc); /* paired or not: the totals (stats.c) */
-  if (missed) {
-    pp_fetch_add_relaxed(&pool->gs.misses, 1);
+  if (missed)
     pp_trim_to_cap(pool); /* a new segment adds idle bytes */
-  }
   /* Peaks (stats.c): sampled once the bytes this thread took from the bins
    * since its last sample exceed tcache_bytes, and at every new segment.
    * Until then it can have allocated at most what its cache held plus

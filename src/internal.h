@@ -561,6 +561,8 @@ typedef struct pp_rstats {
   pp_tcounters_t dead;
   uint64_t peak_requests, peak_req, peak_blocks, peak_blk, peak_cached;
   unsigned ncaches, max_ncaches;
+  /* The largest cache_hits and tcache_hits reported (stats.c). */
+  uint64_t hits_seen, tc_hits_seen;
 } pp_rstats_t;
 
 /* A growth in flight (arena.c, grow_take and pp_arena_grow_ahead): a

@@ -429,12 +429,25 @@ static void *spawn_loop(void *arg) {
   return NULL;
 }
 
-/* The cumulative fields of st, in an array (their names in cum_names). */
-enum { NCUM = 6 };
-static const char *const cum_names[NCUM] = {
-    "requests.allocated",        "requests.freed",
-    "requested_bytes.allocated", "requested_bytes.freed",
-    "block_bytes.allocated",     "block_bytes.freed"};
+/* The cumulative fields of st, in an array (their names in cum_names):
+ * the counts, and those derived as differences of counts read at
+ * different moments (cache_hits, tcache_hits: issue 38, fourth review). */
+enum { NCUM = 15 };
+static const char *const cum_names[NCUM] = {"requests.allocated",
+                                            "requests.freed",
+                                            "requested_bytes.allocated",
+                                            "requested_bytes.freed",
+                                            "block_bytes.allocated",
+                                            "block_bytes.freed",
+                                            "cache_hits",
+                                            "cache_misses",
+                                            "tcache_hits",
+                                            "reserved_bytes.allocated",
+                                            "reserved_bytes.freed",
+                                            "segments.allocated",
+                                            "segments.freed",
+                                            "cached_bytes.allocated",
+                                            "cached_bytes.freed"};
 static void cumulative(const pinpool_stats_t *st, uint64_t v[NCUM]) {
   v[0] = st->requests.allocated;
   v[1] = st->requests.freed;
@@ -442,21 +455,24 @@ static void cumulative(const pinpool_stats_t *st, uint64_t v[NCUM]) {
   v[3] = st->requested_bytes.freed;
   v[4] = st->block_bytes.allocated;
   v[5] = st->block_bytes.freed;
+  v[6] = st->cache_hits;
+  v[7] = st->cache_misses;
+  v[8] = st->tcache_hits;
+  v[9] = st->reserved_bytes.allocated;
+  v[10] = st->reserved_bytes.freed;
+  v[11] = st->segments.allocated;
+  v[12] = st->segments.freed;
+  v[13] = st->cached_bytes.allocated;
+  v[14] = st->cached_bytes.freed;
 }
 
-static void test_stats_monotonic_exits(void **state) {
-  (void)state;
-  enum { EXITS = 1000 };
-  pinpool_t *pool;
-  PP_OK(pinpool_create("mlock=0,populate=0", &pool));
-  pp_test_detached_hook = detached_pause; /* before any thread starts */
-  spawner_t sp = {.pool = pool};
-  pthread_t spawner;
-  PP_ASSERT(pthread_create(&spawner, NULL, spawn_loop, &sp) == 0, "thread");
-  uint64_t prev[NCUM] = {0}, reads = 0;
+/* Reads pool's stats until stop() says so; the first cumulative count
+ * that went backwards (-1: none) in *back, was and now. */
+static int read_monotonic(pinpool_t *pool, bool (*stop)(void *), void *arg,
+                          uint64_t *was, uint64_t *now, uint64_t *reads) {
+  uint64_t prev[NCUM] = {0};
   int back = -1;
-  uint64_t was = 0, now = 0;
-  while (atomic_load(&sp.exits) < EXITS && back < 0) {
+  while (!stop(arg) && back < 0) {
     pinpool_stats_t st;
     PP_STATS(pool, &st);
     uint64_t v[NCUM];
@@ -464,12 +480,30 @@ static void test_stats_monotonic_exits(void **state) {
     for (int i = 0; i < NCUM && back < 0; i++)
       if (v[i] < prev[i]) {
         back = i;
-        was = prev[i];
-        now = v[i];
+        *was = prev[i];
+        *now = v[i];
       }
     memcpy(prev, v, sizeof prev);
-    reads++;
+    (*reads)++;
   }
+  return back;
+}
+
+static bool exits_done(void *arg) {
+  spawner_t *sp = arg;
+  return atomic_load(&sp->exits) >= 1000;
+}
+
+static void test_stats_monotonic_exits(void **state) {
+  (void)state;
+  pinpool_t *pool;
+  PP_OK(pinpool_create("mlock=0,populate=0", &pool));
+  pp_test_detached_hook = detached_pause; /* before any thread starts */
+  spawner_t sp = {.pool = pool};
+  pthread_t spawner;
+  PP_ASSERT(pthread_create(&spawner, NULL, spawn_loop, &sp) == 0, "thread");
+  uint64_t reads = 0, was = 0, now = 0;
+  int back = read_monotonic(pool, exits_done, &sp, &was, &now, &reads);
   atomic_store(&sp.stop, 1);
   PP_ASSERT(pthread_join(spawner, NULL) == 0, "join");
   pp_test_detached_hook = NULL;
@@ -491,6 +525,71 @@ static void test_stats_monotonic_exits(void **state) {
   pinpool_destroy(pool);
 }
 
+/* Another thread misses (a block larger than any cached, then
+ * empty_cache) while stats are read: no cumulative count goes backwards.
+ * cache_hits did: allocations - cache_misses, with the allocations summed
+ * before cache_misses was loaded, and an allocation counted before its
+ * miss (issue 38, fourth review: rv38's h1, dozens of times in 4 s). */
+typedef struct misser {
+  pinpool_t *pool;
+  _Atomic(int) stop, rounds, bad;
+} misser_t;
+
+static void *miss_loop(void *arg) {
+  misser_t *m = arg;
+  while (!atomic_load(&m->stop)) {
+    void *p = NULL, *q = NULL;
+    int bad = pinpool_alloc(m->pool, 8 * MiB, &p) != 0 ||
+              pinpool_alloc(m->pool, 4 * KiB, &q) != 0 ||
+              pinpool_free(m->pool, q) != 0 || pinpool_free(m->pool, p) != 0 ||
+              pinpool_empty_cache(m->pool) != 0;
+    atomic_fetch_add(&m->bad, bad);
+    atomic_fetch_add(&m->rounds, 1);
+  }
+  return NULL;
+}
+
+static bool misses_done(void *arg) {
+  misser_t *m = arg;
+  return atomic_load(&m->rounds) >= 20000;
+}
+
+static void test_stats_monotonic_misses(void **state) {
+  (void)state;
+  const char *confs[2] = {"mlock=0,populate=0",
+                          "mlock=0,populate=0,tcache_bytes=0"};
+  for (int c = 0; c < 2; c++) {
+    pinpool_t *pool;
+    PP_OK(pinpool_create(confs[c], &pool));
+    misser_t m = {.pool = pool};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+      PP_ASSERT(pthread_create(&t[i], NULL, miss_loop, &m) == 0, "thread");
+    uint64_t reads = 0, was = 0, now = 0;
+    int back = read_monotonic(pool, misses_done, &m, &was, &now, &reads);
+    atomic_store(&m.stop, 1);
+    for (int i = 0; i < 2; i++)
+      PP_ASSERT(pthread_join(t[i], NULL) == 0, "join");
+    PP_ASSERT(back < 0,
+              "[%s] a cumulative count went backwards while threads missed: "
+              "%s %" PRIu64 " then %" PRIu64 " (read %" PRIu64 ", %d rounds)",
+              confs[c], back < 0 ? "" : cum_names[back], was, now, reads,
+              atomic_load(&m.rounds));
+    PP_ASSERT(atomic_load(&m.bad) == 0, "a misser's call failed");
+    /* Quiescent: the differences exact again. */
+    pinpool_stats_t st;
+    PP_STATS(pool, &st);
+    PP_ASSERT(st.cache_hits + st.cache_misses == st.requests.allocated &&
+                  st.tcache_hits <= st.cache_hits,
+              "[%s] hits %" PRIu64 " + misses %" PRIu64 " != allocations "
+              "%" PRIu64 " (tcache hits %" PRIu64 ")",
+              confs[c], st.cache_hits, st.cache_misses, st.requests.allocated,
+              st.tcache_hits);
+    PP_OK(pinpool_validate(pool));
+    pinpool_destroy(pool);
+  }
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_consumer),
@@ -500,6 +599,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_tls_destructor_after_ours),
       cmocka_unit_test(test_exit_flush_unlocked),
       cmocka_unit_test(test_stats_monotonic_exits),
+      cmocka_unit_test(test_stats_monotonic_misses),
   };
   return pp_run_selected("test_tcache", tests, sizeof tests / sizeof tests[0],
                          argc, argv);
