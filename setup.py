@@ -104,6 +104,11 @@ def cli_extension():
     )
 
 
+def viewer_file(name):
+    with open(os.path.join(ROOT, "tools", "viewer", name), "rb") as f:
+        return f.read()
+
+
 class BuildExt(build_ext):
     """build_ext that first writes the viewer page as C (tools/embed.cmake
     does the same for CMake): `pinpool snapshot html` needs no data file."""
@@ -117,11 +122,21 @@ class BuildExt(build_ext):
     def viewer_page(self):
         os.makedirs(self.build_temp, exist_ok=True)
         out = os.path.join(self.build_temp, "viewer_page.c")
-        with open(os.path.join(ROOT, "tools", "viewer", "viewer.html"),
-                  "rb") as f:
-            data = f.read()
+        data = viewer_file("viewer.html")
+        # The style sheet and script go back in place of their <link> and
+        # <script src> lines, as tools/embed.cmake does: the page the tool
+        # writes is one file (viewer.html says why).
+        for tag, head, name, tail in (
+                (b'<link rel="stylesheet" href="viewer.css">', b"<style>\n",
+                 "viewer.css", b"</style>"),
+                (b'<script src="viewer.js"></script>', b"<script>\n",
+                 "viewer.js", b"</script>")):
+            if data.count(tag) != 1:
+                raise RuntimeError(f"viewer.html: no {tag!r} to replace")
+            data = data.replace(tag, head + viewer_file(name) + tail)
         body = ",".join(f"0x{b:02x}" for b in data)
-        text = ("/* Generated from tools/viewer/viewer.html by setup.py. */\n"
+        text = ("/* Generated from tools/viewer/viewer.{html,css,js} by "
+                "setup.py. */\n"
                 "extern const char snap_viewer_page[];\n"
                 "extern const unsigned long snap_viewer_page_len;\n"
                 f"const char snap_viewer_page[] = {{{body}, 0x00}};\n"
