@@ -176,7 +176,7 @@ static void aggregate(group_t *g) {
 }
 
 /* Ratios are like for like: pinpool in the same mode. */
-const group_t *pr_baseline(const group_t *g) {
+static const group_t *baseline(const group_t *g) {
   return pr_find_group(g->workload, g->kase, "pinpool", g->mode, g->threads,
                        false);
 }
@@ -292,7 +292,7 @@ void pr_merge(void) {
   sort_groups();
   for (int i = 0; i < pr_ngroups; i++) {
     group_t *g = &pr_groups[i];
-    const group_t *b = pr_baseline(g);
+    const group_t *b = baseline(g);
     if (b == NULL)
       continue;
     g->ratio_ns = pr_get(g, "ns_med") / pr_get(b, "ns_med");
@@ -344,7 +344,7 @@ const hlevel_t pr_hlevels[4] = {{"pinpool", "off"},
 /* ns per history event of group g: its pair minus the history-off pair,
  * over the two events (alloc, free) a pair records. */
 double pr_ns_per_event(const group_t *g) {
-  const group_t *off = pr_baseline(g);
+  const group_t *off = baseline(g);
   if (off == NULL || off == g)
     return NAN;
   return (pr_get(g, "ns_med") - pr_get(off, "ns_med")) / 2.0;

@@ -92,8 +92,6 @@ group_t *pr_find_group(const char *wl, const char *kase, const char *impl,
                        const char *mode, int threads, bool create);
 /* The median of metric key over g's runs; NAN without it or without g. */
 double pr_get(const group_t *g, const char *key);
-/* pinpool's group of g's case in g's mode (ratios are like for like). */
-const group_t *pr_baseline(const group_t *g);
 /* Operations per second that "ahead" compares (W4: 1 / allocator ns). */
 double pr_speed(const group_t *g);
 /* The time one operation takes (1 / speed), in ns. */
