@@ -98,6 +98,10 @@ static inline void count_slow(pinpool_t *pool, pp_tcache_t *tc, bool missed) {
   if (missed)
     pp_fetch_add_relaxed(&pool->gs.misses, 1);
   atomic_thread_fence(memory_order_release);
+  /* The window where a reader sees the miss without its allocation:
+   * test_tcache stats_hits_window stops here (a miss is not the hot path). */
+  if (missed)
+    pp_hook(PP_HOOK_MISS_COUNTED);
 }
 
 static inline __attribute__((always_inline)) void

@@ -225,6 +225,8 @@ enum {
                             thread's pass to end (stream.c, no lock) */
   PP_HOOK_RECLAIM_PIECE, /* lend reclaim: between two holds of its walk
                             of the lends (share.c, no lock) */
+  PP_HOOK_MISS_COUNTED,  /* allocation: its miss counted, the allocation
+                            itself not yet (alloc.c, count_slow; no lock) */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

@@ -594,6 +594,103 @@ static void test_stats_monotonic_misses(void **state) {
   }
 }
 
+/* The same class, deterministically: a thread stops between counting its
+ * miss and counting its allocation (PP_HOOK_MISS_COUNTED), and stats are
+ * read before and inside that window. A raw difference reads one hit
+ * fewer inside it; the reported counts must not go back. The stress test
+ * above needs a preemption in that window, which a quiet machine may not
+ * give (mutant STATS_HITS_RAW fails this one every time). */
+static pthread_mutex_t hw_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hw_cv = PTHREAD_COND_INITIALIZER;
+static _Thread_local bool hw_armed;
+static int hw_arrived, hw_released;
+
+static void hw_hook(int point) {
+  if (point != PP_HOOK_MISS_COUNTED || !hw_armed)
+    return;
+  hw_armed = false;
+  pthread_mutex_lock(&hw_mu);
+  hw_arrived = 1;
+  pthread_cond_broadcast(&hw_cv);
+  while (!hw_released)
+    pthread_cond_wait(&hw_cv, &hw_mu);
+  pthread_mutex_unlock(&hw_mu);
+}
+
+typedef struct hw_arg {
+  pinpool_t *pool;
+  void *p;
+  int rc;
+} hw_arg_t;
+
+static void *hw_miss(void *arg) {
+  hw_arg_t *a = arg;
+  hw_armed = true;
+  a->rc = pinpool_alloc(a->pool, 8 * MiB, &a->p); /* larger than any cached */
+  return NULL;
+}
+
+static void test_stats_hits_window(void **state) {
+  (void)state;
+  const char *confs[2] = {"mlock=0,populate=0",
+                          "mlock=0,populate=0,tcache_bytes=0"};
+  for (int c = 0; c < 2; c++) {
+    pinpool_t *pool;
+    PP_OK(pinpool_create(confs[c], &pool));
+    /* Some hits first: a raw difference would go from >= 1 to one less. */
+    for (int i = 0; i < 4; i++) {
+      void *p;
+      PP_OK(pinpool_alloc(pool, 4 * KiB, &p));
+      PP_OK(pinpool_free(pool, p));
+    }
+    pinpool_stats_t before, inside = {0}, after;
+    PP_STATS(pool, &before);
+    PP_ASSERT(before.cache_hits >= 1, "[%s] no hit to lose", confs[c]);
+    hw_arrived = hw_released = 0;
+    atomic_store(&pp_test_hook, hw_hook);
+    hw_arg_t a = {.pool = pool};
+    pthread_t t;
+    PP_ASSERT(pthread_create(&t, NULL, hw_miss, &a) == 0, "thread");
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 10;
+    pthread_mutex_lock(&hw_mu);
+    int rc = 0;
+    while (!hw_arrived && rc == 0)
+      rc = pthread_cond_timedwait(&hw_cv, &hw_mu, &dl);
+    bool arrived = hw_arrived != 0;
+    pthread_mutex_unlock(&hw_mu);
+    if (arrived)
+      PP_STATS(pool, &inside);
+    pthread_mutex_lock(&hw_mu);
+    hw_released = 1;
+    pthread_cond_broadcast(&hw_cv);
+    pthread_mutex_unlock(&hw_mu);
+    PP_ASSERT(pthread_join(t, NULL) == 0, "join");
+    atomic_store(&pp_test_hook, NULL);
+    PP_ASSERT(arrived, "[%s] the miss never reached PP_HOOK_MISS_COUNTED",
+              confs[c]);
+    PP_OK(a.rc);
+    PP_ASSERT(inside.cache_misses == before.cache_misses + 1,
+              "[%s] the window's miss was not counted yet", confs[c]);
+    PP_ASSERT(inside.cache_hits >= before.cache_hits &&
+                  inside.tcache_hits >= before.tcache_hits,
+              "[%s] hits went backwards in a miss's window: cache_hits %" PRIu64
+              " then %" PRIu64 ", tcache_hits %" PRIu64 " then %" PRIu64,
+              confs[c], before.cache_hits, inside.cache_hits,
+              before.tcache_hits, inside.tcache_hits);
+    PP_OK(pinpool_free(pool, a.p));
+    PP_STATS(pool, &after);
+    PP_ASSERT(after.cache_hits + after.cache_misses == after.requests.allocated,
+              "[%s] hits %" PRIu64 " + misses %" PRIu64
+              " != allocations %" PRIu64,
+              confs[c], after.cache_hits, after.cache_misses,
+              after.requests.allocated);
+    PP_OK(pinpool_validate(pool));
+    pinpool_destroy(pool);
+  }
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_consumer),
@@ -604,6 +701,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_exit_flush_unlocked),
       cmocka_unit_test(test_stats_monotonic_exits),
       cmocka_unit_test(test_stats_monotonic_misses),
+      cmocka_unit_test(test_stats_hits_window),
   };
   return pp_run_selected("test_tcache", tests, sizeof tests / sizeof tests[0],
                          argc, argv);
