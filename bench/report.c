@@ -43,7 +43,7 @@ static void usage(void) {
 }
 
 int main(int argc, char **argv) {
-  machine_t m;
+  pr_machine_t m;
   pr_opt.rev = "unknown";
   pr_opt.mode = "full";
   pr_opt.charts = true;

@@ -15,23 +15,23 @@
 
 #include "report_data.h"
 
-options_t pr_opt;
-cost_t pr_cost[32];
+pr_options_t pr_opt;
+pr_cost_t pr_cost[32];
 int pr_ncost;
 
-group_t *pr_groups;
+pr_group_t *pr_groups;
 int pr_ngroups;
 static int g_capgroups;
-failure_t *pr_fail;
+pr_failure_t *pr_fail;
 int pr_nfail;
 static int g_capfail;
 
 /* ---- Parsing ------------------------------------------------------------- */
 
-group_t *pr_find_group(const char *wl, const char *kase, const char *impl,
-                       const char *mode, int threads, bool create) {
+pr_group_t *pr_find_group(const char *wl, const char *kase, const char *impl,
+                          const char *mode, int threads, bool create) {
   for (int i = 0; i < pr_ngroups; i++) {
-    group_t *g = &pr_groups[i];
+    pr_group_t *g = &pr_groups[i];
     if (g->threads == threads && strcmp(g->workload, wl) == 0 &&
         strcmp(g->kase, kase) == 0 && strcmp(g->impl, impl) == 0 &&
         strcmp(g->mode, mode) == 0)
@@ -43,7 +43,7 @@ group_t *pr_find_group(const char *wl, const char *kase, const char *impl,
     g_capgroups = g_capgroups ? g_capgroups * 2 : 64;
     pr_groups = pr_xrealloc(pr_groups, (size_t)g_capgroups * sizeof *pr_groups);
   }
-  group_t *g = &pr_groups[pr_ngroups++];
+  pr_group_t *g = &pr_groups[pr_ngroups++];
   memset(g, 0, sizeof *g);
   snprintf(g->workload, sizeof g->workload, "%s", wl);
   snprintf(g->kase, sizeof g->kase, "%s", kase);
@@ -85,16 +85,16 @@ void pr_parse_raw(const char *path) {
     if (pr_w9_parse(fld, n))
       continue;
     if (n >= 8 && strcmp(fld[0], "R") == 0) {
-      group_t *g =
+      pr_group_t *g =
           pr_find_group(fld[1], fld[2], fld[3], fld[4], atoi(fld[5]), true);
       snprintf(g->config, sizeof g->config, "%s", fld[7]);
       if (g->nruns == g->cap) {
         g->cap = g->cap ? g->cap * 2 : 8;
         g->runs = pr_xrealloc(g->runs, (size_t)g->cap * sizeof *g->runs);
       }
-      run_t *r = &g->runs[g->nruns++];
+      pr_run_t *r = &g->runs[g->nruns++];
       r->n = 0;
-      for (int i = 8; i < n && r->n < MAX_METRICS; i++) {
+      for (int i = 8; i < n && r->n < PR_MAX_METRICS; i++) {
         char *eq = strchr(fld[i], '=');
         if (eq == NULL)
           continue;
@@ -104,12 +104,12 @@ void pr_parse_raw(const char *path) {
         r->n++;
       }
     } else if (n >= 7 && strcmp(fld[0], "N") == 0) {
-      group_t *g =
+      pr_group_t *g =
           pr_find_group(fld[1], fld[2], fld[3], fld[4], atoi(fld[5]), true);
       bool dup = false;
       for (int i = 0; i < g->nnotes; i++)
         dup = dup || strcmp(g->notes[i], fld[6]) == 0;
-      if (!dup && g->nnotes < MAX_NOTES)
+      if (!dup && g->nnotes < PR_MAX_NOTES)
         snprintf(g->notes[g->nnotes++], sizeof g->notes[0], "%s", fld[6]);
     } else if (n >= 9 && strcmp(fld[0], "T") == 0) {
       int t = atoi(fld[6]), k;
@@ -140,7 +140,7 @@ void pr_parse_raw(const char *path) {
 
 /* ---- Aggregation --------------------------------------------------------- */
 
-double pr_get(const group_t *g, const char *key) {
+double pr_get(const pr_group_t *g, const char *key) {
   if (g == NULL)
     return NAN;
   for (int i = 0; i < g->nagg; i++)
@@ -149,7 +149,7 @@ double pr_get(const group_t *g, const char *key) {
   return NAN;
 }
 
-static void aggregate(group_t *g) {
+static void aggregate(pr_group_t *g) {
   double vals[256];
   g->nagg = 0;
   for (int r = 0; r < g->nruns; r++) {
@@ -158,7 +158,7 @@ static void aggregate(group_t *g) {
       bool seen = false;
       for (int j = 0; j < g->nagg && !seen; j++)
         seen = strcmp(g->agg[j].key, key) == 0;
-      if (seen || g->nagg == MAX_METRICS)
+      if (seen || g->nagg == PR_MAX_METRICS)
         continue;
       int nv = 0;
       for (int r2 = 0; r2 < g->nruns && nv < 256; r2++)
@@ -176,14 +176,14 @@ static void aggregate(group_t *g) {
 }
 
 /* Ratios are like for like: pinpool in the same mode. */
-static const group_t *baseline(const group_t *g) {
+static const pr_group_t *baseline(const pr_group_t *g) {
   return pr_find_group(g->workload, g->kase, "pinpool", g->mode, g->threads,
                        false);
 }
 
 /* The per-operation time that "ahead" compares: W4's ops/s is set by the
  * simulated streams, so its allocator cost per op is the fair measure. */
-double pr_speed(const group_t *g) {
+double pr_speed(const pr_group_t *g) {
   if (g == NULL)
     return NAN;
   if (strcmp(g->workload, "W4") == 0) {
@@ -194,13 +194,13 @@ double pr_speed(const group_t *g) {
 }
 
 /* The time one operation takes (1 / speed), in ns. */
-double pr_op_ns(const group_t *g) {
+double pr_op_ns(const pr_group_t *g) {
   double v = pr_speed(g);
   return v > 0 ? 1e9 / v : NAN;
 }
 
 /* Rows: touch mode first (the headline), then alloc; the floor first. */
-static int impl_rank(const group_t *g) {
+static int impl_rank(const pr_group_t *g) {
   static const char *order[] = {
       "floor",           "pinpool",         "pinpool-prearena",
       "pinpool-tc",      "pinpool-h-alloc", "pinpool-h-all",
@@ -216,7 +216,7 @@ static int impl_rank(const group_t *g) {
   return (strcmp(g->mode, "alloc") == 0 ? 100 : 0) + r;
 }
 
-static int case_order(const group_t *a) {
+static int case_order(const pr_group_t *a) {
   /* Cases in first-appearance order within a workload. */
   for (int i = 0; i < pr_ngroups; i++)
     if (strcmp(pr_groups[i].workload, a->workload) == 0 &&
@@ -228,7 +228,7 @@ static int case_order(const group_t *a) {
 /* Sort by a key computed before sorting (case_order needs the original
  * order, so compute it first into a parallel array). */
 typedef struct sortable {
-  group_t g;
+  pr_group_t g;
   int corder;
 } sortable_t;
 
@@ -261,14 +261,14 @@ static void sort_groups(void) {
 
 /* Touch mode: the headline comparison (every implementation writes every
  * page of its blocks); alloc mode is like for like too, and reported. */
-bool pr_fair(const group_t *g) { return strcmp(g->mode, "touch") == 0; }
+bool pr_fair(const pr_group_t *g) { return strcmp(g->mode, "touch") == 0; }
 
-bool pr_is_pinpool(const group_t *g) {
+bool pr_is_pinpool(const pr_group_t *g) {
   return strncmp(g->impl, "pinpool", 7) == 0;
 }
 
 /* A peer pinpool is compared with: not pinpool, not the floor. */
-static bool is_peer(const group_t *g) {
+static bool is_peer(const pr_group_t *g) {
   return !pr_is_pinpool(g) && strcmp(g->impl, "floor") != 0;
 }
 
@@ -291,8 +291,8 @@ void pr_merge(void) {
     aggregate(&pr_groups[i]);
   sort_groups();
   for (int i = 0; i < pr_ngroups; i++) {
-    group_t *g = &pr_groups[i];
-    const group_t *b = baseline(g);
+    pr_group_t *g = &pr_groups[i];
+    const pr_group_t *b = baseline(g);
     if (b == NULL)
       continue;
     g->ratio_ns = pr_get(g, "ns_med") / pr_get(b, "ns_med");
@@ -301,11 +301,11 @@ void pr_merge(void) {
   /* Touch mode: each implementation's distance to the floor (the same
    * touches on a pre-faulted region), in time per operation. */
   for (int i = 0; i < pr_ngroups; i++) {
-    group_t *g = &pr_groups[i];
+    pr_group_t *g = &pr_groups[i];
     if (strcmp(g->mode, "touch") || strcmp(g->impl, "floor") == 0)
       continue;
-    const group_t *fl = pr_find_group(g->workload, g->kase, "floor", "touch",
-                                      g->threads, false);
+    const pr_group_t *fl = pr_find_group(g->workload, g->kase, "floor", "touch",
+                                         g->threads, false);
     if (fl == NULL || fl->nruns == 0 || g->nruns == 0)
       continue;
     g->over_floor_ns = pr_op_ns(g) - pr_op_ns(fl);
@@ -315,17 +315,17 @@ void pr_merge(void) {
 
 /* ---- Questions the outputs ask ------------------------------------------ */
 
-const char *pr_label(const group_t *g, char *buf, size_t len) {
+const char *pr_label(const pr_group_t *g, char *buf, size_t len) {
   snprintf(buf, len, "%s/%s", g->impl, g->mode);
   return buf;
 }
 
 /* The fastest peer of pinpool group p (same workload, case, threads and
  * mode); NULL if none. */
-const group_t *pr_best_peer(const group_t *p) {
-  const group_t *best = NULL;
+const pr_group_t *pr_best_peer(const pr_group_t *p) {
+  const pr_group_t *best = NULL;
   for (int j = 0; j < pr_ngroups; j++) {
-    const group_t *q = &pr_groups[j];
+    const pr_group_t *q = &pr_groups[j];
     if (strcmp(q->workload, p->workload) || q->threads != p->threads ||
         strcmp(q->kase, p->kase) || strcmp(q->mode, p->mode) || !is_peer(q) ||
         q->nruns == 0)
@@ -336,15 +336,15 @@ const group_t *pr_best_peer(const group_t *p) {
   return best;
 }
 
-const hlevel_t pr_hlevels[4] = {{"pinpool", "off"},
-                                {"pinpool-h-alloc", "alloc, no stacks"},
-                                {"pinpool-h-all", "all, no stacks"},
-                                {"pinpool-h-all16", "all, 16-frame stacks"}};
+const pr_hlevel_t pr_hlevels[4] = {{"pinpool", "off"},
+                                   {"pinpool-h-alloc", "alloc, no stacks"},
+                                   {"pinpool-h-all", "all, no stacks"},
+                                   {"pinpool-h-all16", "all, 16-frame stacks"}};
 
 /* ns per history event of group g: its pair minus the history-off pair,
  * over the two events (alloc, free) a pair records. */
-double pr_ns_per_event(const group_t *g) {
-  const group_t *off = baseline(g);
+double pr_ns_per_event(const pr_group_t *g) {
+  const pr_group_t *off = baseline(g);
   if (off == NULL || off == g)
     return NAN;
   return (pr_get(g, "ns_med") - pr_get(off, "ns_med")) / 2.0;
@@ -363,7 +363,7 @@ static void read_first_line(const char *path, char *buf, size_t len) {
   fclose(f);
 }
 
-void pr_describe_machine(machine_t *m) {
+void pr_describe_machine(pr_machine_t *m) {
   struct utsname u;
   FILE *f;
   char line[512];

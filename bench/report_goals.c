@@ -15,27 +15,28 @@
 #include "report_data.h"
 
 static void goals_w1(void) {
-  goal_t *a = pr_goal_new("W1: cached alloc+free pair <= 20 ns at every size "
-                          "(alloc mode: nothing written), 1 thread");
+  pr_goal_t *a =
+      pr_goal_new("W1: cached alloc+free pair <= 20 ns at every size "
+                  "(alloc mode: nothing written), 1 thread");
   bool all_a = true, any = false;
   char buf[64], buf2[64], buf3[64];
   for (int i = 0; i < pr_ngroups; i++) {
-    const group_t *g = &pr_groups[i];
+    const pr_group_t *g = &pr_groups[i];
     if (strcmp(g->workload, "W1") || g->threads != 1 ||
         strcmp(g->impl, "pinpool") || strcmp(g->mode, "alloc"))
       continue;
     any = true;
     double ns = pr_get(g, "ns_med");
-    const group_t *tc =
+    const pr_group_t *tc =
         pr_find_group("W1", g->kase, "pinpool-tc", "alloc", 1, false);
-    const group_t *t =
+    const pr_group_t *t =
         pr_find_group("W1", g->kase, "pinpool", "touch", 1, false);
     pr_goal_add(a, "%s%s %s", a->detail[0] ? "; " : "", g->kase,
                 pr_fmt_ns(ns, buf, sizeof buf));
     if (tc != NULL)
       pr_goal_add(a, " (tcache_bytes=8GiB: %s)",
                   pr_fmt_ns(pr_get(tc, "ns_med"), buf, sizeof buf));
-    const group_t *pre =
+    const pr_group_t *pre =
         pr_find_group("W1", g->kase, "pinpool-prearena", "alloc", 1, false);
     if (pre != NULL && pre->nruns > 0)
       pr_goal_add(a, " (before the arenas, this machine: %s)",
@@ -56,7 +57,7 @@ static void goals_w1(void) {
  * over the best peer where the live set is >= 1 GiB (W2), else 1.
  * met: everywhere; partly: somewhere; missed: nowhere. */
 static void goal_ahead_min(const char *wl, const char *title, double min_big) {
-  goal_t *g = pr_goal_new(title);
+  pr_goal_t *g = pr_goal_new(title);
   int n = 0, ok = 0;
   char buf[64], buf2[64], buf3[64];
   static const char *modes[] = {"touch", "alloc"};
@@ -64,11 +65,11 @@ static void goal_ahead_min(const char *wl, const char *title, double min_big) {
     bool head = false;
     for (int t = 1; t <= 2; t++) {
       for (int i = 0; i < pr_ngroups; i++) {
-        const group_t *p = &pr_groups[i];
+        const pr_group_t *p = &pr_groups[i];
         if (strcmp(p->workload, wl) || p->threads != t ||
             strcmp(p->impl, "pinpool") || strcmp(p->mode, modes[m]))
           continue;
-        const group_t *wg = pr_best_peer(p);
+        const pr_group_t *wg = pr_best_peer(p);
         if (wg == NULL)
           continue;
         double r = pr_speed(p) / pr_speed(wg); /* > 1: pinpool ahead */
@@ -105,17 +106,17 @@ static void goal_ahead(const char *wl, const char *title) {
  * after each workload's warm-up or fill; W6 and W4 excluded: W6 is backend
  * churn by design, W4 starts cold). */
 static void goals_faults(void) {
-  goal_t *g = pr_goal_new("Steady state: 0 page faults per operation for "
-                          "pinpool (touch mode; W1, W2 after the fill, W3, "
-                          "W5, W7; < 0.01 counts as 0)");
+  pr_goal_t *g = pr_goal_new("Steady state: 0 page faults per operation for "
+                             "pinpool (touch mode; W1, W2 after the fill, W3, "
+                             "W5, W7; < 0.01 counts as 0)");
   static const char *wls[] = {"W1", "W2", "W3", "W5", "W7"};
   int n = 0, ok = 0;
   for (size_t w = 0; w < sizeof wls / sizeof wls[0]; w++) {
     double worst = -1;
-    const group_t *wg = NULL;
+    const pr_group_t *wg = NULL;
     int nw = 0, okw = 0;
     for (int i = 0; i < pr_ngroups; i++) {
-      const group_t *p = &pr_groups[i];
+      const pr_group_t *p = &pr_groups[i];
       if (strcmp(p->workload, wls[w]) || strcmp(p->impl, "pinpool") ||
           strcmp(p->mode, "touch"))
         continue;
@@ -143,21 +144,21 @@ static void goals_faults(void) {
 }
 
 static void goals_w2(void) {
-  goal_t *a = pr_goal_new("W2: memory held <= 1.10x the peak requested "
-                          "(pinpool: peak reserved ÷ peak requested), every "
-                          "variant");
+  pr_goal_t *a = pr_goal_new("W2: memory held <= 1.10x the peak requested "
+                             "(pinpool: peak reserved ÷ peak requested), every "
+                             "variant");
   char buf[64];
   int n = 0, ok = 0;
   for (int t = 1; t <= 2; t++) {
     for (int i = 0; i < pr_ngroups; i++) {
-      const group_t *p = &pr_groups[i];
+      const pr_group_t *p = &pr_groups[i];
       if (strcmp(p->workload, "W2") || p->threads != t ||
           strcmp(p->impl, "pinpool") || strcmp(p->mode, "touch"))
         continue;
       double ov = pr_get(p, "overhead");
-      const group_t *r =
+      const pr_group_t *r =
           pr_find_group("W2", p->kase, "rmmpool", "touch", t, false);
-      const group_t *f =
+      const pr_group_t *f =
           pr_find_group("W2", p->kase, "refpool", "touch", t, false);
       n++;
       ok += ov <= 1.10;
@@ -188,19 +189,19 @@ static void goals_w2(void) {
  * them built from the repository and run in the same interleaving
  * (bench/run.sh), so on the same machine at the same load. */
 static void goals_before(void) {
-  goal_t *g = pr_goal_new("W3-W7: pinpool no more than 10 % slower than "
-                          "before the arenas (ns/op median, alloc mode, vs "
-                          "pinpool-prearena run beside it)");
+  pr_goal_t *g = pr_goal_new("W3-W7: pinpool no more than 10 % slower than "
+                             "before the arenas (ns/op median, alloc mode, vs "
+                             "pinpool-prearena run beside it)");
   int n = 0, ok = 0;
   char b1[64], b2[64], b3[64];
   for (int i = 0; i < pr_ngroups; i++) {
-    const group_t *p = &pr_groups[i];
+    const pr_group_t *p = &pr_groups[i];
     if (strcmp(p->impl, "pinpool") || strcmp(p->mode, "alloc") ||
         p->nruns == 0 || p->workload[1] < '3' || p->workload[1] > '7' ||
         p->workload[2] != '\0')
       continue;
-    const group_t *b = pr_find_group(p->workload, p->kase, "pinpool-prearena",
-                                     "alloc", p->threads, false);
+    const pr_group_t *b = pr_find_group(
+        p->workload, p->kase, "pinpool-prearena", "alloc", p->threads, false);
     if (b == NULL || b->nruns == 0)
       continue;
     double now = pr_get(p, "ns_med"), then = pr_get(b, "ns_med");
@@ -221,11 +222,11 @@ static void goals_before(void) {
 }
 
 static void goals_w4(void) {
-  goal_t *g = pr_goal_new("W4: blocks of a fast stream reused while a slow "
-                          "stream lags (the FIFO reference cannot)");
+  pr_goal_t *g = pr_goal_new("W4: blocks of a fast stream reused while a slow "
+                             "stream lags (the FIFO reference cannot)");
   bool ok = true, any = false;
   for (int t = 1; t <= 2; t++) {
-    const group_t *p = NULL, *r = NULL;
+    const pr_group_t *p = NULL, *r = NULL;
     for (int i = 0; i < pr_ngroups && p == NULL; i++)
       if (!strcmp(pr_groups[i].workload, "W4") && pr_groups[i].threads == t &&
           !strcmp(pr_groups[i].impl, "pinpool") &&
@@ -261,27 +262,28 @@ static void goals_w4(void) {
                    "including the record/free path)");
 }
 static void goals_history(void) {
-  goal_t *off = pr_goal_new("History off: no measurable cost on the hot path");
-  goal_t *ns = pr_goal_new("History on without stacks: <= 10 % on the hot "
-                           "path (W1h, level alloc, stack_depth 0)");
-  goal_t *st = pr_goal_new("History with 16-frame stacks: <= 1 µs per event "
-                           "(W1h, level all)");
-  goal_t *sn = pr_goal_new("W8: snapshot of 100,000 live blocks with "
-                           "1,000,000 history entries written in < 1 s");
+  pr_goal_t *off =
+      pr_goal_new("History off: no measurable cost on the hot path");
+  pr_goal_t *ns = pr_goal_new("History on without stacks: <= 10 % on the hot "
+                              "path (W1h, level alloc, stack_depth 0)");
+  pr_goal_t *st = pr_goal_new("History with 16-frame stacks: <= 1 µs per event "
+                              "(W1h, level all)");
+  pr_goal_t *sn = pr_goal_new("W8: snapshot of 100,000 live blocks with "
+                              "1,000,000 history entries written in < 1 s");
   char b1[64], b2[64], b3[64], b4[64];
   bool any = false, ns_ok = true, st_ok = true;
   for (int i = 0; i < pr_ngroups; i++) {
-    const group_t *g = &pr_groups[i];
+    const pr_group_t *g = &pr_groups[i];
     if (strcmp(g->workload, "W1h") || strcmp(g->impl, "pinpool") ||
         g->threads != 1)
       continue;
-    const group_t *a =
+    const pr_group_t *a =
         pr_find_group("W1h", g->kase, "pinpool-h-alloc", "alloc", 1, false);
-    const group_t *a0 =
+    const pr_group_t *a0 =
         pr_find_group("W1h", g->kase, "pinpool-h-all", "alloc", 1, false);
-    const group_t *a16 =
+    const pr_group_t *a16 =
         pr_find_group("W1h", g->kase, "pinpool-h-all16", "alloc", 1, false);
-    const group_t *w1 =
+    const pr_group_t *w1 =
         pr_find_group("W1", g->kase, "pinpool", "alloc", 1, false);
     any = true;
     pr_goal_add(off, "%s%s %s", off->detail[0] ? "; " : "", g->kase,
@@ -328,9 +330,9 @@ static void goals_history(void) {
     pr_goal_add(st, "W1h not run");
   }
 
-  const group_t *s = NULL, *s2 = NULL;
+  const pr_group_t *s = NULL, *s2 = NULL;
   for (int i = 0; i < pr_ngroups; i++) {
-    const group_t *g = &pr_groups[i];
+    const pr_group_t *g = &pr_groups[i];
     if (strcmp(g->workload, "W8") || pr_get(g, "live_blocks") != 1e5 ||
         pr_get(g, "ring") != 1e6)
       continue;

@@ -47,7 +47,7 @@ static const char *split_spec(const char *spec, char *name, size_t len) {
   return eq ? eq + 1 : "";
 }
 
-void pr_write_json(const machine_t *m) {
+void pr_write_json(const pr_machine_t *m) {
   char date[64];
   FILE *f = pr_open_dated(pr_opt.json, "%Y-%m-%dT%H:%M:%SZ", date, sizeof date);
   json_put_str(f, "{\n  \"schema\": \"pinpool-bench/3\",\n  \"git_revision\": ",
@@ -84,7 +84,7 @@ void pr_write_json(const machine_t *m) {
   }
   fprintf(f, "\n  ],\n  \"results\": [");
   for (int i = 0; i < pr_ngroups; i++) {
-    const group_t *g = &pr_groups[i];
+    const pr_group_t *g = &pr_groups[i];
     if (g->nruns == 0)
       continue;
     fprintf(f, "%s\n    {\"workload\": ", i ? "," : "");

@@ -97,7 +97,7 @@ static const wl_desc_t g_wl[] = {
      {{"reserved_end_mib", "reserved at end MiB", 'x'}, {NULL, NULL, 0}}},
 };
 
-static void md_cell(FILE *f, const group_t *g, const column_t *c) {
+static void md_cell(FILE *f, const pr_group_t *g, const column_t *c) {
   char buf[64];
   double v = pr_get(g, c->key);
   switch (c->kind) {
@@ -137,7 +137,7 @@ static void md_table(FILE *f, const wl_desc_t *w) {
   const char *prev_case = "";
   int prev_t = 0;
   for (int i = 0; i < pr_ngroups; i++) {
-    const group_t *g = &pr_groups[i];
+    const pr_group_t *g = &pr_groups[i];
     char b1[64], b2[64], b3[64], b4[64], b5[64], b6[64];
     if (strcmp(g->workload, w->name) || g->nruns == 0)
       continue;
@@ -170,7 +170,7 @@ static void md_table(FILE *f, const wl_desc_t *w) {
   /* Notes */
   bool header = false;
   for (int i = 0; i < pr_ngroups; i++) {
-    const group_t *g = &pr_groups[i];
+    const pr_group_t *g = &pr_groups[i];
     char b[64];
     if (strcmp(g->workload, w->name))
       continue;
@@ -187,7 +187,7 @@ static void md_table(FILE *f, const wl_desc_t *w) {
   const char *seen[4] = {NULL, NULL, NULL, NULL};
   int nseen = 0;
   for (int i = 0; i < pr_ngroups; i++) {
-    const group_t *g = &pr_groups[i];
+    const pr_group_t *g = &pr_groups[i];
     if (strcmp(g->workload, w->name) || !pr_is_pinpool(g))
       continue;
     bool dup = false;
@@ -217,7 +217,7 @@ static void md_w1h(FILE *f) {
              "event | reps |\n|---|---|---|--:|--:|--:|--:|--:|\n");
   const char *prev = "";
   for (int i = 0; i < pr_ngroups; i++) {
-    const group_t *g = &pr_groups[i];
+    const pr_group_t *g = &pr_groups[i];
     char b1[64], b2[64], b3[64], b4[64];
     if (strcmp(g->workload, "W1h") || g->nruns == 0)
       continue;
@@ -257,7 +257,7 @@ static void md_w8(FILE *f) {
              "| lock hold med | max | ring kept | duty | setup | reps |\n"
              "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
   for (int i = 0; i < pr_ngroups; i++) {
-    const group_t *g = &pr_groups[i];
+    const pr_group_t *g = &pr_groups[i];
     char b[7][64];
     if (strcmp(g->workload, "W8") || g->nruns == 0)
       continue;
@@ -297,7 +297,7 @@ static void md_w8(FILE *f) {
       "med",         "p99",         "p999",        "max",        "hot_max",
       "central_med", "central_max", "backend_med", "backend_max"};
   for (int i = 0; i < pr_ngroups; i++) {
-    const group_t *g = &pr_groups[i];
+    const pr_group_t *g = &pr_groups[i];
     char b[64], key[48];
     if (strcmp(g->workload, "W8") || g->nruns == 0)
       continue;
@@ -342,13 +342,13 @@ static void md_w2_summary(FILE *f) {
   static const char *modes[] = {"touch", "alloc"};
   for (int m = 0; m < 2; m++)
     for (int i = 0; i < pr_ngroups; i++) {
-      const group_t *p = &pr_groups[i];
+      const pr_group_t *p = &pr_groups[i];
       char b[6][64];
       if (strcmp(p->workload, "W2") || strcmp(p->impl, "pinpool") ||
           strcmp(p->mode, modes[m]) || p->nruns == 0)
         continue;
-      const group_t *q = pr_best_peer(p);
-      const group_t *fl =
+      const pr_group_t *q = pr_best_peer(p);
+      const pr_group_t *fl =
           pr_find_group("W2", p->kase, "floor", "touch", p->threads, false);
       fprintf(
           f,
@@ -368,7 +368,7 @@ static void md_w2_summary(FILE *f) {
   fprintf(f, "\n");
 }
 
-void pr_write_md(const machine_t *m) {
+void pr_write_md(const pr_machine_t *m) {
   char date[64];
   FILE *f = pr_open_dated(pr_opt.md, "%Y-%m-%d %H:%M UTC", date, sizeof date);
   fprintf(f, "# pinpool benchmarks (%s run)\n\n", pr_opt.mode);

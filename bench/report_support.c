@@ -104,17 +104,17 @@ FILE *pr_open_dated(const char *path, const char *fmt, char *date, size_t len) {
 
 /* ---- The goal list ----------------------------------------------------- */
 
-goal_t pr_goals[24];
+pr_goal_t pr_goals[24];
 int pr_ngoals;
 
-goal_t *pr_goal_new(const char *name) {
-  goal_t *g = &pr_goals[pr_ngoals++];
+pr_goal_t *pr_goal_new(const char *name) {
+  pr_goal_t *g = &pr_goals[pr_ngoals++];
   memset(g, 0, sizeof *g);
   snprintf(g->name, sizeof g->name, "%s", name);
   return g;
 }
 
-void pr_goal_add(goal_t *g, const char *fmt, ...) {
+void pr_goal_add(pr_goal_t *g, const char *fmt, ...) {
   size_t len = strlen(g->detail);
   va_list ap;
   va_start(ap, fmt);
@@ -123,7 +123,7 @@ void pr_goal_add(goal_t *g, const char *fmt, ...) {
 }
 
 /* n (case, threads, mode) checked, ok of them met. */
-void pr_goal_count_status(goal_t *g, int ok, int n) {
+void pr_goal_count_status(pr_goal_t *g, int ok, int n) {
   snprintf(g->status, sizeof g->status, "%s",
            n == 0    ? "n/a"
            : ok == n ? "met"
@@ -131,7 +131,7 @@ void pr_goal_count_status(goal_t *g, int ok, int n) {
                      : "missed");
 }
 
-void pr_goal_flag_status(goal_t *g, bool any, bool ok) {
+void pr_goal_flag_status(pr_goal_t *g, bool any, bool ok) {
   snprintf(g->status, sizeof g->status, "%s",
            !any ? "n/a"
            : ok ? "met"

@@ -39,24 +39,24 @@ FILE *pr_open_dated(const char *path, const char *fmt, char *date, size_t len);
 
 /* ---- The goal list ------------------------------------------------------ */
 
-typedef struct goal {
+typedef struct pr_goal {
   char name[160];
   char status[16]; /* met, missed, partly, n/a */
   char detail[12288];
-} goal_t;
+} pr_goal_t;
 
 /* The goals in the order they were added (at most 24). */
-extern goal_t pr_goals[24];
+extern pr_goal_t pr_goals[24];
 extern int pr_ngoals;
 
 /* A new goal at the end of the list (its status empty until set). */
-goal_t *pr_goal_new(const char *name);
+pr_goal_t *pr_goal_new(const char *name);
 /* Append to the goal's detail text. */
-__attribute__((format(printf, 2, 3))) void pr_goal_add(goal_t *g,
+__attribute__((format(printf, 2, 3))) void pr_goal_add(pr_goal_t *g,
                                                        const char *fmt, ...);
 /* n (case, threads, mode) checked, ok of them met. */
-void pr_goal_count_status(goal_t *g, int ok, int n);
+void pr_goal_count_status(pr_goal_t *g, int ok, int n);
 /* A goal met or missed as a whole; n/a when none of its runs is there. */
-void pr_goal_flag_status(goal_t *g, bool any, bool ok);
+void pr_goal_flag_status(pr_goal_t *g, bool any, bool ok);
 
 #endif

@@ -167,7 +167,7 @@ static bool both(const w9case_t *c) {
 
 /* Zero host copies: lend's copied bytes are 0 in every run of every case. */
 static void goal_zero_copy(void) {
-  goal_t *g = pr_goal_new(
+  pr_goal_t *g = pr_goal_new(
       "W9: zero host copies between the worker's fill and the pinned "
       "buffer (lend path, every case)");
   int ok = 0, n = 0;
@@ -202,7 +202,7 @@ static void goal_zero_copy(void) {
 
 /* >= 1.5x today's batches/s at 64 MiB with 2 workers, each fill. */
 static void goal_speed(void) {
-  goal_t *g = pr_goal_new(
+  pr_goal_t *g = pr_goal_new(
       "W9: lend >= 1.5x the batches/s of today's path at 64 MiB with 2 "
       "workers");
   int ok = 0, n = 0;
@@ -229,7 +229,7 @@ static void goal_speed(void) {
  * paths run on the CPU, where a device would copy by DMA) is reported
  * beside it, since it is what lending itself costs the main process. */
 static void goal_cpu(void) {
-  goal_t *g =
+  pr_goal_t *g =
       pr_goal_new("W9: main-process CPU per batch <= 1/4 of today's path");
   int ok = 0, n = 0, ok_x = 0;
   double lo = INFINITY, hi = -INFINITY, lo_x = INFINITY, hi_x = -INFINITY;

@@ -1,5 +1,5 @@
 /*
- * `pinpool demo`'s pipeline (demo.h): buffer sizes from a seeded
+ * `pinpool demo`'s pipeline (demo_pipeline.h): buffer sizes from a seeded
  * generator, the cookies and byte pattern each buffer carries, the bounded
  * queues, the producer and consumer threads, and the simulated device
  * copies of a pool with streams.

@@ -1,5 +1,5 @@
 /*
- * `pinpool demo`'s output (demo.h): the progress line on stderr, and on
+ * `pinpool demo`'s output (demo_report.h): the progress line on stderr, and on
  * stdout the pool's stats table, the consistency checks, the cached
  * alloc+free pairs and the totals.
  */

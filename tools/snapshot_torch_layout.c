@@ -1,6 +1,6 @@
 /*
- * The memory layout of `pinpool snapshot torch` (snapshot_torch.h): which
- * segments memory_viz gets, and the blocks that tile each one.
+ * The memory layout of `pinpool snapshot torch` (snapshot_torch_layout.h):
+ * which segments memory_viz gets, and the blocks that tile each one.
  *
  * PyTorch's device segments are what its allocator got from cudaMalloc,
  * with the blocks it split them into and the gaps between. pinpool's
