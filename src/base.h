@@ -227,6 +227,9 @@ enum {
                             of the lends (share.c, no lock) */
   PP_HOOK_MISS_COUNTED,  /* allocation: its miss counted, the allocation
                             itself not yet (alloc.c, count_slow; no lock) */
+  PP_HOOK_STATS_PIECE,   /* stats sum: between two holds of reg_lock in
+                            its walk of the thread caches (stats.c, no
+                            lock) */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

@@ -119,6 +119,10 @@ static void pool_unlock_all(pinpool_t *pool, int phase) {
     pp_mutex_unlock(&pool->bins[i].lock);
   pp_mutex_unlock(&pool->trim_lock);
   pp_mutex_unlock(&pool->seg_lock);
+  /* A stats sum in progress on another thread does not go on in the
+   * child: its record (on that thread's stack) is forgotten. */
+  if (phase == PP_FORK_CHILD)
+    pool->rs.walks = NULL;
   pp_mutex_unlock(&pool->reg_lock);
 }
 

@@ -563,6 +563,10 @@ typedef struct pp_rstats {
   unsigned ncaches, max_ncaches;
   /* The largest cache_hits and tcache_hits reported (stats.c). */
   uint64_t hits_seen, tc_hits_seen;
+  /* The next cache's place in the list (pp_tcache_t.seq), and the sums of
+   * the caches in progress (stats.c, "The sum in pieces"). */
+  uint64_t next_seq;
+  struct pp_stats_walk *walks;
 } pp_rstats_t;
 
 /* A growth in flight (arena.c, grow_take and pp_arena_grow_ahead): a
@@ -939,6 +943,10 @@ typedef struct pp_sums {
   uint64_t cached; /* central idle (bins and hot slots) + tc_bytes */
 } pp_sums_t;
 void pp_stats_sum(struct pinpool *pool, pp_sums_t *out); /* reg_lock held */
+/* The same sum, the caches visited in holds of reg_lock of at most
+ * PP_STATS_PIECE; takes reg_lock and returns with it held. */
+#define PP_STATS_PIECE 64
+void pp_stats_sum_pieces(struct pinpool *pool, pp_sums_t *out);
 void pp_stats_fold_dead(struct pinpool *pool, pp_tcache_t *tc);
 void pp_stats_sample_peaks(struct pinpool *pool);
 /* tcache_bytes=0: tc's counters into gs.tot (owner, no lock). */

@@ -3,8 +3,8 @@
  *
  * Counters of the hot path live in each thread cache and have one writer;
  * everything else is an atomic updated on slow paths. A reader sums them
- * under pool->reg_lock, which also guards the list of caches, the counters
- * of exited threads and the peaks.
+ * under pool->reg_lock (in pieces: "The sum in pieces"), which also guards
+ * the list of caches, the counters of exited threads and the peaks.
  *
  * Peaks of allocated and cached bytes are sampled, with the exact sum, at
  * every get_stats, every new segment, and whenever the bytes a thread has
@@ -121,15 +121,97 @@ void pp_stats_sum(pinpool_t *pool, pp_sums_t *out) {
     out->tc_bytes += pp_load_relaxed(&tc->bytes);
     visits++;
   }
-  /* Every thread with a cache, in one hold (issue 38, review item 4:
-   * confirmed, not yet bounded; docs/verification.md). */
+  /* Every thread with a cache, in one hold: the validator's sum only
+   * (a debugging call, which walks every cache's entries in this hold
+   * besides); the others sum in pieces (above). */
   pp_lock_visit(&pool->reg_lock, visits);
+  sum_pool(pool, out);
+}
+
+/* ---- The sum in pieces ----------------------------------------------------
+ * pinpool_get_stats, pinpool_reset_peak_stats and, with thread caches, a
+ * peak sample add every thread's counters. In one hold of reg_lock that
+ * was linear in the threads (issue 38, the meter's findings: every thread
+ * that creates or exits a cache, and every other sample, waited); now
+ * PP_STATS_PIECE caches a hold, reg_lock let go between.
+ *
+ * The cumulative counts must never go backwards while threads exit
+ * (test_tcache stats_monotonic_exits): a cache's counters are in the live
+ * list or, once it has exited, in rs.dead, never in neither. A sum reads
+ * rs.dead in its first hold, then walks the list from the head. The list
+ * is newest first, seq falling along it, and only ever gains at the head,
+ * so the caches not yet visited are exactly those at or after the walk's
+ * next cache: seq <= next->seq. A cache that exits during the walk
+ * (pp_stats_fold_dead, under reg_lock) and is among those adds its
+ * counters to the walk's `extra` as well as to rs.dead (a visited one
+ * adds to rs.dead only: the walk counted it, the next sum counts all of
+ * it), and moves the walk's next on if it was next. A cache made during
+ * the walk is at the head, never visited, and adds to rs.dead only if it
+ * exits: its operations are all concurrent with the call. Every sum thus
+ * counts each operation that ended before it began, and a later sum counts
+ * everything an earlier one did. Sums may run at once: each is a record
+ * on its caller's stack, on rs.walks. */
+typedef struct pp_stats_walk {
+  pp_tcache_t *next; /* the next cache to visit; NULL: the walk is done */
+  pp_tcounters_t extra;
+  struct pp_stats_walk *wnext, *wprev;
+} pp_stats_walk_t;
+
+void pp_stats_sum_pieces(pinpool_t *pool, pp_sums_t *out) {
+  pp_stats_walk_t w;
+  memset(&w, 0, sizeof w);
+  memset(out, 0, sizeof *out);
+  pp_mutex_lock(&pool->reg_lock);
+  sum_counters(out, &pool->rs.dead);
+  w.next = pool->caches;
+  w.wnext = pool->rs.walks;
+  if (w.wnext != NULL)
+    w.wnext->wprev = &w;
+  pool->rs.walks = &w;
+  for (;;) {
+    uint64_t visits = 0;
+#ifdef PINPOOL_MUTANT_STATS_ONE_HOLD
+    /* Mutant (docs/verification.md): every cache in one hold. */
+    while (w.next != NULL) {
+#else
+    while (w.next != NULL && visits < PP_STATS_PIECE) {
+#endif
+      sum_counters(out, &w.next->c);
+      out->tc_bytes += pp_load_relaxed(&w.next->bytes);
+      w.next = w.next->pool_next;
+      visits++;
+    }
+    pp_lock_visit(&pool->reg_lock, visits);
+    if (w.next == NULL)
+      break;
+    pp_mutex_unlock(&pool->reg_lock);
+    pp_hook(PP_HOOK_STATS_PIECE);
+    pp_mutex_lock(&pool->reg_lock);
+  }
+  if (w.wprev != NULL)
+    w.wprev->wnext = w.wnext;
+  else
+    pool->rs.walks = w.wnext;
+  if (w.wnext != NULL)
+    w.wnext->wprev = w.wprev;
+  sum_counters(out, &w.extra);
   sum_pool(pool, out);
 }
 
 void pp_stats_fold_dead(pinpool_t *pool, pp_tcache_t *tc) {
   pp_assert_held(&pool->reg_lock);
   add_counters(&pool->rs.dead, &tc->c);
+  /* The sums in progress that have not visited tc yet (above). */
+  for (pp_stats_walk_t *w = pool->rs.walks; w != NULL; w = w->wnext) {
+    if (w->next == NULL || tc->seq > w->next->seq)
+      continue;
+#ifndef PINPOOL_MUTANT_STATS_NO_EXTRA
+    /* Mutant (docs/verification.md): the walk loses such a cache. */
+    add_counters(&w->extra, &tc->c);
+#endif
+    if (w->next == tc)
+      w->next = tc->pool_next; /* unlinked already; its link is kept */
+  }
   pp_stats_publish(pool, tc); /* the totals: its rest */
 }
 
@@ -170,15 +252,17 @@ static void update_peaks(pinpool_t *pool, const currents_t *c) {
 
 void pp_stats_sample_peaks(pinpool_t *pool) {
   pp_sums_t s;
-  pp_mutex_lock(&pool->reg_lock);
 #ifndef PINPOOL_MUTANT_STATS_WALK
-  if (pool->cfg.tcache_bytes == 0)
+  if (pool->cfg.tcache_bytes == 0) {
+    pp_mutex_lock(&pool->reg_lock);
     sum_published(pool, &s); /* the callers published their own */
-  else
+  } else
 #else
   (void)sum_published; /* Mutant (docs/verification.md): the walk. */
 #endif
-    pp_stats_sum(pool, &s);
+  {
+    pp_stats_sum_pieces(pool, &s); /* returns with reg_lock held */
+  }
   currents_t c = currents_of(&s);
   update_peaks(pool, &c);
   pp_mutex_unlock(&pool->reg_lock);
@@ -205,8 +289,7 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   pinpool_stats_t st;
   memset(&st, 0, sizeof st);
   pp_sums_t s;
-  pp_mutex_lock(&pool->reg_lock);
-  pp_stats_sum(pool, &s);
+  pp_stats_sum_pieces(pool, &s); /* returns with reg_lock held */
   currents_t c = currents_of(&s);
   update_peaks(pool, &c);
   pp_rstats_t *r = &pool->rs;
@@ -341,8 +424,7 @@ int pinpool_reset_peak_stats(pinpool_t *pool) {
   if (pool == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_reset_peak_stats: pool is NULL");
   pp_sums_t s;
-  pp_mutex_lock(&pool->reg_lock);
-  pp_stats_sum(pool, &s);
+  pp_stats_sum_pieces(pool, &s); /* returns with reg_lock held */
   currents_t c = currents_of(&s);
   pool->rs.peak_requests = c.requests;
   pool->rs.peak_req = c.req;

@@ -364,6 +364,7 @@ pp_tcache_t *pp_tcache_get_slow(pinpool_t *pool) {
       thr->caches = tc;
       pp_mutex_lock(&pool->reg_lock);
       tc->pool_prev = NULL;
+      tc->seq = pool->rs.next_seq++;
       tc->pool_next = pool->caches;
       if (pool->caches != NULL)
         pool->caches->pool_prev = tc;

@@ -86,8 +86,10 @@ typedef struct pp_tcache {
    * "adaptive budget"); n_alloc and n_free at the last shrink. Owner only. */
   uint64_t budget, shrink_allocs, shrink_frees;
   pp_tcounters_t c;
-  /* pool->reg_lock: pool's list of caches. pp_global_lock: thread's list. */
+  /* pool->reg_lock: pool's list of caches (newest first: seq falls along
+   * it, stats.c). pp_global_lock: thread's list. */
   struct pp_tcache *pool_prev, *pool_next;
+  uint64_t seq;
   struct pp_tcache *thr_next;
   /* Classes whose stack exists, largest first (owner only): what a shrink
    * or a flush walks instead of every class. */

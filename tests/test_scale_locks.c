@@ -21,6 +21,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -622,13 +623,168 @@ static void test_threads(void **state) {
   check_growth("threads: a free's and an allocation's peak sample", n, w, 0);
 }
 
+/* ---- Sums of every thread's counters ----------------------------------
+ * pinpool_get_stats, pinpool_reset_peak_stats and, with thread caches, a
+ * peak sample (once a thread took tcache_bytes from the central bins) add
+ * every thread's counters: that was one hold of reg_lock, which every
+ * thread's first allocation and its exit take. Now PP_STATS_PIECE (64)
+ * caches a hold (src/stats.c, "The sum in pieces"). */
+#define SUM_T 400
+static struct {
+  pinpool_t *pool;
+  pthread_t t[SUM_T];
+  sem_t go[SUM_T];
+  bool joined[SUM_T];
+  int calls;
+  uint64_t made_during; /* allocations by threads made between pieces */
+} sm;
+
+static void *sum_thread(void *arg) {
+  size_t i = (size_t)(uintptr_t)arg;
+  void *p[10];
+  for (int j = 0; j < 10; j++) /* into the cache, and out */
+    PP_OK(pinpool_alloc(sm.pool, 4 * KiB, &p[j]));
+  for (int j = 0; j < 10; j++)
+    PP_OK(pinpool_free(sm.pool, p[j]));
+  while (sem_wait(&sm.go[i]) != 0)
+    ;
+  return NULL;
+}
+
+static void *sum_brief(void *arg) {
+  (void)arg;
+  void *p;
+  PP_OK(pinpool_alloc(sm.pool, 4 * KiB, &p));
+  PP_OK(pinpool_free(sm.pool, p));
+  return NULL;
+}
+
+static void sum_start(size_t t) {
+  for (size_t i = 0; i < t; i++) {
+    PP_ASSERT(sem_init(&sm.go[i], 0, 0) == 0, "sem_init");
+    sm.joined[i] = false;
+    PP_ASSERT(
+        pthread_create(&sm.t[i], NULL, sum_thread, (void *)(uintptr_t)i) == 0,
+        "thread");
+  }
+}
+
+static void sum_end(size_t i) {
+  if (sm.joined[i])
+    return;
+  PP_ASSERT(sem_post(&sm.go[i]) == 0, "sem_post");
+  PP_ASSERT(pthread_join(sm.t[i], NULL) == 0, "join");
+  sm.joined[i] = true;
+}
+
+/* Each waits until its cache is made: its first allocation counted. */
+static void sum_wait_made(pinpool_t *pool, uint64_t allocs) {
+  for (;;) {
+    pinpool_stats_t st;
+    PP_OK(pinpool_get_stats(pool, &st));
+    if (st.requests.allocated >= allocs)
+      return;
+    usleep(1000);
+  }
+}
+
+static void test_sums(void **state) {
+  (void)state;
+  const size_t n[2] = {SUM_T / 10, SUM_T};
+  uint64_t w[2];
+  for (int r = 0; r < 2; r++) {
+    PP_OK(pinpool_create("backend=host,mlock=0,populate=0,tcache_bytes=65536",
+                         &sm.pool));
+    sum_start(n[r]);
+    sum_wait_made(sm.pool, 10 * n[r]);
+    (void)pp_lock_meter(&sm.pool->reg_lock, true);
+    pinpool_stats_t a, z;
+    PP_OK(pinpool_get_stats(sm.pool, &a));
+    PP_OK(pinpool_reset_peak_stats(sm.pool));
+    /* Past tcache_bytes from the central bins: peak samples. */
+    void *p[64];
+    for (int j = 0; j < 64; j++)
+      PP_OK(pinpool_alloc(sm.pool, 8 * KiB, &p[j]));
+    for (int j = 0; j < 64; j++)
+      PP_OK(pinpool_free(sm.pool, p[j]));
+    PP_OK(pinpool_get_stats(sm.pool, &z));
+    w[r] = pp_lock_meter(&sm.pool->reg_lock, false);
+    PP_ASSERT(a.requests.allocated == 10 * n[r] &&
+                  z.requests.allocated == 10 * n[r] + 64,
+              "%llu then %llu allocations counted, not %zu then %zu",
+              (unsigned long long)a.requests.allocated,
+              (unsigned long long)z.requests.allocated, 10 * n[r],
+              10 * n[r] + 64);
+    /* Sampled: never above the truth (docs/stats.md). */
+    PP_ASSERT(z.requests.peak >= 1 && z.requests.peak <= 64,
+              "requests peak %llu, 64 blocks at most",
+              (unsigned long long)z.requests.peak);
+    for (size_t i = 0; i < n[r]; i++)
+      sum_end(i);
+    pinpool_destroy(sm.pool);
+  }
+  check_growth("sums: get_stats, reset_peak_stats, a peak sample", n, w,
+               PP_STATS_PIECE);
+}
+
+/* Threads exit between the pieces of a sum: 8 of the newest (the head of
+ * the list, visited in the first piece) and 8 of the oldest (not visited
+ * yet), and 4 new threads come and go. The sum is exact: every operation
+ * that ended before the call, once (an exit's counters move to the
+ * exited threads' totals, which the sum read in its first hold); the new
+ * threads' are concurrent and not counted; the next sum counts them. */
+static void sum_pieces_hook(int point) {
+  if (point != PP_HOOK_STATS_PIECE || sm.calls++ != 0)
+    return;
+  for (size_t j = 0; j < 8; j++) {
+    sum_end(SUM_T - 1 - j);
+    sum_end(j);
+  }
+  for (int j = 0; j < 4; j++) {
+    pthread_t t;
+    PP_ASSERT(pthread_create(&t, NULL, sum_brief, NULL) == 0, "thread");
+    PP_ASSERT(pthread_join(t, NULL) == 0, "join");
+    sm.made_during++;
+  }
+}
+
+static void test_sum_pieces(void **state) {
+  (void)state;
+  PP_OK(pinpool_create("backend=host,mlock=0,populate=0,tcache_bytes=65536",
+                       &sm.pool));
+  sum_start(SUM_T);
+  sum_wait_made(sm.pool, 10 * SUM_T);
+  pinpool_stats_t a, z;
+  sm.calls = 0;
+  sm.made_during = 0;
+  atomic_store(&pp_test_hook, sum_pieces_hook);
+  PP_OK(pinpool_get_stats(sm.pool, &a));
+  atomic_store(&pp_test_hook, NULL);
+  PP_ASSERT(sm.calls >= 1, "the sum took one piece");
+  PP_OK(pinpool_get_stats(sm.pool, &z));
+  PP_ASSERT(a.requests.allocated == 10 * SUM_T &&
+                a.requests.freed == 10 * SUM_T,
+            "threads exited during the sum: %llu allocations and %llu frees "
+            "counted, not %d",
+            (unsigned long long)a.requests.allocated,
+            (unsigned long long)a.requests.freed, 10 * SUM_T);
+  PP_ASSERT(z.requests.allocated == 10 * SUM_T + sm.made_during,
+            "the next sum: %llu allocations counted, not %llu",
+            (unsigned long long)z.requests.allocated,
+            (unsigned long long)(10 * SUM_T + sm.made_during));
+  for (size_t i = 0; i < SUM_T; i++)
+    sum_end(i);
+  pinpool_destroy(sm.pool);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
-      cmocka_unit_test(test_lends),    cmocka_unit_test(test_lends_pieces),
-      cmocka_unit_test(test_returns),  cmocka_unit_test(test_reclaim_pieces),
-      cmocka_unit_test(test_captures), cmocka_unit_test(test_stacks),
-      cmocka_unit_test(test_record),   cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_lends),      cmocka_unit_test(test_lends_pieces),
+      cmocka_unit_test(test_returns),    cmocka_unit_test(test_reclaim_pieces),
+      cmocka_unit_test(test_captures),   cmocka_unit_test(test_sums),
+      cmocka_unit_test(test_sum_pieces), cmocka_unit_test(test_stacks),
+      cmocka_unit_test(test_record),     cmocka_unit_test(test_threads),
   };
   return pp_run_selected("test_scale_locks", all, sizeof all / sizeof all[0],
                          argc, argv);
