@@ -629,7 +629,7 @@ static void test_threads(void **state) {
  * every thread's counters: that was one hold of reg_lock, which every
  * thread's first allocation and its exit take. Now PP_STATS_PIECE (64)
  * caches a hold (src/stats.c, "The sum in pieces"). */
-#define SUM_T 400
+#define SUM_T 200
 static struct {
   pinpool_t *pool;
   pthread_t t[SUM_T];
