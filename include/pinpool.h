@@ -166,8 +166,13 @@ typedef struct pinpool_events {
  * pending. Also called once per process (a fork child's first is its own),
  * with PINPOOL_ELIMIT and block NULL, when backend=auto leaves memory it
  * meant to pin pageable (msg says why and how to raise RLIMIT_MEMLOCK;
- * possibly from inside pinpool_create or a grow_ahead thread). Must not
- * call back into the pool. */
+ * possibly from inside pinpool_create or a grow_ahead thread). It may
+ * call back into pinpool, as a backend or event provider function may:
+ * from inside any of them pinpool never waits for another thread, and
+ * pinpool_validate (always), pinpool_synchronize (events still held by
+ * other polls) and a thread's first call on a pool during a fork fail
+ * with PINPOOL_EBUSY (docs/api.md, "Calling pinpool from a callback").
+ * Not pinpool_destroy of the pool, nor fork(). */
 typedef void (*pinpool_error_fn)(void *arg, int err, const char *msg,
                                  void *block);
 

@@ -16,11 +16,11 @@
 
 #include <stdlib.h>
 
-static inline pp_tcache_t *tcache_get(pinpool_t *pool) {
+static inline pp_tcache_t *tcache_get(pinpool_t *pool, int *err) {
   pp_tls_way_t *w = pp_tls_way(pool->id);
   if (pp_likely(w->pool_id == pool->id))
     return w->tc;
-  return pp_tcache_get_slow(pool);
+  return pp_tcache_get_slow(pool, err);
 }
 
 /* First use of a class in this thread: size its stack so that one class
@@ -396,9 +396,10 @@ __attribute__((noinline)) static int alloc_general(pinpool_t *pool, size_t size,
   if (pp_unlikely(pool->forked_cuda))
     return pp_fail(PINPOOL_EFORKED,
                    "pinpool_alloc: a CUDA or shared pool in a child of fork");
-  pp_tcache_t *tc = tcache_get(pool);
+  int err = 0;
+  pp_tcache_t *tc = tcache_get(pool, &err);
   if (tc == NULL)
-    return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
+    return err;
   unsigned cls = pp_class_index(size);
   pp_tbin_t *b = &tc->bins[cls];
   int rc;
@@ -707,9 +708,10 @@ __attribute__((noinline)) static int free_general(pinpool_t *pool, void *ptr,
                    ptr);
   /* The cache only now, so that a pointer that is not ours creates
    * nothing; but before the state flips, after which we must not fail. */
-  pp_tcache_t *tc = tcache_get(pool);
+  int err = 0;
+  pp_tcache_t *tc = tcache_get(pool, &err);
   if (tc == NULL)
-    return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
+    return err;
   pp_busy_enter(); /* fork.c: a fork waits until we leave */
   rc = free_claimed(pool, tc, ptr, seg, idx, ra);
   pp_busy_leave();

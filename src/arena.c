@@ -78,11 +78,18 @@ static void reserved_counted(pinpool_t *pool, size_t n) {
  *    claim from the hold that takes it out to the backend call that gives
  *    it back. Neither is in the arena, so the retry could release neither,
  *    and an allocation that fits without grow-ahead, or once the release
- *    is done, failed. The retry waits for them (pool->arena.settling):
+ *    is done, failed. The retry waits for them (pool->arena.claims):
  *    each ends after a backend call, with no lock held by its thread that
- *    the waiter could hold (the waiter holds none), and a thread never
- *    waits for its own (tls_settling: a callback from the grower's backend
- *    call that allocates).
+ *    the waiter could hold (the waiter holds none). Only for those in
+ *    flight when it comes (tickets): claims that begin meanwhile do not
+ *    extend the wait (issue 37, fourth review, D6: beside three threads
+ *    releasing in turn, an allocation the cap refused waited 3 s, as long
+ *    as they ran, for a count that new claims kept up). Never from inside
+ *    a callout (base.h, pp_callout): a backend call that allocates, its
+ *    own thread's claim in flight (the grower's), or another's release
+ *    whose backend free allocates too (D2: two empty_cache whose frees
+ *    each waited for the other's claim); there the retry decides with
+ *    what it sees.
  *  - Whether a release can help. The thread's last failed growth (need
  *    bytes on node, refused by the cap or by the backend: tls_miss). If
  *    the cap refused it and even every whole free chunk released would
@@ -96,46 +103,94 @@ static _Thread_local struct {
   unsigned node;
   bool cap, set;
 } tls_miss;
-static _Thread_local bool tls_capped;       /* backend_alloc's last refusal */
-static _Thread_local uint64_t tls_settling; /* this thread's, in flight */
-/* This thread is inside a growth's backend call (grow_take,
- * pp_arena_grow_ahead): a miss it makes from there (a backend callback
- * that allocates from the pool) never joins a growth in flight, which
- * could be its own thread's: it would wait for itself (issue 37, third
- * review, re-entry). */
-static _Thread_local unsigned tls_growing;
+static _Thread_local bool tls_capped; /* backend_alloc's last refusal */
 
 /* Caller holds seg_lock: the retry's hold that finds no room sees either
- * the chunk or its count. */
-static void settle_begin(pinpool_t *pool) {
-  pp_fetch_add_relaxed(&pool->arena.settling, 1);
-  tls_settling++;
+ * the chunk or its claim. From here to settle_end the thread is in a
+ * callout (PP_CO_CLAIM): whatever it calls meanwhile (its backend call,
+ * a test hook) never waits for claims, its own among them. */
+static void settle_begin(pinpool_t *pool, pp_claim_t *c) {
+  pp_arena_t *ar = &pool->arena;
+  (void)pthread_mutex_lock(&ar->settle_mu);
+  c->ticket = ++ar->claim_seq;
+  c->owner = &pp_callout;
+  c->next = NULL;
+  c->prev = ar->claims_tail;
+  if (ar->claims_tail != NULL)
+    ar->claims_tail->next = c;
+  else
+    ar->claims = c;
+  ar->claims_tail = c;
+  (void)pthread_mutex_unlock(&ar->settle_mu);
+  c->co_prev = pp_callout_enter(PP_CO_CLAIM);
 }
 
-static void settle_end(pinpool_t *pool) {
-  tls_settling--;
-  (void)pthread_mutex_lock(&pool->arena.settle_mu);
-  pp_fetch_sub_relaxed(&pool->arena.settling, 1);
-  (void)pthread_cond_broadcast(&pool->arena.settle_cv);
-  (void)pthread_mutex_unlock(&pool->arena.settle_mu);
+static void settle_end(pinpool_t *pool, pp_claim_t *c) {
+  pp_arena_t *ar = &pool->arena;
+  pp_callout_leave(c->co_prev);
+  (void)pthread_mutex_lock(&ar->settle_mu);
+  if (c->prev != NULL)
+    c->prev->next = c->next;
+  else
+    ar->claims = c->next;
+  if (c->next != NULL)
+    c->next->prev = c->prev;
+  else
+    ar->claims_tail = c->prev;
+  (void)pthread_cond_broadcast(&ar->settle_cv);
+  (void)pthread_mutex_unlock(&ar->settle_mu);
 }
 
-/* No lock held. */
+/* The oldest claim is at or below `upto`. settle_mu held. */
+static bool settle_older(const pp_arena_t *ar, uint64_t upto) {
+  return ar->claims != NULL && ar->claims->ticket <= upto;
+}
+
+/* No lock held. Waits for the claims in flight now, none begun later. */
 static void settle_wait(pinpool_t *pool) {
-  if (pp_load_relaxed(&pool->arena.settling) <= tls_settling)
+  pp_arena_t *ar = &pool->arena;
+  if (pp_in_callout())
+    return;
+  (void)pthread_mutex_lock(&ar->settle_mu);
+  uint64_t upto = ar->claim_seq;
+#ifdef PINPOOL_MUTANT_SETTLE_COUNT
+  /* Logic mutant (docs/verification.md): wait until no claim at all is in
+   * flight, new ones included (D6); test_reenter_matrix settle_tickets
+   * must fail. */
+  upto = UINT64_MAX;
+#endif
+  bool wait = settle_older(ar, upto);
+  (void)pthread_mutex_unlock(&ar->settle_mu);
+  if (!wait)
     return;
   pp_hook(PP_HOOK_RETRY_SETTLE);
-  (void)pthread_mutex_lock(&pool->arena.settle_mu);
-  while (pp_load_relaxed(&pool->arena.settling) > tls_settling)
-    (void)pthread_cond_wait(&pool->arena.settle_cv, &pool->arena.settle_mu);
-  (void)pthread_mutex_unlock(&pool->arena.settle_mu);
+  (void)pthread_mutex_lock(&ar->settle_mu);
+  while (settle_older(ar, upto))
+    (void)pthread_cond_wait(&ar->settle_cv, &ar->settle_mu);
+  (void)pthread_mutex_unlock(&ar->settle_mu);
 }
 
 void pp_arena_miss_clear(void) { tls_miss.set = false; }
 
 void pp_arena_fork_child(pinpool_t *pool) {
-  pp_store_relaxed(&pool->arena.settling, 0);
-  tls_settling = 0;
+  /* Only the forking thread survived: its own claims stay (a fork from
+   * inside its backend call), in their order. */
+  pp_arena_t *ar = &pool->arena;
+  pp_claim_t *keep = NULL, *tail = NULL;
+  for (pp_claim_t *c = ar->claims; c != NULL; c = c->next) {
+    if (c->owner != &pp_callout)
+      continue;
+    c->prev = tail;
+    if (tail != NULL)
+      tail->next = c;
+    else
+      keep = c;
+    tail = c;
+  }
+  if (tail != NULL)
+    tail->next = NULL;
+  ar->claims = keep;
+  ar->claims_tail = tail;
   (void)pthread_mutex_init(&pool->arena.settle_mu, NULL);
   (void)pthread_cond_init(&pool->arena.settle_cv, NULL);
 }
@@ -221,6 +276,7 @@ static int backend_alloc(pinpool_t *pool, unsigned node, void *hint,
   char saved[256];
   pp_error_save(saved, sizeof saved);
   bool injected = pp_fault_hit(&pool->cfg, PP_FAULT_ALLOC);
+  unsigned co = pp_callout_enter(PP_CO_BACKEND_ALLOC);
   int rc = injected ? pp_fail(PINPOOL_ENOMEM,
                               "backend '%s': injected failure of "
                               "an allocation of %zu bytes",
@@ -230,6 +286,7 @@ static int backend_alloc(pinpool_t *pool, unsigned node, void *hint,
            : hint != NULL && pool->prov.alloc_at != NULL
                ? pool->prov.alloc_at(pool->prov.ctx, hint, size, mem, flags)
                : pool->prov.alloc(pool->prov.ctx, size, mem, flags);
+  pp_callout_leave(co);
   if (rc != 0 && !injected &&
       pin_fallback(pool, place, size, saved, mem, flags))
     rc = 0;
@@ -237,10 +294,13 @@ static int backend_alloc(pinpool_t *pool, unsigned node, void *hint,
                    t0);
   if (rc == 0 && (uintptr_t)*mem + size > ((uintptr_t)1 << PP_MAP_ADDR_BITS)) {
     /* Segments carved from it could never be mapped (segmap.c). */
-    if (*flags & PP_SEG_FALLBACK)
+    if (*flags & PP_SEG_FALLBACK) {
       pp_host_unmap(&pool->cfg, *mem, size);
-    else
+    } else {
+      co = pp_callout_enter(PP_CO_BACKEND_FREE);
       pool->prov.free(pool->prov.ctx, *mem, size);
+      pp_callout_leave(co);
+    }
     rc = pp_fail(PINPOOL_EBACKEND,
                  "backend '%s' returned %p (%zu bytes), beyond 2^48",
                  pool->prov.name, *mem, size);
@@ -268,7 +328,9 @@ static void backend_free(pinpool_t *pool, void *mem, size_t size,
     pp_host_unmap(&pool->cfg, mem, size); /* never the driver's: pin_fallback */
     pp_fetch_sub_relaxed(&pool->gs.fallback_bytes, size);
   } else {
+    unsigned co = pp_callout_enter(PP_CO_BACKEND_FREE);
     pool->prov.free(pool->prov.ctx, mem, size);
+    pp_callout_leave(co);
   }
   pp_backend_timed(&pool->gs.bf_count, &pool->gs.bf_total, &pool->gs.bf_max,
                    t0);
@@ -438,7 +500,12 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
   if (p != NULL)
     pp_grow_carved_locked(pool, node, need); /* growahead.c: hits */
 #ifndef PINPOOL_MUTANT_GROW_NO_JOIN
-  if (p == NULL && may_join && tls_growing == 0 &&
+  /* Never from inside a callout (base.h): the growth joined could be
+   * this thread's own (a backend alloc that allocates), or one whose
+   * backend call waits for what this thread's caller holds (D5: a query
+   * that allocates joined a growth whose backend alloc polled, and that
+   * full poll waited for the query). */
+  if (p == NULL && may_join && !pp_in_callout() &&
       (join = inflight_find_locked(pool, node, need)) != NULL &&
       sem_init(&w.done, 0, 0) == 0) {
     join->room -= need;
@@ -473,9 +540,7 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
     pp_bg_restart(pool);
   void *cmem = NULL;
   unsigned cflags = 0;
-  tls_growing++;
   int rc = backend_alloc(pool, node, hint, size, &cmem, &cflags);
-  tls_growing--;
   if (rc != 0) {
     tls_miss.need = need; /* the retry's plan (pp_arena_retry_plan) */
     tls_miss.node = node;
@@ -674,13 +739,14 @@ unsigned pp_arena_release(pinpool_t *pool, uint64_t budget) {
     void *base;
     size_t size;
     unsigned flags;
+    pp_claim_t claim;
     pp_mutex_lock(&pool->seg_lock);
     bool ok = pp_ext_remove_free_chunk(&a->ext, PP_SEG_FROM_RESERVE, &base,
                                        &size, &flags);
     if (ok) {
       pp_store_relaxed(&a->total, a->ext.total_bytes);
-      pool->grow.releases++; /* growahead.c: a release pauses the grower */
-      settle_begin(pool);    /* its claim until backend_free */
+      pool->grow.releases++;      /* growahead.c: a release pauses the grower */
+      settle_begin(pool, &claim); /* its claim until backend_free */
     }
     pp_mutex_unlock(&pool->seg_lock);
     if (!ok) {
@@ -693,7 +759,7 @@ unsigned pp_arena_release(pinpool_t *pool, uint64_t budget) {
      * whose SEGMENT_ALLOC must come after this in the history. */
     pp_hist_event(pool, PP_H_SEGMENT_FREE, (uintptr_t)base, size, 0, 0, NULL);
     backend_free(pool, base, size, flags);
-    settle_end(pool);
+    settle_end(pool, &claim);
     got += size;
     n++;
   }
@@ -773,6 +839,7 @@ int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
   /* In flight from this hold on: a miss meanwhile waits for this chunk
    * rather than grow one of its own (grow_take). */
   pp_growth_t self = {node, size, NULL, NULL, true};
+  pp_claim_t claim;
   pp_mutex_lock(&pool->seg_lock);
   /* An allocation's growth in flight: its chunk's free tail is not in the
    * room the grower read, and the two chunks together could pass a cap
@@ -785,19 +852,17 @@ int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
   void *hint = below_lowest_locked(pool, a, size);
   self.next = pool->grow.inflight;
   pool->grow.inflight = &self;
-  settle_begin(pool); /* its claim, until the chunk is in the arena */
+  settle_begin(pool, &claim); /* its claim, until the chunk is in the arena */
   pp_mutex_unlock(&pool->seg_lock);
   void *cmem = NULL;
   unsigned cflags = 0;
-  tls_growing++;
   int rc = backend_alloc(pool, node, hint, size, &cmem, &cflags);
-  tls_growing--;
   if (rc != 0) {
     pp_mutex_lock(&pool->seg_lock);
     pp_growth_wait_t *ws = inflight_end_locked(pool, &self, false);
     pp_mutex_unlock(&pool->seg_lock);
     inflight_wake(ws);
-    settle_end(pool);
+    settle_end(pool, &claim);
     return rc;
   }
   pp_hook(PP_HOOK_GROW_AHEAD);
@@ -823,7 +888,7 @@ int pp_arena_grow_ahead(pinpool_t *pool, unsigned node, size_t need,
   inflight_wake(ws);
   if (lost || rc != 0)
     backend_free(pool, cmem, size, cflags);
-  settle_end(pool);
+  settle_end(pool, &claim);
   if (lost)
     return 2;
   if (rc != 0)
@@ -845,6 +910,7 @@ size_t pp_arena_shed(pinpool_t *pool, unsigned node, uint64_t most,
   void *base = NULL;
   size_t size = 0;
   unsigned flags = 0;
+  pp_claim_t claim;
   pp_mutex_lock(&pool->seg_lock);
   bool ok = inflight_find_locked(pool, node, 0) == NULL &&
             pp_ext_remove_free_chunk(&a->ext, PP_SEG_FROM_RESERVE, &base, &size,
@@ -858,7 +924,7 @@ size_t pp_arena_shed(pinpool_t *pool, unsigned node, uint64_t most,
     pp_store_relaxed(&a->total, a->ext.total_bytes);
     pp_grow_node_t *g = &pool->grow.node[node];
     g->unused -= g->unused < size ? g->unused : size;
-    settle_begin(pool); /* its claim until backend_free, as a release's */
+    settle_begin(pool, &claim); /* until backend_free, as a release's */
   }
   pp_mutex_unlock(&pool->seg_lock);
   if (!ok)
@@ -866,7 +932,7 @@ size_t pp_arena_shed(pinpool_t *pool, unsigned node, uint64_t most,
   pp_hook(PP_HOOK_GROW_SHED);
   pp_hist_event(pool, PP_H_SEGMENT_FREE, (uintptr_t)base, size, 0, 0, NULL);
   backend_free(pool, base, size, flags);
-  settle_end(pool);
+  settle_end(pool, &claim);
   pp_fetch_add_relaxed(&pool->gs.trimmed, 1);
   return size;
 }

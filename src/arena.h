@@ -175,10 +175,23 @@ typedef struct pp_arena {
    * that takes it out and the backend call that drops its claim. Each in
    * a busy section, so none at a fork. An allocation's retry waits for
    * them (settle_cv, under settle_mu) before it decides what to release. */
-  pp_counter_t settling;
+  /* Listed in the order they began (tickets), under settle_mu; a waiter
+   * waits only for those listed when it came (issue 37, fourth review,
+   * D6: new claims kept a count of them up for as long as other threads
+   * released). */
+  struct pp_claim *claims, *claims_tail;
+  uint64_t claim_seq; /* the last ticket given */
   pthread_mutex_t settle_mu;
   pthread_cond_t settle_cv;
 } pp_arena_t;
+/* A claim in flight: on its thread's stack, from settle_begin to
+ * settle_end (arena.c). */
+typedef struct pp_claim {
+  uint64_t ticket;
+  struct pp_claim *prev, *next;
+  const void *owner; /* its thread's &pp_callout (a fork keeps its own) */
+  unsigned co_prev;  /* pp_callout_enter's */
+} pp_claim_t;
 struct pinpool;
 /* At create: the reserve chunk, if configured. */
 int pp_arena_init(struct pinpool *pool);

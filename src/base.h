@@ -127,6 +127,14 @@ static inline void pp_mutex_lock(pp_mutex_t *m) {
   pp_store_relaxed(&m->owner, (unsigned long)pthread_self());
 #endif
 }
+static inline bool pp_mutex_trylock(pp_mutex_t *m) {
+  if (pthread_mutex_trylock(&m->m) != 0)
+    return false;
+#if PINPOOL_DEBUG >= 1
+  pp_store_relaxed(&m->owner, (unsigned long)pthread_self());
+#endif
+  return true;
+}
 static inline void pp_mutex_unlock(pp_mutex_t *m) {
 #if PINPOOL_DEBUG >= 1
   pp_store_relaxed(&m->owner, 0);
@@ -238,6 +246,59 @@ static inline void pp_hook(int point) {
   if (pp_unlikely(f != NULL))
     f(point);
 }
+
+/* ---- Callouts: user code run from inside pinpool ------------------------
+ * One thread-local record (issue 37, fourth review): how deep this thread
+ * is in code pinpool calls out to (a backend's alloc and free, an event
+ * provider's record, query, synchronize, release and destroy, the error
+ * callback), or in a max_reserved claim of its own (arena.c: the span
+ * from a chunk's claim to its backend call's end). Raised around every
+ * such call, on every path; a callout nests (a backend free that allocates
+ * from a pool whose backend alloc runs).
+ *
+ * The rule it enforces: from inside a callout, pinpool never waits for
+ * another thread. Each wait the library adds for another thread (a miss
+ * joining a growth in flight, the out-of-memory retry's wait for claims, a
+ * full poll's wait for a querier, validate's hold on the background
+ * thread, synchronize's sleep for progress, the thread record's
+ * pp_global_lock inside a busy section) is skipped there, or fails with
+ * PINPOOL_EBUSY where skipping would break what the call promises
+ * (docs/api.md, "Calling pinpool from a callback"). The thread that waits
+ * could be the one the callout's caller must come back to, or one that
+ * waits for that caller (the cycles of rev37d's v1-v5). */
+enum {
+  PP_CO_NONE = 0,
+  PP_CO_BACKEND_ALLOC,
+  PP_CO_BACKEND_FREE,
+  PP_CO_EV_RECORD,
+  PP_CO_EV_QUERY,
+  PP_CO_EV_SYNC,
+  PP_CO_EV_RELEASE,
+  PP_CO_EV_DESTROY,
+  PP_CO_ON_ERROR,
+  PP_CO_CLAIM, /* no user code: this thread holds a reservation claim */
+};
+typedef struct pp_callout {
+  unsigned depth; /* nested callouts */
+  unsigned kind;  /* the innermost's PP_CO_* */
+} pp_callout_t;
+extern _Thread_local pp_callout_t pp_callout PP_TLS_MODEL;
+/* Returns the enclosing kind, for pp_callout_leave. */
+static inline unsigned pp_callout_enter(unsigned kind) {
+  unsigned prev = pp_callout.kind;
+  pp_callout.depth++;
+  pp_callout.kind = kind;
+  return prev;
+}
+static inline void pp_callout_leave(unsigned prev) {
+  pp_callout.depth--;
+  pp_callout.kind = prev;
+}
+static inline bool pp_in_callout(void) { return pp_callout.depth != 0; }
+/* "a backend free callback" and the like: the innermost callout. */
+const char *pp_callout_name(void);
+/* PINPOOL_EBUSY, with a message naming `what` and the callout. */
+int pp_callout_refuse(const char *what);
 
 /* ---- Errors (error.c) ----------------------------------------------------
  * pp_fail records a message for pinpool_last_error() and returns `code`. */

@@ -579,7 +579,9 @@ void pp_pin_warn(const pp_config_t *cfg, const char *fmt, ...) {
   va_start(ap, fmt);
   (void)vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  unsigned co = pp_callout_enter(PP_CO_ON_ERROR);
   w->on_error(w->error_arg, PINPOOL_ELIMIT, msg, NULL);
+  pp_callout_leave(co);
 }
 
 /* A number from /proc/self/status's line `key` ("VmLck:\t  12 kB" in kB,

@@ -15,6 +15,39 @@ static _Thread_local char tls_last_error[256];
 
 const char *pinpool_version(void) { return PINPOOL_VERSION_STRING; }
 
+_Thread_local pp_callout_t pp_callout PP_TLS_MODEL;
+
+const char *pp_callout_name(void) {
+  switch (pp_callout.kind) {
+  case PP_CO_BACKEND_ALLOC:
+    return "a backend alloc callback";
+  case PP_CO_BACKEND_FREE:
+    return "a backend free callback";
+  case PP_CO_EV_RECORD:
+    return "an event provider's record";
+  case PP_CO_EV_QUERY:
+    return "an event provider's query";
+  case PP_CO_EV_SYNC:
+    return "an event provider's synchronize";
+  case PP_CO_EV_RELEASE:
+    return "an event provider's release";
+  case PP_CO_EV_DESTROY:
+    return "an event provider's destroy";
+  case PP_CO_ON_ERROR:
+    return "the error callback";
+  default:
+    return "a backend call's reservation";
+  }
+}
+
+int pp_callout_refuse(const char *what) {
+  return pp_fail(PINPOOL_EBUSY,
+                 "%s: called from inside %s, where it would wait for "
+                 "another thread (docs/api.md, \"Calling pinpool from a "
+                 "callback\")",
+                 what, pp_callout_name());
+}
+
 const char *pinpool_strerror(int err) {
   switch (err) {
   case PINPOOL_OK:

@@ -273,9 +273,11 @@ int pinpool_empty_cache(pinpool_t *pool) {
   /* The cache before the busy section: finding it may take pp_global_lock,
    * which a fork holds while it waits for busy sections. */
   pp_tls_way_t *w = pp_tls_way(pool->id);
-  pp_tcache_t *tc = w->pool_id == pool->id ? w->tc : pp_tcache_get_slow(pool);
+  int err = 0;
+  pp_tcache_t *tc =
+      w->pool_id == pool->id ? w->tc : pp_tcache_get_slow(pool, &err);
   if (tc == NULL)
-    return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
+    return err;
   /* A busy section (fork.c): draining the hot slots and releasing idle
    * segments move segments between lists and counters without one lock
    * held throughout, which no child may inherit half done. */

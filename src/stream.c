@@ -74,12 +74,31 @@ typedef struct pp_qtab {
  * at a bounded number of queues, however many hold events). */
 _Thread_local uint64_t pp_queue_polls PP_TLS_MODEL;
 
-/* This thread is inside a provider's query or synchronize (process): a
- * full poll it makes from there (the provider calls process_events)
- * waits for no other poller. It could be waiting for itself (its own
- * queue is marked polled), or for a thread whose own query waits for
- * this one's. */
-static _Thread_local unsigned tls_in_poll PP_TLS_MODEL;
+/* The provider's calls, each a callout (base.h, pp_callout): whatever
+ * the provider calls from there never waits for another thread. */
+static int ev_record(pinpool_t *pool, pinpool_stream_t s, void **ev) {
+  unsigned co = pp_callout_enter(PP_CO_EV_RECORD);
+  int rc = pool->ev.record(pool->ev.ctx, s, ev);
+  pp_callout_leave(co);
+  return rc;
+}
+static int ev_query(pinpool_t *pool, void *ev) {
+  unsigned co = pp_callout_enter(PP_CO_EV_QUERY);
+  int rc = pool->ev.query(pool->ev.ctx, ev);
+  pp_callout_leave(co);
+  return rc;
+}
+static int ev_sync(pinpool_t *pool, void *ev) {
+  unsigned co = pp_callout_enter(PP_CO_EV_SYNC);
+  int rc = pool->ev.synchronize(pool->ev.ctx, ev);
+  pp_callout_leave(co);
+  return rc;
+}
+static void ev_release(pinpool_t *pool, void *ev) {
+  unsigned co = pp_callout_enter(PP_CO_EV_RELEASE);
+  pool->ev.release(pool->ev.ctx, ev);
+  pp_callout_leave(co);
+}
 
 static size_t qhash(pinpool_stream_t s, size_t nb) {
   uint64_t x = (uint64_t)s * 0x9e3779b97f4a7c15u;
@@ -433,8 +452,11 @@ static void live_done(pinpool_t *pool) {
 /* Count an error of `block`'s events and tell the error callback. */
 static void report_error_at(pinpool_t *pool, int err, void *block) {
   pp_fetch_add_relaxed(&pool->ev_errors, 1);
-  if (pool->on_error != NULL)
+  if (pool->on_error != NULL) {
+    unsigned co = pp_callout_enter(PP_CO_ON_ERROR);
     pool->on_error(pool->error_arg, err, pinpool_last_error(), block);
+    pp_callout_leave(co);
+  }
 }
 
 static void *pending_block(const pp_pending_t *p) {
@@ -620,9 +642,9 @@ static void wait_here(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
   }
   for (uint32_t i = 0; i < n; i++) {
     void *ev = NULL;
-    if (pool->ev.record(pool->ev.ctx, pp_sset_at(set, i)->s, &ev) == 0) {
-      (void)pool->ev.synchronize(pool->ev.ctx, ev);
-      pool->ev.release(pool->ev.ctx, ev);
+    if (ev_record(pool, pp_sset_at(set, i)->s, &ev) == 0) {
+      (void)ev_sync(pool, ev);
+      ev_release(pool, ev);
     }
   }
   pp_tentry_t e = {block, seg, bs, idx};
@@ -712,7 +734,7 @@ static void start_events(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set,
     int rc = pp_fault_hit(&pool->cfg, PP_FAULT_RECORD)
                  ? pp_fail(PINPOOL_EDEVICE, "injected failure of an event "
                                             "record")
-                 : pool->ev.record(pool->ev.ctx, stream, &ev);
+                 : ev_record(pool, stream, &ev);
     pp_qitem_t *it = rc == 0 ? &p->items[i] : NULL;
     if (it != NULL) {
       *it = (pp_qitem_t){ev, p, NULL, 0};
@@ -725,7 +747,7 @@ static void start_events(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set,
     }
     if (it == NULL) {
       if (rc == 0)
-        pool->ev.release(pool->ev.ctx, ev);
+        ev_release(pool, ev);
       if (rc == 0)
         rc = pp_fail(PINPOOL_ENOMEM, "pinpool_free: out of memory for an "
                                      "event");
@@ -820,7 +842,7 @@ static void finish(pinpool_t *pool, pp_qitem_t *done) {
     done = it->next;
     int r = it->event_result;
     pp_pending_t *p = it->p;
-    pool->ev.release(pool->ev.ctx, it->event);
+    ev_release(pool, it->event);
     if (r == 1)
       pp_fetch_add_relaxed(&pool->ev_completed, 1);
     else
@@ -888,7 +910,7 @@ static void process(pinpool_t *pool, unsigned budget, bool wait, size_t nq) {
       q = next;
       continue;
     }
-    if (full && it != NULL && q->polling == 1 && tls_in_poll == 0 &&
+    if (full && it != NULL && q->polling == 1 && !pp_in_callout() &&
         (q->poller_busy || pp_load_relaxed(&pp_tls.busy) == 0)) {
       /* Another thread queries its head: a miss (which stops at its
        * budget, PP_MISS_BUDGET) or another full poll. Wait for that query
@@ -906,7 +928,10 @@ static void process(pinpool_t *pool, unsigned budget, bool wait, size_t nq) {
        * poller is a full poll itself (process_events, the background
        * thread), which drains the queue; a miss is always inside an
        * allocation's section, so empty_cache still waits for a miss. Nor
-       * from inside a provider's call (tls_in_poll). docs/streams.md. */
+       * from inside a callout (base.h, pp_callout): a provider's query
+       * (its own queue's poller could be itself, or wait for it), a
+       * backend call (whose caller's query may be what it would wait
+       * for: issue 37, fourth review, D5), any. docs/streams.md. */
       q->wanted++;
       atomic_fetch_add(&pool->sync_waiters, 1); /* seq_cst: progress() */
       pthread_mutex_lock(&pool->sync_mu);
@@ -942,12 +967,10 @@ static void process(pinpool_t *pool, unsigned budget, bool wait, size_t nq) {
       pp_busy_leave();
     done = NULL;
     done_busy = false;
-    tls_in_poll++;
-    int r = wait ? pool->ev.synchronize(pool->ev.ctx, it->event)
+    int r = wait ? ev_sync(pool, it->event)
             : pp_fault_hit(&pool->cfg, PP_FAULT_QUERY)
                 ? pp_fail(PINPOOL_EDEVICE, "injected failure of an event query")
-                : pool->ev.query(pool->ev.ctx, it->event);
-    tls_in_poll--;
+                : ev_query(pool, it->event);
     if (wait && r == 0)
       r = 1;
     /* From taking a resolved item off its queue to caching its block (in
@@ -1014,6 +1037,23 @@ int pinpool_synchronize(pinpool_t *pool) {
     return pp_fail(PINPOOL_EINVAL, "pinpool_synchronize: pool is NULL");
   if (!pool->has_events)
     return 0;
+  if (pp_in_callout()) {
+    /* One pass that synchronizes every head no other poll holds, and no
+     * sleep for other threads' progress: the head this thread's own
+     * query holds (a query that synchronizes) would never complete, and
+     * another poller may wait for this thread's caller. What is left is
+     * PINPOOL_EBUSY: the promise (nothing pending) is not kept. */
+    process(pool, UINT32_MAX, true, 0);
+    uint64_t left = atomic_load(&pool->pending_live);
+    if (left != 0)
+      return pp_fail(PINPOOL_EBUSY,
+                     "pinpool_synchronize: called from inside %s, %llu "
+                     "block(s) still pending on events other polls hold "
+                     "(it would wait for another thread: docs/api.md, "
+                     "\"Calling pinpool from a callback\")",
+                     pp_callout_name(), (unsigned long long)left);
+    return 0;
+  }
   /* A waiter from the start: progress made by others during a pass below
    * bumps sync_gen, so it is not slept through. */
   atomic_fetch_add(&pool->sync_waiters, 1);
@@ -1142,7 +1182,7 @@ void pp_streams_fini(pinpool_t *pool) {
     for (pp_qitem_t *it = q->head, *n2; it != NULL; it = n2) {
       n2 = it->next;
       pp_pending_t *p = it->p;
-      pool->ev.release(pool->ev.ctx, it->event);
+      ev_release(pool, it->event);
       if (atomic_fetch_sub_explicit(&p->remaining, 1, memory_order_acq_rel) ==
           1)
         free(p);
@@ -1214,13 +1254,13 @@ void pp_bg_hold(pinpool_t *pool, bool on) {
   pthread_mutex_lock(&pool->bg_mutex);
   if (on) {
     pool->bg_held++;
-    /* A validate from the background thread's own pass (a callback it
-     * runs) must not wait for that pass. */
-    bool own =
-        pool->bg_running && pthread_equal(pool->bg_thread, pthread_self());
-    if (pool->bg_in_pass && !own)
+    /* Never from inside a callout (pinpool_validate refuses there): the
+     * background thread's own pass runs only library code and callouts,
+     * so this is never that thread, and no pass waits for this one. */
+    pp_assert(!pp_in_callout());
+    if (pool->bg_in_pass)
       pp_hook(PP_HOOK_VALIDATE_HOLD);
-    while (pool->bg_in_pass && !own)
+    while (pool->bg_in_pass)
       (void)pthread_cond_wait(&pool->bg_cond, &pool->bg_mutex);
   } else if (--pool->bg_held == 0) {
     (void)pthread_cond_broadcast(&pool->bg_cond);

@@ -295,7 +295,39 @@ static void make_key(void) {
   (void)pthread_key_create(&thread_key, thread_exit);
 }
 
-pp_thread_t *pp_thread_get(void) {
+/* pp_global_lock, for a thread record or a cache. Outside a busy section
+ * a fork holding it is waited for. Inside one (a callout from it: the
+ * exit trim's backend free, a backend alloc, a query, that calls a pool
+ * this thread has no cache of, or has no record any more) it is not: the
+ * forker holds the lock while it waits for this very section to end
+ * (issue 37, fourth review, D3). It is then refused (false), and the
+ * call fails with PINPOOL_EBUSY, changing nothing. The gate is up only
+ * while a forker holds the lock, so a refusal is always such a fork. */
+static bool global_lock_busy(void) {
+  if (pp_load_relaxed(&pp_tls.busy) != 0) {
+    for (unsigned spins = 0; !pp_mutex_trylock(&pp_global_lock); spins++) {
+      if (pp_load_acquire(&pp_fork_gate) != 0)
+        return false;
+      if (spins > 64)
+        (void)sched_yield();
+    }
+    return true;
+  }
+  pp_mutex_lock(&pp_global_lock);
+  return true;
+}
+
+static int refused(const char *what) {
+  return pp_fail(PINPOOL_EBUSY,
+                 "%s: called from %s inside a busy section, which a fork "
+                 "waits for, and the thread has no %s to use meanwhile "
+                 "(docs/api.md, \"Calling pinpool from a callback\")",
+                 what, pp_in_callout() ? pp_callout_name() : "pinpool",
+                 pp_tls.thr == NULL ? "record" : "cache of this pool");
+}
+
+/* pp_thread_get; *busy_refused set when a fork refused it (above). */
+static pp_thread_t *thread_get(bool *busy_refused) {
   pp_thread_t *thr = pp_tls.thr;
   if (thr != NULL)
     return thr;
@@ -308,7 +340,12 @@ pp_thread_t *pp_thread_get(void) {
     return NULL;
   }
   thr->tls = &pp_tls;
-  pp_mutex_lock(&pp_global_lock);
+  if (!global_lock_busy()) {
+    (void)pthread_setspecific(thread_key, NULL);
+    free(thr);
+    *busy_refused = true;
+    return NULL;
+  }
   thr->next = threads;
   if (threads != NULL)
     threads->prev = thr;
@@ -316,6 +353,11 @@ pp_thread_t *pp_thread_get(void) {
   pp_mutex_unlock(&pp_global_lock);
   pp_tls.thr = thr;
   return thr;
+}
+
+pp_thread_t *pp_thread_get(void) {
+  bool busy_refused = false;
+  return thread_get(&busy_refused);
 }
 
 /* (id, tc) into its way; the pair there goes to a victim slot (round
@@ -329,7 +371,7 @@ static void tls_install(uint64_t id, pp_tcache_t *tc) {
   *w = (pp_tls_way_t){id, tc};
 }
 
-pp_tcache_t *pp_tcache_get_slow(pinpool_t *pool) {
+pp_tcache_t *pp_tcache_get_slow(pinpool_t *pool, int *err) {
   /* The victims first: no lock, no shared write. Found: swapped with the
    * pair in its way. */
   for (unsigned i = 0; i < PP_TLS_VICTIMS; i++) {
@@ -340,10 +382,14 @@ pp_tcache_t *pp_tcache_get_slow(pinpool_t *pool) {
       return found.tc;
     }
   }
-  pp_thread_t *thr = pp_thread_get();
-  if (thr == NULL)
+  bool busy_refused = false;
+  pp_thread_t *thr = thread_get(&busy_refused);
+  if (thr == NULL || !global_lock_busy()) {
+    *err = busy_refused || thr != NULL
+               ? refused("pinpool")
+               : pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
     return NULL;
-  pp_mutex_lock(&pp_global_lock);
+  }
   if (pp_unlikely(fork_garbage != NULL))
     free_fork_garbage_locked();
   pp_tcache_t *tc = thr->caches;
@@ -375,8 +421,11 @@ pp_tcache_t *pp_tcache_get_slow(pinpool_t *pool) {
     }
   }
   pp_mutex_unlock(&pp_global_lock);
-  if (tc != NULL)
-    tls_install(pool->id, tc);
+  if (tc == NULL) {
+    *err = pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
+    return NULL;
+  }
+  tls_install(pool->id, tc);
   return tc;
 }
 
@@ -406,9 +455,11 @@ int pinpool_thread_flush(pinpool_t *pool) {
                    "pinpool_thread_flush: a CUDA or shared pool in a "
                    "child of fork");
   pp_tls_way_t *w = pp_tls_way(pool->id);
-  pp_tcache_t *tc = w->pool_id == pool->id ? w->tc : pp_tcache_get_slow(pool);
+  int err = 0;
+  pp_tcache_t *tc =
+      w->pool_id == pool->id ? w->tc : pp_tcache_get_slow(pool, &err);
   if (tc == NULL)
-    return pp_fail(PINPOOL_ENOMEM, "out of memory for the thread cache");
+    return err;
   /* Trimming too: it detaches idle segments, then releases them (fork.c
    * must not see one between the two). */
   pp_busy_enter();

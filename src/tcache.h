@@ -103,7 +103,9 @@ typedef struct pp_tcache {
   uint64_t pub_bytes;
 } pp_tcache_t;
 
-pp_tcache_t *pp_tcache_get_slow(struct pinpool *pool);
+/* NULL: *err is the failure's code, its message recorded (out of memory,
+ * or PINPOOL_EBUSY: inside a busy section while a fork waits for it). */
+pp_tcache_t *pp_tcache_get_slow(struct pinpool *pool, int *err);
 /* The adaptive budget doubles, up to tcache_bytes tb (tcache.c). */
 static inline void pp_tcache_budget_up(pp_tcache_t *tc, uint64_t tb) {
   tc->budget = tc->budget <= tb / 2 ? tc->budget * 2 : tb; /* no wrap */
@@ -170,8 +172,9 @@ static inline void pp_busy_enter(void) {
 static inline void pp_busy_leave(void) {
   pp_store_release(&pp_tls.busy, pp_load_relaxed(&pp_tls.busy) - 1);
 }
-/* The calling thread's record, created if needed (NULL: out of memory).
- * Takes pp_global_lock: never inside a busy section. */
+/* The calling thread's record, created if needed (NULL: out of memory,
+ * or refused inside a busy section while a fork waits for it: tcache.c,
+ * global_lock_busy). Takes pp_global_lock. */
 pp_thread_t *pp_thread_get(void);
 /* tcache.c's part of the fork handlers: the global lock, the busy wait;
  * in the child, the caches of the threads that did not survive. */

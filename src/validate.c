@@ -250,6 +250,15 @@ static void check_tcaches(pinpool_t *pool, vstate_t *v) {
 int pinpool_validate(pinpool_t *pool) {
   if (pool == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_validate: pool is NULL");
+  /* From inside a callout (base.h) the pool is in the middle of the call
+   * that made it (a chunk out of the arena still reserved, a growth's
+   * chunk not yet in it), and the check would wait for the background
+   * thread, whose pass may be waiting for this thread's caller (issue
+   * 37, fourth review, D1: validate in a query the background poll
+   * waited for), or take grow.mu, which the grower holds across the
+   * backend call that called it (D4). */
+  if (pp_in_callout())
+    return pp_callout_refuse("pinpool_validate");
   vstate_t *v = calloc(1, sizeof *v);
   if (v == NULL)
     return pp_fail(PINPOOL_ENOMEM, "pinpool_validate: out of memory");
