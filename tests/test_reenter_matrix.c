@@ -460,42 +460,87 @@ static int case_run(void) {
   return atomic_load(&fired) ? 0 : X_NOT_FIRED;
 }
 
-/* The matrix: every case in a child; a hang or a failure names the case. */
+/* The matrix: every case in a child, PAR at a time (most of a case is
+ * waiting); a hang or a failure names the case. */
+#define PAR 4
+typedef struct {
+  pid_t pid;
+  unsigned t0;
+  int kind;
+  char name[64];
+} slot_t;
+
+/* The slot's child ended (or ran past the watchdog: killed): its status as
+ * pp_wait_child's, or -4 while it runs. */
+static int slot_poll(slot_t *sl) {
+  int status = 0;
+  pid_t r = waitpid(sl->pid, &status, WNOHANG);
+  if (r == 0 && now_ms() - sl->t0 <= WATCHDOG_MS)
+    return -4;
+  if (r == 0) {
+    (void)kill(sl->pid, SIGKILL);
+    (void)waitpid(sl->pid, &status, 0);
+    return -1;
+  }
+  if (r < 0)
+    return -3;
+  return WIFSIGNALED(status) ? -2 : WEXITSTATUS(status);
+}
+
 static void matrix(void **state) {
   (void)state;
   unsigned fired_in[NKIND] = {0}, failures = 0, cases = 0;
   const char *only = getenv("PP_MATRIX_ONLY"); /* "BF alloc_cap thread" */
-  for (int m = 0; m < NMODE; m++)
-    for (int k = 0; k < NKIND; k++)
-      for (int c = 0; c < NCALL; c++) {
-        char name[64];
-        (void)snprintf(name, sizeof name, "%s %s %s", kind_name[k],
-                       call_name[c], mode_name[m]);
-        if (only != NULL && strcmp(only, name) != 0)
-          continue;
-        cs.kind = k;
-        cs.call = c;
-        cs.mode = m;
-        cases++;
-        fflush(NULL);
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0)
-          _exit(case_run());
-        int st = pp_wait_child(pid, WATCHDOG_MS);
-        if (st == 0) {
-          fired_in[k]++;
-          continue;
-        }
-        if (st == X_NOT_FIRED)
-          continue;
-        failures++;
-        if (st == -1)
-          fprintf(stderr, "case %s: DEADLOCK (still running after %u ms)\n",
-                  name, WATCHDOG_MS);
-        else
-          fprintf(stderr, "case %s: the child failed (%d)\n", name, st);
-      }
+  slot_t slot[PAR];
+  int busy = 0, next = 0, total = NMODE * NKIND * NCALL;
+  memset(slot, 0, sizeof slot);
+  while (next < total || busy > 0) {
+    /* Start cases while a slot is free. */
+    for (int i = 0; i < PAR && next < total; i++) {
+      if (slot[i].pid != 0)
+        continue;
+      int m = next / (NKIND * NCALL), k = next / NCALL % NKIND,
+          c = next % NCALL;
+      next++;
+      (void)snprintf(slot[i].name, sizeof slot[i].name, "%s %s %s",
+                     kind_name[k], call_name[c], mode_name[m]);
+      if (only != NULL && strcmp(only, slot[i].name) != 0)
+        continue;
+      cs.kind = k;
+      cs.call = c;
+      cs.mode = m;
+      cases++;
+      fflush(NULL);
+      pid_t pid = fork();
+      assert_true(pid >= 0);
+      if (pid == 0)
+        _exit(case_run());
+      slot[i].pid = pid;
+      slot[i].t0 = now_ms();
+      slot[i].kind = k;
+      busy++;
+    }
+    pp_sleep_ms(1);
+    for (int i = 0; i < PAR; i++) {
+      if (slot[i].pid == 0)
+        continue;
+      int st = slot_poll(&slot[i]);
+      if (st == -4)
+        continue;
+      slot[i].pid = 0;
+      busy--;
+      if (st == 0)
+        fired_in[slot[i].kind]++;
+      if (st == 0 || st == X_NOT_FIRED)
+        continue;
+      failures++;
+      if (st == -1)
+        fprintf(stderr, "case %s: DEADLOCK (still running after %u ms)\n",
+                slot[i].name, WATCHDOG_MS);
+      else
+        fprintf(stderr, "case %s: the child failed (%d)\n", slot[i].name, st);
+    }
+  }
   fprintf(stderr, "reenter_matrix: %u cases, %u failed; fired per kind:", cases,
           failures);
   for (int k = 0; k < NKIND; k++)
