@@ -236,8 +236,8 @@ static void cut_off_cuda(pinpool_t *pool) {
  *    (bg_running, bg_held, bg_in_pass), synchronize's waiters, the event
  *    queues' pollers (squeue polling, wanted): pp_streams_fork;
  *  - a growth in flight (grow.inflight) and the grower's mutex:
- *    pp_grow_fork_child; the out-of-memory retry's settling count and its
- *    thread's mark: pp_arena_fork_child;
+ *    pp_grow_fork_child; the out-of-memory retry's list of claims in
+ *    flight (the forking thread's own kept): pp_arena_fork_child;
  *  - the thread caches of threads that did not survive, busy sections and
  *    the cached thread id: pp_tcache_fork_child;
  *  - the simulated streams' thread: events_sim.c's atfork. */
