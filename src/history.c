@@ -103,8 +103,14 @@ struct pp_stacktab {
   pp_mutex_t lock;
   uint32_t *slots; /* open addressing: stack id, 0 empty */
   size_t nslots;   /* power of two, > 2 * n */
-  uint64_t *hash;  /* per stack */
-  uint64_t *off;   /* stack i: frames[off[i], off[i+1]) */
+  /* A doubling in progress (issue 38, the meter's findings, item 5): the
+   * old slots still hold every stack below mig_end; stacks [0, mig) are
+   * in slots too, and so is every stack interned since. Each intern moves
+   * MIG_STEP more, so no hold rehashes the whole table. NULL: none. */
+  uint32_t *old_slots;
+  size_t old_nslots, mig, mig_end;
+  uint64_t *hash; /* per stack */
+  uint64_t *off;  /* stack i: frames[off[i], off[i+1]) */
   uintptr_t *frames;
   size_t n, cap, nframes, cap_frames;
 };
@@ -117,6 +123,33 @@ static uint64_t hash_frames(void *const *f, int n) {
     h ^= h >> 32;
   }
   return h;
+}
+
+/* Stacks a doubling moves per intern. */
+#define MIG_STEP 64
+
+static void slot_put(uint32_t *slots, size_t ns, uint64_t h, size_t i) {
+  size_t j = h & (ns - 1);
+  while (slots[j] != 0)
+    j = (j + 1) & (ns - 1);
+  slots[j] = (uint32_t)(i + 1);
+}
+
+/* Move up to k stacks of a doubling in progress into the new slots; the
+ * old ones go when every stack is moved. On the lock's meter. */
+static void migrate_locked(pp_stacktab_t *t, size_t k) {
+  if (t->old_slots == NULL)
+    return;
+  size_t end = t->mig_end - t->mig > k ? t->mig + k : t->mig_end;
+  pp_lock_visit(&t->lock, end - t->mig);
+  for (size_t i = t->mig; i < end; i++)
+    slot_put(t->slots, t->nslots, t->hash[i], i);
+  t->mig = end;
+  if (t->mig == t->mig_end) {
+    free(t->old_slots);
+    t->old_slots = NULL;
+    t->old_nslots = 0;
+  }
 }
 
 static bool grow_locked(pp_stacktab_t *t, size_t more_frames) {
@@ -147,18 +180,27 @@ static bool grow_locked(pp_stacktab_t *t, size_t more_frames) {
     uint32_t *slots = calloc(ns, sizeof *slots);
     if (slots == NULL)
       return false;
-    /* Once per doubling, on the meter (issue 38: still O(stacks) in one
-     * hold, amortized; docs/verification.md). */
-    pp_lock_visit(&t->lock, t->n);
-    for (size_t i = 0; i < t->n; i++) {
-      size_t j = t->hash[i] & (ns - 1);
-      while (slots[j] != 0)
-        j = (j + 1) & (ns - 1);
-      slots[j] = (uint32_t)(i + 1);
-    }
-    free(t->slots);
+    /* A doubling starts when the last has ended: it ends after mig_end /
+     * MIG_STEP interns, long before n doubles again (a doubling comes
+     * after nslots / 4 more stacks). Should one not have (it cannot),
+     * the rest is moved here. */
+    migrate_locked(t, SIZE_MAX);
+    uint32_t *old = t->slots;
+    size_t old_n = t->nslots;
     t->slots = slots;
     t->nslots = ns;
+#ifdef PINPOOL_MUTANT_STACKS_REHASH_ONE_HOLD
+    /* Mutant (docs/verification.md): the whole table in this hold. */
+    t->old_slots = old, t->old_nslots = old_n, t->mig = 0, t->mig_end = t->n;
+    migrate_locked(t, SIZE_MAX);
+#else
+    if (old != NULL && t->n > 0) {
+      t->old_slots = old, t->old_nslots = old_n;
+      t->mig = 0, t->mig_end = t->n;
+    } else {
+      free(old);
+    }
+#endif
   }
   return true;
 }
@@ -169,12 +211,18 @@ static uint32_t intern(pp_stacktab_t *t, void *const *f, int n) {
   uint64_t h = hash_frames(f, n);
   uint32_t id = 0;
   pp_mutex_lock(&t->lock);
-  if (t->nslots != 0) {
+  migrate_locked(t, MIG_STEP);
+  /* The new slots, then the old ones of a doubling in progress (they hold
+   * every stack not yet moved; ids never change). */
+  for (int pass = 0; pass < 2 && id == 0; pass++) {
+    uint32_t *slots = pass == 0 ? t->slots : t->old_slots;
+    size_t ns = pass == 0 ? t->nslots : t->old_nslots;
+    if (ns == 0 || slots == NULL)
+      continue;
     uint64_t probes = 0;
-    for (size_t j = h & (t->nslots - 1); t->slots[j] != 0;
-         j = (j + 1) & (t->nslots - 1)) {
+    for (size_t j = h & (ns - 1); slots[j] != 0; j = (j + 1) & (ns - 1)) {
       probes++;
-      size_t i = t->slots[j] - 1;
+      size_t i = slots[j] - 1;
       if (t->hash[i] == h && t->off[i + 1] - t->off[i] == (uint64_t)n &&
           memcmp(&t->frames[t->off[i]], f, (size_t)n * sizeof *f) == 0) {
         id = (uint32_t)(i + 1);
@@ -190,10 +238,7 @@ static uint32_t intern(pp_stacktab_t *t, void *const *f, int n) {
     memcpy(&t->frames[t->nframes], f, (size_t)n * sizeof *f);
     t->nframes += (size_t)n;
     t->off[i + 1] = t->nframes;
-    size_t j = h & (t->nslots - 1);
-    while (t->slots[j] != 0)
-      j = (j + 1) & (t->nslots - 1);
-    t->slots[j] = (uint32_t)(i + 1);
+    slot_put(t->slots, t->nslots, h, i);
     id = (uint32_t)(i + 1);
   }
   pp_mutex_unlock(&t->lock);
@@ -205,6 +250,7 @@ static void stacktab_free(pp_stacktab_t *t) {
     return;
   pp_mutex_destroy(&t->lock);
   free(t->slots);
+  free(t->old_slots);
   free(t->hash);
   free(t->off);
   free(t->frames);

@@ -431,6 +431,49 @@ static void test_stacks(void **state) {
   check_growth("stacks: a snapshot's copy", n, w, 256 + 4096 + 64);
 }
 
+/* The stack table's doublings: each rehashed every stack in the hold of
+ * the intern that crossed the mark (8,191 slots at 10,000 stacks). Now the
+ * old slots stay until each intern has moved 64 more (src/history.c). N
+ * distinct stacks interned, all of them again (found, old slots or new:
+ * no stack added), the meter over both. */
+static size_t stacks_count(pinpool_t *pool) {
+  pp_stacks_copy_t c;
+  uint64_t hold = 0;
+  PP_OK(pp_stacks_copy(pool, &c, &hold));
+  size_t n = c.n;
+  pp_stacks_copy_free(&c);
+  return n;
+}
+
+static void test_stacks_growth(void **state) {
+  (void)state;
+  const size_t n[2] = {1000, 10000};
+  uint64_t w[2];
+  for (int r = 0; r < 2; r++) {
+    PP_OK(pinpool_create("backend=host,mlock=0,populate=0", &stk_pool));
+    pinpool_history_options_t o = {PINPOOL_HISTORY_ALL, 1000, 64, 0};
+    PP_OK(pinpool_record_history(stk_pool, &o));
+    (void)pp_stacks_meter(stk_pool, true);
+    size_t count[2];
+    w[r] = 0;
+    for (int pass = 0; pass < 2; pass++) { /* one call site: same stacks */
+      for (unsigned i = 0; i < n[r]; i++)
+        stk_go(i, 14);
+      uint64_t m = pp_stacks_meter(stk_pool, false);
+      w[r] = m > w[r] ? m : w[r];
+      count[pass] = stacks_count(stk_pool); /* a copy: off the meter */
+      (void)pp_stacks_meter(stk_pool, true);
+    }
+    size_t made = count[0], again = count[1];
+    PP_ASSERT(made >= n[r] && again == made,
+              "%zu stacks after %zu call patterns, %zu after the same again",
+              made, n[r], again);
+    pinpool_destroy(stk_pool);
+  }
+  /* An intern: its probes and the 64 stacks it moves. */
+  check_growth("stacks: interns through the table's doublings", n, w, 64);
+}
+
 /* ---- (6) record_stream ---------------------------------------------------
  * record_stream looked for the stream among every stream of the block
  * under its stripe lock (O(S) a call; 12.6 us a repeated call at S =
@@ -780,11 +823,17 @@ static void test_sum_pieces(void **state) {
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
-      cmocka_unit_test(test_lends),      cmocka_unit_test(test_lends_pieces),
-      cmocka_unit_test(test_returns),    cmocka_unit_test(test_reclaim_pieces),
-      cmocka_unit_test(test_captures),   cmocka_unit_test(test_sums),
-      cmocka_unit_test(test_sum_pieces), cmocka_unit_test(test_stacks),
-      cmocka_unit_test(test_record),     cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_lends),
+      cmocka_unit_test(test_lends_pieces),
+      cmocka_unit_test(test_returns),
+      cmocka_unit_test(test_reclaim_pieces),
+      cmocka_unit_test(test_captures),
+      cmocka_unit_test(test_sums),
+      cmocka_unit_test(test_sum_pieces),
+      cmocka_unit_test(test_stacks),
+      cmocka_unit_test(test_stacks_growth),
+      cmocka_unit_test(test_record),
+      cmocka_unit_test(test_threads),
   };
   return pp_run_selected("test_scale_locks", all, sizeof all / sizeof all[0],
                          argc, argv);
