@@ -349,9 +349,11 @@ int pp_share_chunk_new(pp_share_t *s, size_t size, bool huge, void **base,
    * ends a process (share_cgroup.c has the measurement). Refused before
    * any memfd exists. */
   uint64_t room;
-  if (pp_share_cgroup_room("/proc/self/mountinfo", "/proc/self/cgroup",
-                           &room) == 0 &&
-      (uint64_t)size > room)
+  int crc =
+      pp_share_cgroup_room("/proc/self/mountinfo", "/proc/self/cgroup", &room);
+  if (crc < 0)
+    return crc;
+  if (crc == 0 && (uint64_t)size > room)
     return pp_fail(PINPOOL_ENOMEM,
                    "shared pool: a chunk of %zu bytes is more than this "
                    "process's memory cgroup has room for (%llu bytes below "

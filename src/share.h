@@ -92,12 +92,14 @@ int pp_share_own_add(uint64_t nonce);
 void pp_share_own_del(uint64_t nonce);
 /* The least room for a shared chunk that the memory cgroup of this process
  * and its ancestors leave (share_cgroup.c), read from the mountinfo and
- * cgroup files named (/proc/self's; tests give others): 0 and *room, or 1
- * where no memory cgroup limit can be read. */
+ * cgroup files named (/proc/self's; tests give others): 0 and *room, 1
+ * where no memory cgroup limit can be read, or PINPOOL_ENOMEM (its buffers
+ * are on the heap, not the caller's stack). */
 int pp_share_cgroup_room(const char *mountinfo, const char *cgroup,
                          uint64_t *room);
 /* Tests: the innermost memory cgroup directory of this process into dir:
- * 2 (cgroup v2), 1 (v1), 0 (none, or its memory files cannot be read). */
+ * 2 (cgroup v2), 1 (v1), 0 (none, or its memory files cannot be read), or
+ * PINPOOL_ENOMEM. */
 int pp_share_cgroup_dir(const char *mountinfo, const char *cgroup, char *dir,
                         size_t len);
 /* Tests: at most this many bytes per sendmsg/recvmsg of a handle (0: no

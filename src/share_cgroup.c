@@ -33,11 +33,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The buffers of one reading, on the heap: a shared chunk can be created
+ * on any thread of the application, and these (about 45 KiB) would crash
+ * one with a small stack (a 32-48 KiB pthread stack, issue 36's fourth
+ * review). */
+struct scratch {
+  char dirs[2][PATH_MAX];  /* the memory cgroup directories (v2, v1) */
+  char paths[2][PATH_MAX]; /* their paths in /proc/self/cgroup */
+  char mnts[2][PATH_MAX];  /* their hierarchies' mount points */
+  char roots[2][PATH_MAX]; /* and those mounts' roots */
+  char root[PATH_MAX], mnt[PATH_MAX];
+  char line[PATH_MAX + 256];
+  char path[PATH_MAX + 64];
+};
+
 /* A value of a cgroup file: a number, or "max" (UINT64_MAX); false if the
  * file cannot be read. */
-static bool read_value(const char *dir, const char *name, uint64_t *out) {
-  char path[PATH_MAX + 64], buf[64];
-  if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+static bool read_value(struct scratch *sc, const char *dir, const char *name,
+                       uint64_t *out) {
+  char *path = sc->path, buf[64];
+  if (snprintf(path, sizeof sc->path, "%s/%s", dir, name) >=
+      (int)sizeof sc->path)
     return false;
   FILE *f = fopen(path, "re");
   if (f == NULL)
@@ -59,11 +75,12 @@ static bool read_value(const char *dir, const char *name, uint64_t *out) {
 }
 
 /* Two keys of a memory.stat file (0 where absent). */
-static void read_stat(const char *dir, const char *k1, uint64_t *v1,
-                      const char *k2, uint64_t *v2) {
-  char path[PATH_MAX + 64], line[256];
+static void read_stat(struct scratch *sc, const char *dir, const char *k1,
+                      uint64_t *v1, const char *k2, uint64_t *v2) {
+  char *path = sc->path, line[256];
   *v1 = *v2 = 0;
-  if (snprintf(path, sizeof path, "%s/memory.stat", dir) >= (int)sizeof path)
+  if (snprintf(path, sizeof sc->path, "%s/memory.stat", dir) >=
+      (int)sizeof sc->path)
     return;
   FILE *f = fopen(path, "re");
   if (f == NULL)
@@ -79,15 +96,18 @@ static void read_stat(const char *dir, const char *k1, uint64_t *v1,
 }
 
 /* The room of one cgroup directory; false if it has no limit to read. */
-static bool dir_room(const char *dir, bool v2, uint64_t *room) {
+static bool dir_room(struct scratch *sc, const char *dir, bool v2,
+                     uint64_t *room) {
   uint64_t limit, used, file, shmem;
-  if (!read_value(dir, v2 ? "memory.max" : "memory.limit_in_bytes", &limit) ||
-      !read_value(dir, v2 ? "memory.current" : "memory.usage_in_bytes", &used))
+  if (!read_value(sc, dir, v2 ? "memory.max" : "memory.limit_in_bytes",
+                  &limit) ||
+      !read_value(sc, dir, v2 ? "memory.current" : "memory.usage_in_bytes",
+                  &used))
     return false;
   /* v1 reads "no limit" as the largest page multiple below 2^63. */
   if (limit == UINT64_MAX || (!v2 && limit >= (UINT64_C(1) << 62)))
     return false;
-  read_stat(dir, v2 ? "file" : "total_cache", &file,
+  read_stat(sc, dir, v2 ? "file" : "total_cache", &file,
             v2 ? "shmem" : "total_shmem", &shmem);
   uint64_t freeable = file > shmem ? file - shmem : 0;
   used = used > freeable ? used - freeable : 0;
@@ -109,21 +129,23 @@ static bool has_memory(const char *ctrls, size_t len) {
   return false;
 }
 
-/* The process's memory cgroup directories, v2's (dirs[0]) and v1's
- * (dirs[1]), "" where there is none; floors: the lengths of their mounts'
- * paths (the walk up stops there). */
-static void find_dirs(const char *mountinfo, const char *cgroup,
-                      char dirs[2][PATH_MAX], size_t floors[2]) {
+/* The process's memory cgroup directories into sc->dirs, v2's (dirs[0])
+ * and v1's (dirs[1]), "" where there is none; floors: the lengths of their
+ * mounts' paths (the walk up stops there). */
+static void find_dirs(struct scratch *sc, const char *mountinfo,
+                      const char *cgroup, size_t floors[2]) {
   /* The process's cgroup paths: v2's "0::path", v1's "n:...memory...:path".
    */
-  char paths[2][PATH_MAX] = {"", ""};
-  char line[PATH_MAX + 256];
+  char(*dirs)[PATH_MAX] = sc->dirs, (*paths)[PATH_MAX] = sc->paths;
+  char *line = sc->line;
+  size_t linesz = sizeof sc->line;
+  paths[0][0] = paths[1][0] = '\0';
   dirs[0][0] = dirs[1][0] = '\0';
   floors[0] = floors[1] = 0;
   FILE *f = fopen(cgroup, "re");
   if (f == NULL)
     return;
-  while (fgets(line, sizeof line, f) != NULL) {
+  while (fgets(line, (int)linesz, f) != NULL) {
     line[strcspn(line, "\n")] = '\0';
     char *c1 = strchr(line, ':');
     char *c2 = c1 != NULL ? strchr(c1 + 1, ':') : NULL;
@@ -137,15 +159,17 @@ static void find_dirs(const char *mountinfo, const char *cgroup,
   (void)fclose(f);
   /* Their mounts: "id parent dev root mountpoint opts ... - type source
    * superopts". */
-  char mnts[2][PATH_MAX] = {"", ""}, roots[2][PATH_MAX] = {"", ""};
+  char(*mnts)[PATH_MAX] = sc->mnts, (*roots)[PATH_MAX] = sc->roots;
+  char *mroot = sc->root, *mnt = sc->mnt;
+  mnts[0][0] = mnts[1][0] = roots[0][0] = roots[1][0] = '\0';
   f = fopen(mountinfo, "re");
   if (f == NULL)
     return;
-  while (fgets(line, sizeof line, f) != NULL) {
-    char root[PATH_MAX], mnt[PATH_MAX], type[64], super[512];
+  while (fgets(line, (int)linesz, f) != NULL) {
+    char type[64], super[512];
     const char *dash = strstr(line, " - ");
     if (dash == NULL ||
-        sscanf(line, "%*s %*s %*s %4095s %4095s", root, mnt) != 2 ||
+        sscanf(line, "%*s %*s %*s %4095s %4095s", mroot, mnt) != 2 ||
         sscanf(dash + 3, "%63s %*s %511s", type, super) != 2)
       continue;
     int v = strcmp(type, "cgroup2") == 0 ? 0
@@ -154,7 +178,7 @@ static void find_dirs(const char *mountinfo, const char *cgroup,
                 : -1;
     if (v >= 0 && mnts[v][0] == '\0') {
       (void)snprintf(mnts[v], PATH_MAX, "%s", mnt);
-      (void)snprintf(roots[v], PATH_MAX, "%s", root);
+      (void)snprintf(roots[v], PATH_MAX, "%s", mroot);
     }
   }
   (void)fclose(f);
@@ -178,37 +202,52 @@ static void find_dirs(const char *mountinfo, const char *cgroup,
   }
 }
 
+static int scratch_new(struct scratch **out) {
+  *out = malloc(sizeof **out);
+  if (*out == NULL)
+    return pp_fail(PINPOOL_ENOMEM, "shared pool: out of memory reading the "
+                                   "memory cgroup's limit");
+  return 0;
+}
+
 int pp_share_cgroup_dir(const char *mountinfo, const char *cgroup, char *dir,
                         size_t len) {
-  char dirs[2][PATH_MAX];
+  struct scratch *sc;
+  int rc = scratch_new(&sc);
+  if (rc != 0)
+    return rc;
   size_t floors[2];
-  find_dirs(mountinfo, cgroup, dirs, floors);
-  for (int v = 0; v < 2; v++) {
+  find_dirs(sc, mountinfo, cgroup, floors);
+  for (int v = 0; v < 2 && rc == 0; v++) {
     uint64_t x;
-    if (dirs[v][0] != '\0' &&
-        read_value(dirs[v], v == 0 ? "memory.current" : "memory.usage_in_bytes",
-                   &x) &&
-        snprintf(dir, len, "%s", dirs[v]) < (int)len)
-      return v == 0 ? 2 : 1;
+    if (sc->dirs[v][0] != '\0' &&
+        read_value(sc, sc->dirs[v],
+                   v == 0 ? "memory.current" : "memory.usage_in_bytes", &x) &&
+        snprintf(dir, len, "%s", sc->dirs[v]) < (int)len)
+      rc = v == 0 ? 2 : 1;
   }
-  return 0;
+  free(sc);
+  return rc;
 }
 
 int pp_share_cgroup_room(const char *mountinfo, const char *cgroup,
                          uint64_t *room) {
-  char dirs[2][PATH_MAX];
+  struct scratch *sc;
+  int rc = scratch_new(&sc);
+  if (rc != 0)
+    return rc;
   size_t floors[2];
-  find_dirs(mountinfo, cgroup, dirs, floors);
+  find_dirs(sc, mountinfo, cgroup, floors);
   bool found = false;
   uint64_t least = UINT64_MAX;
   for (int v = 0; v < 2; v++) {
-    char *dir = dirs[v];
+    char *dir = sc->dirs[v];
     size_t floor = floors[v];
     if (dir[0] == '\0')
       continue;
     for (;;) {
       uint64_t r;
-      if (dir_room(dir, v == 0, &r)) {
+      if (dir_room(sc, dir, v == 0, &r)) {
         found = true;
         if (r < least)
           least = r;
@@ -220,6 +259,7 @@ int pp_share_cgroup_room(const char *mountinfo, const char *cgroup,
       *slash = '\0';
     }
   }
+  free(sc);
   if (!found)
     return 1;
   *room = least;

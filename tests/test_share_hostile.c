@@ -37,6 +37,8 @@
  *    (PINPOOL_EINTR), SO_RCVTIMEO (PINPOOL_EAGAIN); extra descriptors (all
  *    closed, the stream still in step); a descriptor number reused by
  *    another socket.
+ *  - small_stack: a chunk made, lent, sent, received, attached and
+ *    returned on a thread with a 32 KiB stack.
  *  - fork_io_lock: a fork while another thread holds the table of kept
  *    part-messages (a test hook inside its lock): the child's
  *    pinpool_share_send/recv must not deadlock (the fork handlers take
@@ -1592,6 +1594,79 @@ static void test_fork_io_lock(void **state) {
   pinpool_destroy(pool);
 }
 
+/* ---- small stacks -------------------------------------------------------
+ * A shared pool's calls on a thread with a small stack (issue 36, fourth
+ * review, item 5): the chunk's creation read the memory cgroup with ~44
+ * KiB of arrays on the stack and crashed a thread with 32-48 KiB. The
+ * whole share path runs on SMALL_STACK bytes: a chunk made, lent, sent and
+ * received with a descriptor, attached, returned. In a child, so that the
+ * overflow is a failed check and not the end of the suite. */
+#ifdef PP_SANITIZED
+#define SMALL_STACK (256 * 1024) /* redzones grow every frame */
+#else
+#define SMALL_STACK (32 * 1024)
+#endif
+
+static void *small_stack_run(void *arg) {
+  int *rc = arg;
+  pinpool_t *pool = NULL;
+  int sv[2];
+  void *p = NULL, *q = NULL;
+  pinpool_share_handle_t h, got;
+  int fd = -1, rfd = -1;
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+    *rc = 40;
+  else if (pinpool_create(CONF, &pool) != 0)
+    *rc = 41;
+  else if (pinpool_alloc(pool, 1 * MiB, &p) != 0) /* the chunk is made */
+    *rc = 42;
+  else if (pinpool_lend(pool, p, (int)getpid(), &h, &fd) != 0)
+    *rc = 43;
+  else if (pinpool_share_send(sv[0], &h, fd) != 0)
+    *rc = 44;
+  else if (pinpool_share_recv(sv[1], &got, &rfd) != 0 || rfd < 0)
+    *rc = 45;
+  else if (pinpool_share_attach(&got, rfd, &q) != 0)
+    *rc = 46;
+  else if (pinpool_share_detach(q) != 0 ||
+           pinpool_lend_return(pool, &got, (int)getpid()) != 0)
+    *rc = 47;
+  else if (pinpool_free(pool, p) != 0)
+    *rc = 48;
+  else
+    *rc = 0;
+  if (*rc != 0)
+    fprintf(stderr, "small stack: step %d: %s\n", *rc, pinpool_last_error());
+  if (fd >= 0)
+    (void)close(fd);
+  if (rfd >= 0)
+    (void)close(rfd);
+  pinpool_destroy(pool);
+  return NULL;
+}
+
+static void test_small_stack(void **state) {
+  (void)state;
+  pid_t pid = fork();
+  PP_ASSERT(pid >= 0, "fork");
+  if (pid == 0) {
+    pthread_attr_t at;
+    pthread_t t;
+    int rc = 50;
+    if (pthread_attr_init(&at) != 0 ||
+        pthread_attr_setstacksize(&at, SMALL_STACK) != 0 ||
+        pthread_create(&t, &at, small_stack_run, &rc) != 0)
+      _exit(49);
+    (void)pthread_join(t, NULL);
+    _exit(rc);
+  }
+  int rc = pp_wait_child(pid, 30000);
+  PP_ASSERT(rc == 0,
+            "the share path on a %d KiB stack: child status %d (a signal: "
+            "the stack overflowed)",
+            SMALL_STACK / 1024, rc);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest tests[] = {
@@ -1609,6 +1684,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_ctl_fds_not_kept),
       cmocka_unit_test(test_shared_alloc_beyond_memory),
       cmocka_unit_test(test_fork_io_lock),
+      cmocka_unit_test(test_small_stack),
   };
   return pp_run_selected("test_share_hostile", tests,
                          sizeof tests / sizeof tests[0], argc, argv);

@@ -612,3 +612,33 @@ def test_threads_pickling_one_buffer_make_one_lend(spool):
         with pytest.raises(pinpool.StaleHandleError):
             pickle.loads(p)
     buf.close()
+
+
+_SMALL_STACK = r"""
+import pickle, sys, threading
+import pinpool
+pool = pinpool.Pool("backend=host,shared=1")
+threading.stack_size(32 * 1024)
+done = []
+def run():
+    b = pool.alloc(1 << 20)          # the shared chunk is made here
+    assert pickle.loads(pickle.dumps(b)) is b   # lent and returned
+    b.close()
+    done.append(1)
+t = threading.Thread(target=run)
+t.start()
+t.join()
+sys.exit(0 if done else 3)
+"""
+
+
+def test_shared_chunk_on_a_thread_with_a_small_stack():
+    # Issue 36, fourth review, item 5: the chunk's creation read the memory
+    # cgroup with ~44 KiB of arrays on the thread's stack; a thread of
+    # threading.stack_size(32 KiB) died of SIGSEGV. In a child: a crash is
+    # a failed check, not the end of the suite.
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _SMALL_STACK],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
