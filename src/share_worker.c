@@ -806,11 +806,39 @@ int pinpool_share_send(int sock, const pinpool_share_handle_t *h, int fd) {
   return sock_fail("pinpool_share_send", -e);
 }
 
+#ifndef SCM_PIDFD
+#define SCM_PIDFD 0x04 /* Linux 6.5 */
+#endif
+/* SCM_MAX_FD (include/net/scm.h): the most descriptors one message can
+ * carry, however many SCM_RIGHTS headers a peer splits them into. */
+#define RECV_MAX_FDS 253
+
+/* The control buffer of one recvmsg. Room for every descriptor a message
+ * can carry, and for the credentials and pidfd that SO_PASSCRED and
+ * SO_PASSPIDFD (the caller's socket options) add: without room the kernel
+ * drops the rest and closes each one itself, in this thread, and the close
+ * of a peer's TCP socket with SO_LINGER and unsent data waits out the
+ * linger, O_NONBLOCK or not (issue 36, fourth review, item 1: the room was
+ * for 4; a peer's 5th held the receiver 8 s). About 1 KiB of stack. */
+typedef union {
+  char buf[CMSG_SPACE(RECV_MAX_FDS * sizeof(int)) +
+           CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int))];
+  struct cmsghdr align;
+} recv_control_t;
+
 /* Take the descriptors of msg's control messages into p (at most 2 kept;
- * more: all closed and the message marked bad). */
+ * more: all closed, without waiting on the peer, and the message marked
+ * bad). A pidfd from SO_PASSPIDFD is none of the message's: closed. */
 static void take_fds(io_t *p, struct msghdr *msg) {
   for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm != NULL;
        cm = CMSG_NXTHDR(msg, cm)) {
+    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_PIDFD &&
+        cm->cmsg_len >= CMSG_LEN(sizeof(int))) {
+      int f;
+      memcpy(&f, CMSG_DATA(cm), sizeof f);
+      (void)close(f); /* a pidfd: its close never waits */
+      continue;
+    }
     if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
       continue;
     size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -854,12 +882,10 @@ int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
   }
   bool short_dgram = false;
   while (p->done < sizeof p->buf) {
-    /* Room for more descriptors than a message has, so that a peer sending
-     * several is detected (and its descriptors closed), not truncated. */
-    union {
-      char buf[CMSG_SPACE(4 * sizeof(int))];
-      struct cmsghdr align;
-    } u;
+    /* Room for every descriptor a message can carry (recv_control_t), so
+     * that a peer sending more than two is detected and its descriptors
+     * closed here without waiting, never dropped by the kernel. */
+    recv_control_t u;
     memset(&u, 0, sizeof u);
     size_t left = sizeof p->buf - p->done;
     struct iovec iov = {p->buf + p->done, stream ? io_len(left) : left};
@@ -896,7 +922,11 @@ int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
     }
     take_fds(p, &msg);
     if ((msg.msg_flags & MSG_CTRUNC) && p->err == 0) {
-      p->err = PINPOOL_ELIMIT; /* reported when the message is complete */
+      /* With room for SCM_MAX_FD, only this process's RLIMIT_NOFILE (the
+       * kernel closed the rest) or control data this code does not expect:
+       * the message is refused whole, its descriptors closed, reported
+       * when it is complete (the stream stays in step). */
+      p->err = PINPOOL_ELIMIT;
       for (; p->nfds > 0; p->nfds--)
         pp_share_close_received(p->fds[p->nfds - 1]);
     }
@@ -933,7 +963,8 @@ int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
       return pp_fail(PINPOOL_ELIMIT,
                      "pinpool_share_recv: a descriptor was dropped "
                      "(MSG_CTRUNC: this process is at RLIMIT_NOFILE, or the "
-                     "peer sent too many)");
+                     "peer sent control data that does not fit): the "
+                     "message is refused");
     if (short_dgram)
       return pp_fail(PINPOOL_EBADHANDLE,
                      "pinpool_share_recv: a message shorter than a handle "

@@ -6,7 +6,9 @@
  * to a peer that never reads: its last close waits out the linger unless
  * the socket is closed abortively. pinpool_share_recv closes what it does
  * not keep in four places: descriptors beyond the two a message carries
- * (take_fds), a message that is not a handle (io_free), a second
+ * (take_fds; a 5th and a 253rd too: the control buffer had room for 4, and
+ * the kernel closed the rest in the receiving thread, issue 36's fourth
+ * review, item 1), a message that is not a handle (io_free), a second
  * descriptor that is no control area (pp_share_ctl_received), and a
  * part-message of a socket closed since (pruned from the kept pieces,
  * before under the table's lock). Each case runs on an O_NONBLOCK socket
@@ -34,6 +36,7 @@
 
 #define WATCHDOG_S 20
 #define LINGER_S 600
+#define MAX_FDS 253 /* SCM_MAX_FD: the most one message carries */
 
 static pthread_t main_thread;
 static sem_t stop_dog;
@@ -98,9 +101,10 @@ static int lingering(int *keep, int *srv) {
 static void send_with(int sock, const void *h, size_t len, const int *fds,
                       int n) {
   union {
-    char b[CMSG_SPACE(4 * sizeof(int))];
+    char b[CMSG_SPACE(MAX_FDS * sizeof(int))];
     struct cmsghdr al;
   } u;
+  PP_ASSERT(n <= MAX_FDS, "%d descriptors", n);
   memset(&u, 0, sizeof u);
   struct iovec iov = {(void *)h, len};
   struct msghdr m = {.msg_iov = &iov,
@@ -116,9 +120,12 @@ static void send_with(int sock, const void *h, size_t len, const int *fds,
             strerror(errno));
 }
 
-enum { EXTRA_FDS, NOT_A_HANDLE, NOT_A_CTL, PRUNED, NCASES };
+enum { EXTRA_FDS, FIFTH_FD, MOST_FDS, NOT_A_HANDLE, NOT_A_CTL, PRUNED, NCASES };
 static const char *const names[NCASES] = {
-    "descriptors beyond two", "a message that is not a handle",
+    "descriptors beyond two",
+    "a fifth descriptor (past the 4 the control buffer had room for)",
+    "the 253rd descriptor (SCM_MAX_FD)",
+    "a message that is not a handle",
     "a second descriptor that is no control area",
     "a part-message of a socket closed since"};
 
@@ -140,10 +147,18 @@ static void one_case(int which) {
   int sv[2];
   PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
   PP_ASSERT(fcntl(sv[0], F_SETFL, O_NONBLOCK) == 0, "O_NONBLOCK");
-  int fds[3] = {m, l, l};
+  int fds[MAX_FDS] = {m, l, l};
   if (which == EXTRA_FDS) {
     fds[1] = m;
     send_with(sv[1], &h, sizeof h, fds, 3);
+  } else if (which == FIFTH_FD || which == MOST_FDS) {
+    /* Before, the kernel dropped every one past the 4th and closed it in
+     * the receiving thread: the lingering socket goes last. */
+    int n = which == FIFTH_FD ? 5 : MAX_FDS;
+    for (int i = 0; i < n - 1; i++)
+      fds[i] = m;
+    fds[n - 1] = l;
+    send_with(sv[1], &h, sizeof h, fds, n);
   } else if (which == NOT_A_HANDLE) {
     h.magic = 0;
     send_with(sv[1], &h, sizeof h, fds, 2);
@@ -156,6 +171,7 @@ static void one_case(int which) {
   (void)close(m);
   pinpool_share_handle_t g;
   int got = -1;
+  int open_before = pp_count_fds();
   atomic_store(&fired, 0);
   PP_ASSERT(sem_init(&stop_dog, 0, 0) == 0, "sem_init");
   pthread_t t;
@@ -179,6 +195,11 @@ static void one_case(int which) {
     (void)close(got);
   } else {
     PP_CHECK_RC(rc, PINPOOL_EBADHANDLE);
+    /* Every descriptor the message brought is closed: none kept, none
+     * left to the kernel. */
+    PP_ASSERT(pp_count_fds() == open_before,
+              "%s: %d descriptors open, %d before", names[which],
+              pp_count_fds(), open_before);
   }
   (void)sem_post(&stop_dog);
   (void)pthread_join(t, NULL);

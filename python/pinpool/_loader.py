@@ -295,8 +295,12 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def _recv_msg(sock: socket.socket) -> Tuple[Any, List[int]]:
-    """A worker's blocking read of one message and its descriptors."""
-    head, fds = _recv_fds(sock, _HEADER.size, 4)
+    """A worker's blocking read of one message and its descriptors. Room
+    for as many as a message can carry, so that the kernel drops none in a
+    close of its own (which can wait out a sender's SO_LINGER, issue 36's
+    fourth review, item 1): those past the header's count are closed by
+    close_received, without waiting."""
+    head, fds = _recv_fds(sock, _HEADER.size, _fds._MAX_FDS)
     if not head:
         raise EOFError("the channel closed")
     try:
@@ -308,7 +312,7 @@ def _recv_msg(sock: socket.socket) -> Tuple[Any, List[int]]:
         return pickle.loads(_recv_exact(sock, size)), fds
     except BaseException:
         for f in fds:
-            os.close(f)
+            _fds.close_received(f)
         raise
 
 

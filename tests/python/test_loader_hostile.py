@@ -291,6 +291,30 @@ def test_return_socket_fallback_closes_descriptors_without_waiting():
         lst.close()
 
 
+@pytest.mark.parametrize("count", [5, _fds._MAX_FDS])
+def test_worker_channel_read_closes_extra_descriptors_without_waiting(count):
+    # Issue 36, fourth review, item 1: _recv_msg had room for 4
+    # descriptors; the kernel dropped the rest and closed them in the
+    # reading thread, a lingering socket past the 4th holding it LINGER s.
+    a, b = socket.socketpair()
+    c, keep = lingering_socket()
+    m = os.memfd_create("extra")
+    fds = [m] * (count - 1) + [c.fileno()]
+    socket.send_fds(b, [_loader._HEADER.pack(0, 1)], fds)
+    c.close()  # the message's reference is the last
+    os.close(m)
+    before = len(os.listdir("/proc/self/fd"))
+    with signal_watchdog() as fired:
+        with pytest.raises(ValueError, match="descriptors"):
+            _loader._recv_msg(a)
+    assert not fired, "the worker's read waited out the sender's linger"
+    assert len(os.listdir("/proc/self/fd")) == before  # all closed
+    a.close()
+    b.close()
+    for s in keep:
+        s.close()
+
+
 # -- 5. lends by pidfd: a forkserver worker's pid taken by a stranger --------
 
 PIDREUSE = r'''
