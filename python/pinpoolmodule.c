@@ -1026,16 +1026,21 @@ static PyMethodDef Pool_methods[] = {
               "Does not wait. Returns the number of lends ended.\n\n"
               "Raises ValueError (a pool without shared=1). Thread-safe."),
     KW_METHOD("lend_collect", Pool_lend_collect,
-              "lend_collect($self)\n--\n\n"
+              "lend_collect($self, grace=None)\n--\n\n"
               "Read the returns queued on this process's return socket and\n"
-              "give back this pool's Buffers whose lends they ended but whose\n"
-              "pickles were never loaded here: a return whose loading raised\n"
-              "BlockingIOError or OSError (multiprocessing's Queue.get drops\n"
-              "the bytes) ends at the next drain, and this is where its\n"
-              "Buffer comes back (docs/python.md, \"Shared pools\").\n\n"
+              "give back this pool's Buffers whose lends they ended and whose\n"
+              "pickles cannot come any more: a return whose loading raised\n"
+              "BlockingIOError or OSError here (multiprocessing's Queue.get\n"
+              "drops the bytes) ends at a later drain, and this is where its\n"
+              "Buffer comes back. grace (seconds): also the ended lends whose\n"
+              "proof was read at least that long ago with no pickle since (a\n"
+              "worker that died between its proof and its pickle). A pickle\n"
+              "of a return handed back here that comes all the same loads as\n"
+              "the same Buffer (docs/python.md, \"Shared pools\").\n\n"
               "Raises BlockingIOError or OSError as a returned pickle's\n"
-              "loading does (what was read is kept: call again later),\n"
-              "ValueError (a pool without shared=1). Thread-safe."),
+              "loading does when it has nothing to give (what was read is\n"
+              "kept: call again later), ValueError (a pool without shared=1,\n"
+              "grace < 0), TypeError (grace not a number). Thread-safe."),
     {"_lend_reclaim", Pool__lend_reclaim, METH_VARARGS, NULL},
     {"_lend_refused", Pool__lend_refused, METH_NOARGS, NULL},
     {"__enter__", Pool_enter, METH_NOARGS,

@@ -37,6 +37,7 @@ import select
 import signal
 import socket
 import struct
+import threading
 import time
 import traceback
 from typing import (Any, Callable, Dict, Generic, Iterable, Iterator, List,
@@ -174,12 +175,16 @@ def _wait_readable(fds: List[int], timeout: Optional[float]) -> List[int]:
 # PTRACE_MODE_READ, which Yama's ptrace_scope does not restrict. Only a
 # non-dumpable owner (PR_SET_DUMPABLE 0), another uid, or a worker
 # without the descriptors (spawn, forkserver) protects the chunks it was
-# not sent (issue 36, third review, item 3). Counted: the owner is made
-# non-dumpable while any loader asking for it runs, and its earlier
-# setting is restored after the last.
+# not sent (issue 36, third review, item 3). Once a loader asks for it,
+# the owner stays non-dumpable for the rest of its life: a worker's
+# descendants (a daemon it double-forked, reparented away from the owner)
+# can outlive close() unseen, and the moment the owner became dumpable
+# again one opened /proc/<owner>/fd/N, a chunk memfd, and wrote a block
+# allocated after close(), never lent (issue 36, fourth review, item 4).
+# No process the owner can wait for bounds that; only the owner's exit
+# does. Under a lock: two loaders starting at once set it once.
 _PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
-_nondumpable = 0
-_dumpable_before = 1
+_dumpable_lock = threading.Lock()
 
 
 def _prctl(op: int, arg: int = 0) -> int:
@@ -193,19 +198,10 @@ def _prctl(op: int, arg: int = 0) -> int:
 
 
 def _hold_nondumpable() -> None:
-    global _nondumpable, _dumpable_before
-    if _nondumpable == 0:
-        before = _prctl(_PR_GET_DUMPABLE)
-        _prctl(_PR_SET_DUMPABLE, 0)
-        _dumpable_before = before
-    _nondumpable += 1
-
-
-def _release_nondumpable() -> None:
-    global _nondumpable
-    _nondumpable -= 1
-    if _nondumpable == 0 and _dumpable_before == 1:
-        _prctl(_PR_SET_DUMPABLE, 1)
+    """Make this process non-dumpable for good (see above)."""
+    with _dumpable_lock:
+        if _prctl(_PR_GET_DUMPABLE) != 0:
+            _prctl(_PR_SET_DUMPABLE, 0)
 
 
 def _open_pidfd(p: Any, forkserver: bool) -> int:
@@ -509,10 +505,11 @@ class SharedLoader(Generic[T]):
     iteration) stops the workers, joins them and reclaims every block still
     lent. fill_fn must be picklable with the 'spawn' start method (a
     module-level function). One iteration per loader. dumpable=False
-    makes this process non-dumpable (PR_SET_DUMPABLE 0) while the loader
-    runs, so that a worker of the same uid cannot open the chunks it was
-    not sent through /proc/<owner>/fd (no core dumps meanwhile, and
-    /proc/<owner>/ files are root's; docs/python.md).
+    makes this process non-dumpable (PR_SET_DUMPABLE 0) from the start of
+    the iteration for the rest of its life, so that a worker of the same
+    uid, or a process it started that outlives close(), cannot open the
+    chunks it was not sent through /proc/<owner>/fd (no core dumps from
+    then on, and /proc/<owner>/ files are root's; docs/python.md).
     """
 
     def __init__(self, pool: Pool, fill_fn: Callable[[Any, Buffer], Any],
@@ -559,7 +556,6 @@ class SharedLoader(Generic[T]):
             raise TypeError(f"dumpable must be a bool, not "
                             f"{type(dumpable).__name__}")
         self._dumpable = dumpable
-        self._held_nondumpable = False
         self._procs: List[Any] = []
         # Each worker's pidfd (-1: it was gone before its pidfd opened):
         # whether it has exited, its kill and its lends, by process and
@@ -585,7 +581,6 @@ class SharedLoader(Generic[T]):
         _reap_unreaped()
         if not self._dumpable:  # before any worker starts
             _hold_nondumpable()
-            self._held_nondumpable = True
         fork = self._ctx.get_start_method() == "fork"
         forkserver = self._ctx.get_start_method() == "forkserver"
         for w in range(self._nw):
@@ -660,9 +655,8 @@ class SharedLoader(Generic[T]):
             if f >= 0:
                 os.close(f)
         self._pidfds = [-1] * len(self._pidfds)
-        if self._held_nondumpable:
-            self._held_nondumpable = False
-            _release_nondumpable()
+        # Not made dumpable again (_hold_nondumpable): a worker's
+        # descendant may outlive this close.
 
     def _close_copies(self) -> None:
         """close() in another process than the loader's (a child the owner

@@ -40,6 +40,7 @@ import os
 import socket
 import struct
 import threading
+import time
 import weakref
 from multiprocessing import reduction
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
@@ -120,38 +121,68 @@ _pools: "weakref.WeakValueDictionary[int, Pool]" = weakref.WeakValueDictionary()
 # without blocking when a returned Buffer is unpickled (the worker sends
 # its proof before its pickle leaves it, so the proof is queued by then) or
 # at Pool.lend_collect(); a connection without its message yet is kept for
-# the next time, at most _MAX_WAITING (the oldest closed first).
+# the next time (_wait: a stranger's at most _MAX_WAITING, the oldest
+# closed first; a borrower's as many as it has lends, never closed for a
+# stranger's).
 # A proof ends its lend when it is read, if the connecting process is the
 # borrower (pinpool_lend_return_pidfd: by process, not pid number; a
 # process that took a dead borrower's pid is refused even after it has
 # exited too, which a pid cannot tell: D4 of issue 36's second review),
-# and the outcome waits in _done for the pickle that names the proof, at
-# most _MAX_PROOFS (the oldest dropped first): a peer can send as many as
-# it likes, and none of them ends a lend but one from the borrower. The
-# worker detached before it sent the proof, so the block may be reused at
-# once; and a return whose pickle is lost (Queue.get unpickles inside and
-# drops the bytes when loading raised) still ends at a later drain, its
+# and the outcome waits for the pickle that names the proof: an accepted
+# return in _ended (one per lend that ended, so bounded by the owner's own
+# lends: no peer can add to it but with its own lend's one return), a
+# refusal in _refused (at most _MAX_PROOFS, the oldest dropped first: a
+# peer can send as many as it likes). The two are apart: before, one LRU
+# held both, and a flood of refusals pushed an honest ended lend's Buffer
+# out before its pickle or lend_collect() took it (issue 36, fourth
+# review, item 2). The worker detached before it sent the proof, so the
+# block may be reused at once; and a return whose pickle is lost
+# (Queue.get unpickles inside and drops the bytes when loading raised:
+# _lost remembers the proofs of those) still ends at a later drain, its
 # Buffer given back by Pool.lend_collect().
-# One drain accepts at most _DRAIN_ACCEPTS connections: any process may
-# connect, and an unbounded loop let a flood hold the owner (and _lock)
-# as long as it went on (11.7 s of a 12 s flood, issue 36 third round).
-# A proof still queued behind more connections than that is read by a
-# later drain: the return fails with BlockingIOError meanwhile (its lend
-# live, nothing counted) and the same pickle can be loaded again.
+# Any process may connect, so a drain reads only what can matter: a
+# connection from a process that holds no lend of this process's (by
+# SO_PEERCRED's pid, while no lend to this process itself is live: those
+# are taken back from anyone with the token) is closed unread, and each
+# process gets at most _PEER_REFUSALS refused proofs read per drain (its
+# further connections closed unread: an honest borrower sends none that is
+# refused, but after a reclaim). One drain accepts at most _DRAIN_ACCEPTS
+# connections, more than a full listen backlog (SOMAXCONN): a proof queued
+# when a drain starts is reached by it, whatever flood is ahead of it
+# (before: 64, and a flood that kept connecting kept every honest proof
+# unread, the documented lend_collect() loop raising all through it), and
+# the owner's hold stays bounded (an unbounded loop held it 11.7 s of a
+# 12 s flood, issue 36 third round). A proof still queued behind more is
+# read by a later drain: the return fails with BlockingIOError meanwhile
+# (its lend live, nothing counted) and the same pickle can be loaded again.
 _PROOF_BYTES = 16
 _MAX_PROOFS = 4096
 _MAX_WAITING = 64
-_DRAIN_ACCEPTS = 64
+_DRAIN_ACCEPTS = 2 * 4096 + 64
+_PEER_REFUSALS = 4
+_MAX_LOST = 8  # proofs of lost pickles remembered per lend
 _CRED = struct.Struct("=iII")  # struct ucred: pid, uid, gid
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5
 _have_peerpidfd = True  # False once the kernel said it has none
 _listener: Optional[socket.socket] = None
 _listener_pid = 0
 _address = b""
-_waiting: List[socket.socket] = []
+# Accepted connections whose message has not come yet, with their
+# SO_PEERCRED pid (0: unknown), oldest first.
+_waiting: List[Tuple[socket.socket, int]] = []
 # (pool nonce, generation, proof) -> what the drain made of that proof:
-# the owner's Buffer (the lend ended) or the refusal (counted then).
-_done: "collections.OrderedDict[Tuple[int, int, bytes], Any]" = \
+# _ended: the owner's Buffer, its lend ended, and when (time.monotonic());
+# _refused: the refusal (counted then), at most _MAX_PROOFS.
+_ended: Dict[Tuple[int, int, bytes], Tuple[Buffer, float]] = {}
+_refused: "collections.OrderedDict[Tuple[int, int, bytes], Any]" = \
+    collections.OrderedDict()
+# (pool nonce, generation) -> proofs of pickles whose loading raised before
+# their proof was read (BlockingIOError, OSError): those pickles are gone
+# (Queue.get drops them), so lend_collect() may hand their Buffers back.
+_lost: Dict[Tuple[int, int], List[bytes]] = {}
+# Returns lend_collect() handed back, for a pickle of them that comes all
+# the same: the same Buffer, not a refusal (at most _MAX_PROOFS).
+_collected: "collections.OrderedDict[Tuple[int, int, bytes], Any]" = \
     collections.OrderedDict()
 # A worker's side: (pool nonce, generation) of an attached lend -> its
 # owner's return address (from the lend's pickle).
@@ -195,13 +226,17 @@ def _forget_listener_in_child() -> None:
             _listener.close()
         except OSError:
             pass
-    for c in _waiting:
+    for c, _ in _waiting:
         try:
             c.close()
         except OSError:
             pass
     _waiting.clear()
-    _done.clear()  # the parent's returns: not the child's to hand out
+    # The parent's returns: not the child's to hand out.
+    _ended.clear()
+    _refused.clear()
+    _lost.clear()
+    _collected.clear()
     _listener, _listener_pid, _address = None, 0, b""
 
 
@@ -272,14 +307,24 @@ def _settle(conn: socket.socket, msg: bytes, pidfd: Optional[int]) -> None:
         else:
             return  # a process outside this pid namespace, no pidfd
     except (PermissionError, StaleHandleError, BadHandleError) as e:
-        outcome: Any = e  # refused, and counted, by the C library
-    else:  # the C call dropped the table's entry with the lend (lend())
-        outcome = buf
-    key = (h.nonce, h.generation, proof)
-    _done[key] = outcome
-    _done.move_to_end(key)
-    while len(_done) > _MAX_PROOFS:
-        _done.popitem(last=False)
+        key = (h.nonce, h.generation, proof)
+        _refused[key] = e  # refused, and counted, by the C library
+        _refused.move_to_end(key)
+        while len(_refused) > _MAX_PROOFS:
+            _refused.popitem(last=False)
+        return
+    # The C call dropped the table's entry with the lend (lend()).
+    _ended[(h.nonce, h.generation, proof)] = (buf, time.monotonic())
+
+
+def _peer_pid(conn: socket.socket) -> int:
+    """conn's SO_PEERCRED pid; 0 where none (outside this pid namespace)."""
+    try:
+        cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                               _CRED.size)
+        return max(0, int(_CRED.unpack(cred)[0]))
+    except (OSError, struct.error):
+        return 0
 
 
 def _read_proof(conn: socket.socket) -> bool:
@@ -304,6 +349,64 @@ def _read_proof(conn: socket.socket) -> bool:
             os.close(pidfd)
 
 
+class _Budget:
+    """What one drain reads of each process (lock held): the live lends
+    per borrower pid when the drain starts, and the refusals read so far."""
+
+    def __init__(self) -> None:
+        self.lends: "collections.Counter[int]" = collections.Counter(
+            v.peer for v in _lends.values())
+        # A lend to this process itself is taken back from anyone.
+        self.anyone = self.lends[os.getpid()] > 0
+        self.refusals: "collections.Counter[int]" = collections.Counter()
+
+    def may_read(self, pid: int) -> bool:
+        """Whether a connection from pid can matter: from a borrower (or
+        an unknown pid, or anyone while a self-lend is live) that has not
+        spent its refusals in this drain."""
+        if pid > 0 and not self.anyone and self.lends[pid] == 0:
+            return False
+        return self.refusals[pid] < _PEER_REFUSALS
+
+
+def _owners_objects(conn: Any, budget: Any) -> None:
+    """A pickle can name these functions and pass values, never a
+    connection or a budget: refused before anything changes."""
+    if not isinstance(conn, socket.socket) or not isinstance(budget, _Budget):
+        raise TypeError("not the owner's connection and budget")
+
+
+def _read_counted(conn: socket.socket, pid: int, budget: _Budget) -> bool:
+    """_read_proof; a message read that ended no lend (a refusal, junk)
+    is charged to pid's budget."""
+    _owners_objects(conn, budget)
+    before = len(_ended)
+    done = _read_proof(conn)
+    if done and len(_ended) == before:
+        budget.refusals[pid] += 1
+    return done
+
+
+def _wait(conn: socket.socket, pid: int, budget: _Budget) -> None:
+    """Keep conn (its message not come yet) for a later drain. A
+    borrower's waiting connections, as many as it has lends, are never
+    closed to make room; the others (strangers', a borrower's beyond its
+    lends) at most _MAX_WAITING, the oldest closed first. Before, the
+    oldest of any 64 was closed: 64 idle connections of any process
+    closed an honest worker's accepted connection before its message came
+    (issue 36, fourth review, item 6)."""
+    _owners_objects(conn, budget)
+    _waiting.append((conn, int(pid)))
+    kept: "collections.Counter[int]" = collections.Counter()
+    spare = []
+    for i, (_, p) in enumerate(_waiting):
+        kept[p] += 1
+        if p <= 0 or kept[p] > budget.lends[p]:
+            spare.append(i)
+    for i in reversed(spare[:max(0, len(spare) - _MAX_WAITING)]):
+        _waiting.pop(i)[0].close()
+
+
 def _drain() -> Optional[BaseException]:
     """Read the proofs queued on the return socket, at most _DRAIN_ACCEPTS
     connections' worth (lock held). None when the queue was emptied; else
@@ -313,17 +416,18 @@ def _drain() -> Optional[BaseException]:
     that connection waits, its message unread)."""
     if _listener is None or _listener_pid != os.getpid():
         return None
-    still: List[socket.socket] = []
+    budget = _Budget()
+    still: List[Tuple[socket.socket, int]] = []
     failed: Optional[OSError] = None
-    for c in _waiting:
+    for c, pid in _waiting:
         try:
-            done = failed is None and _read_proof(c)
+            done = failed is None and _read_counted(c, pid, budget)
         except OSError as e:  # EMFILE for its pidfd: it waits
             failed, done = e, False
         if done:
             c.close()
         else:
-            still.append(c)
+            still.append((c, pid))
     _waiting[:] = still
     if failed is not None:
         return failed
@@ -334,16 +438,18 @@ def _drain() -> Optional[BaseException]:
             return None
         except OSError as e:  # EMFILE, ENFILE, ENOBUFS: the rest waits
             return e
+        pid = _peer_pid(conn)
+        if not budget.may_read(pid):
+            conn.close()  # unread: nothing it sent can end a lend now
+            continue
         try:
-            done = _read_proof(conn)
+            done = _read_counted(conn, pid, budget)
         except OSError as e:
             failed, done = e, False
         if done:
             conn.close()
             continue
-        _waiting.append(conn)
-        if len(_waiting) > _MAX_WAITING:
-            _waiting.pop(0).close()
+        _wait(conn, pid, budget)
         if failed is not None:
             return failed
     return BlockingIOError(
@@ -565,7 +671,9 @@ def _returned(handle: bytes, peer: int = 0, proof: bytes = b"") -> Buffer:
     of the owner's, EMFILE: that OSError) nothing is counted, the lend
     stays live, and the same pickle can be loaded again later; if it is
     lost, the lend ends at a later drain all the same and
-    Pool.lend_collect() gives its Buffer back."""
+    Pool.lend_collect() gives its Buffer back. A pickle of a return that
+    lend_collect() handed back already gives the same Buffer (nothing
+    counted)."""
     h = _parse(handle)
     # Whose pool, by its nonce in the C library's table of the pools this
     # process created: a forked worker in another pid namespace can have
@@ -579,11 +687,19 @@ def _returned(handle: bytes, peer: int = 0, proof: bytes = b"") -> Buffer:
         raise BadHandleError("a returned shared Buffer with a bad sender")
     with _lock:
         why = _drain()
-        outcome = None
-        if isinstance(proof, bytes) and len(proof) == _PROOF_BYTES:
-            outcome = _done.pop((h.nonce, h.generation, proof), None)
-        if isinstance(outcome, Buffer):
-            return outcome
+        proved = isinstance(proof, bytes) and len(proof) == _PROOF_BYTES
+        key = (h.nonce, h.generation, proof if proved else b"")
+        if proved and key in _ended:
+            lost = _lost.get(key[:2])
+            if lost is not None and proof in lost:
+                lost.remove(proof)
+                if not lost:
+                    del _lost[key[:2]]
+            return _ended.pop(key)[0]
+        if proved and key in _collected:  # handed back by lend_collect()
+            buf: Buffer = _collected[key]
+            return buf
+        outcome = _refused.pop(key, None) if proved else None
         if outcome is not None:  # refused when its proof was read: counted
             raise type(outcome)(*outcome.args)
         if (h.nonce, h.generation) not in _lends:
@@ -591,7 +707,14 @@ def _returned(handle: bytes, peer: int = 0, proof: bytes = b"") -> Buffer:
         if why is not None:
             # The proof may be among what this drain could not read: not
             # the sender's fault, so nothing counted, the lend left live,
-            # and the same pickle can be loaded again.
+            # and the same pickle can be loaded again. Its bytes may be
+            # gone (Queue.get): lend_collect() may hand the Buffer back
+            # once the proof is read (_lost; a few per lend, the first
+            # kept: a pickle can say any proof).
+            if proved:
+                lost = _lost.setdefault(key[:2], [])
+                if proof not in lost and len(lost) < _MAX_LOST:
+                    lost.append(proof)
             raise why
         _count_refusal(h.nonce)
         raise PermissionError(
@@ -601,21 +724,53 @@ def _returned(handle: bytes, peer: int = 0, proof: bytes = b"") -> Buffer:
             "or one from an older pinpool)")
 
 
-def lend_collect(pool: Pool) -> List[Buffer]:
-    """Pool.lend_collect (its docstring is the reference)."""
+def lend_collect(pool: Pool, grace: Optional[float] = None) -> List[Buffer]:
+    """Pool.lend_collect (its docstring is the reference). Hands back an
+    ended lend's Buffer only where its pickle cannot come any more: its
+    loading raised here before the proof was read (_lost), or, with
+    grace, the proof was read at least grace seconds ago and no pickle has
+    come since. Before, every ended lend whose pickle had not been loaded
+    yet was taken, also those whose pickles were merely on their way: the
+    honest pickle then raised StaleHandleError, counted as a refusal
+    (issue 36, fourth review, item 3)."""
     if not isinstance(pool, Pool):
         raise TypeError(f"pool must be a pinpool.Pool, not "
                         f"{type(pool).__name__}")
+    if grace is not None:
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)):
+            raise TypeError(f"grace must be a number or None, not "
+                            f"{type(grace).__name__}")
+        if not grace >= 0:  # NaN too
+            raise ValueError(f"Pool.lend_collect: grace must be >= 0, not "
+                             f"{grace}")
     if "shared=1" not in pool.config.split(","):
         raise ValueError("Pool.lend_collect: the pool is not shared (create "
                          "it with shared=1)")
     with _lock:
         why = _drain()
-        if why is not None:
-            raise why  # what was read stays in _done for the next call
-        keys = [k for k, v in _done.items()
-                if isinstance(v, Buffer) and v.pool is pool]
-        return [_done.pop(k) for k in keys]
+        now = time.monotonic()
+        keys = [k for k, (b, t) in _ended.items() if b.pool is pool and (
+            k[2] in _lost.get(k[:2], ()) or
+            (grace is not None and now - t >= grace))]
+        if not keys and why is not None:
+            raise why  # what was read stays for the next call
+        out = []
+        for k in keys:
+            out.append(_ended.pop(k)[0])
+            _lost.pop(k[:2], None)  # the lend ended: its proofs are moot
+            _collected[k] = out[-1]
+            _collected.move_to_end(k)
+        # Proofs of lost pickles whose lend ended otherwise (reclaimed, or
+        # by another proof): none of them can end it any more.
+        pending = {k[:2] for k in _ended}
+        for k2 in [k2 for k2 in _lost if k2 not in _lends and
+                   k2 not in pending]:
+            del _lost[k2]
+        for k in [k for k, b in _collected.items() if b.closed]:
+            del _collected[k]
+        while len(_collected) > _MAX_PROOFS:
+            _collected.popitem(last=False)
+        return out
 
 
 def _reclaim(pool: Pool, peer: int, live: bool) -> List[Buffer]:

@@ -707,21 +707,28 @@ def _lent_to_a_borrower(spool, ctx):
     return w, inq, outq, b
 
 
-def test_a_flood_on_the_return_socket_holds_the_owner_for_bounded_work(spool):
+@pytest.mark.parametrize("bound", [None, 16])
+def test_a_flood_on_the_return_socket_holds_the_owner_for_bounded_work(
+        spool, monkeypatch, bound):
     """Connections queued on the owner's return socket ahead of an honest
     proof (any process may connect): one unpickle accepts at most
     _DRAIN_ACCEPTS of them, nothing counted as refused while the proof may
     be unread (BlockingIOError), and the same pickle loaded again gets
     through. Before, one drain accepted until the queue was empty: a
     flood that kept connecting held the owner and _share._lock as long as
-    it went on."""
+    it went on. With the real bound (more than a full backlog, and a
+    stranger's connections closed unread) the first unpickle gets
+    through; with a bound of 16 it takes several (issue 36, fourth
+    review: before, 64, and a flood kept the honest proof unread)."""
+    if bound is not None:
+        monkeypatch.setattr(_share, "_DRAIN_ACCEPTS", bound)
     ctx = mp.get_context("fork")
     w, inq, outq, b = _lent_to_a_borrower(spool, ctx)
     junk = []
     try:
         addr = _share._address
-        bound = getattr(_share, "_DRAIN_ACCEPTS", 64)  # 64: before it
-        n = 5 * bound
+        bound = _share._DRAIN_ACCEPTS
+        n = 5 * 64
         for _ in range(n):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             s.connect(addr)
@@ -750,7 +757,7 @@ def test_a_flood_on_the_return_socket_holds_the_owner_for_bounded_work(spool):
                 assert tries <= n, "the honest return never got through"
         finally:
             _share._listener = real
-        assert tries > 1 and got is b and b.lent_to is None
+        assert (tries > 1) == (n >= bound) and got is b and b.lent_to is None
         assert spool.stats()["lend_refusals"] == refusals
         with memoryview(b) as m:
             assert bytes(m) == b"\x55" * 4096
@@ -1099,7 +1106,8 @@ def _return_by_queue(inq, outq, sent):
 
 
 @pytest.mark.parametrize("why", ["flood", "emfile"])
-def test_a_return_lost_in_queue_get_is_collected_later(spool, why):
+def test_a_return_lost_in_queue_get_is_collected_later(spool, why,
+                                                       monkeypatch):
     """multiprocessing's Queue.get unpickles inside: when the owner cannot
     read the proof yet (BlockingIOError behind a flood of connections;
     OSError at EMFILE), get raises and the pickle's bytes are gone. Before,
@@ -1120,6 +1128,9 @@ def test_a_return_lost_in_queue_get_is_collected_later(spool, why):
         with _share._lock:
             addr = _share._return_address()
         if why == "flood":
+            # A full backlog is drained at once now: a small bound makes
+            # the proof wait behind the junk.
+            monkeypatch.setattr(_share, "_DRAIN_ACCEPTS", 16)
             for _ in range(3 * _share._DRAIN_ACCEPTS):
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 s.connect(addr)
@@ -1177,3 +1188,238 @@ def test_lend_collect_bad_input(spool):
     with pytest.raises(ValueError, match="not shared"):
         pinpool.Pool("backend=malloc").lend_collect()
     assert spool.lend_collect() == []
+
+
+# -- issue 36, the fourth review: the return socket's bookkeeping ------------
+
+def _borrower_of_many(inq, outq, go):
+    """Attaches each lend pickled to it ("end" stops), fills it; then, per
+    command: ("pickle", i) sends the pickle of lend i back (its proof
+    queued first), ("proof", i) only its proof (a worker that dies between
+    the two), ("slow", i) a pickle whose proof's connection waits for `go`
+    between its connect and its send."""
+    bufs = []
+    while True:
+        m = inq.get(timeout=TIMEOUT)
+        if m == "end":
+            break
+        bufs.append(pickle.loads(m))
+        with memoryview(bufs[-1]) as v:
+            v[:] = bytes([0x40 + len(bufs)]) * len(v)
+    while True:
+        cmd = inq.get(timeout=TIMEOUT)
+        if cmd == "exit":
+            return
+        what, i = cmd
+        b = bufs[i]
+        if what == "proof":
+            h = b._attached_handle()
+            addr = _share._homes[(_share._parse(h).nonce,
+                                  _share._parse(h).generation)]
+            b.close()
+            _share._prove_return(addr, h)
+            outq.put(None)
+            continue
+        if what == "slow":
+            real = _share._prove_return
+
+            def slow(addr, handle):
+                proof = os.urandom(_share._PROOF_BYTES)
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                s.connect(addr)
+                outq.put("connected")
+                go.wait(TIMEOUT)
+                try:
+                    s.sendall(handle + proof)
+                finally:
+                    s.close()
+                return proof
+            _share._prove_return = slow
+            try:
+                outq.put(pickle.dumps(b))
+            except OSError as e:
+                outq.put(f"send failed: {e}")
+            finally:
+                _share._prove_return = real
+            continue
+        outq.put(pickle.dumps(b))
+
+
+def _lend_many(spool, n):
+    ctx = mp.get_context("fork")
+    inq, outq, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    w = ctx.Process(target=_borrower_of_many, args=(inq, outq, go))
+    w.start()
+    bufs = [spool.alloc(4096) for _ in range(n)]
+    for b in bufs:
+        b.lend(w.pid)
+        inq.put(pickle.dumps(b))
+    inq.put("end")
+    return w, inq, outq, go, bufs
+
+
+def _drain_all(tries=64):
+    for _ in range(tries):
+        with _share._lock:
+            if _share._drain() is None:
+                return
+    raise AssertionError("the return socket never emptied")
+
+
+def _refuse_many(inq, n, done):
+    """A borrower that sends n refused returns: its own handle with the
+    token changed, each with a fresh proof on its own connection."""
+    buf = pickle.loads(inq.get(timeout=TIMEOUT))
+    h = bytearray(buf._attached_handle())
+    h[96] ^= 0xFF  # the token
+    addr = next(iter(_share._homes.values()))
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.settimeout(TIMEOUT)
+        try:
+            s.connect(addr)
+            s.send(bytes(h) + os.urandom(_share._PROOF_BYTES))
+        except OSError:  # closed unread by the owner
+            pass
+        s.close()
+    done.set()
+    inq.get(timeout=TIMEOUT)
+
+
+def test_a_flood_of_refusals_never_loses_an_honest_return(spool):
+    """Issue 36, fourth review, item 2: the outcomes of proofs were one LRU
+    of 4096, refusals and accepted returns together. An honest return
+    read first, then more than 4096 refused returns from another borrower:
+    the honest Buffer was pushed out, and its pickle, loaded after,
+    raised StaleHandleError (counted). Now accepted returns are kept
+    apart (one per lend), and a borrower's refusals read per drain are
+    few (its further connections closed unread)."""
+    w, inq, outq, go, (b,) = _lend_many(spool, 1)
+    ctx = mp.get_context("fork")
+    hq, done = ctx.Queue(), ctx.Event()
+    h = ctx.Process(target=_refuse_many,
+                    args=(hq, _share._MAX_PROOFS + 512, done))
+    h.start()
+    c = spool.alloc(4096)
+    try:
+        c.lend(h.pid)
+        hq.put(pickle.dumps(c))
+        inq.put(("pickle", 0))
+        back = outq.get(timeout=TIMEOUT)
+        _drain_all()  # the honest proof read: its lend ends
+        assert b.lent_to is None
+        refusals = spool.stats()["lend_refusals"]
+        while not done.is_set():  # the owner reads all through the flood
+            with _share._lock:
+                _share._drain()
+        _drain_all()
+        got = pickle.loads(back)
+        assert got is b
+        with memoryview(b) as m:
+            assert bytes(m) == b"\x41" * 4096
+        assert spool.stats()["lend_refusals"] >= refusals  # H's, counted
+        assert c.lent_to == h.pid  # refused: H's lend untouched
+        tables_agree(spool)
+    finally:
+        hq.put("exit")
+        inq.put("exit")
+        _end_worker(h)
+        _end_worker(w)
+    assert spool.lend_reclaim_exited() == 1
+    c.close()
+    b.close()
+
+
+def test_lend_collect_takes_only_returns_whose_pickle_cannot_come(
+        spool, monkeypatch):
+    """Issue 36, fourth review, item 3: lend_collect() took every ended
+    lend whose pickle had not been loaded yet, also one whose pickle was
+    on its way (its proof read by an earlier drain): the honest pickle
+    then raised StaleHandleError, counted as a refusal. Now it takes only
+    returns whose pickle's loading raised here (the bytes gone), or, with
+    grace, whose proof was read that long ago; a pickle of a return it
+    handed back loads as the same Buffer, counted nowhere."""
+    w, inq, outq, go, (a, b, c, d) = _lend_many(spool, 4)
+    try:
+        refusals = spool.stats()["lend_refusals"]
+        inq.put(("pickle", 0))
+        inq.put(("pickle", 1))
+        pa, pb = outq.get(timeout=TIMEOUT), outq.get(timeout=TIMEOUT)
+        assert pickle.loads(pa) is a  # reads both proofs
+        assert b.lent_to is None  # b's lend ended with its proof...
+        assert spool.lend_collect() == []  # ...but its pickle can come
+        assert pickle.loads(pb) is b
+        # A pickle lost: its loading raised before its proof was read (no
+        # connection accepted: as behind a flood).
+        inq.put(("pickle", 2))
+        pc = outq.get(timeout=TIMEOUT)
+        monkeypatch.setattr(_share, "_DRAIN_ACCEPTS", 0)
+        with pytest.raises(BlockingIOError):
+            pickle.loads(pc)
+        assert c.lent_to == w.pid
+        monkeypatch.undo()
+        assert spool.lend_collect() == [c]
+        assert pickle.loads(pc) is c  # the same pickle after all: no refusal
+        # A worker that sent its proof and never its pickle: with grace.
+        inq.put(("proof", 3))
+        assert outq.get(timeout=TIMEOUT) is None
+        assert spool.lend_collect() == []
+        assert d.lent_to is None
+        with pytest.raises(ValueError):
+            spool.lend_collect(grace=-1)
+        with pytest.raises(TypeError):
+            spool.lend_collect(grace="0")
+        assert spool.lend_collect(grace=0) == [d]
+        assert spool.lend_collect(grace=0) == []
+        assert spool.stats()["lend_refusals"] == refusals
+        tables_agree(spool)
+    finally:
+        inq.put("exit")
+        _end_worker(w)
+    for x in (a, b, c, d):
+        x.close()
+
+
+@pytest.mark.parametrize("self_lend", [False, True])
+def test_idle_strangers_never_close_a_borrowers_waiting_connection(
+        spool, self_lend):
+    """Issue 36, fourth review, item 6: connections accepted before their
+    message came were kept, at most 64, the oldest closed first: any
+    process's 64 idle connections closed an honest worker's (its send then
+    failed, its lend stayed). Now a stranger's connection is closed
+    unread at once (while no lend to the owner itself is live), and a
+    borrower's waiting connections, as many as its lends, are never closed
+    for anyone else's."""
+    w, inq, outq, go, (b,) = _lend_many(spool, 1)
+    mine = spool.alloc(64)
+    if self_lend:
+        pickle.dumps(mine)  # lent to this process: anyone may return it
+    strangers = []
+    try:
+        inq.put(("slow", 0))
+        assert outq.get(timeout=TIMEOUT) == "connected"
+        _drain_all()  # the worker's connection accepted, waiting
+        with _share._lock:
+            addr = _share._return_address()
+        for _ in range(3 * _share._MAX_WAITING):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.connect(addr)
+            strangers.append(s)
+            if len(strangers) % 16 == 0:
+                _drain_all()
+        _drain_all()
+        assert len(_share._waiting) <= _share._MAX_WAITING + 2
+        go.set()
+        back = outq.get(timeout=TIMEOUT)
+        assert isinstance(back, bytes), back
+        assert pickle.loads(back) is b
+        tables_agree(spool)
+    finally:
+        for s in strangers:
+            s.close()
+        inq.put("exit")
+        _end_worker(w)
+    if self_lend:
+        assert spool.lend_reclaim(live=True) == 1
+    mine.close()
+    b.close()
