@@ -1904,12 +1904,15 @@ static void lend_untable(PyObject *table, PyObject *key) {
 /* _lend_return(handle, peer[, table]): pinpool_lend_return from process
  * peer; the block is ours again, and table (pinpool._share's) loses the
  * lend's entry in the same step. */
-static PyObject *Buffer__lend_return(PyObject *obj, PyObject *args) {
+/* The two returns' one body: parse (handle, peer[, table]) with fmt, end
+ * the lend by `by_pidfd` (pinpool_lend_return_pidfd) or by pid, then drop
+ * the table's entry and mark the buffer ours again. */
+static PyObject *lend_return_common(PyObject *obj, PyObject *args,
+                                    const char *fmt, bool by_pidfd) {
   BufferObject *self = (BufferObject *)obj;
   PyObject *hobj, *table = NULL;
   int peer;
-  if (!PyArg_ParseTuple(args, "Oi|O!:_lend_return", &hobj, &peer, &PyDict_Type,
-                        &table))
+  if (!PyArg_ParseTuple(args, fmt, &hobj, &peer, &PyDict_Type, &table))
     return NULL;
   pinpool_share_handle_t h;
   if (parse_handle(hobj, &h) != 0)
@@ -1919,7 +1922,9 @@ static PyObject *Buffer__lend_return(PyObject *obj, PyObject *args) {
   PyObject *key = lend_key(&h);
   if (key == NULL)
     return NULL;
-  int rc = pinpool_lend_return(((PoolObject *)self->pool)->pool, &h, peer);
+  pinpool_t *pool = ((PoolObject *)self->pool)->pool;
+  int rc = by_pidfd ? pinpool_lend_return_pidfd(pool, &h, peer)
+                    : pinpool_lend_return(pool, &h, peer);
   if (rc != 0) {
     Py_DECREF(key);
     return raise_rc(rc, "returned Buffer");
@@ -1930,34 +1935,15 @@ static PyObject *Buffer__lend_return(PyObject *obj, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+static PyObject *Buffer__lend_return(PyObject *obj, PyObject *args) {
+  return lend_return_common(obj, args, "Oi|O!:_lend_return", false);
+}
+
 /* _lend_return_pidfd(handle, pidfd): pinpool_lend_return_pidfd from the
  * process pidfd names (SO_PEERPIDFD of the return's connection); the
  * block is ours again. */
 static PyObject *Buffer__lend_return_pidfd(PyObject *obj, PyObject *args) {
-  BufferObject *self = (BufferObject *)obj;
-  PyObject *hobj, *table = NULL;
-  int pidfd;
-  if (!PyArg_ParseTuple(args, "Oi|O!:_lend_return_pidfd", &hobj, &pidfd,
-                        &PyDict_Type, &table))
-    return NULL;
-  pinpool_share_handle_t h;
-  if (parse_handle(hobj, &h) != 0)
-    return NULL;
-  if (self->att != NULL || self->ptr == NULL)
-    return PyErr_Format(PyExc_TypeError, "not an owner's buffer");
-  PyObject *key = lend_key(&h);
-  if (key == NULL)
-    return NULL;
-  int rc =
-      pinpool_lend_return_pidfd(((PoolObject *)self->pool)->pool, &h, pidfd);
-  if (rc != 0) {
-    Py_DECREF(key);
-    return raise_rc(rc, "returned Buffer");
-  }
-  lend_untable(table, key);
-  Py_DECREF(key);
-  atomic_store_explicit(&self->lent, 0, memory_order_release);
-  Py_RETURN_NONE;
+  return lend_return_common(obj, args, "Oi|O!:_lend_return_pidfd", true);
 }
 
 /* _lend_clear(): the lend was ended by a reclaim of the pool. */
