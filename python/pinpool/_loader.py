@@ -649,12 +649,7 @@ class SharedLoader(Generic[T]):
         for b in self._held.values():
             b.close()
         self._held.clear()
-        for s in self._socks:
-            s.close()
-        for f in self._pidfds:
-            if f >= 0:
-                os.close(f)
-        self._pidfds = [-1] * len(self._pidfds)
+        self._close_descriptors()
         # Not made dumpable again (_hold_nondumpable): a worker's
         # descendant may outlive this close.
 
@@ -668,13 +663,18 @@ class SharedLoader(Generic[T]):
         self._inflight.clear()
         self._quarantine.clear()
         self._held.clear()
+        self._close_descriptors()
+        self._procs = []
+
+    def _close_descriptors(self) -> None:
+        """This process's channel sockets and worker pidfds closed (the
+        teardown close() and _close_copies() share)."""
         for s in self._socks:
             s.close()
         for f in self._pidfds:
             if f >= 0:
                 os.close(f)
         self._pidfds = [-1] * len(self._pidfds)
-        self._procs = []
 
     def _exited(self, w: int, timeout: Optional[float] = 0) -> bool:
         """Worker w has exited (its pidfd readable within timeout seconds;
