@@ -111,6 +111,7 @@ account_free(pp_tcache_t *tc, size_t req, size_t bs) {
   pp_owner_add(&tc->c.blk_free, bs);
 }
 
+/* tc NULL: a nested call (below), which touches no thread cache. */
 static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
                            size_t bs, pp_tentry_t *out, uint32_t want,
                            bool *missed, const void *ra) {
@@ -121,23 +122,27 @@ static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
    * the arena, and the thread hides at most one such block from itself as
    * from the others. */
   pp_process_miss(pool);
-  pp_tcache_flush_over(tc);
+  if (tc != NULL)
+    pp_tcache_flush_over(tc);
   /* The retry and numa_spill: a call that succeeds through them leaves no
    * trace of the refusal it recovered from (the thread's last error is put
    * back: issue 37, third review, item 10). */
   bool spill = pool->cfg.numa_spill && pool->nnodes > 1;
+  unsigned node = tc != NULL ? tc->node : pp_numa_current(pool);
+  unsigned shard = tc != NULL ? tc->shard : 0;
+  unsigned vshard = node * pool->cfg.shards + shard;
   char before[256];
   pp_error_save(before, sizeof before);
   pp_arena_miss_clear();
-  int n =
-      pp_central_take(pool, cls, bs, pp_tc_vshard(tc, pool), out, want, missed);
+  int n = pp_central_take(pool, cls, bs, vshard, out, want, missed);
   if (n == PINPOOL_ENOMEM) {
     /* max_reserved reached (or the backend is out): give back what is
      * idle, ours included, and retry exactly once; whole free chunks only
      * as many as the failed growth lacks under the cap, none if even all
      * of them could not make it fit, after the chunks whose claim is in
      * flight have settled (arena.c, "The out-of-memory retry"). */
-    pp_tcache_flush_all(tc);
+    if (tc != NULL)
+      pp_tcache_flush_all(tc);
     (void)pp_release_idle(pool);
     uint64_t budget = 0;
     if (pp_arena_retry_plan(pool, &budget)) {
@@ -145,8 +150,7 @@ static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
       if (budget != 0)
         pp_fetch_add_relaxed(&pool->gs.trimmed, pp_arena_release(pool, budget));
       pp_hook(PP_HOOK_OOM_RETRY);
-      n = pp_central_take(pool, cls, bs, pp_tc_vshard(tc, pool), out, want,
-                          missed);
+      n = pp_central_take(pool, cls, bs, vshard, out, want, missed);
     }
     if (n > 0)
       pp_error_restore(before);
@@ -159,9 +163,9 @@ static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
     char why[256];
     pp_error_save(why, sizeof why);
     for (unsigned k = 1; k < pool->nnodes && n == PINPOOL_ENOMEM; k++) {
-      unsigned node = (tc->node + k) % pool->nnodes;
-      n = pp_central_take(pool, cls, bs, node * pool->cfg.shards + tc->shard,
-                          out, 1, missed);
+      unsigned other = (node + k) % pool->nnodes;
+      n = pp_central_take(pool, cls, bs, other * pool->cfg.shards + shard, out,
+                          1, missed);
     }
     if (n > 0) {
       pp_fetch_add_relaxed(&pool->gs.numa_spill_blocks, 1);
@@ -380,6 +384,71 @@ alloc_hit(pinpool_t *pool, pp_tcache_t *tc, pp_tbin_t *b, size_t size,
   return 0;
 }
 
+/* ---- Nested calls --------------------------------------------------------
+ * A call made while another pinpool call of the same thread is under way:
+ * from a callout inside it (a backend's alloc or free, a provider's query
+ * or release, the error callback), which is where user code runs. The
+ * outer call may hold its thread cache half changed across the callout:
+ * a refill takes blocks into its empty stack and only then sets the
+ * stack's count, over whatever a nested free had pushed there and a
+ * nested allocation had popped (rv37e's d6 and d8: blocks cached in no
+ * list, tc->bytes off by megabytes). A thread's exit flushes its caches
+ * with no record left (tcache.c, thread_exit): a nested call there made
+ * a new record, whose own exit trimmed again, past the destructor
+ * rounds glibc runs (rv37e's d7: 80 MiB cached for good).
+ *
+ * So a nested allocation or free never uses the thread's cache, and
+ * needs none: a block straight from the central layer and back (as a
+ * class without thread caches does), counted in the pool's shared
+ * gs.nested (stats.c sums it with the pool's own parts). The test is the
+ * busy depth (tcache.h, "Fork"): every call that changes a thread cache
+ * does so inside a busy section, and user code runs inside one only as a
+ * callout of such a call; the hit paths already leave for the general
+ * ones when it is not 0. Nested calls are rare: their cost does not
+ * matter, the hit paths' does. */
+static inline bool nested_call(void) {
+  return pp_load_relaxed(&pp_tls.busy) != 0;
+}
+
+/* Shared counters (several threads may nest at once). Allocations: the
+ * slow count first, then a release fence, then n_alloc (count_slow). */
+static void nested_count_alloc(pinpool_t *pool, size_t req, size_t bs,
+                               bool missed) {
+  pp_tcounters_t *c = &pool->gs.nested;
+  pp_fetch_add_relaxed(&c->slow_allocs, 1);
+  if (missed)
+    pp_fetch_add_relaxed(&pool->gs.misses, 1);
+  atomic_thread_fence(memory_order_release);
+  pp_fetch_add_relaxed(&c->n_alloc, 1);
+  pp_fetch_add_relaxed(&c->req_alloc, req);
+  pp_fetch_add_relaxed(&c->blk_alloc, bs);
+}
+
+/* pinpool_alloc nested in another call (above), in its busy section. */
+__attribute__((noinline)) static int alloc_nested(pinpool_t *pool, unsigned cls,
+                                                  size_t size, void **out,
+                                                  const void *ra) {
+  size_t bs = block_bytes(cls, size);
+  if (pool->cfg.max_reserved != 0 && bs > pool->cfg.max_reserved)
+    return above_cap(pool, bs, ra);
+  pp_tentry_t e;
+  bool missed = false;
+  int n = take_with_retry(pool, NULL, cls, bs, &e, 1, &missed, ra);
+  if (n < 0)
+    return n;
+  pp_assert(e.bs == bs);
+  if (pp_hist_level(pool) != PINPOOL_HISTORY_NONE)
+    pp_hist_alloc(pool, e.seg, e.idx, bs, size, ra);
+  pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
+  nested_count_alloc(pool, size, bs, missed);
+  *out = e.ptr;
+  if (missed)
+    pp_trim_to_cap(pool); /* a new segment adds idle bytes */
+  /* No thread's unsampled bytes bound this one: sampled every time. */
+  pp_stats_sample_peaks(pool);
+  return 0;
+}
+
 /* Everything pinpool_alloc's hit path does not handle: bad arguments, a
  * thread's first call, history on, an empty bin, a pending flush. */
 __attribute__((noinline)) static int alloc_general(pinpool_t *pool, size_t size,
@@ -396,6 +465,12 @@ __attribute__((noinline)) static int alloc_general(pinpool_t *pool, size_t size,
   if (pp_unlikely(pool->forked_cuda))
     return pp_fail(PINPOOL_EFORKED,
                    "pinpool_alloc: a CUDA or shared pool in a child of fork");
+  if (pp_unlikely(nested_call())) {
+    pp_busy_enter(); /* nested: never waits (tcache.h) */
+    int rc = alloc_nested(pool, pp_class_index(size), size, out, ra);
+    pp_busy_leave();
+    return rc;
+  }
   int err = 0;
   pp_tcache_t *tc = tcache_get(pool, &err);
   if (tc == NULL)
@@ -682,6 +757,38 @@ free_block(pinpool_t *pool, pp_tcache_t *tc, void *ptr, pp_segment_t *seg,
   return free_push_slow(pool, tc, ptr, seg, idx, cls, req); /* counts it */
 }
 
+/* pinpool_free nested in another call ("Nested calls"), in its busy
+ * section: the block goes where a class without a thread cache sends it
+ * (a hot slot, or the central bins), counted in gs.nested. */
+static int free_nested(pinpool_t *pool, void *ptr, pp_segment_t *seg,
+                       uint32_t idx, const void *ra) {
+  uint64_t w = pp_load_acquire(&seg->word[idx]);
+  do {
+    if (PP_WORD_STATE(w) != PP_ALLOCATED)
+      return state_error(ptr, "pinpool_free", w);
+    if (w & PP_WORD_STREAMS) /* used on streams: stream-ordered free */
+      return pp_stream_free(pool, NULL, seg, idx, w, ra);
+  } while (!claim_block(&seg->word[idx], &w));
+  size_t req = (size_t)PP_WORD_PAYLOAD(w);
+  size_t bs = pp_load_relaxed(&seg->block_size);
+  unsigned cls = pp_load_relaxed(&seg->cls_index);
+  pp_hist_forget(seg, idx);
+  if (pp_hist_level(pool) >= PINPOOL_HISTORY_ALLOC)
+    pp_hist_event(pool, PP_H_FREE_COMPLETED, (uintptr_t)ptr, bs, req, 0, ra);
+  /* Read before the free is counted (the pairing in alloc_slow). */
+  uint64_t epoch = pp_load_acquire(&pool->gs.peak_epoch);
+  pp_tcounters_t *c = &pool->gs.nested;
+  pp_fetch_add_relaxed(&c->n_free, 1);
+  pp_fetch_add_relaxed(&c->req_free, req);
+  pp_fetch_add_relaxed(&c->blk_free, bs);
+  pp_tentry_t e = {ptr, seg, bs, idx};
+  if (!pp_hot_put(pool, cls, &e, req, epoch, NULL))
+    pp_central_give(pool, cls, &e, 1);
+  if (pp_trims(pool))
+    pp_trim_to_cap(pool);
+  return 0;
+}
+
 /* Everything pinpool_free's hit path does not handle: bad arguments, no
  * hint or a wrong one, a thread's first call, streams, history, a race
  * with another free of the same block. */
@@ -706,6 +813,12 @@ __attribute__((noinline)) static int free_general(pinpool_t *pool, void *ptr,
                    "pinpool_free: block %p is lent to another process "
                    "(pinpool_lend_return or pinpool_lend_reclaim first)",
                    ptr);
+  if (pp_unlikely(nested_call())) {
+    pp_busy_enter(); /* nested: never waits (tcache.h) */
+    rc = free_nested(pool, ptr, seg, idx, ra);
+    pp_busy_leave();
+    return rc;
+  }
   /* The cache only now, so that a pointer that is not ours creates
    * nothing; but before the state flips, after which we must not fail. */
   int err = 0;

@@ -554,6 +554,10 @@ typedef struct pp_gstats {
    * peak sample reads these instead of every thread's (issue 38). */
   pp_tcounters_t tot;
   pp_counter_t tot_bytes;
+  /* The counts of calls nested in another call of the same thread (from
+   * a callout inside it: alloc.c, "Nested calls"), which use no thread
+   * cache; shared (fetch-and-add), summed with the pool's own parts. */
+  pp_tcounters_t nested;
 } pp_gstats_t;
 
 /* Peaks and the counters of threads that have exited; under reg_lock. */
@@ -922,7 +926,8 @@ void pp_streams_fini(struct pinpool *pool);
 /* Fork handlers' part (fork.c): the stream locks and the background
  * thread's mutex (PP_FORK_*). */
 void pp_streams_fork(struct pinpool *pool, int phase);
-/* The free of an ALLOCATED block with the streams bit: word `w` as read. */
+/* The free of an ALLOCATED block with the streams bit: word `w` as read;
+ * tc NULL for a nested call (alloc.c, "Nested calls"). */
 int pp_stream_free(struct pinpool *pool, pp_tcache_t *tc, pp_segment_t *seg,
                    uint32_t idx, uint64_t w, const void *ra);
 /* Poll every stream queue; up to `budget` completions. wait: synchronize. */

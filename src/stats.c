@@ -59,6 +59,7 @@ static uint64_t diff(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
 
 /* The pool's own parts of the sums, and the cached bytes from them. */
 static void sum_pool(pinpool_t *pool, pp_sums_t *out) {
+  sum_counters(out, &pool->gs.nested);
   out->pend_bytes += pp_load_relaxed(&pool->pending_bytes);
   out->pend_blocks += pp_load_relaxed(&pool->pending_blocks);
   out->rc_count += pp_load_relaxed(&pool->rc_count);

@@ -667,11 +667,17 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
                            PP_WORD(PP_WORD_PAYLOAD(w), PP_PENDING)));
   size_t req = (size_t)PP_WORD_PAYLOAD(w);
   size_t bs = pp_load_relaxed(&seg->block_size);
-  pp_owner_add(&tc->c.n_free, 1);
-  pp_owner_add(&tc->c.req_free, req);
-  pp_owner_add(&tc->c.blk_free, bs);
-  pend_count(pool, &tc->c, +1, bs);
-  if (pool->cfg.tcache_bytes == 0)
+  if (tc != NULL) {
+    pp_owner_add(&tc->c.n_free, 1);
+    pp_owner_add(&tc->c.req_free, req);
+    pp_owner_add(&tc->c.blk_free, bs);
+  } else { /* a nested call (alloc.c, "Nested calls"): shared counts */
+    pp_fetch_add_relaxed(&pool->gs.nested.n_free, 1);
+    pp_fetch_add_relaxed(&pool->gs.nested.req_free, req);
+    pp_fetch_add_relaxed(&pool->gs.nested.blk_free, bs);
+  }
+  pend_count(pool, tc != NULL ? &tc->c : NULL, +1, bs);
+  if (pool->cfg.tcache_bytes == 0 && tc != NULL)
     pp_stats_publish(pool, tc); /* the totals (stats.c) */
   atomic_fetch_add(&pool->pending_live, 1);
   pp_hook(PP_HOOK_FREE_COUNTED);

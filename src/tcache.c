@@ -326,11 +326,25 @@ static int refused(const char *what) {
                  pp_tls.thr == NULL ? "record" : "cache of this pool");
 }
 
-/* pp_thread_get; *busy_refused set when a fork refused it (above). */
+/* Inside a busy section with no record: the thread's exit flushing its
+ * caches (thread_exit), whose callouts (the trim's backend free) may call
+ * pinpool. Such a call makes no record: one made there was flushed by an
+ * exit of its own, whose trim called the backend free again, which made
+ * another, past the destructor rounds glibc runs; the last one's cache
+ * was never flushed (rv37e's d7: 80 MiB kept under max_cached=4MiB).
+ * An allocation or free there needs no cache (alloc.c, "Nested calls"). */
+static bool exiting(void) {
+  return pp_tls.thr == NULL && pp_load_relaxed(&pp_tls.busy) != 0;
+}
+
+/* pp_thread_get; *busy_refused set when a fork refused it (above). NULL
+ * too during the thread's exit (exiting, above). */
 static pp_thread_t *thread_get(bool *busy_refused) {
   pp_thread_t *thr = pp_tls.thr;
   if (thr != NULL)
     return thr;
+  if (exiting())
+    return NULL;
   (void)pthread_once(&thread_key_once, make_key);
   thr = calloc(1, sizeof *thr);
   if (thr == NULL)
@@ -381,6 +395,14 @@ pp_tcache_t *pp_tcache_get_slow(pinpool_t *pool, int *err) {
       *w = found;
       return found.tc;
     }
+  }
+  if (exiting()) {
+    *err = pp_fail(PINPOOL_EBUSY,
+                   "pinpool: called from %s run by the thread's exit, which "
+                   "has no thread cache left to use (docs/api.md, \"Calling "
+                   "pinpool from a callback\")",
+                   pp_callout_name());
+    return NULL;
   }
   bool busy_refused = false;
   pp_thread_t *thr = thread_get(&busy_refused);

@@ -29,6 +29,14 @@
  *           for the other to be inside one);
  *   fork    a thread forks while the callback runs (it waits, bounded,
  *           for the fork to be under way); the child validates.
+ * BA/small and EQ/small: BA and EQ with an outer allocation of a small
+ * class (a refill of the thread cache's empty stack, 4-8 KiB) instead of
+ * a large one; the callback first allocates and frees a block of that
+ * same class, then runs the call (another class, or none). A refill took
+ * its blocks into the stack over what the nested calls had left there
+ * (issue 37, the fifth review, rv37e's d6 and d8: validate then found
+ * blocks cached in no list); the nested calls of the large cases never
+ * met the outer call's stack.
  * Each case runs in a child under a watchdog: a hang fails the case and
  * names it. Each checks the call's result (0, PINPOOL_ENOMEM, or
  * PINPOOL_EBUSY: what a callback gets where it would wait) and that the
@@ -83,7 +91,11 @@ static const char *const mode_name[NMODE] = {"plain", "bg", "grow", "thread",
 
 enum { ROLE_OTHER, ROLE_MAIN, ROLE_PEER, ROLE_X };
 
-static struct { int kind, call, mode; } cs;
+static struct {
+  int kind, call, mode;
+  bool small; /* BA/small, EQ/small: the outer call refills a small class */
+} cs;
+static _Atomic size_t outer_size; /* the trigger's allocation, now */
 static pinpool_t *pool;
 static pthread_t main_tid, x_self; /* x_self: X's own, before x_armed */
 static pthread_t fire_tid;         /* the main callback's, before main_in_cb */
@@ -121,6 +133,17 @@ static void note_rc(int call, int rc) {
 static void run_call(int call, int role) {
   void *p = NULL;
   int rc = 0;
+  if (cs.small && role == ROLE_MAIN) {
+    /* The outer call's own class first: its stack is being refilled. */
+    for (int i = 0; i < 3; i++) {
+      void *q = NULL;
+      rc = pinpool_alloc(pool, atomic_load(&outer_size), &q);
+      note_rc(C_ALLOC_MISS, rc);
+      if (rc == 0)
+        note_rc(C_FREE, pinpool_free(pool, q));
+    }
+    rc = 0;
+  }
   switch (call) {
   case C_ALLOC_MISS: /* a size nobody allocated: a miss */
     rc = pinpool_alloc(pool, role == ROLE_PEER ? 128u << 10 : 256u << 10, &p);
@@ -405,7 +428,10 @@ static int case_run(void) {
     switch (cs.kind) {
     case K_BA:
     case K_EQ:
-      if (pinpool_alloc(pool, MiB + (size_t)attempt * 65536u, &p) == 0)
+      /* Each attempt a class not allocated yet: a miss. */
+      atomic_store(&outer_size, cs.small ? 4096u + (size_t)attempt * 512u
+                                         : MiB + (size_t)attempt * 65536u);
+      if (pinpool_alloc(pool, atomic_load(&outer_size), &p) == 0)
         (void)pinpool_free(pool, p);
       break;
     case K_BF:
@@ -487,26 +513,32 @@ static int slot_poll(slot_t *sl) {
   return WIFSIGNALED(status) ? -2 : WEXITSTATUS(status);
 }
 
+/* Kinds NKIND and NKIND + 1: BA/small and EQ/small. */
+#define NKIND_ALL (NKIND + 2)
 static void matrix(void **state) {
   (void)state;
-  unsigned fired_in[NKIND] = {0}, failures = 0, cases = 0;
+  unsigned fired_in[NKIND_ALL] = {0}, failures = 0, cases = 0;
   const char *only = getenv("PP_MATRIX_ONLY"); /* "BF alloc_cap thread" */
   slot_t slot[PAR];
-  int busy = 0, next = 0, total = NMODE * NKIND * NCALL;
+  int busy = 0, next = 0, total = NMODE * NKIND_ALL * NCALL;
   memset(slot, 0, sizeof slot);
   while (next < total || busy > 0) {
     /* Start cases while a slot is free. */
     for (int i = 0; i < PAR && next < total; i++) {
       if (slot[i].pid != 0)
         continue;
-      int m = next / (NKIND * NCALL), k = next / NCALL % NKIND,
+      int m = next / (NKIND_ALL * NCALL), k = next / NCALL % NKIND_ALL,
           c = next % NCALL;
       next++;
-      (void)snprintf(slot[i].name, sizeof slot[i].name, "%s %s %s",
-                     kind_name[k], call_name[c], mode_name[m]);
+      bool small = k >= NKIND;
+      int base = k == NKIND ? K_BA : k == NKIND + 1 ? K_EQ : k;
+      (void)snprintf(slot[i].name, sizeof slot[i].name, "%s%s %s %s",
+                     kind_name[base], small ? "/small" : "", call_name[c],
+                     mode_name[m]);
       if (only != NULL && strcmp(only, slot[i].name) != 0)
         continue;
-      cs.kind = k;
+      cs.kind = base;
+      cs.small = small;
       cs.call = c;
       cs.mode = m;
       cases++;
@@ -543,16 +575,20 @@ static void matrix(void **state) {
   }
   fprintf(stderr, "reenter_matrix: %u cases, %u failed; fired per kind:", cases,
           failures);
-  for (int k = 0; k < NKIND; k++)
-    fprintf(stderr, " %s %u", kind_name[k], fired_in[k]);
+  for (int k = 0; k < NKIND_ALL; k++)
+    fprintf(stderr, " %s%s %u",
+            kind_name[k < NKIND    ? k
+                      : k == NKIND ? K_BA
+                                   : K_EQ],
+            k < NKIND ? "" : "/small", fired_in[k]);
   fprintf(stderr, "\n");
   PP_ASSERT(failures == 0, "%u of %u cases failed", failures, cases);
   /* Every kind's callback ran in most of its cases: a case whose callback
    * never ran tested nothing. */
-  for (int k = 0; k < NKIND && only == NULL; k++)
+  for (int k = 0; k < NKIND_ALL && only == NULL; k++)
     PP_ASSERT(fired_in[k] * 5 >= (unsigned)(NCALL * NMODE) * 4,
-              "kind %s: the callback ran in %u of %d cases", kind_name[k],
-              fired_in[k], NCALL * NMODE);
+              "kind %d: the callback ran in %u of %d cases", k, fired_in[k],
+              NCALL * NMODE);
 }
 
 /* ---- settle_tickets (D6) -------------------------------------------------
@@ -655,11 +691,97 @@ static void settle_tickets(void **state) {
   PP_ASSERT(st == 0, "settle_tickets: the child failed (%d)", st);
 }
 
+/* ---- exit_trim_nests (rv37e's d7) ----------------------------------------
+ * A thread's exit flushes its cache past max_cached and trims; the trim's
+ * backend free allocates and frees 5 MiB of the same pool (more than the
+ * cap). Such a call used to make a new thread record inside the key
+ * destructor; that record's exit trimmed again, ran the backend free
+ * again, and so on past the destructor rounds glibc runs: the last
+ * record's 4-5 MiB stayed cached for good, per thread. Now a call from the
+ * exit's callouts uses no thread cache and makes no record: every nested
+ * allocation succeeds, the pool is back under the cap once the threads
+ * are gone, and a call that needs the thread's cache (thread_flush) is
+ * refused with PINPOOL_EBUSY. */
+static _Atomic int xt_nested, xt_failed, xt_flush_rc;
+static __thread int xt_depth;
+static _Atomic int xt_on, xt_flush; /* xt_flush: the second phase */
+static void xt_free(void *ctx, void *p, size_t size) {
+  (void)ctx;
+  if (atomic_load(&xt_on) && xt_depth == 0) {
+    xt_depth++;
+    void *q = NULL;
+    if (pinpool_alloc(pool, 5 * MiB, &q) == 0 && pinpool_free(pool, q) == 0)
+      atomic_fetch_add(&xt_nested, 1);
+    else
+      atomic_fetch_add(&xt_failed, 1);
+    if (atomic_load(&xt_flush))
+      atomic_store(&xt_flush_rc, pinpool_thread_flush(pool));
+    xt_depth--;
+  }
+  (void)munmap(p, size);
+}
+static void *xt_worker(void *arg) {
+  (void)arg;
+  void *p[8];
+  for (int i = 0; i < 8; i++)
+    if (pinpool_alloc(pool, 3 * MiB, &p[i]) != 0)
+      p[i] = NULL;
+  for (int i = 0; i < 8; i++)
+    if (p[i] != NULL)
+      (void)pinpool_free(pool, p[i]);
+  return NULL;
+}
+static int exit_trim_run(void) {
+  static pinpool_backend_t be;
+  be = (pinpool_backend_t){"exit", be_alloc, xt_free, NULL, 0};
+  if (pinpool_create_with_backend("max_cached=4MiB", &be, &pool) != 0)
+    return X_SETUP;
+  atomic_store(&xt_on, 1);
+  for (int r = 0; r < 6; r++) {
+    pthread_t t;
+    pthread_create(&t, NULL, xt_worker, NULL);
+    pthread_join(t, NULL);
+  }
+  pinpool_stats_t st;
+  if (pinpool_get_stats(pool, &st) != 0 || pinpool_validate(pool) != 0)
+    return X_INVALID;
+  atomic_store(&xt_flush, 1); /* one more thread: thread_flush refused */
+  pthread_t t;
+  pthread_create(&t, NULL, xt_worker, NULL);
+  pthread_join(t, NULL);
+  atomic_store(&xt_on, 0);
+  fprintf(stderr,
+          "exit_trim_nests: %d nested, %d failed, thread_flush %d; "
+          "cached %llu KiB\n",
+          atomic_load(&xt_nested), atomic_load(&xt_failed),
+          atomic_load(&xt_flush_rc),
+          (unsigned long long)st.cached_bytes.current >> 10);
+  if (atomic_load(&xt_nested) == 0 || atomic_load(&xt_failed) != 0)
+    return 40;
+  if (st.cached_bytes.current > 4 * MiB)
+    return 41; /* a record made in the exit kept its cache */
+  if (atomic_load(&xt_flush_rc) != PINPOOL_EBUSY)
+    return 42;
+  pinpool_destroy(pool);
+  return 0;
+}
+static void exit_trim_nests(void **state) {
+  (void)state;
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0)
+    _exit(exit_trim_run());
+  int st = pp_wait_child(pid, WATCHDOG_MS);
+  PP_ASSERT(st == 0, "exit_trim_nests: the child failed (%d)", st);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
       cmocka_unit_test(matrix),
       cmocka_unit_test(settle_tickets),
+      cmocka_unit_test(exit_trim_nests),
   };
   return pp_run_selected("reenter_matrix", all, sizeof all / sizeof all[0],
                          argc, argv);
