@@ -465,6 +465,9 @@ __attribute__((noinline)) static int alloc_general(pinpool_t *pool, size_t size,
   if (pp_unlikely(pool->forked_cuda))
     return pp_fail(PINPOOL_EFORKED,
                    "pinpool_alloc: a CUDA or shared pool in a child of fork");
+  int dying = pp_pool_dying(pool, "pinpool_alloc");
+  if (pp_unlikely(dying != 0))
+    return dying;
   if (pp_unlikely(nested_call())) {
     pp_busy_enter(); /* nested: never waits (tcache.h) */
     int rc = alloc_nested(pool, pp_class_index(size), size, out, ra);
@@ -499,6 +502,8 @@ alloc_slow_hot(pinpool_t *pool, pp_tcache_t *tc, unsigned cls, size_t size,
                void **out, const void *ra) {
   int rc = alloc_slow(pool, tc, cls, size, out, ra);
   pp_store_release(&pp_tls.busy, 0);
+  if (pp_unlikely(pp_tls.deferred != NULL))
+    pp_run_deferred(); /* a callout destroyed a pool (pp_busy_leave) */
   return rc;
 }
 
@@ -672,6 +677,8 @@ free_push_slow_hot(pinpool_t *pool, pp_tcache_t *tc, void *ptr,
                    pp_segment_t *seg, uint32_t idx, unsigned cls, size_t req) {
   int rc = free_push_slow(pool, tc, ptr, seg, idx, cls, req);
   pp_store_release(&pp_tls.busy, 0);
+  if (pp_unlikely(pp_tls.deferred != NULL))
+    pp_run_deferred(); /* a callout destroyed a pool (pp_busy_leave) */
   return rc;
 }
 
@@ -798,9 +805,12 @@ __attribute__((noinline)) static int free_general(pinpool_t *pool, void *ptr,
                                                   const void *ra) {
   if (pool == NULL || ptr == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_free: pool or ptr is NULL");
+  int rc = pp_pool_dying(pool, "pinpool_free");
+  if (pp_unlikely(rc != 0))
+    return rc;
   pp_segment_t *seg = NULL;
   uint32_t idx = 0;
-  int rc = lookup_block(pool, ptr, "pinpool_free", &seg, &idx);
+  rc = lookup_block(pool, ptr, "pinpool_free", &seg, &idx);
   if (rc != 0)
     return rc;
   if (pp_unlikely(pool->forked_cuda))

@@ -111,8 +111,12 @@ static void free_handle(pinpool_buffer_t *b) {
 static void settle(pinpool_buffer_t *b, uint64_t old, uint64_t nw) {
   if (!block_due(old) && block_due(nw)) {
     /* Cannot fail for a block we own, except for want of memory for this
-     * thread's cache: the block then stays allocated and counted (stats
-     * show it), which is safe. Stream-ordered when streams were recorded. */
+     * thread's first cache of the pool: the block then stays allocated and
+     * counted (stats show it), which is safe. Not PINPOOL_EBUSY: a release
+     * from a callback inside another pinpool call (a backend free during a
+     * fork: rv37e's d4) is a nested call, which needs no thread cache
+     * (alloc.c, "Nested calls"). Stream-ordered when streams were
+     * recorded. */
     (void)pinpool_free(b->pool, b->ptr);
     old = atomic_fetch_and_explicit(&b->state, ~B_BLOCK, memory_order_acq_rel);
     nw = old & ~B_BLOCK;

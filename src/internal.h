@@ -643,6 +643,9 @@ typedef struct pp_grow {
 struct pinpool {
   uint64_t id;       /* unique for the process lifetime; never reused */
   pp_counter_t refs; /* owner + objects that outlive pinpool_destroy */
+  /* A teardown deferred to the end of this thread's busy section
+   * (lifecycle.c, pp_pool_unref): the next such pool. */
+  struct pinpool *teardown_next;
   /* shared=1: lends (share.c); NULL otherwise. Immutable. Next to id:
    * pinpool_free's hit path reads it (a shared pool's frees check lends). */
   struct pp_share *share;
@@ -874,6 +877,10 @@ void pp_pool_unref(struct pinpool *pool);
 bool pp_pool_try_ref(struct pinpool *pool);
 /* Drop a reference unless it is the last (which pp_pool_unref drops). */
 bool pp_pool_unref_unless_last(struct pinpool *pool);
+/* The pool is being torn down (no reference left): a call from a callback
+ * that the teardown runs (a backend free, the provider's destroy) fails
+ * with PINPOOL_EBUSY, naming `fn`; 0 otherwise. */
+int pp_pool_dying(const struct pinpool *pool, const char *fn);
 
 /* growahead.c: the grower's state (at create, before the streams) and
  * its end; one look (the background thread's loop); the carve hook
@@ -928,6 +935,9 @@ void pp_streams_fini(struct pinpool *pool);
 void pp_streams_fork(struct pinpool *pool, int phase);
 /* The free of an ALLOCATED block with the streams bit: word `w` as read;
  * tc NULL for a nested call (alloc.c, "Nested calls"). */
+/* pinpool_synchronize past its checks (a teardown's, with no reference
+ * left). */
+int pp_synchronize(struct pinpool *pool);
 int pp_stream_free(struct pinpool *pool, pp_tcache_t *tc, pp_segment_t *seg,
                    uint32_t idx, uint64_t w, const void *ra);
 /* Poll every stream queue; up to `budget` completions. wait: synchronize. */

@@ -34,10 +34,15 @@ static void pool_free_struct(pinpool_t *pool, bool streams_ready) {
   pp_mutex_destroy(&pool->idle_lock);
   pp_mutex_destroy(&pool->reg_lock);
   pp_hist_fini(pool);
+  /* Callouts (base.h): a provider's destroy may call pinpool, on another
+   * pool (this one is gone: pp_pool_dying), under the same rules as any
+   * callback (issue 37, the fifth review). */
+  unsigned co = pp_callout_enter(PP_CO_EV_DESTROY);
   if (pool->has_events && pool->ev.destroy != NULL)
     pool->ev.destroy(pool->ev.ctx);
   if (pool->prov.destroy != NULL)
     pool->prov.destroy(pool->prov.ctx);
+  pp_callout_leave(co);
   if (pool->cuda != NULL)
     pp_cuda_close(pool->cuda);
   pp_share_destroy(pool->share); /* after the chunks went (arena_fini) */
@@ -217,10 +222,41 @@ bool pp_pool_try_ref(pinpool_t *pool) {
 
 static void pool_teardown(pinpool_t *pool);
 
+/* The last reference inside a busy section (a callback of another pool's
+ * call destroys this one, or releases its last buffer): the teardown waits
+ * until the thread's outermost section ends. Run there, it took
+ * pp_global_lock (the caches) plainly, which a fork holds while it waits
+ * for this very section: a deadlock (issue 37, the fifth review, rv37e's
+ * d1); and its synchronize, from inside a callout, could not wait for the
+ * device. Nothing else uses the pool meanwhile (no reference is left);
+ * a call on it from a callback fails (pp_pool_dying). */
 void pp_pool_unref(pinpool_t *pool) {
   /* acq_rel: the thread that tears down sees every other holder's writes. */
-  if (atomic_fetch_sub_explicit(&pool->refs, 1, memory_order_acq_rel) == 1)
+  if (atomic_fetch_sub_explicit(&pool->refs, 1, memory_order_acq_rel) != 1)
+    return;
+  if (pp_load_relaxed(&pp_tls.busy) != 0) {
+    pool->teardown_next = pp_tls.deferred;
+    pp_tls.deferred = pool;
+    return;
+  }
+  pool_teardown(pool);
+}
+
+void pp_run_deferred(void) {
+  while (pp_tls.deferred != NULL) {
+    pinpool_t *pool = pp_tls.deferred;
+    pp_tls.deferred = pool->teardown_next;
     pool_teardown(pool);
+  }
+}
+
+int pp_pool_dying(const pinpool_t *pool, const char *fn) {
+  if (pp_likely(pp_load_relaxed(&pool->refs) != 0))
+    return 0;
+  return pp_fail(PINPOOL_EBUSY,
+                 "%s: the pool is being destroyed (called from %s that its "
+                 "teardown runs)",
+                 fn, pp_in_callout() ? pp_callout_name() : "a callback");
 }
 
 void pinpool_destroy(pinpool_t *pool) {
@@ -235,7 +271,7 @@ static void pool_teardown(pinpool_t *pool) {
   pp_fork_unregister(pool);
   /* Wait for the device before the memory goes back to the backend: a
    * stream may still be reading a pending block. */
-  (void)pinpool_synchronize(pool);
+  (void)pp_synchronize(pool);
   pp_tcache_pool_destroy(pool);
   pp_streams_fini(pool);
   pp_segment_release_all(pool);
@@ -247,6 +283,9 @@ static void pool_teardown(pinpool_t *pool) {
 int pinpool_empty_cache(pinpool_t *pool) {
   if (pool == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_empty_cache: pool is NULL");
+  int dying = pp_pool_dying(pool, "pinpool_empty_cache");
+  if (pp_unlikely(dying != 0))
+    return dying;
   pp_hist_event(pool, PP_H_EMPTY_CACHE, 0, 0, 0, 0,
                 __builtin_return_address(0));
   /* Other threads flush at their next call: their caches have no lock, so

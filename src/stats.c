@@ -286,6 +286,9 @@ static pinpool_stat_t stat_of(uint64_t alloc, uint64_t freed, uint64_t cur,
 int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   if (pool == NULL || out == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_get_stats: pool or out is NULL");
+  int dying = pp_pool_dying(pool, "pinpool_get_stats");
+  if (pp_unlikely(dying != 0))
+    return dying;
   pp_gstats_t *g = &pool->gs;
   pinpool_stats_t st;
   memset(&st, 0, sizeof st);

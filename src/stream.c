@@ -234,6 +234,9 @@ static _Atomic(pp_sset_t *) *sset_slot(pp_segment_t *seg, uint32_t idx) {
 int pinpool_record_stream(pinpool_t *pool, void *ptr, pinpool_stream_t stream) {
   if (pool == NULL || ptr == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_record_stream: NULL argument");
+  int dying = pp_pool_dying(pool, "pinpool_record_stream");
+  if (pp_unlikely(dying != 0))
+    return dying;
   if (pp_unlikely(pool->forked_cuda))
     return pp_fail(PINPOOL_EFORKED, "pinpool_record_stream: a CUDA pool in "
                                     "a child of fork");
@@ -1034,6 +1037,9 @@ void pp_process_miss(pinpool_t *pool) {
 int pinpool_process_events(pinpool_t *pool) {
   if (pool == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_process_events: pool is NULL");
+  int dying = pp_pool_dying(pool, "pinpool_process_events");
+  if (pp_unlikely(dying != 0))
+    return dying;
   pp_process(pool, UINT32_MAX, false);
   return 0;
 }
@@ -1041,6 +1047,13 @@ int pinpool_process_events(pinpool_t *pool) {
 int pinpool_synchronize(pinpool_t *pool) {
   if (pool == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_synchronize: pool is NULL");
+  int dying = pp_pool_dying(pool, "pinpool_synchronize");
+  if (pp_unlikely(dying != 0))
+    return dying;
+  return pp_synchronize(pool);
+}
+
+int pp_synchronize(pinpool_t *pool) {
   if (!pool->has_events)
     return 0;
   if (pp_in_callout()) {

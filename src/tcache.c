@@ -452,6 +452,16 @@ pp_tcache_t *pp_tcache_get_slow(pinpool_t *pool, int *err) {
 }
 
 void pp_tcache_pool_destroy(pinpool_t *pool) {
+  /* The tearing-down thread's own pair, whose cache is freed below: a call
+   * from a callback of the teardown must not find it on a hit path (it
+   * fails in the general one: pp_pool_dying). Other threads' pairs are
+   * never matched again (the id is not reused). */
+  for (unsigned i = 0; i < PP_TLS_WAYS; i++)
+    if (pp_tls.way[i].pool_id == pool->id)
+      pp_tls.way[i] = (pp_tls_way_t){0, NULL};
+  for (unsigned i = 0; i < PP_TLS_VICTIMS; i++)
+    if (pp_tls.victim[i].pool_id == pool->id)
+      pp_tls.victim[i] = (pp_tls_way_t){0, NULL};
   pp_mutex_lock(&pp_global_lock);
   pp_mutex_lock(&pool->reg_lock);
   pp_tcache_t *tc = pool->caches;
@@ -472,6 +482,9 @@ void pp_tcache_pool_destroy(pinpool_t *pool) {
 int pinpool_thread_flush(pinpool_t *pool) {
   if (pool == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_thread_flush: pool is NULL");
+  int dying = pp_pool_dying(pool, "pinpool_thread_flush");
+  if (pp_unlikely(dying != 0))
+    return dying;
   if (pp_unlikely(pool->forked_cuda))
     return pp_fail(PINPOOL_EFORKED,
                    "pinpool_thread_flush: a CUDA or shared pool in a "

@@ -135,6 +135,9 @@ typedef struct pp_tls {
   _Atomic(unsigned) busy;
   unsigned victim_next; /* the victim slot the next eviction takes */
   pp_thread_t *thr;
+  /* Pools whose last reference went inside a busy section: torn down
+   * when the outermost section ends (lifecycle.c, pp_pool_unref). */
+  struct pinpool *deferred;
   pp_tls_way_t victim[PP_TLS_VICTIMS];
 } pp_tls_t;
 extern _Thread_local pp_tls_t pp_tls PP_TLS_MODEL;
@@ -167,10 +170,15 @@ static inline void pp_busy_enter(void) {
   if (pp_unlikely(pp_load_relaxed(&pp_fork_gate) != 0) && d == 0)
     pp_busy_wait_fork();
 }
+void pp_run_deferred(void); /* lifecycle.c: the deferred teardowns */
 /* Release: everything the section wrote is seen by the forker that reads
- * busy == 0 (acquire), so the child sees it too. */
+ * busy == 0 (acquire), so the child sees it too. The outermost section's
+ * end runs the teardowns deferred inside it. */
 static inline void pp_busy_leave(void) {
-  pp_store_release(&pp_tls.busy, pp_load_relaxed(&pp_tls.busy) - 1);
+  unsigned d = pp_load_relaxed(&pp_tls.busy) - 1;
+  pp_store_release(&pp_tls.busy, d);
+  if (pp_unlikely(d == 0 && pp_tls.deferred != NULL))
+    pp_run_deferred();
 }
 /* The calling thread's record, created if needed (NULL: out of memory,
  * or refused inside a busy section while a fork waits for it: tcache.c,

@@ -250,6 +250,9 @@ static void check_tcaches(pinpool_t *pool, vstate_t *v) {
 int pinpool_validate(pinpool_t *pool) {
   if (pool == NULL)
     return pp_fail(PINPOOL_EINVAL, "pinpool_validate: pool is NULL");
+  int dying = pp_pool_dying(pool, "pinpool_validate");
+  if (pp_unlikely(dying != 0))
+    return dying;
   /* From inside a callout (base.h) the pool is in the middle of the call
    * that made it (a chunk out of the arena still reserved, a growth's
    * chunk not yet in it), and the check would wait for the background

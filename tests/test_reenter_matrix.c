@@ -776,12 +776,151 @@ static void exit_trim_nests(void **state) {
   PP_ASSERT(st == 0, "exit_trim_nests: the child failed (%d)", st);
 }
 
+/* ---- destroy_in_callout_fork (rv37e's d1) ----------------------------------
+ * A backend free of pool A (inside empty_cache's busy section) destroys
+ * pool B while another thread forks (the fork waits for that section).
+ * B's teardown took pp_global_lock plainly, which the forker holds:
+ * deadlock. Now a teardown whose last reference goes inside a busy
+ * section waits for the section's end: B's chunks go back after A's
+ * callback returned. */
+static pinpool_t *dx_b;
+static _Atomic int dx_in_cb, dx_armed, dx_b_freed_in_cb, dx_b_freed;
+static void dx_free_a(void *ctx, void *p, size_t size) {
+  (void)ctx;
+  if (atomic_exchange(&dx_armed, 0)) {
+    atomic_store(&dx_in_cb, 1);
+    unsigned t0 = now_ms(); /* until the fork waits for this section */
+    while (atomic_load(&pp_fork_gate) == 0 && now_ms() - t0 < RV_MS)
+      pp_sleep_ms(1);
+    pinpool_destroy(dx_b);
+    atomic_store(&dx_in_cb, 2);
+  }
+  (void)munmap(p, size);
+}
+static void dx_free_b(void *ctx, void *p, size_t size) {
+  (void)ctx;
+  atomic_fetch_add(&dx_b_freed, 1);
+  if (atomic_load(&dx_in_cb) == 1)
+    atomic_fetch_add(&dx_b_freed_in_cb, 1);
+  (void)munmap(p, size);
+}
+static void *dx_emptier(void *arg) {
+  (void)arg;
+  (void)pinpool_empty_cache(pool);
+  return NULL;
+}
+static int destroy_fork_run(void) {
+  static pinpool_backend_t ba, bb;
+  ba = (pinpool_backend_t){"a", be_alloc, dx_free_a, NULL, 0};
+  bb = (pinpool_backend_t){"b", be_alloc, dx_free_b, NULL, 0};
+  if (pinpool_create_with_backend("", &ba, &pool) != 0 ||
+      pinpool_create_with_backend("", &bb, &dx_b) != 0)
+    return X_SETUP;
+  void *a = NULL, *b = NULL;
+  if (pinpool_alloc(pool, 16 * MiB, &a) != 0 ||
+      pinpool_alloc(dx_b, 16 * MiB, &b) != 0)
+    return X_SETUP;
+  (void)pinpool_free(pool, a);
+  (void)pinpool_free(dx_b, b);
+  (void)pinpool_thread_flush(pool); /* a whole free chunk in A */
+  atomic_store(&dx_armed, 1);
+  pthread_t t;
+  pthread_create(&t, NULL, dx_emptier, NULL); /* B's caches: none there */
+  if (!wait_for(&dx_in_cb, 5000))
+    return 50;
+  fflush(NULL);
+  pid_t pid = fork(); /* waits for the emptier's section */
+  if (pid == 0)
+    _exit(0);
+  if (pid < 0 || pp_wait_child(pid, WATCHDOG_MS / 2) != 0)
+    return X_FORK_CHILD;
+  pthread_join(t, NULL);
+  fprintf(stderr,
+          "destroy_in_callout_fork: B's backend frees %d, %d of "
+          "them inside A's callback\n",
+          atomic_load(&dx_b_freed), atomic_load(&dx_b_freed_in_cb));
+  if (atomic_load(&dx_b_freed) == 0 || atomic_load(&dx_b_freed_in_cb) != 0)
+    return 51;
+  if (pinpool_validate(pool) != 0)
+    return X_INVALID;
+  pinpool_destroy(pool);
+  return 0;
+}
+static void destroy_in_callout_fork(void **state) {
+  (void)state;
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0)
+    _exit(destroy_fork_run());
+  int st = pp_wait_child(pid, WATCHDOG_MS);
+  PP_ASSERT(st == 0, "destroy_in_callout_fork: the child failed (%d)", st);
+}
+
+/* ---- call_during_teardown (rv37e's d5) -------------------------------------
+ * A backend free run by pinpool_destroy calls the pool being destroyed:
+ * every such call fails with PINPOOL_EBUSY, nothing changed (before:
+ * synchronize and alloc crashed on freed state); the teardown goes on. */
+static _Atomic int td_calls, td_busy, td_armed;
+static void td_free(void *ctx, void *p, size_t size) {
+  (void)ctx;
+  if (atomic_exchange(&td_armed, 0)) {
+    void *q = NULL;
+    pinpool_stats_t st;
+    int rc[7] = {pinpool_alloc(pool, 4096, &q), pinpool_free(pool, p),
+                 pinpool_synchronize(pool),     pinpool_process_events(pool),
+                 pinpool_empty_cache(pool),     pinpool_thread_flush(pool),
+                 pinpool_get_stats(pool, &st)};
+    for (int i = 0; i < 7; i++) {
+      atomic_fetch_add(&td_calls, 1);
+      if (rc[i] == PINPOOL_EBUSY)
+        atomic_fetch_add(&td_busy, 1);
+      else
+        fprintf(stderr, "  call %d during the teardown: %d\n", i, rc[i]);
+    }
+  }
+  (void)munmap(p, size);
+}
+static int teardown_run(void) {
+  static pinpool_backend_t be;
+  static pinpool_events_t evs;
+  be = (pinpool_backend_t){"teardown", be_alloc, td_free, NULL, 0};
+  evs = (pinpool_events_t){"teardown", ev_record,  ev_query,
+                           ev_sync,    ev_release, NULL};
+  pinpool_hooks_t h = {&be, &evs, NULL, NULL};
+  if (pinpool_create_ex("", &h, &pool) != 0)
+    return X_SETUP;
+  void *a = NULL;
+  if (pinpool_alloc(pool, 4096, &a) != 0 || pinpool_free(pool, a) != 0)
+    return X_SETUP;
+  atomic_store(&query_result, 1);
+  atomic_store(&td_armed, 1);
+  pinpool_destroy(pool);
+  fprintf(stderr, "call_during_teardown: %d of %d calls EBUSY\n",
+          atomic_load(&td_busy), atomic_load(&td_calls));
+  if (atomic_load(&td_calls) != 7 || atomic_load(&td_busy) != 7)
+    return 60;
+  return 0;
+}
+static void call_during_teardown(void **state) {
+  (void)state;
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0)
+    _exit(teardown_run());
+  int st = pp_wait_child(pid, WATCHDOG_MS);
+  PP_ASSERT(st == 0, "call_during_teardown: the child failed (%d)", st);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
       cmocka_unit_test(matrix),
       cmocka_unit_test(settle_tickets),
       cmocka_unit_test(exit_trim_nests),
+      cmocka_unit_test(destroy_in_callout_fork),
+      cmocka_unit_test(call_during_teardown),
   };
   return pp_run_selected("reenter_matrix", all, sizeof all / sizeof all[0],
                          argc, argv);
