@@ -15,6 +15,7 @@ need them are skipped (needs_numpy, needs_torch), not whole files.
 import gc
 import importlib
 import os
+import sysconfig
 
 import pytest
 
@@ -129,3 +130,26 @@ def run_in_fork(fn):
     code = os.waitstatus_to_exitcode(status)
     return code, (pickle.loads(data) if code == 0 and data else None)
 
+
+# -- the hostile-worker suites (test_share_hostile.py, test_loader_hostile.py)
+
+# Their workers are forked: fork under clang 14's ThreadSanitizer breaks its
+# runtime (see test_share.py); tests/test_share_hostile.c covers it.
+skip_fork_under_tsan = pytest.mark.skipif(
+    "--with-thread-sanitizer" in (sysconfig.get_config_var("CONFIG_ARGS") or ""),
+    reason="fork under clang 14's ThreadSanitizer breaks its runtime "
+    "(see test_share.py); tests/test_share_hostile.c covers it")
+
+
+@pytest.fixture
+def hostile_spool():
+    """A shared pool that must have no lend and no block left after the
+    test; the loader's fault injection is reset."""
+    from pinpool import _loader
+
+    p = pinpool.Pool("shared=1")
+    yield p
+    _loader._fault = None
+    gc.collect()
+    assert p.stats()["lent_blocks"] == 0, "lends left after the test"
+    assert p.stats()["blocks"]["current"] == 0, "blocks left after the test"

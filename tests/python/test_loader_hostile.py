@@ -6,7 +6,6 @@ asserts that the watchdog was not needed."""
 
 import contextlib
 import ctypes
-import gc
 import json
 import multiprocessing as mp
 import os
@@ -19,19 +18,16 @@ import socket
 import struct
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 
 import pytest
 
 import pinpool
+from conftest import skip_fork_under_tsan
 from pinpool import _fds, _loader, _share
 
-pytestmark = pytest.mark.skipif(
-    "--with-thread-sanitizer" in (sysconfig.get_config_var("CONFIG_ARGS") or ""),
-    reason="fork under clang 14's ThreadSanitizer breaks its runtime "
-    "(see test_share.py); tests/test_share_hostile.c covers it")
+pytestmark = skip_fork_under_tsan
 
 # A watchdog's limit: far beyond what any of these takes when it works.
 WATCHDOG = 30
@@ -42,13 +38,8 @@ PR_SET_PTRACER = 0x59616D61
 
 
 @pytest.fixture
-def spool():
-    p = pinpool.Pool("shared=1")
-    yield p
-    _loader._fault = None
-    gc.collect()
-    assert p.stats()["lent_blocks"] == 0, "lends left after the test"
-    assert p.stats()["blocks"]["current"] == 0, "blocks left after the test"
+def spool(hostile_spool):
+    return hostile_spool
 
 
 @contextlib.contextmanager

@@ -16,30 +16,22 @@ import multiprocessing as mp
 import os
 import pickle
 import socket
-import sysconfig
 
 import pytest
 
 import pinpool
-from conftest import run_in_fork, run_in_new_pid_namespace
+from conftest import (run_in_fork, run_in_new_pid_namespace,
+                      skip_fork_under_tsan)
 from pinpool import _loader, _share
 
-pytestmark = pytest.mark.skipif(
-    "--with-thread-sanitizer" in (sysconfig.get_config_var("CONFIG_ARGS") or ""),
-    reason="fork under clang 14's ThreadSanitizer breaks its runtime "
-    "(see test_share.py); tests/test_share_hostile.c covers it")
+pytestmark = skip_fork_under_tsan
 
 TIMEOUT = 20
 
 
 @pytest.fixture
-def spool():
-    p = pinpool.Pool("shared=1")
-    yield p
-    _loader._fault = None
-    gc.collect()
-    assert p.stats()["lent_blocks"] == 0, "lends left after the test"
-    assert p.stats()["blocks"]["current"] == 0, "blocks left after the test"
+def spool(hostile_spool):
+    return hostile_spool
 
 
 def c_lends(pool):
