@@ -25,7 +25,11 @@
  * Waiting (pinpool_synchronize): pending_live counts the blocks whose
  * events are not all resolved. It drops only after such a block has left
  * PENDING (cached, or, after an event error, kept PENDING for good): a
- * caller that sees 0 sees no block in transit. A waiter whose remaining
+ * caller that sees 0 sees no block in transit. Each block is counted in
+ * one of two buckets too, by generation (live_add, live_reached): a
+ * synchronize waits for the blocks freed before it came, not for those
+ * other threads keep freeing (issue 37, the fifth review). A waiter whose
+ * remaining
  * heads are polled by other threads sleeps on sync_cv until a poller makes
  * progress; it does not spin.
  *
@@ -444,12 +448,42 @@ static void queue_drop_locked(pinpool_t *pool, pp_squeue_t *q) {
   free(q);
 }
 
+/* A block enters pending_live; returns its bucket (live_done's). */
+static unsigned live_add(pinpool_t *pool) {
+  unsigned b = (unsigned)(atomic_load(&pool->live_gen) & 1);
+  atomic_fetch_add(&pool->live_cnt[b], 1);
+  atomic_fetch_add(&pool->pending_live, 1); /* seq_cst: see progress() */
+  return b;
+}
+
 /* A block's events are all resolved and it has left transit (cached, or
  * kept PENDING for good after an error): the last step, so that a caller
- * that sees pending_live at 0 sees no block still moving. */
-static void live_done(pinpool_t *pool) {
+ * that sees pending_live at 0 (or its bucket drained) sees no block still
+ * moving. */
+static void live_done(pinpool_t *pool, unsigned bucket) {
   atomic_fetch_sub(&pool->pending_live, 1); /* seq_cst: see progress() */
+  atomic_fetch_sub(&pool->live_cnt[bucket], 1);
   progress(pool);
+}
+
+/* live_gen has reached goal: every block counted before goal - 2 was read
+ * has left pending_live. Moves live_gen on while it can: to g + 1 once
+ * the bucket of g + 1 (that of g - 1, g - 3, ...) is empty. A block that
+ * entered before a synchronize read g0 is in the bucket of a generation
+ * <= g0, and each of the two moves from g0 to g0 + 2 needs one of the two
+ * buckets empty after that read: so goal g0 + 2 covers every such block,
+ * while blocks that enter later go to the bucket of the generation then,
+ * which the moves wait for only if it is g0's (until g0 + 1 is reached:
+ * a bounded window). */
+static bool live_reached(pinpool_t *pool, uint64_t goal) {
+  for (;;) {
+    uint64_t g = atomic_load(&pool->live_gen);
+    if (g >= goal)
+      return true;
+    if (atomic_load(&pool->live_cnt[(g + 1) & 1]) != 0)
+      return false;
+    (void)atomic_compare_exchange_strong(&pool->live_gen, &g, g + 1);
+  }
 }
 
 /* Count an error of `block`'s events and tell the error callback. */
@@ -591,8 +625,9 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
      * forever rather than hand out memory in an unknown state. Its other
      * streams are done with it (this is their last event): destroy may
      * give its segment back. */
+    unsigned b = p->bucket;
     free(p);
-    live_done(pool);
+    live_done(pool, b);
     return;
   }
   size_t bs = p->bs, req = p->req;
@@ -605,6 +640,7 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
   count_add(c != NULL ? &c->rc_total : NULL, &pool->rc_total, dt);
   pp_atomic_max_relaxed(&pool->rc_max, dt); /* a load, mostly */
   block_done(pool, p->seg, p->idx, bs, req);
+  unsigned bucket = p->bucket;
   free(p);
   pp_hook(PP_HOOK_EVENT_DONE);
   /* PENDING -> CACHED happens inside the bin push (one store, under the
@@ -615,7 +651,7 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
    * failed; docs/verification.md, "Review defects", 3). */
   give_completed(pool, &e, req);
   pend_count(pool, c, -1, bs);
-  live_done(pool);
+  live_done(pool, bucket);
 }
 
 /* ---- Free ---------------------------------------------------------------- */
@@ -628,7 +664,8 @@ static void settle(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set);
  * is capturing (or whose status is unknown), cannot be waited for: it is
  * kept PENDING for good, as after a failed record. */
 static void wait_here(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
-                      size_t bs, size_t req, const pp_sset_t *set) {
+                      size_t bs, size_t req, const pp_sset_t *set,
+                      unsigned bucket) {
   uint32_t n = set == NULL ? 0 : set->n;
   void *block = (void *)(pp_load_relaxed(&seg->base) + idx * bs);
   for (uint32_t i = 0; i < n; i++) {
@@ -639,7 +676,7 @@ static void wait_here(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
       (void)pp_fail(PINPOOL_ENOMEM, "pinpool_free: out of memory to wait "
                                     "for a block used in a graph capture");
       report_error_at(pool, PINPOOL_ENOMEM, block);
-      live_done(pool);
+      live_done(pool, bucket);
       return;
     }
   }
@@ -654,7 +691,7 @@ static void wait_here(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
   block_done(pool, seg, idx, bs, req);
   give_completed(pool, &e, req);
   pend_count(pool, own_counters(pool), -1, bs);
-  live_done(pool);
+  live_done(pool, bucket);
 }
 
 int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
@@ -682,7 +719,7 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
   pend_count(pool, tc != NULL ? &tc->c : NULL, +1, bs);
   if (pool->cfg.tcache_bytes == 0 && tc != NULL)
     pp_stats_publish(pool, tc); /* the totals (stats.c) */
-  atomic_fetch_add(&pool->pending_live, 1);
+  unsigned bucket = live_add(pool);
   pp_hook(PP_HOOK_FREE_COUNTED);
 
   /* The set stays in its slot while the block is PENDING, so a snapshot
@@ -701,11 +738,15 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
   pp_pending_t *p =
       malloc(sizeof *p + (set == NULL ? 0 : set->n) * sizeof p->items[0]);
   if (p == NULL) {
-    wait_here(pool, seg, idx, bs, req, set);
+    wait_here(pool, seg, idx, bs, req, set, bucket);
     return 0;
   }
-  *p = (pp_pending_t){
-      .seg = seg, .idx = idx, .req = req, .bs = bs, .freed_ns = pp_now_ns()};
+  *p = (pp_pending_t){.seg = seg,
+                      .idx = idx,
+                      .req = req,
+                      .bs = bs,
+                      .freed_ns = pp_now_ns(),
+                      .bucket = (uint8_t)bucket};
   atomic_init(&p->remaining, 0);
   atomic_init(&p->failed, false);
   atomic_init(&p->holds, 0);
@@ -782,6 +823,7 @@ static void start_events(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set,
  * is dropped with holds (a release on another thread may settle and cache
  * the block at once). */
 static void settle(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set) {
+  unsigned bucket = p->bucket; /* p may be gone once parked */
   uint32_t n = set == NULL ? 0 : set->n;
   uint8_t use_buf[16];
   uint64_t id_buf[16];
@@ -814,7 +856,7 @@ static void settle(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set) {
   if (holds > 0) {
     /* Parked: synchronize does not wait for it (only a release can let it
      * go). Neither p nor set may be touched any more. */
-    live_done(pool);
+    live_done(pool, bucket);
   } else {
     start_events(pool, p, set, use);
   }
@@ -829,7 +871,7 @@ static void settle(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set) {
 void pp_stream_resume(pinpool_t *pool, pp_pending_t *p) {
   pp_fetch_sub_relaxed(&pool->graph_bytes, p->bs);
   pp_fetch_sub_relaxed(&pool->graph_blocks, 1);
-  atomic_fetch_add(&pool->pending_live, 1); /* seq_cst: see progress() */
+  p->bucket = (uint8_t)live_add(pool);
   pp_mutex_t *lk = stripe(pool, p->seg, p->idx);
   _Atomic(pp_sset_t *) *slot = sset_slot(p->seg, p->idx); /* exists */
   pp_mutex_lock(lk);
@@ -1056,18 +1098,28 @@ int pinpool_synchronize(pinpool_t *pool) {
 int pp_synchronize(pinpool_t *pool) {
   if (!pool->has_events)
     return 0;
+  /* Only the blocks freed before the call (docs/streams.md): those counted
+   * before this read (live_reached). Waiting for pending_live == 0 also
+   * waited for every block freed meanwhile: beside a thread that kept
+   * freeing, as long as it did (rv37e's d3: 2.9 s, every earlier block
+   * done in 20 ms). The first look moves the generation on if it can, so
+   * that blocks freed from now on go to the other bucket. */
+  uint64_t goal = atomic_load(&pool->live_gen) + 2;
+  (void)live_reached(pool, goal);
   if (pp_in_callout()) {
     /* One pass that synchronizes every head no other poll holds, and no
      * sleep for other threads' progress: the head this thread's own
      * query holds (a query that synchronizes) would never complete, and
      * another poller may wait for this thread's caller. What is left is
-     * PINPOOL_EBUSY: the promise (nothing pending) is not kept. */
+     * PINPOOL_EBUSY: the promise (no block freed before the call still
+     * pending) is not kept. */
     process(pool, UINT32_MAX, true, 0);
     uint64_t left = atomic_load(&pool->pending_live);
-    if (left != 0)
+    if (!live_reached(pool, goal))
       return pp_fail(PINPOOL_EBUSY,
-                     "pinpool_synchronize: called from inside %s, %llu "
-                     "block(s) still pending on events other polls hold "
+                     "pinpool_synchronize: called from inside %s, blocks "
+                     "freed before the call still pending (%llu in all) on "
+                     "events other polls hold "
                      "(it would wait for another thread: docs/api.md, "
                      "\"Calling pinpool from a callback\")",
                      pp_callout_name(), (unsigned long long)left);
@@ -1080,13 +1132,13 @@ int pp_synchronize(pinpool_t *pool) {
     pthread_mutex_lock(&pool->sync_mu);
     uint64_t gen = pool->sync_gen;
     pthread_mutex_unlock(&pool->sync_mu);
-    if (atomic_load(&pool->pending_live) == 0)
+    if (live_reached(pool, goal))
       break;
     process(pool, UINT32_MAX, true, 0);
     /* What is left is polled by other threads (or completing in event_done
      * on them): sleep until one of them makes progress. */
     pthread_mutex_lock(&pool->sync_mu);
-    while (pool->sync_gen == gen && atomic_load(&pool->pending_live) != 0)
+    while (pool->sync_gen == gen && !live_reached(pool, goal))
       pthread_cond_wait(&pool->sync_cv, &pool->sync_mu);
     pthread_mutex_unlock(&pool->sync_mu);
   }

@@ -72,6 +72,7 @@ typedef struct pp_pending {
   _Atomic(uint32_t) remaining; /* events not yet complete */
   _Atomic(bool) failed;        /* an event failed: never reused */
   _Atomic(uint32_t) holds;     /* parked: captures not yet released */
+  uint8_t bucket;              /* its live_cnt (stream.c, "Waiting") */
   pp_qitem_t items[];
 } pp_pending_t;
 

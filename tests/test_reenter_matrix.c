@@ -913,6 +913,110 @@ static void call_during_teardown(void **state) {
   PP_ASSERT(st == 0, "call_during_teardown: the child failed (%d)", st);
 }
 
+/* ---- sync_bounded (rv37e's d3) ---------------------------------------------
+ * pinpool_synchronize waits for the blocks freed before it was called, not
+ * for those another thread frees meanwhile. S synchronizes block A
+ * (stream 1); from inside A's synchronize callback, P frees block B
+ * (stream 2) and is held at PP_HOOK_FREE_COUNTED (B counted pending, no
+ * event yet) until S has returned, or 5 s. Before the fix S waited for
+ * pending_live == 0, B included: it returned only after P's hold timed
+ * out. Counted, not timed: did S return while P was still held? */
+static _Atomic int sb_go_p, sb_p_held, sb_s_done, sb_timed_out, sb_s_rc = 1;
+static pthread_t sb_s_tid, sb_p_tid;
+static _Atomic int sb_armed;
+static int sb_record(void *ctx, pinpool_stream_t st, void **ev) {
+  (void)ctx;
+  int *e = malloc(sizeof *e);
+  if (e == NULL)
+    return PINPOOL_ENOMEM;
+  *e = (int)st;
+  *ev = e;
+  return 0;
+}
+static int sb_query(void *ctx, void *ev) {
+  (void)ctx;
+  (void)ev;
+  return 1;
+}
+static int sb_sync(void *ctx, void *ev) {
+  (void)ctx;
+  if (*(int *)ev == 1 && atomic_load(&sb_armed) &&
+      pthread_equal(pthread_self(), sb_s_tid) && !atomic_exchange(&sb_go_p, 1))
+    (void)wait_for(&sb_p_held, 5000); /* B is counted, after S came */
+  return 0;
+}
+static void sb_release(void *ctx, void *ev) {
+  (void)ctx;
+  free(ev);
+}
+static void sb_hook(int point) {
+  if (point != PP_HOOK_FREE_COUNTED || !atomic_load(&sb_armed) ||
+      !pthread_equal(pthread_self(), sb_p_tid))
+    return;
+  atomic_store(&sb_p_held, 1);
+  if (!wait_for(&sb_s_done, 5000))
+    atomic_store(&sb_timed_out, 1);
+}
+static void *sb_s(void *arg) {
+  (void)arg;
+  atomic_store(&sb_s_rc, pinpool_synchronize(pool));
+  atomic_store(&sb_s_done, 1);
+  return NULL;
+}
+static void *sb_p(void *arg) {
+  (void)arg;
+  if (!wait_for(&sb_go_p, 5000))
+    return NULL;
+  void *b = NULL;
+  if (pinpool_alloc(pool, 4096, &b) == 0 &&
+      pinpool_record_stream(pool, b, 2) == 0)
+    (void)pinpool_free(pool, b);
+  return NULL;
+}
+static int sync_bounded_run(void) {
+  static pinpool_events_t evs;
+  evs = (pinpool_events_t){"bounded", sb_record,  sb_query,
+                           sb_sync,   sb_release, NULL};
+  pinpool_hooks_t h = {NULL, &evs, NULL, NULL};
+  if (pinpool_create_ex("backend=malloc", &h, &pool) != 0)
+    return X_SETUP;
+  void *a = NULL;
+  if (pinpool_alloc(pool, 4096, &a) != 0 ||
+      pinpool_record_stream(pool, a, 1) != 0 || pinpool_free(pool, a) != 0)
+    return X_SETUP;
+  atomic_store(&pp_test_hook, sb_hook);
+  atomic_store(&sb_armed, 1);
+  pthread_create(&sb_p_tid, NULL, sb_p, NULL);
+  pthread_create(&sb_s_tid, NULL, sb_s, NULL);
+  pthread_join(sb_s_tid, NULL);
+  pthread_join(sb_p_tid, NULL);
+  atomic_store(&sb_armed, 0);
+  atomic_store(&pp_test_hook, NULL);
+  fprintf(stderr,
+          "sync_bounded: synchronize %d; P held %d; returned while B "
+          "(freed after the call) was held: %s\n",
+          atomic_load(&sb_s_rc), atomic_load(&sb_p_held),
+          atomic_load(&sb_timed_out) ? "no" : "yes");
+  if (atomic_load(&sb_s_rc) != 0 || !atomic_load(&sb_p_held))
+    return 70;
+  if (atomic_load(&sb_timed_out))
+    return 71; /* it waited for B */
+  if (pinpool_synchronize(pool) != 0 || pinpool_validate(pool) != 0)
+    return X_INVALID;
+  pinpool_destroy(pool);
+  return 0;
+}
+static void sync_bounded(void **state) {
+  (void)state;
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0)
+    _exit(sync_bounded_run());
+  int st = pp_wait_child(pid, WATCHDOG_MS);
+  PP_ASSERT(st == 0, "sync_bounded: the child failed (%d)", st);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
@@ -921,6 +1025,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(exit_trim_nests),
       cmocka_unit_test(destroy_in_callout_fork),
       cmocka_unit_test(call_during_teardown),
+      cmocka_unit_test(sync_bounded),
   };
   return pp_run_selected("reenter_matrix", all, sizeof all / sizeof all[0],
                          argc, argv);
