@@ -130,6 +130,10 @@ typedef struct {
    * (docs/sharing.md: the owner does nothing with the bytes of a lent
    * block, and a close would leave it allocated for good). */
   _Atomic int lent;
+  /* Weak references: the shared table keeps the Buffers lend_collect()
+   * handed back by weak reference only, so that a dropped one is freed
+   * (issue 36, the fifth review, item 2). */
+  PyObject *weaklist;
 } BufferObject;
 
 #define LENT_CLOSING (-2) /* BufferObject.lent during close (close_hook) */
@@ -1036,7 +1040,9 @@ static PyMethodDef Pool_methods[] = {
               "proof was read at least that long ago with no pickle since (a\n"
               "worker that died between its proof and its pickle). A pickle\n"
               "of a return handed back here that comes all the same loads as\n"
-              "the same Buffer (docs/python.md, \"Shared pools\").\n\n"
+              "the same Buffer once, while it is open and not lent again;\n"
+              "otherwise StaleHandleError, never counted (docs/python.md,\n"
+              "\"Shared pools\"). The Buffers are not kept alive here.\n\n"
               "Raises BlockingIOError or OSError as a returned pickle's\n"
               "loading does when it has nothing to give (what was read is\n"
               "kept: call again later), ValueError (a pool without shared=1,\n"
@@ -1154,6 +1160,7 @@ static PyObject *new_buffer(PyObject *pool_obj, pinpool_buffer_t *buf) {
   self->buf = buf;
   self->pool = Py_NewRef(pool_obj);
   self->att = NULL;
+  self->weaklist = NULL;
   atomic_init(&self->lent, 0);
   (void)pinpool_buffer_ptr(buf, &self->ptr);
   (void)pinpool_buffer_requested_size(buf, &self->nbytes);
@@ -1239,6 +1246,8 @@ static void Buffer_dealloc(BufferObject *self) {
   /* Our reference: the last one closes the buffer; exports keep the
    * memory. The Pool goes after (it may be the pool's last owner). An
    * attached block is detached (now, or at its last export's release). */
+  if (self->weaklist != NULL)
+    PyObject_ClearWeakRefs((PyObject *)self);
   if (self->att != NULL) {
     (void)att_close(self->att);
     att_put(self->att);
@@ -2100,6 +2109,7 @@ static PyTypeObject BufferType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pinpool.Buffer",
     .tp_basicsize = sizeof(BufferObject),
     .tp_dealloc = (destructor)Buffer_dealloc,
+    .tp_weaklistoffset = offsetof(BufferObject, weaklist),
     .tp_repr = Buffer_repr,
     .tp_as_sequence = &Buffer_as_sequence,
     .tp_as_buffer = &Buffer_as_buffer,
@@ -2169,6 +2179,7 @@ static PyObject *mod_attach(PyObject *m, PyObject *args) {
   self->nbytes = (size_t)nbytes;
   self->block_size = (size_t)h.length;
   self->device_type = kDLCPU; /* a worker never uses CUDA */
+  self->weaklist = NULL;
   atomic_init(&self->lent, 0);
   return (PyObject *)self;
 }

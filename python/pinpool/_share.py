@@ -121,9 +121,10 @@ _pools: "weakref.WeakValueDictionary[int, Pool]" = weakref.WeakValueDictionary()
 # without blocking when a returned Buffer is unpickled (the worker sends
 # its proof before its pickle leaves it, so the proof is queued by then) or
 # at Pool.lend_collect(); a connection without its message yet is kept for
-# the next time (_wait: a stranger's at most _MAX_WAITING, the oldest
-# closed first; a borrower's as many as it has lends, never closed for a
-# stranger's).
+# the next time (_wait: a borrower's as many as it has lends, never
+# closed for a stranger's; the others at most _MAX_WAITING, closed from
+# the pid with the most first, and while a self-lend is live each pid's
+# only one kept, up to _MAX_WAITING_PIDS pids).
 # A proof ends its lend when it is read, if the connecting process is the
 # borrower (pinpool_lend_return_pidfd: by process, not pid number; a
 # process that took a dead borrower's pid is refused even after it has
@@ -158,6 +159,11 @@ _pools: "weakref.WeakValueDictionary[int, Pool]" = weakref.WeakValueDictionary()
 _PROOF_BYTES = 16
 _MAX_PROOFS = 4096
 _MAX_WAITING = 64
+# While a self-lend is live, pids whose only waiting connection is kept
+# (its receiver may be any of them): this many at most, a bound on the
+# owner's descriptors (a stranger needs this many processes to close an
+# honest receiver's connection).
+_MAX_WAITING_PIDS = 256
 _DRAIN_ACCEPTS = 2 * 4096 + 64
 _PEER_REFUSALS = 4
 _MAX_LOST = 8  # proofs of lost pickles remembered per lend
@@ -181,9 +187,22 @@ _refused: "collections.OrderedDict[Tuple[int, int, bytes], Any]" = \
 # (Queue.get drops them), so lend_collect() may hand their Buffers back.
 _lost: Dict[Tuple[int, int], List[bytes]] = {}
 # Returns lend_collect() handed back, for a pickle of them that comes all
-# the same: the same Buffer, not a refusal (at most _MAX_PROOFS).
-_collected: "collections.OrderedDict[Tuple[int, int, bytes], Any]" = \
+# the same (at most _MAX_PROOFS, the oldest dropped first): (weak
+# reference to the Buffer, its id()), None once answered or lent again.
+# Such a pickle is answered at most once, with the same Buffer, and only
+# while that Buffer is open and has not been lent again since; any other
+# load of it raises StaleHandleError, never counted as a refusal (the
+# return was honest, the owner took it early). Before, the Buffer was
+# held strongly: a dropped collected Buffer was never freed (32 MiB of 32
+# in rv36e's collected_retain), and every copy of the pickle loaded as
+# that Buffer, also once it was closed or lent to another worker
+# (issue 36, the fifth review, items 1 and 2).
+_collected: "collections.OrderedDict[Tuple[int, int, bytes], Optional[Tuple[weakref.ref[Buffer], int]]]" = \
     collections.OrderedDict()
+# id() of a collected Buffer -> its key in _collected, so that lending it
+# again spends that key (lend()). An entry whose weak reference is dead or
+# names another object is stale (ids are reused) and ignored.
+_collected_of: Dict[int, Tuple[int, int, bytes]] = {}
 # A worker's side: (pool nonce, generation) of an attached lend -> its
 # owner's return address (from the lend's pickle).
 _homes: Dict[Tuple[int, int], bytes] = {}
@@ -237,6 +256,7 @@ def _forget_listener_in_child() -> None:
     _refused.clear()
     _lost.clear()
     _collected.clear()
+    _collected_of.clear()
     _listener, _listener_pid, _address = None, 0, b""
 
 
@@ -390,20 +410,52 @@ def _read_counted(conn: socket.socket, pid: int, budget: _Budget) -> bool:
 def _wait(conn: socket.socket, pid: int, budget: _Budget) -> None:
     """Keep conn (its message not come yet) for a later drain. A
     borrower's waiting connections, as many as it has lends, are never
-    closed to make room; the others (strangers', a borrower's beyond its
-    lends) at most _MAX_WAITING, the oldest closed first. Before, the
-    oldest of any 64 was closed: 64 idle connections of any process
-    closed an honest worker's accepted connection before its message came
-    (issue 36, fourth review, item 6)."""
+    closed to make room; the others (spare: strangers', a borrower's
+    beyond its lends) at most _MAX_WAITING, closed from the pid with the
+    most spare connections first (its oldest), and while a self-lend is
+    live never a pid's only one, but beyond _MAX_WAITING_PIDS such pids
+    (then the oldest). Before, the oldest of any 64 was closed: 64 idle
+    connections of any process closed an honest worker's accepted
+    connection before its message came (issue 36, fourth review, item 6);
+    then a borrower was known only by a lend to its pid, and the receiver
+    of a self-lend (a Buffer pickled without Buffer.lend, the plain Queue
+    pattern) has none: its only connection counted as spare and was the
+    oldest one closed (issue 36, the fifth review, item 3). A self-lend's
+    receiver is unknown, so any pid may be it: one connection per pid is
+    kept, and a stranger's flood closes its own connections first."""
     _owners_objects(conn, budget)
     _waiting.append((conn, int(pid)))
     kept: "collections.Counter[int]" = collections.Counter()
-    spare = []
+    spare: Dict[int, List[int]] = {}  # pid -> its spare indices, oldest first
+    nspare = 0
     for i, (_, p) in enumerate(_waiting):
         kept[p] += 1
         if p <= 0 or kept[p] > budget.lends[p]:
-            spare.append(i)
-    for i in reversed(spare[:max(0, len(spare) - _MAX_WAITING)]):
+            spare.setdefault(p, []).append(i)
+            nspare += 1
+    excess = nspare - _MAX_WAITING
+    if excess <= 0:
+        return
+
+    def floor(p: int) -> int:  # spare connections p keeps, whatever comes
+        return 1 if budget.anyone and p > 0 and budget.lends[p] == 0 else 0
+
+    drop: List[int] = []
+    while excess > 0:
+        p = max(spare, key=lambda q: len(spare[q]) - floor(q))
+        if len(spare[p]) > floor(p):
+            drop.append(spare[p].pop(0))
+        elif nspare - len(drop) > _MAX_WAITING_PIDS:
+            # Only pids' only connections left, more than a bound on the
+            # owner's descriptors allows: the oldest of them.
+            p = min((q for q in spare if spare[q]), key=lambda q: spare[q][0])
+            drop.append(spare[p].pop(0))
+        else:
+            break
+        if not spare[p]:
+            del spare[p]
+        excess -= 1
+    for i in sorted(drop, reverse=True):
         _waiting.pop(i)[0].close()
 
 
@@ -497,6 +549,18 @@ def lend(buf: Buffer, pid: int, pidfd: int = -1) -> None:
         key = buf._lend_into(  # type: ignore[attr-defined]
             pid, pidfd, _lends, _Lend)
         _pools[key[0]] = buf.pool  # type: ignore[assignment]
+        _spend_collected(buf)  # lent again: no late pickle answers with it
+
+
+def _spend_collected(buf: Buffer) -> None:
+    """A Buffer lend_collect() handed back is lent again (lock held): a
+    late pickle of its earlier return no longer answers with it."""
+    k = _collected_of.pop(id(buf), None)
+    if k is None:
+        return
+    v = _collected.get(k)
+    if v is not None and v[0]() is buf:
+        _collected[k] = None
 
 
 def _current(buf: Buffer) -> Optional[_Lend]:
@@ -672,8 +736,9 @@ def _returned(handle: bytes, peer: int = 0, proof: bytes = b"") -> Buffer:
     stays live, and the same pickle can be loaded again later; if it is
     lost, the lend ends at a later drain all the same and
     Pool.lend_collect() gives its Buffer back. A pickle of a return that
-    lend_collect() handed back already gives the same Buffer (nothing
-    counted)."""
+    lend_collect() handed back already gives the same Buffer once, while
+    that Buffer is open and not lent again; else StaleHandleError (never
+    counted: _collected)."""
     h = _parse(handle)
     # Whose pool, by its nonce in the C library's table of the pools this
     # process created: a forked worker in another pid namespace can have
@@ -697,8 +762,20 @@ def _returned(handle: bytes, peer: int = 0, proof: bytes = b"") -> Buffer:
                     del _lost[key[:2]]
             return _ended.pop(key)[0]
         if proved and key in _collected:  # handed back by lend_collect()
-            buf: Buffer = _collected[key]
-            return buf
+            v = _collected[key]
+            _collected[key] = None  # answered at most once
+            late = v[0]() if v is not None else None
+            if v is not None and _collected_of.get(v[1]) == key:
+                del _collected_of[v[1]]
+            if (late is not None and not late.closed and
+                    _current(late) is None):
+                return late
+            raise StaleHandleError(
+                f"stale handle: a shared Buffer (generation {h.generation}) "
+                "came back whose return Pool.lend_collect() handed back "
+                "already, and that Buffer was answered to a load of this "
+                "pickle before, closed, freed or lent again since (not "
+                "counted as a refusal)")
         outcome = _refused.pop(key, None) if proved else None
         if outcome is not None:  # refused when its proof was read: counted
             raise type(outcome)(*outcome.args)
@@ -756,20 +833,22 @@ def lend_collect(pool: Pool, grace: Optional[float] = None) -> List[Buffer]:
             raise why  # what was read stays for the next call
         out = []
         for k in keys:
-            out.append(_ended.pop(k)[0])
+            b = _ended.pop(k)[0]
+            out.append(b)
             _lost.pop(k[:2], None)  # the lend ended: its proofs are moot
-            _collected[k] = out[-1]
+            _collected[k] = (weakref.ref(b), id(b))
             _collected.move_to_end(k)
+            _collected_of[id(b)] = k
         # Proofs of lost pickles whose lend ended otherwise (reclaimed, or
         # by another proof): none of them can end it any more.
         pending = {k[:2] for k in _ended}
         for k2 in [k2 for k2 in _lost if k2 not in _lends and
                    k2 not in pending]:
             del _lost[k2]
-        for k in [k for k, b in _collected.items() if b.closed]:
-            del _collected[k]
         while len(_collected) > _MAX_PROOFS:
-            _collected.popitem(last=False)
+            k, v = _collected.popitem(last=False)
+            if v is not None and _collected_of.get(v[1]) == k:
+                del _collected_of[v[1]]
         return out
 
 

@@ -1415,3 +1415,124 @@ def test_idle_strangers_never_close_a_borrowers_waiting_connection(
         assert spool.lend_reclaim(live=True) == 1
     mine.close()
     b.close()
+
+
+# -- issue 36, the fifth review -------------------------------------------
+
+def test_a_collected_return_answers_a_late_pickle_once_and_holds_nothing(
+        spool):
+    """Issue 36, the fifth review, items 1 and 2: lend_collect() kept every
+    Buffer it handed back (strong references: a dropped one was never
+    freed), and every copy of a pickle of such a return loaded as that
+    Buffer, also after it was closed or lent to another worker (the owner
+    was handed "back" a Buffer another worker holds). Now a late pickle
+    is answered at most once, only while its Buffer is open and not lent
+    again; every other load raises StaleHandleError, never counted; and a
+    dropped collected Buffer is freed."""
+    w, inq, outq, go, bufs = _lend_many(spool, 4)
+    try:
+        refusals = spool.stats()["lend_refusals"]
+        pickles = []
+        for i in range(4):
+            inq.put(("pickle", i))
+            pickles.append(outq.get(timeout=TIMEOUT))
+        _drain_all()  # every proof read: the lends end, the pickles wait
+        got = spool.lend_collect(grace=0)
+        assert sorted(map(id, got)) == sorted(map(id, bufs))
+        del got
+        a, b, c, d = bufs
+        del bufs
+        pa, pb, pc, pd = pickles
+        # Answered once, with the same Buffer; a copy after: stale.
+        assert pickle.loads(pa) is a
+        with pytest.raises(pinpool.StaleHandleError):
+            pickle.loads(pa)
+        # Lent again (to the same worker here: any lend): never answered.
+        b.lend(w.pid)
+        for _ in range(2):
+            with pytest.raises(pinpool.StaleHandleError):
+                pickle.loads(pb)
+        assert b.lent_to == w.pid
+        assert spool.lend_reclaim(w.pid, live=True) == 1
+        with pytest.raises(pinpool.StaleHandleError):  # nor after its end
+            pickle.loads(pb)
+        # Closed: never answered.
+        c.close()
+        with pytest.raises(pinpool.StaleHandleError):
+            pickle.loads(pc)
+        # Dropped: freed (before, _collected kept it allocated).
+        blocks = spool.stats()["blocks"]["current"]
+        del d
+        gc.collect()
+        assert spool.stats()["blocks"]["current"] == blocks - 1
+        with pytest.raises(pinpool.StaleHandleError):
+            pickle.loads(pd)
+        assert spool.stats()["lend_refusals"] == refusals
+        tables_agree(spool)
+    finally:
+        inq.put("exit")
+        _end_worker(w)
+    a.close()
+    b.close()
+
+
+def _hold_connections(addr, n, q):
+    """A stranger: n idle connections to the owner's return socket."""
+    held = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            s.connect(addr)
+        except OSError:
+            break
+        held.append(s)
+    q.put(len(held))
+    q.get(timeout=TIMEOUT)
+
+
+def test_idle_strangers_never_close_a_self_lends_waiting_connection(spool):
+    """Issue 36, the fifth review, item 3: the fourth review's fix kept a
+    borrower's waiting connections by its lends, and the receiver of a
+    Buffer pickled without Buffer.lend (a self-lend: the plain Queue
+    pattern) holds none: its connection, accepted before its message
+    came, counted as a stranger's, and 64 idle connections of another
+    process closed it (the worker's pickling raised BrokenPipeError, the
+    self-lend stayed live). Now spare connections close from the pid with
+    the most first, and while a self-lend is live never a pid's only one."""
+    ctx = mp.get_context("fork")
+    inq, outq, go, sq = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Queue()
+    w = ctx.Process(target=_borrower_of_many, args=(inq, outq, go))
+    w.start()
+    b = spool.alloc(4096)
+    inq.put(pickle.dumps(b))  # no Buffer.lend: lent to this process
+    inq.put("end")
+    assert b.lent_to == os.getpid()
+    stranger = None
+    try:
+        inq.put(("slow", 0))
+        assert outq.get(timeout=TIMEOUT) == "connected"
+        _drain_all()  # the worker's connection accepted, waiting
+        assert [p for _, p in _share._waiting] == [w.pid]
+        with _share._lock:
+            addr = _share._return_address()
+        stranger = ctx.Process(target=_hold_connections,
+                               args=(addr, 3 * _share._MAX_WAITING, sq))
+        stranger.start()
+        n = sq.get(timeout=TIMEOUT)
+        assert n == 3 * _share._MAX_WAITING
+        _drain_all()
+        assert len(_share._waiting) <= _share._MAX_WAITING + 1
+        assert w.pid in [p for _, p in _share._waiting]
+        go.set()
+        back = outq.get(timeout=TIMEOUT)
+        assert isinstance(back, bytes), back
+        assert pickle.loads(back) is b
+        assert b.lent_to is None
+        tables_agree(spool)
+    finally:
+        sq.put("exit")
+        inq.put("exit")
+        if stranger is not None:
+            _end_worker(stranger)
+        _end_worker(w)
+    b.close()
