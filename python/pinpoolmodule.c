@@ -2184,6 +2184,34 @@ static PyObject *mod_attach(PyObject *m, PyObject *args) {
   return (PyObject *)self;
 }
 
+/* share_worker.c's, not public API (this module links the static library):
+ * close a descriptor a peer sent without waiting on the peer (a memory
+ * file at once, anything else on the process's closer thread), and, for
+ * tests, wait until that thread has closed what it was given. */
+void pp_share_close_received(int fd);
+void pp_share_closer_flush(void);
+
+/* _close_received(fd): pinpool._fds.close_received. The descriptor is
+ * consumed. */
+static PyObject *mod_close_received(PyObject *m, PyObject *arg) {
+  (void)m;
+  long fd = PyLong_AsLong(arg);
+  if (fd == -1 && PyErr_Occurred())
+    return NULL;
+  if (fd < 0 || fd > INT_MAX)
+    return PyErr_Format(PyExc_ValueError, "_close_received: bad descriptor %ld",
+                        fd);
+  Py_BEGIN_ALLOW_THREADS pp_share_close_received((int)fd);
+  Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
+static PyObject *mod_closer_flush(PyObject *m, PyObject *unused) {
+  (void)m;
+  (void)unused;
+  Py_BEGIN_ALLOW_THREADS pp_share_closer_flush();
+  Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
 /* _share_owns(handle) -> bool: pinpool_share_owns (the handle names a
  * pool this process created; never by pid: issue 36, third round). */
 static PyObject *mod_share_owns(PyObject *m, PyObject *hobj) {
@@ -2200,6 +2228,8 @@ static PyObject *mod_share_owns(PyObject *m, PyObject *hobj) {
 static PyMethodDef module_methods[] = {
     {"_attach", mod_attach, METH_VARARGS, NULL},
     {"_share_owns", mod_share_owns, METH_O, NULL},
+    {"_close_received", mod_close_received, METH_O, NULL},
+    {"_closer_flush", mod_closer_flush, METH_NOARGS, NULL},
     {"_set_close_hook", mod_set_close_hook, METH_O, NULL},
     {"default_pool", mod_default_pool, METH_NOARGS,
      "default_pool()\n--\n\n"

@@ -82,9 +82,13 @@ static inline pp_ctl_slot_t *pp_ctl_slot(void *ctl, uint64_t i) {
  * attached. The descriptor is consumed. */
 void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd,
                            int sock);
-/* Close a descriptor a peer sent (not kept): a socket gets SO_LINGER
- * {1, 0} first, so that its close cannot wait out a linger the peer set. */
+/* Close a descriptor a peer sent (not kept), never waiting on the peer: a
+ * memory file at once; anything else (a socket after SO_LINGER {1, 0}) on
+ * the process's closer thread (share_worker.c). */
 void pp_share_close_received(int fd);
+/* Tests: wait until the closer thread has closed everything queued (each
+ * close returned). */
+void pp_share_closer_flush(void);
 /* The nonces of the shared pools this process created (share_worker.c's
  * table, emptied in a child of fork): add at pp_share_create (0 or
  * PINPOOL_ENOMEM), delete at pp_share_destroy. */

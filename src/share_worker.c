@@ -11,8 +11,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +23,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -292,16 +296,159 @@ static int find_ctl(const pinpool_share_handle_t *h, int ctl_fd,
   return -1;
 }
 
-/* Close a descriptor a peer sent that is not kept. A peer chooses what it
- * sends: the close of the last reference to a TCP socket with SO_LINGER
- * set and unsent data waits out the linger (seconds, as long as the peer
- * likes; O_NONBLOCK on our socket does not help), so a socket gets
- * SO_LINGER {1, 0} first (an abortive close, at once; a no-op error on
- * anything that is not a socket). Issue 36, third review, item 2. */
+/*
+ * Closing a descriptor a peer sent that is not kept. A peer chooses what it
+ * sends, and the last close of some files waits on the peer: a TCP socket
+ * with SO_LINGER set and unsent data to a peer that does not read waits out
+ * the linger (seconds, as long as the peer likes; O_NONBLOCK on our socket
+ * does not help: issue 36, third review, item 2); an AF_UNIX socket whose
+ * own receive queue holds such a socket (SCM_RIGHTS) releases it, and waits
+ * the same, in whichever thread closes the unix socket, and SO_LINGER on
+ * the unix socket reaches none of what it carries (the fifth review, item
+ * 4: 8.1 s per descriptor in rv36e's recv_nested); a FUSE file's close
+ * waits for its daemon. So nothing but a plain memory file (a memfd, the
+ * protocol's own kind, whose close never waits) is closed on the caller's
+ * thread: every other descriptor gets SO_LINGER {1, 0} (an abortive close,
+ * at once, for a socket that has it; a no-op error on anything else) and
+ * goes to the process's closer thread, one detached thread made at the
+ * first such close, which closes them in turn, however long each takes.
+ * The other way, draining an AF_UNIX socket's queue (MSG_DONTWAIT,
+ * recursively, bounded depth) before closing it, would miss what the
+ * kernel queues later (a connection's embryo sockets, a file whose close
+ * waits for a reason not yet known): the thread covers every kind alike.
+ *
+ * The queue is the process's own and holds descriptors this process owns,
+ * so it is bounded by RLIMIT_NOFILE; a peer that sends many lingering
+ * sockets keeps that many descriptors open for their lingers (its own
+ * sockets' peers must hold as many), never a caller's thread. The thread
+ * runs with every signal blocked (a process-directed signal never lands
+ * there) and never calls back into the library. Where the thread cannot
+ * be had (EAGAIN: the process is at its thread limit) or the queue cannot
+ * grow (out of memory), the descriptor is closed here as before: best
+ * effort, said in docs/sharing.md.
+ *
+ * Fork: the child has no closer thread; its handlers (pthread_atfork,
+ * registered with the thread) keep the queue consistent (the lock is held
+ * across fork) and mark the thread gone: the child's first close starts
+ * its own, and the descriptors queued before the fork (the child's copies)
+ * are closed by it.
+ */
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t wake; /* the closer: a descriptor queued */
+  pthread_cond_t idle; /* pp_share_closer_flush: the queue emptied */
+  int *fds;            /* queued, lock */
+  size_t n, cap;       /* lock */
+  bool running;        /* a closer thread exists in this process; lock */
+  bool busy;           /* it is closing one (outside the lock); lock */
+} closer = {.lock = PTHREAD_MUTEX_INITIALIZER,
+            .wake = PTHREAD_COND_INITIALIZER,
+            .idle = PTHREAD_COND_INITIALIZER};
+static pthread_once_t closer_once = PTHREAD_ONCE_INIT;
+
+static void closer_prepare(void) { (void)pthread_mutex_lock(&closer.lock); }
+static void closer_parent(void) { (void)pthread_mutex_unlock(&closer.lock); }
+static void closer_child(void) {
+  /* The thread did not survive; its waiters neither (no destroy: glibc's
+   * would wait for them). */
+  closer.running = false;
+  closer.busy = false;
+  (void)pthread_cond_init(&closer.wake, NULL);
+  (void)pthread_cond_init(&closer.idle, NULL);
+  (void)pthread_mutex_unlock(&closer.lock);
+}
+static void closer_atfork(void) {
+  (void)pthread_atfork(closer_prepare, closer_parent, closer_child);
+}
+
+static void *closer_main(void *arg) {
+  (void)arg;
+  (void)pthread_mutex_lock(&closer.lock);
+  for (;;) {
+    while (closer.n == 0) {
+      closer.busy = false;
+      (void)pthread_cond_broadcast(&closer.idle);
+      (void)pthread_cond_wait(&closer.wake, &closer.lock);
+    }
+    int fd = closer.fds[--closer.n];
+    closer.busy = true;
+    (void)pthread_mutex_unlock(&closer.lock);
+    (void)close(fd); /* may wait out a peer's linger: only this thread */
+    (void)pthread_mutex_lock(&closer.lock);
+  }
+  return NULL;
+}
+
+/* Start the closer thread if there is none (closer.lock held). False where
+ * it cannot be had. */
+static bool closer_start(void) {
+  if (closer.running)
+    return true;
+  (void)pthread_once(&closer_once, closer_atfork);
+  pthread_attr_t a;
+  if (pthread_attr_init(&a) != 0)
+    return false;
+  (void)pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  /* close() only (under the sanitizers too); refused below the minimum:
+   * the default then. */
+  (void)pthread_attr_setstacksize(&a, (size_t)256 << 10);
+  sigset_t all, old;
+  (void)sigfillset(&all);
+  (void)pthread_sigmask(SIG_SETMASK, &all, &old); /* inherited: none */
+  pthread_t t;
+  int rc = pthread_create(&t, &a, closer_main, NULL);
+  (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
+  (void)pthread_attr_destroy(&a);
+  closer.running = rc == 0;
+  return closer.running;
+}
+
+/* A plain memory file (memfd, shm, hugetlbfs): its close never waits. */
+static bool closes_at_once(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return false;
+  struct statfs fs;
+  return fstatfs(fd, &fs) == 0 &&
+         (fs.f_type == TMPFS_MAGIC || fs.f_type == HUGETLBFS_MAGIC);
+}
+
 void pp_share_close_received(int fd) {
+  if (fd < 0)
+    return;
+  if (closes_at_once(fd)) {
+    (void)close(fd);
+    return;
+  }
   struct linger l = {1, 0};
   (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
-  (void)close(fd);
+  (void)pthread_mutex_lock(&closer.lock);
+  bool queued = false;
+  if (closer_start()) {
+    if (closer.n == closer.cap) {
+      size_t cap = closer.cap == 0 ? 16 : 2 * closer.cap;
+      int *f = realloc(closer.fds, cap * sizeof *f);
+      if (f != NULL) {
+        closer.fds = f;
+        closer.cap = cap;
+      }
+    }
+    if (closer.n < closer.cap) {
+      closer.fds[closer.n++] = fd;
+      queued = true;
+      (void)pthread_cond_signal(&closer.wake);
+    }
+  }
+  (void)pthread_mutex_unlock(&closer.lock);
+  if (!queued)
+    (void)close(fd); /* no thread, no memory: best effort, here */
+}
+
+void pp_share_closer_flush(void) {
+  (void)pthread_mutex_lock(&closer.lock);
+  while (closer.running && (closer.n > 0 || closer.busy))
+    (void)pthread_cond_wait(&closer.idle, &closer.lock);
+  (void)pthread_mutex_unlock(&closer.lock);
 }
 
 void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd,

@@ -24,10 +24,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -129,12 +131,45 @@ static const char *const names[NCASES] = {
     "a second descriptor that is no control area",
     "a part-message of a socket closed since"};
 
-static void one_case(int which) {
+/* The received unix socket (nested) was closed: its peer x sees the
+ * hang-up. The bound is a watchdog: before the fix the close never came
+ * while the lingering socket it carries held the receiving thread. */
+static void wait_closed(int x, int *keep, const char *what) {
+  struct pollfd p = {.fd = x, .events = POLLRDHUP};
+  int n;
+  do
+    n = poll(&p, 1, WATCHDOG_S * 1000);
+  while (n < 0 && errno == EINTR);
+  PP_ASSERT(n == 1 && (p.revents & (POLLHUP | POLLRDHUP)) != 0,
+            "%s: the received unix socket was not closed", what);
+  /* The TCP socket's peer closed with its data unread: a reset, which
+   * ends the linger the closer thread waits out (pp_count_fds waits for
+   * that thread). */
+  if (*keep >= 0)
+    (void)close(*keep);
+  *keep = -1;
+}
+
+/* nested: the peer's descriptor is an AF_UNIX socket whose own receive
+ * queue holds the lingering TCP socket (issue 36, the fifth review, item
+ * 4): SO_LINGER on the unix socket reaches none of what it carries, and
+ * its close released the TCP socket in the receiving thread. */
+static void one_case(int which, bool nested) {
   int keep = -1, srv = -1;
   int l = lingering(&keep, &srv);
   if (l < 0) {
     print_message("no TCP on loopback here: case skipped\n");
     return;
+  }
+  int x = -1;
+  if (nested) {
+    int xy[2];
+    PP_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, xy) == 0,
+              "sp");
+    send_with(xy[0], "n", 1, &l, 1); /* queued on xy[1] */
+    (void)close(l);
+    l = xy[1];
+    x = xy[0];
   }
   int m = memfd_create("peer", MFD_CLOEXEC);
   PP_ASSERT(m >= 0 && ftruncate(m, 1 << 20) == 0, "memfd");
@@ -177,6 +212,8 @@ static void one_case(int which) {
   pthread_t t;
   PP_ASSERT(pthread_create(&t, NULL, dog, NULL) == 0, "pthread_create");
   int rc = pinpool_share_recv(sv[0], &g, &got);
+  if (nested && which != PRUNED)
+    wait_closed(x, &keep, names[which]);
   if (which == PRUNED) {
     PP_CHECK_RC(rc, PINPOOL_EAGAIN); /* the piece and its descriptors kept */
     PP_ASSERT(pp_share_io_kept() == 1, "kept %zu", pp_share_io_kept());
@@ -189,6 +226,8 @@ static void one_case(int which) {
     rc = pinpool_share_recv(sv[0], &g, &got);
     PP_CHECK_RC(rc, PINPOOL_EAGAIN);
     PP_ASSERT(pp_share_io_kept() == 0, "kept %zu", pp_share_io_kept());
+    if (nested)
+      wait_closed(x, &keep, names[which]);
   } else if (which == NOT_A_CTL) {
     PP_OK(rc); /* the first descriptor is the caller's */
     PP_ASSERT(got >= 0, "got %d", got);
@@ -196,22 +235,28 @@ static void one_case(int which) {
   } else {
     PP_CHECK_RC(rc, PINPOOL_EBADHANDLE);
     /* Every descriptor the message brought is closed: none kept, none
-     * left to the kernel. */
-    PP_ASSERT(pp_count_fds() == open_before,
-              "%s: %d descriptors open, %d before", names[which],
-              pp_count_fds(), open_before);
+     * left to the kernel (pp_count_fds waits for the closer thread;
+     * nested: keep was closed, wait_closed). */
+    int expect = open_before - (nested ? 1 : 0);
+    PP_ASSERT(pp_count_fds() == expect, "%s: %d descriptors open, %d expected",
+              names[which], pp_count_fds(), expect);
   }
   (void)sem_post(&stop_dog);
   (void)pthread_join(t, NULL);
   (void)sem_destroy(&stop_dog);
   PP_ASSERT(!atomic_load(&fired),
-            "%s: closing the peer's lingering socket waited for the "
+            "%s%s: closing the peer's lingering socket waited for the "
             "watchdog (%d s)",
-            names[which], WATCHDOG_S);
+            names[which], nested ? " (in a unix socket's queue)" : "",
+            WATCHDOG_S);
   (void)close(sv[0]);
   (void)close(sv[1]);
-  (void)close(keep);
+  if (keep >= 0)
+    (void)close(keep); /* a reset: the closer's linger wait ends */
   (void)close(srv);
+  if (x >= 0)
+    (void)close(x);
+  pp_share_closer_flush();
 }
 
 static void test_received_descriptors_close_at_once(void **state) {
@@ -222,7 +267,9 @@ static void test_received_descriptors_close_at_once(void **state) {
   sa.sa_handler = on_usr1; /* no SA_RESTART: the close returns */
   PP_ASSERT(sigaction(SIGUSR1, &sa, NULL) == 0, "sigaction");
   for (int i = 0; i < NCASES; i++)
-    one_case(i);
+    one_case(i, false);
+  for (int i = 0; i < NCASES; i++)
+    one_case(i, true);
 }
 
 int main(int argc, char **argv) {

@@ -536,7 +536,15 @@ int pp_wait_child(pid_t pid, unsigned timeout_ms) {
   return WIFSIGNALED(status) ? -2 : WEXITSTATUS(status);
 }
 
+/* share_worker.c's (src/share.h): wait until the closer thread has
+ * closed every descriptor handed to it. */
+void pp_share_closer_flush(void);
+
 int pp_count_fds(void) {
+  /* A descriptor a peer sent and the library did not keep is closed on
+   * the process's closer thread, a moment after the call that received it
+   * returned (docs/sharing.md): counted once that thread is done. */
+  pp_share_closer_flush();
   DIR *d = opendir("/proc/self/fd");
   int n = 0;
   if (d == NULL)

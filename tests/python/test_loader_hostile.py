@@ -299,11 +299,60 @@ def test_worker_channel_read_closes_extra_descriptors_without_waiting(count):
         with pytest.raises(ValueError, match="descriptors"):
             _loader._recv_msg(a)
     assert not fired, "the worker's read waited out the sender's linger"
+    pinpool._core._closer_flush()  # the socket: on the closer thread
     assert len(os.listdir("/proc/self/fd")) == before  # all closed
     a.close()
     b.close()
     for s in keep:
         s.close()
+
+
+@pytest.mark.parametrize("how", ["close_received", "recv_msg", "read_proof"])
+def test_a_received_unix_socket_carrying_a_lingering_socket_closes_at_once(
+        how):
+    """Issue 36, the fifth review, item 4: close_received set SO_LINGER
+    {1, 0} on the socket it closes, but a unix socket whose own receive
+    queue holds a lingering TCP socket (SCM_RIGHTS) releases it when
+    closed, in the closing thread, which waited out the linger (rv36e
+    close_nested: 8.2 s for a linger of 8). Now anything but a memory file
+    is closed on the process's closer thread. The watchdog fires only on
+    the hang; the unix socket's peer sees it closed."""
+    c, keep = lingering_socket()
+    x, y = socket.socketpair()
+    socket.send_fds(x, [b"n"], [c.fileno()])
+    c.close()  # the unix socket's queue holds the last reference
+    a = b = None
+    try:
+        with signal_watchdog() as fired:
+            if how == "close_received":
+                _fds.close_received(y.detach())
+            elif how == "recv_msg":  # the worker's channel read, extras
+                a, b = socket.socketpair()
+                m = os.memfd_create("extra")
+                socket.send_fds(b, [_loader._HEADER.pack(0, 1)],
+                                [m] * 4 + [y.fileno()])
+                os.close(m)
+                y.close()
+                with pytest.raises(ValueError, match="descriptors"):
+                    _loader._recv_msg(a)
+            else:  # the owner's return socket, where it accepts rights
+                a, b = socket.socketpair(socket.AF_UNIX,
+                                         socket.SOCK_SEQPACKET)
+                socket.send_fds(b, [b"junk"], [y.fileno()])
+                y.close()
+                with _share._lock:
+                    assert _share._read_proof(a)  # not a proof: dropped
+        assert not fired, "closing the unix socket waited out the linger"
+        # Closed with its queue unread: the peer reads a reset (or EOF).
+        r, _, _ = select.select([x], [], [], WATCHDOG)
+        assert r, "the received unix socket is open"
+        with contextlib.suppress(ConnectionResetError):
+            assert x.recv(1) == b"", "the received unix socket is open"
+    finally:
+        for s in (x, a, b) + keep:
+            if s is not None:
+                s.close()  # keep's reset ends the closer's wait
+        pinpool._core._closer_flush()
 
 
 # -- 5. lends by pidfd: a forkserver worker's pid taken by a stranger --------
