@@ -857,6 +857,76 @@ static void destroy_in_callout_fork(void **state) {
   PP_ASSERT(st == 0, "destroy_in_callout_fork: the child failed (%d)", st);
 }
 
+/* ---- buffer_release_fork (rv37e's d4) --------------------------------------
+ * The last pinpool_buffer_release of a pool-B buffer, from a backend free
+ * of pool A (inside empty_cache's busy section) while another thread
+ * forks. The buffer's free of its block needed a cache of B on this
+ * thread, which the fork refused (EBUSY); settle ignored it and the block
+ * stayed allocated in B for good. Now the free is a nested call (no
+ * cache): B's requests.current is 0 after the release. */
+static pinpool_buffer_t *br_buf;
+static _Atomic int br_armed, br_in_cb, br_rc = 1;
+static void br_free_a(void *ctx, void *p, size_t size) {
+  (void)ctx;
+  if (atomic_exchange(&br_armed, 0)) {
+    atomic_store(&br_in_cb, 1);
+    unsigned t0 = now_ms(); /* until the fork waits for this section */
+    while (atomic_load(&pp_fork_gate) == 0 && now_ms() - t0 < RV_MS)
+      pp_sleep_ms(1);
+    atomic_store(&br_rc, pinpool_buffer_release(br_buf));
+  }
+  (void)munmap(p, size);
+}
+static int buffer_fork_run(void) {
+  static pinpool_backend_t ba;
+  ba = (pinpool_backend_t){"a", be_alloc, br_free_a, NULL, 0};
+  pinpool_t *b_pool = NULL;
+  if (pinpool_create_with_backend("", &ba, &pool) != 0 ||
+      pinpool_create("backend=malloc", &b_pool) != 0)
+    return X_SETUP;
+  void *a = NULL;
+  if (pinpool_alloc(pool, 16 * MiB, &a) != 0 ||
+      pinpool_buffer_alloc(b_pool, 4096, &br_buf) != 0)
+    return X_SETUP;
+  (void)pinpool_free(pool, a);
+  (void)pinpool_thread_flush(pool); /* a whole free chunk in A */
+  atomic_store(&br_armed, 1);
+  pthread_t t;
+  pthread_create(&t, NULL, dx_emptier, NULL); /* never used B */
+  if (!wait_for(&br_in_cb, 5000))
+    return 80;
+  fflush(NULL);
+  pid_t pid = fork(); /* waits for the emptier's section */
+  if (pid == 0)
+    _exit(0);
+  if (pid < 0 || pp_wait_child(pid, WATCHDOG_MS / 2) != 0)
+    return X_FORK_CHILD;
+  pthread_join(t, NULL);
+  pinpool_stats_t st;
+  if (pinpool_get_stats(b_pool, &st) != 0)
+    return X_INVALID;
+  fprintf(stderr,
+          "buffer_release_fork: release %d; pool B's requests.current %llu\n",
+          atomic_load(&br_rc), (unsigned long long)st.requests.current);
+  if (atomic_load(&br_rc) != 0 || st.requests.current != 0)
+    return 81;
+  if (pinpool_validate(b_pool) != 0 || pinpool_validate(pool) != 0)
+    return X_INVALID;
+  pinpool_destroy(b_pool);
+  pinpool_destroy(pool);
+  return 0;
+}
+static void buffer_release_fork(void **state) {
+  (void)state;
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0)
+    _exit(buffer_fork_run());
+  int st = pp_wait_child(pid, WATCHDOG_MS);
+  PP_ASSERT(st == 0, "buffer_release_fork: the child failed (%d)", st);
+}
+
 /* ---- call_during_teardown (rv37e's d5) -------------------------------------
  * A backend free run by pinpool_destroy calls the pool being destroyed:
  * every such call fails with PINPOOL_EBUSY, nothing changed (before:
@@ -1024,6 +1094,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(settle_tickets),
       cmocka_unit_test(exit_trim_nests),
       cmocka_unit_test(destroy_in_callout_fork),
+      cmocka_unit_test(buffer_release_fork),
       cmocka_unit_test(call_during_teardown),
       cmocka_unit_test(sync_bounded),
   };
