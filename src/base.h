@@ -109,11 +109,13 @@ typedef struct pp_mutex {
   pthread_mutex_t m;
   /* The lock's meter (issue 38; docs/verification.md, "Issue 38, the
    * locks' meter"): elements visited in the current hold (pp_lock_visit)
-   * and the most in one hold since the last pp_lock_meter reset. Written
+   * and the most in one hold since the last pp_lock_meter reset; and the
+   * total over all holds (pp_lock_meter_total), which catches a walk
+   * proportional to the pool that is done in bounded pieces. Written
    * only under the lock. In every build, so that the counting tests run in
    * every variant; a path that visits nothing pays one load and a
    * predicted branch at unlock. */
-  uint64_t visits, visits_max;
+  uint64_t visits, visits_max, visits_total;
 #if PINPOOL_DEBUG >= 1
   _Atomic(unsigned long) owner;
 #endif
@@ -150,6 +152,7 @@ static inline void pp_mutex_unlock(pp_mutex_t *m) {
  * calls this once after it. tests/test_scale_locks.c reads the maxima. */
 static inline void pp_lock_visit(pp_mutex_t *m, uint64_t n) {
   m->visits += n;
+  m->visits_total += n;
   if (m->visits > m->visits_max)
     m->visits_max = m->visits;
 }
@@ -160,6 +163,16 @@ static inline uint64_t pp_lock_meter(pp_mutex_t *m, bool reset) {
   uint64_t v = m->visits_max;
   if (reset)
     m->visits_max = 0;
+  (void)pthread_mutex_unlock(&m->m);
+  return v;
+}
+/* Every element any hold of m visited since the last reset: a per-call
+ * cost, where pp_lock_meter is a per-hold one. */
+static inline uint64_t pp_lock_meter_total(pp_mutex_t *m, bool reset) {
+  (void)pthread_mutex_lock(&m->m);
+  uint64_t v = m->visits_total;
+  if (reset)
+    m->visits_total = 0;
   (void)pthread_mutex_unlock(&m->m);
   return v;
 }
