@@ -202,22 +202,24 @@ static void find_dirs(struct scratch *sc, const char *mountinfo,
   }
 }
 
-static int scratch_new(struct scratch **out) {
-  *out = malloc(sizeof **out);
-  if (*out == NULL)
-    return pp_fail(PINPOOL_ENOMEM, "shared pool: out of memory reading the "
-                                   "memory cgroup's limit");
-  return 0;
+/* NULL (the error recorded) when there is no memory: the callers test the
+ * pointer itself, which the static analyzer can follow. */
+static struct scratch *scratch_new(void) {
+  struct scratch *sc = malloc(sizeof *sc);
+  if (sc == NULL)
+    (void)pp_fail(PINPOOL_ENOMEM, "shared pool: out of memory reading the "
+                                  "memory cgroup's limit");
+  return sc;
 }
 
 int pp_share_cgroup_dir(const char *mountinfo, const char *cgroup, char *dir,
                         size_t len) {
-  struct scratch *sc;
-  int rc = scratch_new(&sc);
-  if (rc != 0)
-    return rc;
+  struct scratch *sc = scratch_new();
+  if (sc == NULL)
+    return PINPOOL_ENOMEM;
   size_t floors[2];
   find_dirs(sc, mountinfo, cgroup, floors);
+  int rc = 0;
   for (int v = 0; v < 2 && rc == 0; v++) {
     uint64_t x;
     if (sc->dirs[v][0] != '\0' &&
@@ -232,10 +234,9 @@ int pp_share_cgroup_dir(const char *mountinfo, const char *cgroup, char *dir,
 
 int pp_share_cgroup_room(const char *mountinfo, const char *cgroup,
                          uint64_t *room) {
-  struct scratch *sc;
-  int rc = scratch_new(&sc);
-  if (rc != 0)
-    return rc;
+  struct scratch *sc = scratch_new();
+  if (sc == NULL)
+    return PINPOOL_ENOMEM;
   size_t floors[2];
   find_dirs(sc, mountinfo, cgroup, floors);
   bool found = false;
