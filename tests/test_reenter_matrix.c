@@ -680,15 +680,20 @@ static int settle_tickets_run(void) {
   pinpool_destroy(pool);
   return 0;
 }
-static void settle_tickets(void **state) {
-  (void)state;
+/* Runs one scenario in a child under the watchdog: a hang or a failed
+ * check fails the test, naming it. */
+static void in_child(const char *name, int (*run)(void)) {
   fflush(NULL);
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0)
-    _exit(settle_tickets_run());
+    _exit(run());
   int st = pp_wait_child(pid, WATCHDOG_MS);
-  PP_ASSERT(st == 0, "settle_tickets: the child failed (%d)", st);
+  PP_ASSERT(st == 0, "%s: the child failed (%d)", name, st);
+}
+static void settle_tickets(void **state) {
+  (void)state;
+  in_child("settle_tickets", settle_tickets_run);
 }
 
 /* ---- exit_trim_nests (rv37e's d7) ----------------------------------------
@@ -767,13 +772,7 @@ static int exit_trim_run(void) {
 }
 static void exit_trim_nests(void **state) {
   (void)state;
-  fflush(NULL);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0)
-    _exit(exit_trim_run());
-  int st = pp_wait_child(pid, WATCHDOG_MS);
-  PP_ASSERT(st == 0, "exit_trim_nests: the child failed (%d)", st);
+  in_child("exit_trim_nests", exit_trim_run);
 }
 
 /* ---- destroy_in_callout_fork (rv37e's d1) ----------------------------------
@@ -848,13 +847,7 @@ static int destroy_fork_run(void) {
 }
 static void destroy_in_callout_fork(void **state) {
   (void)state;
-  fflush(NULL);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0)
-    _exit(destroy_fork_run());
-  int st = pp_wait_child(pid, WATCHDOG_MS);
-  PP_ASSERT(st == 0, "destroy_in_callout_fork: the child failed (%d)", st);
+  in_child("destroy_in_callout_fork", destroy_fork_run);
 }
 
 /* ---- buffer_release_fork (rv37e's d4) --------------------------------------
@@ -918,13 +911,7 @@ static int buffer_fork_run(void) {
 }
 static void buffer_release_fork(void **state) {
   (void)state;
-  fflush(NULL);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0)
-    _exit(buffer_fork_run());
-  int st = pp_wait_child(pid, WATCHDOG_MS);
-  PP_ASSERT(st == 0, "buffer_release_fork: the child failed (%d)", st);
+  in_child("buffer_release_fork", buffer_fork_run);
 }
 
 /* ---- call_during_teardown (rv37e's d5) -------------------------------------
@@ -974,13 +961,7 @@ static int teardown_run(void) {
 }
 static void call_during_teardown(void **state) {
   (void)state;
-  fflush(NULL);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0)
-    _exit(teardown_run());
-  int st = pp_wait_child(pid, WATCHDOG_MS);
-  PP_ASSERT(st == 0, "call_during_teardown: the child failed (%d)", st);
+  in_child("call_during_teardown", teardown_run);
 }
 
 /* ---- sync_bounded (rv37e's d3) ---------------------------------------------
@@ -1078,13 +1059,7 @@ static int sync_bounded_run(void) {
 }
 static void sync_bounded(void **state) {
   (void)state;
-  fflush(NULL);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0)
-    _exit(sync_bounded_run());
-  int st = pp_wait_child(pid, WATCHDOG_MS);
-  PP_ASSERT(st == 0, "sync_bounded: the child failed (%d)", st);
+  in_child("sync_bounded", sync_bounded_run);
 }
 
 int main(int argc, char **argv) {
