@@ -163,6 +163,16 @@ static int check_handle(const pinpool_share_handle_t *h) {
 /* fd is a memfd of the handle's chunk: writable, the right size, sealed
  * against resizing (never against writing), the same file. */
 static int check_fd(const pinpool_share_handle_t *h, int fd) {
+  /* F_GET_SEALS first: it answers for a shmem or hugetlbfs file only and
+   * asks no file system. The fstat after it is then a memory file's; on
+   * a FUSE file fstat is a request to the peer's daemon, answered when it
+   * likes, on the caller's thread (issue 36, rv3637f, D3). */
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0)
+    return pp_fail(PINPOOL_EBADHANDLE,
+                   "pinpool_share_attach: descriptor %d is not a memfd "
+                   "(F_GET_SEALS: %s)",
+                   fd, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0)
     return pp_fail(PINPOOL_EBADHANDLE,
@@ -177,12 +187,6 @@ static int check_fd(const pinpool_share_handle_t *h, int fd) {
                    "the handle's chunk (inode %llu, handle says %llu)",
                    fd, (unsigned long long)st.st_ino,
                    (unsigned long long)h->ino);
-  int seals = fcntl(fd, F_GET_SEALS);
-  if (seals < 0)
-    return pp_fail(PINPOOL_EBADHANDLE,
-                   "pinpool_share_attach: descriptor %d is not a memfd "
-                   "(F_GET_SEALS: %s)",
-                   fd, strerror(errno));
   if ((seals & SEALS_NEEDED) != SEALS_NEEDED || (seals & SEALS_FORBIDDEN))
     return pp_fail(PINPOOL_EBADHANDLE,
                    "pinpool_share_attach: descriptor %d has seals %#x, "
@@ -206,16 +210,16 @@ static int check_fd(const pinpool_share_handle_t *h, int fd) {
 /* cfd is the handle's control area: the memfd of inode ctl_ino, its size,
  * sealed against resizing and against every write. 0 or EBADHANDLE. */
 static int check_ctl(const pinpool_share_handle_t *h, int cfd) {
+  /* F_GET_SEALS before the fstat, as in check_fd (a peer's FUSE file). */
+  int seals = fcntl(cfd, F_GET_SEALS);
   struct stat st;
-  if (fstat(cfd, &st) != 0 || !S_ISREG(st.st_mode) ||
+  if (seals < 0 || fstat(cfd, &st) != 0 || !S_ISREG(st.st_mode) ||
       (uint64_t)st.st_dev != h->dev || (uint64_t)st.st_ino != h->ctl_ino)
     return pp_fail(PINPOOL_EBADHANDLE,
                    "pinpool_share_attach: descriptor %d is not the handle's "
                    "control area (inode %llu)",
                    cfd, (unsigned long long)h->ctl_ino);
-  int seals = fcntl(cfd, F_GET_SEALS);
-  if (seals < 0 ||
-      (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
+  if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
           (F_SEAL_SHRINK | F_SEAL_GROW) ||
       (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) == 0)
     return pp_fail(PINPOOL_EBADHANDLE,
@@ -289,9 +293,12 @@ static int find_ctl(const pinpool_share_handle_t *h, int ctl_fd,
       *pending = (long)i;
       return wk.ctl[i].fd;
     }
+  /* owner_ctl_fd is a number a peer wrote: here it may name any file,
+   * one a peer sent included (a FUSE file): F_GET_SEALS before fstat. */
   struct stat st;
-  if (h->owner_ctl_fd >= 0 && fstat(h->owner_ctl_fd, &st) == 0 &&
-      (uint64_t)st.st_dev == h->dev && (uint64_t)st.st_ino == h->ctl_ino)
+  if (h->owner_ctl_fd >= 0 && fcntl(h->owner_ctl_fd, F_GET_SEALS) >= 0 &&
+      fstat(h->owner_ctl_fd, &st) == 0 && (uint64_t)st.st_dev == h->dev &&
+      (uint64_t)st.st_ino == h->ctl_ino)
     return h->owner_ctl_fd;
   return -1;
 }
@@ -403,15 +410,11 @@ static bool closer_start(void) {
   return closer.running;
 }
 
-/* A plain memory file (memfd, shm, hugetlbfs): its close never waits. */
-static bool closes_at_once(int fd) {
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-    return false;
-  struct statfs fs;
-  return fstatfs(fd, &fs) == 0 &&
-         (fs.f_type == TMPFS_MAGIC || fs.f_type == HUGETLBFS_MAGIC);
-}
+/* A plain memory file (memfd, shm, hugetlbfs): its close never waits.
+ * F_GET_SEALS answers for those only and asks no file system; fstat and
+ * fstatfs (before) were each a request to a FUSE file's daemon, on the
+ * caller's thread (issue 36, rv3637f, D3). */
+static bool closes_at_once(int fd) { return fcntl(fd, F_GET_SEALS) >= 0; }
 
 void pp_share_close_received(int fd) {
   if (fd < 0)
@@ -744,7 +747,16 @@ static void io_free_list(io_t *p) {
   }
 }
 
+/* A kept piece's descriptor number may name another file since, one a
+ * peer sent included (a FUSE file, whose fstat is a request to its
+ * daemon): SO_TYPE first, which fails with ENOTSOCK on anything but a
+ * socket and asks no file system; a socket's fstat never leaves the
+ * kernel. */
 static bool sock_id(int sock, uint64_t *dev, uint64_t *ino) {
+  int type;
+  socklen_t tlen = sizeof type;
+  if (getsockopt(sock, SOL_SOCKET, SO_TYPE, &type, &tlen) != 0)
+    return false;
   struct stat st;
   if (fstat(sock, &st) != 0)
     return false;
@@ -866,8 +878,10 @@ static int send_fds(const pinpool_share_handle_t *h, int fd, int fds[2]) {
                    "pinpool_share_send: %d is not an open descriptor", fd);
   fds[n++] = fd;
   struct stat st;
-  if (own(h) && h->owner_ctl_fd >= 0 && fstat(h->owner_ctl_fd, &st) == 0 &&
-      (uint64_t)st.st_dev == h->dev && (uint64_t)st.st_ino == h->ctl_ino)
+  if (own(h) && h->owner_ctl_fd >= 0 &&
+      fcntl(h->owner_ctl_fd, F_GET_SEALS) >= 0 &&
+      fstat(h->owner_ctl_fd, &st) == 0 && (uint64_t)st.st_dev == h->dev &&
+      (uint64_t)st.st_ino == h->ctl_ino)
     fds[n++] = h->owner_ctl_fd;
   return n;
 }

@@ -1,0 +1,385 @@
+/* Disposal of the descriptors a peer sends (issue 36, the review rv3637f;
+ * docs/sharing.md, "What a peer's descriptors can do"; docs/verification.md,
+ * "Issue 36, rv3637f").
+ *
+ * fuse: no call that a FUSE daemon answers (fstat, fstatfs: GETATTR,
+ * STATFS; anything else) is made on the caller's thread for a descriptor a
+ * peer sent: a daemon in this test counts the requests each thread makes
+ * (the request's pid is the thread's id), and the receiving thread must
+ * make none, in each path that meets such a descriptor. Needs root and
+ * /dev/fuse (a private mount namespace, in a child): skipped without. */
+#include "testutil.h"
+
+#include "share.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fuse.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_FDS 253 /* SCM_MAX_FD */
+#define SKIPPED 77
+
+/* The checks run in forked children too, where a cmocka failure would go
+ * on with the runner in the child: there a failure is a message and
+ * _exit(1), reported by the parent's wait. */
+static bool in_child;
+#define CK(cond, ...)                                                          \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      if (in_child) {                                                          \
+        fprintf(stderr, "ERROR (%s:%d, child): ", __FILE__, __LINE__);         \
+        fprintf(stderr, __VA_ARGS__);                                          \
+        fprintf(stderr, "\n");                                                 \
+        _exit(1);                                                              \
+      }                                                                        \
+      PP_FAIL(__VA_ARGS__);                                                    \
+    }                                                                          \
+  } while (0)
+#define CK_RC(expr, expected)                                                  \
+  do {                                                                         \
+    int rc_ = (expr);                                                          \
+    CK(rc_ == (expected), "%s: %d (%s), expected %d", #expr, rc_,              \
+       pinpool_strerror(rc_), (expected));                                     \
+  } while (0)
+
+/* Send len bytes of h with fds[0..n) on the first byte. */
+static void send_with(int sock, const void *h, size_t len, const int *fds,
+                      int n) {
+  union {
+    char b[CMSG_SPACE(MAX_FDS * sizeof(int))];
+    struct cmsghdr al;
+  } u;
+  CK(n <= MAX_FDS, "%d descriptors", n);
+  memset(&u, 0, sizeof u);
+  struct iovec iov = {(void *)h, len};
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (n > 0) {
+    m.msg_control = u.b;
+    m.msg_controllen = CMSG_SPACE((size_t)n * sizeof(int));
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN((size_t)n * sizeof(int));
+    memcpy(CMSG_DATA(cm), fds, (size_t)n * sizeof(int));
+  }
+  CK(sendmsg(sock, &m, MSG_NOSIGNAL) == (ssize_t)len, "sendmsg: %s",
+     strerror(errno));
+}
+
+/* A handle of no pool of this process's, well formed. */
+static pinpool_share_handle_t foreign_handle(void) {
+  pinpool_share_handle_t h;
+  memset(&h, 0, sizeof h);
+  h.magic = PINPOOL_SHARE_MAGIC;
+  h.version = PINPOOL_SHARE_VERSION;
+  h.nonce = 0x5eed5eed5eed5eedull;
+  h.chunk_id = 1;
+  h.generation = 1;
+  h.chunk_size = 1 << 20;
+  h.length = 4096;
+  h.ino = 777;
+  h.ctl_ino = 778;
+  h.owner_ctl_fd = -1;
+  return h;
+}
+
+/* ---- fuse ---------------------------------------------------------------- */
+
+/* The daemon is a process of its own (a child of the test's child), with
+ * the only reference to /dev/fuse: if the test's child ends with a request
+ * in flight (a FUSE flush waits uninterruptibly), the daemon still answers,
+ * and its death (PR_SET_PDEATHSIG) aborts the connection. A daemon thread
+ * in the same process would deadlock such an exit. Its counts are in a
+ * shared mapping. */
+static int fuse_dev = -1;
+typedef struct {
+  _Atomic pid_t watched;   /* the thread whose requests count */
+  _Atomic int reqs;        /* its requests since */
+  _Atomic int last_opcode; /* the last of them */
+} fuse_count_t;
+static fuse_count_t *fc;
+
+static void fuse_reply(uint64_t unique, const void *p, size_t n) {
+  char buf[512];
+  struct fuse_out_header *o = (struct fuse_out_header *)buf;
+  o->len = (uint32_t)(sizeof *o + n);
+  o->error = 0;
+  o->unique = unique;
+  if (n > 0)
+    memcpy(buf + sizeof *o, p, n);
+  (void)!write(fuse_dev, buf, o->len);
+}
+
+static void fuse_attr_of(struct fuse_attr *a, uint64_t ino) {
+  memset(a, 0, sizeof *a);
+  a->ino = ino;
+  a->nlink = 1;
+  a->mode = ino == 1 ? (S_IFDIR | 0755) : (S_IFREG | 0644);
+  a->blksize = 4096;
+}
+
+/* The daemon: answers at once, every attribute valid for 0 s (each fstat
+ * is a request), and counts the watched thread's requests. */
+static void fuse_daemon(void) {
+  static char buf[1 << 17]; /* FUSE_MIN_READ_BUFFER and more */
+  for (;;) {
+    ssize_t n = read(fuse_dev, buf, sizeof buf);
+    if (n <= 0) {
+      if (n < 0 && (errno == EINTR || errno == ENOENT))
+        continue;
+      return; /* ENODEV: unmounted */
+    }
+    struct fuse_in_header *in = (struct fuse_in_header *)buf;
+    void *a = buf + sizeof *in;
+    if (in->pid != 0 && (pid_t)in->pid == atomic_load(&fc->watched)) {
+      atomic_fetch_add(&fc->reqs, 1);
+      atomic_store(&fc->last_opcode, (int)in->opcode);
+    }
+    switch (in->opcode) {
+    case FUSE_INIT: {
+      struct fuse_init_in *ii = a;
+      struct fuse_init_out o;
+      memset(&o, 0, sizeof o);
+      o.major = FUSE_KERNEL_VERSION;
+      o.minor = ii->minor < 31 ? ii->minor : 31;
+      o.max_readahead = ii->max_readahead;
+      o.max_write = 4096;
+      o.max_background = 4;
+      o.congestion_threshold = 3;
+      o.time_gran = 1;
+      fuse_reply(in->unique, &o, sizeof o);
+      break;
+    }
+    case FUSE_LOOKUP: {
+      struct fuse_entry_out e;
+      memset(&e, 0, sizeof e);
+      e.nodeid = 2;
+      e.generation = 1;
+      fuse_attr_of(&e.attr, 2);
+      fuse_reply(in->unique, &e, sizeof e);
+      break;
+    }
+    case FUSE_GETATTR: {
+      struct fuse_attr_out o;
+      memset(&o, 0, sizeof o);
+      fuse_attr_of(&o.attr, in->nodeid);
+      fuse_reply(in->unique, &o, sizeof o);
+      break;
+    }
+    case FUSE_STATFS: {
+      struct fuse_statfs_out o;
+      memset(&o, 0, sizeof o);
+      o.st.bsize = 4096;
+      o.st.frsize = 4096;
+      o.st.namelen = 255;
+      fuse_reply(in->unique, &o, sizeof o);
+      break;
+    }
+    case FUSE_OPEN: {
+      struct fuse_open_out o;
+      memset(&o, 0, sizeof o);
+      o.fh = 1;
+      fuse_reply(in->unique, &o, sizeof o);
+      break;
+    }
+    case FUSE_FORGET:
+    case FUSE_BATCH_FORGET:
+    case FUSE_INTERRUPT:
+      break; /* no answer */
+    default: /* FLUSH, RELEASE, ...: done */
+      fuse_reply(in->unique, NULL, 0);
+      break;
+    }
+  }
+}
+
+static pid_t tid(void) { return (pid_t)syscall(SYS_gettid); }
+
+static void watch(void) {
+  atomic_store(&fc->reqs, 0);
+  atomic_store(&fc->watched, tid());
+}
+
+/* The watched thread's requests since watch() must be none: each path
+ * that fails is said, and counted (the child's status). */
+static int fuse_failures;
+static void none_since(const char *what) {
+  int n = atomic_load(&fc->reqs);
+  if (n != 0) {
+    fprintf(stderr,
+            "ERROR: %s: %d request(s) to the peer's FUSE daemon from the "
+            "caller's thread (the last: opcode %d; 3 GETATTR, 17 STATFS)\n",
+            what, n, atomic_load(&fc->last_opcode));
+    fuse_failures++;
+  }
+}
+
+/* The child: mount, then each path with a FUSE file where a peer's
+ * descriptor goes. SKIPPED where a FUSE mount cannot be had. */
+static int fuse_child(void) {
+  if (unshare(CLONE_NEWNS) != 0 ||
+      mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+    return SKIPPED;
+  char dir[] = "/tmp/pp_fuse_XXXXXX";
+  if (mkdtemp(dir) == NULL)
+    return SKIPPED;
+  fuse_dev = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+  if (fuse_dev < 0) {
+    (void)rmdir(dir);
+    return SKIPPED;
+  }
+  char opts[128];
+  (void)snprintf(opts, sizeof opts, "fd=%d,rootmode=40000,user_id=0,group_id=0",
+                 fuse_dev);
+  if (mount("pp_hostile", dir, "fuse", MS_NOSUID | MS_NODEV, opts) != 0) {
+    (void)rmdir(dir);
+    return SKIPPED;
+  }
+  fc = mmap(NULL, sizeof *fc, PROT_READ | PROT_WRITE,
+            MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  CK(fc != MAP_FAILED, "mmap");
+  pid_t me = getpid();
+  pid_t d = fork();
+  CK(d >= 0, "fork");
+  if (d == 0) {
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == me)
+      fuse_daemon();
+    _exit(0);
+  }
+  (void)close(fuse_dev); /* the daemon's alone */
+  char path[64];
+  (void)snprintf(path, sizeof path, "%s/f", dir);
+  int f = open(path, O_RDONLY | O_CLOEXEC);
+  CK(f >= 0, "open %s: %s", path, strerror(errno));
+
+  /* The counting works: this thread's own fstat is a request. */
+  struct stat st;
+  watch();
+  CK(fstat(f, &st) == 0, "fstat");
+  CK(atomic_load(&fc->reqs) >= 1, "the daemon counted no request");
+
+  int sv[2];
+  CK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
+  pinpool_share_handle_t h = foreign_handle(), g;
+  int got = -1;
+
+  /* 1. Three descriptors: all closed (pp_share_close_received). */
+  int three[3] = {f, f, f};
+  send_with(sv[1], &h, sizeof h, three, 3);
+  watch();
+  CK_RC(pinpool_share_recv(sv[0], &g, &got), PINPOOL_EBADHANDLE);
+  none_since("a message of three descriptors");
+
+  /* 2. A handle and two: the second is checked as a control area
+   * (check_ctl), refused, closed. */
+  send_with(sv[1], &h, sizeof h, three, 2);
+  watch();
+  CK_RC(pinpool_share_recv(sv[0], &g, &got), 0);
+  none_since("a handle whose control descriptor is a FUSE file");
+  CK(got >= 0, "got %d", got);
+  (void)close(got);
+
+  /* 3. Attach with the FUSE file as the chunk's descriptor (check_fd) and
+   * as the control area's (check_ctl). */
+  void *p = NULL;
+  watch();
+  CK_RC(pinpool_share_attach(&h, f, &p), PINPOOL_EBADHANDLE);
+  none_since("pinpool_share_attach with a FUSE file");
+  int m = memfd_create("pp_chunk", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  CK(m >= 0 && ftruncate(m, (off_t)h.chunk_size) == 0, "memfd");
+  CK(fcntl(m, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0,
+     "seals");
+  CK(fstat(m, &st) == 0, "fstat memfd");
+  h.dev = (uint64_t)st.st_dev;
+  h.ino = (uint64_t)st.st_ino;
+  watch();
+  CK_RC(pinpool_share_attach_ctl(&h, m, f, &p), PINPOOL_EBADHANDLE);
+  none_since("pinpool_share_attach_ctl with a FUSE control descriptor");
+
+  /* 4. The handle's owner_ctl_fd (a number the peer wrote) names the FUSE
+   * file here (find_ctl). */
+  h.owner_ctl_fd = f;
+  watch();
+  CK_RC(pinpool_share_attach(&h, m, &p), PINPOOL_EBADHANDLE);
+  none_since("a handle whose owner_ctl_fd names a FUSE file");
+  h.owner_ctl_fd = -1;
+
+  /* 5. A part-message kept for a socket whose number, once it is closed,
+   * names the FUSE file: the next call prunes it (sock_id). */
+  int xy[2];
+  CK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, xy) == 0, "sp");
+  CK(fcntl(xy[0], F_SETFL, O_NONBLOCK) == 0, "O_NONBLOCK");
+  send_with(xy[1], &h, 1, NULL, 0);
+  CK_RC(pinpool_share_recv(xy[0], &g, &got), PINPOOL_EAGAIN);
+  CK(pp_share_io_kept() == 1, "kept %zu", pp_share_io_kept());
+  CK(dup3(f, xy[0], O_CLOEXEC) == xy[0], "dup3");
+  CK(fcntl(sv[0], F_SETFL, O_NONBLOCK) == 0, "O_NONBLOCK");
+  watch();
+  CK_RC(pinpool_share_recv(sv[0], &g, &got), PINPOOL_EAGAIN);
+  none_since("pruning a kept piece whose socket number names a FUSE file");
+  CK(pp_share_io_kept() == 0, "kept %zu", pp_share_io_kept());
+
+  atomic_store(&fc->watched, 0);
+  pp_share_closer_flush();
+  (void)close(xy[0]);
+  (void)close(xy[1]);
+  (void)close(sv[0]);
+  (void)close(sv[1]);
+  (void)close(m);
+  (void)close(f);
+  (void)umount2(dir, MNT_DETACH);
+  (void)kill(d, SIGKILL);
+  (void)waitpid(d, NULL, 0);
+  (void)rmdir(dir);
+  return fuse_failures;
+}
+
+static void test_fuse_file_never_asked_on_the_callers_thread(void **state) {
+  (void)state;
+  if (geteuid() != 0 || access("/dev/fuse", R_OK | W_OK) != 0) {
+    print_message("no root or no /dev/fuse: skipped\n");
+    skip();
+  }
+  fflush(NULL);
+  pid_t pid = fork();
+  CK(pid >= 0, "fork");
+  if (pid == 0) {
+    in_child = true;
+    _exit(fuse_child());
+  }
+  int st = pp_wait_child(pid, 60000);
+  if (st == SKIPPED) {
+    print_message("no FUSE mount can be had here: skipped\n");
+    skip();
+  }
+  CK(st == 0,
+     "the FUSE child failed (status %d: the paths that asked the "
+     "daemon on the caller's thread, or 1)",
+     st);
+}
+
+int main(int argc, char **argv) {
+  pp_clean_env();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fuse_file_never_asked_on_the_callers_thread),
+  };
+  return pp_run_selected("test_share_closer", tests,
+                         sizeof tests / sizeof tests[0], argc, argv);
+}
