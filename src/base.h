@@ -251,6 +251,9 @@ enum {
   PP_HOOK_STATS_PIECE,   /* stats sum: between two holds of reg_lock in
                             its walk of the thread caches (stats.c, no
                             lock) */
+  PP_HOOK_SHARE_CLOSER,  /* a closer thread: a peer's descriptor taken off
+                            the queue, not closed yet (share_worker.c, no
+                            lock) */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

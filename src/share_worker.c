@@ -336,9 +336,8 @@ static int find_ctl(const pinpool_share_handle_t *h, int ctl_fd,
  *
  * Fork: the child has no closer thread; its handlers (pthread_atfork,
  * registered with the thread) keep the queue consistent (the lock is held
- * across fork) and mark the thread gone: the child's first close starts
- * its own, and the descriptors queued before the fork (the child's copies)
- * are closed by it.
+ * across fork), mark the thread gone and drop the queue (closer_child):
+ * the child's first close starts its own.
  */
 static struct {
   pthread_mutex_t lock;
@@ -357,7 +356,19 @@ static void closer_prepare(void) { (void)pthread_mutex_lock(&closer.lock); }
 static void closer_parent(void) { (void)pthread_mutex_unlock(&closer.lock); }
 static void closer_child(void) {
   /* The thread did not survive; its waiters neither (no destroy: glibc's
-   * would wait for them). */
+   * would wait for them). The queue is the parent's: its numbers name the
+   * child's copies now, and any the child closes and opens again (a
+   * daemon's closefrom) later name the child's own files, which a closer
+   * of the child's would close behind its back (rv3637f's closer_fork: 12
+   * of 30). So the child drops the queue without closing: the parent's
+   * closer still closes the parent's copies (nothing it owes changes), and
+   * the child's copies, close-on-exec now (received with
+   * MSG_CMSG_CLOEXEC; F_SETFD asks no file system), go at its exec or
+   * exit, or at the child's own close. Closing them here could wait (a
+   * FUSE file's flush) in fork itself. */
+  for (size_t i = 0; i < closer.n; i++)
+    (void)fcntl(closer.fds[i], F_SETFD, FD_CLOEXEC);
+  closer.n = 0;
   closer.running = false;
   closer.busy = false;
   (void)pthread_cond_init(&closer.wake, NULL);
@@ -380,6 +391,7 @@ static void *closer_main(void *arg) {
     int fd = closer.fds[--closer.n];
     closer.busy = true;
     (void)pthread_mutex_unlock(&closer.lock);
+    pp_hook(PP_HOOK_SHARE_CLOSER);
     (void)close(fd); /* may wait out a peer's linger: only this thread */
     (void)pthread_mutex_lock(&closer.lock);
   }

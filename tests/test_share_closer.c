@@ -17,6 +17,7 @@
 #include <linux/fuse.h>
 #include <pthread.h>
 #include <sched.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -375,10 +376,122 @@ static void test_fuse_file_never_asked_on_the_callers_thread(void **state) {
      st);
 }
 
+/* ---- fork ---------------------------------------------------------------- */
+
+/* The hook holds the closer threads (PP_HOOK_SHARE_CLOSER) until released:
+ * what is queued behind them stays queued, deterministically. */
+static sem_t release_closers;
+static _Atomic int closers_held;
+
+static void hold_closers(int point) {
+  if (point != PP_HOOK_SHARE_CLOSER)
+    return;
+  atomic_fetch_add(&closers_held, 1);
+  while (sem_wait(&release_closers) != 0)
+    ;
+}
+
+static void hold_start(void) {
+  CK(sem_init(&release_closers, 0, 0) == 0, "sem_init");
+  atomic_store(&closers_held, 0);
+  atomic_store(&pp_test_hook, hold_closers);
+}
+
+/* Wait (a bounded number of polls) until n closers are held. */
+static void hold_wait(int n) {
+  for (int i = 0; i < 20000 && atomic_load(&closers_held) < n; i++)
+    pp_sleep_ms(1);
+  CK(atomic_load(&closers_held) >= n, "%d closer(s) held, %d expected",
+     atomic_load(&closers_held), n);
+}
+
+static void hold_end(void) {
+  atomic_store(&pp_test_hook, NULL);
+  for (int i = 0; i < 1024; i++)
+    (void)sem_post(&release_closers);
+  pp_share_closer_flush();
+  (void)sem_destroy(&release_closers);
+}
+
+/* A message of n copies of fd, not a handle: every one goes to disposal. */
+static void bad_message(int fd, int n) {
+  int fds[MAX_FDS];
+  for (int i = 0; i < n; i++)
+    fds[i] = fd;
+  int sv[2];
+  CK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
+  pinpool_share_handle_t h, g;
+  memset(&h, 0xab, sizeof h);
+  send_with(sv[1], &h, sizeof h, fds, n);
+  int got = -1;
+  CK_RC(pinpool_share_recv(sv[0], &g, &got), PINPOOL_EBADHANDLE);
+  (void)close(sv[0]);
+  (void)close(sv[1]);
+}
+
+static bool is_devnull(int fd) {
+  struct stat st, nul;
+  return fstat(fd, &st) == 0 && stat("/dev/null", &nul) == 0 &&
+         S_ISCHR(st.st_mode) && st.st_rdev == nul.st_rdev;
+}
+
+/* The child of a fork taken while descriptors wait in the closer's queue
+ * closes every /dev/null it has (the queued ones: a daemon's closefrom),
+ * opens files of its own (the numbers come back), and disposes of a
+ * peer's descriptors: its closer must close those, never its own. */
+static int fork_child(void) {
+  atomic_store(&pp_test_hook, NULL);
+  for (int fd = 3; fd < 1024; fd++)
+    if (is_devnull(fd))
+      (void)close(fd);
+  int own[30];
+  for (int i = 0; i < 30; i++)
+    CK((own[i] = open("/dev/zero", O_RDONLY | O_CLOEXEC)) >= 0, "open");
+  int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  CK(nul >= 0, "open");
+  bad_message(nul, 3);
+  pp_share_closer_flush();
+  int lost = 0;
+  for (int i = 0; i < 30; i++)
+    if (fcntl(own[i], F_GETFD) < 0) {
+      fprintf(stderr, "ERROR: the child's own descriptor %d was closed\n",
+              own[i]);
+      lost++;
+    }
+  return lost;
+}
+
+static void test_fork_child_drops_the_closers_queue(void **state) {
+  (void)state;
+  int before = pp_count_fds();
+  int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  CK(nul >= 0, "open");
+  hold_start();
+  bad_message(nul, 12); /* one held in the closer, eleven queued */
+  hold_wait(1);
+  fflush(NULL);
+  pid_t pid = fork();
+  CK(pid >= 0, "fork");
+  if (pid == 0) {
+    in_child = true;
+    _exit(fork_child());
+  }
+  int st = pp_wait_child(pid, 60000);
+  hold_end();
+  (void)close(nul);
+  CK(st == 0,
+     "the child's closer closed %d of its own descriptors (the parent's "
+     "queued numbers)",
+     st);
+  CK(pp_count_fds() == before, "%d descriptors open, %d before", pp_count_fds(),
+     before);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fuse_file_never_asked_on_the_callers_thread),
+      cmocka_unit_test(test_fork_child_drops_the_closers_queue),
   };
   return pp_run_selected("test_share_closer", tests,
                          sizeof tests / sizeof tests[0], argc, argv);
