@@ -83,12 +83,23 @@ static inline pp_ctl_slot_t *pp_ctl_slot(void *ctl, uint64_t i) {
 void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd,
                            int sock);
 /* Close a descriptor a peer sent (not kept), never waiting on the peer: a
- * memory file at once; anything else (a socket after SO_LINGER {1, 0}) on
- * the process's closer thread (share_worker.c). */
+ * memory file, a pipe, a socket neutralised (SO_LINGER {1, 0}; an AF_UNIX
+ * one shut and drained) at once; anything else on the process's closers,
+ * at most PP_SHARE_CLOSERS threads and PP_SHARE_CLOSER_QUEUE queued, past
+ * which it is closed here (share_worker.c, "Disposing"). */
 void pp_share_close_received(int fd);
-/* Tests: wait until the closer thread has closed everything queued (each
- * close returned). */
+#define PP_SHARE_CLOSERS 4
+#define PP_SHARE_CLOSER_QUEUE 64
+/* Tests: wait until the closers have closed everything queued (each close
+ * returned); the same for at most ms milliseconds: whether they have. */
 void pp_share_closer_flush(void);
+bool pp_share_closer_wait(unsigned ms);
+typedef struct {
+  size_t queued;
+  unsigned threads, busy;
+  unsigned long inline_closes; /* past the bound, on the caller's thread */
+} pp_closer_counts_t;
+void pp_share_closer_counts(pp_closer_counts_t *c);
 /* The nonces of the shared pools this process created (share_worker.c's
  * table, emptied in a child of fork): add at pp_share_create (0 or
  * PINPOOL_ENOMEM), delete at pp_share_destroy. */

@@ -29,6 +29,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifndef SCM_PIDFD
+#define SCM_PIDFD 0x04 /* Linux 6.5 */
+#endif
+
 /* ---- Worker side --------------------------------------------------------- */
 typedef struct wchunk {
   struct wchunk *next;
@@ -304,49 +308,75 @@ static int find_ctl(const pinpool_share_handle_t *h, int ctl_fd,
 }
 
 /*
- * Closing a descriptor a peer sent that is not kept. A peer chooses what it
- * sends, and the last close of some files waits on the peer: a TCP socket
- * with SO_LINGER set and unsent data to a peer that does not read waits out
- * the linger (seconds, as long as the peer likes; O_NONBLOCK on our socket
- * does not help: issue 36, third review, item 2); an AF_UNIX socket whose
- * own receive queue holds such a socket (SCM_RIGHTS) releases it, and waits
- * the same, in whichever thread closes the unix socket, and SO_LINGER on
- * the unix socket reaches none of what it carries (the fifth review, item
- * 4: 8.1 s per descriptor in rv36e's recv_nested); a FUSE file's close
- * waits for its daemon. So nothing but a plain memory file (a memfd, the
- * protocol's own kind, whose close never waits) is closed on the caller's
- * thread: every other descriptor gets SO_LINGER {1, 0} (an abortive close,
- * at once, for a socket that has it; a no-op error on anything else) and
- * goes to the process's closer thread, one detached thread made at the
- * first such close, which closes them in turn, however long each takes.
- * The other way, draining an AF_UNIX socket's queue (MSG_DONTWAIT,
- * recursively, bounded depth) before closing it, would miss what the
- * kernel queues later (a connection's embryo sockets, a file whose close
- * waits for a reason not yet known): the thread covers every kind alike.
+ * Disposing of a descriptor a peer sent that is not kept (issue 36: the
+ * third and fifth reviews, and rv3637f). A peer chooses what it sends, and
+ * the last close of some files waits on the peer: a TCP socket with
+ * SO_LINGER and unsent data to a peer that does not read waits out the
+ * linger (as long as the peer likes; O_NONBLOCK does not help); an AF_UNIX
+ * socket whose receive queue holds such a socket (SCM_RIGHTS) releases it,
+ * and waits the same, in whichever thread closes the unix socket (SO_LINGER
+ * on the unix socket reaches none of what it carries); a file of a FUSE
+ * mount the peer serves waits for its daemon's answer to FLUSH, without
+ * end and uninterruptibly. Two layers:
  *
- * The queue is the process's own and holds descriptors this process owns,
- * so it is bounded by RLIMIT_NOFILE; a peer that sends many lingering
- * sockets keeps that many descriptors open for their lingers (its own
- * sockets' peers must hold as many), never a caller's thread. The thread
- * runs with every signal blocked (a process-directed signal never lands
- * there) and never calls back into the library. Where the thread cannot
- * be had (EAGAIN: the process is at its thread limit) or the queue cannot
- * grow (out of memory), the descriptor is closed here as before: best
- * effort, said in docs/sharing.md.
+ * 1. Neutralise, on the caller's thread, with calls that never wait and
+ *    ask no file system: F_GET_SEALS (a memory file: close at once); a
+ *    socket (SO_TYPE; ENOTSOCK on anything else) gets SO_LINGER {1, 0}
+ *    (an abortive close); an AF_UNIX one is shut down (its peer's sends
+ *    fail from then on, a listener refuses connections: its queue can only
+ *    shrink) and drained (recvmsg MSG_DONTWAIT, accept for a listener's
+ *    embryos), each descriptor that comes out disposed of the same way,
+ *    recursively, at most DRAIN_DEPTH deep and DRAIN_MAX descriptors and
+ *    DRAIN_CALLS calls for one disposal; a pipe (F_GETPIPE_SZ) never waits.
+ *    What is neutralised is closed at once. Before, one detached thread
+ *    closed everything but memory files, serially: one peer's unix socket
+ *    holding a TCP socket with a linger of an hour held that thread for
+ *    the hour, and every descriptor any peer sent after stayed open until
+ *    RLIMIT_NOFILE (rv3637f's closer_stall, D1).
  *
- * Fork: the child has no closer thread; its handlers (pthread_atfork,
- * registered with the thread) keep the queue consistent (the lock is held
- * across fork), mark the thread gone and drop the queue (closer_child):
- * the child's first close starts its own.
+ * 2. What is left (a FUSE or network file system's file, a tty, a device,
+ *    a unix socket past the bounds or whose queue cannot be read to its
+ *    end, a seqpacket one) goes to the closers: at most CLOSERS detached
+ *    threads, one started when a descriptor is queued and none waits, and
+ *    a queue of CLOSER_QUEUE. A peer whose files stall in close occupies
+ *    at most CLOSERS threads and CLOSER_QUEUE slots, so this process holds
+ *    at most CLOSERS + CLOSER_QUEUE such descriptors; past that (every
+ *    closer stalled and the queue full) the descriptor is closed on the
+ *    caller's thread (counted: inline_closes): the bound on open
+ *    descriptors is kept over the promise not to wait, and only a peer that
+ *    has sent CLOSERS + CLOSER_QUEUE files that stall gets there (no
+ *    socket, pipe or memory file ever waits in the queue).
+ *
+ * Which kinds can still wait in close(), on a closer, and what bounds it
+ * (docs/sharing.md): a FUSE file (FLUSH: the daemon's answer or its
+ * death), an NFS/CIFS/9p file open for writing (the server), a tty
+ * (closing_wait, 30 s by default, at most about 655 s), a block device
+ * (its dirty pages' writeback), a device whose driver drains in release,
+ * a kTLS socket (its in-flight encryption). A pipe, an eventfd, a pidfd,
+ * a memory file, a neutralised socket never wait.
+ *
+ * The threads run with every signal blocked (a process-directed signal
+ * never lands there) and never call back into the library. Fork: the
+ * child has none of them; its handlers (pthread_atfork, registered with
+ * the first thread) keep the queue consistent (the lock is held across
+ * fork), mark the threads gone and drop the queue (closer_child): the
+ * child's first queued descriptor starts its own.
  */
+#define CLOSERS PP_SHARE_CLOSERS
+#define CLOSER_QUEUE PP_SHARE_CLOSER_QUEUE
+#define DRAIN_DEPTH 4
+#define DRAIN_MAX 512
+#define DRAIN_CALLS 4096
 static struct {
   pthread_mutex_t lock;
-  pthread_cond_t wake; /* the closer: a descriptor queued */
-  pthread_cond_t idle; /* pp_share_closer_flush: the queue emptied */
-  int *fds;            /* queued, lock */
-  size_t n, cap;       /* lock */
-  bool running;        /* a closer thread exists in this process; lock */
-  bool busy;           /* it is closing one (outside the lock); lock */
+  pthread_cond_t wake;         /* a closer: a descriptor queued */
+  pthread_cond_t idle;         /* pp_share_closer_flush: all done */
+  int fds[CLOSER_QUEUE];       /* a ring from head, n of them; lock */
+  size_t head, n;              /* lock */
+  unsigned threads;            /* closer threads in this process; lock */
+  unsigned waiting;            /* of them, waiting for a descriptor; lock */
+  unsigned busy;               /* of them, closing one (unlocked); lock */
+  unsigned long inline_closes; /* past the bound, on the caller's; lock */
 } closer = {.lock = PTHREAD_MUTEX_INITIALIZER,
             .wake = PTHREAD_COND_INITIALIZER,
             .idle = PTHREAD_COND_INITIALIZER};
@@ -355,22 +385,24 @@ static pthread_once_t closer_once = PTHREAD_ONCE_INIT;
 static void closer_prepare(void) { (void)pthread_mutex_lock(&closer.lock); }
 static void closer_parent(void) { (void)pthread_mutex_unlock(&closer.lock); }
 static void closer_child(void) {
-  /* The thread did not survive; its waiters neither (no destroy: glibc's
-   * would wait for them). The queue is the parent's: its numbers name the
-   * child's copies now, and any the child closes and opens again (a
-   * daemon's closefrom) later name the child's own files, which a closer
-   * of the child's would close behind its back (rv3637f's closer_fork: 12
-   * of 30). So the child drops the queue without closing: the parent's
-   * closer still closes the parent's copies (nothing it owes changes), and
-   * the child's copies, close-on-exec now (received with
-   * MSG_CMSG_CLOEXEC; F_SETFD asks no file system), go at its exec or
-   * exit, or at the child's own close. Closing them here could wait (a
-   * FUSE file's flush) in fork itself. */
+  /* The threads did not survive; their waiters neither (no destroy:
+   * glibc's would wait for them). The queue is the parent's: its numbers
+   * name the child's copies now, and any the child closes and opens again
+   * (a daemon's closefrom) later name the child's own files, which a
+   * closer of the child's would close behind its back (rv3637f's
+   * closer_fork: 12 of 30). So the child drops the queue without closing:
+   * the parent's closers still close the parent's copies (nothing it owes
+   * changes), and the child's copies, close-on-exec now (F_SETFD asks no
+   * file system), go at its exec or exit, or at the child's own close.
+   * Closing them here could wait (a FUSE file's flush) in fork itself. */
   for (size_t i = 0; i < closer.n; i++)
-    (void)fcntl(closer.fds[i], F_SETFD, FD_CLOEXEC);
+    (void)fcntl(closer.fds[(closer.head + i) % CLOSER_QUEUE], F_SETFD,
+                FD_CLOEXEC);
+  closer.head = 0;
   closer.n = 0;
-  closer.running = false;
-  closer.busy = false;
+  closer.threads = 0;
+  closer.waiting = 0;
+  closer.busy = 0;
   (void)pthread_cond_init(&closer.wake, NULL);
   (void)pthread_cond_init(&closer.idle, NULL);
   (void)pthread_mutex_unlock(&closer.lock);
@@ -384,25 +416,28 @@ static void *closer_main(void *arg) {
   (void)pthread_mutex_lock(&closer.lock);
   for (;;) {
     while (closer.n == 0) {
-      closer.busy = false;
-      (void)pthread_cond_broadcast(&closer.idle);
+      if (closer.busy == 0)
+        (void)pthread_cond_broadcast(&closer.idle);
+      closer.waiting++;
       (void)pthread_cond_wait(&closer.wake, &closer.lock);
+      closer.waiting--;
     }
-    int fd = closer.fds[--closer.n];
-    closer.busy = true;
+    int fd = closer.fds[closer.head];
+    closer.head = (closer.head + 1) % CLOSER_QUEUE;
+    closer.n--;
+    closer.busy++;
     (void)pthread_mutex_unlock(&closer.lock);
     pp_hook(PP_HOOK_SHARE_CLOSER);
-    (void)close(fd); /* may wait out a peer's linger: only this thread */
+    (void)close(fd); /* may wait on a peer: only this thread */
     (void)pthread_mutex_lock(&closer.lock);
+    closer.busy--;
   }
   return NULL;
 }
 
-/* Start the closer thread if there is none (closer.lock held). False where
- * it cannot be had. */
+/* Start one more closer thread (closer.lock held): false where none can be
+ * had (the process's thread limit). */
 static bool closer_start(void) {
-  if (closer.running)
-    return true;
   (void)pthread_once(&closer_once, closer_atfork);
   pthread_attr_t a;
   if (pthread_attr_init(&a) != 0)
@@ -418,51 +453,183 @@ static bool closer_start(void) {
   int rc = pthread_create(&t, &a, closer_main, NULL);
   (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
   (void)pthread_attr_destroy(&a);
-  closer.running = rc == 0;
-  return closer.running;
+  if (rc == 0)
+    closer.threads++;
+  return rc == 0;
 }
 
-/* A plain memory file (memfd, shm, hugetlbfs): its close never waits.
+/* Hand fd to the closers; past the bound, or with no thread to be had,
+ * close it here. */
+static void closer_queue(int fd) {
+  bool queued = false;
+  (void)pthread_mutex_lock(&closer.lock);
+  if (closer.n < CLOSER_QUEUE) {
+    /* Each waiting thread takes one of those queued: one more is needed
+     * when they are all spoken for. */
+    if (closer.n >= closer.waiting && closer.threads < CLOSERS)
+      (void)closer_start();
+    if (closer.threads > 0) {
+      closer.fds[(closer.head + closer.n) % CLOSER_QUEUE] = fd;
+      closer.n++;
+      queued = true;
+      (void)pthread_cond_signal(&closer.wake);
+    }
+  }
+  if (!queued)
+    closer.inline_closes++;
+  (void)pthread_mutex_unlock(&closer.lock);
+  if (!queued)
+    (void)close(fd); /* the bound, or no thread: best effort, here */
+}
+
+/* A memory file (memfd, shm, hugetlbfs): its close never waits.
  * F_GET_SEALS answers for those only and asks no file system; fstat and
  * fstatfs (before) were each a request to a FUSE file's daemon, on the
  * caller's thread (issue 36, rv3637f, D3). */
 static bool closes_at_once(int fd) { return fcntl(fd, F_GET_SEALS) >= 0; }
 
+static void dispose(int fd, int depth, int *budget);
+
+/* Empty the AF_UNIX socket fd of what it holds (type: SO_TYPE), every
+ * descriptor in it disposed of: true when nothing is left in it and
+ * nothing can come (its close then releases nothing), false where that is
+ * not known (bounds, errors, a seqpacket socket: its end of stream and an
+ * empty message read alike). */
+static bool drain_unix(int fd, int type, int depth, int *budget) {
+  if (depth >= DRAIN_DEPTH)
+    return false;
+  /* Our end shut: the peer's sends fail (EPIPE) from here on, connects to
+   * a listener are refused, and reads end at the queue's end (0, or
+   * EAGAIN). SO_OOBINLINE: an out-of-band byte (with descriptors) is read
+   * in line, never freed with its descriptors by a read past it. */
+  if (shutdown(fd, SHUT_RDWR) != 0 && errno != ENOTCONN)
+    return false;
+  int on = 1;
+  (void)setsockopt(fd, SOL_SOCKET, SO_OOBINLINE, &on, sizeof on);
+  int listening = 0;
+  socklen_t len = sizeof listening;
+  if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0)
+    return false;
+  for (int calls = 0; calls<DRAIN_CALLS && * budget> 0; calls++) {
+    if (listening) { /* each connection made: a socket with a queue */
+      int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (c < 0)
+        return errno == EAGAIN || errno == EWOULDBLOCK;
+      (*budget)--;
+      dispose(c, depth + 1, budget);
+      continue;
+    }
+    char data[256];
+    union {
+      char b[CMSG_SPACE(253 * sizeof(int)) + CMSG_SPACE(sizeof(int)) +
+             CMSG_SPACE(sizeof(struct ucred))];
+      struct cmsghdr align;
+    } u;
+    struct iovec iov = {data, sizeof data};
+    struct msghdr m = {.msg_iov = &iov,
+                       .msg_iovlen = 1,
+                       .msg_control = u.b,
+                       .msg_controllen = sizeof u.b};
+    ssize_t n = recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      /* Empty (EAGAIN), or a stream socket never connected (ENOTCONN):
+       * nothing queued. */
+      return errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOTCONN;
+    }
+    bool fds = false;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm != NULL;
+         cm = CMSG_NXTHDR(&m, cm)) {
+      if (cm->cmsg_level != SOL_SOCKET ||
+          (cm->cmsg_type != SCM_RIGHTS && cm->cmsg_type != SCM_PIDFD))
+        continue;
+      size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < k; i++) {
+        int f;
+        memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof f);
+        fds = true;
+        if (cm->cmsg_type == SCM_PIDFD) {
+          (void)close(f); /* the kernel's pidfd: its close never waits */
+        } else if (*budget > 0) {
+          (*budget)--;
+          dispose(f, depth + 1, budget);
+        } else {
+          closer_queue(f);
+        }
+      }
+    }
+    /* MSG_CTRUNC: at RLIMIT_NOFILE the kernel closed what did not fit,
+     * in this thread; stop: the rest goes with the socket. */
+    if (m.msg_flags & MSG_CTRUNC)
+      return false;
+    if (n == 0 && !fds && type == SOCK_STREAM)
+      return true; /* the end: shut, and nothing queued */
+  }
+  return false;
+}
+
+/* Whether fd's close cannot wait now, made so where it can be. */
+static bool neutralise(int fd, int depth, int *budget) {
+  int type = 0;
+  socklen_t len = sizeof type;
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0)
+    return fcntl(fd, F_GETPIPE_SZ) >= 0; /* a pipe or FIFO never waits */
+  struct linger l = {1, 0};
+  if (setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l) != 0)
+    return false;
+  int dom = 0;
+  len = sizeof dom;
+  if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &len) != 0)
+    return false;
+  return dom != AF_UNIX || drain_unix(fd, type, depth, budget);
+}
+
+static void dispose(int fd, int depth, int *budget) {
+  if (closes_at_once(fd) || neutralise(fd, depth, budget))
+    (void)close(fd);
+  else
+    closer_queue(fd);
+}
+
 void pp_share_close_received(int fd) {
   if (fd < 0)
     return;
-  if (closes_at_once(fd)) {
-    (void)close(fd);
-    return;
-  }
-  struct linger l = {1, 0};
-  (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
-  (void)pthread_mutex_lock(&closer.lock);
-  bool queued = false;
-  if (closer_start()) {
-    if (closer.n == closer.cap) {
-      size_t cap = closer.cap == 0 ? 16 : 2 * closer.cap;
-      int *f = realloc(closer.fds, cap * sizeof *f);
-      if (f != NULL) {
-        closer.fds = f;
-        closer.cap = cap;
-      }
-    }
-    if (closer.n < closer.cap) {
-      closer.fds[closer.n++] = fd;
-      queued = true;
-      (void)pthread_cond_signal(&closer.wake);
-    }
-  }
-  (void)pthread_mutex_unlock(&closer.lock);
-  if (!queued)
-    (void)close(fd); /* no thread, no memory: best effort, here */
+  int budget = DRAIN_MAX;
+  dispose(fd, 0, &budget);
 }
 
 void pp_share_closer_flush(void) {
   (void)pthread_mutex_lock(&closer.lock);
-  while (closer.running && (closer.n > 0 || closer.busy))
+  while (closer.threads > 0 && (closer.n > 0 || closer.busy > 0))
     (void)pthread_cond_wait(&closer.idle, &closer.lock);
+  (void)pthread_mutex_unlock(&closer.lock);
+}
+
+bool pp_share_closer_wait(unsigned ms) {
+  struct timespec t;
+  (void)clock_gettime(CLOCK_REALTIME, &t);
+  t.tv_sec += ms / 1000;
+  t.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (t.tv_nsec >= 1000000000L) {
+    t.tv_sec++;
+    t.tv_nsec -= 1000000000L;
+  }
+  int rc = 0;
+  (void)pthread_mutex_lock(&closer.lock);
+  while (rc == 0 && closer.threads > 0 && (closer.n > 0 || closer.busy > 0))
+    rc = pthread_cond_timedwait(&closer.idle, &closer.lock, &t);
+  bool done = closer.threads == 0 || (closer.n == 0 && closer.busy == 0);
+  (void)pthread_mutex_unlock(&closer.lock);
+  return done;
+}
+
+void pp_share_closer_counts(pp_closer_counts_t *c) {
+  (void)pthread_mutex_lock(&closer.lock);
+  c->queued = closer.n;
+  c->threads = closer.threads;
+  c->busy = closer.busy;
+  c->inline_closes = closer.inline_closes;
   (void)pthread_mutex_unlock(&closer.lock);
 }
 
@@ -979,9 +1146,6 @@ int pinpool_share_send(int sock, const pinpool_share_handle_t *h, int fd) {
   return sock_fail("pinpool_share_send", -e);
 }
 
-#ifndef SCM_PIDFD
-#define SCM_PIDFD 0x04 /* Linux 6.5 */
-#endif
 /* SCM_MAX_FD (include/net/scm.h): the most descriptors one message can
  * carry, however many SCM_RIGHTS headers a peer splits them into. */
 #define RECV_MAX_FDS 253

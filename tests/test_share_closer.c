@@ -12,9 +12,13 @@
 
 #include "share.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fuse.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <semaphore.h>
@@ -487,11 +491,178 @@ static void test_fork_child_drops_the_closers_queue(void **state) {
      before);
 }
 
+/* ---- stall ----------------------------------------------------------------
+ * rv3637f's closer_stall: one peer's unix socket whose queue holds a TCP
+ * socket with a long SO_LINGER and unsent data. Its disposal must close
+ * the TCP socket abortively at once (its peer sees the reset: watchdog
+ * WATCHDOG_S, never reached), and every later peer's descriptors must be
+ * closed (the count flat after each message). Before, the one closer
+ * thread waited out the linger in close() and everything after stayed
+ * open until RLIMIT_NOFILE. No time is asserted: the bounds are
+ * watchdogs. */
+#define WATCHDOG_S 20
+#define LINGER_S 600
+
+/* A connected TCP socket whose close lingers LINGER_S: unsent data to
+ * *keep (the accepted end, never read). -1 where TCP on loopback cannot be
+ * had. */
+static int lingering(int *keep, int *srv) {
+  int small = 4096;
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t al = sizeof a;
+  *srv = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (*srv < 0)
+    return -1;
+  (void)setsockopt(*srv, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  if (bind(*srv, (struct sockaddr *)&a, sizeof a) != 0 ||
+      listen(*srv, 1) != 0 ||
+      getsockname(*srv, (struct sockaddr *)&a, &al) != 0)
+    return -1;
+  int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (c < 0)
+    return -1;
+  (void)setsockopt(c, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+  if (connect(c, (struct sockaddr *)&a, sizeof a) != 0)
+    return -1;
+  *keep = accept(*srv, NULL, NULL);
+  if (*keep < 0)
+    return -1;
+  CK(fcntl(c, F_SETFL, O_NONBLOCK) == 0, "O_NONBLOCK");
+  static char junk[65536];
+  while (send(c, junk, sizeof junk, MSG_NOSIGNAL) > 0)
+    ;
+  struct linger l = {1, LINGER_S};
+  CK(setsockopt(c, SOL_SOCKET, SO_LINGER, &l, sizeof l) == 0, "SO_LINGER");
+  return c;
+}
+
+/* Open descriptors, once the closers are done (a watchdog: -1 if they are
+ * not within WATCHDOG_S). */
+static int settled_fds(void) {
+  if (!pp_share_closer_wait(WATCHDOG_S * 1000))
+    return -1;
+  return pp_count_fds();
+}
+
+static void test_one_peer_cannot_stall_the_disposal(void **state) {
+  (void)state;
+  int keep = -1, srv = -1;
+  int tcp = lingering(&keep, &srv);
+  if (tcp < 0) {
+    print_message("no TCP on loopback here: skipped\n");
+    skip();
+  }
+  int before = pp_count_fds();
+  /* The carrier: a unix socket whose queue holds the TCP socket, in a
+   * listener's embryo too (a connection made, not accepted). */
+  int carrier[2];
+  CK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, carrier) == 0, "sp");
+  send_with(carrier[0], "x", 1, &tcp, 1);
+  (void)close(tcp);
+  (void)close(carrier[0]);
+  int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  CK(nul >= 0, "open");
+  int three[3] = {carrier[1], nul, nul};
+  int sv[2];
+  CK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
+  pinpool_share_handle_t h, g;
+  memset(&h, 0xab, sizeof h);
+  send_with(sv[1], &h, sizeof h, three, 3);
+  (void)close(carrier[1]); /* the message's reference is the last */
+  int got = -1;
+  CK_RC(pinpool_share_recv(sv[0], &g, &got), PINPOOL_EBADHANDLE);
+  /* The TCP socket was closed abortively: its peer (whose receive queue
+   * holds the data, so POLLIN says nothing) sees the reset: RDHUP and
+   * ECONNRESET. */
+  struct pollfd p = {.fd = keep, .events = POLLRDHUP};
+  int n;
+  do
+    n = poll(&p, 1, WATCHDOG_S * 1000);
+  while (n < 0 && errno == EINTR);
+  CK(n == 1,
+     "the lingering socket in the peer's unix socket was not closed "
+     "abortively (its peer saw nothing in %d s)",
+     WATCHDOG_S);
+  int err = 0;
+  socklen_t elen = sizeof err;
+  CK(getsockopt(keep, SOL_SOCKET, SO_ERROR, &err, &elen) == 0 &&
+         err == ECONNRESET,
+     "the TCP peer saw no reset (SO_ERROR %d)", err);
+  int base = settled_fds();
+  /* before: the TCP socket, its peer, the listener; now /dev/null and sv
+   * instead of the TCP socket. */
+  CK(base == before + 2,
+     "%d descriptors open after the stalling message, "
+     "%d expected",
+     base, before + 2);
+  /* Other peers' messages of 100 descriptors each: all closed. */
+  int many[100];
+  for (int i = 0; i < 100; i++)
+    many[i] = nul;
+  for (int i = 1; i <= 6; i++) {
+    send_with(sv[1], &h, sizeof h, many, 100);
+    CK_RC(pinpool_share_recv(sv[0], &g, &got), PINPOOL_EBADHANDLE);
+    int now = settled_fds();
+    CK(now == base, "message %d of 100 descriptors: %d open, %d before", i, now,
+       base);
+  }
+  (void)close(sv[0]);
+  (void)close(sv[1]);
+  (void)close(nul);
+  (void)close(keep);
+  (void)close(srv);
+  CK(pp_count_fds() == before - 3, "%d open, %d before", pp_count_fds(),
+     before - 3);
+}
+
+/* The queue's bound: the closers held (a stall), 300 descriptors of a kind
+ * that goes to them: PP_SHARE_CLOSERS threads, PP_SHARE_CLOSER_QUEUE
+ * queued, the rest closed on the caller's thread; never more open. */
+static void test_the_closers_queue_is_bounded(void **state) {
+  (void)state;
+  int before = pp_count_fds();
+  int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  CK(nul >= 0, "open");
+  pp_closer_counts_t c0, c;
+  pp_share_closer_counts(&c0);
+  hold_start();
+  bad_message(nul, 100);
+  hold_wait(PP_SHARE_CLOSERS);
+  bad_message(nul, 100);
+  bad_message(nul, 100);
+  pp_share_closer_counts(&c);
+  CK(c.threads == PP_SHARE_CLOSERS && c.busy == PP_SHARE_CLOSERS,
+     "%u closer threads, %u busy, %d expected", c.threads, c.busy,
+     PP_SHARE_CLOSERS);
+  CK(c.queued == PP_SHARE_CLOSER_QUEUE, "%zu queued, the bound %d", c.queued,
+     PP_SHARE_CLOSER_QUEUE);
+  unsigned long held = PP_SHARE_CLOSERS + PP_SHARE_CLOSER_QUEUE;
+  CK(c.inline_closes - c0.inline_closes == 300 - held,
+     "%lu closed on the caller's thread, %lu expected",
+     c.inline_closes - c0.inline_closes, 300 - held);
+  int open_now = 0;
+  DIR *d = opendir("/proc/self/fd");
+  CK(d != NULL, "opendir");
+  while (readdir(d) != NULL)
+    open_now++;
+  (void)closedir(d);
+  open_now -= 3;
+  CK(open_now == before + 1 + (int)held,
+     "%d descriptors open with the closers held, %d expected", open_now,
+     before + 1 + (int)held);
+  hold_end();
+  (void)close(nul);
+  CK(pp_count_fds() == before, "%d open, %d before", pp_count_fds(), before);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fuse_file_never_asked_on_the_callers_thread),
       cmocka_unit_test(test_fork_child_drops_the_closers_queue),
+      cmocka_unit_test(test_one_peer_cannot_stall_the_disposal),
+      cmocka_unit_test(test_the_closers_queue_is_bounded),
   };
   return pp_run_selected("test_share_closer", tests,
                          sizeof tests / sizeof tests[0], argc, argv);
