@@ -146,6 +146,9 @@ static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
     (void)pp_release_idle(pool);
     uint64_t budget = 0;
     if (pp_arena_retry_plan(pool, &budget)) {
+      /* The plan's hold is over: a release or a trim may come before this
+       * one (test_arena release_windows, RETRY_PLANNED). */
+      pp_hook(PP_HOOK_RETRY_PLANNED);
       pp_fetch_add_relaxed(&pool->gs.retries, 1);
       if (budget != 0)
         pp_fetch_add_relaxed(&pool->gs.trimmed, pp_arena_release(pool, budget));

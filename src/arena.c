@@ -146,6 +146,9 @@ static bool settle_older(const pp_arena_t *ar, uint64_t upto) {
   return ar->claims != NULL && ar->claims->ticket <= upto;
 }
 
+static pp_growth_t *inflight_find_locked(pinpool_t *pool, unsigned node,
+                                         size_t need);
+
 /* No lock held. Waits for the claims in flight now, none begun later. */
 static void settle_wait(pinpool_t *pool) {
   pp_arena_t *ar = &pool->arena;
@@ -164,10 +167,12 @@ static void settle_wait(pinpool_t *pool) {
   if (!wait)
     return;
   pp_hook(PP_HOOK_RETRY_SETTLE);
+  int cs = pp_nocancel_enter(); /* base.h: not a cancellation point */
   (void)pthread_mutex_lock(&ar->settle_mu);
   while (settle_older(ar, upto))
     (void)pthread_cond_wait(&ar->settle_cv, &ar->settle_mu);
   (void)pthread_mutex_unlock(&ar->settle_mu);
+  pp_nocancel_leave(cs);
 }
 
 void pp_arena_miss_clear(void) { tls_miss.set = false; }
@@ -208,6 +213,17 @@ bool pp_arena_retry_plan(pinpool_t *pool, uint64_t *budget) {
   uint64_t whole = 0;
   pp_mutex_lock(&pool->seg_lock);
   bool room_now = pp_ext_largest(&pool->arena.node[node].ext) >= need;
+#ifndef PINPOOL_MUTANT_RETRY_NO_INFLIGHT
+  /* Another thread's growth in flight on the node, with room for the
+   * piece: its chunk comes, and the retry's take joins it (grow_take),
+   * so that the wait is one backend call, bounded, and never from a
+   * callout (grow_take joins none there). Not a claim: an inline growth
+   * claims its bytes inside backend_alloc, and the retry did not see it
+   * (issue 37, s39: a miss refused by the cap because another thread's
+   * growth had just claimed the room failed with ENOMEM, though that
+   * growth's chunk, published a moment later, held its piece). */
+  room_now = room_now || inflight_find_locked(pool, node, need) != NULL;
+#endif
   for (unsigned n = 0; n < pool->nnodes; n++) {
     size_t b = 0;
     (void)pp_ext_free_chunks(&pool->arena.node[n].ext, PP_SEG_FROM_RESERVE, &b);
@@ -466,8 +482,13 @@ static void inflight_wake(pp_growth_wait_t *w) {
 /* Wait for the growth joined; true if it served the piece. */
 static bool inflight_wait(pp_growth_wait_t *w, void **mem, unsigned *flags) {
   pp_hook(PP_HOOK_GROW_JOIN);
+  /* Not a cancellation point (base.h): cancelled here, the thread left
+   * its record on its dead stack in the growth's waiters, and its busy
+   * section open. */
+  int cs = pp_nocancel_enter();
   while (sem_wait(&w->done) != 0)
     ; /* EINTR */
+  pp_nocancel_leave(cs);
   (void)sem_destroy(&w->done);
   if (!w->served)
     return false;
@@ -538,6 +559,7 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
    * back at the child's first growth (stream.c). */
   if (pool->grow.node != NULL && !pool->forked_cuda)
     pp_bg_restart(pool);
+  pp_hook(PP_HOOK_GROW_CALL);
   void *cmem = NULL;
   unsigned cflags = 0;
   int rc = backend_alloc(pool, node, hint, size, &cmem, &cflags);

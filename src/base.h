@@ -240,6 +240,12 @@ enum {
                             demand, not yet in the arena (no lock) */
   PP_HOOK_GROW_JOIN,     /* arena take: a miss joined a growth in flight
                             and is about to wait for it (no lock) */
+  PP_HOOK_RETRY_PLANNED, /* allocation: max_reserved reached, the retry's
+                            plan made (what to release, under seg_lock),
+                            nothing released yet (alloc.c; no lock) */
+  PP_HOOK_GROW_CALL,     /* arena take: a growth registered in flight
+                            (others may join it), its backend call not
+                            yet made, nor its bytes claimed (no lock) */
   PP_HOOK_SNAP_TABLE,    /* snapshot: between two holds of its copy of the
                             lends or the stack table (no lock) */
   PP_HOOK_VALIDATE_HOLD, /* validate: about to wait for the background
@@ -297,18 +303,47 @@ enum {
 typedef struct pp_callout {
   unsigned depth; /* nested callouts */
   unsigned kind;  /* the innermost's PP_CO_* */
+  int cancel;     /* the cancel state the outermost callout found */
 } pp_callout_t;
 extern _Thread_local pp_callout_t pp_callout PP_TLS_MODEL;
+
+/* Thread cancellation (docs/api.md, "Thread cancellation"): nothing
+ * pinpool waits on, nor any callout, is a cancellation point. A thread
+ * cancelled in a wait (sem_wait, pthread_cond_wait) or in user code that
+ * pinpool called left its records linked in the pool (a growth's waiter on
+ * its dead stack, a claim), its busy section open (every later fork hung)
+ * or, from pthread_cond_wait, the wait's mutex held for good. With
+ * cancellation disabled there, a request made meanwhile acts at the
+ * thread's first cancellation point after the call (issue 37, s39;
+ * tests/test_waits37.c cancel_*). */
+static inline int pp_nocancel_enter(void) {
+  int old = PTHREAD_CANCEL_DISABLE;
+#ifndef PINPOOL_MUTANT_CANCEL_POINTS
+  (void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+#else
+  /* Logic mutant (docs/verification.md): the waits and the callouts are
+   * cancellation points again; test_waits37's cancel_* must fail. */
+#endif
+  return old;
+}
+static inline void pp_nocancel_leave(int old) {
+  int was;
+  if (old != PTHREAD_CANCEL_DISABLE)
+    (void)pthread_setcancelstate(old, &was);
+}
+
 /* Returns the enclosing kind, for pp_callout_leave. */
 static inline unsigned pp_callout_enter(unsigned kind) {
   unsigned prev = pp_callout.kind;
-  pp_callout.depth++;
+  if (pp_callout.depth++ == 0)
+    pp_callout.cancel = pp_nocancel_enter();
   pp_callout.kind = kind;
   return prev;
 }
 static inline void pp_callout_leave(unsigned prev) {
-  pp_callout.depth--;
   pp_callout.kind = prev;
+  if (--pp_callout.depth == 0)
+    pp_nocancel_leave(pp_callout.cancel);
 }
 static inline bool pp_in_callout(void) { return pp_callout.depth != 0; }
 /* "a backend free callback" and the like: the innermost callout. */

@@ -622,10 +622,14 @@ static const char *point_name(int point) {
     return "ARENA_LAP";
   case PP_HOOK_ARENA_GROW:
     return "ARENA_GROW";
+  case PP_HOOK_GROW_CALL:
+    return "GROW_CALL";
   case PP_HOOK_SEG_CARVED:
     return "SEG_CARVED";
   case PP_HOOK_OOM_RETRY:
     return "OOM_RETRY";
+  case PP_HOOK_RETRY_PLANNED:
+    return "RETRY_PLANNED";
   case PP_HOOK_ARENA_RELEASE:
     return "ARENA_RELEASE";
   case PP_HOOK_IDLE_DETACHED:
@@ -722,8 +726,8 @@ static bool growth_window(int point, int act) {
 
 static void test_growth_windows(void **state) {
   (void)state;
-  static const int points[] = {PP_HOOK_ARENA_LAP, PP_HOOK_ARENA_GROW,
-                               PP_HOOK_SEG_CARVED};
+  static const int points[] = {PP_HOOK_ARENA_LAP, PP_HOOK_GROW_CALL,
+                               PP_HOOK_ARENA_GROW, PP_HOOK_SEG_CARVED};
   unsigned bad = 0;
   for (size_t i = 0; i < sizeof points / sizeof points[0]; i++)
     for (int act = 0; act < NACTS; act++)
@@ -758,7 +762,7 @@ static void release_window(int point, int act) {
     PP_OK(pinpool_free(pool, s[i]));
   PP_OK(pinpool_free(pool, a));
   int rc;
-  if (point == PP_HOOK_OOM_RETRY) {
+  if (point == PP_HOOK_OOM_RETRY || point == PP_HOOK_RETRY_PLANNED) {
     pinpool_stats_t st = pp_stats_of(pool);
     size_t x = (size_t)(48 * MiB - st.reserved_bytes.current) +
                (act == ACT_TRIM ? 4 * KiB : asize);
@@ -782,7 +786,8 @@ static void release_window(int point, int act) {
   /* The trimming pool keeps no whole free chunk (max_cached=1MiB): its
    * request fails before the retry, which nothing released could help
    * (issue 37, third review, item 6: a failure releases nothing). */
-  if (point == PP_HOOK_OOM_RETRY && act == ACT_TRIM)
+  if ((point == PP_HOOK_OOM_RETRY || point == PP_HOOK_RETRY_PLANNED) &&
+      act == ACT_TRIM)
     PP_ASSERT(g_win.fired == 0, "OOM_RETRY, trim: a retry nothing could help");
   else
     window_check_helper(point, act);
@@ -792,7 +797,7 @@ static void release_window(int point, int act) {
 static void test_release_windows(void **state) {
   (void)state;
   static const int points[] = {PP_HOOK_ARENA_RELEASE, PP_HOOK_IDLE_DETACHED,
-                               PP_HOOK_OOM_RETRY};
+                               PP_HOOK_RETRY_PLANNED, PP_HOOK_OOM_RETRY};
   for (size_t i = 0; i < sizeof points / sizeof points[0]; i++)
     for (int act = 0; act < NACTS; act++)
       release_window(points[i], act);

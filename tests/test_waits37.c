@@ -1,0 +1,817 @@
+/*
+ * Waits for another thread on the growth and release paths (issue 37,
+ * s39; docs/verification.md, "Issue 37 (s39): lock drops on growth and
+ * release"). Each case runs in a child of fork under a watchdog (a defect
+ * here is often a hang), drives one interleaving with PP_HOOK_* points and
+ * counts; nothing is timed. A bounded wait in a hook only lets a thread go
+ * on when the interleaving it waits for never comes (then an assertion
+ * names it).
+ *  - join_windows, join_fork: a miss joins another thread's growth in
+ *    flight (arena.c, grow_take) and, while that growth is held between
+ *    its backend call and its entering hold, a release (empty_cache), a
+ *    trim (max_cached) or an out-of-memory retry (max_reserved) gives a
+ *    whole free chunk back, or the process forks (the fork waits for
+ *    both).
+ *  - grower_inline: the grower's chunk in flight and an inline growth it
+ *    cannot hold (the miss grows its own, without waiting for the grower);
+ *    an inline growth in flight and the grower (it does not grow then).
+ *  - retry_inline: an allocation refused by max_reserved because another
+ *    thread's inline growth had just claimed the room waits for that
+ *    growth's chunk, which holds its piece (it failed before).
+ *  - cancel_join, cancel_settle, cancel_poll: pthread_cancel of a thread in
+ *    each of pinpool's waits; the call completes, the cancel acts after it,
+ *    the pool stays valid and no lock stays held (each hung or left a record
+ *    behind before).
+ *  - poll_wait_bounded: rev37d's v7 probe, driven: a full poll waits at
+ *    most twice for the misses that take a head that never completes (it
+ *    waited again for each, as long as threads kept missing).
+ */
+#include "testutil.h"
+
+#include "internal.h" /* pp_test_hook, PP_HOOK_* */
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define WATCHDOG_MS 60000u
+/* A hook's wait, in ms, for an interleaving that may not come. */
+#define BOUND_MS 10000
+
+static const char *g_case;
+#define CHECK(cond, ...)                                                       \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s: ", g_case);                                         \
+      fprintf(stderr, __VA_ARGS__);                                            \
+      fputc('\n', stderr);                                                     \
+      return 1;                                                                \
+    }                                                                          \
+  } while (0)
+
+static void in_child(const char *name, int (*run)(void)) {
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    g_case = name;
+    _exit(run());
+  }
+  int st = pp_wait_child(pid, WATCHDOG_MS);
+  PP_ASSERT(st == 0, "%s: the child failed (%d%s)", name, st,
+            st == -1 ? ": a hang, killed by the watchdog" : "");
+}
+
+/* Wait (bounded) until *flag >= v. */
+static bool wait_for(atomic_int *flag, int v) {
+  for (int i = 0; i < BOUND_MS && atomic_load(flag) < v; i++)
+    pp_sleep_ms(1);
+  return atomic_load(flag) >= v;
+}
+
+struct op {
+  pinpool_t *pool;
+  size_t size;
+  int hold;           /* the point to hold this thread at, once */
+  atomic_int held;    /* it is held there */
+  atomic_int release; /* let it go */
+  int rc;
+  void *p;
+  atomic_int returned;
+  char err[256]; /* pinpool_last_error() on failure */
+  pthread_t t;
+};
+
+/* ---- The hook --------------------------------------------------------------
+ * Counts every point of interest; holds a thread at the point it asked for
+ * (its op's hold, once, until its release) or the grower at
+ * PP_HOOK_GROW_AHEAD (g_hold_ahead, once, until g_ahead_release). */
+static atomic_int g_joins, g_settles, g_ahead, g_grow_calls, g_poll_waits;
+static atomic_int g_ahead_held, g_ahead_release;
+static atomic_int g_hold_ahead;
+static atomic_int g_ahead_in_window; /* GROW_AHEAD while g_window is set */
+static atomic_int g_window;
+typedef struct op op_t;
+static _Thread_local op_t *tl_op;         /* the allocation this thread runs */
+static void (*g_poll_fn)(void);           /* at PP_HOOK_POLL_WAIT */
+static _Thread_local bool tl_poll_thread; /* g_poll_fn runs on this one */
+
+static void hook(int point) {
+  switch (point) {
+  case PP_HOOK_GROW_JOIN:
+    atomic_fetch_add(&g_joins, 1);
+    break;
+  case PP_HOOK_RETRY_SETTLE:
+    atomic_fetch_add(&g_settles, 1);
+    break;
+  case PP_HOOK_GROW_CALL:
+    atomic_fetch_add(&g_grow_calls, 1);
+    break;
+  case PP_HOOK_GROW_AHEAD:
+    atomic_fetch_add(&g_ahead, 1);
+    if (atomic_load(&g_window))
+      atomic_fetch_add(&g_ahead_in_window, 1);
+    if (atomic_exchange(&g_hold_ahead, 0)) {
+      atomic_store(&g_ahead_held, 1);
+      (void)wait_for(&g_ahead_release, 1);
+    }
+    return;
+  case PP_HOOK_POLL_WAIT:
+    atomic_fetch_add(&g_poll_waits, 1);
+    if (tl_poll_thread && g_poll_fn != NULL)
+      g_poll_fn();
+    return;
+  default:
+    break;
+  }
+  if (tl_op != NULL && tl_op->hold == point) {
+    tl_op->hold = 0;
+    atomic_store(&tl_op->held, 1);
+    (void)wait_for(&tl_op->release, 1);
+  }
+}
+
+static void hook_reset(void) {
+  atomic_store(&g_joins, 0);
+  atomic_store(&g_settles, 0);
+  atomic_store(&g_ahead, 0);
+  atomic_store(&g_grow_calls, 0);
+  atomic_store(&g_poll_waits, 0);
+  atomic_store(&g_hold_ahead, 0);
+  atomic_store(&g_ahead_held, 0);
+  atomic_store(&g_ahead_release, 0);
+  atomic_store(&g_ahead_in_window, 0);
+  atomic_store(&g_window, 0);
+  atomic_store(&pp_test_hook, hook);
+}
+
+/* An allocation on its own thread, held at `hold` (0: nowhere). */
+
+static void *op_run(void *arg) {
+  op_t *o = arg;
+  tl_op = o;
+  o->rc = pinpool_alloc(o->pool, o->size, &o->p);
+  if (o->rc != 0)
+    (void)snprintf(o->err, sizeof o->err, "%s", pinpool_last_error());
+  atomic_store(&o->returned, 1);
+  /* Cancelled here at the latest (the cancel_* cases): pinpool's waits
+   * are not cancellation points. */
+  pthread_testcancel();
+  return NULL;
+}
+
+static bool op_start(op_t *o, pinpool_t *pool, size_t size, int hold) {
+  *o = (op_t){.pool = pool, .size = size, .hold = hold};
+  return pthread_create(&o->t, NULL, op_run, o) == 0;
+}
+
+/* ---- join_windows, join_fork ---------------------------------------------
+ * X (4 MiB, its own chunk) is live. Thread G allocates 1 MiB: the arena is
+ * full, it grows a 2 MiB chunk and is held at PP_HOOK_ARENA_GROW (chunk
+ * made, not in the arena). Thread J allocates 512 KiB: it misses and joins
+ * G's growth (PP_HOOK_GROW_JOIN). In that window X is freed and its chunk
+ * given back (join_windows: release, trim, oom retry), or the
+ * process forks (join_fork: the fork waits for G's and J's busy sections;
+ * the child's pool is whole and works). Then G goes on: its entering hold
+ * carves both pieces; one backend call served both. */
+enum { ACT_RELEASE, ACT_TRIM, ACT_OOM, NACTS };
+static const char *const act_names[NACTS] = {"release", "trim", "oom retry"};
+
+static int join_setup_conf(const char *conf, pinpool_t **pool, void **x,
+                           op_t *g, op_t *j) {
+  hook_reset();
+  CHECK(pinpool_create(conf, pool) == 0, "create: %s", pinpool_last_error());
+  CHECK(pinpool_alloc(*pool, 4 * MiB, x) == 0, "alloc X");
+  CHECK(op_start(g, *pool, MiB, PP_HOOK_ARENA_GROW), "thread G");
+  CHECK(wait_for(&g->held, 1), "G never reached ARENA_GROW");
+  CHECK(op_start(j, *pool, 512 * KiB, 0), "thread J");
+  CHECK(wait_for(&g_joins, 1), "J did not join G's growth in flight");
+  return 0;
+}
+
+static int join_setup(pinpool_t **pool, void **x, op_t *g, op_t *j) {
+  return join_setup_conf("backend=host,mlock=0,populate=0,tcache_bytes=0", pool,
+                         x, g, j);
+}
+
+static int join_finish(pinpool_t *pool, void *x, op_t *g, op_t *j,
+                       uint64_t backend_allocs, uint64_t misses) {
+  atomic_store(&g->release, 1);
+  (void)pthread_join(g->t, NULL);
+  (void)pthread_join(j->t, NULL);
+  CHECK(g->rc == 0 && j->rc == 0, "allocations: G %d, J %d", g->rc, j->rc);
+  pinpool_stats_t st = pp_stats_of(pool);
+  CHECK(st.backend_alloc.count == backend_allocs &&
+            atomic_load(&g_joins) == 1 && st.cache_misses == misses,
+        "%llu backend allocations (%llu expected), %d joins, %llu misses",
+        (unsigned long long)st.backend_alloc.count,
+        (unsigned long long)backend_allocs, atomic_load(&g_joins),
+        (unsigned long long)st.cache_misses);
+  CHECK(pinpool_validate(pool) == 0, "validate: %s", pinpool_last_error());
+  pp_fill(g->p, MiB, 1);
+  pp_fill(j->p, 512 * KiB, 2);
+  CHECK(pp_filled(g->p, MiB, 1) && pp_filled(j->p, 512 * KiB, 2),
+        "G's and J's blocks overlap");
+  CHECK(pinpool_free(pool, g->p) == 0 && pinpool_free(pool, j->p) == 0, "free");
+  if (x != NULL)
+    CHECK(pinpool_free(pool, x) == 0, "free X");
+  CHECK(pinpool_empty_cache(pool) == 0, "empty_cache");
+  CHECK(pinpool_validate(pool) == 0, "validate: %s", pinpool_last_error());
+  st = pp_stats_of(pool);
+  CHECK(st.reserved_bytes.current == 0, "%llu bytes left reserved",
+        (unsigned long long)st.reserved_bytes.current);
+  pinpool_destroy(pool);
+  return 0;
+}
+
+/* The window's act, on the main thread: X freed and its chunk given back
+ * by pinpool_empty_cache (release), by the free itself past max_cached=2MiB
+ * (trim), or by the out-of-memory retry of a 6 MiB allocation that
+ * max_reserved=8MiB refuses until X's chunk is released (oom retry). */
+static int join_window(int act) {
+  static const char *const conf[NACTS] = {
+      "backend=host,mlock=0,populate=0,tcache_bytes=0",
+      "backend=host,mlock=0,populate=0,tcache_bytes=0,max_cached=2MiB",
+      "backend=host,mlock=0,populate=0,tcache_bytes=0,max_reserved=8MiB"};
+  pinpool_t *pool = NULL;
+  void *x = NULL, *y = NULL;
+  op_t g, j;
+  if (join_setup_conf(conf[act], &pool, &x, &g, &j) != 0)
+    return 1;
+  /* The window: a whole free chunk given back while G's chunk is in
+   * flight and J waits for it. */
+  CHECK(pinpool_free(pool, x) == 0, "free X");
+  if (act == ACT_RELEASE)
+    CHECK(pinpool_empty_cache(pool) == 0, "empty_cache in the window: %s",
+          pinpool_last_error());
+  if (act == ACT_OOM) {
+    CHECK(pinpool_alloc(pool, 6 * MiB, &y) == 0,
+          "an allocation in the window: %s", pinpool_last_error());
+    CHECK(pinpool_free(pool, y) == 0, "free Y");
+  }
+  pinpool_stats_t st = pp_stats_of(pool);
+  CHECK(st.trimmed_segments >= 1 && st.backend_free.count == 1 &&
+            atomic_load(&g.release) == 0 && atomic_load(&j.returned) == 0,
+        "%s in the window: %llu chunks given back, J returned %d",
+        act_names[act], (unsigned long long)st.backend_free.count,
+        atomic_load(&j.returned));
+  return join_finish(pool, NULL, &g, &j, act == ACT_OOM ? 3 : 2,
+                     act == ACT_OOM ? 3 : 2);
+}
+
+static int join_windows_run(void) {
+  for (int act = 0; act < NACTS; act++)
+    if (join_window(act) != 0)
+      return 1;
+  return 0;
+}
+
+static void join_windows(void **state) {
+  (void)state;
+  in_child("join_windows", join_windows_run);
+}
+
+static atomic_int g_forking; /* the test's prepare handler ran */
+static void note_fork(void) { atomic_store(&g_forking, 1); }
+
+/* Lets G go once the fork has begun (the test's prepare handler runs
+ * before pinpool's, which waits for G's and J's sections). */
+static void *release_after_fork(void *arg) {
+  op_t *g = arg;
+  if (wait_for(&g_forking, 1))
+    pp_sleep_ms(20); /* pinpool's prepare reaches its wait meanwhile */
+  atomic_store(&g->release, 1);
+  return NULL;
+}
+
+static int join_fork_child(pinpool_t *pool, void *x) {
+  /* G's and J's allocations were done before the fork (their busy
+   * sections): X, G's and J's blocks are live here, nothing in flight. */
+  pinpool_stats_t st;
+  if (pinpool_get_stats(pool, &st) != 0 || st.requests.current != 3) {
+    fprintf(stderr, "join_fork child: %llu blocks live\n",
+            (unsigned long long)st.requests.current);
+    return 20;
+  }
+  if (pinpool_validate(pool) != 0) {
+    fprintf(stderr, "join_fork child: %s\n", pinpool_last_error());
+    return 21;
+  }
+  void *q[4];
+  for (int i = 0; i < 4; i++)
+    if (pinpool_alloc(pool, 3 * MiB, &q[i]) != 0)
+      return 22;
+  for (int i = 0; i < 4; i++)
+    if (pinpool_free(pool, q[i]) != 0)
+      return 23;
+  if (pinpool_free(pool, x) != 0 || pinpool_empty_cache(pool) != 0 ||
+      pinpool_validate(pool) != 0)
+    return 24;
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static int join_fork_run(void) {
+  pinpool_t *pool = NULL;
+  void *x = NULL;
+  op_t g, j;
+  if (join_setup(&pool, &x, &g, &j) != 0)
+    return 1;
+  atomic_store(&g_forking, 0);
+  CHECK(pthread_atfork(note_fork, NULL, NULL) == 0, "pthread_atfork");
+  pthread_t r;
+  CHECK(pthread_create(&r, NULL, release_after_fork, &g) == 0, "thread");
+  pid_t pid = fork();
+  if (pid == 0) {
+    atomic_store(&pp_test_hook, NULL);
+    _exit(join_fork_child(pool, x));
+  }
+  CHECK(pid > 0, "fork: %s", strerror(errno));
+  (void)pthread_join(r, NULL);
+  int st = pp_wait_child(pid, 30000);
+  CHECK(st == 0,
+        "the child forked while a growth and its joiner were in "
+        "flight failed (%d)",
+        st);
+  return join_finish(pool, x, &g, &j, 2, 2);
+}
+
+static void join_fork(void **state) {
+  (void)state;
+  in_child("join_fork", join_fork_run);
+}
+
+/* ---- grower_inline ---------------------------------------------------------
+ * 1. The grower's first chunk (16 MiB) is held at PP_HOOK_GROW_AHEAD; the
+ *    main thread allocates 24 MiB, which that chunk cannot hold: it grows
+ *    its own chunk and returns while the grower is still held (it never
+ *    waits for a growth that cannot serve it). Then the grower's chunk
+ *    enters (no release came), and every backend allocation is a miss's or
+ *    the grower's.
+ * 2. An inline growth held at PP_HOOK_GROW_CALL (in flight, not yet
+ *    claimed) while the main thread takes the headroom below the target:
+ *    the grower, looking meanwhile, grows nothing (an allocation's growth
+ *    in flight: its chunk's tail is not in the room the grower reads, and
+ *    the two chunks together could pass a cap); once that growth is in,
+ *    it grows again. */
+static bool ahead_room(pinpool_t *pool, size_t bytes) {
+  for (int i = 0; i < BOUND_MS; i++) {
+    if (pp_stats_of(pool).chunk_free_bytes >= bytes)
+      return true;
+    pp_sleep_ms(1);
+  }
+  return false;
+}
+
+static pinpool_t *ahead_pool(void) {
+  pinpool_t *pool = NULL;
+  if (pinpool_create("backend=host,mlock=0,populate=0,tcache_bytes=0,"
+                     "grow_ahead=16MiB",
+                     &pool) != 0)
+    fprintf(stderr, "create: %s\n", pinpool_last_error());
+  return pool;
+}
+
+static int grower_inline_run(void) {
+  /* 1. The grower's chunk in flight, an inline growth beside it. */
+  hook_reset();
+  pinpool_t *pool = ahead_pool();
+  CHECK(pool != NULL, "create");
+  atomic_store(&g_hold_ahead, 1);
+  void *p[8];
+  int n = 0;
+  CHECK(pinpool_alloc(pool, 3 * MiB, &p[n++]) == 0, "first alloc");
+  CHECK(wait_for(&g_ahead_held, 1), "the grower never grew");
+  pinpool_stats_t st0 = pp_stats_of(pool);
+  CHECK(pinpool_alloc(pool, 24 * MiB, &p[n++]) == 0,
+        "24 MiB beside the grower's chunk in flight: %s", pinpool_last_error());
+  int released = atomic_load(&g_ahead_release);
+  pinpool_stats_t st1 = pp_stats_of(pool);
+  atomic_store(&g_ahead_release, 1);
+  CHECK(released == 0 && atomic_load(&g_joins) == 0 &&
+            st1.cache_misses == st0.cache_misses + 1,
+        "the 24 MiB miss waited for the grower's 16 MiB chunk (joins %d, "
+        "returned after the grower went on: %d)",
+        atomic_load(&g_joins), released);
+  CHECK(pinpool_validate(pool) == 0, "validate: %s", pinpool_last_error());
+  st1 = pp_stats_of(pool);
+  CHECK(st1.grow_ahead_chunks >= 1 && st1.trimmed_segments == 0,
+        "the grower's chunk beside an inline growth: %llu grown ahead, %llu "
+        "given back",
+        (unsigned long long)st1.grow_ahead_chunks,
+        (unsigned long long)st1.trimmed_segments);
+  for (int i = 0; i < n; i++)
+    CHECK(pinpool_free(pool, p[i]) == 0, "free");
+  CHECK(pinpool_validate(pool) == 0, "validate: %s", pinpool_last_error());
+  pinpool_destroy(pool);
+
+  /* 2. An inline growth in flight, the grower below its target. */
+  hook_reset();
+  pool = ahead_pool();
+  CHECK(pool != NULL, "create");
+  n = 0;
+  CHECK(pinpool_alloc(pool, 3 * MiB, &p[n++]) == 0, "first alloc");
+  CHECK(ahead_room(pool, 16 * MiB), "no headroom");
+  op_t g;
+  CHECK(op_start(&g, pool, 64 * MiB, PP_HOOK_GROW_CALL), "thread G");
+  CHECK(wait_for(&g.held, 1), "G never reached GROW_CALL");
+  atomic_store(&g_window, 1);
+  for (int i = 0; i < 4; i++) /* the headroom falls below the target */
+    CHECK(pinpool_alloc(pool, 3 * MiB, &p[n++]) == 0, "headroom alloc");
+  pinpool_stats_t st2 = pp_stats_of(pool);
+  pp_sleep_ms(50); /* the grower looks once a millisecond */
+  atomic_store(&g_window, 0);
+  int in_window = atomic_load(&g_ahead_in_window);
+  atomic_store(&g.release, 1);
+  (void)pthread_join(g.t, NULL);
+  CHECK(g.rc == 0, "G: %s", g.err);
+  CHECK(st2.chunk_free_bytes < 16 * MiB && st2.cache_misses == 1,
+        "the window: %llu bytes free, %llu misses",
+        (unsigned long long)st2.chunk_free_bytes,
+        (unsigned long long)st2.cache_misses);
+  CHECK(in_window == 0,
+        "the grower grew %d chunks while an allocation's growth was in "
+        "flight",
+        in_window);
+  CHECK(ahead_room(pool, 16 * MiB), "the grower did not grow after it");
+  CHECK(pinpool_validate(pool) == 0, "validate: %s", pinpool_last_error());
+  atomic_store(&pp_test_hook, NULL);
+  for (int i = 0; i < n; i++)
+    CHECK(pinpool_free(pool, p[i]) == 0, "free");
+  CHECK(pinpool_free(pool, g.p) == 0, "free G");
+  CHECK(pinpool_validate(pool) == 0, "validate: %s", pinpool_last_error());
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static void grower_inline(void **state) {
+  (void)state;
+  in_child("grower_inline", grower_inline_run);
+}
+
+/* ---- retry_inline ------------------------------------------------------
+ * max_reserved=6MiB, an empty pool. R allocates 1 MiB and is held at
+ * PP_HOOK_GROW_CALL (its 2 MiB growth in flight, nothing claimed; its room
+ * of 1 MiB cannot hold G's piece). G allocates 4 MiB + 4 KiB: a 6 MiB
+ * chunk of its own, claimed, held at PP_HOOK_ARENA_GROW. R goes on: the
+ * cap refuses its 2 MiB. G's chunk will hold R's piece (2 MiB - 4 KiB
+ * free): R must get it (joining G's growth) rather than fail. Before, the
+ * retry waited only for claims (releases, the grower's chunks) and saw
+ * nothing to wait for: ENOMEM. */
+static int retry_inline_run(void) {
+  hook_reset();
+  pinpool_t *pool = NULL;
+  CHECK(pinpool_create("backend=host,mlock=0,populate=0,tcache_bytes=0,"
+                       "max_reserved=6MiB",
+                       &pool) == 0,
+        "create: %s", pinpool_last_error());
+  op_t r, g;
+  CHECK(op_start(&r, pool, MiB, PP_HOOK_GROW_CALL), "thread R");
+  CHECK(wait_for(&r.held, 1), "R never reached GROW_CALL");
+  CHECK(op_start(&g, pool, 4 * MiB + 4 * KiB, PP_HOOK_ARENA_GROW), "thread G");
+  CHECK(wait_for(&g.held, 1), "G never reached ARENA_GROW");
+  CHECK(atomic_load(&g_joins) == 0, "G joined R's growth");
+  /* R goes on; G stays held until R has joined its growth or returned. */
+  atomic_store(&r.release, 1);
+  for (int i = 0; i < BOUND_MS && atomic_load(&g_joins) == 0 &&
+                  atomic_load(&r.returned) == 0;
+       i++)
+    pp_sleep_ms(1);
+  int r_returned = atomic_load(&r.returned);
+  atomic_store(&g.release, 1);
+  (void)pthread_join(r.t, NULL);
+  (void)pthread_join(g.t, NULL);
+  (void)r_returned;
+  CHECK(r.rc == 0,
+        "an allocation the cap refused while another thread's growth, whose "
+        "chunk holds its piece, was in flight failed: %s",
+        r.err);
+  CHECK(g.rc == 0, "G: %d", g.rc);
+  pinpool_stats_t st = pp_stats_of(pool);
+  CHECK(st.backend_alloc.count == 1 && st.oom_count == 0 &&
+            atomic_load(&g_joins) == 1,
+        "%llu backend allocations, %llu out of memory, %d joins",
+        (unsigned long long)st.backend_alloc.count,
+        (unsigned long long)st.oom_count, atomic_load(&g_joins));
+  CHECK(pinpool_validate(pool) == 0, "validate: %s", pinpool_last_error());
+  CHECK(pinpool_free(pool, r.p) == 0 && pinpool_free(pool, g.p) == 0, "free");
+  CHECK(pinpool_empty_cache(pool) == 0, "empty_cache");
+  CHECK(pinpool_validate(pool) == 0, "validate: %s", pinpool_last_error());
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static void retry_inline(void **state) {
+  (void)state;
+  in_child("retry_inline", retry_inline_run);
+}
+
+/* ---- cancel_join, cancel_settle, cancel_poll ------------------------------
+ * pthread_cancel (deferred) of a thread while it waits in pinpool for
+ * another thread: the wait is not a cancellation point (base.h,
+ * pp_nocancel_enter), so the call completes and the cancel acts at the
+ * thread's next cancellation point (op_run's pthread_testcancel). Then the
+ * pool is valid, its locks are free (the thread that was waited for ends:
+ * the watchdog would catch a hang), and a fork does not hang on the
+ * cancelled thread's busy section. Before: cancel_join left the waiter's
+ * record on a dead stack and its busy section open (the fork hung);
+ * cancel_settle and cancel_poll died in pthread_cond_wait holding its
+ * mutex (the thread waited for hung). */
+static int cancel_check(pinpool_t *pool, op_t *v) {
+  void *ret = NULL;
+  (void)pthread_join(v->t, &ret);
+  CHECK(atomic_load(&v->returned) == 1,
+        "the thread cancelled in a pinpool wait never returned from "
+        "pinpool_alloc");
+  CHECK(ret == PTHREAD_CANCELED, "the cancel was lost");
+  CHECK(v->rc == 0, "the cancelled thread's allocation: %s", v->err);
+  CHECK(pinpool_validate(pool) == 0, "validate: %s", pinpool_last_error());
+  fflush(NULL);
+  pid_t pid = fork(); /* waits for every busy section */
+  if (pid == 0)
+    _exit(pinpool_validate(pool) == 0 ? 0 : 1);
+  CHECK(pid > 0 && pp_wait_child(pid, 10000) == 0, "fork after the cancel");
+  CHECK(pinpool_free(pool, v->p) == 0, "free the cancelled thread's block");
+  CHECK(pinpool_empty_cache(pool) == 0, "empty_cache");
+  CHECK(pinpool_validate(pool) == 0, "validate: %s", pinpool_last_error());
+  return 0;
+}
+
+static int cancel_join_run(void) {
+  pinpool_t *pool = NULL;
+  void *x = NULL;
+  op_t g, j;
+  if (join_setup(&pool, &x, &g, &j) != 0) /* J waits for G's growth */
+    return 1;
+  CHECK(pthread_cancel(j.t) == 0, "pthread_cancel");
+  pp_sleep_ms(20); /* a cancellation point would act now */
+  atomic_store(&g.release, 1);
+  (void)pthread_join(g.t, NULL);
+  CHECK(g.rc == 0, "G: %d", g.rc);
+  if (cancel_check(pool, &j) != 0)
+    return 1;
+  CHECK(pinpool_free(pool, g.p) == 0 && pinpool_free(pool, x) == 0, "free");
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static void cancel_join(void **state) {
+  (void)state;
+  in_child("cancel_join", cancel_join_run);
+}
+
+/* A release (empty_cache) held at PP_HOOK_ARENA_RELEASE with its claim in
+ * flight; the victim's allocation is refused by max_reserved and its retry
+ * waits for that claim (PP_HOOK_RETRY_SETTLE). */
+static atomic_int rel_held, rel_release;
+static void *release_run(void *arg) {
+  pinpool_t *pool = arg;
+  (void)pinpool_empty_cache(pool);
+  return NULL;
+}
+static void hold_release(int point) {
+  if (point == PP_HOOK_ARENA_RELEASE && atomic_load(&rel_held) == 0) {
+    atomic_store(&rel_held, 1);
+    (void)wait_for(&rel_release, 1);
+    return;
+  }
+  hook(point);
+}
+
+static int cancel_settle_run(void) {
+  hook_reset();
+  atomic_store(&rel_held, 0);
+  atomic_store(&rel_release, 0);
+  pinpool_t *pool = NULL;
+  CHECK(pinpool_create("backend=host,mlock=0,populate=0,tcache_bytes=0,"
+                       "max_reserved=16MiB",
+                       &pool) == 0,
+        "create: %s", pinpool_last_error());
+  void *a = NULL, *b = NULL;
+  CHECK(pinpool_alloc(pool, 8 * MiB, &a) == 0, "alloc A");
+  CHECK(pinpool_alloc(pool, 8 * MiB, &b) == 0, "alloc B");
+  CHECK(pinpool_free(pool, a) == 0, "free A");
+  atomic_store(&pp_test_hook, hold_release);
+  pthread_t e;
+  CHECK(pthread_create(&e, NULL, release_run, pool) == 0, "thread E");
+  CHECK(wait_for(&rel_held, 1), "the release never reached ARENA_RELEASE");
+  op_t v;
+  CHECK(op_start(&v, pool, 4 * MiB, 0), "thread V");
+  CHECK(wait_for(&g_settles, 1), "V's retry did not wait for the claim");
+  CHECK(pthread_cancel(v.t) == 0, "pthread_cancel");
+  pp_sleep_ms(20); /* a cancellation point would act now */
+  atomic_store(&rel_release, 1);
+  (void)pthread_join(e, NULL);
+  if (cancel_check(pool, &v) != 0)
+    return 1;
+  CHECK(pinpool_free(pool, b) == 0, "free B");
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static void cancel_settle(void **state) {
+  (void)state;
+  in_child("cancel_settle", cancel_settle_run);
+}
+
+/* ---- A user event provider whose queries can be held ---------------------
+ * Every event stays not done until synchronized. While pq_gate is set, the
+ * n-th query waits (bounded) until pq_released >= n. */
+static atomic_int pq_gate, pq_entered, pq_released;
+static int pq_record(void *c, pinpool_stream_t s, void **ev) {
+  (void)c;
+  (void)s;
+  *ev = calloc(1, sizeof(int));
+  return *ev != NULL ? 0 : PINPOOL_ENOMEM;
+}
+static int pq_query(void *c, void *ev) {
+  (void)c;
+  if (atomic_load(&pq_gate)) {
+    int n = atomic_fetch_add(&pq_entered, 1) + 1;
+    for (int i = 0;
+         i < BOUND_MS && atomic_load(&pq_gate) && atomic_load(&pq_released) < n;
+         i++)
+      pp_sleep_ms(1);
+  }
+  return *(int *)ev;
+}
+static int pq_sync(void *c, void *ev) {
+  (void)c;
+  *(int *)ev = 1;
+  return 0;
+}
+static void pq_release(void *c, void *ev) {
+  (void)c;
+  free(ev);
+}
+static const pinpool_events_t pq_events = {"user",  pq_record,  pq_query,
+                                           pq_sync, pq_release, NULL};
+
+/* A pool with one pending block on stream 7 whose event never completes
+ * (until synchronized). */
+static int pq_pool(pinpool_t **pool) {
+  atomic_store(&pq_gate, 0);
+  atomic_store(&pq_entered, 0);
+  atomic_store(&pq_released, 0);
+  pinpool_hooks_t h = {NULL, &pq_events, NULL, NULL};
+  CHECK(pinpool_create_ex("tcache_bytes=0", &h, pool) == 0, "create: %s",
+        pinpool_last_error());
+  void *p = NULL;
+  CHECK(pinpool_alloc(*pool, 4096, &p) == 0, "alloc");
+  CHECK(pinpool_record_stream(*pool, p, 7) == 0, "record");
+  CHECK(pinpool_free(*pool, p) == 0, "free");
+  return 0;
+}
+
+/* A miss: its poll queries the head (held by the gate). */
+static void *miss_once(void *arg) {
+  pinpool_t *pool = arg;
+  void *p = NULL;
+  if (pinpool_alloc(pool, MiB, &p) == 0)
+    (void)pinpool_free(pool, p);
+  return NULL;
+}
+
+typedef struct pe_op {
+  pinpool_t *pool;
+  int rc;
+  atomic_int returned;
+  pthread_t t;
+} pe_op_t;
+static void *process_run(void *arg) {
+  pe_op_t *o = arg;
+  o->rc = pinpool_process_events(o->pool);
+  atomic_store(&o->returned, 1);
+  pthread_testcancel();
+  return NULL;
+}
+
+static int cancel_poll_run(void) {
+  hook_reset();
+  pinpool_t *pool = NULL;
+  if (pq_pool(&pool) != 0)
+    return 1;
+  atomic_store(&pq_gate, 1);
+  pthread_t m;
+  CHECK(pthread_create(&m, NULL, miss_once, pool) == 0, "thread M");
+  CHECK(wait_for(&pq_entered, 1), "the miss never queried the head");
+  pe_op_t v = {.pool = pool};
+  CHECK(pthread_create(&v.t, NULL, process_run, &v) == 0, "thread V");
+  CHECK(wait_for(&g_poll_waits, 1), "the full poll did not wait");
+  CHECK(pthread_cancel(v.t) == 0, "pthread_cancel");
+  pp_sleep_ms(20);           /* a cancellation point would act now */
+  atomic_store(&pq_gate, 0); /* every query returns: not done */
+  (void)pthread_join(m, NULL);
+  void *ret = NULL;
+  (void)pthread_join(v.t, &ret);
+  CHECK(atomic_load(&v.returned) == 1,
+        "the thread cancelled in the full poll's wait never returned from "
+        "pinpool_process_events");
+  CHECK(ret == PTHREAD_CANCELED && v.rc == 0, "cancel lost, or rc %d", v.rc);
+  CHECK(pinpool_validate(pool) == 0, "validate: %s", pinpool_last_error());
+  CHECK(pinpool_process_events(pool) == 0, "process_events");
+  CHECK(pinpool_synchronize(pool) == 0, "synchronize");
+  pinpool_stats_t st = pp_stats_of(pool);
+  CHECK(st.pending_blocks == 0, "%llu blocks pending after synchronize",
+        (unsigned long long)st.pending_blocks);
+  CHECK(pinpool_validate(pool) == 0, "validate: %s", pinpool_last_error());
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static void cancel_poll(void **state) {
+  (void)state;
+  in_child("cancel_poll", cancel_poll_run);
+}
+
+/* ---- poll_wait_bounded (rev37d's v7) -----------------------------------
+ * Two threads miss continuously (each miss queries the head, which never
+ * completes). A process_events meets the head held by one miss's query and
+ * waits (PP_HOOK_POLL_WAIT); there the hook lets that query end and waits
+ * until the other thread's next miss has begun a query of the same head:
+ * the poll, woken, finds the head held again. Up to PW_LIMIT times. A full
+ * poll promises the events completed before the call: once a query begun
+ * after the call found the head not done, it moves on. At most 2 waits
+ * (one for a query begun before it, one for a query begun after); it
+ * waited PW_LIMIT times before, and as long as misses came in v7. */
+#define PW_LIMIT 20
+static atomic_int pw_stop;
+static void *miss_loop(void *arg) {
+  pinpool_t *pool = arg;
+  while (!atomic_load(&pw_stop)) {
+    /* Four blocks at once: the hot slots hold fewer, the others go to
+     * the bins (take_with_retry), whose miss polls. */
+    void *p[4];
+    int n = 0;
+    while (n < 4 && pinpool_alloc(pool, MiB, &p[n]) == 0)
+      n++;
+    while (n > 0)
+      (void)pinpool_free(pool, p[--n]);
+  }
+  return NULL;
+}
+static atomic_int pw_waits;
+static void pw_at_wait(void) {
+  int k = atomic_fetch_add(&pw_waits, 1) + 1;
+  if (k >= PW_LIMIT) {
+    atomic_store(&pq_gate, 0);
+    return;
+  }
+  /* The query the poll waits for ends; the next one begins. */
+  int next = atomic_load(&pq_released) + 2;
+  atomic_fetch_add(&pq_released, 1);
+  (void)wait_for(&pq_entered, next);
+}
+
+static int poll_wait_bounded_run(void) {
+  hook_reset();
+  pinpool_t *pool = NULL;
+  if (pq_pool(&pool) != 0)
+    return 1;
+  atomic_store(&pw_stop, 0);
+  atomic_store(&pw_waits, 0);
+  atomic_store(&pq_gate, 1);
+  pthread_t m[2];
+  for (int i = 0; i < 2; i++)
+    CHECK(pthread_create(&m[i], NULL, miss_loop, pool) == 0, "thread");
+  CHECK(wait_for(&pq_entered, 1), "no miss queried the head");
+  g_poll_fn = pw_at_wait;
+  tl_poll_thread = true;
+  int rc = pinpool_process_events(pool);
+  tl_poll_thread = false;
+  g_poll_fn = NULL;
+  int waits = atomic_load(&pw_waits);
+  atomic_store(&pq_gate, 0);
+  atomic_store(&pw_stop, 1);
+  for (int i = 0; i < 2; i++)
+    (void)pthread_join(m[i], NULL);
+  CHECK(rc == 0, "process_events: %d", rc);
+  CHECK(waits >= 1, "the full poll never waited for a miss's query");
+  CHECK(waits <= 2,
+        "one process_events waited %d times for misses that took a head "
+        "that never completes",
+        waits);
+  CHECK(pinpool_synchronize(pool) == 0, "synchronize");
+  CHECK(pinpool_validate(pool) == 0, "validate: %s", pinpool_last_error());
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static void poll_wait_bounded(void **state) {
+  (void)state;
+  in_child("poll_wait_bounded", poll_wait_bounded_run);
+}
+
+int main(int argc, char **argv) {
+  pp_clean_env();
+  const struct CMUnitTest all[] = {
+      cmocka_unit_test(join_windows),  cmocka_unit_test(join_fork),
+      cmocka_unit_test(grower_inline), cmocka_unit_test(retry_inline),
+      cmocka_unit_test(cancel_join),   cmocka_unit_test(cancel_settle),
+      cmocka_unit_test(cancel_poll),   cmocka_unit_test(poll_wait_bounded),
+  };
+  return pp_run_selected("test_waits37", all, sizeof all / sizeof all[0], argc,
+                         argv);
+}
