@@ -22,6 +22,9 @@
  *    each of pinpool's waits; the call completes, the cancel acts after it,
  *    the pool stays valid and no lock stays held (each hung or left a record
  *    behind before).
+ *  - shed_windows: grow_ahead=auto's give-back held between the hold that
+ *    takes its chunk out and the backend call, and a release, a trim and
+ *    an out-of-memory retry in that window.
  *  - poll_wait_bounded: rev37d's v7 probe, driven: a full poll waits at
  *    most twice for the misses that take a head that never completes (it
  *    waited again for each, as long as threads kept missing).
@@ -804,6 +807,145 @@ static void poll_wait_bounded(void **state) {
   in_child("poll_wait_bounded", poll_wait_bounded_run);
 }
 
+/* ---- shed_windows ----------------------------------------------------------
+ * grow_ahead=auto gives back chunks it grew once the demand stays flat
+ * (pp_arena_shed): a chunk out of the arena in one hold of seg_lock, then
+ * given to the backend with no lock held, its claim in flight. The grower
+ * is held there (PP_HOOK_GROW_SHED, its first give-back) while another
+ * thread runs a release (pinpool_empty_cache), a trim (frees past
+ * max_cached) or an allocation that max_reserved refuses (its retry waits
+ * for the give-back's claim: the hook lets the grower go once it waits).
+ * Then the pool is consistent, every chunk went back once (nothing stays
+ * reserved after the last free and empty_cache). */
+static atomic_int sh_hold, sh_fired, sh_act_done, sh_hook_done;
+static int sh_act, sh_rc;
+static pinpool_t *sh_pool;
+static void *sh_blk[16];
+static pthread_t sh_late;
+static bool sh_late_set;
+
+static void *shed_act_run(void *arg) {
+  (void)arg;
+  int rc = 0;
+  if (sh_act == ACT_RELEASE) { /* half the jump freed, then released */
+    for (int i = 8; i < 16 && rc == 0; i++) {
+      rc = pinpool_free(sh_pool, sh_blk[i]);
+      sh_blk[i] = NULL;
+    }
+    if (rc == 0)
+      rc = pinpool_empty_cache(sh_pool);
+  } else if (sh_act == ACT_TRIM) {
+    for (int i = 0; i < 8 && rc == 0; i++) {
+      rc = pinpool_free(sh_pool, sh_blk[i]);
+      sh_blk[i] = NULL;
+    }
+  } else { /* under the cap, above what it leaves: refused, retried */
+    void *p = NULL;
+    rc = pinpool_alloc(sh_pool, 156 * MiB, &p);
+    if (rc == 0)
+      rc = pinpool_free(sh_pool, p);
+    else if (rc == PINPOOL_ENOMEM)
+      rc = 0; /* a clean failure: nothing the release could make fit */
+  }
+  sh_rc = rc;
+  atomic_store(&sh_act_done, 1);
+  return NULL;
+}
+
+static void shed_hook(int point) {
+  if (point != PP_HOOK_GROW_SHED || !atomic_exchange(&sh_hold, 0)) {
+    hook(point);
+    return;
+  }
+  atomic_store(&sh_fired, 1);
+  pthread_t t;
+  if (pthread_create(&t, NULL, shed_act_run, NULL) != 0) {
+    sh_rc = -9999;
+    atomic_store(&sh_hook_done, 1);
+    return;
+  }
+  for (int i = 0; i < BOUND_MS && atomic_load(&sh_act_done) == 0 &&
+                  atomic_load(&g_settles) == 0;
+       i++)
+    pp_sleep_ms(1);
+  if (atomic_load(&sh_act_done) != 0) {
+    (void)pthread_join(t, NULL);
+  } else {
+    sh_late = t;
+    sh_late_set = true;
+  }
+  atomic_store(&sh_hook_done, 1);
+}
+
+static int shed_window(int act) {
+  static const char *const conf[NACTS] = {
+      "backend=host,mlock=0,populate=0,tcache_bytes=0,grow_ahead=auto",
+      "backend=host,mlock=0,populate=0,tcache_bytes=0,grow_ahead=auto,"
+      "max_cached=64MiB",
+      "backend=host,mlock=0,populate=0,tcache_bytes=0,grow_ahead=auto,"
+      "max_reserved=160MiB"};
+  hook_reset();
+  sh_act = act;
+  sh_rc = 0;
+  sh_late_set = false;
+  atomic_store(&sh_hold, 0);
+  atomic_store(&sh_fired, 0);
+  atomic_store(&sh_act_done, 0);
+  atomic_store(&sh_hook_done, 0);
+  CHECK(pinpool_create(conf[act], &sh_pool) == 0, "create: %s",
+        pinpool_last_error());
+  pinpool_t *pool = sh_pool;
+  for (int i = 0; i < 16; i++) /* the jump: 64 MiB at once */
+    CHECK(pinpool_alloc(pool, 4 * MiB, &sh_blk[i]) == 0, "jump");
+  atomic_store(&sh_hold, 1);
+  atomic_store(&pp_test_hook, shed_hook);
+  /* Flat from now on: the grower's give-back comes within a window. */
+  for (int i = 0; i < 3 * BOUND_MS && atomic_load(&sh_hook_done) == 0; i++)
+    pp_sleep_ms(1);
+  CHECK(atomic_load(&sh_fired) == 1, "%s: the grower gave nothing back",
+        act_names[act]);
+  CHECK(atomic_load(&sh_hook_done) == 1, "%s: the hook never returned",
+        act_names[act]);
+  if (sh_late_set)
+    (void)pthread_join(sh_late, NULL);
+  CHECK(pinpool_validate(pool) == 0, "%s: validate: %s", act_names[act],
+        pinpool_last_error()); /* waits for the give-back (grow.mu) */
+  atomic_store(&pp_test_hook, NULL);
+  CHECK(sh_rc == 0, "%s in the grower's give-back: %d", act_names[act], sh_rc);
+  CHECK(act == ACT_OOM || !sh_late_set,
+        "%s: did not end in the grower's give-back window", act_names[act]);
+  CHECK(act != ACT_OOM || atomic_load(&g_settles) >= 1,
+        "oom retry: the retry did not wait for the give-back's claim");
+  pinpool_stats_t st = pp_stats_of(pool);
+  CHECK(st.trimmed_segments >= 1 + (act != ACT_OOM),
+        "%s: %llu chunks given back", act_names[act],
+        (unsigned long long)st.trimmed_segments);
+  for (int i = 0; i < 16; i++)
+    if (sh_blk[i] != NULL)
+      CHECK(pinpool_free(pool, sh_blk[i]) == 0, "free");
+  CHECK(pinpool_empty_cache(pool) == 0, "empty_cache");
+  CHECK(pinpool_validate(pool) == 0, "%s: validate: %s", act_names[act],
+        pinpool_last_error());
+  st = pp_stats_of(pool);
+  CHECK(st.reserved_bytes.current == 0 && st.chunk_free_bytes == 0,
+        "%s: %llu bytes reserved after the last free and empty_cache",
+        act_names[act], (unsigned long long)st.reserved_bytes.current);
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static int shed_windows_run(void) {
+  for (int act = 0; act < NACTS; act++)
+    if (shed_window(act) != 0)
+      return 1;
+  return 0;
+}
+
+static void shed_windows(void **state) {
+  (void)state;
+  in_child("shed_windows", shed_windows_run);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
@@ -811,6 +953,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(grower_inline), cmocka_unit_test(retry_inline),
       cmocka_unit_test(cancel_join),   cmocka_unit_test(cancel_settle),
       cmocka_unit_test(cancel_poll),   cmocka_unit_test(poll_wait_bounded),
+      cmocka_unit_test(shed_windows),
   };
   return pp_run_selected("test_waits37", all, sizeof all / sizeof all[0], argc,
                          argv);
