@@ -25,6 +25,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -554,8 +556,7 @@ static void test_one_peer_cannot_stall_the_disposal(void **state) {
     skip();
   }
   int before = pp_count_fds();
-  /* The carrier: a unix socket whose queue holds the TCP socket, in a
-   * listener's embryo too (a connection made, not accepted). */
+  /* The carrier: a unix socket whose queue holds the TCP socket. */
   int carrier[2];
   CK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, carrier) == 0, "sp");
   send_with(carrier[0], "x", 1, &tcp, 1);
@@ -616,6 +617,100 @@ static void test_one_peer_cannot_stall_the_disposal(void **state) {
      before - 3);
 }
 
+/* Wait (watchdog) for the reset that tells the TCP socket was closed
+ * abortively: false if its peer saw none. */
+static bool reset_seen(int keep) {
+  struct pollfd p = {.fd = keep, .events = POLLRDHUP};
+  int n;
+  do
+    n = poll(&p, 1, WATCHDOG_S * 1000);
+  while (n < 0 && errno == EINTR);
+  int err = 0;
+  socklen_t elen = sizeof err;
+  return n == 1 && getsockopt(keep, SOL_SOCKET, SO_ERROR, &err, &elen) == 0 &&
+         err == ECONNRESET;
+}
+
+enum { IN_DGRAM, IN_EMBRYO, IN_NESTED, NCARRIERS };
+static const char *const carriers[NCARRIERS] = {
+    "a datagram socket's queue", "a listener's connection not accepted yet",
+    "a unix socket in a unix socket's queue"};
+
+/* The lingering TCP socket reaches the receiver inside each kind of unix
+ * socket; the disposal must drain it there and close the TCP socket
+ * abortively on the caller's thread (never queue the carrier, whose close
+ * on a closer would wait out the linger). */
+static void test_unix_carriers_are_drained(void **state) {
+  (void)state;
+  for (int k = 0; k < NCARRIERS; k++) {
+    int keep = -1, srv = -1;
+    int tcp = lingering(&keep, &srv);
+    if (tcp < 0) {
+      print_message("no TCP on loopback here: skipped\n");
+      skip();
+    }
+    int carrier = -1, other = -1;
+    if (k == IN_DGRAM || k == IN_NESTED) {
+      int xy[2];
+      CK(socketpair(AF_UNIX,
+                    (k == IN_DGRAM ? SOCK_DGRAM : SOCK_STREAM) | SOCK_CLOEXEC,
+                    0, xy) == 0,
+         "sp");
+      send_with(xy[0], "x", 1, &tcp, 1);
+      carrier = xy[1];
+      other = xy[0];
+      if (k == IN_NESTED) { /* xy[1] inside another pair's queue */
+        int ab[2];
+        CK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ab) == 0, "sp");
+        send_with(ab[0], "y", 1, &carrier, 1);
+        (void)close(carrier);
+        (void)close(other);
+        carrier = ab[1];
+        other = ab[0];
+      }
+    } else {
+      struct sockaddr_un a = {.sun_family = AF_UNIX};
+      int len = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "pp_closer_%d",
+                         (int)getpid());
+      socklen_t alen =
+          (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len);
+      carrier = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      CK(carrier >= 0 && bind(carrier, (struct sockaddr *)&a, alen) == 0 &&
+             listen(carrier, 4) == 0,
+         "listener: %s", strerror(errno));
+      other = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      CK(other >= 0 && connect(other, (struct sockaddr *)&a, alen) == 0,
+         "connect: %s", strerror(errno));
+      send_with(other, "x", 1, &tcp, 1); /* into the unaccepted end */
+    }
+    (void)close(tcp);
+    (void)close(other);
+    pp_closer_counts_t c0, c;
+    pp_share_closer_counts(&c0);
+    int three[3] = {carrier, carrier, carrier};
+    int sv[2];
+    CK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "sp");
+    pinpool_share_handle_t h, g;
+    memset(&h, 0xab, sizeof h);
+    send_with(sv[1], &h, sizeof h, three, 3);
+    (void)close(carrier);
+    int got = -1;
+    CK_RC(pinpool_share_recv(sv[0], &g, &got), PINPOOL_EBADHANDLE);
+    pp_share_closer_counts(&c);
+    bool reset = reset_seen(keep);
+    (void)close(keep); /* a reset: a closer's linger wait, if any, ends */
+    (void)close(srv);
+    (void)close(sv[0]);
+    (void)close(sv[1]);
+    pp_share_closer_flush();
+    CK(reset, "%s: the lingering TCP socket was not closed abortively",
+       carriers[k]);
+    CK(c.inline_closes == c0.inline_closes,
+       "%s: %lu closed past the closers' bound", carriers[k],
+       c.inline_closes - c0.inline_closes);
+  }
+}
+
 /* The queue's bound: the closers held (a stall), 300 descriptors of a kind
  * that goes to them: PP_SHARE_CLOSERS threads, PP_SHARE_CLOSER_QUEUE
  * queued, the rest closed on the caller's thread; never more open. */
@@ -662,6 +757,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_fuse_file_never_asked_on_the_callers_thread),
       cmocka_unit_test(test_fork_child_drops_the_closers_queue),
       cmocka_unit_test(test_one_peer_cannot_stall_the_disposal),
+      cmocka_unit_test(test_unix_carriers_are_drained),
       cmocka_unit_test(test_the_closers_queue_is_bounded),
   };
   return pp_run_selected("test_share_closer", tests,
