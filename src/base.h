@@ -260,6 +260,8 @@ enum {
   PP_HOOK_SHARE_CLOSER,  /* a closer thread: a peer's descriptor taken off
                             the queue, not closed yet (share_worker.c, no
                             lock) */
+  PP_HOOK_REAP,          /* reaper: started, no pool taken off its list
+                            yet (lifecycle.c; no lock) */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

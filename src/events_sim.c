@@ -79,6 +79,10 @@ static void event_put(sim_item_t *it) {
 static void *worker(void *arg) {
   sim_stream_t *st = arg;
   sim_t *sim = st->sim;
+  /* A pool's thread: the work it runs (pinpool_sim_submit's fn) may drop
+   * the pool's last reference, and the teardown joins this thread
+   * (lifecycle.c, the reaper). */
+  pp_pool_thread = true;
   pthread_mutex_lock(&sim->lock);
   for (;;) {
     while (st->head == NULL && !sim->stop)

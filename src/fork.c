@@ -128,6 +128,7 @@ static void pool_unlock_all(pinpool_t *pool, int phase) {
 
 static void fork_prepare(void) {
   pp_tcache_fork_prepare();
+  pp_reap_fork(PP_FORK_PREPARE); /* lifecycle.c: before the registry */
   pp_mutex_lock(&pools_lock);
   for (pinpool_t *p = pools; p != NULL; p = p->reg_next)
     pool_lock_all(p);
@@ -140,6 +141,7 @@ static void fork_parent(void) {
   for (pinpool_t *p = pools; p != NULL; p = p->reg_next)
     pool_unlock_all(p, PP_FORK_PARENT);
   pp_mutex_unlock(&pools_lock);
+  pp_reap_fork(PP_FORK_PARENT);
   pp_tcache_fork_parent();
 }
 
@@ -257,5 +259,6 @@ static void fork_child(void) {
       cut_off_cuda(p);
   }
   pp_mutex_unlock(&pools_lock);
-  pp_tcache_fork_child(); /* releases pp_global_lock */
+  pp_tcache_fork_child();      /* releases pp_global_lock */
+  pp_reap_fork(PP_FORK_CHILD); /* may start the child's reaper: last */
 }

@@ -882,6 +882,14 @@ void pp_pool_unref(struct pinpool *pool);
 bool pp_pool_try_ref(struct pinpool *pool);
 /* Drop a reference unless it is the last (which pp_pool_unref drops). */
 bool pp_pool_unref_unless_last(struct pinpool *pool);
+/* A thread a pool owns (its background thread: background=1 and the
+ * grower; the simulated streams' workers) sets this at its start. Such a
+ * thread never runs a teardown, of any pool: the last reference dropped
+ * on it hands the pool to the process's reaper (lifecycle.c), since the
+ * teardown joins the pool's own threads (issue 37, rv3637f, D4). */
+extern _Thread_local bool pp_pool_thread PP_TLS_MODEL;
+/* fork.c's handlers: the reaper's lock and list (lifecycle.c). */
+void pp_reap_fork(int phase);
 /* The pool is being torn down (no reference left): a call from a callback
  * that the teardown runs (a backend free, the provider's destroy) fails
  * with PINPOOL_EBUSY, naming `fn`; 0 otherwise. */

@@ -221,6 +221,98 @@ bool pp_pool_try_ref(pinpool_t *pool) {
 }
 
 static void pool_teardown(pinpool_t *pool);
+static void pool_teardown_unregistered(pinpool_t *pool);
+
+/* ---- The reaper -----------------------------------------------------------
+ * A teardown joins the pool's own threads (pp_streams_fini: the background
+ * thread; the simulated streams' destroy: their workers) and waits for its
+ * events (pp_synchronize). Run on one of those threads it joined itself and
+ * went on in a freed pool (issue 37, rv3637f, D4: the last buffer released
+ * by an event query on the background thread after pinpool_destroy:
+ * SIGSEGV; the same from the grower's backend call, or a simulated
+ * stream's work). So a pool thread (pp_pool_thread) never tears down: it
+ * pushes the pool here, and a detached thread of the process, started when
+ * the list is not empty and gone when it is, tears it down. Nothing uses
+ * the pool meanwhile (no reference is left; a call fails: pp_pool_dying),
+ * and the pool thread may still be inside it: the teardown waits for that
+ * thread to leave (the join), which it does, since it holds no lock of the
+ * pool across the callout that dropped the reference.
+ *
+ * Fork: the handlers take reap_mu after the busy sections ended and
+ * before the registry lock (pp_reap_fork). The reaper unregisters a pool
+ * (fork.c) in the hold of reap_mu that takes it off the list: so in a
+ * child, a pool still listed is registered and whole (its locks were
+ * held across the fork), and the child's own reaper, started by the child
+ * handler, tears that copy down; one that the parent's reaper had taken is
+ * unregistered, the child's garbage, as a teardown in progress on any
+ * other thread at a fork. */
+_Thread_local bool pp_pool_thread PP_TLS_MODEL;
+static pp_mutex_t reap_mu = {.m = PTHREAD_MUTEX_INITIALIZER};
+static pinpool_t *reap_list; /* reap_mu; linked through teardown_next */
+static bool reaper_on;       /* reap_mu: a reaper runs, or is starting */
+
+static void *reaper_main(void *arg) {
+  (void)arg;
+  pp_hook(PP_HOOK_REAP);
+  pp_mutex_lock(&reap_mu);
+  while (reap_list != NULL) {
+    pinpool_t *pool = reap_list;
+    reap_list = pool->teardown_next;
+    pp_fork_unregister(pool); /* reap_mu -> registry lock (above) */
+    pp_mutex_unlock(&reap_mu);
+    pool_teardown_unregistered(pool);
+    pp_mutex_lock(&reap_mu);
+  }
+  reaper_on = false;
+  pp_mutex_unlock(&reap_mu);
+  return NULL;
+}
+
+/* Start a reaper; without one (no thread to be had) the list waits for
+ * the next push, or the next fork child, to try again. */
+static void reaper_start(void) {
+  pthread_attr_t a;
+  pthread_t t;
+  int e = pthread_attr_init(&a);
+  if (e == 0) {
+    (void)pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    e = pthread_create(&t, &a, reaper_main, NULL);
+    (void)pthread_attr_destroy(&a);
+  }
+  if (e != 0) {
+    pp_mutex_lock(&reap_mu);
+    reaper_on = false;
+    pp_mutex_unlock(&reap_mu);
+  }
+}
+
+static void reap_push(pinpool_t *pool) {
+  pp_mutex_lock(&reap_mu);
+  pool->teardown_next = reap_list;
+  reap_list = pool;
+  bool start = !reaper_on;
+  reaper_on = true;
+  pp_mutex_unlock(&reap_mu);
+  if (start) /* outside reap_mu: pthread_create takes libc's locks */
+    reaper_start();
+}
+
+void pp_reap_fork(int phase) {
+  if (phase == PP_FORK_PREPARE) {
+    pp_mutex_lock(&reap_mu);
+    return;
+  }
+  bool start = false;
+  if (phase == PP_FORK_CHILD) {
+    /* The parent's reaper did not survive; the pools it had not taken
+     * are this process's to tear down. */
+    reaper_on = reap_list != NULL;
+    start = reaper_on;
+  }
+  pp_mutex_unlock(&reap_mu);
+  if (start)
+    reaper_start();
+}
 
 /* The last reference inside a busy section (a callback of another pool's
  * call destroys this one, or releases its last buffer): the teardown waits
@@ -234,6 +326,10 @@ void pp_pool_unref(pinpool_t *pool) {
   /* acq_rel: the thread that tears down sees every other holder's writes. */
   if (atomic_fetch_sub_explicit(&pool->refs, 1, memory_order_acq_rel) != 1)
     return;
+  if (pp_pool_thread) { /* it would join itself (the reaper, above) */
+    reap_push(pool);
+    return;
+  }
   if (pp_load_relaxed(&pp_tls.busy) != 0) {
     pool->teardown_next = pp_tls.deferred;
     pp_tls.deferred = pool;
@@ -269,6 +365,12 @@ static void pool_teardown(pinpool_t *pool) {
   /* First: a fork from now on neither locks nor repairs this pool (in a
    * child it is garbage, as in the parent). */
   pp_fork_unregister(pool);
+  pool_teardown_unregistered(pool);
+}
+
+static void pool_teardown_unregistered(pinpool_t *pool) {
+  /* Never on a thread the pool owns (pp_streams_fini joins them): */
+  pp_assert(!pp_pool_thread);
   /* Wait for the device before the memory goes back to the backend: a
    * stream may still be reading a pending block. */
   (void)pp_synchronize(pool);

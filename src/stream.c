@@ -1201,6 +1201,7 @@ static bool bg_reclaims(const pinpool_t *pool) {
 
 static void *bg_main(void *arg) {
   pinpool_t *pool = arg;
+  pp_pool_thread = true; /* no teardown here: it joins this thread */
   /* The grower alone looks once a millisecond (growahead.c, LOOK_NS). */
   unsigned us = bg_reclaims(pool) ? pool->cfg.poll_us : 1000u;
   pthread_mutex_lock(&pool->bg_mutex);
