@@ -370,6 +370,7 @@ static void backend_free(pinpool_t *pool, void *mem, size_t size,
 static void gather_locked(pinpool_t *pool) {
   while ((void)pp_defer_drain_locked(pool), pp_defer_pending(pool)) {
     pp_mutex_unlock(&pool->seg_lock);
+    pp_hook(PP_HOOK_WALK_PIECE);
     pp_mutex_lock(&pool->seg_lock);
   }
   (void)pp_hot_drain_locked(pool);

@@ -240,6 +240,9 @@ enum {
                             demand, not yet in the arena (no lock) */
   PP_HOOK_GROW_JOIN,     /* arena take: a miss joined a growth in flight
                             and is about to wait for it (no lock) */
+  PP_HOOK_WALK_PIECE,    /* a walk in bounded holds, between two of them
+                            (arena.c gather_locked, pool.c pp_defer_drain,
+                            release_batch, trim_yield; no lock) */
   PP_HOOK_RETRY_PLANNED, /* allocation: max_reserved reached, the retry's
                             plan made (what to release, under seg_lock),
                             nothing released yet (alloc.c; no lock) */

@@ -243,6 +243,8 @@ bool pp_defer_pending(pinpool_t *pool) {
 unsigned pp_defer_drain(pinpool_t *pool) {
   unsigned n = 0;
   while (pp_load_relaxed(&pool->deferred) != NULL) {
+    if (n != 0)
+      pp_hook(PP_HOOK_WALK_PIECE); /* between two pieces */
     pp_mutex_lock(&pool->seg_lock);
     n += pp_defer_drain_locked(pool);
     pp_mutex_unlock(&pool->seg_lock);
@@ -348,6 +350,8 @@ static unsigned release_batch(pinpool_t *pool, pp_segment_t *batch) {
   if (batch != NULL)
     pp_hook(PP_HOOK_IDLE_DETACHED);
   while (batch != NULL) {
+    if (n != 0)
+      pp_hook(PP_HOOK_WALK_PIECE); /* between two holds of 32 */
     pp_mutex_lock(&pool->seg_lock);
     for (unsigned k = 0; k < 32 && batch != NULL; k++, n++) {
       pp_segment_t *next = batch->next;
@@ -1086,6 +1090,7 @@ static void trim_yield(pinpool_t *pool, uint64_t *visits) {
   pp_lock_visit(&pool->trim_lock, *visits);
   *visits = 0;
   pp_mutex_unlock(&pool->trim_lock);
+  pp_hook(PP_HOOK_WALK_PIECE);
   pp_mutex_lock(&pool->trim_lock);
 }
 

@@ -25,6 +25,9 @@
  *  - shed_windows: grow_ahead=auto's give-back held between the hold that
  *    takes its chunk out and the backend call, and a release, a trim and
  *    an out-of-memory retry in that window.
+ *  - piece_windows: the lock drops between the pieces of issue 38's bounded
+ *    release walks (PP_HOOK_WALK_PIECE), with a release, a trim and an
+ *    out-of-memory retry in them.
  *  - poll_wait_bounded: rev37d's v7 probe, driven: a full poll waits at
  *    most twice for the misses that take a head that never completes (it
  *    waited again for each, as long as threads kept missing).
@@ -946,6 +949,163 @@ static void shed_windows(void **state) {
   in_child("shed_windows", shed_windows_run);
 }
 
+/* ---- piece_windows ---------------------------------------------------------
+ * Issue 38 split the release walks into bounded holds: the deferred
+ * stack 32 blocks a hold of seg_lock (pp_defer_drain, and grow_take's last
+ * look), the idle segments given back 32 a hold (release_batch), the trim
+ * walk 64 elements a hold of trim_lock (trim_yield). Between two holds no
+ * lock is held (PP_HOOK_WALK_PIECE). The main thread's pinpool_empty_cache
+ * is stopped at its first such drop, and another thread runs a release, a
+ * trim or an out-of-memory retry there; then everything went back once.
+ *  - slabs: 72 idle slabs (one block of each slab class allocated, all
+ *    freed): release_batch's and trim_yield's drops.
+ *  - deferred: 40 large blocks freed into a pool without max_cached, whose
+ *    large frees are deferred: pp_defer_drain's drops. A trimming pool
+ *    defers nothing, so only the release and the retry run there. */
+#define PC_MAX 6 /* firings with an act */
+static atomic_int pc_fired, pc_done, pc_waiting;
+static _Thread_local bool tl_pc_main;
+static int pc_act, pc_rc;
+static uint64_t pc_trimmed; /* ACT_TRIM: chunks its free gave back */
+static pinpool_t *pc_pool;
+static void *pc_keep[PC_MAX]; /* ACT_TRIM: one freed a window, past the cap */
+static pthread_t pc_late[PC_MAX];
+static int pc_nlate;
+
+static void *piece_act_run(void *arg) {
+  int k = (int)(intptr_t)arg;
+  int rc = 0;
+  if (pc_act == ACT_RELEASE) {
+    rc = pinpool_empty_cache(pc_pool);
+  } else if (pc_act == ACT_TRIM) {
+    uint64_t before = pp_stats_of(pc_pool).trimmed_segments;
+    rc = pinpool_free(pc_pool, pc_keep[k]);
+    pc_keep[k] = NULL;
+    pc_trimmed += pp_stats_of(pc_pool).trimmed_segments - before;
+  } else {
+    void *p = NULL;
+    rc = pinpool_alloc(pc_pool, 40 * MiB, &p);
+    if (rc == 0)
+      rc = pinpool_free(pc_pool, p);
+    else if (rc == PINPOOL_ENOMEM)
+      rc = 0; /* the window may hold what it needs: a clean failure */
+  }
+  if (rc != 0)
+    pc_rc = rc;
+  atomic_store(&pc_done, 1);
+  return NULL;
+}
+
+static void piece_hook(int point) {
+  if (point == PP_HOOK_RETRY_SETTLE && !tl_pc_main)
+    atomic_store(&pc_waiting, 1);
+  if (point != PP_HOOK_WALK_PIECE || !tl_pc_main)
+    return;
+  int k = atomic_fetch_add(&pc_fired, 1);
+  if (k >= PC_MAX)
+    return;
+  atomic_store(&pc_done, 0);
+  atomic_store(&pc_waiting, 0);
+  pthread_t t;
+  if (pthread_create(&t, NULL, piece_act_run, (void *)(intptr_t)k) != 0) {
+    pc_rc = -9999;
+    return;
+  }
+  for (int i = 0; i < BOUND_MS && atomic_load(&pc_done) == 0 &&
+                  atomic_load(&pc_waiting) == 0;
+       i++)
+    pp_sleep_ms(1);
+  if (atomic_load(&pc_done) != 0)
+    (void)pthread_join(t, NULL);
+  else
+    pc_late[pc_nlate++] = t;
+}
+
+static int piece_window(bool deferred, int act) {
+  static const char *const conf[NACTS] = {
+      "backend=host,mlock=0,populate=0,tcache_bytes=0",
+      /* 42 MiB cached once the slabs are idle: each keep block's free
+       * passes the cap */
+      "backend=host,mlock=0,populate=0,tcache_bytes=0,max_cached=44MiB",
+      "backend=host,mlock=0,populate=0,tcache_bytes=0,max_reserved=64MiB"};
+  const char *what = deferred ? "deferred" : "slabs";
+  hook_reset();
+  atomic_store(&pp_test_hook, NULL);
+  pc_act = act;
+  pc_rc = 0;
+  memset(pc_keep, 0, sizeof pc_keep);
+  pc_trimmed = 0;
+  pc_nlate = 0;
+  atomic_store(&pc_fired, 0);
+  atomic_store(&pc_done, 0);
+  atomic_store(&pc_waiting, 0);
+  CHECK(pinpool_create(conf[act], &pc_pool) == 0, "create: %s",
+        pinpool_last_error());
+  pinpool_t *pool = pc_pool;
+  enum { N = 72 };
+  void *p[N];
+  int n = 0;
+  if (deferred) { /* one class: the hot slot keeps one, the rest defer */
+    for (; n < 40; n++)
+      CHECK(pinpool_alloc(pool, 300 * KiB, &p[n]) == 0, "alloc");
+  } else { /* one block of each slab class: a slab each */
+    for (size_t bs = 512; bs <= 256 * KiB && n < N; bs = pp_ref_class(bs + 1))
+      CHECK(pinpool_alloc(pool, bs, &p[n++]) == 0, "alloc %zu", bs);
+  }
+  if (act == ACT_TRIM) /* 4 MiB each, freed in a window past max_cached */
+    for (int i = 0; i < PC_MAX; i++)
+      CHECK(pinpool_alloc(pool, 4 * MiB, &pc_keep[i]) == 0, "alloc keep");
+  for (int i = 0; i < n; i++)
+    CHECK(pinpool_free(pool, p[i]) == 0, "free");
+  tl_pc_main = true;
+  atomic_store(&pp_test_hook, piece_hook);
+  int rc = pinpool_empty_cache(pool);
+  atomic_store(&pp_test_hook, NULL);
+  tl_pc_main = false;
+  for (int i = 0; i < pc_nlate; i++)
+    (void)pthread_join(pc_late[i], NULL);
+  CHECK(rc == 0, "%s, %s: empty_cache: %s", what, act_names[act],
+        pinpool_last_error());
+  /* At least one (an act that releases takes the rest of the idle
+   * slabs: main's walk then has fewer pieces; the trim's run 3). */
+  CHECK(atomic_load(&pc_fired) >= 1,
+        "%s, %s: empty_cache dropped a lock between pieces %d times", what,
+        act_names[act], atomic_load(&pc_fired));
+  CHECK(pc_rc == 0, "%s, %s in the window: %d", what, act_names[act], pc_rc);
+  CHECK(act != ACT_TRIM || pc_trimmed >= 1,
+        "%s, trim: the free in the window trimmed nothing", what);
+  CHECK(pinpool_validate(pool) == 0, "%s, %s: validate: %s", what,
+        act_names[act], pinpool_last_error());
+  for (int i = 0; i < PC_MAX; i++)
+    if (pc_keep[i] != NULL)
+      CHECK(pinpool_free(pool, pc_keep[i]) == 0, "free keep");
+  CHECK(pinpool_empty_cache(pool) == 0, "empty_cache");
+  CHECK(pinpool_validate(pool) == 0, "%s, %s: validate: %s", what,
+        act_names[act], pinpool_last_error());
+  pinpool_stats_t st = pp_stats_of(pool);
+  CHECK(st.reserved_bytes.current == 0 && st.requests.current == 0,
+        "%s, %s: %llu bytes reserved, %llu blocks live at the end", what,
+        act_names[act], (unsigned long long)st.reserved_bytes.current,
+        (unsigned long long)st.requests.current);
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static int piece_windows_run(void) {
+  for (int act = 0; act < NACTS; act++)
+    if (piece_window(false, act) != 0)
+      return 1;
+  for (int act = 0; act < NACTS; act++)
+    if (act != ACT_TRIM && piece_window(true, act) != 0)
+      return 1;
+  return 0;
+}
+
+static void piece_windows(void **state) {
+  (void)state;
+  in_child("piece_windows", piece_windows_run);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
@@ -953,7 +1113,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(grower_inline), cmocka_unit_test(retry_inline),
       cmocka_unit_test(cancel_join),   cmocka_unit_test(cancel_settle),
       cmocka_unit_test(cancel_poll),   cmocka_unit_test(poll_wait_bounded),
-      cmocka_unit_test(shed_windows),
+      cmocka_unit_test(shed_windows),  cmocka_unit_test(piece_windows),
   };
   return pp_run_selected("test_waits37", all, sizeof all / sizeof all[0], argc,
                          argv);
