@@ -28,6 +28,7 @@
  *  - piece_windows: the lock drops between the pieces of issue 38's bounded
  *    release walks (PP_HOOK_WALK_PIECE), with a release, a trim and an
  *    out-of-memory retry in them.
+ *  - gather_windows: the same in grow_take's last look (gather_locked).
  *  - poll_wait_bounded: rev37d's v7 probe, driven: a full poll waits at
  *    most twice for the misses that take a head that never completes (it
  *    waited again for each, as long as threads kept missing).
@@ -1106,14 +1107,152 @@ static void piece_windows(void **state) {
   in_child("piece_windows", piece_windows_run);
 }
 
+/* ---- gather_windows
+ * ---------------------------------------------------------- grow_take's last
+ * look gathers every block deferred since the miss, 32 a hold (gather_locked,
+ * PP_HOOK_WALK_PIECE between two). The main thread's 32 MiB miss is stopped at
+ * PP_HOOK_ARENA_LAP, where another thread frees 40 blocks of 300 KiB (one to
+ * the hot slot, 39 deferred: a pool without max_cached); the last look then
+ * drops seg_lock after its first piece, and there another thread runs a release
+ * or an out-of-memory retry (a trim cannot: a trimming pool defers nothing).
+ * The allocation succeeds having grown the arena once, and everything goes back
+ * once. */
+static atomic_int ga_lapped, ga_fired;
+static pinpool_t *ga_pool;
+static void *ga_blk[40];
+static int ga_act, ga_rc;
+static pthread_t ga_late;
+static bool ga_late_set;
+
+static void *ga_free_run(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 40; i++)
+    if (pinpool_free(ga_pool, ga_blk[i]) != 0)
+      ga_rc = -1;
+  return NULL;
+}
+
+static void *ga_act_run(void *arg) {
+  (void)arg;
+  int rc;
+  if (ga_act == ACT_RELEASE) {
+    rc = pinpool_empty_cache(ga_pool);
+  } else {
+    void *p = NULL;
+    rc = pinpool_alloc(ga_pool, 56 * MiB, &p);
+    if (rc == 0)
+      rc = pinpool_free(ga_pool, p);
+    else if (rc == PINPOOL_ENOMEM)
+      rc = 0; /* nothing it could release makes it fit: a clean failure */
+  }
+  if (rc != 0)
+    ga_rc = rc;
+  atomic_store(&pc_done, 1);
+  return NULL;
+}
+
+static void gather_hook(int point) {
+  if (point == PP_HOOK_RETRY_SETTLE && !tl_pc_main)
+    atomic_store(&pc_waiting, 1);
+  if (!tl_pc_main)
+    return;
+  pthread_t t;
+  if (point == PP_HOOK_ARENA_LAP && atomic_exchange(&ga_lapped, 1) == 0) {
+    if (pthread_create(&t, NULL, ga_free_run, NULL) == 0)
+      (void)pthread_join(t, NULL);
+    return;
+  }
+  if (point != PP_HOOK_WALK_PIECE || atomic_load(&ga_lapped) == 0 ||
+      atomic_exchange(&ga_fired, 1) != 0)
+    return;
+  atomic_store(&pc_done, 0);
+  atomic_store(&pc_waiting, 0);
+  if (pthread_create(&t, NULL, ga_act_run, NULL) != 0) {
+    ga_rc = -9999;
+    return;
+  }
+  for (int i = 0; i < BOUND_MS && atomic_load(&pc_done) == 0 &&
+                  atomic_load(&pc_waiting) == 0;
+       i++)
+    pp_sleep_ms(1);
+  if (atomic_load(&pc_done) != 0) {
+    (void)pthread_join(t, NULL);
+  } else {
+    ga_late = t;
+    ga_late_set = true;
+  }
+}
+
+static int gather_window(int act) {
+  hook_reset();
+  atomic_store(&pp_test_hook, NULL);
+  ga_act = act;
+  ga_rc = 0;
+  ga_late_set = false;
+  atomic_store(&ga_lapped, 0);
+  atomic_store(&ga_fired, 0);
+  CHECK(pinpool_create(act == ACT_OOM
+                           ? "backend=host,mlock=0,populate=0,tcache_bytes=0,"
+                             "max_reserved=64MiB"
+                           : "backend=host,mlock=0,populate=0,tcache_bytes=0",
+                       &ga_pool) == 0,
+        "create: %s", pinpool_last_error());
+  pinpool_t *pool = ga_pool;
+  for (int i = 0; i < 40; i++)
+    CHECK(pinpool_alloc(pool, 300 * KiB, &ga_blk[i]) == 0, "alloc");
+  pinpool_stats_t s0 = pp_stats_of(pool);
+  tl_pc_main = true;
+  atomic_store(&pp_test_hook, gather_hook);
+  void *m = NULL;
+  int rc = pinpool_alloc(pool, 32 * MiB, &m);
+  atomic_store(&pp_test_hook, NULL);
+  tl_pc_main = false;
+  if (ga_late_set)
+    (void)pthread_join(ga_late, NULL);
+  CHECK(rc == 0, "%s: the 32 MiB allocation: %s", act_names[act],
+        pinpool_last_error());
+  CHECK(atomic_load(&ga_lapped) == 1 && atomic_load(&ga_fired) == 1,
+        "%s: the last look dropped no lock between pieces (lap %d)",
+        act_names[act], atomic_load(&ga_lapped));
+  CHECK(ga_rc == 0, "%s in the window: %d", act_names[act], ga_rc);
+  pinpool_stats_t st = pp_stats_of(pool);
+  CHECK(st.cache_misses == s0.cache_misses + 1,
+        "%s: the 32 MiB allocation grew the arena %llu times", act_names[act],
+        (unsigned long long)(st.cache_misses - s0.cache_misses));
+  CHECK(pinpool_validate(pool) == 0, "%s: validate: %s", act_names[act],
+        pinpool_last_error());
+  CHECK(pinpool_free(pool, m) == 0, "free");
+  CHECK(pinpool_empty_cache(pool) == 0, "empty_cache");
+  CHECK(pinpool_validate(pool) == 0, "%s: validate: %s", act_names[act],
+        pinpool_last_error());
+  st = pp_stats_of(pool);
+  CHECK(st.reserved_bytes.current == 0 && st.requests.current == 0,
+        "%s: %llu bytes reserved at the end", act_names[act],
+        (unsigned long long)st.reserved_bytes.current);
+  pinpool_destroy(pool);
+  return 0;
+}
+
+static int gather_windows_run(void) {
+  if (gather_window(ACT_RELEASE) != 0 || gather_window(ACT_OOM) != 0)
+    return 1;
+  return 0;
+}
+
+static void gather_windows(void **state) {
+  (void)state;
+  in_child("gather_windows", gather_windows_run);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
-      cmocka_unit_test(join_windows),  cmocka_unit_test(join_fork),
-      cmocka_unit_test(grower_inline), cmocka_unit_test(retry_inline),
-      cmocka_unit_test(cancel_join),   cmocka_unit_test(cancel_settle),
-      cmocka_unit_test(cancel_poll),   cmocka_unit_test(poll_wait_bounded),
-      cmocka_unit_test(shed_windows),  cmocka_unit_test(piece_windows),
+      cmocka_unit_test(join_windows),   cmocka_unit_test(join_fork),
+      cmocka_unit_test(grower_inline),  cmocka_unit_test(retry_inline),
+      cmocka_unit_test(cancel_join),    cmocka_unit_test(cancel_settle),
+      cmocka_unit_test(cancel_poll),    cmocka_unit_test(poll_wait_bounded),
+      cmocka_unit_test(shed_windows),   cmocka_unit_test(piece_windows),
+      cmocka_unit_test(gather_windows),
   };
   return pp_run_selected("test_waits37", all, sizeof all / sizeof all[0], argc,
                          argv);
