@@ -36,13 +36,24 @@ typedef struct pp_plink {
   struct pp_plink *next;
 } pp_plink_t;
 
+/* A capture's link into the list of the captures seen on one of its
+ * streams (pool->scix has the list's first): pinpool_stream_graphs_release
+ * finds a stream's captures without a walk of every capture (issue 38,
+ * the meter's findings, item 3). A stream is in a capture's streams once,
+ * so the links of one list are in different captures. */
+typedef struct pp_slink {
+  struct pp_capture *c;
+  pinpool_stream_t s;
+  struct pp_slink *prev, *next;
+} pp_slink_t;
+
 struct pp_capture {
   uint64_t id;
   pinpool_stream_t *streams; /* the streams it was seen on */
+  pp_slink_t *links;         /* links[i]: streams[i]'s */
   uint32_t nstreams, cap;    /* cap >= nstreams + users */
-  /* streams' index: sidx[j] is a stream's place in streams[] + 1, 0 empty;
-   * 2 * cap slots (a power of two), so at most half full. */
-  uint32_t *sidx;
+  /* streams' index (index.h): a stream's place in streams[] + 1. */
+  pp_index_t sidx;
   uint32_t users;     /* record_stream calls tying a block now */
   bool tied;          /* a record_stream tied a block to it */
   pp_plink_t *parked; /* the blocks it holds */
@@ -50,25 +61,6 @@ struct pp_capture {
 };
 
 /* ---- Captures (under streams_lock) --------------------------------------- */
-
-/* Fibonacci hashing into a table of cap slots (a power of two). */
-static size_t chash(uint64_t key, size_t cap) {
-  return (size_t)((key * 0x9e3779b97f4a7c15u) >>
-                  (64 - __builtin_ctzll((unsigned long long)cap)));
-}
-
-/* The slot of capture id in pool->ctab, or the empty slot where it would
- * go; ctab_cap > 0. Probes on streams_lock's meter. */
-static size_t ctab_slot(pinpool_t *pool, uint64_t id) {
-  size_t mask = pool->ctab_cap - 1, j = chash(id, pool->ctab_cap);
-  uint64_t probes = 1;
-  while (pool->ctab[j] != NULL && pool->ctab[j]->id != id) {
-    j = (j + 1) & mask;
-    probes++;
-  }
-  pp_lock_visit(&pool->streams_lock, probes);
-  return j;
-}
 
 static pp_capture_t *capture_find_locked(pinpool_t *pool, uint64_t id) {
   pp_assert_held(&pool->streams_lock);
@@ -83,13 +75,23 @@ static pp_capture_t *capture_find_locked(pinpool_t *pool, uint64_t id) {
   pp_lock_visit(&pool->streams_lock, visits);
   return c;
 #else
-  if (pool->ctab_cap == 0)
-    return NULL;
-  return pool->ctab[ctab_slot(pool, id)];
+  return (pp_capture_t *)(uintptr_t)pp_index_get(&pool->ctab, id);
 #endif
 }
 
-/* Take c out of the list and the index (backward shift: no tombstones). */
+/* Take link l out of its stream's list. */
+static void slink_remove(pinpool_t *pool, pp_slink_t *l) {
+  if (l->prev != NULL)
+    l->prev->next = l->next;
+  else if (l->next != NULL)
+    pp_index_set(&pool->scix, l->s, (uintptr_t)l->next);
+  else
+    pp_index_del(&pool->scix, l->s);
+  if (l->next != NULL)
+    l->next->prev = l->prev;
+}
+
+/* Take c out of the list and the indexes: O(c's streams). */
 static void capture_unlink_locked(pinpool_t *pool, pp_capture_t *c) {
   if (c->prev != NULL)
     c->prev->next = c->next;
@@ -98,52 +100,14 @@ static void capture_unlink_locked(pinpool_t *pool, pp_capture_t *c) {
   if (c->next != NULL)
     c->next->prev = c->prev;
   c->next = c->prev = NULL;
-  size_t mask = pool->ctab_cap - 1, j = ctab_slot(pool, c->id);
-  uint64_t probes = 0;
-  for (size_t k = (j + 1) & mask; pool->ctab[k] != NULL; k = (k + 1) & mask) {
-    probes++;
-    size_t home = chash(pool->ctab[k]->id, pool->ctab_cap);
-    if (((k - home) & mask) >= ((k - j) & mask)) {
-      pool->ctab[j] = pool->ctab[k];
-      j = k;
-    }
-  }
-  pool->ctab[j] = NULL;
+  pp_index_del(&pool->ctab, c->id);
+  for (uint32_t i = 0; i < c->nstreams; i++)
+    slink_remove(pool, &c->links[i]);
+  pp_lock_visit(&pool->streams_lock, c->nstreams);
   pool->ncaptures--;
-  pp_lock_visit(&pool->streams_lock, probes);
 }
 
-/* Room in the index for one capture more: doubled and built again (once
- * per doubling). Nothing changes if memory runs out. */
-static bool ctab_room_locked(pinpool_t *pool) {
-  if (2 * (pool->ncaptures + 1) <= pool->ctab_cap)
-    return true;
-  size_t cap = pool->ctab_cap == 0 ? 16 : 2 * pool->ctab_cap;
-  pp_capture_t **t = calloc(cap, sizeof(pp_capture_t *));
-  if (t == NULL)
-    return false;
-  free(pool->ctab);
-  pool->ctab = t;
-  pool->ctab_cap = cap;
-  for (pp_capture_t *c = pool->captures; c != NULL; c = c->next)
-    t[ctab_slot(pool, c->id)] = c;
-  return true;
-}
-
-/* The slot of stream s in c's index, or the empty one where it would go. */
-static size_t sidx_slot(pinpool_t *pool, const pp_capture_t *c,
-                        pinpool_stream_t s) {
-  size_t mask = 2 * (size_t)c->cap - 1, j = chash(s, 2 * (size_t)c->cap);
-  uint64_t probes = 1;
-  while (c->sidx[j] != 0 && c->streams[c->sidx[j] - 1] != s) {
-    j = (j + 1) & mask;
-    probes++;
-  }
-  pp_lock_visit(&pool->streams_lock, probes);
-  return j;
-}
-
-static bool capture_has_stream_locked(pinpool_t *pool, const pp_capture_t *c,
+static bool capture_has_stream_locked(pinpool_t *pool, pp_capture_t *c,
                                       pinpool_stream_t s) {
 #ifdef PINPOOL_MUTANT_CAPTURE_WALK
   pp_lock_visit(&pool->streams_lock, c->nstreams);
@@ -152,32 +116,48 @@ static bool capture_has_stream_locked(pinpool_t *pool, const pp_capture_t *c,
       return true;
   return false;
 #else
-  return c->cap != 0 && c->sidx[sidx_slot(pool, c, s)] != 0;
+  (void)pool;
+  return pp_index_get(&c->sidx, s) != 0;
 #endif
 }
 
-/* Room for `more` streams in c's list (and index): the list doubled, the
- * index built again. */
+/* Room for `more` streams in c (its list, links and index) and in the
+ * pool's index of streams, beyond those that pinned record_stream calls
+ * may add. Nothing visible changes if memory runs out. */
 static bool capture_room_locked(pinpool_t *pool, pp_capture_t *c,
                                 uint32_t more) {
+  if (!pp_index_reserve(&c->sidx, (size_t)c->users + more) ||
+      !pp_index_reserve(&pool->scix, pool->cpins + more))
+    return false;
   if (c->cap >= c->nstreams + c->users + more)
     return true;
   uint32_t need = c->nstreams + c->users + more, cap = 4;
   while (cap < need)
     cap *= 2;
-  uint32_t *ix = calloc(2 * (size_t)cap, sizeof *ix);
+  pp_slink_t *nl = malloc(cap * sizeof *nl);
   pinpool_stream_t *v =
-      ix == NULL ? NULL : realloc(c->streams, cap * sizeof *v);
+      nl == NULL ? NULL : realloc(c->streams, cap * sizeof *v);
   if (v == NULL) {
-    free(ix);
+    free(nl);
     return false;
   }
-  free(c->sidx);
   c->streams = v;
-  c->sidx = ix;
+  /* The links move: their neighbours (other captures') and the lists'
+   * firsts follow. O(c's streams), c's own size. */
+  for (uint32_t i = 0; i < c->nstreams; i++) {
+    pp_slink_t *l = &nl[i];
+    *l = c->links[i];
+    if (l->prev != NULL)
+      l->prev->next = l;
+    else
+      pp_index_set(&pool->scix, l->s, (uintptr_t)l);
+    if (l->next != NULL)
+      l->next->prev = l;
+  }
+  pp_lock_visit(&pool->streams_lock, c->nstreams);
+  free(c->links);
+  c->links = nl;
   c->cap = cap;
-  for (uint32_t i = 0; i < c->nstreams; i++)
-    c->sidx[sidx_slot(pool, c, c->streams[i])] = i + 1;
   return true;
 }
 
@@ -186,8 +166,18 @@ static void capture_add_stream_locked(pinpool_t *pool, pp_capture_t *c,
   if (capture_has_stream_locked(pool, c, s))
     return;
   pp_assert(c->nstreams < c->cap);
-  c->streams[c->nstreams++] = s;
-  c->sidx[sidx_slot(pool, c, s)] = c->nstreams;
+  uint32_t i = c->nstreams++;
+  c->streams[i] = s;
+  pp_index_put(&c->sidx, s, (uint64_t)i + 1);
+  pp_slink_t *l = &c->links[i];
+  pp_slink_t *first = (pp_slink_t *)(uintptr_t)pp_index_get(&pool->scix, s);
+  *l = (pp_slink_t){c, s, NULL, first};
+  if (first != NULL) {
+    first->prev = l;
+    pp_index_set(&pool->scix, s, (uintptr_t)l);
+  } else {
+    pp_index_put(&pool->scix, s, (uintptr_t)l);
+  }
 }
 
 /* The capture `id`, entered if new; NULL when out of memory. */
@@ -196,23 +186,25 @@ static pp_capture_t *capture_get_locked(pinpool_t *pool, uint64_t id) {
   if (c != NULL)
     return c;
   c = calloc(1, sizeof *c);
-  if (c == NULL || !ctab_room_locked(pool)) {
+  if (c == NULL || !pp_index_reserve(&pool->ctab, 1)) {
     free(c);
     return NULL;
   }
   c->id = id;
+  pp_index_init(&c->sidx, &pool->streams_lock);
   c->next = pool->captures;
   if (c->next != NULL)
     c->next->prev = c;
   pool->captures = c;
-  pool->ctab[ctab_slot(pool, id)] = c;
+  pp_index_put(&pool->ctab, id, (uintptr_t)c);
   pool->ncaptures++;
   return c;
 }
 
 static void capture_free(pp_capture_t *c) {
   free(c->streams);
-  free(c->sidx);
+  free(c->links);
+  pp_index_fini(&c->sidx);
   free(c);
 }
 
@@ -228,8 +220,10 @@ static pp_capture_t *capture_pin(pinpool_t *pool, uint64_t id) {
     }
     c = NULL;
   }
-  if (c != NULL)
+  if (c != NULL) {
     c->users++;
+    pool->cpins++;
+  }
   pp_mutex_unlock(&pool->streams_lock);
   return c;
 }
@@ -247,6 +241,7 @@ void pp_capture_unpin(pinpool_t *pool, pp_capture_t *c, pinpool_stream_t stream,
     capture_add_stream_locked(pool, c, stream); /* room: capture_pin */
   }
   c->users--;
+  pool->cpins--;
   if (!c->tied && c->users == 0 && c->parked == NULL && c->nstreams == 0) {
     capture_unlink_locked(pool, c);
     capture_free(c);
@@ -412,12 +407,27 @@ int pinpool_stream_graphs_release(pinpool_t *pool, pinpool_stream_t stream) {
                                     "pool in a child of fork");
   pp_capture_t *list = NULL;
   bool busy = false;
-  /* Every capture asked whether it was seen on the stream (one probe
-   * each): linear in the captures not yet released, under streams_lock
-   * (docs/streams.md, "Costs"). None taken if one is busy: a failing call
-   * changes nothing. */
+  /* The stream's captures, from its list (scix): O(the captures seen on
+   * it and their streams), under streams_lock (docs/streams.md, "Costs").
+   * None taken if one is busy: a failing call changes nothing. */
   pp_mutex_lock(&pool->streams_lock);
   uint64_t visits = 0;
+#ifndef PINPOOL_MUTANT_GRAPHS_WALK
+  pp_slink_t *first =
+      (pp_slink_t *)(uintptr_t)pp_index_get(&pool->scix, stream);
+  for (pp_slink_t *l = first; l != NULL && !busy; l = l->next) {
+    visits++;
+    busy = l->c->users > 0;
+  }
+  for (pp_slink_t *l = first; l != NULL && !busy;
+       l = (pp_slink_t *)(uintptr_t)pp_index_get(&pool->scix, stream)) {
+    pp_capture_t *c = l->c;
+    capture_unlink_locked(pool, c); /* its link l goes: the next is first */
+    c->next = list;
+    list = c;
+  }
+#else
+  /* Mutant (docs/verification.md): every capture asked, as before. */
   for (pp_capture_t *c = pool->captures; c != NULL && !busy; c = c->next) {
     visits++;
     busy = c->users > 0 && capture_has_stream_locked(pool, c, stream);
@@ -431,6 +441,7 @@ int pinpool_stream_graphs_release(pinpool_t *pool, pinpool_stream_t stream) {
     c->next = list;
     list = c;
   }
+#endif
   pp_lock_visit(&pool->streams_lock, visits);
   pp_mutex_unlock(&pool->streams_lock);
   if (busy)
@@ -482,7 +493,7 @@ void pp_captures_fini(pinpool_t *pool) {
     capture_free(c);
   }
   pool->captures = NULL;
-  free(pool->ctab);
-  pool->ctab = NULL;
-  pool->ctab_cap = pool->ncaptures = 0;
+  pp_index_fini(&pool->ctab);
+  pp_index_fini(&pool->scix);
+  pool->ncaptures = pool->cpins = 0;
 }

@@ -14,6 +14,7 @@
 #define PP_INTERNAL_H
 
 #include "base.h"
+#include "index.h"
 
 #include <semaphore.h> /* pp_growth_wait_t */
 
@@ -738,10 +739,13 @@ struct pinpool {
    * under streams_lock; the pending blocks parked on them (counted in
    * pending_* too). */
   struct pp_capture *captures;
-  /* The captures by id (open addressing, at most half full; issue 38: a
-   * lookup walked the list): ctab_cap slots, a power of two or 0. */
-  struct pp_capture **ctab;
-  size_t ctab_cap, ncaptures;
+  /* The captures by id (index.h; issue 38: a lookup walked the list),
+   * and by stream (scix: a stream's first link to a capture seen on it,
+   * capture.c; pinpool_stream_graphs_release walked every capture);
+   * cpins: record_stream calls that may add a stream to a capture
+   * (room is kept in scix for each). */
+  pp_index_t ctab, scix;
+  size_t ncaptures, cpins;
   pp_counter_t graph_blocks, graph_bytes;
   /* Pending blocks whose events are not all resolved, or that are still
    * moving out of PENDING; seq_cst (stream.c, "Waiting"). */

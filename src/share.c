@@ -30,6 +30,8 @@
  */
 #include "share.h"
 
+#include "index.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -72,8 +74,9 @@ typedef struct lend {
   size_t len;
   pp_schunk_t *ck;
   uint32_t slot;
-  int peer_pid;     /* information: the number when lent */
-  uint64_t peer_id; /* the peer record (identity) */
+  int peer_pid;      /* information: the number when lent */
+  uint64_t peer_id;  /* the peer record (identity) */
+  struct peer *peer; /* that record (it lives while it has lends) */
   uint64_t gen;
   uint8_t token[16];
   uint64_t since_ns;      /* CLOCK_MONOTONIC */
@@ -81,7 +84,7 @@ typedef struct lend {
 } lend_t;
 /* A peer: one process, named by the pool's own pidfd for as long as the
  * record lives: while it has lends, and after its last one until the pool
- * sees it has exited (peers_prune), so that a worker lent to again and
+ * sees it has exited (peers_prune_*), so that a worker lent to again and
  * again costs no pidfd_open per lend. Two records may carry one pid
  * number (a process that exited, and a later one that got its pid); at
  * most one of them is alive. */
@@ -103,18 +106,21 @@ struct pp_share {
   size_t nchunks, cchunks;
   lend_t *lends;
   size_t nlends, clends;
-  /* The lends' indexes: ltab by block (lend_find), gtab by generation
-   * (lend_return); entry j is a lend's place in lends[] + 1, 0 empty;
-   * lcap = 2 * clends each. */
-  size_t *ltab, *gtab, lcap;
+  /* The lends' indexes: by block (lend_find), by generation
+   * (lend_return); the value is a lend's place in lends[] + 1. */
+  pp_index_t lix, gix;
   /* A snapshot copying lends[] over several holds (pp_share_lends_copy,
    * which copy_lock makes one at a time): lends[0, copy_next) are copied;
    * lend_end keeps every lend not yet copied at copy_next or above. */
   pp_mutex_t copy_lock;
   size_t copy_next;
   bool copying;
-  peer_t *peers;
-  size_t npeers, cpeers;
+  /* The peer records (each its own allocation: lends point at theirs),
+   * the newest record of each pid by pid (pix: peer_live), and the
+   * prune's cursor (peers_prune_some). */
+  peer_t **peers;
+  size_t npeers, cpeers, prune_next;
+  pp_index_t pix;
   uint8_t rnd[256]; /* getrandom's bytes, 16 per token */
   size_t rnd_left;
   /* nlends and the bytes lent, readable without the lock (free's check,
@@ -188,6 +194,9 @@ int pp_share_create(pp_share_t **out) {
     free(s);
     return rc;
   }
+  pp_index_init(&s->lix, &s->lock);
+  pp_index_init(&s->gix, &s->lock);
+  pp_index_init(&s->pix, &s->lock);
   s->next_id = 1;
   s->next_gen = 1;
   s->next_peer = 1;
@@ -219,12 +228,15 @@ void pp_share_destroy(pp_share_t *s) {
   pp_share_own_del(s->nonce);
   for (size_t i = 0; i < s->nchunks; i++)
     chunk_unmap(s->chunks[i]);
-  for (size_t i = 0; i < s->npeers; i++)
-    (void)close(s->peers[i].pidfd);
+  for (size_t i = 0; i < s->npeers; i++) {
+    (void)close(s->peers[i]->pidfd);
+    free(s->peers[i]);
+  }
+  pp_index_fini(&s->pix);
   free(s->chunks);
   free(s->lends);
-  free(s->ltab);
-  free(s->gtab);
+  pp_index_fini(&s->lix);
+  pp_index_fini(&s->gix);
   free(s->peers);
   memset(s->rnd, 0, sizeof s->rnd);
   pp_mutex_destroy(&s->copy_lock);
@@ -518,40 +530,113 @@ static bool pidfd_exited(int pidfd) {
   return n > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
-static peer_t *peer_by_id(pp_share_t *s, uint64_t id) {
+/* The record of lend l (lock held): the lend points at it (issue 38, the
+ * meter's findings, item 2: every return, reclaim and end of a lend walked
+ * the records for its id). */
+static peer_t *lend_peer(pp_share_t *s, const struct lend *l) {
   pp_assert_held(&s->lock);
-  for (size_t i = 0; i < s->npeers; i++)
-    if (s->peers[i].id == id)
-      return &s->peers[i];
-  return NULL;
+  (void)s;
+#ifdef PINPOOL_MUTANT_PEER_WALK
+  /* Mutant (docs/verification.md): the records walked by id, as before. */
+  size_t i = 0;
+  while (i < s->npeers && s->peers[i]->id != l->peer_id)
+    i++;
+  pp_lock_visit(&s->lock, i + 1);
+  return i < s->npeers ? s->peers[i] : NULL;
+#else
+  return l->peer;
+#endif
 }
-/* Drop the records without lends whose process has exited (lock held):
- * at a new record and after a reclaim, so that their pidfds do not pile
- * up. */
-static void peers_prune(pp_share_t *s) {
+
+/* Take record i out (lock held; no lends): the last fills its place. */
+static void peer_drop(pp_share_t *s, size_t i) {
+  peer_t *p = s->peers[i];
+  pp_assert(p->nlends == 0);
+  if (pp_index_get(&s->pix, (uint64_t)p->pid) == (uintptr_t)p)
+    pp_index_del(&s->pix, (uint64_t)p->pid); /* no newer one of its pid */
+  (void)close(p->pidfd);
+  free(p);
+  s->peers[i] = s->peers[--s->npeers]; /* p itself if it was the last */
+}
+
+/* Records a new record's prune examines (a poll each). */
+#define PRUNE_STEP 4
+
+/* Drop records without lends whose process has exited (lock held), so
+ * that their pidfds do not pile up: PRUNE_STEP of them from a cursor that
+ * goes round, at each new record (issue 38, item 2: every record, each
+ * with a poll, in the hold of every lend to a new process). A record
+ * dropped here has been without lends and exited since the cursor last
+ * passed it: at most npeers / PRUNE_STEP new records ago, so such records
+ * stay a fraction of the live ones. */
+static void peers_prune_some(pp_share_t *s) {
   pp_assert_held(&s->lock);
-  for (size_t i = 0; i < s->npeers;) {
-    if (s->peers[i].nlends == 0 && pidfd_exited(s->peers[i].pidfd)) {
-      (void)close(s->peers[i].pidfd);
-      s->peers[i] = s->peers[--s->npeers];
-    } else {
-      i++;
-    }
+#ifdef PINPOOL_MUTANT_PEER_WALK
+  size_t k = s->npeers; /* the mutant: every record, as before */
+#else
+  size_t k = s->npeers < PRUNE_STEP ? s->npeers : PRUNE_STEP;
+#endif
+  pp_lock_visit(&s->lock, k);
+  for (; k > 0 && s->npeers > 0; k--) {
+    if (s->prune_next >= s->npeers)
+      s->prune_next = 0;
+    peer_t *p = s->peers[s->prune_next];
+    if (p->nlends == 0 && pidfd_exited(p->pidfd))
+      peer_drop(s, s->prune_next); /* the last comes here: examined next */
+    else
+      s->prune_next++;
   }
 }
 
-/* The live record of pid, if any: a live process's pid names only it. */
+/* Records a reclaim's prune examines in one hold. */
+#define PRUNE_PIECE 64
+
+/* Every record examined, PRUNE_PIECE a hold, from the top down: a drop
+ * moves the last record (examined already) down to the hole, new records
+ * go on top, so none present throughout is missed. At the end of a
+ * reclaim: the exited peers' records go with their lends. */
+static void peers_prune_all(pp_share_t *s) {
+  size_t c = SIZE_MAX;
+  for (;;) {
+    pp_mutex_lock(&s->lock);
+    if (c > s->npeers)
+      c = s->npeers;
+    size_t seen = 0;
+    while (c > 0 && seen < PRUNE_PIECE) {
+      peer_t *p = s->peers[--c];
+      seen++;
+      if (p->nlends == 0 && pidfd_exited(p->pidfd))
+        peer_drop(s, c);
+    }
+    pp_lock_visit(&s->lock, seen);
+    pp_mutex_unlock(&s->lock);
+    if (c == 0)
+      break;
+  }
+}
+
+/* The live record of pid, if any: a live process's pid names only it, and
+ * it is the newest record of that pid (a record is made for a pid only
+ * when none of its records is alive). */
 static peer_t *peer_live(pp_share_t *s, int pid) {
   pp_assert_held(&s->lock);
-  for (size_t i = 0; i < s->npeers; i++)
+#if defined(PINPOOL_MUTANT_SHARE_PID_KEY) || defined(PINPOOL_MUTANT_PEER_WALK)
+  size_t i = 0;
+  for (; i < s->npeers; i++)
 #ifdef PINPOOL_MUTANT_SHARE_PID_KEY
     /* Mutant (docs/verification.md): peers by pid number alone. */
-    if (s->peers[i].pid == pid)
+    if (s->peers[i]->pid == pid)
 #else
-    if (s->peers[i].pid == pid && !pidfd_exited(s->peers[i].pidfd))
+    /* Mutant (docs/verification.md): every record walked, as before. */
+    if (s->peers[i]->pid == pid && !pidfd_exited(s->peers[i]->pidfd))
 #endif
-      return &s->peers[i];
-  return NULL;
+      break;
+  pp_lock_visit(&s->lock, i + 1);
+  return i < s->npeers ? s->peers[i] : NULL;
+#else
+  peer_t *p = (peer_t *)(uintptr_t)pp_index_get(&s->pix, (uint64_t)pid);
+  return p != NULL && !pidfd_exited(p->pidfd) ? p : NULL;
+#endif
 }
 
 static int nofile_fail(const char *fn, int pid, int e) {
@@ -613,19 +698,29 @@ static int pidfd_pid(int pidfd) {
 /* Add a record for the process of `pidfd` (consumed), pid `pid`. */
 static int peer_add(pp_share_t *s, int pid, int pidfd, peer_t **out) {
   pp_assert_held(&s->lock);
-  peers_prune(s);
+  peers_prune_some(s);
+  peer_t *p = NULL;
   if (s->npeers == s->cpeers) {
     size_t n = s->cpeers == 0 ? 8 : s->cpeers * 2;
-    peer_t *t = realloc(s->peers, n * sizeof *t);
-    if (t == NULL) {
-      (void)close(pidfd);
-      return pp_fail(PINPOOL_ENOMEM, "pinpool_lend: out of memory");
+    peer_t **t = realloc(s->peers, n * sizeof(peer_t *));
+    if (t != NULL) {
+      s->peers = t;
+      s->cpeers = n;
     }
-    s->peers = t;
-    s->cpeers = n;
   }
-  peer_t *p = &s->peers[s->npeers++];
+  if (s->npeers < s->cpeers && pp_index_reserve(&s->pix, 1))
+    p = malloc(sizeof *p);
+  if (p == NULL) {
+    (void)close(pidfd);
+    return pp_fail(PINPOOL_ENOMEM, "pinpool_lend: out of memory");
+  }
   *p = (peer_t){s->next_peer++, pid, pidfd, 0, 0, 0};
+  s->peers[s->npeers++] = p;
+  /* The newest record of pid: any other has exited (peer_live). */
+  if (pp_index_get(&s->pix, (uint64_t)pid) != 0)
+    pp_index_set(&s->pix, (uint64_t)pid, (uintptr_t)p);
+  else
+    pp_index_put(&s->pix, (uint64_t)pid, (uintptr_t)p);
   struct statfs fs;
   struct stat st;
   if (fstatfs(pidfd, &fs) == 0 && fs.f_type == PIDFS_MAGIC &&
@@ -724,95 +819,32 @@ static int peer_of_pidfd(pp_share_t *s, const char *fn, int pidfd,
 
 /* ---- Lends --------------------------------------------------------------- */
 
-/* The lends' indexes: block address -> its place in lends[] (issue 38: every
- * free of a shared pool asks whether its block is lent, and lend_find
- * walked every lend: 3.9 us a free at 3,000 lends), and generation -> its
- * place (a return names its lend by generation, and lend_return walked
- * every lend too). Open addressing, linear probing, at most half full;
- * deletion shifts the run back (no tombstones). Lock held; the probes
- * count on the lock's meter. */
-enum { BY_PTR, BY_GEN };
+/* The lends' indexes (index.h): block address -> its place in lends[] + 1
+ * (issue 38: every free of a shared pool asks whether its block is lent,
+ * and lend_find walked every lend: 3.9 us a free at 3,000 lends), and
+ * generation -> its place + 1 (a return names its lend by generation,
+ * and lend_return walked every lend too). Both double in pieces: rebuilt
+ * whole, they held the lock for every lend at each doubling (the meter's
+ * findings, item 1). Lock held; the probes count on the lock's meter. */
+static uint64_t pkey(const void *ptr) { return (uint64_t)(uintptr_t)ptr; }
 
-static uint64_t lkey(const pp_share_t *s, size_t place, int kind) {
-  const lend_t *l = &s->lends[place];
-  return kind == BY_PTR ? (uint64_t)(uintptr_t)l->ptr : l->gen;
-}
-
-static size_t *ltab_of(pp_share_t *s, int kind) {
-  return kind == BY_PTR ? s->ltab : s->gtab;
-}
-
-static size_t lhash(uint64_t key, size_t cap) {
-  /* Fibonacci hashing: the product's top bits mix every bit of the key
-   * (blocks are aligned: the low bits alone would cluster; generations
-   * are consecutive). */
-  uint64_t x = key * 0x9e3779b97f4a7c15u;
-  return (size_t)(x >> (64 - __builtin_ctzll((unsigned long long)cap)));
-}
-
-/* The slot of the lend with key in index kind, or the empty slot where it
- * would go. */
-static size_t lslot(pp_share_t *s, int kind, uint64_t key) {
-  size_t *tab = ltab_of(s, kind);
-  size_t mask = s->lcap - 1, j = lhash(key, s->lcap);
-  uint64_t probes = 1;
-  while (tab[j] != 0 && lkey(s, tab[j] - 1, kind) != key) {
-    j = (j + 1) & mask;
-    probes++;
-  }
-  pp_lock_visit(&s->lock, probes);
-  return j;
-}
-
-static size_t lslot_ptr(pp_share_t *s, const void *ptr) {
-  return lslot(s, BY_PTR, (uint64_t)(uintptr_t)ptr);
-}
-
-/* Empty slot j of index kind, moving back the entries after it that may
- * live there. */
-static void lslot_clear(pp_share_t *s, int kind, size_t j) {
-  size_t *tab = ltab_of(s, kind);
-  size_t mask = s->lcap - 1;
-  uint64_t probes = 0;
-  for (size_t k = (j + 1) & mask; tab[k] != 0; k = (k + 1) & mask) {
-    probes++;
-    size_t home = lhash(lkey(s, tab[k] - 1, kind), s->lcap);
-    if (((k - home) & mask) >= ((k - j) & mask)) {
-      tab[j] = tab[k];
-      j = k;
-    }
-  }
-  tab[j] = 0;
-  pp_lock_visit(&s->lock, probes);
-}
-
-/* Room for one lend more: lends[] and the indexes doubled, the indexes
- * built again (once per doubling). Nothing changes if memory runs out. */
-static bool lends_grow(pp_share_t *s) {
-  size_t n = s->clends == 0 ? 16 : s->clends * 2;
-  size_t *tab = calloc(2 * n, sizeof *tab);
-  size_t *gtab = tab == NULL ? NULL : calloc(2 * n, sizeof *gtab);
-  lend_t *t = gtab == NULL ? NULL : realloc(s->lends, n * sizeof *t);
-  if (t == NULL) {
-    free(tab);
-    free(gtab);
+/* Room in lends[] and both indexes for one lend more. Nothing visible
+ * changes if memory runs out. */
+static bool lends_room(pp_share_t *s) {
+  if (!pp_index_reserve(&s->lix, 1) || !pp_index_reserve(&s->gix, 1))
     return false;
-  }
-  free(s->ltab);
-  free(s->gtab);
+  if (s->nlends < s->clends)
+    return true;
+  size_t n = s->clends == 0 ? 16 : s->clends * 2;
+  lend_t *t = realloc(s->lends, n * sizeof *t);
+  if (t == NULL)
+    return false;
   s->lends = t, s->clends = n;
-  s->ltab = tab, s->gtab = gtab, s->lcap = 2 * n;
-  for (size_t i = 0; i < s->nlends; i++) {
-    s->ltab[lslot(s, BY_PTR, lkey(s, i, BY_PTR))] = i + 1;
-    s->gtab[lslot(s, BY_GEN, lkey(s, i, BY_GEN))] = i + 1;
-  }
   return true;
 }
 
 static lend_t *lend_find(pp_share_t *s, const void *ptr) {
   pp_assert_held(&s->lock);
-  if (s->lcap == 0)
-    return NULL;
 #ifdef PINPOOL_MUTANT_LEND_WALK
   /* Mutant (docs/verification.md): every lend walked, as before. */
   pp_lock_visit(&s->lock, s->nlends);
@@ -821,15 +853,15 @@ static lend_t *lend_find(pp_share_t *s, const void *ptr) {
       return &s->lends[i];
   return NULL;
 #else
-  size_t j = lslot_ptr(s, ptr);
-  return s->ltab[j] == 0 ? NULL : &s->lends[s->ltab[j] - 1];
+  uint64_t v = pp_index_get(&s->lix, pkey(ptr));
+  return v == 0 ? NULL : &s->lends[v - 1];
 #endif
 }
 
 /* The lend of generation gen, or NULL (lock held). */
 static lend_t *lend_of_gen(pp_share_t *s, uint64_t gen) {
   pp_assert_held(&s->lock);
-  if (s->lcap == 0 || gen == 0)
+  if (gen == 0)
     return NULL;
 #ifdef PINPOOL_MUTANT_LEND_GEN_WALK
   /* Mutant (docs/verification.md): the lends walked by generation, as
@@ -840,8 +872,8 @@ static lend_t *lend_of_gen(pp_share_t *s, uint64_t gen) {
   pp_lock_visit(&s->lock, i + 1);
   return i < s->nlends ? &s->lends[i] : NULL;
 #else
-  size_t j = lslot(s, BY_GEN, gen);
-  return s->gtab[j] == 0 ? NULL : &s->lends[s->gtab[j] - 1];
+  uint64_t v = pp_index_get(&s->gix, gen);
+  return v == 0 ? NULL : &s->lends[v - 1];
 #endif
 }
 
@@ -849,8 +881,8 @@ static lend_t *lend_of_gen(pp_share_t *s, uint64_t gen) {
  * a lookup by its keys finds from's entries, which still hold from + 1. */
 static void lend_move(pp_share_t *s, size_t from, size_t to) {
   s->lends[to] = s->lends[from];
-  s->ltab[lslot(s, BY_PTR, lkey(s, to, BY_PTR))] = to + 1;
-  s->gtab[lslot(s, BY_GEN, lkey(s, to, BY_GEN))] = to + 1;
+  pp_index_set(&s->lix, pkey(s->lends[to].ptr), to + 1);
+  pp_index_set(&s->gix, s->lends[to].gen, to + 1);
 }
 
 /* End lend l (lock held): the slot's generation goes to 0 first, so a
@@ -860,15 +892,15 @@ static void lend_end(pp_share_t *s, lend_t *l) {
   pp_ctl_slot_t *slot = pp_ctl_slot(l->ck->ctl, l->slot);
   pp_store_release(&slot->gen, 0);
   l->ck->free_slots[l->ck->nfree++] = l->slot;
-  peer_t *p = peer_by_id(s, l->peer_id);
+  peer_t *p = lend_peer(s, l);
   pp_assert(p != NULL);
   if (p != NULL)
-    p->nlends--; /* kept without lends until it exits (peers_prune) */
+    p->nlends--; /* kept without lends until it exits (peers_prune_*) */
   pp_fetch_sub_relaxed(&s->lent_bytes, l->len);
   memset(l->token, 0, sizeof l->token);
   size_t i = (size_t)(l - s->lends), last = --s->nlends;
-  lslot_clear(s, BY_PTR, lslot_ptr(s, l->ptr));
-  lslot_clear(s, BY_GEN, lslot(s, BY_GEN, l->gen));
+  pp_index_del(&s->lix, pkey(l->ptr));
+  pp_index_del(&s->gix, l->gen);
   /* The last lend fills the hole. A snapshot copying in pieces has copied
    * lends[0, c): the last one, not copied yet, must not land below c, so
    * lends[c - 1] (copied) fills the hole and the last one takes its place,
@@ -1035,7 +1067,7 @@ static int lend(pinpool_t *pool, const char *fn, void *ptr, int peer,
   else if (c->nfree == 0)
     rc = pp_fail(PINPOOL_EBUSY, "%s: chunk %llu has %u blocks lent, its most",
                  fn, (unsigned long long)c->id, c->nslots);
-  else if (s->nlends == s->clends && !lends_grow(s))
+  else if (!lends_room(s))
     rc = pp_fail(PINPOOL_ENOMEM, "%s: out of memory", fn);
   if (rc == 0)
     rc = token_new(s, token);
@@ -1058,10 +1090,10 @@ static int lend(pinpool_t *pool, const char *fn, void *ptr, int peer,
   pp_store_release(&slot->gen, gen); /* publishes offset and length */
   p->nlends++;
   lend_t *l = &s->lends[s->nlends++];
-  *l = (lend_t){ptr,   bs,  c,   si,          p->pid,
-                p->id, gen, {0}, pp_now_ns(), realtime_ns()};
-  s->ltab[lslot_ptr(s, ptr)] = s->nlends; /* its place + 1 */
-  s->gtab[lslot(s, BY_GEN, gen)] = s->nlends;
+  *l = (lend_t){ptr, bs,  c,   si,          p->pid,       p->id,
+                p,   gen, {0}, pp_now_ns(), realtime_ns()};
+  pp_index_put(&s->lix, pkey(ptr), s->nlends); /* its place + 1 */
+  pp_index_put(&s->gix, gen, s->nlends);
   memcpy(l->token, token, sizeof token);
   pp_fetch_add_relaxed(&s->lent_bytes, bs);
   pp_store_release(&s->nlent, s->nlends);
@@ -1158,7 +1190,7 @@ static int lend_return(pinpool_t *pool, const char *fn,
                 "not carry its lend's token (forged)",
                 fn, g);
   } else {
-    peer_t *p = peer_by_id(s, l->peer_id);
+    peer_t *p = lend_peer(s, l);
     if (pidst != NULL) {
       /* The returner's process itself, alive or not: no pid involved. */
       if (p == NULL || !pidfd_names_peer(p, pidst))
@@ -1273,7 +1305,7 @@ static bool selected(pp_share_t *s, const lend_t *l, int peer, bool live) {
     return false;
   if (live)
     return true;
-  peer_t *p = peer_by_id(s, l->peer_id);
+  peer_t *p = lend_peer(s, l);
   return p == NULL || pidfd_exited(p->pidfd);
 }
 
@@ -1323,9 +1355,9 @@ static int reclaim(pinpool_t *pool, int peer, unsigned flags,
     }
     pp_lock_visit(&s->lock, seen);
     bool done = c == 0 || (ended != NULL && k == room);
-    if (done)
-      peers_prune(s);
     pp_mutex_unlock(&s->lock);
+    if (done)
+      peers_prune_all(s);
     n += k;
     if (flags & PINPOOL_RECLAIM_FREE)
       for (size_t i = 0; i < k; i++) {

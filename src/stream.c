@@ -1240,6 +1240,8 @@ int pp_streams_init(pinpool_t *pool) {
   for (int i = 0; i < 64; i++)
     pp_mutex_init(&pool->sset_locks[i]);
   pp_mutex_init(&pool->streams_lock);
+  pp_index_init(&pool->ctab, &pool->streams_lock);
+  pp_index_init(&pool->scix, &pool->streams_lock);
   (void)pthread_mutex_init(&pool->bg_mutex, NULL);
   (void)pthread_cond_init(&pool->bg_cond, NULL);
   (void)pthread_mutex_init(&pool->sync_mu, NULL);

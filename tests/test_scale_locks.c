@@ -12,7 +12,10 @@
  * the old walk: LEND_WALK (a free looks for its block among every lend, a
  * snapshot copies every lend in one hold), STACKS_ONE_HOLD (a snapshot
  * copies the whole stack table in one hold), SSET_SCAN (record_stream
- * looks for the stream among every stream of the block).
+ * looks for the stream among every stream of the block), INDEX_ONE_HOLD
+ * (the lends' and captures' indexes rebuilt whole at a doubling),
+ * PEER_WALK (the peer records walked by id and pid), GRAPHS_WALK
+ * (pinpool_stream_graphs_release asks every capture).
  */
 #include "testutil.h"
 
@@ -548,7 +551,7 @@ static int fake_capture(void *ctx, pinpool_stream_t stream, uint64_t *id) {
 static void test_captures(void **state) {
   (void)state;
   const size_t n[2] = {500, 5000};
-  uint64_t w[2];
+  uint64_t w[2], wg[2];
   for (int r = 0; r < 2; r++) {
     pinpool_t *pool;
     PP_OK(pinpool_create("backend=host,mlock=0,populate=0,events=simulated,"
@@ -584,9 +587,17 @@ static void test_captures(void **state) {
     PP_ASSERT(st.graph_held_blocks == n[r] + 2, "%llu blocks parked, not %zu",
               (unsigned long long)st.graph_held_blocks, n[r] + 2);
     cap_on = false;
+    /* The captures of stream 2 (capture 2 alone) among n + 1: asked every
+     * capture before (issue 38, the meter's findings, item 3). */
+    (void)pp_lock_meter(&pool->streams_lock, true);
+    PP_OK(pinpool_stream_graphs_release(pool, 2));
+    wg[r] = pp_lock_meter(&pool->streams_lock, false);
+    PP_ASSERT(pinpool_stream_graphs_release(pool, 2) == PINPOOL_EINVAL,
+              "stream 2's captures released twice");
     PP_OK(pinpool_stream_graphs_release(pool, CAP_SHARED + 7));
     for (size_t i = 1; i <= n[r]; i++)
-      PP_OK(pinpool_graph_release(pool, (uint64_t)i));
+      if (i != 2)
+        PP_OK(pinpool_graph_release(pool, (uint64_t)i));
     PP_ASSERT(pinpool_graph_release(pool, 1) == PINPOOL_EINVAL,
               "a capture released twice");
     PP_OK(pinpool_synchronize(pool));
@@ -599,6 +610,199 @@ static void test_captures(void **state) {
     pinpool_destroy(pool);
   }
   check_growth("captures: record_stream and free", n, w, 0);
+  check_growth("captures: stream_graphs_release of one capture", n, wg, 0);
+}
+
+/* The most a hold may visit for an index doubling in progress: a lend
+ * changes two indexes twice (a reserve, a put), each moving at most
+ * PP_INDEX_STEP old slots and probing once or more for each. */
+#define INDEX_HOLD (8 * PP_INDEX_STEP + 32)
+
+/* ---- Index doublings ---------------------------------------------------
+ * The lends' indexes and the captures' (src/index.h) were rebuilt whole
+ * in the hold that made them double: every lend, or every capture, in one
+ * hold of the share lock or streams_lock (issue 38, the meter's findings,
+ * item 1). Now PP_INDEX_STEP old slots move per change. Counted from the
+ * pool's start: N lends; N captures. */
+static void test_index_growth(void **state) {
+  (void)state;
+  pid_t child = borrower();
+  const size_t n[2] = {300, 3000}, nc[2] = {500, 5000};
+  uint64_t w[2], wc[2];
+  for (int r = 0; r < 2; r++) {
+    pinpool_t *pool;
+    PP_OK(pinpool_create(
+        "shared=1,backend=host,mlock=0,populate=0,tcache_bytes=0", &pool));
+    (void)pp_share_meter(pool->share, true);
+    size_t lent = 0;
+    pinpool_share_handle_t h;
+    while (lent < n[r]) {
+      void *p;
+      int fd;
+      PP_OK(pinpool_alloc(pool, 4 * KiB, &p));
+      int rc = pinpool_lend(pool, p, child, &h, &fd);
+      PP_ASSERT(rc == 0 || rc == PINPOOL_EBUSY, "lend: %d", rc);
+      lent += rc == 0;
+    }
+    w[r] = pp_share_meter(pool->share, false);
+    /* Every lend still found: the last by generation, all by block. */
+    PP_OK(pinpool_lend_return(pool, &h, child));
+    size_t cnt = 0;
+    PP_OK(pinpool_lend_reclaim(
+        pool, child, PINPOOL_RECLAIM_LIVE | PINPOOL_RECLAIM_FREE, &cnt));
+    PP_ASSERT(cnt == n[r] - 1, "reclaimed %zu lends of %zu", cnt, n[r] - 1);
+    pinpool_destroy(pool);
+
+    PP_OK(pinpool_create("backend=host,mlock=0,populate=0,events=simulated,"
+                         "sim_delay_us=0,tcache_bytes=0",
+                         &pool));
+    pool->ev.capture = fake_capture;
+    cap_on = true;
+    (void)pp_lock_meter(&pool->streams_lock, true);
+    void *one, *many;
+    for (size_t i = 0; i < nc[r]; i++) {
+      PP_OK(pinpool_alloc(pool, 4 * KiB, &one));
+      PP_OK(pinpool_record_stream(pool, one, (pinpool_stream_t)(i + 1)));
+      PP_OK(pinpool_free(pool, one)); /* parked on capture i + 1 */
+    }
+    wc[r] = pp_lock_meter(&pool->streams_lock, false);
+    /* One capture on N streams (not counted: a capture's streams are its
+     * own size, as a block's are the free's), released by one of them. */
+    PP_OK(pinpool_alloc(pool, 4 * KiB, &many));
+    for (size_t i = 0; i < nc[r]; i++)
+      PP_OK(pinpool_record_stream(pool, many, CAP_SHARED + i));
+    PP_OK(pinpool_free(pool, many));
+    cap_on = false;
+    for (size_t i = 1; i <= nc[r]; i++)
+      PP_OK(pinpool_graph_release(pool, (uint64_t)i));
+    PP_OK(pinpool_stream_graphs_release(pool, CAP_SHARED + nc[r] - 1));
+    PP_OK(pinpool_synchronize(pool));
+    pinpool_stats_t st;
+    PP_OK(pinpool_get_stats(pool, &st));
+    PP_ASSERT(st.graph_held_blocks == 0 && st.requests.current == 0,
+              "%llu blocks parked, %llu allocated after every release",
+              (unsigned long long)st.graph_held_blocks,
+              (unsigned long long)st.requests.current);
+    pinpool_destroy(pool);
+  }
+  kill(child, SIGKILL);
+  (void)waitpid(child, NULL, 0);
+  check_growth("index doublings: lends", n, w, INDEX_HOLD);
+  check_growth("index doublings: captures", nc, wc, INDEX_HOLD);
+}
+
+/* The index against a model (src/index.c): puts, sets, gets and deletes
+ * through many doublings, with keys that are its own markers (0, 1) and
+ * colliding ones; a lookup during a doubling asks both slot arrays. */
+static void test_index_model(void **state) {
+  (void)state;
+  enum { K = 4096 };
+  static uint64_t keys[K], vals[K];
+  pp_index_t ix;
+  pp_index_init(&ix, NULL);
+  uint64_t rnd = 88172645463325252u;
+  for (size_t i = 0; i < K; i++)
+    keys[i] = i < 4 ? (uint64_t[]){0, 1, UINT64_MAX, 2}[i]
+                    : (i % 3 == 0 ? (uint64_t)i << 40 : (uint64_t)i * 4096);
+  size_t live = 0;
+  for (int op = 0; op < 200000; op++) {
+    rnd ^= rnd << 13, rnd ^= rnd >> 7, rnd ^= rnd << 17;
+    size_t i = (size_t)(rnd % K);
+    /* Mostly adding early, mostly taking out late: grows, then shrinks. */
+    bool add = (rnd >> 32) % 100 < (op < 120000 ? 70u : 30u);
+    PP_ASSERT(pp_index_get(&ix, keys[i]) == vals[i],
+              "key %#llx: %llu, not %llu", (unsigned long long)keys[i],
+              (unsigned long long)pp_index_get(&ix, keys[i]),
+              (unsigned long long)vals[i]);
+    if (vals[i] == 0 && add) {
+      PP_ASSERT(pp_index_reserve(&ix, 1), "out of memory");
+      vals[i] = (uint64_t)op + 1;
+      pp_index_put(&ix, keys[i], vals[i]);
+      live++;
+    } else if (vals[i] != 0 && add) {
+      vals[i] = (uint64_t)op + 7;
+      pp_index_set(&ix, keys[i], vals[i]);
+    } else if (vals[i] != 0) {
+      pp_index_del(&ix, keys[i]);
+      vals[i] = 0;
+      live--;
+    }
+    PP_ASSERT(ix.n == live, "%zu entries, %zu entered", ix.n, live);
+  }
+  for (size_t i = 0; i < K; i++)
+    PP_ASSERT(pp_index_get(&ix, keys[i]) == vals[i], "key %#llx at the end",
+              (unsigned long long)keys[i]);
+  pp_index_fini(&ix);
+}
+
+/* ---- Peers -------------------------------------------------------------
+ * Every lend, return, end and reclaimed lend looked its peer record up by
+ * walking the records (by id, by pid: a poll each), and every new record
+ * polled every record to prune the exited (issue 38, the meter's findings,
+ * item 2). Now a lend points at its record, the records are indexed by
+ * pid, and a new record prunes a few in turn. N processes with a lend
+ * each; then lends to and returns from the last, and a new process. */
+static void test_peers(void **state) {
+  (void)state;
+  const size_t n[2] = {30, 300};
+  uint64_t w[2];
+  for (int r = 0; r < 2; r++) {
+    pid_t *kid = calloc(n[r] + 1, sizeof *kid);
+    PP_ASSERT(kid != NULL, "out of memory");
+    for (size_t i = 0; i <= n[r]; i++)
+      kid[i] = borrower();
+    pinpool_t *pool;
+    PP_OK(pinpool_create(
+        "shared=1,backend=host,mlock=0,populate=0,tcache_bytes=0", &pool));
+    for (size_t i = 0; i < n[r];) {
+      void *p;
+      int fd;
+      pinpool_share_handle_t h;
+      PP_OK(pinpool_alloc(pool, 4 * KiB, &p));
+      int rc = pinpool_lend(pool, p, kid[i], &h, &fd);
+      PP_ASSERT(rc == 0 || rc == PINPOOL_EBUSY, "lend: %d", rc);
+      i += rc == 0;
+    }
+    (void)pp_share_meter(pool->share, true);
+    pinpool_share_handle_t hs[20];
+    for (size_t j = 0; j < 20;) {
+      void *p;
+      int fd;
+      PP_OK(pinpool_alloc(pool, 4 * KiB, &p));
+      int rc = pinpool_lend(pool, p, kid[n[r] - 1], &hs[j], &fd);
+      PP_ASSERT(rc == 0 || rc == PINPOOL_EBUSY, "lend: %d", rc);
+      j += rc == 0;
+    }
+    for (size_t j = 0; j < 20; j++)
+      PP_OK(pinpool_lend_return(pool, &hs[j], kid[n[r] - 1]));
+    for (int done = 0; !done;) { /* a new process: a new record */
+      void *p;
+      int fd;
+      PP_OK(pinpool_alloc(pool, 4 * KiB, &p));
+      int rc = pinpool_lend(pool, p, kid[n[r]], &hs[0], &fd);
+      PP_ASSERT(rc == 0 || rc == PINPOOL_EBUSY, "lend: %d", rc);
+      done = rc == 0;
+    }
+    w[r] = pp_share_meter(pool->share, false);
+    /* The processes exit: a reclaim ends their lends and closes their
+     * records' pidfds, every one of them. */
+    int fds = pp_count_fds();
+    for (size_t i = 0; i <= n[r]; i++) {
+      kill(kid[i], SIGKILL);
+      (void)waitpid(kid[i], NULL, 0);
+    }
+    size_t cnt = 0;
+    PP_OK(pinpool_lend_reclaim_exited(pool, PINPOOL_RECLAIM_FREE, &cnt));
+    PP_ASSERT(cnt == n[r] + 1, "reclaimed %zu lends of %zu", cnt, n[r] + 1);
+    int left = pp_count_fds();
+    PP_ASSERT(left <= fds - (int)(n[r] + 1),
+              "%d descriptors open after the reclaim, %d before: the exited "
+              "peers' pidfds were not all closed",
+              left, fds);
+    pinpool_destroy(pool);
+    free(kid);
+  }
+  check_growth("peers: lends to and returns from one of n", n, w, INDEX_HOLD);
 }
 
 /* ---- (4) Peaks without thread caches -------------------------------------
@@ -829,17 +1033,13 @@ static void test_sum_pieces(void **state) {
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
-      cmocka_unit_test(test_lends),
-      cmocka_unit_test(test_lends_pieces),
-      cmocka_unit_test(test_returns),
-      cmocka_unit_test(test_reclaim_pieces),
-      cmocka_unit_test(test_captures),
-      cmocka_unit_test(test_sums),
-      cmocka_unit_test(test_sum_pieces),
-      cmocka_unit_test(test_stacks),
-      cmocka_unit_test(test_stacks_growth),
-      cmocka_unit_test(test_record),
-      cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_lends),       cmocka_unit_test(test_lends_pieces),
+      cmocka_unit_test(test_returns),     cmocka_unit_test(test_reclaim_pieces),
+      cmocka_unit_test(test_captures),    cmocka_unit_test(test_index_growth),
+      cmocka_unit_test(test_index_model), cmocka_unit_test(test_peers),
+      cmocka_unit_test(test_sums),        cmocka_unit_test(test_sum_pieces),
+      cmocka_unit_test(test_stacks),      cmocka_unit_test(test_stacks_growth),
+      cmocka_unit_test(test_record),      cmocka_unit_test(test_threads),
   };
   return pp_run_selected("test_scale_locks", all, sizeof all / sizeof all[0],
                          argc, argv);

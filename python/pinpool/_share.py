@@ -852,6 +852,12 @@ def lend_collect(pool: Pool, grace: Optional[float] = None) -> List[Buffer]:
         return out
 
 
+# Tests: a list to which each reclaim appends the number of the table's
+# generations it compared (issue 38: it compared all of them for each lend
+# ended); None otherwise.
+_reclaim_meter: Optional[List[int]] = None
+
+
 def _reclaim(pool: Pool, peer: int, live: bool) -> List[Buffer]:
     """End the lends pinpool_lend_reclaim_list selects (peer: a pid,
     _PEER_ALL or _PEER_EXITED) and drop exactly those from the table (lock
@@ -860,7 +866,8 @@ def _reclaim(pool: Pool, peer: int, live: bool) -> List[Buffer]:
     so the two tables change together."""
     keys = [k for k, v in _lends.items() if v.buf.pool is pool]
     ended: List[bool] = pool._lend_reclaim(  # type: ignore[attr-defined]
-        peer, _RECLAIM_LIVE if live else 0, [k[1] for k in keys])
+        peer, _RECLAIM_LIVE if live else 0, [k[1] for k in keys],
+        _reclaim_meter)
     bufs = []
     for k, gone in zip(keys, ended):
         if gone:

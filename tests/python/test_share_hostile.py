@@ -12,6 +12,7 @@ Worker functions are module-level: 'spawn' pickles them by name.
 
 import gc
 import json
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -1536,3 +1537,47 @@ def test_idle_strangers_never_close_a_self_lends_waiting_connection(spool):
             _end_worker(stranger)
         _end_worker(w)
     b.close()
+
+
+# -- a reclaim's cost (issue 38, the meter's findings, item 4) ----------------
+
+def _lend_to_self(pool, n):
+    """n blocks lent to this process (a chunk has room for 128 lends: a
+    block of a full chunk is kept aside, then freed)."""
+    lent, aside = [], []
+    while len(lent) < n:
+        b = pool.alloc(4096)
+        try:
+            b.lend(os.getpid())
+        except RuntimeError as e:
+            assert "its most" in str(e), e
+            aside.append(b)
+            continue
+        lent.append(b)
+    for b in aside:
+        b.close()
+    return lent
+
+
+def test_reclaim_compares_few_generations_per_lend(spool, monkeypatch):
+    """Each lend a reclaim ends is found among the table's generations by
+    a binary search (pinpoolmodule.c, _lend_reclaim): it compared every
+    one of them, O(lends^2) with the GIL and the table's lock held. Counted,
+    at N and 10 N lends, per lend ended."""
+    per = {}
+    for n in (300, 3000):
+        bufs = _lend_to_self(spool, n)
+        meter = []
+        monkeypatch.setattr(_share, "_reclaim_meter", meter)
+        assert spool.lend_reclaim(os.getpid(), live=True) == n
+        monkeypatch.setattr(_share, "_reclaim_meter", None)
+        assert len(meter) == 1
+        per[n] = meter[0] / n
+        tables_agree(spool)
+        for b in bufs:
+            b.close()
+    bound = {n: 2 * math.log2(n) + 4 for n in per}
+    assert all(per[n] <= bound[n] for n in per) and \
+        per[3000] <= per[300] + 8, \
+        f"candidates compared per lend ended: {per}, more than " \
+        f"logarithmic ({bound})"
