@@ -34,6 +34,16 @@
  *   record-repeat pinpool_record_stream of a stream the block has already,
  *                 with N streams recorded on the block (events=simulated;
  *                 issue 38, the locks' meter: it scanned all N)
+ *   lend-hold     N lends made in a shared pool from none: the most
+ *                 elements one hold of the share lock visited (its meter;
+ *                 a count, not a time: issue 38 (s39), the indexes'
+ *                 doublings)
+ *   lend-slowest  the slowest of those N lends (wall time)
+ *   capture-hold  N graph captures entered from none (the provider's
+ *                 capture query faked): the most elements one hold of
+ *                 streams_lock visited
+ *   graphs-release pinpool_stream_graphs_release of one stream's one
+ *                 capture among N + 1 (it asked every capture)
  *
  * The extents' functions are the library's internal ones (the static
  * library exports them), with the same signatures before and after the
@@ -46,13 +56,16 @@
 #include <math.h>
 #include <pinpool.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #define BLOCK ((size_t)260 * 1024)
 #define GRAN ((size_t)4096)
@@ -322,6 +335,91 @@ static double op_record_repeat(size_t n) {
   return dt;
 }
 
+/* A child to lend to: it waits to be killed. */
+static pid_t borrower(void) {
+  pid_t c = fork();
+  if (c < 0)
+    die("fork");
+  if (c == 0) {
+    alarm(600);
+    pause();
+    _exit(0);
+  }
+  return c;
+}
+
+static double lend_slowest_ns;
+
+static double op_lend_hold(size_t n) {
+  pid_t child = borrower();
+  pinpool_t *pool;
+  if (pinpool_create("shared=1,backend=host,mlock=0,populate=0,"
+                     "tcache_bytes=0",
+                     &pool) != 0)
+    die("lend-hold: create");
+  (void)pp_share_meter(pool->share, true);
+  uint64_t slowest = 0;
+  for (size_t lent = 0; lent < n;) {
+    void *p;
+    pinpool_share_handle_t h;
+    int fd;
+    if (pinpool_alloc(pool, 4096, &p) != 0)
+      die("lend-hold: alloc");
+    uint64_t t0 = now_ns();
+    int rc = pinpool_lend(pool, p, child, &h, &fd);
+    uint64_t dt = now_ns() - t0;
+    if (rc != 0 && rc != PINPOOL_EBUSY) /* EBUSY: a full chunk */
+      die("lend-hold: lend");
+    if (rc == 0 && dt > slowest)
+      slowest = dt;
+    lent += rc == 0;
+  }
+  double v = (double)pp_share_meter(pool->share, false);
+  lend_slowest_ns = (double)slowest;
+  pinpool_destroy(pool);
+  kill(child, SIGKILL);
+  (void)waitpid(child, NULL, 0);
+  return v;
+}
+
+static int fake_capture(void *ctx, pinpool_stream_t stream, uint64_t *id) {
+  (void)ctx;
+  *id = (uint64_t)stream;
+  return 1;
+}
+
+static double graphs_release_ns;
+
+static double op_capture_hold(size_t n) {
+  pinpool_t *pool;
+  if (pinpool_create("backend=host,mlock=0,populate=0,events=simulated,"
+                     "sim_delay_us=0,tcache_bytes=0",
+                     &pool) != 0)
+    die("capture-hold: create");
+  pool->ev.capture = fake_capture;
+  (void)pp_lock_meter(&pool->streams_lock, true);
+  for (size_t i = 1; i <= n + 1; i++) {
+    void *b;
+    if (pinpool_alloc(pool, 4096, &b) != 0 ||
+        pinpool_record_stream(pool, b, (pinpool_stream_t)i) != 0 ||
+        pinpool_free(pool, b) != 0)
+      die("capture-hold: capture");
+  }
+  double v = (double)pp_lock_meter(&pool->streams_lock, false);
+  uint64_t t0 = now_ns();
+  if (pinpool_stream_graphs_release(pool, (pinpool_stream_t)(n / 2)) != 0)
+    die("graphs-release");
+  graphs_release_ns = (double)(now_ns() - t0);
+  pool->ev.capture = NULL;
+  for (size_t i = 1; i <= n + 1; i++)
+    if (i != n / 2 && pinpool_graph_release(pool, (uint64_t)i) != 0)
+      die("capture-hold: release");
+  if (pinpool_synchronize(pool) != 0)
+    die("capture-hold: synchronize");
+  pinpool_destroy(pool);
+  return v;
+}
+
 static int cmp_d(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -355,10 +453,15 @@ int main(int argc, char **argv) {
       {"fit-cycle", "us", op_fit_cycle, 1e-3},
       {"largest", "us", op_largest, 1e-3},
       {"record-repeat", "us", op_record_repeat, 1e-3},
+      {"lend-hold", "elements", op_lend_hold, 1},
+      {"lend-slowest", "us", NULL, 1e-3},
+      {"capture-hold", "elements", op_capture_hold, 1},
+      {"graphs-release", "us", NULL, 1e-3},
   };
   enum { NOPS = sizeof ops / sizeof ops[0] };
   /* PP_SCALE_OPS="stall snapshot": only the operations named (and those
-   * measured with them: stall-p99, snapshot-hold); the others read 0. */
+   * measured with them: stall-p99, snapshot-hold, lend-slowest,
+   * graphs-release); the others read 0. */
   const char *only = getenv("PP_SCALE_OPS");
   double med[NOPS][8];
   for (int k = 0; k < nn; k++) {
@@ -366,8 +469,11 @@ int main(int argc, char **argv) {
     for (int r = 0; r < reps && r < 16; r++)
       for (int o = 0; o < (int)NOPS; o++) {
         if (ops[o].fn == NULL) { /* the op before it measured these */
-          v[o][r] = strcmp(ops[o].name, "stall-p99") == 0 ? stall_p99_ns
-                                                          : snap_hold_ns;
+          const char *m = ops[o].name;
+          v[o][r] = strcmp(m, "stall-p99") == 0        ? stall_p99_ns
+                    : strcmp(m, "lend-slowest") == 0   ? lend_slowest_ns
+                    : strcmp(m, "graphs-release") == 0 ? graphs_release_ns
+                                                       : snap_hold_ns;
           continue;
         }
         if (only != NULL && strstr(only, ops[o].name) == NULL) {
