@@ -52,10 +52,15 @@ typedef struct pp_extents {
   pp_xnode_t *spare; /* >= outstanding nodes, so that a give never fails */
   size_t nspare, outstanding;
   /* The boundary table (extent.c): >= 4 slots per extent that may exist
-   * (free, or handed out and given back alone), a power of two. */
+   * (free, or handed out and given back alone), a power of two; tcount:
+   * its keys, the old slots' included. A doubling in progress (issue 38
+   * (s39)): the old slots otab, [omig, ocap) not yet moved; NULL: none. */
   pp_xslot_t *tab;
   size_t tcap, tcount;
-  unsigned tshift;  /* 64 - log2(tcap) */
+  unsigned tshift; /* 64 - log2(tcap) */
+  pp_xslot_t *otab;
+  size_t ocap, omig;
+  unsigned oshift;
   size_t min_chunk; /* at most the smallest chunk's size (extent.c) */
   size_t free_bytes, total_bytes, nfree; /* nfree: free extents */
   /* The meter (tests/test_scale.c counts with it, not with a clock):
