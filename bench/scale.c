@@ -44,6 +44,9 @@
  *                 streams_lock visited
  *   graphs-release pinpool_stream_graphs_release of one stream's one
  *                 capture among N + 1 (it asked every capture)
+ *   xtab-hold     2N + 1 blocks allocated from a fresh pool (the boundary
+ *                 table doubles as they are: each may come back alone):
+ *                 the most elements one call visited (the arena's meter)
  *
  * The extents' functions are the library's internal ones (the static
  * library exports them), with the same signatures before and after the
@@ -420,6 +423,32 @@ static double op_capture_hold(size_t n) {
   return v;
 }
 
+static double op_xtab_hold(size_t n) {
+  pinpool_t *pool;
+  if (pinpool_create_with_backend("tcache_bytes=0", &pp_space_backend, &pool) !=
+      0)
+    die("xtab-hold: create");
+  size_t total = 2 * n + 1;
+  void **all = malloc(total * sizeof *all);
+  if (all == NULL)
+    die("malloc");
+  for (size_t i = 0; i < total; i++)
+    if (pinpool_alloc(pool, BLOCK, &all[i]) != 0)
+      die("xtab-hold: alloc");
+  uint64_t most = 0;
+  pp_mutex_lock(&pool->seg_lock);
+  for (unsigned k = 0; k < pool->nnodes; k++)
+    if (pool->arena.node[k].ext.work_max > most)
+      most = pool->arena.node[k].ext.work_max;
+  pp_mutex_unlock(&pool->seg_lock);
+  for (size_t i = 0; i < total; i++)
+    if (pinpool_free(pool, all[i]) != 0)
+      die("xtab-hold: free");
+  free(all);
+  pinpool_destroy(pool);
+  return (double)most;
+}
+
 static int cmp_d(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -456,6 +485,7 @@ int main(int argc, char **argv) {
       {"lend-hold", "elements", op_lend_hold, 1},
       {"lend-slowest", "us", NULL, 1e-3},
       {"capture-hold", "elements", op_capture_hold, 1},
+      {"xtab-hold", "elements", op_xtab_hold, 1},
       {"graphs-release", "us", NULL, 1e-3},
   };
   enum { NOPS = sizeof ops / sizeof ops[0] };
