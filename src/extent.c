@@ -543,8 +543,8 @@ static inline size_t tab_home(const pp_extents_t *x, uintptr_t key) {
 }
 
 /* The slot of key in t (cap slots), or NULL. */
-static pp_xslot_t *slot_find(pp_xslot_t *t, size_t cap, unsigned shift,
-                             uintptr_t key) {
+static inline __attribute__((always_inline)) pp_xslot_t *
+slot_find(pp_xslot_t *t, size_t cap, unsigned shift, uintptr_t key) {
   size_t mask = cap - 1;
   for (size_t i = slot_home(key, shift);; i = (i + 1) & mask) {
     if (t[i].key == key)
@@ -555,11 +555,14 @@ static pp_xslot_t *slot_find(pp_xslot_t *t, size_t cap, unsigned shift,
 }
 
 /* The slot of key: the new slots', else the old ones' (*old set). */
-static pp_xslot_t *tab_slot(const pp_extents_t *x, uintptr_t key, bool *old) {
+static inline __attribute__((always_inline)) pp_xslot_t *
+tab_slot(const pp_extents_t *x, uintptr_t key, bool *old) {
   pp_xslot_t *s = slot_find(x->tab, x->tcap, x->tshift, key);
-  *old = s == NULL && x->otab != NULL;
-  if (*old)
+  *old = false;
+  if (__builtin_expect(s == NULL && x->otab != NULL, 0)) {
+    *old = true;
     s = slot_find(x->otab, x->ocap, x->oshift, key);
+  }
   return s;
 }
 
@@ -570,7 +573,8 @@ static pp_xnode_t *tab_find(const pp_extents_t *x, uintptr_t key) {
 }
 
 /* Key into the new slots (absent from both; room kept). */
-static void slot_put(pp_extents_t *x, uintptr_t key, pp_xnode_t *n) {
+static inline __attribute__((always_inline)) void
+slot_put(pp_extents_t *x, uintptr_t key, pp_xnode_t *n) {
   size_t mask = x->tcap - 1;
   size_t i = tab_home(x, key);
   while (x->tab[i].key != 0) {
@@ -582,7 +586,7 @@ static void slot_put(pp_extents_t *x, uintptr_t key, pp_xnode_t *n) {
 
 /* Move up to k old slots into the new ones; the old go when all have.
  * On the meter. */
-static void tab_migrate(pp_extents_t *x, size_t k) {
+static __attribute__((noinline)) void tab_migrate(pp_extents_t *x, size_t k) {
   if (x->otab == NULL)
     return;
   size_t end = x->ocap - x->omig > k ? x->omig + k : x->ocap;
@@ -604,7 +608,8 @@ static void tab_migrate(pp_extents_t *x, size_t k) {
 
 static void tab_put(pp_extents_t *x, uintptr_t key, pp_xnode_t *n) {
   pp_assert(2 * (x->tcount + 1) <= x->tcap);
-  tab_migrate(x, TAB_STEP);
+  if (__builtin_expect(x->otab != NULL, 0))
+    tab_migrate(x, TAB_STEP);
   pp_assert(tab_find(x, key) == NULL);
   slot_put(x, key, n);
   x->tcount++;
