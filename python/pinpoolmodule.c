@@ -860,13 +860,21 @@ static Py_ssize_t cand_find(const cand_t *c, Py_ssize_t n, uint64_t g,
 #endif
 }
 
-/* _lend_reclaim(peer, flags, candidates, meter=None) -> list: end the
- * lends that pinpool_lend_reclaim_list selects (peer: a pid, -1 every
- * peer, -2 the exited; flags: PINPOOL_RECLAIM_LIVE or 0) and say which: the
- * result has one entry per candidate generation (a list of ints, the
- * Python table's), True where that lend was ended. Everything that can
- * fail is made before the first lend ends, and nothing after can fail: the
- * C table and the caller's table change together or not at all
+/* _lend_reclaim(peer, flags, candidates, table, meter=None) -> list: end
+ * the lends that pinpool_lend_reclaim_list selects (peer: a pid, -1 every
+ * peer, -2 the exited; flags: PINPOOL_RECLAIM_LIVE or 0) and drop them
+ * from table (pinpool._share's: key (nonce, generation) -> a record whose
+ * first field is the lent Buffer), marking each Buffer not lent, in the
+ * same step: no Python code runs between the C library's ending a lend
+ * and the table's losing it, so an asynchronous exception
+ * (KeyboardInterrupt, a raising signal handler: CPython runs them as soon
+ * as a C call returns) cannot leave Buffers that say lent, in a table that
+ * says lent, for lends the library has ended (issue 36, rvpy39 D2;
+ * _lend_into does the same for a lend). candidates: the table's keys to
+ * consider (the caller's pool's). The result has one entry per candidate:
+ * its Buffer where that lend was ended, else None. Everything that can
+ * fail is made before the first lend ends, and nothing after can fail:
+ * the C table and the caller's table change together or not at all
  * (docs/sharing.md). Each ended lend is found among the candidates, sorted
  * once, by a binary search (issue 38, the meter's findings, item 4: every
  * candidate was compared for each, O(lends^2) with the GIL and the Python
@@ -875,9 +883,9 @@ static Py_ssize_t cand_find(const cand_t *c, Py_ssize_t n, uint64_t g,
 static PyObject *Pool__lend_reclaim(PyObject *self, PyObject *args) {
   int peer;
   unsigned flags;
-  PyObject *cands, *meter = Py_None;
-  if (!PyArg_ParseTuple(args, "iIO!|O:_lend_reclaim", &peer, &flags,
-                        &PyList_Type, &cands, &meter))
+  PyObject *cands, *table, *meter = Py_None;
+  if (!PyArg_ParseTuple(args, "iIO!O!|O:_lend_reclaim", &peer, &flags,
+                        &PyList_Type, &cands, &PyDict_Type, &table, &meter))
     return NULL;
   if (meter != Py_None && !PyList_Check(meter))
     return PyErr_Format(PyExc_TypeError, "_lend_reclaim: meter is a list");
@@ -885,11 +893,27 @@ static PyObject *Pool__lend_reclaim(PyObject *self, PyObject *args) {
   cand_t *gens = PyMem_Malloc(((size_t)nc + 1) * sizeof *gens);
   if (gens == NULL)
     return PyErr_NoMemory();
+  PyObject *keys = PyList_GetSlice(cands, 0, nc); /* ours: cands may change */
+  if (keys == NULL) {
+    PyMem_Free(gens);
+    return NULL;
+  }
   for (Py_ssize_t i = 0; i < nc; i++) {
-    gens[i].gen = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(cands, i));
+    PyObject *k = PyList_GET_ITEM(keys, i);
+    if (!PyTuple_CheckExact(k) || PyTuple_GET_SIZE(k) != 2 ||
+        !PyLong_CheckExact(PyTuple_GET_ITEM(k, 0)) ||
+        !PyLong_CheckExact(PyTuple_GET_ITEM(k, 1))) {
+      /* exact ints: hashing and comparing them runs no Python code */
+      PyMem_Free(gens);
+      Py_DECREF(keys);
+      return PyErr_Format(PyExc_TypeError,
+                          "_lend_reclaim: a candidate is not a lend's key");
+    }
+    gens[i].gen = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(k, 1));
     gens[i].i = i;
     if (gens[i].gen == (uint64_t)-1 && PyErr_Occurred()) {
       PyMem_Free(gens);
+      Py_DECREF(keys);
       return NULL;
     }
   }
@@ -899,12 +923,13 @@ static PyObject *Pool__lend_reclaim(PyObject *self, PyObject *args) {
   pinpool_lend_info_t *info = PyMem_Malloc(CAP * sizeof *info);
   if (out == NULL || info == NULL) {
     Py_XDECREF(out);
+    Py_DECREF(keys);
     PyMem_Free(gens);
     PyMem_Free(info);
     return PyErr_NoMemory();
   }
   for (Py_ssize_t i = 0; i < nc; i++)
-    PyList_SET_ITEM(out, i, Py_NewRef(Py_False));
+    PyList_SET_ITEM(out, i, Py_NewRef(Py_None));
   unsigned long long visits = 0;
   int rc = 0;
   size_t n = 0;
@@ -913,15 +938,39 @@ static PyObject *Pool__lend_reclaim(PyObject *self, PyObject *args) {
                                    info, CAP, &n);
     for (size_t k = 0; rc == 0 && k < n; k++) {
       Py_ssize_t i = cand_find(gens, nc, info[k].generation, &visits);
-      if (i >= 0) {
+      if (i < 0)
+        continue;
+      PyObject *key = PyList_GET_ITEM(keys, i);
+      PyObject *rec = NULL; /* a strong reference (free-threaded) */
+#if PY_VERSION_HEX >= 0x030D0000
+      if (PyDict_GetItemRef(table, key, &rec) < 0)
+        rec = NULL;
+#else
+      rec = Py_XNewRef(PyDict_GetItemWithError(table, key));
+#endif
+      PyObject *b = rec != NULL && PyTuple_Check(rec) &&
+                            PyTuple_GET_SIZE(rec) >= 1 &&
+                            Py_IS_TYPE(PyTuple_GET_ITEM(rec, 0), &BufferType)
+                        ? PyTuple_GET_ITEM(rec, 0)
+                        : NULL;
+      if (b != NULL) {
         PyObject *old = PyList_GET_ITEM(out, i);
-        PyList_SET_ITEM(out, i, Py_NewRef(Py_True));
+        PyList_SET_ITEM(out, i, Py_NewRef(b));
         Py_DECREF(old);
+        atomic_store_explicit(&((BufferObject *)b)->lent, 0,
+                              memory_order_release);
       }
+      /* Deleting an existing key allocates nothing; the record's last
+       * reference may go (the Buffer is held by `out`). */
+      if (rec != NULL && PyDict_DelItem(table, key) != 0)
+        PyErr_Clear();
+      Py_XDECREF(rec);
+      PyErr_Clear(); /* a lookup that failed: nothing to drop */
     }
   } while (rc == 0 && n == CAP);
   PyMem_Free(gens);
   PyMem_Free(info);
+  Py_DECREF(keys);
   if (meter != Py_None) {
     /* A test's reading, never the result: a failure to note it is
      * dropped (nothing may fail once a lend has ended). */
@@ -931,6 +980,9 @@ static PyObject *Pool__lend_reclaim(PyObject *self, PyObject *args) {
     Py_XDECREF(count);
   }
   if (rc != 0) { /* before any lend of the failing batch ended */
+    /* Earlier batches' lends ended and left the table with them: their
+     * Buffers are in `out`, which the error drops (still open: a
+     * reclaim's Buffers are the caller's to close). */
     Py_DECREF(out);
     return raise_rc(rc, "Pool.lend_reclaim");
   }
@@ -1074,7 +1126,8 @@ static PyMethodDef Pool_methods[] = {
               "caller vouches that it writes them no more. The owner's\n"
               "Buffers of those blocks are usable again; free=True closes\n"
               "them too. Returns the number of lends ended.\n\n"
-              "Raises ValueError (pid <= 0, a pool without shared=1),\n"
+              "Raises ValueError (pid <= 0 or >= 2**31, a pool without\n"
+              "shared=1),\n"
               "TypeError (pid not an int).\n\n"
               "Thread-safe; a worker still attached keeps its mapping but\n"
               "its handle is stale from now on."),
@@ -1974,10 +2027,13 @@ static void lend_untable(PyObject *table, PyObject *key) {
 static PyObject *lend_return_common(PyObject *obj, PyObject *args,
                                     const char *fmt, bool by_pidfd) {
   BufferObject *self = (BufferObject *)obj;
-  PyObject *hobj, *table = NULL;
+  PyObject *hobj, *table = NULL, *ended = NULL, *ekey = NULL, *eval = NULL;
   int peer;
-  if (!PyArg_ParseTuple(args, fmt, &hobj, &peer, &PyDict_Type, &table))
+  if (!PyArg_ParseTuple(args, fmt, &hobj, &peer, &PyDict_Type, &table,
+                        &PyDict_Type, &ended, &ekey, &eval))
     return NULL;
+  if (ended != NULL && (ekey == NULL || eval == NULL))
+    return PyErr_Format(PyExc_TypeError, "_lend_return: outcome incomplete");
   pinpool_share_handle_t h;
   if (parse_handle(hobj, &h) != 0)
     return NULL;
@@ -1986,11 +2042,28 @@ static PyObject *lend_return_common(PyObject *obj, PyObject *args,
   PyObject *key = lend_key(&h);
   if (key == NULL)
     return NULL;
+  /* The outcome, ended[ekey] = eval, is recorded before the return (it
+   * may allocate) and taken out again if the return is refused: the lend
+   * ends together with its record, no Python code between them (as the
+   * table's entry: an asynchronous exception right after this call
+   * cannot leave an ended lend whose Buffer no table holds; rvpy39 D2). A
+   * key already there is left as it is. */
+  int fresh = 0;
+  if (ended != NULL) {
+    int has = PyDict_Contains(ended, ekey);
+    if (has < 0 || (has == 0 && PyDict_SetItem(ended, ekey, eval) != 0)) {
+      Py_DECREF(key);
+      return NULL;
+    }
+    fresh = has == 0;
+  }
   pinpool_t *pool = ((PoolObject *)self->pool)->pool;
   int rc = by_pidfd ? pinpool_lend_return_pidfd(pool, &h, peer)
                     : pinpool_lend_return(pool, &h, peer);
   if (rc != 0) {
     Py_DECREF(key);
+    if (fresh && PyDict_DelItem(ended, ekey) != 0)
+      PyErr_Clear();
     return raise_rc(rc, "returned Buffer");
   }
   lend_untable(table, key);
@@ -2000,20 +2073,44 @@ static PyObject *lend_return_common(PyObject *obj, PyObject *args,
 }
 
 static PyObject *Buffer__lend_return(PyObject *obj, PyObject *args) {
-  return lend_return_common(obj, args, "Oi|O!:_lend_return", false);
+  return lend_return_common(obj, args, "Oi|O!O!OO:_lend_return", false);
 }
 
 /* _lend_return_pidfd(handle, pidfd): pinpool_lend_return_pidfd from the
  * process pidfd names (SO_PEERPIDFD of the return's connection); the
  * block is ours again. */
 static PyObject *Buffer__lend_return_pidfd(PyObject *obj, PyObject *args) {
-  return lend_return_common(obj, args, "Oi|O!:_lend_return_pidfd", true);
+  return lend_return_common(obj, args, "Oi|O!O!OO:_lend_return_pidfd", true);
 }
 
-/* _lend_clear(): the lend was ended by a reclaim of the pool. */
-static PyObject *Buffer__lend_clear(PyObject *obj, PyObject *unused) {
+/* _close_unexported(): close an attached buffer only if nothing is
+ * exported from it, in one step: the state goes from exactly 0 (open, no
+ * export) to ATT_CLOSED, and the block is detached at once; else
+ * BufferError (a live export) or ValueError (closed already), and nothing
+ * changes. A worker sending its block back used to read `exports` and
+ * then close: a view taken by another thread in between survived the
+ * close (att_close only defers the detach), the proof was sent, and the
+ * view wrote into the block the owner had reused (issue 36, rvpy39 D1). */
+static PyObject *Buffer__close_unexported(PyObject *obj, PyObject *unused) {
   (void)unused;
-  atomic_store_explicit(&((BufferObject *)obj)->lent, 0, memory_order_release);
+  attach_t *a = ((BufferObject *)obj)->att;
+  if (a == NULL)
+    return PyErr_Format(PyExc_TypeError, "not an attached buffer");
+  uint64_t s = 0;
+  if (!atomic_compare_exchange_strong_explicit(&a->state, &s, ATT_CLOSED,
+                                               memory_order_acq_rel,
+                                               memory_order_acquire)) {
+    if (s == ATT_CLOSED) /* exports win: a closed one can only lose them */
+      return PyErr_Format(PyExc_ValueError,
+                          "cannot send back a closed shared Buffer");
+    s &= ~ATT_CLOSED;
+    return PyErr_Format(PyExc_BufferError,
+                        "cannot send back a shared Buffer with %llu live "
+                        "export(s) (memoryview, ndarray, tensor): release "
+                        "them first",
+                        (unsigned long long)s);
+  }
+  att_detach(a);
   Py_RETURN_NONE;
 }
 
@@ -2066,8 +2163,8 @@ static PyMethodDef Buffer_methods[] = {
     {"_lend_into", Buffer__lend_into, METH_VARARGS, NULL},
     {"_lend_return", Buffer__lend_return, METH_VARARGS, NULL},
     {"_lend_return_pidfd", Buffer__lend_return_pidfd, METH_VARARGS, NULL},
-    {"_lend_clear", Buffer__lend_clear, METH_NOARGS, NULL},
     {"_attached_handle", Buffer__attached_handle, METH_NOARGS, NULL},
+    {"_close_unexported", Buffer__close_unexported, METH_NOARGS, NULL},
     KW_METHOD("__reduce__", Buffer_reduce, NULL),
     KW_METHOD("__dlpack__", Buffer_dlpack,
               "__dlpack__($self, *, stream=None, max_version=None, "

@@ -411,14 +411,21 @@ def _worker_main(wid: int, fill_fn: Callable[[Any, Buffer], Any],
         except BaseException:
             kind, tb = "err", traceback.format_exc()
         back: Optional[bytes] = None
-        if buf.exports == 0:
+        # Detached, so it may be handed back, only if no view is alive: the
+        # check and the close are one step (_close_unexported), so a view
+        # another thread of fill_fn's takes meanwhile keeps the block here
+        # (before, the check came first: rvpy39 D1).
+        try:
+            buf._close_unexported()  # type: ignore[attr-defined]
             back = buf._attached_handle()  # type: ignore[attr-defined]
-            buf.close()  # detached: it may be handed back
-        elif kind == "ok":  # a live view: the block stays with us
-            kind = "err"
-            tb = (f"fill_fn left {buf.exports} live export(s) of the batch "
-                  "(memoryview, ndarray, tensor): release them before "
-                  "returning")
+        except ValueError:  # fill_fn closed it, and no view is left
+            back = buf._attached_handle()  # type: ignore[attr-defined]
+        except BufferError:  # a live view: the block stays with us
+            if kind == "ok":
+                kind = "err"
+                tb = (f"fill_fn left {buf.exports} live export(s) of the "
+                      "batch (memoryview, ndarray, tensor): release them "
+                      "before returning")
         if len(tb) > _MAX_TB:  # an answer is at most _MAX_ANSWER bytes
             tb = "...\n" + tb[-_MAX_TB:]
         _send_msg(sock, (kind, seq, back, tb, os.getpid()), [])

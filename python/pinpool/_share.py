@@ -305,36 +305,38 @@ def _settle(conn: socket.socket, msg: bytes, pidfd: Optional[int]) -> None:
     if lend_ is None:
         return  # junk, or a lend ended: its pickle, if any, is refused then
     buf = lend_.buf
+    # The C return drops the table's entry and records the outcome,
+    # _ended[key] = (buf, now), with the lend, in one step (no Python code
+    # between: an exception of a signal handler right after it cannot
+    # leave an ended lend whose Buffer no table holds: rvpy39 D2).
+    key = (h.nonce, h.generation, proof)
+    out = (_lends, _ended, key, (buf, time.monotonic()))
     try:
         if lend_.peer == os.getpid():
             # A self-lend (pickled without Buffer.lend: the receiver was
             # unknown) is bound to its token alone.
             buf._lend_return(  # type: ignore[attr-defined]
-                handle, lend_.peer, _lends)
+                handle, lend_.peer, *out)
         elif pidfd is not None:
             try:
                 buf._lend_return_pidfd(  # type: ignore[attr-defined]
-                    handle, pidfd, _lends)
+                    handle, pidfd, *out)
             except (StaleHandleError, BadHandleError):
                 raise
             except ValueError:  # no pidfs and reaped: the pid's rule
                 if pid <= 0:
                     return
                 buf._lend_return(  # type: ignore[attr-defined]
-                    handle, pid, _lends)
+                    handle, pid, *out)
         elif pid > 0:
-            buf._lend_return(handle, pid, _lends)  # type: ignore[attr-defined]
+            buf._lend_return(handle, pid, *out)  # type: ignore[attr-defined]
         else:
             return  # a process outside this pid namespace, no pidfd
     except (PermissionError, StaleHandleError, BadHandleError) as e:
-        key = (h.nonce, h.generation, proof)
         _refused[key] = e  # refused, and counted, by the C library
         _refused.move_to_end(key)
         while len(_refused) > _MAX_PROOFS:
             _refused.popitem(last=False)
-        return
-    # The C call dropped the table's entry with the lend (lend()).
-    _ended[(h.nonce, h.generation, proof)] = (buf, time.monotonic())
 
 
 def _peer_pid(conn: socket.socket) -> int:
@@ -577,7 +579,10 @@ def reduce_buffer(buf: Buffer) -> Tuple[Any, Tuple[Any, ...]]:
     if handle is not None:
         # A worker sends its block back: detach first (docs/sharing.md:
         # return only after detaching). A live view would keep writing
-        # into memory that is the owner's again, so it is refused.
+        # into memory that is the owner's again, so it is refused: here
+        # for the message, and by _close_unexported, which checks and
+        # closes in one step (a view another thread takes after this
+        # check makes it refuse; before, it survived the close: rvpy39 D1).
         if buf.exports:
             raise BufferError(
                 f"cannot send back a shared Buffer with {buf.exports} live "
@@ -592,7 +597,7 @@ def reduce_buffer(buf: Buffer) -> Tuple[Any, Tuple[Any, ...]]:
                 "cannot pickle this shared Buffer back: it was not "
                 "unpickled from its owner's pickle (a SharedLoader batch goes "
                 "back with the loader's answer)")
-        buf.close()
+        buf._close_unexported()  # type: ignore[attr-defined]
         with _lock:
             _homes.pop((h.nonce, h.generation), None)
         # Detached first: the owner may hand the block out again as soon
@@ -865,16 +870,14 @@ def _reclaim(pool: Pool, peer: int, live: bool) -> List[Buffer]:
     says which of them it ended; its result is made before any lend ends,
     so the two tables change together."""
     keys = [k for k, v in _lends.items() if v.buf.pool is pool]
-    ended: List[bool] = pool._lend_reclaim(  # type: ignore[attr-defined]
-        peer, _RECLAIM_LIVE if live else 0, [k[1] for k in keys],
-        _reclaim_meter)
-    bufs = []
-    for k, gone in zip(keys, ended):
-        if gone:
-            b = _lends.pop(k).buf
-            b._lend_clear()  # type: ignore[attr-defined]
-            bufs.append(b)
-    return bufs
+    # The C call drops the ended lends from _lends and marks their Buffers
+    # not lent itself, in the step that ends them: before, this loop did,
+    # and an exception of a signal handler just after the C call (Ctrl-C
+    # in SharedLoader.close()) left the table and the Buffers saying lent
+    # for lends ended in C, for good (rvpy39 D2).
+    ended: List[Optional[Buffer]] = pool._lend_reclaim(  # type: ignore[attr-defined]
+        peer, _RECLAIM_LIVE if live else 0, keys, _lends, _reclaim_meter)
+    return [b for b in ended if b is not None]
 
 
 def _close_all(bufs: List[Buffer]) -> None:
@@ -896,8 +899,9 @@ def lend_reclaim(pool: Pool, pid: Optional[int] = None, *,
                         f"{type(pool).__name__}")
     if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
         raise TypeError(f"pid must be an int or None, not {type(pid).__name__}")
-    if pid is not None and pid <= 0:
-        raise ValueError(f"Pool.lend_reclaim: pid must be > 0, not {pid}")
+    if pid is not None and not 0 < pid < (1 << 31):  # before: OverflowError
+        raise ValueError(f"Pool.lend_reclaim: pid must be > 0 and < 2**31, "
+                         f"not {pid}")
     with _lock:
         bufs = _reclaim(pool, _PEER_ALL if pid is None else pid, bool(live))
     n = len(bufs)
