@@ -104,6 +104,10 @@ def _load_answer(payload: bytes) -> Tuple[Any, ...]:
 _fault: Optional[Callable[[str], None]] = None
 
 
+# The longest timeout poll() can wait, in seconds (its int milliseconds).
+MAX_TIMEOUT = (2**31 - 1) / 1000
+
+
 def _step(name: str) -> None:
     if _fault is not None:
         _fault(name)
@@ -546,9 +550,18 @@ class SharedLoader(Generic[T]):
                 f"lends at once: more than the {MAX_LENDS} a chunk can lend "
                 "at a time (docs/sharing.md, \"Limits\")")
         _check_footprint(pool, self._batch_bytes, self._nw * self._k)
-        if timeout is not None and not (isinstance(timeout, (int, float))
-                                        and timeout > 0):
-            raise ValueError(f"timeout must be > 0 or None, not {timeout!r}")
+        if timeout is not None:
+            # Checked here, not where it is used: a timeout poll() cannot
+            # take (inf, > 24.8 days) made close() raise OverflowError
+            # once it had to wait for a worker (rvpy39 D3).
+            if (isinstance(timeout, bool)
+                    or not isinstance(timeout, (int, float))):
+                raise TypeError(f"timeout must be a number of seconds or "
+                                f"None, not {type(timeout).__name__}")
+            if not 0 < timeout <= MAX_TIMEOUT:  # NaN and inf too
+                raise ValueError(f"timeout must be > 0 and at most "
+                                 f"{MAX_TIMEOUT} s (poll's limit), or None, "
+                                 f"not {timeout!r}")
         try:
             self._ctx: Any = multiprocessing.get_context(start_method)
         except ValueError as e:
@@ -574,6 +587,8 @@ class SharedLoader(Generic[T]):
         self._inbox: List[_Inbox] = []
         self._started = False
         self._closed = False
+        self._stopping = False  # close() sent the stop messages
+        self._grace_end = 0.0  # and gives the workers until then
         self._held: Dict[int, Buffer] = {}  # filled, not yet yielded (order)
         # Lent and sent, not back yet: seq -> (worker, Buffer).
         self._inflight: Dict[int, Tuple[int, Buffer]] = {}
@@ -622,29 +637,39 @@ class SharedLoader(Generic[T]):
     def close(self) -> None:
         """Stop and join the workers, then reclaim (and free) every block
         still lent to them, and free those filled but not yielded.
-        Idempotent; raises nothing for workers that died."""
+        Idempotent; raises nothing for workers that died. Resumable: if it
+        is interrupted (KeyboardInterrupt in the grace, a fault), calling
+        it again finishes it; it counts as closed only once it has
+        finished (before, it did from its first line, and an interrupted
+        close() left workers alive and their lends live for good: rvpy39
+        D3)."""
         if self._closed:
             return
-        self._closed = True
         if not self._started:
+            self._closed = True
             return
         if os.getpid() != self._owner:
             self._close_copies()
+            self._closed = True
             return
-        for s in self._socks:
-            try:
-                s.setblocking(True)
-                s.settimeout(1.0)
-                _send_msg(s, None, [])
-            except (OSError, ValueError):
-                pass  # dead, or its socket full: it is killed below
-            try:
-                s.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-        grace = time.monotonic() + 2.0
+        if not self._stopping:  # once: a second stop message is junk
+            self._stopping = True
+            for s in self._socks:
+                try:
+                    s.setblocking(True)
+                    s.settimeout(1.0)
+                    _send_msg(s, None, [])
+                except (OSError, ValueError):
+                    pass  # dead, or its socket full: it is killed below
+                try:
+                    s.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+            self._grace_end = time.monotonic() + 2.0
         for w in range(len(self._procs)):
-            self._finish(w, max(0.0, grace - time.monotonic()))
+            # A worker already finished (an earlier, interrupted close)
+            # answers at once: its pidfd is readable.
+            self._finish(w, max(0.0, self._grace_end - time.monotonic()))
         # Every worker has exited (or outlived SIGKILL and the timeout: its
         # lends stay): no live process can write what was lent to it
         # (reclaim ends only lends to exited processes).
@@ -653,10 +678,10 @@ class SharedLoader(Generic[T]):
             _share.lend_reclaim(self._pool, p.pid, free=True)
         self._inflight.clear()
         self._quarantine.clear()
-        for b in self._held.values():
-            b.close()
-        self._held.clear()
+        while self._held:
+            self._held.popitem()[1].close()
         self._close_descriptors()
+        self._closed = True
         # Not made dumpable again (_hold_nondumpable): a worker's
         # descendant may outlive this close.
 
@@ -678,10 +703,10 @@ class SharedLoader(Generic[T]):
         teardown close() and _close_copies() share)."""
         for s in self._socks:
             s.close()
-        for f in self._pidfds:
-            if f >= 0:
+        for i, f in enumerate(self._pidfds):
+            if f >= 0:  # forgotten first: an interrupted close() resumed
+                self._pidfds[i] = -1  # never closes a number twice
                 os.close(f)
-        self._pidfds = [-1] * len(self._pidfds)
 
     def _exited(self, w: int, timeout: Optional[float] = 0) -> bool:
         """Worker w has exited (its pidfd readable within timeout seconds;

@@ -207,3 +207,63 @@ def test_return_interrupted_after_the_c_call_keeps_the_outcome(spool):
     finally:
         _reclaim_all(spool)
     buf.close()
+
+
+# -- D3: SharedLoader.close() interrupted, and timeouts poll cannot take --
+
+def fill_index(task, buf):
+    with memoryview(buf) as m:
+        m[:8] = int(task).to_bytes(8, "little")
+
+
+@pytest.mark.parametrize("timeout, exc", [
+    (math.inf, ValueError), (math.nan, ValueError), (-1, ValueError),
+    (0, ValueError), (_loader.MAX_TIMEOUT * 1.001, ValueError),
+    (True, TypeError), ("1", TypeError)])
+def test_loader_refuses_a_timeout_poll_cannot_take(spool, timeout, exc):
+    with pytest.raises(exc, match="timeout"):
+        pinpool.SharedLoader(spool, fill_index, 4, 4096, timeout=timeout)
+
+
+def test_loader_takes_the_longest_timeout(spool):
+    pinpool.SharedLoader(spool, fill_index, 4, 4096,
+                         timeout=_loader.MAX_TIMEOUT).close()
+
+
+@skip_fork_under_tsan
+@pytest.mark.parametrize("where", ["grace", "reclaim"])
+def test_loader_close_interrupted_is_resumed(spool, where, monkeypatch):
+    loader = pinpool.SharedLoader(spool, fill_index, 8, 4096, num_workers=2,
+                                  max_lent_per_worker=2, start_method="fork",
+                                  timeout=TIMEOUT)
+    it = iter(loader)
+    first = next(it)  # the others are lent, in flight or filled
+    first.close()
+    assert spool.stats()["lent_blocks"] > 0
+    if where == "grace":
+        real = _loader._wait_readable
+        calls = []
+
+        def interrupted(fds, timeout):
+            calls.append(timeout)
+            if len(calls) == 1:
+                raise KeyboardInterrupt("injected in close()'s grace")
+            return real(fds, timeout)
+        monkeypatch.setattr(_loader, "_wait_readable", interrupted)
+    else:
+        def fault(name):
+            if name == "reclaim":
+                _loader._fault = None
+                raise KeyboardInterrupt("injected before the reclaim")
+        _loader._fault = fault
+    with pytest.raises(KeyboardInterrupt):
+        loader.close()
+    pids = loader.worker_pids
+    loader.close()  # resumed: before, a no-op
+    assert spool.stats()["lent_blocks"] == 0
+    tables_agree(spool)
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # exited and reaped
+    loader.close()  # and idempotent
+    del it
