@@ -612,19 +612,30 @@ def reduce_buffer(buf: Buffer) -> Tuple[Any, Tuple[Any, ...]]:
             "memory cannot be given to another process (create the pool "
             "with 'shared=1', or send bytes(buf))")
     with _lock:
+        addr = _return_address()  # may fail (EMFILE): before any lend
         current = _current(buf)
-        if current is None:
-            # No lend yet: lend to this process. reclaim_exited cannot tell
-            # when the receiver dies (its pid is unknown here); use
-            # Buffer.lend (the loader does) or Pool.lend_reclaim() at
-            # shutdown.
-            lend(buf, os.getpid())
-            current = _current(buf)
-        addr = _return_address()
-    assert current is not None
-    return (_rebuild, (current.handle, buf.nbytes,
-                       reduction.DupFd(current.fd),
-                       reduction.DupFd(current.ctl_fd), addr))
+        if current is not None:
+            return (_rebuild, (current.handle, buf.nbytes,
+                               reduction.DupFd(current.fd),
+                               reduction.DupFd(current.ctl_fd), addr))
+        # No lend yet: lend to this process. reclaim_exited cannot tell
+        # when the receiver dies (its pid is unknown here); use
+        # Buffer.lend (the loader does) or Pool.lend_reclaim() at
+        # shutdown. What fails after the lend (DupFd: EMFILE, the resource
+        # sharer's thread) ends it again: before, the Buffer stayed lent
+        # to this process, and could be neither closed nor lent, and no
+        # reclaim of the exited ended it (rvpy39 D4).
+        lend(buf, os.getpid())
+        current = _current(buf)
+        assert current is not None
+        try:
+            return (_rebuild, (current.handle, buf.nbytes,
+                               reduction.DupFd(current.fd),
+                               reduction.DupFd(current.ctl_fd), addr))
+        except BaseException:
+            buf._lend_return(  # type: ignore[attr-defined]
+                current.handle, os.getpid(), _lends)
+            raise
 
 
 def lend_message(buf: Buffer) -> Tuple[bytes, int, int, int]:

@@ -267,3 +267,28 @@ def test_loader_close_interrupted_is_resumed(spool, where, monkeypatch):
             os.waitpid(pid, os.WNOHANG)  # exited and reaped
     loader.close()  # and idempotent
     del it
+
+
+# -- D4: a pickle failing after the self-lend -------------------------------
+
+@pytest.mark.parametrize("which", [1, 2])
+def test_failing_pickle_leaves_no_self_lend(spool, monkeypatch, which):
+    buf = spool.alloc(4096)
+    real = _share.reduction.DupFd
+    calls = []
+
+    def dupfd(fd):
+        calls.append(fd)
+        if len(calls) == which:
+            raise OSError(24, "Too many open files (injected)")
+        return real(fd)
+    monkeypatch.setattr(_share.reduction, "DupFd", dupfd)
+    try:
+        with pytest.raises(OSError, match="injected"):
+            pickle.dumps(buf)
+        assert buf.lent_to is None, "the failed pickle left the self-lend"
+        assert spool.stats()["lent_blocks"] == 0
+        tables_agree(spool)
+    finally:
+        _reclaim_all(spool)
+    buf.close()
