@@ -777,7 +777,8 @@ typedef struct pinpool_share_handle {
  * chunk's descriptor in *fd: the pool's own (close-on-exec, do not close
  * it; valid while the block is lent), to send with pinpool_share_send or
  * to leave to a child forked later. Errors (nothing changes):
- * PINPOOL_EINVAL (NULL argument, peer <= 0, the pool is not shared),
+ * PINPOOL_EINVAL (NULL argument, peer <= 0, the pool is not shared, peer
+ * is the id of a thread that leads no process),
  * PINPOOL_EEXITED (no process has that pid, or it has exited: a zombie),
  * PINPOOL_ENOTOWNED / PINPOOL_EINTERIOR / PINPOOL_EDOUBLEFREE (as
  * pinpool_free), PINPOOL_EBUSY (lent already, or the chunk's lend slots

@@ -2155,8 +2155,9 @@ static PyMethodDef Buffer_methods[] = {
               "pools\"). While lent, the owner's buffer refuses new exports\n"
               "and close(); it is the owner's again when the worker sends it\n"
               "back (unpickled here) or the lend is reclaimed.\n\n"
-              "Raises ValueError (pid <= 0, a pool without shared=1, a\n"
-              "closed buffer), ProcessLookupError (no such process, or it\n"
+              "Raises ValueError (pid <= 0, a thread's id that is not its\n"
+              "process's, a pool without shared=1, a closed buffer),\n"
+              "ProcessLookupError (no such process, or it\n"
               "has exited), BufferError (lent already), TypeError (an\n"
               "attached buffer: only the owner lends).\n\n"
               "Thread-safe: of concurrent lends of one buffer, one wins."),
@@ -2287,14 +2288,26 @@ static PyTypeObject BufferType = {
  * consumed). */
 static PyObject *mod_attach(PyObject *m, PyObject *args) {
   (void)m;
-  PyObject *hobj;
+  PyObject *hobj, *nobj;
   int fd, ctl_fd;
-  Py_ssize_t nbytes;
-  if (!PyArg_ParseTuple(args, "Oiin:_attach", &hobj, &fd, &ctl_fd, &nbytes))
+  if (!PyArg_ParseTuple(args, "OiiO:_attach", &hobj, &fd, &ctl_fd, &nobj))
     return NULL;
   pinpool_share_handle_t h;
   if (parse_handle(hobj, &h) != 0)
     return NULL;
+  if (!PyLong_Check(nobj) || PyBool_Check(nobj))
+    return PyErr_Format(PyExc_TypeError, "nbytes must be an int, not %.100s",
+                        Py_TYPE(nobj)->tp_name);
+  Py_ssize_t nbytes = PyLong_AsSsize_t(nobj);
+  if (nbytes == -1 && PyErr_Occurred()) { /* before: OverflowError */
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+      return NULL;
+    PyErr_Clear();
+    return PyErr_Format(PyExc_ValueError,
+                        "nbytes %R is out of range (the lent block has %llu "
+                        "bytes)",
+                        nobj, (unsigned long long)h.length);
+  }
   if (nbytes <= 0 || (uint64_t)nbytes > h.length)
     return PyErr_Format(BadHandleError,
                         "nbytes %zd does not fit the lent block (%llu bytes)",

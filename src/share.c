@@ -768,6 +768,14 @@ static int peer_of_pid(pp_share_t *s, const char *fn, int pid, peer_t **out) {
                      pid);
     if (e == EMFILE || e == ENFILE)
       return nofile_fail(fn, pid, e);
+    /* pid > 0 and flags 0: EINVAL (before Linux 6.9) and ENOENT (since)
+     * mean the pid is a thread's id, not a thread group's (rvpy39 D5:
+     * before, "needs pidfds: Linux 5.3", which misled). */
+    if (e == EINVAL || e == ENOENT)
+      return pp_fail(PINPOOL_EINVAL,
+                     "%s: pid %d is a thread, not a process: lend to the "
+                     "process (getpid() of the borrower)",
+                     fn, pid);
     return pp_fail(PINPOOL_EBACKEND,
                    "%s: pidfd_open(%d): %s (a shared pool needs pidfds: "
                    "Linux 5.3)",

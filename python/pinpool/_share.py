@@ -43,7 +43,7 @@ import threading
 import time
 import weakref
 from multiprocessing import reduction
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from pinpool import _fds
 from pinpool._core import (BadHandleError, Buffer, Pool, StaleHandleError,
@@ -110,6 +110,10 @@ _lends: Dict[Tuple[int, int], _Lend] = {}
 # pool nonce -> the Pool, so that a return refused here (its lend gone
 # from the table) is counted in that pool's lend_refusals all the same.
 _pools: "weakref.WeakValueDictionary[int, Pool]" = weakref.WeakValueDictionary()
+# The nonces of every pool this process has lent from (one per pool): a
+# return of one whose Pool is gone is stale (StaleHandleError), not
+# another process's (rvpy39 D5).
+_lent_nonces: Set[int] = set()
 
 # -- the return channel (owner side) -----------------------------------------
 # An AF_UNIX SOCK_SEQPACKET socket in the abstract namespace, made at the
@@ -257,6 +261,7 @@ def _forget_listener_in_child() -> None:
     _lost.clear()
     _collected.clear()
     _collected_of.clear()
+    _lent_nonces.clear()
     _listener, _listener_pid, _address = None, 0, b""
 
 
@@ -551,6 +556,7 @@ def lend(buf: Buffer, pid: int, pidfd: int = -1) -> None:
         key = buf._lend_into(  # type: ignore[attr-defined]
             pid, pidfd, _lends, _Lend)
         _pools[key[0]] = buf.pool  # type: ignore[assignment]
+        _lent_nonces.add(key[0])
         _spend_collected(buf)  # lent again: no late pickle answers with it
 
 
@@ -760,6 +766,10 @@ def _returned(handle: bytes, peer: int = 0, proof: bytes = b"") -> Buffer:
     # process created: a forked worker in another pid namespace can have
     # the owner's pid number (issue 36, third round).
     if not _share_owns(handle):
+        if h.nonce in _lent_nonces:  # lent from here; its pool is gone
+            raise StaleHandleError(
+                f"stale handle: a shared Buffer (generation {h.generation}) "
+                "came back whose pool this process has destroyed")
         raise ValueError(
             f"a returned shared Buffer can only be unpickled by its owner "
             f"(pid {h.owner_pid} in its pid namespace), not in this process "
@@ -776,8 +786,19 @@ def _returned(handle: bytes, peer: int = 0, proof: bytes = b"") -> Buffer:
                 lost.remove(proof)
                 if not lost:
                     del _lost[key[:2]]
+            # A copy of this pickle loaded later is answered as one of a
+            # return lend_collect() handed back (StaleHandleError, not
+            # counted): both are copies of an honest return. Before, it
+            # was counted in lend_refusals, and after lend_collect() not
+            # (rvpy39 D5).
+            _collected[key] = None
+            _collected.move_to_end(key)
+            while len(_collected) > _MAX_PROOFS:
+                k, v = _collected.popitem(last=False)
+                if v is not None and _collected_of.get(v[1]) == k:
+                    del _collected_of[v[1]]
             return _ended.pop(key)[0]
-        if proved and key in _collected:  # handed back by lend_collect()
+        if proved and key in _collected:  # answered, or lend_collect()'s
             v = _collected[key]
             _collected[key] = None  # answered at most once
             late = v[0]() if v is not None else None
@@ -788,10 +809,10 @@ def _returned(handle: bytes, peer: int = 0, proof: bytes = b"") -> Buffer:
                 return late
             raise StaleHandleError(
                 f"stale handle: a shared Buffer (generation {h.generation}) "
-                "came back whose return Pool.lend_collect() handed back "
-                "already, and that Buffer was answered to a load of this "
-                "pickle before, closed, freed or lent again since (not "
-                "counted as a refusal)")
+                "came back whose return was taken already: its Buffer was "
+                "answered to a load of this pickle before, or handed back "
+                "by Pool.lend_collect() and closed, freed or lent again "
+                "since (not counted as a refusal)")
         outcome = _refused.pop(key, None) if proved else None
         if outcome is not None:  # refused when its proof was read: counted
             raise type(outcome)(*outcome.args)

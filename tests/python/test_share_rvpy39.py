@@ -292,3 +292,82 @@ def test_failing_pickle_leaves_no_self_lend(spool, monkeypatch, which):
     finally:
         _reclaim_all(spool)
     buf.close()
+
+
+# -- D5: bad inputs and messages ---------------------------------------------
+
+def test_lend_reclaim_pid_out_of_range(spool):
+    b = spool.alloc(64)
+    b.lend(os.getpid())
+    for pid in (2**31, 2**63, 2**64):
+        with pytest.raises(ValueError, match="pid"):
+            spool.lend_reclaim(pid)
+    assert b.lent_to == os.getpid()  # nothing changed
+    assert spool.lend_reclaim(live=True) == 1
+    b.close()
+
+
+def test_lend_to_a_thread_id_says_so(spool):
+    tid, ready, done = [], threading.Event(), threading.Event()
+    t = threading.Thread(target=lambda: (tid.append(threading.get_native_id()),
+                                         ready.set(), done.wait(TIMEOUT)))
+    t.start()
+    try:
+        assert ready.wait(TIMEOUT)
+        b = spool.alloc(64)
+        with pytest.raises(ValueError, match="is a thread, not a process"):
+            b.lend(tid[0])
+        assert b.lent_to is None and spool.stats()["lent_blocks"] == 0
+        b.close()
+    finally:
+        done.set()
+        t.join()
+
+
+def test_attach_nbytes_out_of_range(spool):
+    b = spool.alloc(64)
+    b.lend(os.getpid())
+    handle, _, fd, ctl = _share.lend_message(b)
+    for n in (2**63, 2**64, -2**63 - 1):
+        with pytest.raises(ValueError, match="nbytes"):
+            _share.attach(handle, n, fd, ctl)
+    with pytest.raises(TypeError, match="nbytes"):
+        _share.attach(handle, True, fd, ctl)
+    assert spool.lend_reclaim(live=True) == 1
+    b.close()
+
+
+@skip_fork_under_tsan
+def test_copies_of_a_return_are_stale_and_never_counted(spool):
+    # The normal path: the first copy is the Buffer, the second stale.
+    a = spool.alloc(64)
+    back = _return_pickle(a)
+    assert pickle.loads(back) is a
+    with pytest.raises(pinpool.StaleHandleError, match="not counted"):
+        pickle.loads(back)
+    assert spool.stats()["lend_refusals"] == 0  # before: 1
+    # After lend_collect(): the same rule.
+    b = spool.alloc(64)
+    back2 = _return_pickle(b)
+    assert spool.lend_collect(grace=0) == [b]
+    assert pickle.loads(back2) is b
+    with pytest.raises(pinpool.StaleHandleError, match="not counted"):
+        pickle.loads(back2)
+    assert spool.stats()["lend_refusals"] == 0
+    a.close()
+    b.close()
+
+
+@skip_fork_under_tsan
+def test_return_after_its_pool_is_destroyed_is_stale():
+    other = pinpool.Pool("shared=1")
+    b = other.alloc(64)
+    back = _return_pickle(b)
+    got = other.lend_collect(grace=0)
+    assert got == [b]
+    for x in got:
+        x.close()
+    del b, got, x, other
+    gc.collect()
+    with pytest.raises(pinpool.StaleHandleError, match="destroyed"):
+        pickle.loads(back)  # before: ValueError, "owner (pid N) ... (pid N)"
