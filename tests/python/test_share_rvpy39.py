@@ -18,6 +18,7 @@ import os
 import pickle
 import sys
 import threading
+from multiprocessing import resource_sharer
 
 import pytest
 
@@ -291,6 +292,12 @@ def test_failing_pickle_leaves_no_self_lend(spool, monkeypatch, which):
         tables_agree(spool)
     finally:
         _reclaim_all(spool)
+        # [2]: the first DupFd registered a duplicate of the chunk's
+        # descriptor with multiprocessing's resource sharer, which keeps it
+        # until a receiver connects (as for any pickle never loaded): gone
+        # with the sharer's registrations, so that no later test sees the
+        # chunk's memfd open.
+        resource_sharer.stop()
     buf.close()
 
 
