@@ -439,6 +439,12 @@ typedef struct pinpool_stats {
   uint64_t grow_ahead_bytes;
   uint64_t grow_ahead_hits;
   uint64_t grow_ahead_waits_avoided;
+  /* page_move= (docs/allocation-policy.md, "Page-moving growth"): misses
+   * served by moving free pages side by side instead of growing, the
+   * bytes moved, and moves that fell back to growth (a step failed). */
+  uint64_t page_moves;
+  uint64_t bytes_moved;
+  uint64_t move_fallbacks;
 } pinpool_stats_t;
 
 /* pinpool_stats_t.backend_auto. */

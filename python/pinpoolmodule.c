@@ -449,7 +449,8 @@ static const char *const dict_key_names[] = {
     "graph_held_blocks", "graph_held_bytes", "numa_spill_blocks",
     "numa_spill_bytes", "lent_blocks", "lent_bytes", "backend_auto",
     "pin_warnings", "lend_refusals", "grow_ahead_chunks", "grow_ahead_bytes",
-    "grow_ahead_hits", "grow_ahead_waits_avoided",
+    "grow_ahead_hits", "grow_ahead_waits_avoided", "page_moves", "bytes_moved",
+    "move_fallbacks",
     /* attrs_dict */
     "host_accessible", "device_accessible", "device_id", "page_locked",
     "numa_node", "huge_pages", "huge_advised", "backend"};
@@ -573,7 +574,10 @@ static PyObject *Pool_stats(PyObject *obj, PyObject *unused) {
                 {"grow_ahead_chunks", st.grow_ahead_chunks},
                 {"grow_ahead_bytes", st.grow_ahead_bytes},
                 {"grow_ahead_hits", st.grow_ahead_hits},
-                {"grow_ahead_waits_avoided", st.grow_ahead_waits_avoided}};
+                {"grow_ahead_waits_avoided", st.grow_ahead_waits_avoided},
+                {"page_moves", st.page_moves},
+                {"bytes_moved", st.bytes_moved},
+                {"move_fallbacks", st.move_fallbacks}};
   for (size_t i = 0; i < sizeof stats / sizeof stats[0]; i++)
     if (set_obj(d, stats[i].name, stat_dict(stats[i].s)) != 0)
       goto fail;

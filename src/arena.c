@@ -498,6 +498,190 @@ static bool inflight_wait(pp_growth_wait_t *w, void **mem, unsigned *flags) {
   return true;
 }
 
+/* ---- Page moves (docs/allocation-policy.md, "Page-moving growth") ------
+ * A fragmentation miss (the node's free bytes would hold the request, no
+ * free extent does) with page_move on moves the pages of the largest free
+ * extents (the donors, each at least MOVE_MIN_PIECE but the last) side by
+ * side into a new address range instead of asking the backend for a
+ * chunk: no page is made, locked or registered, no reserved byte added.
+ * Chunks stay runs of pages: the donors' ranges leave their chunks
+ * (pp_ext_cut: a chunk shrinks, goes or splits) and their address goes
+ * back to the kernel once the publishing hold has cut them; the moved
+ * pages are a chunk of their own. So reserved bytes are the chunks' sizes
+ * as before, a chunk with moved pages is released like any other, and no
+ * address without pages is kept (the design's holes, which needed a
+ * second extent map, address chunks and their own release, are not
+ * needed: a chunk is given back with munmap of its range, whatever
+ * mapping it came from). Each donor moves with pp_pages_move (unlock,
+ * MREMAP_DONTUNMAP, PROT_NONE, lock at the target): its hole keeps the
+ * address ours until the cut is published, then is unmapped. A plain
+ * mremap, which unmaps the donor at once, let another thread's target
+ * reservation land on a donor not yet cut (two chunks over one range:
+ * W2 with two threads crashed).
+ *
+ * Locks. The deciding hold (grow_take's, after its last look) takes the
+ * donors out of the free extents (counted in the node's `moving`, idle:
+ * validate counts them) and allocates the chunk structs the publishing
+ * hold will need, so that hold cannot fail. No release, trim or
+ * out-of-memory retry can give a donor's chunk back meanwhile (a chunk
+ * with a range taken is not whole), no other carve or move takes a
+ * donor. With no lock: the target's address is reserved
+ * (PP_HOOK_MOVE_RESERVED before) and each donor moved into it in turn
+ * (PP_HOOK_MOVE_STEP before each). The publishing hold cuts the moved
+ * donors out of their chunks, enters the moved pages as a chunk, carves
+ * the requester's piece from it (the rule of grow_take: never "move,
+ * unlock, take again"), and gives back the donors not moved. The move runs
+ * in the allocating thread's busy section: a fork waits for it.
+ *
+ * A step that fails (the reservation, or donor k's move, which changes
+ * nothing when it fails; pagemove.c): the donors before k are published as
+ * moved (a chunk of free pages), the others given back where they were, the
+ * target's unused address unmapped, and the miss grows as without moves
+ * (move_fallbacks). Pages change place, never count. */
+#define MOVE_PIECES 16
+#define MOVE_MIN_PIECE ((size_t)256 << 10)
+
+typedef struct move_plan {
+  unsigned n, flags;
+  void *from[MOVE_PIECES];
+  size_t len[MOVE_PIECES];
+  pp_xchunk_t *spare[MOVE_PIECES + 1]; /* a split per donor, the target */
+} move_plan_t;
+
+/* Deciding hold: the donors for `need` bytes, or false with nothing
+ * changed. */
+static bool move_plan_locked(pinpool_t *pool, unsigned node, size_t need,
+                             move_plan_t *m) {
+  pp_arena_node_t *a = &pool->arena.node[node];
+  pp_assert_held(&pool->seg_lock);
+  /* Not fragmentation when the bytes are not there. (A rule that moved
+   * only with an eighth of the node free beyond `need` was tried on W2:
+   * memory held 1.07 -> 1.21 at 256 MiB, the time no better:
+   * docs/benchmarks.md, "Page-moving growth".) */
+  if (a->ext.free_bytes < need)
+    return false;
+  size_t left = need;
+  m->n = 0;
+  m->flags = 0;
+  while (left > 0 && m->n < MOVE_PIECES) {
+    size_t got = 0;
+    unsigned f = 0;
+    void *d = pp_ext_take_largest(&a->ext, left, &got, &f);
+    if (d == NULL)
+      break;
+    /* Donors of one kind (the moved pages are one chunk with one set of
+     * flags: locked or not, the reserve's or not); none so small that a
+     * piece's four mappings and a system call buy little. */
+    if ((got < MOVE_MIN_PIECE && got < left) || (m->n > 0 && f != m->flags)) {
+      pp_ext_give(&a->ext, d, got);
+      break;
+    }
+    m->flags = f;
+    m->from[m->n] = d;
+    m->len[m->n] = got;
+    m->n++;
+    left -= got;
+  }
+  bool ok = left == 0;
+  for (unsigned i = 0; i <= m->n; i++)
+    m->spare[i] = ok ? pp_ext_chunk_new() : NULL;
+  for (unsigned i = 0; i <= m->n && ok; i++)
+    ok = m->spare[i] != NULL;
+  if (!ok) {
+    for (unsigned i = 0; i < m->n; i++)
+      pp_ext_give(&a->ext, m->from[i], m->len[i]);
+    for (unsigned i = 0; i <= m->n; i++)
+      pp_ext_chunk_free(m->spare[i]);
+    return false;
+  }
+#ifndef PINPOOL_MUTANT_MOVE_UNCOUNTED
+  a->moving += need;
+#else
+  /* Mutant (docs/verification.md): the donors in flight counted nowhere;
+   * test_arena_move's move_windows must fail (validate in the window). */
+  (void)a;
+#endif
+  return true;
+}
+
+/* No lock held. The move planned, published: 0 with *mem (the requester's
+ * piece, carved in the publishing hold), or an error after which the
+ * caller grows (nothing lost: "A step that fails" above). */
+static int move_run(pinpool_t *pool, unsigned node, size_t need, move_plan_t *m,
+                    void **mem, unsigned *flags) {
+  pp_arena_node_t *a = &pool->arena.node[node];
+  pp_hook(PP_HOOK_MOVE_RESERVED);
+  void *to = NULL;
+  int rc = pp_space_reserve(&pool->cfg, need, &to);
+  if (rc == 0 && (uintptr_t)to + need > ((uintptr_t)1 << PP_MAP_ADDR_BITS)) {
+    pp_space_release(to, need); /* segments there could not be mapped */
+    rc = pp_fail(PINPOOL_EBACKEND, "page move: address %p beyond 2^48", to);
+  }
+  unsigned k = 0;
+  size_t moved = 0;
+  bool locked = (m->flags & PP_SEG_LOCKED) != 0;
+  for (; rc == 0 && k < m->n; k++) {
+    pp_hook(PP_HOOK_MOVE_STEP);
+    unsigned notes = 0;
+    rc = pp_pages_move(&pool->cfg, (char *)to + moved, m->from[k], m->len[k],
+                       locked, &notes);
+    if (notes & PP_MOVE_LOCK_LOST) /* the pages, free, unlocked */
+      pp_fetch_add_relaxed(&pool->gs.mlock_failures, 1);
+    if (rc != 0)
+      break;
+    moved += m->len[k];
+  }
+  void *p = NULL;
+  pp_mutex_lock(&pool->seg_lock);
+  /* The cuts first: they leave the spare node and the table room that
+   * the chunk's entry and the carve need (extent.c, pp_ext_cut). */
+  for (unsigned i = 0; i < k; i++) {
+    pp_ext_cut(&a->ext, m->from[i], m->len[i], &m->spare[i]);
+    pp_hist_event(pool, PP_H_SEGMENT_FREE, (uintptr_t)m->from[i], m->len[i], 0,
+                  0, NULL);
+  }
+  if (moved > 0) {
+    pp_ext_add_chunk_spare(&a->ext, to, moved, m->flags, m->spare[m->n]);
+    m->spare[m->n] = NULL;
+    pp_hist_event(pool, PP_H_SEGMENT_ALLOC, (uintptr_t)to, moved, 0, 0, NULL);
+  }
+  if (moved == need) {
+    /* Two donors at least (the miss found no extent of `need`): the cuts
+     * left room for this carve too, which cannot fail. */
+    p = pp_ext_take(&a->ext, need, flags);
+    pp_assert(p != NULL);
+    pp_grow_noted_locked(pool, node, need);
+  }
+  for (unsigned i = k; i < m->n; i++)
+    pp_ext_give(&a->ext, m->from[i], m->len[i]);
+#ifndef PINPOOL_MUTANT_MOVE_UNCOUNTED
+  a->moving -= need;
+#endif
+  pp_store_relaxed(&a->total, a->ext.total_bytes);
+  pp_mutex_unlock(&pool->seg_lock);
+  for (unsigned i = 0; i <= m->n; i++)
+    pp_ext_chunk_free(m->spare[i]);
+  /* The moved donors' ranges, out of the arena since the hold above: the
+   * holes the moves left (mapped, empty) kept their address ours until
+   * then, so that no chunk or target of another thread could be placed
+   * there while the extents still counted them (two threads moving at
+   * once: a target landed on a donor moved and not yet cut). */
+  for (unsigned i = 0; i < k; i++)
+    pp_space_release(m->from[i], m->len[i]);
+  if (to != NULL && moved < need && rc != 0)
+    pp_space_release((char *)to + moved, need - moved);
+  if (moved > 0) {
+    pp_fetch_add_relaxed(&pool->gs.page_moves, 1);
+    pp_fetch_add_relaxed(&pool->gs.bytes_moved, moved);
+  }
+  if (p == NULL) {
+    pp_fetch_add_relaxed(&pool->gs.move_fallbacks, 1);
+    return rc;
+  }
+  *mem = p;
+  return 0;
+}
+
 /* Growth: the last look, then a new chunk, whose piece of `need` bytes
  * goes to the caller in the same hold of seg_lock that puts the chunk in
  * the arena. Until that hold the chunk is the backend's and this thread's
@@ -509,7 +693,8 @@ static bool inflight_wait(pp_growth_wait_t *w, void **mem, unsigned *flags) {
  * release ran before that) so the arena never grows past one. No lock
  * held; takes seg_lock. */
 static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
-                     unsigned *flags, bool *grew, bool may_join) {
+                     unsigned *flags, bool *grew, bool may_join,
+                     bool may_move) {
   pp_arena_node_t *a = &pool->arena.node[node];
   size_t size = chunk_size(pool, node, need);
   void *hint = NULL;
@@ -541,7 +726,13 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
    * test_growahead's join_inflight and join_grower must fail. */
   (void)may_join;
 #endif
-  if (p == NULL && join == NULL) {
+  /* A fragmentation miss moves pages rather than grow ("Page moves"):
+   * never from inside a callout (a backend call's allocation is the
+   * backend's own business, and a move's hooks must not run there). */
+  move_plan_t mv;
+  bool move = p == NULL && join == NULL && may_move && pool->page_move &&
+              !pp_in_callout() && move_plan_locked(pool, node, need, &mv);
+  if (p == NULL && join == NULL && !move) {
     hint = below_lowest_locked(pool, a, size);
     self.next = pool->grow.inflight;
     pool->grow.inflight = &self;
@@ -554,7 +745,12 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
   if (join != NULL) {
     if (inflight_wait(&w, mem, flags))
       return 0; /* another thread's growth carved it: this one grew nothing */
-    return grow_take(pool, node, need, mem, flags, grew, false);
+    return grow_take(pool, node, need, mem, flags, grew, false, may_move);
+  }
+  if (move) {
+    if (move_run(pool, node, need, &mv, mem, flags) == 0)
+      return 0; /* no chunk made: *grew stays false */
+    return grow_take(pool, node, need, mem, flags, grew, may_join, false);
   }
   /* A child of fork whose parent grew ahead: the grower's thread comes
    * back at the child's first growth (stream.c). */
@@ -614,7 +810,7 @@ static int grow_take(pinpool_t *pool, unsigned node, size_t need, void **mem,
   *grew = true;
 #ifdef PINPOOL_MUTANT_GROW_RETAKE
   pp_hook(PP_HOOK_ARENA_LAP);
-  return grow_take(pool, node, need, mem, flags, grew, false);
+  return grow_take(pool, node, need, mem, flags, grew, false, false);
 #else
   *mem = p;
   return 0;
@@ -633,6 +829,21 @@ int pp_arena_init(pinpool_t *pool) {
     pp_ext_init(&a->ext, PP_PAGE, pool->prov.alloc_at != NULL);
     a->ext.avoid = PP_SEG_FALLBACK; /* carved last, released first */
   }
+  /* page_move= ("Page moves"): the host backend's private anonymous
+   * chunks only. Not a CUDA backend's (a registration is of an address
+   * range: pages moved out of it are no longer registered where the
+   * device looks), not malloc's or a user backend's (not the pool's
+   * mappings to move), not a shared pool's (a memfd's pages lent by
+   * offset), not with hugepages=1 (pieces not 2 MiB-aligned split huge
+   * pages). Resolved here, where backend=auto has chosen. */
+  const pp_config_t *c = &pool->cfg;
+  const char *no_move = c->backend != PP_BACKEND_HOST ? "needs backend=host"
+                        : c->shared    ? "is not supported with shared=1"
+                        : c->hugepages ? "is not supported with hugepages=1"
+                                       : NULL;
+  if (c->page_move == PP_PMOVE_ON && no_move != NULL)
+    return pp_fail(PINPOOL_ECONFIG, "config: key 'page_move=1' %s", no_move);
+  pool->page_move = c->page_move != PP_PMOVE_OFF && no_move == NULL;
   if (pool->cfg.reserve == 0)
     return 0;
   size_t size = round_up(pool->cfg.reserve, PP_PAGE);
@@ -724,7 +935,7 @@ int pp_arena_take(pinpool_t *pool, unsigned node, size_t size, void **mem,
   (void)pp_tcache_give_own(pool);
   (void)pp_release_idle(pool);
   pp_hook(PP_HOOK_ARENA_LAP);
-  return grow_take(pool, node, size, mem, flags, grew, true);
+  return grow_take(pool, node, size, mem, flags, grew, true, true);
 }
 
 bool pp_arena_take_now(pinpool_t *pool, unsigned node, size_t size, void **mem,
@@ -798,12 +1009,13 @@ void pp_arena_node_info_locked(pinpool_t *pool, unsigned node,
   out->free_bytes = a->ext.free_bytes;
   out->free_extents = a->ext.nfree;
   out->largest = pp_ext_largest(&a->ext);
+  out->moving = a->moving;
   if (segs != NULL)
     *segs = a->segs;
 }
 
 void pp_arena_info_locked(pinpool_t *pool, pp_arena_info_t *out) {
-  *out = (pp_arena_info_t){0, 0, 0, 0, 0};
+  *out = (pp_arena_info_t){0, 0, 0, 0, 0, 0};
   for (unsigned n = 0; n < pool->nnodes; n++) {
     pp_arena_info_t i;
     pp_arena_node_info_locked(pool, n, &i, NULL);
@@ -811,6 +1023,7 @@ void pp_arena_info_locked(pinpool_t *pool, pp_arena_info_t *out) {
     out->total += i.total;
     out->free_bytes += i.free_bytes;
     out->free_extents += i.free_extents;
+    out->moving += i.moving;
     if (i.largest > out->largest)
       out->largest = i.largest;
   }

@@ -86,6 +86,18 @@ void *pp_ext_take(pp_extents_t *x, size_t size, unsigned *flags);
  * policy.md, "Page-moving growth"): the largest first. */
 void *pp_ext_take_largest(pp_extents_t *x, size_t most, size_t *size,
                           unsigned *flags);
+/* Page moves (arena.c, "Page moves"). pp_ext_cut: a range taken before
+ * (by one take), whose pages moved away, leaves its chunks (in one run):
+ * the chunks shrink, go, or one is split in two, whose high side is
+ * *spare (then set NULL; a struct from pp_ext_chunk_new). Never fails.
+ * pp_ext_add_chunk_spare: pp_ext_add_chunk with the chunk struct given,
+ * for the hold that publishes a move after at least one cut (which left
+ * the spare node and the table room it needs); never fails. */
+pp_xchunk_t *pp_ext_chunk_new(void);
+void pp_ext_chunk_free(pp_xchunk_t *c);
+void pp_ext_cut(pp_extents_t *x, void *base, size_t size, pp_xchunk_t **spare);
+void pp_ext_add_chunk_spare(pp_extents_t *x, void *base, size_t size,
+                            unsigned flags, pp_xchunk_t *c);
 /* Give back a range taken before; merges with free neighbours. Never
  * fails. */
 void pp_ext_give(pp_extents_t *x, void *ptr, size_t size);
@@ -168,6 +180,9 @@ typedef struct pp_arena_node {
   pp_counter_t total;
   /* Live segments carved from this node's chunks; under seg_lock. */
   uint64_t segs;
+  /* The donors of page moves in flight (arena.c, "Page moves"): out of
+   * the free extents, still in their chunks, idle; under seg_lock. */
+  uint64_t moving;
 } pp_arena_node_t;
 /* One arena per NUMA node (numa=local; one node otherwise): a node's
  * segments are carved only from its own chunks, which the backend bound to
@@ -232,7 +247,7 @@ void pp_arena_miss_clear(void);
  * made anew. */
 void pp_arena_fork_child(struct pinpool *pool);
 typedef struct pp_arena_info {
-  uint64_t chunks, total, free_bytes, free_extents, largest;
+  uint64_t chunks, total, free_bytes, free_extents, largest, moving;
 } pp_arena_info_t;
 /* Summed over the nodes; one node's (node < nnodes) with the _node one. */
 void pp_arena_info(struct pinpool *pool, pp_arena_info_t *out);

@@ -265,6 +265,11 @@ enum {
                             lock) */
   PP_HOOK_REAP,          /* reaper: started, no pool taken off its list
                             yet (lifecycle.c; no lock) */
+  PP_HOOK_MOVE_RESERVED, /* page move: donors taken out of the free
+                            extents, the target's address not yet reserved
+                            (arena.c, "Page moves"; no lock) */
+  PP_HOOK_MOVE_STEP,     /* page move: before each donor's mremap (no
+                            lock) */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

@@ -30,7 +30,8 @@ typedef enum {
   K_CUDA_FLAGS,
   K_FAULT,
   K_NUMA,
-  K_GROW
+  K_GROW,
+  K_PMOVE
 } kind_t;
 
 typedef struct key_desc {
@@ -78,6 +79,7 @@ static const key_desc_t keys[] = {
     {"shared", K_BOOL, CFG_OFF(shared), 0, 0},
     {"fault", K_FAULT, CFG_OFF(fault_site), 0, 0},
     {"grow_ahead", K_GROW, CFG_OFF(grow_ahead), 0, 0},
+    {"page_move", K_PMOVE, CFG_OFF(page_move), 0, 0},
 };
 
 static const char *fault_sites[PP_FAULT_SITES] = {
@@ -138,6 +140,7 @@ static void config_defaults(pp_config_t *c) {
   c->tcache_bytes = (uint64_t)64 << 20;
   c->shards = 4;
   c->events = PP_EVENTS_NONE;
+  c->page_move = PP_PMOVE_DEFAULT;
   c->poll_us = 100;
   c->sim_delay_us = 100;
   c->cuda_flags = PP_CUDA_PORTABLE;
@@ -373,6 +376,12 @@ static int apply(const key_desc_t *k, const char *v, bool user_backend,
     memcpy(field, &n, sizeof n);
     c->grow_ahead_auto = aut;
     return 0;
+  }
+  case K_PMOVE: {
+    static const char *const names[] = {"0", "1", "auto"};
+    static const int values[] = {PP_PMOVE_OFF, PP_PMOVE_ON, PP_PMOVE_AUTO};
+    return parse_choice(v, "page_move", names, values, 3, "0, 1 or auto",
+                        field);
   }
   case K_NUMA: {
     static const char *const names[] = {"off", "local"};
@@ -745,6 +754,16 @@ size_t pp_config_format(const pp_config_t *c, const char *backend_name,
                      used < len ? len - used : 0, ",fault=%s:%llu:%llu",
                      fault_sites[c->fault_site], (unsigned long long)c->fault_n,
                      (unsigned long long)c->fault_count);
+    n = m < 0 ? m : n + m;
+  }
+  /* page_move only when not the default: the string of a pool without it
+   * is unchanged. */
+  if (n >= 0 && c->page_move != PP_PMOVE_DEFAULT) {
+    static const char *const pm[] = {"0", "1", "auto"};
+    size_t used = (size_t)n;
+    int m =
+        snprintf(used < len ? buf + used : NULL, used < len ? len - used : 0,
+                 ",page_move=%s", pm[c->page_move]);
     n = m < 0 ? m : n + m;
   }
   /* grow_ahead only when set: the string of a pool without it is

@@ -893,6 +893,138 @@ int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size, unsigned flags) {
   return 0;
 }
 
+/* ---- Page-moving growth's chunk upkeep (arena.c, "Page moves") ---------
+ * A move takes free ranges out of their chunks (the donors) and makes the
+ * moved pages a chunk of their own at the target: chunks are runs of
+ * pages, never of address without pages, so reserved bytes stay the sum of
+ * the chunks' sizes and a chunk goes back to the backend whole as before
+ * (munmap of any page range of the host backend's private mappings). */
+
+pp_xchunk_t *pp_ext_chunk_new(void) { return malloc(sizeof(pp_xchunk_t)); }
+void pp_ext_chunk_free(pp_xchunk_t *c) { free(c); }
+
+/* c is whole if one free extent holds it: one that starts at its base
+ * (the range below was just cut: nothing free crosses it) or ends at its
+ * end (likewise above). */
+static void whole_if_free(pp_extents_t *x, pp_xchunk_t *c, bool cut_below) {
+  uintptr_t cb = c->base, ce = c->base + c->size;
+  pp_xnode_t *n = cut_below ? tab_find(x, cb) : tab_find(x, end_key(ce));
+  if (n != NULL && n->base <= cb && ce <= n->base + n->size && !c->whole)
+    whole_add(x, c, n);
+}
+
+static void chunk_unlink(pp_extents_t *x, pp_xchunk_t *c) {
+  x->ctree = cremove(x, x->ctree, c);
+  if (c->prev != NULL)
+    c->prev->next = c->next;
+  else
+    x->cfirst = c->next;
+  if (c->next != NULL)
+    c->next->prev = c->prev;
+  x->nchunks--;
+}
+
+/* The part [a, e) of chunk c, taken (neither free nor whole), leaves it. */
+static void cut_one(pp_extents_t *x, pp_xchunk_t *c, uintptr_t a, uintptr_t e,
+                    pp_xchunk_t **spare) {
+  uintptr_t cb = c->base, ce = c->base + c->size;
+  pp_assert(!c->whole && cb <= a && a < e && e <= ce);
+  if (a == cb && e == ce) {
+    chunk_unlink(x, c);
+    free(c);
+    return;
+  }
+  if (a == cb) { /* the low end: c keeps its place in the tree's order */
+    c->base = e;
+    c->size = (size_t)(ce - e);
+    whole_if_free(x, c, true);
+  } else if (e == ce) {
+    c->size = (size_t)(a - cb);
+    whole_if_free(x, c, false);
+  } else { /* the middle: the high side is a chunk of its own */
+    pp_xchunk_t *h = *spare;
+    pp_assert(h != NULL);
+    *spare = NULL;
+    *h = (pp_xchunk_t){.base = e, .size = (size_t)(ce - e), .flags = c->flags};
+    c->size = (size_t)(a - cb);
+    x->ctree = cinsert(x, x->ctree, h);
+    h->prev = c;
+    h->next = c->next;
+    if (h->next != NULL)
+      h->next->prev = h;
+    c->next = h;
+    x->nchunks++;
+    whole_if_free(x, c, false);
+    whole_if_free(x, h, true);
+    if (h->size < x->min_chunk)
+      x->min_chunk = h->size;
+  }
+  if (c->size < x->min_chunk)
+    x->min_chunk = c->size;
+}
+
+void pp_ext_cut(pp_extents_t *x, void *base, size_t size, pp_xchunk_t **spare) {
+  uint64_t w0 = x->work;
+  uintptr_t a = (uintptr_t)base, e = a + size;
+  pp_assert(size > 0 && size % x->granule == 0 && x->outstanding > 0);
+  x->last = NULL; /* a hint into chunks that change or go */
+  pp_xchunk_t *c = chunk_at(x, a);
+  pp_assert(c != NULL);
+  while (c != NULL && c->base < e) {
+    METER(x);
+    pp_xchunk_t *next = c->next;
+    uintptr_t ca = c->base > a ? c->base : a;
+    uintptr_t ce = c->base + c->size < e ? c->base + c->size : e;
+    pp_assert(ca == a || ca == c->base);
+    cut_one(x, c, ca, ce, spare);
+    if (ce == e)
+      break;
+    pp_assert(next != NULL && next->base == ce); /* one run: no gap */
+    c = next;
+  }
+  x->outstanding--;
+  x->total_bytes -= size;
+  if (x->nchunks == 0)
+    x->min_chunk = 0;
+  x->last = NULL; /* the lookup above set it to a chunk that may be gone */
+  meter_end(x, w0);
+}
+
+void pp_ext_add_chunk_spare(pp_extents_t *x, void *base, size_t size,
+                            unsigned flags, pp_xchunk_t *c) {
+  uint64_t w0 = x->work;
+  pp_assert(size > 0 && size % x->granule == 0 &&
+            (uintptr_t)base % x->granule == 0);
+  /* The move's cuts left the node and the table room (arena.c). */
+  pp_assert(x->nspare > x->outstanding &&
+            4 * (x->nfree + x->outstanding + 1) <= x->tcap);
+  *c = (pp_xchunk_t){.base = (uintptr_t)base, .size = size, .flags = flags};
+  x->ctree = cinsert(x, x->ctree, c);
+  pp_xchunk_t *below = NULL;
+  for (pp_xchunk_t *t = x->ctree; t != NULL;)
+    if (t->base < c->base) {
+      below = t;
+      t = t->cright;
+    } else {
+      t = t->cleft;
+    }
+  c->prev = below;
+  c->next = below != NULL ? below->next : x->cfirst;
+  if (c->next != NULL)
+    c->next->prev = c;
+  if (below != NULL)
+    below->next = c;
+  else
+    x->cfirst = c;
+  x->nchunks++;
+  if (x->min_chunk == 0 || size < x->min_chunk)
+    x->min_chunk = size;
+  whole_add(x, c, merge_free(x, c->base, size, flags));
+  x->free_bytes += size;
+  x->total_bytes += size;
+  meter_end(x, w0);
+}
+
 #ifdef PINPOOL_MUTANT_EXT_BIN_WALK
 typedef struct fit_walk {
   size_t size;
@@ -1483,6 +1615,16 @@ bool pp_ext_validate(const pp_extents_t *x, char *why, size_t len) {
   if (nlist != x->nchunks || ccount(x->ctree) != x->nchunks) {
     (void)snprintf(why, len, "extents: %zu chunks listed, %zu in the tree, %zu",
                    nlist, ccount(x->ctree), x->nchunks);
+    return false;
+  }
+  /* Chunks are runs of pages (page moves cut them, "Page-moving growth's
+   * chunk upkeep"): their sizes sum to the bytes counted. */
+  size_t csum = 0;
+  for (const pp_xchunk_t *c = x->cfirst; c != NULL; c = c->next)
+    csum += c->size;
+  if (csum != x->total_bytes) {
+    (void)snprintf(why, len, "extents: chunks hold %zu bytes, %zu counted",
+                   csum, x->total_bytes);
     return false;
   }
   vctx_t v = {why, len, 0, 0, 0, false};

@@ -92,9 +92,15 @@ typedef struct pp_config {
    * grower keeps, or grow_ahead_auto (sized from the recent growth). */
   uint64_t grow_ahead;
   bool grow_ahead_auto;
+  /* page_move= (arena.c, "Page moves"): PP_PMOVE_*. */
+  int page_move;
   uint64_t fault_n, fault_count;
   struct pp_fault *fault;
 } pp_config_t;
+/* page_move=: 0, 1 (a configuration error where a pool cannot move
+ * pages), auto (on where it can). */
+enum { PP_PMOVE_OFF = 0, PP_PMOVE_ON = 1, PP_PMOVE_AUTO = 2 };
+#define PP_PMOVE_DEFAULT PP_PMOVE_OFF
 enum {
   PP_FAULT_NONE = 0,
   PP_FAULT_ALLOC,    /* a backend allocation */
@@ -541,6 +547,9 @@ typedef struct pp_gstats {
    * (alloc.c, "paired"). */
   pp_counter_t peak_epoch;
   pp_counter_t misses, oom, retries, trimmed;
+  /* Page moves (arena.c, "Page moves"): fragmentation misses served by
+   * moving free pages, their bytes, and those that fell back to growth. */
+  pp_counter_t page_moves, bytes_moved, move_fallbacks;
   pp_counter_t mlock_failures, locked_bytes;
   /* Pageable fallback (pin_failure=pageable): bytes of such chunks held
    * now, and the blocks of the live segments carved from them (written
@@ -708,6 +717,7 @@ struct pinpool {
   pp_arena_t arena;
   uint64_t reserve_size; /* the reserve chunk's bytes; immutable */
   bool has_reserve;
+  bool page_move;   /* page_move= resolved at create (arena.c); immutable */
   bool arena_ready; /* the arena initialized: pool_free_struct ends it */
 
   pp_mutex_t reg_lock; /* tcache list, rstats */

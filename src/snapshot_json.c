@@ -382,7 +382,10 @@ static void write_stats(wbuf_t *w, const pinpool_stats_t *t) {
   wb_kv(w, "grow_ahead_chunks", t->grow_ahead_chunks, true);
   wb_kv(w, "grow_ahead_bytes", t->grow_ahead_bytes, true);
   wb_kv(w, "grow_ahead_hits", t->grow_ahead_hits, true);
-  wb_kv(w, "grow_ahead_waits_avoided", t->grow_ahead_waits_avoided, false);
+  wb_kv(w, "grow_ahead_waits_avoided", t->grow_ahead_waits_avoided, true);
+  wb_kv(w, "page_moves", t->page_moves, true);
+  wb_kv(w, "bytes_moved", t->bytes_moved, true);
+  wb_kv(w, "move_fallbacks", t->move_fallbacks, false);
   wb_lit(w, "},\n");
 }
 

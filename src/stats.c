@@ -403,6 +403,9 @@ int pinpool_get_stats(pinpool_t *pool, pinpool_stats_t *out) {
   st.grow_ahead_bytes = pp_load_relaxed(&pool->grow.bytes);
   st.grow_ahead_hits = pp_load_relaxed(&pool->grow.hits);
   st.grow_ahead_waits_avoided = pp_load_relaxed(&pool->grow.waits_avoided);
+  st.page_moves = pp_load_relaxed(&g->page_moves);
+  st.bytes_moved = pp_load_relaxed(&g->bytes_moved);
+  st.move_fallbacks = pp_load_relaxed(&g->move_fallbacks);
   *out = st;
   return 0;
 }

@@ -77,6 +77,9 @@ class _Stats(TypedDict):
     grow_ahead_bytes: int
     grow_ahead_hits: int
     grow_ahead_waits_avoided: int
+    page_moves: int
+    bytes_moved: int
+    move_fallbacks: int
     backend_auto: str  # NotPinnedWarning: "", "cuda-register", "host-locked", "host-unlocked"
     pin_warnings: int
     reclaim: _Duration
