@@ -169,6 +169,38 @@ static void test_move_serves_miss(void **state) {
   }
 }
 
+/* A donor that is a whole chunk's free space: the move takes the chunk out
+ * of the arena (pp_ext_cut drops it). 20 MiB asked of 16 MiB in the four
+ * odd blocks and the 4 MiB chunk beside (EXTRA_FREE): five donors, the
+ * chunk last: the 32 MiB chunk shrinks at its top (block 7) and splits
+ * at blocks 5, 3 and 1, the small chunk goes, the moved pages are one:
+ * three chunks more. The cut once left the chunk lookup's hint on the chunk it
+ * freed; the next lookup in the same hold read it (ASan: a
+ * heap-use-after-free; two threads: wrong chunks, an assertion). */
+static void test_move_whole_chunk_donor(void **state) {
+  (void)state;
+  frag_t f;
+  frag_make(&f, "backend=host,mlock=0,page_move=1,tcache_bytes=0", EXTRA_FREE);
+  pinpool_stats_t before = pp_stats_of(f.pool);
+  void *p = NULL;
+  PP_OK(pinpool_alloc(f.pool, 5 * PIECE, &p));
+  pinpool_stats_t after = pp_stats_of(f.pool);
+  PP_ASSERT(after.page_moves == 1 && after.bytes_moved == 5 * PIECE &&
+                after.backend_alloc.count == before.backend_alloc.count &&
+                after.arena_chunks == before.arena_chunks + 3,
+            "%llu moves of %llu bytes, %llu -> %llu chunks",
+            (unsigned long long)after.page_moves,
+            (unsigned long long)after.bytes_moved,
+            (unsigned long long)before.arena_chunks,
+            (unsigned long long)after.arena_chunks);
+  frag_live_intact(&f);
+  PP_CHECK_CONSISTENT(f.pool);
+  memset(p, 0x33, 5 * PIECE);
+  frag_live_intact(&f);
+  PP_OK(pinpool_free(f.pool, p));
+  frag_done(&f);
+}
+
 /* ---- The lock drops ----------------------------------------------------- */
 enum { ACT_RELEASE, ACT_TRIM, ACT_OOM, ACT_VALIDATE, ACT_FORK, NACTS };
 static const char *const act_names[NACTS] = {"release", "trim", "oom retry",
@@ -428,6 +460,7 @@ static void test_move_config(void **state) {
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_move_serves_miss),
+      cmocka_unit_test(test_move_whole_chunk_donor),
       cmocka_unit_test(test_move_windows),
       cmocka_unit_test(test_move_each_call_fails),
       cmocka_unit_test(test_move_config),
