@@ -25,11 +25,11 @@
  * armed point waits there until the test releases it. */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
-static unsigned g_arrived, g_released, g_any; /* bit masks of points */
-static _Thread_local unsigned t_armed;
+static uint64_t g_arrived, g_released, g_any; /* bit masks of points (< 64) */
+static _Thread_local uint64_t t_armed;
 
 static void gate_hook(int point) {
-  unsigned bit = 1u << point;
+  uint64_t bit = (uint64_t)1 << point;
   pthread_mutex_lock(&g_mu);
   bool mine = (t_armed & bit) != 0 || (g_any & bit) != 0;
   if (!mine || (g_arrived & bit) != 0) {
@@ -55,11 +55,11 @@ static void gate_reset(void) {
 
 static void gate_off(void) { atomic_store(&pp_test_hook, NULL); }
 
-static void stop_here(int point) { t_armed |= 1u << point; }
+static void stop_here(int point) { t_armed |= (uint64_t)1 << point; }
 
 static void stop_anyone(int point) {
   pthread_mutex_lock(&g_mu);
-  g_any |= 1u << point;
+  g_any |= (uint64_t)1 << point;
   pthread_mutex_unlock(&g_mu);
 }
 
@@ -70,16 +70,16 @@ static void wait_arrived(int point) {
   dl.tv_sec += 10;
   pthread_mutex_lock(&g_mu);
   int rc = 0;
-  while ((g_arrived & (1u << point)) == 0 && rc == 0)
+  while ((g_arrived & ((uint64_t)1 << point)) == 0 && rc == 0)
     rc = pthread_cond_timedwait(&g_cv, &g_mu, &dl);
-  bool ok = (g_arrived & (1u << point)) != 0;
+  bool ok = (g_arrived & ((uint64_t)1 << point)) != 0;
   pthread_mutex_unlock(&g_mu);
   PP_ASSERT(ok, "no thread reached hook point %d", point);
 }
 
 static void release(int point) {
   pthread_mutex_lock(&g_mu);
-  g_released |= 1u << point;
+  g_released |= (uint64_t)1 << point;
   pthread_cond_broadcast(&g_cv);
   pthread_mutex_unlock(&g_mu);
 }
