@@ -270,6 +270,8 @@ enum {
                             (arena.c, "Page moves"; no lock) */
   PP_HOOK_MOVE_STEP,     /* page move: before each donor's mremap (no
                             lock) */
+  PP_HOOK_SYNC_CUT,      /* synchronize: its cohort cut, no pass yet
+                            (stream.c; no lock) */
 };
 typedef void (*pp_test_hook_fn)(int point);
 extern _Atomic(pp_test_hook_fn) pp_test_hook;

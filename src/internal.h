@@ -760,11 +760,14 @@ struct pinpool {
   /* Pending blocks whose events are not all resolved, or that are still
    * moving out of PENDING; seq_cst (stream.c, "Waiting"). */
   _Atomic(uint64_t) pending_live;
-  /* pinpool_synchronize's bound (stream.c, "Waiting"): each block counted
-   * in pending_live is also counted in live_cnt[g & 1], g the live_gen it
-   * read then; live_gen moves on only while the other bucket is empty. */
-  _Atomic(uint64_t) live_gen;
-  _Atomic(uint64_t) live_cnt[2];
+  /* pinpool_synchronize's bound (stream.c, "Waiting"): the cohorts of
+   * pending_live's blocks, from the oldest not retired (live_head) to the
+   * one blocks enter now (live_cur), and recycled ones (live_spare), under
+   * live_mu (a leaf lock); live_retired: the id of the newest cohort that
+   * has, as has every older one, no block left in pending_live. */
+  pp_mutex_t live_mu;
+  struct pp_cohort *live_head, *live_cur, *live_spare;
+  _Atomic(uint64_t) live_retired;
   /* pinpool_synchronize's sleep: sync_gen (under sync_mu, a leaf lock)
    * counts progress made while sync_waiters > 0. */
   pthread_mutex_t sync_mu;

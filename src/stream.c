@@ -26,12 +26,14 @@
  * events are not all resolved. It drops only after such a block has left
  * PENDING (cached, or, after an event error, kept PENDING for good): a
  * caller that sees 0 sees no block in transit. Each block is counted in
- * one of two buckets too, by generation (live_add, live_reached): a
- * synchronize waits for the blocks freed before it came, not for those
- * other threads keep freeing (issue 37, the fifth review). A waiter whose
- * remaining
- * heads are polled by other threads sleeps on sync_cv until a poller makes
- * progress; it does not spin.
+ * a cohort too (live_add): a synchronize cuts (live_cut: blocks freed from
+ * then on enter a new cohort) and waits until its cohort and every older
+ * one have no block left (live_retired), not for the blocks other threads
+ * keep freeing (issue 37, the fifth review; rv3637f, D5); its passes do
+ * not synchronize a queue whose head is of a newer cohort unless an older
+ * item is behind it (squeue ninv). Each step O(1) under live_mu (a leaf).
+ * A waiter whose remaining heads are polled by other threads sleeps on
+ * sync_cv until a poller makes progress; it does not spin.
  *
  * Graph capture (docs/cuda.md, "Graph capture"): capture.c. A block used
  * on a capturing stream is tied to the capture or, freed, parked on it
@@ -65,6 +67,10 @@ typedef struct pp_squeue {
    * full poll begun before such a query need not poll the head again
    * (process). */
   uint64_t qnum, not_done;
+  /* Its items queued behind one of a newer cohort (pp_qitem_t.inv): while
+   * none is, the head's cohort is the queue's oldest (stream.c,
+   * "Waiting"). */
+  uint32_t ninv;
   struct pp_squeue *hnext;       /* hash chain */
   struct pp_squeue *prev, *next; /* the active list (queues with items) */
 } pp_squeue_t;
@@ -79,6 +85,14 @@ typedef struct pp_qtab {
   pp_squeue_t *cursor;
   uint64_t qseq; /* queries begun (pp_squeue_t.qnum) */
 } pp_qtab_t;
+
+/* A cohort: the blocks that entered pending_live between two cuts (a
+ * synchronize's, live_cut), under pool->live_mu. */
+typedef struct pp_cohort {
+  uint64_t id;            /* 1, 2, ...: the order of the cuts */
+  uint64_t n;             /* its blocks still in pending_live */
+  struct pp_cohort *next; /* the newer one; NULL: the current cohort */
+} pp_cohort_t;
 
 /* Queue heads this thread examined, in any poll (a test hook: a miss looks
  * at a bounded number of queues, however many hold events). */
@@ -417,10 +431,15 @@ static bool enqueue(pinpool_t *pool, pinpool_stream_t stream, pp_qitem_t *it) {
   /* Race mutant (docs/verification.md): the append outside the lock. */
   pp_mutex_unlock(&pool->streams_lock);
 #endif
-  if (q->tail != NULL)
+  if (q->tail != NULL) {
+    /* Two frees on one stream, each counted before the other queued:
+     * a cut between them leaves the older behind the newer. */
+    it->inv = it->p->coh->id < q->tail->p->coh->id;
+    q->ninv += it->inv;
     q->tail->next = it;
-  else
+  } else {
     q->head = it;
+  }
   q->tail = it;
 #ifndef PINPOOL_MUTANT_QUEUE_NO_LOCK
   pp_mutex_unlock(&pool->streams_lock);
@@ -454,42 +473,101 @@ static void queue_drop_locked(pinpool_t *pool, pp_squeue_t *q) {
   free(q);
 }
 
-/* A block enters pending_live; returns its bucket (live_done's). */
-static unsigned live_add(pinpool_t *pool) {
-  unsigned b = (unsigned)(atomic_load(&pool->live_gen) & 1);
-  atomic_fetch_add(&pool->live_cnt[b], 1);
+/* A block enters pending_live; returns its cohort (live_done's). */
+static pp_cohort_t *live_add(pinpool_t *pool) {
+  pp_mutex_lock(&pool->live_mu);
+  pp_cohort_t *c = pool->live_cur;
+  c->n++;
+  pp_mutex_unlock(&pool->live_mu);
   atomic_fetch_add(&pool->pending_live, 1); /* seq_cst: see progress() */
-  return b;
+  return c;
+}
+
+/* Retire the oldest cohorts while they are empty and not current: each
+ * step O(1), each cohort retired once. live_mu held. */
+static void live_retire_locked(pinpool_t *pool) {
+  pp_assert_held(&pool->live_mu);
+  pp_cohort_t *h = pool->live_head;
+  while (h != pool->live_cur && h->n == 0) {
+    pp_cohort_t *next = h->next;
+    atomic_store(&pool->live_retired, h->id); /* seq_cst: see progress() */
+    h->next = pool->live_spare;
+    pool->live_spare = h;
+    h = next;
+  }
+  pool->live_head = h;
 }
 
 /* A block's events are all resolved and it has left transit (cached, or
  * kept PENDING for good after an error): the last step, so that a caller
- * that sees pending_live at 0 (or its bucket drained) sees no block still
+ * that sees pending_live at 0 (or its cohort retired) sees no block still
  * moving. */
-static void live_done(pinpool_t *pool, unsigned bucket) {
+static void live_done(pinpool_t *pool, pp_cohort_t *c) {
   atomic_fetch_sub(&pool->pending_live, 1); /* seq_cst: see progress() */
-  atomic_fetch_sub(&pool->live_cnt[bucket], 1);
+  pp_mutex_lock(&pool->live_mu);
+  c->n--;
+  if (c == pool->live_head)
+    live_retire_locked(pool);
+  pp_mutex_unlock(&pool->live_mu);
   progress(pool);
 }
 
-/* live_gen has reached goal: every block counted before goal - 2 was read
- * has left pending_live. Moves live_gen on while it can: to g + 1 once
- * the bucket of g + 1 (that of g - 1, g - 3, ...) is empty. A block that
- * entered before a synchronize read g0 is in the bucket of a generation
- * <= g0, and each of the two moves from g0 to g0 + 2 needs one of the two
- * buckets empty after that read: so goal g0 + 2 covers every such block,
- * while blocks that enter later go to the bucket of the generation then,
- * which the moves wait for only if it is g0's (until g0 + 1 is reached:
- * a bounded window). */
-static bool live_reached(pinpool_t *pool, uint64_t goal) {
+/* A synchronize's cut: the blocks in pending_live now are those of the
+ * cohorts up to the current one, which becomes old: blocks freed from now
+ * on enter a new one. *target: the newest cohort the caller waits for
+ * (every block freed before the call is in it or an older one); no cut
+ * when the current cohort is empty (the one before it is the target).
+ * PINPOOL_ENOMEM (nothing changed) without memory for a cohort. O(1).
+ *
+ * Two buckets by generation (5721a9c) could not do this: the generation
+ * moved on only while the other bucket was empty, so a block freed under
+ * the previous generation and still pending kept it, and blocks freed
+ * after the call joined the bucket the call waited for (issue 37,
+ * rv3637f, D5: 3.05 s for a block freed after the call, 0.30 s without
+ * the older block). */
+static int live_cut(pinpool_t *pool, uint64_t *target) {
+  pp_cohort_t *fresh = NULL;
+  bool tried = false;
+  pp_mutex_lock(&pool->live_mu);
   for (;;) {
-    uint64_t g = atomic_load(&pool->live_gen);
-    if (g >= goal)
-      return true;
-    if (atomic_load(&pool->live_cnt[(g + 1) & 1]) != 0)
-      return false;
-    (void)atomic_compare_exchange_strong(&pool->live_gen, &g, g + 1);
+    pp_cohort_t *cur = pool->live_cur;
+    if (cur->n == 0) {
+      *target = cur->id - 1;
+      break;
+    }
+    pp_cohort_t *c = pool->live_spare;
+    if (c != NULL) {
+      pool->live_spare = c->next;
+    } else if (fresh != NULL) {
+      c = fresh;
+      fresh = NULL;
+    } else if (!tried) { /* malloc outside the lock; then look again */
+      pp_mutex_unlock(&pool->live_mu);
+      fresh = malloc(sizeof *fresh);
+      tried = true;
+      pp_mutex_lock(&pool->live_mu);
+      continue;
+    } else {
+      pp_mutex_unlock(&pool->live_mu);
+      return PINPOOL_ENOMEM;
+    }
+    *c = (pp_cohort_t){cur->id + 1, 0, NULL};
+    cur->next = c;
+    pool->live_cur = c;
+    *target = cur->id;
+    break;
   }
+  if (fresh != NULL) { /* not needed after all: kept for the next cut */
+    fresh->next = pool->live_spare;
+    pool->live_spare = fresh;
+  }
+  pp_mutex_unlock(&pool->live_mu);
+  return 0;
+}
+
+/* Every block of the cohorts up to target has left pending_live. */
+static bool live_reached(pinpool_t *pool, uint64_t target) {
+  return atomic_load(&pool->live_retired) >= target;
 }
 
 /* Count an error of `block`'s events and tell the error callback. */
@@ -631,7 +709,7 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
      * forever rather than hand out memory in an unknown state. Its other
      * streams are done with it (this is their last event): destroy may
      * give its segment back. */
-    unsigned b = p->bucket;
+    pp_cohort_t *b = p->coh;
     free(p);
     live_done(pool, b);
     return;
@@ -646,7 +724,7 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
   count_add(c != NULL ? &c->rc_total : NULL, &pool->rc_total, dt);
   pp_atomic_max_relaxed(&pool->rc_max, dt); /* a load, mostly */
   block_done(pool, p->seg, p->idx, bs, req);
-  unsigned bucket = p->bucket;
+  pp_cohort_t *coh = p->coh;
   free(p);
   pp_hook(PP_HOOK_EVENT_DONE);
   /* PENDING -> CACHED happens inside the bin push (one store, under the
@@ -657,7 +735,7 @@ static void event_done(pinpool_t *pool, pp_pending_t *p) {
    * failed; docs/verification.md, "Review defects", 3). */
   give_completed(pool, &e, req);
   pend_count(pool, c, -1, bs);
-  live_done(pool, bucket);
+  live_done(pool, coh);
 }
 
 /* ---- Free ---------------------------------------------------------------- */
@@ -671,7 +749,7 @@ static void settle(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set);
  * kept PENDING for good, as after a failed record. */
 static void wait_here(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
                       size_t bs, size_t req, const pp_sset_t *set,
-                      unsigned bucket) {
+                      pp_cohort_t *coh) {
   uint32_t n = set == NULL ? 0 : set->n;
   void *block = (void *)(pp_load_relaxed(&seg->base) + idx * bs);
   for (uint32_t i = 0; i < n; i++) {
@@ -682,7 +760,7 @@ static void wait_here(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
       (void)pp_fail(PINPOOL_ENOMEM, "pinpool_free: out of memory to wait "
                                     "for a block used in a graph capture");
       report_error_at(pool, PINPOOL_ENOMEM, block);
-      live_done(pool, bucket);
+      live_done(pool, coh);
       return;
     }
   }
@@ -697,7 +775,7 @@ static void wait_here(pinpool_t *pool, pp_segment_t *seg, uint32_t idx,
   block_done(pool, seg, idx, bs, req);
   give_completed(pool, &e, req);
   pend_count(pool, own_counters(pool), -1, bs);
-  live_done(pool, bucket);
+  live_done(pool, coh);
 }
 
 int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
@@ -725,7 +803,7 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
   pend_count(pool, tc != NULL ? &tc->c : NULL, +1, bs);
   if (pool->cfg.tcache_bytes == 0 && tc != NULL)
     pp_stats_publish(pool, tc); /* the totals (stats.c) */
-  unsigned bucket = live_add(pool);
+  pp_cohort_t *coh = live_add(pool);
   pp_hook(PP_HOOK_FREE_COUNTED);
 
   /* The set stays in its slot while the block is PENDING, so a snapshot
@@ -744,7 +822,7 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
   pp_pending_t *p =
       malloc(sizeof *p + (set == NULL ? 0 : set->n) * sizeof p->items[0]);
   if (p == NULL) {
-    wait_here(pool, seg, idx, bs, req, set, bucket);
+    wait_here(pool, seg, idx, bs, req, set, coh);
     return 0;
   }
   *p = (pp_pending_t){.seg = seg,
@@ -752,7 +830,7 @@ int pp_stream_free(pinpool_t *pool, pp_tcache_t *tc, pp_segment_t *seg,
                       .req = req,
                       .bs = bs,
                       .freed_ns = pp_now_ns(),
-                      .bucket = (uint8_t)bucket};
+                      .coh = coh};
   atomic_init(&p->remaining, 0);
   atomic_init(&p->failed, false);
   atomic_init(&p->holds, 0);
@@ -793,7 +871,7 @@ static void start_events(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set,
                  : ev_record(pool, stream, &ev);
     pp_qitem_t *it = rc == 0 ? &p->items[i] : NULL;
     if (it != NULL) {
-      *it = (pp_qitem_t){ev, p, NULL, 0};
+      *it = (pp_qitem_t){ev, p, NULL, 0, false};
       /* Counted before a poller can complete it (completed <= recorded). */
       pp_fetch_add_relaxed(&pool->ev_recorded, 1);
       if (!enqueue(pool, stream, it)) {
@@ -829,7 +907,7 @@ static void start_events(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set,
  * is dropped with holds (a release on another thread may settle and cache
  * the block at once). */
 static void settle(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set) {
-  unsigned bucket = p->bucket; /* p may be gone once parked */
+  pp_cohort_t *coh = p->coh; /* p may be gone once parked */
   uint32_t n = set == NULL ? 0 : set->n;
   uint8_t use_buf[16];
   uint64_t id_buf[16];
@@ -862,7 +940,7 @@ static void settle(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set) {
   if (holds > 0) {
     /* Parked: synchronize does not wait for it (only a release can let it
      * go). Neither p nor set may be touched any more. */
-    live_done(pool, bucket);
+    live_done(pool, coh);
   } else {
     start_events(pool, p, set, use);
   }
@@ -877,7 +955,7 @@ static void settle(pinpool_t *pool, pp_pending_t *p, const pp_sset_t *set) {
 void pp_stream_resume(pinpool_t *pool, pp_pending_t *p) {
   pp_fetch_sub_relaxed(&pool->graph_bytes, p->bs);
   pp_fetch_sub_relaxed(&pool->graph_blocks, 1);
-  p->bucket = (uint8_t)live_add(pool);
+  p->coh = live_add(pool);
   pp_mutex_t *lk = stripe(pool, p->seg, p->idx);
   _Atomic(pp_sset_t *) *slot = sset_slot(p->seg, p->idx); /* exists */
   pp_mutex_lock(lk);
@@ -945,7 +1023,8 @@ static pp_squeue_t *miss_next(pinpool_t *pool, size_t *left) {
  * after it (which is still listed: only this pass's own drop can unlink a
  * queue while the lock is held; the cursor is moved past a dropped queue)
  * and never restarts. */
-static void process(pinpool_t *pool, unsigned budget, bool wait, size_t nq) {
+static void process(pinpool_t *pool, unsigned budget, bool wait, size_t nq,
+                    uint64_t upto) {
   pp_qitem_t *done = NULL; /* taken off since the last unlock: one */
   bool done_busy = false;  /* in a busy section for it */
   uint64_t polls = 0;
@@ -1034,7 +1113,10 @@ static void process(pinpool_t *pool, unsigned budget, bool wait, size_t nq) {
       q->wanted--;
       continue; /* the same queue: polled again, or dropped if empty */
     }
-    if (it == NULL || q->polling) {
+    if (it == NULL || q->polling || (it->p->coh->id > upto && q->ninv == 0)) {
+      /* upto (a synchronize's): a head of a newer cohort, with nothing
+       * older behind it, is not waited for: blocks freed after the call
+       * (issue 37, rv3637f, D5). */
       q = full ? q->next : miss_next(pool, &left);
       continue;
     }
@@ -1075,6 +1157,7 @@ static void process(pinpool_t *pool, unsigned budget, bool wait, size_t nq) {
     }
     q->head = it->next;
     q->not_done = 0; /* a new head, not yet polled */
+    q->ninv -= it->inv;
     it->event_result = r;
     it->next = NULL;
     done = it;
@@ -1098,13 +1181,13 @@ static void process(pinpool_t *pool, unsigned budget, bool wait, size_t nq) {
 void pp_process(pinpool_t *pool, unsigned budget, bool wait) {
   if (!pool->has_events || pp_load_relaxed(&pool->pending_live) == 0)
     return;
-  process(pool, budget, wait, 0);
+  process(pool, budget, wait, 0, UINT64_MAX);
 }
 
 void pp_process_miss(pinpool_t *pool) {
   if (!pool->has_events || pp_load_relaxed(&pool->pending_live) == 0)
     return;
-  process(pool, PP_MISS_BUDGET, false, PP_MISS_QUEUES);
+  process(pool, PP_MISS_BUDGET, false, PP_MISS_QUEUES, UINT64_MAX);
 }
 
 int pinpool_process_events(pinpool_t *pool) {
@@ -1126,17 +1209,27 @@ int pinpool_synchronize(pinpool_t *pool) {
   return pp_synchronize(pool);
 }
 
+/* A synchronize's wait is over: its cohorts retired (have: it cut), or,
+ * without a cut (no memory for a cohort), nothing pending at all. */
+static bool sync_done(pinpool_t *pool, bool have, uint64_t target) {
+  return have ? live_reached(pool, target)
+              : atomic_load(&pool->pending_live) == 0;
+}
+
 int pp_synchronize(pinpool_t *pool) {
   if (!pool->has_events)
     return 0;
-  /* Only the blocks freed before the call (docs/streams.md): those counted
-   * before this read (live_reached). Waiting for pending_live == 0 also
-   * waited for every block freed meanwhile: beside a thread that kept
-   * freeing, as long as it did (rv37e's d3: 2.9 s, every earlier block
-   * done in 20 ms). The first look moves the generation on if it can, so
-   * that blocks freed from now on go to the other bucket. */
-  uint64_t goal = atomic_load(&pool->live_gen) + 2;
-  (void)live_reached(pool, goal);
+  /* Only the blocks freed before the call (docs/streams.md): those of the
+   * cohorts up to the cut (live_cut); the passes below do not wait for a
+   * head of a newer cohort either (process, upto). Waiting for
+   * pending_live == 0 also waited for every block freed meanwhile: beside
+   * a thread that kept freeing, as long as it did (rv37e's d3: 2.9 s,
+   * every earlier block done in 20 ms). Without memory for a cut, the
+   * fallback: nothing pending at all, or a cut made later (each round
+   * tries again); both wait for more, never for less. */
+  uint64_t target = 0;
+  bool have = live_cut(pool, &target) == 0;
+  pp_hook(PP_HOOK_SYNC_CUT);
   if (pp_in_callout()) {
     /* One pass that synchronizes every head no other poll holds, and no
      * sleep for other threads' progress: the head this thread's own
@@ -1144,9 +1237,9 @@ int pp_synchronize(pinpool_t *pool) {
      * another poller may wait for this thread's caller. What is left is
      * PINPOOL_EBUSY: the promise (no block freed before the call still
      * pending) is not kept. */
-    process(pool, UINT32_MAX, true, 0);
+    process(pool, UINT32_MAX, true, 0, have ? target : UINT64_MAX);
     uint64_t left = atomic_load(&pool->pending_live);
-    if (!live_reached(pool, goal))
+    if (!sync_done(pool, have, target))
       return pp_fail(PINPOOL_EBUSY,
                      "pinpool_synchronize: called from inside %s, blocks "
                      "freed before the call still pending (%llu in all) on "
@@ -1160,17 +1253,19 @@ int pp_synchronize(pinpool_t *pool) {
    * bumps sync_gen, so it is not slept through. */
   atomic_fetch_add(&pool->sync_waiters, 1);
   for (;;) {
+    if (!have)
+      have = live_cut(pool, &target) == 0;
     pthread_mutex_lock(&pool->sync_mu);
     uint64_t gen = pool->sync_gen;
     pthread_mutex_unlock(&pool->sync_mu);
-    if (live_reached(pool, goal))
+    if (sync_done(pool, have, target))
       break;
-    process(pool, UINT32_MAX, true, 0);
+    process(pool, UINT32_MAX, true, 0, have ? target : UINT64_MAX);
     /* What is left is polled by other threads (or completing in event_done
      * on them): sleep until one of them makes progress. */
     int cs = pp_nocancel_enter(); /* base.h: not a cancellation point */
     pthread_mutex_lock(&pool->sync_mu);
-    while (pool->sync_gen == gen && !live_reached(pool, goal))
+    while (pool->sync_gen == gen && !sync_done(pool, have, target))
       pthread_cond_wait(&pool->sync_cv, &pool->sync_mu);
     pthread_mutex_unlock(&pool->sync_mu);
     pp_nocancel_leave(cs);
@@ -1242,6 +1337,7 @@ int pp_streams_init(pinpool_t *pool) {
   pp_mutex_init(&pool->streams_lock);
   pp_index_init(&pool->ctab, &pool->streams_lock);
   pp_index_init(&pool->scix, &pool->streams_lock);
+  pp_mutex_init(&pool->live_mu);
   (void)pthread_mutex_init(&pool->bg_mutex, NULL);
   (void)pthread_cond_init(&pool->bg_cond, NULL);
   (void)pthread_mutex_init(&pool->sync_mu, NULL);
@@ -1254,7 +1350,10 @@ int pp_streams_init(pinpool_t *pool) {
     pool->qtab->nb = 16;
     pool->qtab->b = calloc(pool->qtab->nb, sizeof(pp_squeue_t *));
   }
-  if (pool->qtab == NULL || pool->qtab->b == NULL)
+  pool->live_cur = pool->live_head = calloc(1, sizeof(pp_cohort_t));
+  if (pool->live_cur != NULL)
+    pool->live_cur->id = 1; /* live_retired 0: none before it */
+  if (pool->qtab == NULL || pool->qtab->b == NULL || pool->live_cur == NULL)
     return pp_fail(PINPOOL_ENOMEM, "pinpool_create: out of memory");
   int rc = pp_grow_init(pool);
   if (rc != 0)
@@ -1298,6 +1397,17 @@ void pp_streams_fini(pinpool_t *pool) {
   }
   pool->squeues = NULL;
   pp_captures_fini(pool);
+  /* The cohorts: their blocks went with the queues (or never came). */
+  for (pp_cohort_t *c = pool->live_head, *next; c != NULL; c = next) {
+    next = c->next;
+    free(c);
+  }
+  for (pp_cohort_t *c = pool->live_spare, *next; c != NULL; c = next) {
+    next = c->next;
+    free(c);
+  }
+  pool->live_head = pool->live_cur = pool->live_spare = NULL;
+  pp_mutex_destroy(&pool->live_mu);
   if (pool->qtab != NULL) {
     free(pool->qtab->b);
     free(pool->qtab);
@@ -1314,7 +1424,8 @@ void pp_streams_fini(pinpool_t *pool) {
 
 /* ---- Fork (fork.c) ---------------------------------------------------------
  * This file's locks, in their order: the stripes and streams_lock are never
- * held together; streams_lock -> sync_mu (progress); bg_mutex alone. No
+ * held together; streams_lock -> sync_mu (progress); bg_mutex and live_mu
+ * alone. No
  * other pool lock is taken while one of them is held. */
 void pp_streams_fork(pinpool_t *pool, int phase) {
   if (phase == PP_FORK_PREPARE) {
@@ -1323,6 +1434,7 @@ void pp_streams_fork(pinpool_t *pool, int phase) {
     pp_mutex_lock(&pool->streams_lock);
     pthread_mutex_lock(&pool->bg_mutex);
     pthread_mutex_lock(&pool->sync_mu);
+    pp_mutex_lock(&pool->live_mu);
     return;
   }
   if (phase == PP_FORK_CHILD) {
@@ -1347,6 +1459,7 @@ void pp_streams_fork(pinpool_t *pool, int phase) {
       q->wanted = 0;
     }
   }
+  pp_mutex_unlock(&pool->live_mu);
   pthread_mutex_unlock(&pool->sync_mu);
   pthread_mutex_unlock(&pool->bg_mutex);
   pp_mutex_unlock(&pool->streams_lock);

@@ -57,6 +57,8 @@ typedef struct pp_qitem {
   struct pp_pending *p;
   struct pp_qitem *next;
   int event_result; /* once taken off its queue: 1 done, < 0 error */
+  /* Queued behind an item of a newer cohort (stream.c, "Waiting"). */
+  bool inv;
 } pp_qitem_t;
 
 /* A freed block waiting for its events: one allocation with room for an
@@ -72,7 +74,7 @@ typedef struct pp_pending {
   _Atomic(uint32_t) remaining; /* events not yet complete */
   _Atomic(bool) failed;        /* an event failed: never reused */
   _Atomic(uint32_t) holds;     /* parked: captures not yet released */
-  uint8_t bucket;              /* its live_cnt (stream.c, "Waiting") */
+  struct pp_cohort *coh;       /* its cohort (stream.c, "Waiting") */
   pp_qitem_t items[];
 } pp_pending_t;
 

@@ -264,6 +264,186 @@ static void reaper_fork(void **state) {
   in_child("reaper_fork", reap_fork_run);
 }
 
+/* ---- D5: synchronize waits only for what was pending at its call -------
+ * Events completed by hand: stream s's events complete when done[s] is
+ * set; a synchronize callback counts its calls per stream and waits for
+ * done[s] (at most the watchdog's time). */
+#define NS 8
+static atomic_int ev_done[NS], ev_synced[NS], d5_cut;
+static pthread_t d5_p_tid;
+static atomic_int d5_p_armed, d5_p_held, d5_p_go;
+static pinpool_t *d5_pool;
+static int d5_record(void *ctx, pinpool_stream_t s, void **e) {
+  (void)ctx;
+  int *v = malloc(sizeof *v);
+  if (v == NULL)
+    return PINPOOL_ENOMEM;
+  *v = (int)s;
+  *e = v;
+  return 0;
+}
+static int d5_query(void *ctx, void *e) {
+  (void)ctx;
+  return atomic_load(&ev_done[*(int *)e]);
+}
+static int d5_sync(void *ctx, void *e) {
+  (void)ctx;
+  int s = *(int *)e;
+  atomic_fetch_add(&ev_synced[s], 1);
+  (void)wait_flag(&ev_done[s]);
+  return 0;
+}
+static void d5_release(void *ctx, void *e) {
+  (void)ctx;
+  free(e);
+}
+static const pinpool_events_t d5_events = {"manual", d5_record,  d5_query,
+                                           d5_sync,  d5_release, NULL};
+static void d5_hook(int point) {
+  if (point == PP_HOOK_SYNC_CUT)
+    atomic_fetch_add(&d5_cut, 1);
+  if (point == PP_HOOK_FREE_COUNTED && atomic_load(&d5_p_armed) &&
+      pthread_equal(pthread_self(), d5_p_tid)) {
+    atomic_store(&d5_p_held, 1);
+    (void)wait_flag(&d5_p_go);
+  }
+}
+static void d5_reset(void) {
+  for (int i = 0; i < NS; i++) {
+    atomic_store(&ev_done[i], 0);
+    atomic_store(&ev_synced[i], 0);
+  }
+  atomic_store(&d5_cut, 0);
+  atomic_store(&d5_p_armed, 0);
+  atomic_store(&d5_p_held, 0);
+  atomic_store(&d5_p_go, 0);
+  atomic_store(&pp_test_hook, d5_hook);
+}
+static int free_on(pinpool_stream_t s) {
+  void *x;
+  if (pinpool_alloc(d5_pool, 4096, &x) != 0 ||
+      pinpool_record_stream(d5_pool, x, s) != 0 ||
+      pinpool_free(d5_pool, x) != 0)
+    return -1;
+  return 0;
+}
+static atomic_int sync_rc[2], sync_ret[2];
+static void *sync_thread(void *arg) {
+  int i = (int)(intptr_t)arg;
+  atomic_store(&sync_rc[i], pinpool_synchronize(d5_pool));
+  atomic_store(&sync_ret[i], 1);
+  return NULL;
+}
+static void start_sync(pthread_t *t, int i) {
+  atomic_store(&sync_rc[i], 1);
+  atomic_store(&sync_ret[i], 0);
+  (void)pthread_create(t, NULL, sync_thread, (void *)(intptr_t)i);
+}
+/* Wait for synchronize i to return, up to 5 s (it may be waiting for what
+ * it must not: the caller then completes everything, and fails). */
+static bool sync_returned(int i) {
+  for (int ms = 0; ms < 5000 && !atomic_load(&sync_ret[i]); ms++)
+    pp_sleep_ms(1);
+  return atomic_load(&sync_ret[i]) != 0;
+}
+static void complete_all(void) {
+  for (int i = 0; i < NS; i++)
+    atomic_store(&ev_done[i], 1);
+}
+static int d5_end(int rc, pthread_t *t, int nt) {
+  complete_all();
+  for (int i = 0; i < nt; i++)
+    (void)pthread_join(t[i], NULL);
+  atomic_store(&pp_test_hook, NULL);
+  if (rc == 0 &&
+      (pinpool_synchronize(d5_pool) != 0 || pinpool_validate(d5_pool) != 0))
+    rc = 59;
+  pinpool_destroy(d5_pool);
+  return rc;
+}
+
+/* rv3637f's sync_window, by hand: B pending on stream 1 while X
+ * synchronizes (X's cut); A freed on stream 2; S synchronizes (its cut),
+ * and inside S's wait for A, C is freed on stream 3. B and A complete, C
+ * never does (until the end): S returns, C still pending, C's event never
+ * synchronized. Before: S waited for C (two buckets: B's kept the
+ * generation, C joined A's bucket), and its next pass synchronized C. */
+static int window_run(void) {
+  d5_reset();
+  pinpool_hooks_t h = {NULL, &d5_events, NULL, NULL};
+  if (pinpool_create_ex("backend=malloc", &h, &d5_pool) != 0)
+    return 2;
+  pthread_t t[2];
+  if (free_on(1) != 0)
+    return 3;
+  start_sync(&t[0], 0); /* X */
+  if (!wait_flag(&ev_synced[1]))
+    return d5_end(4, t, 1);
+  if (free_on(2) != 0)
+    return d5_end(5, t, 1);
+  start_sync(&t[1], 1); /* S */
+  if (!wait_flag(&ev_synced[2]))
+    return d5_end(6, t, 2);
+  if (free_on(3) != 0) /* C: after S's cut (S is in its pass) */
+    return d5_end(7, t, 2);
+  atomic_store(&ev_done[1], 1);
+  atomic_store(&ev_done[2], 1);
+  if (!sync_returned(0) || !sync_returned(1))
+    return d5_end(10, t, 2); /* waited for C */
+  pinpool_stats_t st;
+  if (atomic_load(&sync_rc[0]) != 0 || atomic_load(&sync_rc[1]) != 0 ||
+      pinpool_get_stats(d5_pool, &st) != 0)
+    return d5_end(11, t, 2);
+  if (st.pending_blocks != 1 || atomic_load(&ev_synced[3]) != 0)
+    return d5_end(12, t, 2); /* C: pending, and not waited for */
+  return d5_end(0, t, 2);
+}
+static void sync_window(void **state) {
+  (void)state;
+  in_child("sync_window", window_run);
+}
+
+/* Two frees on one stream across a cut, queued in the other order: D
+ * (freed first, counted before S's cut) is held at PP_HOOK_FREE_COUNTED
+ * while S cuts and E (after the cut) is queued; then D queues behind E. S
+ * must wait for D, so it must synchronize E (a head of a newer cohort,
+ * with an older item behind it): else nobody polls, and S sleeps. */
+static void *d5_p(void *arg) {
+  (void)arg;
+  (void)free_on(5);
+  return NULL;
+}
+static int inversion_run(void) {
+  d5_reset();
+  pinpool_hooks_t h = {NULL, &d5_events, NULL, NULL};
+  if (pinpool_create_ex("backend=malloc", &h, &d5_pool) != 0)
+    return 2;
+  pthread_t t[2];
+  atomic_store(&d5_p_armed, 1);
+  (void)pthread_create(&d5_p_tid, NULL, d5_p, NULL);
+  t[0] = d5_p_tid;
+  if (!wait_flag(&d5_p_held))
+    return d5_end(3, t, 1);
+  start_sync(&t[1], 1); /* S */
+  if (!wait_flag(&d5_cut))
+    return d5_end(4, t, 2);
+  if (free_on(5) != 0) /* E: queued first, newer cohort */
+    return d5_end(5, t, 2);
+  atomic_store(&d5_p_go, 1); /* D queues behind E */
+  for (int ms = 0; ms < 5000 && !atomic_load(&ev_synced[5]); ms++)
+    pp_sleep_ms(1);
+  if (!atomic_load(&ev_synced[5]))
+    return d5_end(6, t, 2); /* S never synchronized stream 5 */
+  atomic_store(&ev_done[5], 1);
+  if (!sync_returned(1) || atomic_load(&sync_rc[1]) != 0)
+    return d5_end(7, t, 2);
+  return d5_end(0, t, 2);
+}
+static void sync_inversion(void **state) {
+  (void)state;
+  in_child("sync_inversion", inversion_run);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
@@ -271,6 +451,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(last_ref_on_grower),
       cmocka_unit_test(last_ref_on_sim_stream),
       cmocka_unit_test(reaper_fork),
+      cmocka_unit_test(sync_window),
+      cmocka_unit_test(sync_inversion),
   };
   return pp_run_selected("test_core39", all, sizeof all / sizeof all[0], argc,
                          argv);
