@@ -882,6 +882,9 @@ void pp_central_give(struct pinpool *pool, unsigned cls, pp_tentry_t *in,
 /* Release idle segments while cached bytes outside the reserve exceed the
  * max_cached cap. Takes and drops locks itself; call with none held. */
 void pp_trim_to_cap(struct pinpool *pool);
+/* After a full poll cached completed blocks: pp_trim_to_cap in a busy
+ * section, unless inside a callout (pool.c). */
+void pp_trim_after_poll(struct pinpool *pool);
 
 /* Give every idle segment and hot-slot block back to the arena (no memory
  * leaves the pool: pp_arena_release does that). Call with no lock held. */

@@ -1071,6 +1071,26 @@ void pp_trim_to_cap(pinpool_t *pool) {
   }
 }
 
+/* A full poll (pinpool_process_events, pinpool_synchronize, the
+ * background thread's pass) cached the blocks whose events completed:
+ * idle bytes the caps apply to, as a free's (issue 37, rv3637f, D6: 64
+ * stream-ordered frees of 4 MiB completed by a synchronize left 289 MB
+ * cached under max_cached=4MiB until a free that bypassed the cache). In
+ * a busy section, as a free's trim (fork.c). Not from inside a callout
+ * (base.h, pp_callout): the call that ran it may be in the middle of a
+ * growth or a release whose chunks a trim would take (issue 37, D5); the
+ * next trim (a free, a poll) catches up. Nor in a CUDA or shared pool's
+ * child of fork, which gives nothing back. */
+void pp_trim_after_poll(pinpool_t *pool) {
+  if (!pp_trims(pool) || pp_in_callout() || pool->forked_cuda)
+    return;
+  if (pp_tls.thr == NULL && pp_thread_get() == NULL)
+    return; /* no record (out of memory): no section, no trim */
+  pp_busy_enter();
+  pp_trim_to_cap(pool);
+  pp_busy_leave();
+}
+
 /* trim_lock's holds: at most PP_TRIM_PIECE elements (bins, segments,
  * the maps' words) each, then the lock is dropped and taken again, so
  * that a trim on a free (detach_oldest) never waits for a release of every

@@ -1197,6 +1197,8 @@ int pinpool_process_events(pinpool_t *pool) {
   if (pp_unlikely(dying != 0))
     return dying;
   pp_process(pool, UINT32_MAX, false);
+  if (pool->has_events)
+    pp_trim_after_poll(pool); /* what completed is idle now */
   return 0;
 }
 
@@ -1206,7 +1208,10 @@ int pinpool_synchronize(pinpool_t *pool) {
   int dying = pp_pool_dying(pool, "pinpool_synchronize");
   if (pp_unlikely(dying != 0))
     return dying;
-  return pp_synchronize(pool);
+  int rc = pp_synchronize(pool);
+  if (pool->has_events)
+    pp_trim_after_poll(pool); /* what completed is idle now */
+  return rc;
 }
 
 /* A synchronize's wait is over: its cohorts retired (have: it cut), or,
@@ -1311,8 +1316,10 @@ static void *bg_main(void *arg) {
     }
     pool->bg_in_pass = true;
     pthread_mutex_unlock(&pool->bg_mutex);
-    if (bg_reclaims(pool))
+    if (bg_reclaims(pool)) {
       pp_process(pool, UINT32_MAX, false);
+      pp_trim_after_poll(pool); /* what completed is idle now */
+    }
     pp_grow_tick(pool);
     pthread_mutex_lock(&pool->bg_mutex);
     pool->bg_in_pass = false;
