@@ -158,9 +158,8 @@ void pp_tcache_flush_all(pp_tcache_t *tc) {
   tc->epoch = pp_load_acquire(&tc->pool->flush_epoch) | tc->pool->epoch_tag;
 }
 
-static void unlink_from_pool_locked(pp_tcache_t *tc) {
+static void unlink_from_pool(pp_tcache_t *tc) {
   pinpool_t *pool = tc->pool;
-  pp_assert_held(&pool->reg_lock);
   if (tc->pool_prev != NULL)
     tc->pool_prev->pool_next = tc->pool_next;
   else
@@ -168,6 +167,11 @@ static void unlink_from_pool_locked(pp_tcache_t *tc) {
   if (tc->pool_next != NULL)
     tc->pool_next->pool_prev = tc->pool_prev;
   pool->rs.ncaches--;
+}
+
+static void unlink_from_pool_locked(pp_tcache_t *tc) {
+  pp_assert_held(&tc->pool->reg_lock);
+  unlink_from_pool(tc);
 }
 
 static void thread_unlink_locked(pp_thread_t *thr) {
@@ -556,9 +560,19 @@ void pp_tcache_fork_parent(void) {
 
 /* The child: every other thread is gone. Their caches are retired as if
  * they had exited (the blocks back to the bins, the counters folded), with
- * this process's only thread as their owner now; a cache of a pool being
- * torn down in the parent (no reference left: nobody will use it here) is
- * only freed. Pool locks are already usable (fork.c released them). */
+ * this process's only thread as their owner now. A cache of a pool with no
+ * reference left (nobody will use it here) is only unlinked, and freed
+ * with its thread's record (fork_garbage). Unlinked all the same: such a
+ * pool may still be on the reaper's list, whole, and the child's reaper
+ * walks its caches (pp_tcache_pool_destroy) after the child's first call
+ * freed the record (rv39c D1: heap-use-after-free, SIGSEGV in about 1
+ * child of 3; test_core39 reaper_fork_thread_cache). The unlink takes no
+ * lock: this is the only thread; a listed pool's locks were held across
+ * the fork and released (fork.c), and a pool whose teardown had begun is
+ * unregistered: its reg_lock may be held by a thread that is gone, and
+ * nothing in the child reads its list (its teardown, on a thread that is
+ * gone too, never runs here). Other pool locks are usable (fork.c
+ * released them). */
 void pp_tcache_fork_child(void) {
   pp_store_relaxed(&pp_fork_gate, 0);
   pp_thread_id_reset();
@@ -569,6 +583,8 @@ void pp_tcache_fork_child(void) {
     for (pp_tcache_t *tc = t->caches; tc != NULL; tc = tc->thr_next)
       if (pp_load_relaxed(&tc->pool->refs) != 0)
         tcache_detach(tc);
+      else
+        unlink_from_pool(tc);
     thread_unlink_locked(t);
     t->next = fork_garbage;
     fork_garbage = t;

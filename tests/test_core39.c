@@ -522,6 +522,112 @@ static void cap_after_background(void **state) {
   cap_after(2);
 }
 
+/* rv39c D1: the same window, with another thread alive at the fork that
+ * holds a thread cache of the listed pool. The child retires that thread's
+ * record (fork_garbage, freed by the child's first call that takes the
+ * thread lock); its cache of the listed pool was left linked in the
+ * pool's list, which the child's reaper then walked: freed memory (ASan:
+ * heap-use-after-free; release: SIGSEGV in about 1 child of 3). The child
+ * holds its own reaper at PP_HOOK_REAP until it has made that call, so the
+ * order is the failing one every time. */
+static atomic_int cacher_ready, cacher_go, child_called;
+static pinpool_t *cacher_pool;
+static void *cacher_main(void *arg) {
+  (void)arg;
+  void *p;
+  /* A small block freed: the thread's cache of the pool keeps it. */
+  if (pinpool_alloc(cacher_pool, 256, &p) == 0)
+    (void)pinpool_free(cacher_pool, p);
+  atomic_store(&cacher_ready, 1);
+  (void)wait_flag(&cacher_go); /* alive at the fork */
+  return NULL;
+}
+static void reap_cache_hook(int point) {
+  if (point != PP_HOOK_REAP)
+    return;
+  if (getpid() == reap_parent) {
+    atomic_store(&reap_held, 1);
+    (void)wait_flag(&reap_go);
+  } else {
+    (void)wait_flag(&child_called);
+  }
+}
+static int fork_cache_child(void) {
+  /* The child's first call that takes the thread lock: a cache of a pool
+   * of its own frees the records of the threads the fork left. */
+  pinpool_t *own;
+  void *p;
+  if (pinpool_create("", &own) != 0)
+    return 41;
+  if (pinpool_alloc(own, 256, &p) != 0 || pinpool_free(own, p) != 0)
+    return 42;
+  pinpool_destroy(own);
+  atomic_store(&child_called, 1); /* the child's reaper may go on now */
+  return fork_child_part();
+}
+static int reap_fork_cache_run(void) {
+  reap_parent = getpid();
+  atomic_store(&reap_held, 0);
+  atomic_store(&reap_go, 0);
+  atomic_store(&cacher_ready, 0);
+  atomic_store(&cacher_go, 0);
+  atomic_store(&child_called, 0);
+  atomic_store(&pp_test_hook, reap_cache_hook);
+  d4_reset();
+  pinpool_hooks_t hooks = {&d4_backend, &d4_events, NULL, NULL};
+  pinpool_t *pool;
+  if (pinpool_create_ex("background=1,poll_us=1000", &hooks, &pool) != 0)
+    return 2;
+  cacher_pool = pool;
+  pthread_t cacher;
+  if (pthread_create(&cacher, NULL, cacher_main, NULL) != 0)
+    return 9;
+  int rc = 0;
+  if (!wait_flag(&cacher_ready)) {
+    rc = 10;
+    goto out;
+  }
+  atomic_store(&d4.armed, 1);
+  if (pinpool_buffer_alloc(pool, 4096, &d4.buf) != 0 ||
+      d4_pending_block(pool) != 0) {
+    rc = 3;
+    goto out;
+  }
+  if (!wait_flag(&d4.entered)) {
+    rc = 5;
+    goto out;
+  }
+  pinpool_destroy(pool);
+  atomic_store(&d4.destroyed, 1);
+  if (!wait_flag(&d4.released) || !wait_flag(&reap_held)) {
+    rc = 6;
+    goto out;
+  }
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) {
+    rc = 7;
+    goto out;
+  }
+  if (pid == 0)
+    _exit(fork_cache_child());
+  int st = pp_wait_child(pid, WATCHDOG_MS);
+  if (st != 0)
+    rc = st > 0 ? st : 8;
+out:
+  atomic_store(&reap_go, 1);
+  atomic_store(&cacher_go, 1);
+  (void)pthread_join(cacher, NULL);
+  if (rc == 0)
+    rc = d4_check_torn_down();
+  atomic_store(&pp_test_hook, NULL);
+  return rc;
+}
+static void reaper_fork_thread_cache(void **state) {
+  (void)state;
+  in_child("reaper_fork_thread_cache", reap_fork_cache_run);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
@@ -534,6 +640,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(cap_after_synchronize),
       cmocka_unit_test(cap_after_process_events),
       cmocka_unit_test(cap_after_background),
+      cmocka_unit_test(reaper_fork_thread_cache),
   };
   return pp_run_selected("test_core39", all, sizeof all / sizeof all[0], argc,
                          argv);
