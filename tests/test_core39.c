@@ -628,6 +628,74 @@ static void reaper_fork_thread_cache(void **state) {
   in_child("reaper_fork_thread_cache", reap_fork_cache_run);
 }
 
+/* rv39c D5: buffers released by the background thread's event query (the
+ * "release when the device is done" pattern) went into that thread's own
+ * thread cache, which no later call of that thread flushes: empty_cache
+ * gave nothing back. Now a pool thread's calls use no thread cache (as
+ * nested calls): after empty_cache nothing is cached. */
+#define D5_N 16
+static _Atomic(pinpool_buffer_t *) bgr_bufs[D5_N];
+static atomic_int bgr_go, bgr_released, bgr_on_main;
+static int bgr_query(void *ctx, void *e) {
+  (void)ctx;
+  (void)e;
+  if (!atomic_load(&bgr_go))
+    return 0;
+  if (pthread_equal(pthread_self(), d4.main))
+    atomic_store(&bgr_on_main, 1);
+  for (int i = 0; i < D5_N; i++) {
+    pinpool_buffer_t *b = atomic_exchange(&bgr_bufs[i], NULL);
+    if (b != NULL && pinpool_buffer_release(b) == 0)
+      atomic_fetch_add(&bgr_released, 1);
+  }
+  return 1;
+}
+static int bg_release_run(void) {
+  d4_reset();
+  atomic_store(&bgr_go, 0);
+  atomic_store(&bgr_released, 0);
+  atomic_store(&bgr_on_main, 0);
+  static const pinpool_events_t ev = {"user",  d4_record, bgr_query,
+                                      d4_sync, d4_evfree, NULL};
+  pinpool_hooks_t hooks = {NULL, &ev, NULL, NULL};
+  pinpool_t *pool;
+  if (pinpool_create_ex("backend=malloc,background=1,poll_us=1000", &hooks,
+                        &pool) != 0)
+    return 2;
+  for (int i = 0; i < D5_N; i++) {
+    pinpool_buffer_t *b;
+    if (pinpool_buffer_alloc(pool, 65536, &b) != 0)
+      return 3;
+    atomic_store(&bgr_bufs[i], b);
+  }
+  atomic_store(&bgr_go, 1);
+  if (d4_pending_block(pool) != 0) /* the background thread polls it */
+    return 4;
+  for (unsigned i = 0; i < WATCHDOG_MS && atomic_load(&bgr_released) < D5_N;
+       i++)
+    pp_sleep_ms(1);
+  if (atomic_load(&bgr_released) != D5_N)
+    return 5;
+  if (pinpool_synchronize(pool) != 0 || pinpool_empty_cache(pool) != 0)
+    return 6;
+  pinpool_stats_t st;
+  if (pinpool_get_stats(pool, &st) != 0)
+    return 7;
+  int rc = 0;
+  if (st.cached_bytes.current != 0) {
+    fprintf(stderr, "bg_release: %llu bytes cached after empty_cache%s\n",
+            (unsigned long long)st.cached_bytes.current,
+            atomic_load(&bgr_on_main) ? " (a query ran on main)" : "");
+    rc = 30;
+  }
+  pinpool_destroy(pool);
+  return rc;
+}
+static void bg_release_empty_cache(void **state) {
+  (void)state;
+  in_child("bg_release_empty_cache", bg_release_run);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
@@ -641,6 +709,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(cap_after_process_events),
       cmocka_unit_test(cap_after_background),
       cmocka_unit_test(reaper_fork_thread_cache),
+      cmocka_unit_test(bg_release_empty_cache),
   };
   return pp_run_selected("test_core39", all, sizeof all / sizeof all[0], argc,
                          argv);
