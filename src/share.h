@@ -82,14 +82,21 @@ static inline pp_ctl_slot_t *pp_ctl_slot(void *ctl, uint64_t i) {
  * attached. The descriptor is consumed. */
 void pp_share_ctl_received(const pinpool_share_handle_t *h, int ctl_fd,
                            int sock);
-/* Close a descriptor a peer sent (not kept), never waiting on the peer: a
- * memory file, a pipe, a socket neutralised (SO_LINGER {1, 0}; an AF_UNIX
- * one shut and drained) at once; anything else on the process's closers,
- * at most PP_SHARE_CLOSERS threads and PP_SHARE_CLOSER_QUEUE queued, past
- * which it is closed here (share_worker.c, "Disposing"). */
+/* Close a descriptor a peer sent (not kept), never waiting on the peer:
+ * the caller's thread closes a memory file (F_GET_SEALS) and hands
+ * anything else to the process's closers (at most PP_SHARE_CLOSERS
+ * threads), which neutralise, drain and close it (share_worker.c,
+ * "Disposing"). Never closed past a bound on the caller's thread:
+ * pinpool_share_recv reads nothing while pp_share_closers_saturated()
+ * (PP_SHARE_CLOSER_QUEUE or more handed over and not closed yet). */
 void pp_share_close_received(int fd);
+bool pp_share_closers_saturated(void);
 #define PP_SHARE_CLOSERS 4
 #define PP_SHARE_CLOSER_QUEUE 64
+/* Tests: recvmsg calls the closers' drains made, and of them those that
+ * came back truncated (MSG_CTRUNC: the kernel released the rest). */
+extern _Atomic(unsigned long) pp_share_drain_calls;
+extern _Atomic(unsigned long) pp_share_drain_ctrunc;
 /* Tests: wait until the closers have closed everything queued (each close
  * returned); the same for at most ms milliseconds: whether they have. */
 void pp_share_closer_flush(void);
@@ -97,7 +104,7 @@ bool pp_share_closer_wait(unsigned ms);
 typedef struct {
   size_t queued;
   unsigned threads, busy;
-  unsigned long inline_closes; /* past the bound, on the caller's thread */
+  unsigned long inline_closes; /* out of memory, on the caller's thread */
 } pp_closer_counts_t;
 void pp_share_closer_counts(pp_closer_counts_t *c);
 /* The nonces of the shared pools this process created (share_worker.c's

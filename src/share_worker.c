@@ -309,78 +309,112 @@ static int find_ctl(const pinpool_share_handle_t *h, int ctl_fd,
 
 /*
  * Disposing of a descriptor a peer sent that is not kept (issue 36: the
- * third and fifth reviews, and rv3637f). A peer chooses what it sends, and
- * the last close of some files waits on the peer: a TCP socket with
- * SO_LINGER and unsent data to a peer that does not read waits out the
- * linger (as long as the peer likes; O_NONBLOCK does not help); an AF_UNIX
- * socket whose receive queue holds such a socket (SCM_RIGHTS) releases it,
- * and waits the same, in whichever thread closes the unix socket (SO_LINGER
- * on the unix socket reaches none of what it carries); a file of a FUSE
- * mount the peer serves waits for its daemon's answer to FLUSH, without
- * end and uninterruptibly. Two layers:
+ * third and fifth reviews, rv3637f and rv39s). A peer chooses what it
+ * sends, and the last close of some files waits on the peer: a TCP socket
+ * with SO_LINGER and unsent data to a peer that does not read waits out the
+ * linger; an AF_UNIX socket whose receive queue holds such a socket
+ * releases it, and waits the same, in whichever thread closes the unix
+ * socket; a file of a FUSE mount the peer serves waits for its daemon's
+ * answer to FLUSH, without end. And not only close: a peer that keeps its
+ * own copy of what it sent can sit in a system call that holds the
+ * object's kernel lock while it faults on a page nobody serves (its
+ * userfaultfd, a file of its FUSE mount): a unix socket's recv holds the
+ * socket's iolock, a pipe's write the pipe's mutex, a TCP send lock_sock,
+ * as long as the peer likes; our recvmsg(MSG_DONTWAIT), F_GETPIPE_SZ and
+ * setsockopt(SO_LINGER) on that object then wait for it (rv39s D1: the
+ * earlier design called them on the caller's thread, 5 s each in
+ * uffd_stall, for ever in fuse_pipe_stall).
  *
- * 1. Neutralise, on the caller's thread, with calls that never wait and
- *    ask no file system: F_GET_SEALS (a memory file: close at once); a
- *    socket (SO_TYPE; ENOTSOCK on anything else) gets SO_LINGER {1, 0}
- *    (an abortive close); an AF_UNIX one is shut down (its peer's sends
- *    fail from then on, a listener refuses connections: its queue can only
- *    shrink) and drained (recvmsg MSG_DONTWAIT, accept for a listener's
- *    embryos), each descriptor that comes out disposed of the same way,
- *    recursively, at most DRAIN_DEPTH deep and DRAIN_MAX descriptors and
- *    DRAIN_CALLS calls for one disposal; a pipe (F_GETPIPE_SZ) never waits.
- *    What is neutralised is closed at once. Before, one detached thread
- *    closed everything but memory files, serially: one peer's unix socket
- *    holding a TCP socket with a linger of an hour held that thread for
- *    the hour, and every descriptor any peer sent after stayed open until
- *    RLIMIT_NOFILE (rv3637f's closer_stall, D1).
+ * The rule: THE CALLER'S THREAD DOES NOTHING TO A PEER'S DESCRIPTOR EXCEPT
+ * fcntl(F_GET_SEALS) AND THE close() OF A MEMORY FILE. F_GET_SEALS
+ * (memfd_fcntl) looks at the file's operations and answers -EINVAL for
+ * anything but shmem or hugetlbfs without a lock or a call into a file
+ * system or socket; on a memory file it reads the seals under no lock the
+ * peer can hold for long (the inode's seals word). The last close of a
+ * shmem file frees its pages and calls no peer (no flush, no linger).
  *
- * 2. What is left (a FUSE or network file system's file, a tty, a device,
- *    a unix socket past the bounds or whose queue cannot be read to its
- *    end, a seqpacket one) goes to the closers: at most CLOSERS detached
- *    threads, one started when a descriptor is queued and none waits, and
- *    a queue of CLOSER_QUEUE. A peer whose files stall in close occupies
- *    at most CLOSERS threads and CLOSER_QUEUE slots, so this process holds
- *    at most CLOSERS + CLOSER_QUEUE such descriptors; past that (every
- *    closer stalled and the queue full) the descriptor is closed on the
- *    caller's thread (counted: inline_closes): the bound on open
- *    descriptors is kept over the promise not to wait, and only a peer that
- *    has sent CLOSERS + CLOSER_QUEUE files that stall gets there (no
- *    socket, pipe or memory file ever waits in the queue).
+ * Everything else goes to the closers: at most CLOSERS detached threads,
+ * one started when a descriptor is queued and none waits. A closer, with
+ * one budget per received message (DRAIN_MAX descriptors and DRAIN_CALLS
+ * calls, however many of the message's descriptors and however deep),
+ * neutralises what it takes: a memory file is closed; any socket gets
+ * SO_LINGER {1, 0} (an abortive close) whatever the budget (rv39s D2:
+ * past the old budget, sockets were queued un-neutralised); an AF_UNIX
+ * one has its ancillary-data options turned off (SO_PASSCRED,
+ * SO_PASSPIDFD, SO_PASSSEC, timestamps: a peer that set them on the socket
+ * it sent made the drain's control buffer too small, MSG_CTRUNC, and the
+ * kernel released the rest: rv39s D4), is shut down and drained
+ * breadth-first: each message read from it has its memory files, sockets
+ * other than unix ones and other files closed at once, and only its unix
+ * sockets are kept, on a worklist, to be drained after (rv39s D3: the
+ * recursion held every level's descriptors open, ~1270 from one message,
+ * and at RLIMIT_NOFILE the kernel truncated). Before each drain recvmsg
+ * the closer checks that the process has room for a whole message under
+ * RLIMIT_NOFILE; without it, it stops draining and closes (which may
+ * release what is left on that closer, never on a caller's thread).
  *
- * Which kinds can still wait in close(), on a closer, and what bounds it
- * (docs/sharing.md): a FUSE file (FLUSH: the daemon's answer or its
- * death), an NFS/CIFS/9p file open for writing (the server), a tty
- * (closing_wait, 30 s by default, at most about 655 s), a block device
- * (its dirty pages' writeback), a device whose driver drains in release,
- * a kTLS socket (its in-flight encryption). A pipe, an eventfd, a pidfd,
- * a memory file, a neutralised socket never wait.
+ * The bound (rv39s D1, D5): the closers' queue grows as needed, but
+ * pinpool_share_recv reads no new message while CLOSER_QUEUE descriptors
+ * or more are handed to the closers and not closed yet (queued or in a
+ * closer's hands): PINPOOL_EBUSY, nothing read. One message carries at
+ * most RECV_MAX_FDS, so this process holds at most CLOSER_QUEUE - 1 +
+ * RECV_MAX_FDS (+ 2 per part-received message kept) peer's descriptors
+ * waiting for the closers. Past the bound nothing is closed on the
+ * caller's thread (the earlier design did: rv39s D2's 69th lingering
+ * socket, 8.1 s). A peer that stalls every closer for good (CLOSERS
+ * descriptors whose close or drain never ends) stalls disposal: receiving
+ * then refuses, with PINPOOL_EBUSY, until they free (docs/sharing.md).
  *
- * The threads run with every signal blocked (a process-directed signal
- * never lands there) and never call back into the library. Fork: the
- * child has none of them; its handlers (pthread_atfork, registered with
- * the first thread) keep the queue consistent (the lock is held across
- * fork), mark the threads gone and drop the queue (closer_child): the
- * child's first queued descriptor starts its own.
+ * Which kinds can still wait on a closer (docs/sharing.md): a FUSE file
+ * (FLUSH), an NFS/CIFS/9p file open for writing, a tty (closing_wait), a
+ * block device, a device whose driver drains in release, a kTLS socket,
+ * and any object whose lock a peer holds while it faults on a page nobody
+ * serves.
+ *
+ * The threads run with every signal blocked and never call back into the
+ * library. Fork: the child has none of them; its handlers (pthread_atfork,
+ * registered with the first thread) keep the queue consistent (the lock is
+ * held across fork), mark the threads gone and drop the queue
+ * (closer_child): the child's first queued descriptor starts its own.
  */
 #define CLOSERS PP_SHARE_CLOSERS
 #define CLOSER_QUEUE PP_SHARE_CLOSER_QUEUE
 #define DRAIN_DEPTH 4
 #define DRAIN_MAX 512
 #define DRAIN_CALLS 4096
+/* SCM_MAX_FD (include/net/scm.h): the most descriptors one message can
+ * carry, however many SCM_RIGHTS headers a peer splits them into. */
+#define RECV_MAX_FDS 253
+
+/* One received message's drain budget, shared by the closers that take
+ * its descriptors (rv39s D5: the bounds were per descriptor and per
+ * drained socket: 455,375 recvmsg calls from one message). */
+typedef struct {
+  _Atomic long fds, calls;
+  _Atomic unsigned refs;
+} drain_budget_t;
+
+typedef struct {
+  int fd;
+  drain_budget_t *b; /* NULL: out of memory, a budget of its own */
+} closer_item_t;
+
 static struct {
   pthread_mutex_t lock;
   pthread_cond_t wake;         /* a closer: a descriptor queued */
   pthread_cond_t idle;         /* pp_share_closer_flush: all done */
-  int fds[CLOSER_QUEUE];       /* a ring from head, n of them; lock */
-  size_t head, n;              /* lock */
+  closer_item_t *q;            /* a ring from head, n of them, cap; lock */
+  size_t head, n, cap;         /* lock */
   unsigned threads;            /* closer threads in this process; lock */
   unsigned waiting;            /* of them, waiting for a descriptor; lock */
-  unsigned busy;               /* of them, closing one (unlocked); lock */
-  unsigned long inline_closes; /* past the bound, on the caller's; lock */
+  unsigned busy;               /* of them, disposing of one; lock */
+  unsigned long inline_closes; /* out of memory, on the caller's; lock */
 } closer = {.lock = PTHREAD_MUTEX_INITIALIZER,
             .wake = PTHREAD_COND_INITIALIZER,
             .idle = PTHREAD_COND_INITIALIZER};
 static pthread_once_t closer_once = PTHREAD_ONCE_INIT;
+_Atomic(unsigned long) pp_share_drain_calls;  /* tests: drain recvmsg calls */
+_Atomic(unsigned long) pp_share_drain_ctrunc; /* tests: of them, truncated */
 
 static void closer_prepare(void) { (void)pthread_mutex_lock(&closer.lock); }
 static void closer_parent(void) { (void)pthread_mutex_unlock(&closer.lock); }
@@ -391,12 +425,12 @@ static void closer_child(void) {
    * (a daemon's closefrom) later name the child's own files, which a
    * closer of the child's would close behind its back (rv3637f's
    * closer_fork: 12 of 30). So the child drops the queue without closing:
-   * the parent's closers still close the parent's copies (nothing it owes
-   * changes), and the child's copies, close-on-exec now (F_SETFD asks no
-   * file system), go at its exec or exit, or at the child's own close.
-   * Closing them here could wait (a FUSE file's flush) in fork itself. */
+   * the parent's closers still close the parent's copies, and the child's
+   * copies, close-on-exec now (F_SETFD asks no file system), go at its
+   * exec or exit, or at the child's own close. The budgets the parent's
+   * closers share are not freed (a few bytes). */
   for (size_t i = 0; i < closer.n; i++)
-    (void)fcntl(closer.fds[(closer.head + i) % CLOSER_QUEUE], F_SETFD,
+    (void)fcntl(closer.q[(closer.head + i) % closer.cap].fd, F_SETFD,
                 FD_CLOEXEC);
   closer.head = 0;
   closer.n = 0;
@@ -411,6 +445,207 @@ static void closer_atfork(void) {
   (void)pthread_atfork(closer_prepare, closer_parent, closer_child);
 }
 
+static void budget_put(drain_budget_t *b) {
+  if (b != NULL && atomic_fetch_sub(&b->refs, 1) == 1)
+    free(b);
+}
+
+/* Take one from *c: false when none is left. */
+static bool budget_take(_Atomic long *c) { return atomic_fetch_sub(c, 1) > 0; }
+
+/* The number of descriptors open in this process (-1: unknown). */
+static int open_fds(void) {
+  int d = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d < 0)
+    return -1;
+  int n = -1; /* d itself */
+  char buf[4096];
+  for (;;) {
+    long r = syscall(SYS_getdents64, d, buf, sizeof buf);
+    if (r <= 0) {
+      if (r < 0)
+        n = -1;
+      break;
+    }
+    for (long off = 0; off < r;) {
+      unsigned short reclen;
+      memcpy(&reclen, buf + off + 16, sizeof reclen);
+      const char *name = buf + off + 19;
+      if (name[0] != '.')
+        n++;
+      off += reclen;
+    }
+  }
+  (void)close(d);
+  return n;
+}
+
+/* Room for one more whole message under RLIMIT_NOFILE (rv39s D3), with
+ * slack for the rest of the process. */
+static bool fd_headroom(int held) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+    return false;
+  if (rl.rlim_cur == RLIM_INFINITY)
+    return true;
+  int now = open_fds();
+  if (now < 0)
+    now = held;
+  return (rlim_t)now + RECV_MAX_FDS + 32 <= rl.rlim_cur;
+}
+
+/* A unix socket to drain, and how deep it was found. */
+typedef struct {
+  int fd, depth;
+} drain_item_t;
+typedef struct {
+  drain_item_t *v;
+  size_t head, n, cap;
+} worklist_t;
+
+static bool work_push(worklist_t *w, int fd, int depth) {
+  if (w->head + w->n == w->cap) {
+    if (w->head > 0) {
+      memmove(w->v, w->v + w->head, w->n * sizeof *w->v);
+      w->head = 0;
+    }
+    if (w->n == w->cap) {
+      size_t cap = w->cap == 0 ? 16 : w->cap * 2;
+      drain_item_t *t = realloc(w->v, cap * sizeof *t);
+      if (t == NULL)
+        return false;
+      w->v = t;
+      w->cap = cap;
+    }
+  }
+  w->v[w->head + w->n++] = (drain_item_t){fd, depth};
+  return true;
+}
+
+/* On a closer: close fd now, or (an AF_UNIX socket within the budget)
+ * shut it, neutralise it and put it on w to drain. Every socket gets
+ * SO_LINGER {1, 0} first, whatever the budget (rv39s D2). */
+static void closer_take(worklist_t *w, int fd, int depth, drain_budget_t *b) {
+  if (fcntl(fd, F_GET_SEALS) >= 0) { /* a memory file */
+    (void)close(fd);
+    return;
+  }
+  int type = 0, dom = 0;
+  socklen_t len = sizeof type;
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0) {
+    (void)close(fd); /* not a socket: may wait, on this closer only */
+    return;
+  }
+  struct linger l = {1, 0};
+  (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  len = sizeof dom;
+  if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &len) != 0 ||
+      dom != AF_UNIX || depth >= DRAIN_DEPTH || !budget_take(&b->fds) ||
+      !work_push(w, fd, depth))
+    (void)close(fd);
+}
+
+/* Options that add ancillary data a drain did not ask for (rv39s D4);
+ * Linux's generic numbers where the headers lack them. */
+static const int quiet_opts[] = {SO_PASSCRED,
+                                 34 /* SO_PASSSEC */,
+                                 76 /* SO_PASSPIDFD */,
+                                 29 /* SO_TIMESTAMP_OLD */,
+                                 35 /* SO_TIMESTAMPNS_OLD */,
+                                 37 /* SO_TIMESTAMPING_OLD */,
+                                 63 /* SO_TIMESTAMP_NEW */,
+                                 64 /* SO_TIMESTAMPNS_NEW */,
+                                 65 /* SO_TIMESTAMPING_NEW */,
+                                 40 /* SO_RXQ_OVFL */};
+
+/* Drain the unix socket it.fd (on a closer): every descriptor that comes
+ * out taken (closer_take). Its close (by the caller) then releases
+ * nothing, or what the bounds left. */
+static void drain_unix(worklist_t *w, drain_item_t it, drain_budget_t *b) {
+  int fd = it.fd;
+  int zero = 0, on = 1;
+  for (size_t i = 0; i < sizeof quiet_opts / sizeof quiet_opts[0]; i++)
+    (void)setsockopt(fd, SOL_SOCKET, quiet_opts[i], &zero, sizeof zero);
+  /* Our end shut: the peer's sends fail from here on, connects to a
+   * listener are refused, reads end at the queue's end. SO_OOBINLINE: an
+   * out-of-band byte (with descriptors) is read in line. */
+  if (shutdown(fd, SHUT_RDWR) != 0 && errno != ENOTCONN)
+    return;
+  (void)setsockopt(fd, SOL_SOCKET, SO_OOBINLINE, &on, sizeof on);
+  int listening = 0, type = 0;
+  socklen_t len = sizeof listening;
+  if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0)
+    return;
+  len = sizeof type;
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0)
+    return;
+  while (budget_take(&b->calls)) {
+    if (listening) {
+      int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (c < 0)
+        return;
+      closer_take(w, c, it.depth + 1, b);
+      continue;
+    }
+    if (!fd_headroom((int)w->n))
+      return; /* the close releases the rest, on this closer */
+    char data[256];
+    union {
+      char b[CMSG_SPACE(RECV_MAX_FDS * sizeof(int)) + 1024];
+      struct cmsghdr align;
+    } u;
+    struct iovec iov = {data, sizeof data};
+    struct msghdr m = {.msg_iov = &iov,
+                       .msg_iovlen = 1,
+                       .msg_control = u.b,
+                       .msg_controllen = sizeof u.b};
+    atomic_fetch_add(&pp_share_drain_calls, 1);
+    ssize_t n = recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return; /* empty, never connected, or an error */
+    }
+    bool fds = false;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm != NULL;
+         cm = CMSG_NXTHDR(&m, cm)) {
+      if (cm->cmsg_level != SOL_SOCKET ||
+          (cm->cmsg_type != SCM_RIGHTS && cm->cmsg_type != SCM_PIDFD))
+        continue;
+      size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < k; i++) {
+        int f;
+        memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof f);
+        fds = true;
+        if (cm->cmsg_type == SCM_PIDFD)
+          (void)close(f); /* the kernel's pidfd */
+        else
+          closer_take(w, f, it.depth + 1, b);
+      }
+    }
+    if (m.msg_flags & MSG_CTRUNC) {
+      atomic_fetch_add(&pp_share_drain_ctrunc, 1);
+      return;
+    }
+    if (n == 0 && !fds && type == SOCK_STREAM)
+      return; /* the end: shut, and nothing queued */
+  }
+}
+
+/* On a closer: dispose of fd, a message's descriptor, and of everything
+ * it carries, breadth-first within b. */
+static void closer_dispose(int fd, drain_budget_t *b) {
+  worklist_t w = {0};
+  closer_take(&w, fd, 0, b);
+  while (w.n > 0) {
+    drain_item_t it = w.v[w.head++];
+    w.n--;
+    drain_unix(&w, it, b);
+    (void)close(it.fd);
+  }
+  free(w.v);
+}
+
 static void *closer_main(void *arg) {
   (void)arg;
   (void)pthread_mutex_lock(&closer.lock);
@@ -422,13 +657,15 @@ static void *closer_main(void *arg) {
       (void)pthread_cond_wait(&closer.wake, &closer.lock);
       closer.waiting--;
     }
-    int fd = closer.fds[closer.head];
-    closer.head = (closer.head + 1) % CLOSER_QUEUE;
+    closer_item_t it = closer.q[closer.head];
+    closer.head = (closer.head + 1) % closer.cap;
     closer.n--;
     closer.busy++;
     (void)pthread_mutex_unlock(&closer.lock);
     pp_hook(PP_HOOK_SHARE_CLOSER);
-    (void)close(fd); /* may wait on a peer: only this thread */
+    drain_budget_t own_b = {DRAIN_MAX, DRAIN_CALLS, 1};
+    closer_dispose(it.fd, it.b != NULL ? it.b : &own_b); /* may wait */
+    budget_put(it.b);
     (void)pthread_mutex_lock(&closer.lock);
     closer.busy--;
   }
@@ -443,8 +680,8 @@ static bool closer_start(void) {
   if (pthread_attr_init(&a) != 0)
     return false;
   (void)pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-  /* close() only (under the sanitizers too); refused below the minimum:
-   * the default then. */
+  /* A drain's control buffer (~2 KiB) and a worklist on the heap; refused
+   * below the minimum: the default then. */
   (void)pthread_attr_setstacksize(&a, (size_t)256 << 10);
   sigset_t all, old;
   (void)sigfillset(&all);
@@ -458,145 +695,87 @@ static bool closer_start(void) {
   return rc == 0;
 }
 
-/* Hand fd to the closers; past the bound, or with no thread to be had,
- * close it here. */
-static void closer_queue(int fd) {
+/* Room for one more in the ring (closer.lock held). */
+static bool closer_room(void) {
+  if (closer.n < closer.cap)
+    return true;
+  size_t cap =
+      closer.cap == 0 ? CLOSER_QUEUE + RECV_MAX_FDS + 2 : closer.cap * 2;
+  closer_item_t *t = malloc(cap * sizeof *t);
+  if (t == NULL)
+    return false;
+  for (size_t i = 0; i < closer.n; i++)
+    t[i] = closer.q[(closer.head + i) % closer.cap];
+  free(closer.q);
+  closer.q = t;
+  closer.head = 0;
+  closer.cap = cap;
+  return true;
+}
+
+/* Hand fd to the closers, with b (a reference taken here). The queue has
+ * no bound of its own: pinpool_share_recv's admission bounds what comes
+ * in (pp_share_closers_saturated). Only where no memory can be had for
+ * the queue is fd closed here (counted: inline_closes). With no thread to
+ * be had it waits in the queue for the next one started. */
+static void closer_queue(int fd, drain_budget_t *b) {
   bool queued = false;
   (void)pthread_mutex_lock(&closer.lock);
-  if (closer.n < CLOSER_QUEUE) {
+  if (closer_room()) {
     /* Each waiting thread takes one of those queued: one more is needed
      * when they are all spoken for. */
     if (closer.n >= closer.waiting && closer.threads < CLOSERS)
       (void)closer_start();
-    if (closer.threads > 0) {
-      closer.fds[(closer.head + closer.n) % CLOSER_QUEUE] = fd;
-      closer.n++;
-      queued = true;
-      (void)pthread_cond_signal(&closer.wake);
-    }
+    if (b != NULL)
+      atomic_fetch_add(&b->refs, 1);
+    closer.q[(closer.head + closer.n) % closer.cap] = (closer_item_t){fd, b};
+    closer.n++;
+    queued = true;
+    (void)pthread_cond_signal(&closer.wake);
   }
   if (!queued)
     closer.inline_closes++;
   (void)pthread_mutex_unlock(&closer.lock);
   if (!queued)
-    (void)close(fd); /* the bound, or no thread: best effort, here */
+    (void)close(fd); /* out of memory: best effort, here */
 }
 
-/* A memory file (memfd, shm, hugetlbfs): its close never waits.
- * F_GET_SEALS answers for those only and asks no file system; fstat and
- * fstatfs (before) were each a request to a FUSE file's daemon, on the
- * caller's thread (issue 36, rv3637f, D3). */
-static bool closes_at_once(int fd) { return fcntl(fd, F_GET_SEALS) >= 0; }
+bool pp_share_closers_saturated(void) {
+  (void)pthread_mutex_lock(&closer.lock);
+  if (closer.n > 0 && closer.threads == 0)
+    (void)closer_start(); /* an earlier start failed */
+  bool full = closer.n + closer.busy >= CLOSER_QUEUE;
+  (void)pthread_mutex_unlock(&closer.lock);
+  return full;
+}
 
-static void dispose(int fd, int depth, int *budget);
-
-/* Empty the AF_UNIX socket fd of what it holds (type: SO_TYPE), every
- * descriptor in it disposed of: true when nothing is left in it and
- * nothing can come (its close then releases nothing), false where that is
- * not known (bounds, errors, a seqpacket socket: its end of stream and an
- * empty message read alike). */
-static bool drain_unix(int fd, int type, int depth, int *budget) {
-  if (depth >= DRAIN_DEPTH)
-    return false;
-  /* Our end shut: the peer's sends fail (EPIPE) from here on, connects to
-   * a listener are refused, and reads end at the queue's end (0, or
-   * EAGAIN). SO_OOBINLINE: an out-of-band byte (with descriptors) is read
-   * in line, never freed with its descriptors by a read past it. */
-  if (shutdown(fd, SHUT_RDWR) != 0 && errno != ENOTCONN)
-    return false;
-  int on = 1;
-  (void)setsockopt(fd, SOL_SOCKET, SO_OOBINLINE, &on, sizeof on);
-  int listening = 0;
-  socklen_t len = sizeof listening;
-  if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0)
-    return false;
-  for (int calls = 0; calls<DRAIN_CALLS && * budget> 0; calls++) {
-    if (listening) { /* each connection made: a socket with a queue */
-      int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (c < 0)
-        return errno == EAGAIN || errno == EWOULDBLOCK;
-      (*budget)--;
-      dispose(c, depth + 1, budget);
-      continue;
-    }
-    char data[256];
-    union {
-      char b[CMSG_SPACE(253 * sizeof(int)) + CMSG_SPACE(sizeof(int)) +
-             CMSG_SPACE(sizeof(struct ucred))];
-      struct cmsghdr align;
-    } u;
-    struct iovec iov = {data, sizeof data};
-    struct msghdr m = {.msg_iov = &iov,
-                       .msg_iovlen = 1,
-                       .msg_control = u.b,
-                       .msg_controllen = sizeof u.b};
-    ssize_t n = recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      /* Empty (EAGAIN), or a stream socket never connected (ENOTCONN):
-       * nothing queued. */
-      return errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOTCONN;
-    }
-    bool fds = false;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm != NULL;
-         cm = CMSG_NXTHDR(&m, cm)) {
-      if (cm->cmsg_level != SOL_SOCKET ||
-          (cm->cmsg_type != SCM_RIGHTS && cm->cmsg_type != SCM_PIDFD))
-        continue;
-      size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < k; i++) {
-        int f;
-        memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof f);
-        fds = true;
-        if (cm->cmsg_type == SCM_PIDFD) {
-          (void)close(f); /* the kernel's pidfd: its close never waits */
-        } else if (*budget > 0) {
-          (*budget)--;
-          dispose(f, depth + 1, budget);
-        } else {
-          closer_queue(f);
-        }
-      }
-    }
-    /* MSG_CTRUNC: at RLIMIT_NOFILE the kernel closed what did not fit,
-     * in this thread; stop: the rest goes with the socket. */
-    if (m.msg_flags & MSG_CTRUNC)
-      return false;
-    if (n == 0 && !fds && type == SOCK_STREAM)
-      return true; /* the end: shut, and nothing queued */
+/* A message's budget: NULL where no memory (each descriptor then gets its
+ * own). The caller holds one reference, dropped by budget_put. */
+static drain_budget_t *budget_new(void) {
+  drain_budget_t *b = malloc(sizeof *b);
+  if (b != NULL) {
+    atomic_init(&b->fds, DRAIN_MAX);
+    atomic_init(&b->calls, DRAIN_CALLS);
+    atomic_init(&b->refs, 1);
   }
-  return false;
+  return b;
 }
 
-/* Whether fd's close cannot wait now, made so where it can be. */
-static bool neutralise(int fd, int depth, int *budget) {
-  int type = 0;
-  socklen_t len = sizeof type;
-  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0)
-    return fcntl(fd, F_GETPIPE_SZ) >= 0; /* a pipe or FIFO never waits */
-  struct linger l = {1, 0};
-  if (setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l) != 0)
-    return false;
-  int dom = 0;
-  len = sizeof dom;
-  if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &len) != 0)
-    return false;
-  return dom != AF_UNIX || drain_unix(fd, type, depth, budget);
-}
-
-static void dispose(int fd, int depth, int *budget) {
-  if (closes_at_once(fd) || neutralise(fd, depth, budget))
-    (void)close(fd);
+/* The caller's thread: F_GET_SEALS, and the close of a memory file; the
+ * rest to the closers, with b. */
+static void dispose(int fd, drain_budget_t *b) {
+  if (fcntl(fd, F_GET_SEALS) >= 0)
+    (void)close(fd); /* a memory file: its close never waits */
   else
-    closer_queue(fd);
+    closer_queue(fd, b);
 }
 
 void pp_share_close_received(int fd) {
   if (fd < 0)
     return;
-  int budget = DRAIN_MAX;
-  dispose(fd, 0, &budget);
+  drain_budget_t *b = budget_new();
+  dispose(fd, b);
+  budget_put(b);
 }
 
 void pp_share_closer_flush(void) {
@@ -913,8 +1092,10 @@ static void ios_fork(int phase) {
 static void io_free(io_t *p) {
   if (p == NULL)
     return;
-  for (int i = 0; i < p->nfds; i++)
-    pp_share_close_received(p->fds[i]);
+  drain_budget_t *b = p->nfds > 0 ? budget_new() : NULL;
+  for (int i = 0; i < p->nfds; i++) /* one message: one budget */
+    dispose(p->fds[i], b);
+  budget_put(b);
   free(p);
 }
 
@@ -1146,10 +1327,6 @@ int pinpool_share_send(int sock, const pinpool_share_handle_t *h, int fd) {
   return sock_fail("pinpool_share_send", -e);
 }
 
-/* SCM_MAX_FD (include/net/scm.h): the most descriptors one message can
- * carry, however many SCM_RIGHTS headers a peer splits them into. */
-#define RECV_MAX_FDS 253
-
 /* The control buffer of one recvmsg. Room for every descriptor a message
  * can carry, and for the credentials and pidfd that SO_PASSCRED and
  * SO_PASSPIDFD (the caller's socket options) add: without room the kernel
@@ -1167,6 +1344,7 @@ typedef union {
  * more: all closed, without waiting on the peer, and the message marked
  * bad). A pidfd from SO_PASSPIDFD is none of the message's: closed. */
 static void take_fds(io_t *p, struct msghdr *msg) {
+  drain_budget_t *b = budget_new(); /* one for the message (rv39s D5) */
   for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm != NULL;
        cm = CMSG_NXTHDR(msg, cm)) {
     if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_PIDFD &&
@@ -1185,14 +1363,15 @@ static void take_fds(io_t *p, struct msghdr *msg) {
       if (p->nfds < 2 && p->err == 0) {
         p->fds[p->nfds++] = f;
       } else {
-        pp_share_close_received(f);
+        dispose(f, b);
         p->err = PINPOOL_EBADHANDLE;
       }
     }
   }
   if (p->err == PINPOOL_EBADHANDLE) /* several: none is trusted */
     for (; p->nfds > 0; p->nfds--)
-      pp_share_close_received(p->fds[p->nfds - 1]);
+      dispose(p->fds[p->nfds - 1], b);
+  budget_put(b);
 }
 
 int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
@@ -1219,6 +1398,23 @@ int pinpool_share_recv(int sock, pinpool_share_handle_t *h, int *fd) {
   }
   bool short_dgram = false;
   while (p->done < sizeof p->buf) {
+    if (pp_share_closers_saturated()) {
+      /* Back-pressure (rv39s): the closers hold CLOSER_QUEUE or more of
+       * the peers' descriptors; a message read now could add RECV_MAX_FDS
+       * more. Nothing is read; what arrived before is kept. */
+      if (p->done == 0 && p->nfds == 0 && p->err == 0)
+        io_free(p);
+      else if (io_keep(p) != 0)
+        return pp_fail(PINPOOL_EBACKEND,
+                       "pinpool_share_recv: a part-received message was "
+                       "lost (the socket cannot be identified, or out of "
+                       "memory)");
+      return pp_fail(PINPOOL_EBUSY,
+                     "pinpool_share_recv: the closers are saturated (%d or "
+                     "more descriptors peers sent wait to be closed): "
+                     "nothing read, call again once they free",
+                     PP_SHARE_CLOSER_QUEUE);
+    }
     /* Room for every descriptor a message can carry (recv_control_t), so
      * that a peer sending more than two is detected and its descriptors
      * closed here without waiting, never dropped by the kernel. */
