@@ -73,6 +73,16 @@
 #include <time.h>
 #include <unistd.h>
 
+/* pinpool_share_recv, waiting for the closers where they push back
+ * (PINPOOL_EBUSY, rv39s): an earlier case's descriptors may still be in
+ * their hands (docs/sharing.md, "Back-pressure"). */
+static int recv_settled(int sock, pinpool_share_handle_t *h, int *fd) {
+  int rc;
+  while ((rc = pinpool_share_recv(sock, h, fd)) == PINPOOL_EBUSY)
+    pp_share_closer_flush();
+  return rc;
+}
+
 #define CONF "shared=1,mlock=0,populate=1"
 
 #ifndef SO_PEERPIDFD
@@ -165,7 +175,7 @@ static int hostile_worker(pinpool_t *inherited, int w, int sock) {
   int fds[PER];
   void *p[PER];
   for (int i = 0; i < PER; i++) {
-    if (pinpool_share_recv(sock, &mine[i], &fds[i]) != 0 || fds[i] < 0)
+    if (recv_settled(sock, &mine[i], &fds[i]) != 0 || fds[i] < 0)
       return 10;
     if (pinpool_share_attach(&mine[i], fds[i], &p[i]) != 0)
       return 11;
@@ -259,7 +269,7 @@ static void test_hostile_returns(void **state) {
     for (int k = 0; k < expect; k++) {
       pinpool_share_handle_t h;
       int fd = 7;
-      PP_OK(pinpool_share_recv(sv[w][0], &h, &fd));
+      PP_OK(recv_settled(sv[w][0], &h, &fd));
       PP_ASSERT(fd == -1, "no descriptor");
       int rc = pinpool_lend_return(pool, &h, pid[w]);
       PP_ASSERT(rc == PINPOOL_EPERM || rc == PINPOOL_ESTALE ||
@@ -298,7 +308,7 @@ static void test_hostile_returns(void **state) {
     for (int i = 0; i < PER; i++) {
       pinpool_share_handle_t h;
       int fd;
-      PP_OK(pinpool_share_recv(sv[w][0], &h, &fd));
+      PP_OK(recv_settled(sv[w][0], &h, &fd));
       PP_OK(pinpool_lend_return(pool, &h, pid[w]));
     }
   for (int w = 0; w < NW; w++) {
@@ -620,7 +630,7 @@ static int pid1_worker(int sock) {
   pinpool_share_handle_t h;
   int fd = -1;
   void *p = NULL;
-  if (pinpool_share_recv(sock, &h, &fd) != 0 || fd < 0)
+  if (recv_settled(sock, &h, &fd) != 0 || fd < 0)
     return 41;
   if (h.owner_pid != 1)
     return 42; /* the case under test: equal pid numbers */
@@ -991,7 +1001,7 @@ static void raw_send(int sock, const pinpool_share_handle_t *h, size_t from,
 static void expect_handle(int sock, uint64_t gen, bool with_fd, ino_t ino) {
   pinpool_share_handle_t h;
   int fd = -5;
-  PP_OK(pinpool_share_recv(sock, &h, &fd));
+  PP_OK(recv_settled(sock, &h, &fd));
   pinpool_share_handle_t want = fake_handle(gen);
   PP_ASSERT(memcmp(&h, &want, sizeof h) == 0, "handle %llu misread",
             (unsigned long long)gen);
@@ -1024,16 +1034,15 @@ static void test_framing(void **state) {
     pinpool_share_handle_t h = fake_handle(k), got;
     int fd = -5;
     raw_send(sv[0], &h, 0, k, &file, 1);
-    PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &fd), PINPOOL_EAGAIN);
+    PP_CHECK_RC(recv_settled(sv[1], &got, &fd), PINPOOL_EAGAIN);
     PP_ASSERT(fd == -5, "nothing out yet");
     PP_ASSERT(pp_share_io_kept() == 1, "the piece is kept");
     raw_send(sv[0], &h, k, H, NULL, 0);
     expect_handle(sv[1], k, true, fst.st_ino);
     PP_ASSERT(pp_share_io_kept() == 0, "nothing kept");
   }
-  PP_CHECK_RC(
-      pinpool_share_recv(sv[1], &(pinpool_share_handle_t){0}, &(int){0}),
-      PINPOOL_EAGAIN);
+  PP_CHECK_RC(recv_settled(sv[1], &(pinpool_share_handle_t){0}, &(int){0}),
+              PINPOOL_EAGAIN);
   PP_ASSERT(pp_share_io_kept() == 0, "an empty socket keeps nothing");
   PP_ASSERT(fcntl(sv[1], F_SETFL, 0) == 0, "blocking");
   /* 2. Short reads and writes of every size up to a handle. */
@@ -1096,14 +1105,14 @@ static void test_framing(void **state) {
   PP_ASSERT(setitimer(ITIMER_REAL, &it, NULL) == 0, "setitimer");
   pinpool_share_handle_t got;
   int gfd = -5;
-  PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &gfd), PINPOOL_EINTR);
+  PP_CHECK_RC(recv_settled(sv[1], &got, &gfd), PINPOOL_EINTR);
   PP_ASSERT(gfd == -5 && pp_share_io_kept() == 1, "kept");
   struct timeval tv = {0, 20000};
   PP_ASSERT(setsockopt(sv[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0,
             "rcvtimeo");
-  PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &gfd), PINPOOL_EAGAIN);
+  PP_CHECK_RC(recv_settled(sv[1], &got, &gfd), PINPOOL_EAGAIN);
   raw_send(sv[0], &h, 50, 90, NULL, 0);
-  PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &gfd), PINPOOL_EAGAIN);
+  PP_CHECK_RC(recv_settled(sv[1], &got, &gfd), PINPOOL_EAGAIN);
   raw_send(sv[0], &h, 90, H, NULL, 0);
   expect_handle(sv[1], 7, true, fst.st_ino);
   tv.tv_usec = 0;
@@ -1116,11 +1125,11 @@ static void test_framing(void **state) {
   int three[3] = {file, file, file};
   h = fake_handle(8);
   raw_send(sv[0], &h, 0, H, three, 3);
-  PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &gfd), PINPOOL_EBADHANDLE);
+  PP_CHECK_RC(recv_settled(sv[1], &got, &gfd), PINPOOL_EBADHANDLE);
   h = fake_handle(9);
   raw_send(sv[0], &h, 0, 10, three, 2);
   raw_send(sv[0], &h, 10, H, three, 1);
-  PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &gfd), PINPOOL_EBADHANDLE);
+  PP_CHECK_RC(recv_settled(sv[1], &got, &gfd), PINPOOL_EBADHANDLE);
   h = fake_handle(10);
   PP_OK(pinpool_share_send(sv[0], &h, file));
   expect_handle(sv[1], 10, true, fst.st_ino);
@@ -1131,7 +1140,7 @@ static void test_framing(void **state) {
   PP_ASSERT(fcntl(sv[1], F_SETFL, O_NONBLOCK) == 0, "nonblock");
   h = fake_handle(11);
   raw_send(sv[0], &h, 0, 30, NULL, 0);
-  PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &gfd), PINPOOL_EAGAIN);
+  PP_CHECK_RC(recv_settled(sv[1], &got, &gfd), PINPOOL_EAGAIN);
   int num = sv[1];
   (void)close(sv[0]);
   (void)close(sv[1]);
@@ -1180,7 +1189,7 @@ static void test_datagram_short(void **state) {
       else
         raw_send(sv[0], &h, 0, len, &file, len % 2 ? 1 : 0);
       PP_OK(pinpool_share_send(sv[0], &h, file));
-      PP_CHECK_RC(pinpool_share_recv(sv[1], &got, &gfd), PINPOOL_EBADHANDLE);
+      PP_CHECK_RC(recv_settled(sv[1], &got, &gfd), PINPOOL_EBADHANDLE);
       PP_ASSERT(gfd == -5, "*fd untouched on refusal");
       PP_ASSERT(pp_share_io_kept() == 0, "type %d len %zu: nothing kept",
                 types[t], len);
@@ -1208,12 +1217,12 @@ static int worker_keeps(int sock) {
   /* Forked from the owner: owns no chunks itself. */
   pinpool_share_handle_t g;
   int fd = -1;
-  if (pinpool_share_recv(sock, &g, &fd) != 0 || fd < 0) /* the bogus one */
+  if (recv_settled(sock, &g, &fd) != 0 || fd < 0) /* the bogus one */
     return 10;
   (void)close(fd);
   if (pp_share_worker_pending_ctl() != 0)
     return 11;
-  if (pinpool_share_recv(sock, &g, &fd) != 0 || fd < 0) /* the real one */
+  if (recv_settled(sock, &g, &fd) != 0 || fd < 0) /* the real one */
     return 12;
   (void)close(fd);
   return pp_share_worker_pending_ctl() == 1 ? 0 : 13;
@@ -1238,7 +1247,7 @@ static void test_ctl_fds_not_kept(void **state) {
     (void)close(m);
     pinpool_share_handle_t g;
     int got = -1;
-    PP_OK(pinpool_share_recv(sv[0], &g, &got));
+    PP_OK(recv_settled(sv[0], &g, &got));
     PP_ASSERT(got >= 0, "the first descriptor is the caller's");
     (void)close(got);
   }
@@ -1548,7 +1557,7 @@ static void *recv_nonblocking(void *arg) {
   int sock = *(int *)arg;
   pinpool_share_handle_t h;
   int fd;
-  (void)pinpool_share_recv(sock, &h, &fd); /* EAGAIN, through the hook */
+  (void)recv_settled(sock, &h, &fd); /* EAGAIN, through the hook */
   return NULL;
 }
 
@@ -1575,8 +1584,7 @@ static void test_fork_io_lock(void **state) {
     pinpool_share_handle_t h = fake_handle(77), got;
     int fd = -5;
     if (pinpool_share_send(sv2[0], &h, -1) != 0 ||
-        pinpool_share_recv(sv2[1], &got, &fd) != 0 ||
-        memcmp(&h, &got, sizeof h) != 0)
+        recv_settled(sv2[1], &got, &fd) != 0 || memcmp(&h, &got, sizeof h) != 0)
       _exit(1);
     _exit(0);
   }
@@ -1624,7 +1632,7 @@ static void *small_stack_run(void *arg) {
     *rc = 43;
   else if (pinpool_share_send(sv[0], &h, fd) != 0)
     *rc = 44;
-  else if (pinpool_share_recv(sv[1], &got, &rfd) != 0 || rfd < 0)
+  else if (recv_settled(sv[1], &got, &rfd) != 0 || rfd < 0)
     *rc = 45;
   else if (pinpool_share_attach(&got, rfd, &q) != 0)
     *rc = 46;
