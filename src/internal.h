@@ -910,6 +910,9 @@ bool pp_pool_unref_unless_last(struct pinpool *pool);
 extern _Thread_local bool pp_pool_thread PP_TLS_MODEL;
 /* fork.c's handlers: the reaper's lock and list (lifecycle.c). */
 void pp_reap_fork(int phase);
+/* Tests: a non-zero return fails the reaper's start with that error, as
+ * a failed pthread_create (lifecycle.c, reaper_start). */
+extern int (*pp_test_reaper_start_hook)(void);
 /* The pool is being torn down (no reference left): a call from a callback
  * that the teardown runs (a backend free, the provider's destroy) fails
  * with PINPOOL_EBUSY, naming `fn`; 0 otherwise. */

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static void reap_retry(void); /* "The reaper", below */
+
 static _Atomic(uint64_t) next_pool_id = 1;
 
 /* ---- Create and destroy -------------------------------------------------- */
@@ -152,6 +154,7 @@ static int pool_new(const pp_config_t *cfg, const pinpool_hooks_t *hooks,
   /* The grower (growahead.c) looks at the arena from now on. */
   pp_store_release(&pool->grow.ready, true);
   pp_fork_register(pool); /* fork.c: the fork handlers see it from now */
+  reap_retry();
   *out = pool;
   return 0;
 }
@@ -268,12 +271,17 @@ static void *reaper_main(void *arg) {
   return NULL;
 }
 
+int (*pp_test_reaper_start_hook)(void);
+
 /* Start a reaper; without one (no thread to be had) the list waits for
- * the next push, or the next fork child, to try again. */
+ * the next push, the next pool created (reap_retry), or the next fork
+ * child, to try again. */
 static void reaper_start(void) {
   pthread_attr_t a;
   pthread_t t;
-  int e = pthread_attr_init(&a);
+  int e = pp_test_reaper_start_hook != NULL ? pp_test_reaper_start_hook() : 0;
+  if (e == 0)
+    e = pthread_attr_init(&a);
   if (e == 0) {
     (void)pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
     e = pthread_create(&t, &a, reaper_main, NULL);
@@ -294,6 +302,20 @@ static void reap_push(pinpool_t *pool) {
   reaper_on = true;
   pp_mutex_unlock(&reap_mu);
   if (start) /* outside reap_mu: pthread_create takes libc's locks */
+    reaper_start();
+}
+
+/* A pool created: a reaper whose start failed is tried again. Before, a
+ * failed start stranded the listed pools until the next pool pushed
+ * there, which might never come: their memory never went back (rv39c
+ * D6). */
+static void reap_retry(void) {
+  pp_mutex_lock(&reap_mu);
+  bool start = reap_list != NULL && !reaper_on;
+  if (start)
+    reaper_on = true;
+  pp_mutex_unlock(&reap_mu);
+  if (start) /* outside reap_mu, as reap_push */
     reaper_start();
 }
 

@@ -17,6 +17,7 @@
 
 #include "internal.h" /* pp_test_hook, PP_HOOK_* */
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -696,6 +697,53 @@ static void bg_release_empty_cache(void **state) {
   in_child("bg_release_empty_cache", bg_release_run);
 }
 
+/* rv39c D6: the reaper's start fails (pthread_create: EAGAIN, injected by
+ * pp_test_reaper_start_hook) when the pool is pushed on its list: the pool
+ * stayed there for good unless another pool was pushed. Now the next pool
+ * created starts the reaper again, and the listed pool is torn down. */
+static atomic_int reaper_fails, reaper_starts;
+static int reaper_start_fault(void) {
+  atomic_fetch_add(&reaper_starts, 1);
+  return atomic_load(&reaper_fails) > 0 &&
+                 atomic_fetch_sub(&reaper_fails, 1) > 0
+             ? EAGAIN
+             : 0;
+}
+static int reaper_retry_run(void) {
+  atomic_store(&reaper_fails, 1);
+  atomic_store(&reaper_starts, 0);
+  pp_test_reaper_start_hook = reaper_start_fault;
+  d4_reset();
+  pinpool_hooks_t hooks = {&d4_backend, &d4_events, NULL, NULL};
+  pinpool_t *pool;
+  if (pinpool_create_ex("background=1,poll_us=1000", &hooks, &pool) != 0)
+    return 2;
+  atomic_store(&d4.armed, 1);
+  if (pinpool_buffer_alloc(pool, 4096, &d4.buf) != 0 ||
+      d4_pending_block(pool) != 0)
+    return 3;
+  if (!wait_flag(&d4.entered))
+    return 5;
+  pinpool_destroy(pool);
+  atomic_store(&d4.destroyed, 1);
+  if (!wait_flag(&d4.released))
+    return 6;
+  /* The push tried once, and failed (before the release returned). */
+  if (atomic_load(&reaper_starts) != 1 || atomic_load(&reaper_fails) != 0)
+    return 50;
+  pinpool_t *other;
+  if (pinpool_create("", &other) != 0)
+    return 51;
+  int rc = d4_check_torn_down();
+  pinpool_destroy(other);
+  pp_test_reaper_start_hook = NULL;
+  return rc;
+}
+static void reaper_start_fails(void **state) {
+  (void)state;
+  in_child("reaper_start_fails", reaper_retry_run);
+}
+
 int main(int argc, char **argv) {
   pp_clean_env();
   const struct CMUnitTest all[] = {
@@ -710,6 +758,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(cap_after_background),
       cmocka_unit_test(reaper_fork_thread_cache),
       cmocka_unit_test(bg_release_empty_cache),
+      cmocka_unit_test(reaper_start_fails),
   };
   return pp_run_selected("test_core39", all, sizeof all / sizeof all[0], argc,
                          argv);
