@@ -704,7 +704,7 @@ static bool closer_room(void) {
   closer_item_t *t = malloc(cap * sizeof *t);
   if (t == NULL)
     return false;
-  for (size_t i = 0; i < closer.n; i++)
+  for (size_t i = 0; closer.cap > 0 && i < closer.n; i++) /* n <= cap */
     t[i] = closer.q[(closer.head + i) % closer.cap];
   free(closer.q);
   closer.q = t;
