@@ -194,16 +194,16 @@ typedef struct pinpool_hooks {
 PINPOOL_API int pinpool_create(const char *config, pinpool_t **out);
 
 /* As pinpool_create, with a user-supplied backend (copied; the table's
- * functions and ctx must stay valid until pinpool_destroy returns). The
- * `backend` config key is then not allowed. */
+ * functions and ctx must stay valid until the pool is torn down: see
+ * pinpool_destroy). The `backend` config key is then not allowed. */
 PINPOOL_API int pinpool_create_with_backend(const char *config,
                                             const pinpool_backend_t *backend,
                                             pinpool_t **out);
 
 /* As pinpool_create, with any of a user backend, a user event provider
  * (the `events` key is then not allowed) and an error callback. The tables
- * are copied; their functions and contexts must stay valid until
- * pinpool_destroy returns. hooks may be NULL. */
+ * are copied; their functions and contexts must stay valid until the pool
+ * is torn down (see pinpool_destroy). hooks may be NULL. */
 PINPOOL_API int pinpool_create_ex(const char *config,
                                   const pinpool_hooks_t *hooks,
                                   pinpool_t **out);
@@ -212,7 +212,17 @@ PINPOOL_API int pinpool_create_ex(const char *config,
  * allocated are released too (their pointers become invalid). NULL is a
  * no-op. Not thread-safe: no other thread may use the pool during or after
  * the call (join your threads first). Threads that used the pool may keep
- * running; their per-thread caches for this pool are dropped. */
+ * running; their per-thread caches for this pool are dropped.
+ * The teardown (and the backend and provider calls it makes) is over when
+ * this returns only if no buffer, export or exiting thread of the pool
+ * holds a reference then. Otherwise it runs when the last one is dropped:
+ * on the thread that drops it, before that call returns; or, when that is
+ * a thread the pool owns (a callback of its background thread or of a
+ * simulated stream releasing the last buffer), on a process-wide reaper
+ * thread, later, with no call to wait for it. A backend or provider
+ * context may be freed once pinpool_destroy returned only if every buffer
+ * and export was released before, from threads of yours; otherwise keep
+ * it for the life of the process (docs/api.md). */
 PINPOOL_API void pinpool_destroy(pinpool_t *pool);
 
 /* ---- Allocation ------------------------------------------------------- */
