@@ -114,14 +114,16 @@ account_free(pp_tcache_t *tc, size_t req, size_t bs) {
 /* tc NULL: a nested call (below), which touches no thread cache. */
 static int take_with_retry(pinpool_t *pool, pp_tcache_t *tc, unsigned cls,
                            size_t bs, pp_tentry_t *out, uint32_t want,
-                           bool *missed, const void *ra) {
+                           bool *missed, bool *polled, const void *ra) {
   /* Bounded reclaim of completed stream-ordered frees (a few queues in
    * turn, stream.c) before the bins are searched: cheap (one load) when
    * nothing is pending. A block this thread keeps in an oversize stack
    * goes back first: the take may carve from its space rather than grow
    * the arena, and the thread hides at most one such block from itself as
-   * from the others. */
-  pp_process_miss(pool);
+   * from the others. What the poll made idle counts under max_cached as a
+   * free's would: *polled asks the caller for the trim (rv39c D3: 16
+   * completed frees of 4 MiB stayed cached under a 1 MiB cap). */
+  *polled = pp_process_miss(pool);
   if (tc != NULL)
     pp_tcache_flush_over(tc);
   /* The retry and numa_spill: a call that succeeds through them leaves no
@@ -253,7 +255,7 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     pp_tcache_flush_all(tc); /* pinpool_empty_cache asked for it */
   bool large = size > PP_SLAB_MAX_BLOCK;
   pp_tbin_t *b = &tc->bins[cls];
-  bool missed = false;
+  bool missed = false, polled = false;
   int n;
   uint64_t taken; /* bytes that left the central bins for this thread */
   /* slow_allocs: counted with the allocation, never by one that fails
@@ -291,7 +293,7 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
                pp_load_acquire(&pool->gs.peak_epoch) ==
                    pp_load_relaxed(&e.seg->hot_epoch);
     } else {
-      n = take_with_retry(pool, tc, cls, bs, &e, 1, &missed, ra);
+      n = take_with_retry(pool, tc, cls, bs, &e, 1, &missed, &polled, ra);
       if (n < 0)
         return n;
     }
@@ -312,7 +314,7 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
     uint64_t want = room / bs;
     want = want < 1 ? 1 : want > b->batch ? b->batch : want;
     n = take_with_retry(pool, tc, cls, bs, b->items, (uint32_t)want, &missed,
-                        ra);
+                        &polled, ra);
     if (n < 0)
       return n;
     b->n = (uint32_t)n;
@@ -331,8 +333,8 @@ __attribute__((noinline)) static int alloc_slow(pinpool_t *pool,
   }
   if (pool->cfg.tcache_bytes == 0)
     pp_stats_publish(pool, tc); /* paired or not: the totals (stats.c) */
-  if (missed)
-    pp_trim_to_cap(pool); /* a new segment adds idle bytes */
+  if (missed || polled)
+    pp_trim_to_cap(pool); /* a new segment, or completed frees, idle bytes */
   /* Peaks (stats.c): sampled once the bytes this thread took from the bins
    * since its last sample exceed tcache_bytes, and at every new segment.
    * Until then it can have allocated at most what its cache held plus
@@ -442,8 +444,8 @@ __attribute__((noinline)) static int alloc_nested(pinpool_t *pool, unsigned cls,
   if (pool->cfg.max_reserved != 0 && bs > pool->cfg.max_reserved)
     return above_cap(pool, bs, ra);
   pp_tentry_t e;
-  bool missed = false;
-  int n = take_with_retry(pool, NULL, cls, bs, &e, 1, &missed, ra);
+  bool missed = false, polled = false;
+  int n = take_with_retry(pool, NULL, cls, bs, &e, 1, &missed, &polled, ra);
   if (n < 0)
     return n;
   pp_assert(e.bs == bs);
@@ -452,8 +454,8 @@ __attribute__((noinline)) static int alloc_nested(pinpool_t *pool, unsigned cls,
   pp_store_release(&e.seg->word[e.idx], PP_WORD(size, PP_ALLOCATED));
   nested_count_alloc(pool, size, bs, missed);
   *out = e.ptr;
-  if (missed)
-    pp_trim_to_cap(pool); /* a new segment adds idle bytes */
+  if (missed || polled)
+    pp_trim_to_cap(pool); /* a new segment, or completed frees, idle bytes */
   /* No thread's unsampled bytes bound this one: sampled every time. */
   pp_stats_sample_peaks(pool);
   return 0;

@@ -979,7 +979,7 @@ int pp_stream_free(struct pinpool *pool, pp_tcache_t *tc, pp_segment_t *seg,
 /* Poll every stream queue; up to `budget` completions. wait: synchronize. */
 void pp_process(struct pinpool *pool, unsigned budget, bool wait);
 /* An allocation's miss: poll a bounded number of queues, in turn. */
-void pp_process_miss(struct pinpool *pool);
+bool pp_process_miss(struct pinpool *pool);
 
 /* stats.c */
 /* pp_tcounters_t summed over live and exited threads, as plain integers

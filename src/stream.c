@@ -1184,10 +1184,18 @@ void pp_process(pinpool_t *pool, unsigned budget, bool wait) {
   process(pool, budget, wait, 0, UINT64_MAX);
 }
 
-void pp_process_miss(pinpool_t *pool) {
-  if (!pool->has_events || pp_load_relaxed(&pool->pending_live) == 0)
-    return;
+bool pp_process_miss(pinpool_t *pool) {
+  if (!pool->has_events)
+    return false;
+  uint64_t before = pp_load_relaxed(&pool->pending_live);
+  if (before == 0)
+    return false;
   process(pool, PP_MISS_BUDGET, false, PP_MISS_QUEUES, UINT64_MAX);
+  /* Fewer pending: blocks (this poll's or another thread's) became idle,
+   * which the caller's trim must see (rv39c D3). A guess either way under
+   * concurrent frees: a trim that finds nothing over the cap costs a
+   * check. */
+  return pp_load_relaxed(&pool->pending_live) < before;
 }
 
 int pinpool_process_events(pinpool_t *pool) {
@@ -1318,7 +1326,12 @@ static void *bg_main(void *arg) {
     pthread_mutex_unlock(&pool->bg_mutex);
     if (bg_reclaims(pool)) {
       pp_process(pool, UINT32_MAX, false);
-      pp_trim_after_poll(pool); /* what completed is idle now */
+      /* What completed is idle now. This thread starts before
+       * pinpool_create has made the arena (lifecycle.c), and a trim reads
+       * it: not before the create published it (grow.ready, release).
+       * TSAN saw the first pass's trim read arena.node being written. */
+      if (pp_load_acquire(&pool->grow.ready))
+        pp_trim_after_poll(pool);
     }
     pp_grow_tick(pool);
     pthread_mutex_lock(&pool->bg_mutex);

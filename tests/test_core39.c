@@ -475,6 +475,10 @@ static void cap_after(int how) {
     PP_OK(pinpool_synchronize(d5_pool));
   } else if (how == 1) {
     PP_OK(pinpool_process_events(d5_pool));
+  } else if (how == 3) {
+    /* An allocation's miss poll reclaims them (rv39c D3: 70 MiB stayed
+     * cached under the cap, the 4 MiB taken from what became idle). */
+    PP_OK(pinpool_alloc(d5_pool, 4 * MiB, &x[0]));
   } else { /* the background thread's pass: wait for its reclaim */
     for (unsigned i = 0; i < WATCHDOG_MS; i++) {
       st = pp_stats_of(d5_pool);
@@ -496,6 +500,7 @@ static void cap_after(int how) {
             (unsigned long long)CAP,
             how == 0   ? "synchronize"
             : how == 1 ? "process_events"
+            : how == 3 ? "allocation's poll"
                        : "background pass");
   PP_ASSERT(st.reserved_bytes.current == st.block_bytes.current +
                                              st.cached_bytes.current +
@@ -508,6 +513,8 @@ static void cap_after(int how) {
   PP_ASSERT(st.trimmed_segments > trimmed0, "nothing trimmed (%llu)",
             (unsigned long long)st.trimmed_segments);
   PP_CHECK_CONSISTENT(d5_pool);
+  if (how == 3)
+    PP_OK(pinpool_free(d5_pool, x[0]));
   pinpool_destroy(d5_pool);
 }
 static void cap_after_synchronize(void **state) {
@@ -521,6 +528,10 @@ static void cap_after_process_events(void **state) {
 static void cap_after_background(void **state) {
   (void)state;
   cap_after(2);
+}
+static void cap_after_allocation(void **state) {
+  (void)state;
+  cap_after(3);
 }
 
 /* rv39c D1: the same window, with another thread alive at the fork that
@@ -756,6 +767,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(cap_after_synchronize),
       cmocka_unit_test(cap_after_process_events),
       cmocka_unit_test(cap_after_background),
+      cmocka_unit_test(cap_after_allocation),
       cmocka_unit_test(reaper_fork_thread_cache),
       cmocka_unit_test(bg_release_empty_cache),
       cmocka_unit_test(reaper_start_fails),
