@@ -850,21 +850,13 @@ static pp_xnode_t *merge_free(pp_extents_t *x, uintptr_t b, size_t size,
   return n;
 }
 
-int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size, unsigned flags) {
-  uint64_t w0 = x->work;
-  pp_assert(size > 0 && size % x->granule == 0 &&
-            (uintptr_t)base % x->granule == 0);
-  pp_xchunk_t *c = malloc(sizeof *c);
-  pp_xnode_t *n = malloc(sizeof *n);
-  if (c == NULL || n == NULL || !room_for_one_more(x)) {
-    free(c);
-    free(n);
-    return PINPOOL_ENOMEM;
-  }
+/* c becomes the chunk [base, base + size): in the tree by address and in
+ * the address list next to the chunk below it, found in the tree it just
+ * entered (O(log chunks)). Its free range is the caller's to add. */
+static void chunk_link(pp_extents_t *x, pp_xchunk_t *c, void *base, size_t size,
+                       unsigned flags) {
   *c = (pp_xchunk_t){.base = (uintptr_t)base, .size = size, .flags = flags};
   x->ctree = cinsert(x, x->ctree, c);
-  /* Its place in the address list: next to the chunk below it, found
-   * in the tree it just entered (O(log chunks)). */
   pp_xchunk_t *below = NULL;
   for (pp_xchunk_t *t = x->ctree; t != NULL;)
     if (t->base < c->base) {
@@ -884,6 +876,20 @@ int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size, unsigned flags) {
   x->nchunks++;
   if (x->min_chunk == 0 || size < x->min_chunk)
     x->min_chunk = size;
+}
+
+int pp_ext_add_chunk(pp_extents_t *x, void *base, size_t size, unsigned flags) {
+  uint64_t w0 = x->work;
+  pp_assert(size > 0 && size % x->granule == 0 &&
+            (uintptr_t)base % x->granule == 0);
+  pp_xchunk_t *c = malloc(sizeof *c);
+  pp_xnode_t *n = malloc(sizeof *n);
+  if (c == NULL || n == NULL || !room_for_one_more(x)) {
+    free(c);
+    free(n);
+    return PINPOOL_ENOMEM;
+  }
+  chunk_link(x, c, base, size, flags);
   /* A new free range: it merges with a free end of a neighbour it joins. */
   spare_put(x, n);
   whole_add(x, c, merge_free(x, c->base, size, flags));
@@ -998,27 +1004,7 @@ void pp_ext_add_chunk_spare(pp_extents_t *x, void *base, size_t size,
   /* The move's cuts left the node and the table room (arena.c). */
   pp_assert(x->nspare > x->outstanding &&
             4 * (x->nfree + x->outstanding + 1) <= x->tcap);
-  *c = (pp_xchunk_t){.base = (uintptr_t)base, .size = size, .flags = flags};
-  x->ctree = cinsert(x, x->ctree, c);
-  pp_xchunk_t *below = NULL;
-  for (pp_xchunk_t *t = x->ctree; t != NULL;)
-    if (t->base < c->base) {
-      below = t;
-      t = t->cright;
-    } else {
-      t = t->cleft;
-    }
-  c->prev = below;
-  c->next = below != NULL ? below->next : x->cfirst;
-  if (c->next != NULL)
-    c->next->prev = c;
-  if (below != NULL)
-    below->next = c;
-  else
-    x->cfirst = c;
-  x->nchunks++;
-  if (x->min_chunk == 0 || size < x->min_chunk)
-    x->min_chunk = size;
+  chunk_link(x, c, base, size, flags);
   whole_add(x, c, merge_free(x, c->base, size, flags));
   x->free_bytes += size;
   x->total_bytes += size;
