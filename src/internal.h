@@ -907,7 +907,7 @@ bool pp_pool_unref_unless_last(struct pinpool *pool);
  * thread never runs a teardown, of any pool: the last reference dropped
  * on it hands the pool to the process's reaper (lifecycle.c), since the
  * teardown joins the pool's own threads (issue 37, rv3637f, D4). */
-extern _Thread_local bool pp_pool_thread PP_TLS_MODEL;
+#define pp_pool_thread (pp_tls.pool_thread)
 /* fork.c's handlers: the reaper's lock and list (lifecycle.c). */
 void pp_reap_fork(int phase);
 /* Tests: a non-zero return fails the reaper's start with that error, as

@@ -249,7 +249,6 @@ static void pool_teardown_unregistered(pinpool_t *pool);
  * handler, tears that copy down; one that the parent's reaper had taken is
  * unregistered, the child's garbage, as a teardown in progress on any
  * other thread at a fork. */
-_Thread_local bool pp_pool_thread PP_TLS_MODEL;
 static pp_mutex_t reap_mu = {.m = PTHREAD_MUTEX_INITIALIZER};
 static pinpool_t *reap_list; /* reap_mu; linked through teardown_next */
 static bool reaper_on;       /* reap_mu: a reaper runs, or is starting */

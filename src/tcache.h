@@ -133,6 +133,10 @@ typedef struct pp_tls_way {
 typedef struct pp_tls {
   pp_tls_way_t way[PP_TLS_WAYS];
   _Atomic(unsigned) busy;
+  /* A thread a pool owns (internal.h, pp_pool_thread): set once at its
+   * start, read by its own calls only. Beside busy so that the entry
+   * points' nested check (alloc.c nested_call) reads one line. */
+  bool pool_thread;
   unsigned victim_next; /* the victim slot the next eviction takes */
   pp_thread_t *thr;
   /* Pools whose last reference went inside a busy section: torn down
